@@ -1,0 +1,29 @@
+// Finite-difference gradient checking, the check every differentiable op's test runs.
+#pragma once
+
+#include "core/Session.h"
+
+#include <string>
+#include <vector>
+
+namespace weft {
+
+struct GradCheckOptions {
+  double epsilon = 1e-6;    // central-difference step
+  double tolerance = 1e-6;  // |analytic - numeric| <= tolerance * (1 + |numeric|)
+  uint64_t seed = 7;        // for the random projection of the output
+};
+
+struct GradCheckReport {
+  bool ok = true;
+  double maxError = 0;  // max of |analytic - numeric| / (1 + |numeric|)
+  std::string detail;   // the worst element, for the failure message
+};
+
+/// Checks autodiff against central differences: with a fixed random tensor w of y's shape, the
+/// gradient of sum(w * y) with respect to each placeholder in `xs` (fed, f64, in `feeds`) is
+/// compared element by element with (f(x + e) - f(x - e)) / 2e.
+GradCheckReport checkGradients(Graph& graph, Output y, const std::vector<Output>& xs,
+                               const FeedMap& feeds, const GradCheckOptions& options = {});
+
+}  // namespace weft

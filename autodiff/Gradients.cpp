@@ -1,0 +1,121 @@
+#include "autodiff/Gradients.h"
+
+#include "ops/Ops.h"
+
+#include <map>
+#include <set>
+
+namespace weft {
+namespace {
+
+Output denseFromSparse(const Grad& g) {
+  return unsortedSegmentSum(g.values, g.indices, g.denseShape[0]);
+}
+
+/// Sums a gradient's contributions; stays sparse only when all of them are sparse.
+Grad aggregate(const std::vector<Grad>& parts, bool keepSparse) {
+  bool allSparse = keepSparse;
+  for (const Grad& p : parts) allSparse = allSparse && p.isSparse();
+  if (allSparse) {
+    if (parts.size() == 1) return parts[0];
+    std::vector<Output> indices, values;
+    for (const Grad& p : parts) {
+      indices.push_back(cast(p.indices, i64));
+      values.push_back(p.values);
+    }
+    return Grad::sparse(concat(indices, 0), concat(values, 0), parts[0].denseShape);
+  }
+  std::vector<Output> dense;
+  for (const Grad& p : parts) dense.push_back(p.isSparse() ? denseFromSparse(p) : p.dense);
+  return addN(dense);
+}
+
+}  // namespace
+
+Output toDense(const Grad& g) {
+  WEFT_CHECK(g.valid(), "toDense of an empty gradient");
+  return g.isSparse() ? denseFromSparse(g) : g.dense;
+}
+
+std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
+  registerAllOps();
+  Graph& g = loss.graph();
+  WEFT_CHECK(isFloating(loss.dtype()) && loss.shape().numel() == 1,
+             "gradients: the loss {} must be a floating scalar, got {}", loss.name(), loss.type().str());
+  const size_t n = static_cast<size_t>(loss.node()->id) + 1;
+
+  // Nodes on a path from some x to the loss.
+  std::set<Output> targets(xs.begin(), xs.end());
+  std::vector<char> fromX(n, 0), toLoss(n, 0);
+  for (size_t id = 0; id < n; ++id) {
+    const Node* node = g.node(static_cast<int>(id));
+    for (size_t i = 0; i < node->outputs.size() && !fromX[id]; ++i) {
+      fromX[id] = targets.count(Output(const_cast<Node*>(node), static_cast<int>(i))) != 0;
+    }
+    for (const Output& in : node->inputs) fromX[id] = fromX[id] || fromX[static_cast<size_t>(in.node()->id)];
+  }
+  toLoss[n - 1] = 1;
+  for (size_t id = n; id-- > 0;) {
+    if (!toLoss[id]) continue;
+    for (const Output& in : g.node(static_cast<int>(id))->inputs) toLoss[static_cast<size_t>(in.node()->id)] = 1;
+  }
+
+  std::map<Output, std::vector<Grad>> contributions;
+  contributions[loss].push_back(onesLike(loss));
+  for (size_t id = n; id-- > 0;) {
+    if (!fromX[id] || !toLoss[id]) continue;
+    Node* node = g.node(static_cast<int>(id));
+    bool anyInputFromX = false;
+    for (const Output& in : node->inputs) anyInputFromX = anyInputFromX || fromX[static_cast<size_t>(in.node()->id)];
+    if (!anyInputFromX) continue;
+
+    GradContext ctx{node, std::vector<Output>(node->outputs.size())};
+    bool any = false;
+    for (size_t i = 0; i < node->outputs.size(); ++i) {
+      auto it = contributions.find(Output(node, static_cast<int>(i)));
+      if (it == contributions.end()) continue;
+      ctx.outputGrads[i] = aggregate(it->second, false).dense;
+      any = true;
+    }
+    if (!any || node->def->noGrad) continue;
+    WEFT_CHECK(static_cast<bool>(node->def->gradFn), "no gradient is defined for {}", node->describe());
+    auto scope = g.scope("gradients/" + node->name);
+    std::vector<Grad> inputGrads = node->def->gradFn(ctx);
+    WEFT_CHECK(inputGrads.size() == node->inputs.size(), "gradient of {} returned {} grads for {} inputs",
+               node->describe(), inputGrads.size(), node->inputs.size());
+    for (size_t j = 0; j < inputGrads.size(); ++j) {
+      const Output& in = node->inputs[j];
+      const Grad& gr = inputGrads[j];
+      if (!gr.valid() || !fromX[static_cast<size_t>(in.node()->id)] || !isFloating(in.dtype())) continue;
+      const Shape& got = gr.isSparse() ? gr.denseShape : gr.dense.shape();
+      WEFT_CHECK(got.compatibleWith(in.shape()), "gradient of {} for input {} has shape {}, the input {}",
+                 node->describe(), j, got.str(), in.shape().str());
+      contributions[in].push_back(gr);
+    }
+  }
+
+  std::vector<Grad> result;
+  for (const Output& x : xs) {
+    auto it = contributions.find(x);
+    if (it == contributions.end()) {
+      result.emplace_back();
+      continue;
+    }
+    const bool isVariable = x.node()->op == "Variable";
+    Grad grad = aggregate(it->second, isVariable);
+    if (isVariable) {
+      GradientLink link;
+      link.variable = x.node();
+      link.sparse = grad.isSparse();
+      link.dense = grad.dense;
+      link.indices = grad.indices;
+      link.values = grad.values;
+      link.denseShape = grad.isSparse() ? grad.denseShape : x.shape();
+      g.addGradientLink(link);
+    }
+    result.push_back(grad);
+  }
+  return result;
+}
+
+}  // namespace weft

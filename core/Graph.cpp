@@ -1,0 +1,244 @@
+#include "core/Graph.h"
+
+#include "core/OpRegistry.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace weft {
+
+Graph& Output::graph() const { return *node_->graph; }
+
+const TensorType& Output::type() const {
+  WEFT_CHECK(node_ != nullptr, "use of an empty Output");
+  WEFT_CHECK(index_ >= 0 && index_ < static_cast<int>(node_->outputs.size()),
+             "{} has no output {}", node_->describe(), index_);
+  return node_->outputs[static_cast<size_t>(index_)];
+}
+
+std::string Output::name() const {
+  return node_ ? fmt::format("{}:{}", node_->name, index_) : std::string("<none>");
+}
+
+bool Output::operator<(const Output& o) const {
+  if (node_ != o.node_) return (node_ ? node_->id : -1) < (o.node_ ? o.node_->id : -1);
+  return index_ < o.index_;
+}
+
+std::string Node::describe() const { return fmt::format("op '{}' (node '{}')", op, name); }
+
+Initializer Initializer::copyOf(const Output& variable) {
+  WEFT_CHECK(variable.valid() && variable.node()->op == "Variable",
+             "Initializer::copyOf needs a variable, got {}", variable.name());
+  return {Kind::CopyOf, 0, 0, {}, variable.node()->name};
+}
+
+namespace {
+constexpr std::pair<Initializer::Kind, const char*> kInitializerNames[] = {
+    {Initializer::Kind::Zeros, "zeros"},     {Initializer::Kind::Constant, "constant"},
+    {Initializer::Kind::Uniform, "uniform"}, {Initializer::Kind::Normal, "normal"},
+    {Initializer::Kind::TruncatedNormal, "truncated_normal"}, {Initializer::Kind::GlorotUniform, "glorot_uniform"},
+    {Initializer::Kind::HeNormal, "he_normal"}, {Initializer::Kind::Value, "value"},
+    {Initializer::Kind::CopyOf, "copy_of"}};
+}  // namespace
+
+const char* Initializer::kindName(Kind kind) {
+  for (const auto& [k, name] : kInitializerNames) {
+    if (k == kind) return name;
+  }
+  WEFT_THROW("invalid initializer kind {}", static_cast<int>(kind));
+}
+
+Initializer::Kind Initializer::parseKind(const std::string& name) {
+  for (const auto& [k, n] : kInitializerNames) {
+    if (name == n) return k;
+  }
+  WEFT_THROW("unknown initializer '{}'", name);
+}
+
+std::pair<double, double> fans(const Shape& s) {
+  if (s.rank() == 0) return {1, 1};
+  if (s.rank() == 1) return {static_cast<double>(s[0]), static_cast<double>(s[0])};
+  if (s.rank() == 2) return {static_cast<double>(s[0]), static_cast<double>(s[1])};
+  double receptive = 1;
+  for (int i = 2; i < s.rank(); ++i) receptive *= static_cast<double>(s[i]);
+  return {static_cast<double>(s[1]) * receptive, static_cast<double>(s[0]) * receptive};
+}
+
+Graph::Graph() = default;
+Graph::~Graph() = default;
+
+std::string Graph::uniqueName(const std::string& base) {
+  const std::string prefix = currentScope().empty() ? base : currentScope() + "/" + base;
+  if (!byName_.count(prefix)) return prefix;
+  for (int i = 1;; ++i) {
+    std::string candidate = fmt::format("{}_{}", prefix, i);
+    if (!byName_.count(candidate)) return candidate;
+  }
+}
+
+Node* Graph::addNode(const std::string& op, std::vector<Output> inputs, Attrs attrs,
+                     const std::string& name) {
+  const OpDef& def = OpRegistry::global().get(op);
+  auto node = std::make_unique<Node>();
+  node->id = static_cast<int>(nodes_.size());
+  node->op = op;
+  node->name = uniqueName(name.empty() ? op : name);
+  node->inputs = std::move(inputs);
+  node->attrs = std::move(attrs);
+  node->device = devices_.empty() ? std::string() : devices_.back();
+  node->def = &def;
+  node->graph = this;
+
+  const int n = static_cast<int>(node->inputs.size());
+  WEFT_CHECK(n >= def.minInputs && (def.maxInputs < 0 || n <= def.maxInputs),
+             "{} takes {} inputs, got {}", node->describe(),
+             def.maxInputs == def.minInputs ? std::to_string(def.minInputs)
+             : def.maxInputs < 0            ? fmt::format("at least {}", def.minInputs)
+                                            : fmt::format("{} to {}", def.minInputs, def.maxInputs),
+             n);
+  std::vector<TensorType> inputTypes;
+  inputTypes.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const Output& in = node->inputs[static_cast<size_t>(i)];
+    WEFT_CHECK(in.valid(), "{}: input {} is empty", node->describe(), i);
+    WEFT_CHECK(in.node()->graph == this, "{}: input {} ({}) belongs to another graph",
+               node->describe(), i, in.name());
+    inputTypes.push_back(in.type());
+  }
+  node->outputs = def.inferFn(InferContext{*node, inputTypes});
+
+  Node* raw = node.get();
+  byName_[raw->name] = raw;
+  nodes_.push_back(std::move(node));
+  return raw;
+}
+
+Output Graph::placeholder(const std::string& name, DType dtype, Shape shape) {
+  return addNode("Placeholder", {}, {{"dtype", dtype}, {"shape", std::move(shape)}}, name)->output();
+}
+
+Output Graph::variable(const std::string& name, DType dtype, Shape shape, Initializer init,
+                       bool trainable) {
+  WEFT_CHECK(shape.isFullyDefined(), "variable '{}' needs a fully defined shape, got {}", name,
+             shape.str());
+  Attrs attrs{{"dtype", dtype},
+              {"shape", shape},
+              {"trainable", trainable},
+              {"init", std::string(Initializer::kindName(init.kind))},
+              {"init_a", init.a},
+              {"init_b", init.b}};
+  if (init.kind == Initializer::Kind::Value) {
+    WEFT_CHECK(init.value.shape() == shape && init.value.dtype() == dtype,
+               "variable '{}' of {}{} initialised from a tensor of {}{}", name, dtypeName(dtype),
+               shape.str(), dtypeName(init.value.dtype()), init.value.shape().str());
+    attrs.set("value", init.value);
+  }
+  if (init.kind == Initializer::Kind::CopyOf) {
+    Node* src = find(init.source);
+    WEFT_CHECK(src && src->outputs[0].shape == shape && src->outputs[0].dtype == dtype,
+               "variable '{}' copies '{}', which is missing or of another type", name, init.source);
+    attrs.set("source", init.source);
+  }
+  return addNode("Variable", {}, std::move(attrs), name)->output();
+}
+
+Output Graph::constant(Tensor value, const std::string& name) {
+  return addNode("Const", {}, {{"value", std::move(value)}}, name.empty() ? "Const" : name)->output();
+}
+
+Node* Graph::group(const std::vector<Node*>& deps, const std::string& name) {
+  Node* n = addNode("NoOp", {}, {}, name);
+  n->controlInputs = deps;
+  return n;
+}
+
+Graph::Scope::Scope(Graph& g, const std::string& name) : graph_(g) {
+  const std::string& outer = g.currentScope();
+  g.scopes_.push_back(outer.empty() ? name : outer + "/" + name);
+}
+Graph::Scope::~Scope() { graph_.scopes_.pop_back(); }
+
+Graph::DeviceScope::DeviceScope(Graph& g, const std::string& device) : graph_(g) {
+  Device::parse(device);  // validates
+  g.devices_.push_back(device);
+}
+Graph::DeviceScope::~DeviceScope() { graph_.devices_.pop_back(); }
+
+Node* Graph::find(const std::string& name) const {
+  auto it = byName_.find(name);
+  return it == byName_.end() ? nullptr : it->second;
+}
+
+std::vector<Node*> Graph::variables() const {
+  std::vector<Node*> out;
+  for (const auto& n : nodes_) {
+    if (n->op == "Variable") out.push_back(n.get());
+  }
+  return out;
+}
+
+std::vector<Node*> Graph::trainableVariables() const {
+  std::vector<Node*> out;
+  for (Node* v : variables()) {
+    if (v->attrs.get<bool>("trainable")) out.push_back(v);
+  }
+  return out;
+}
+
+const std::vector<Node*>& Graph::collection(const std::string& key) const {
+  static const std::vector<Node*> none;
+  auto it = collections_.find(key);
+  return it == collections_.end() ? none : it->second;
+}
+
+std::string Graph::dump() const {
+  std::string s;
+  for (const auto& n : nodes_) {
+    std::vector<std::string> ins, outs;
+    for (const Output& in : n->inputs) ins.push_back(in.name());
+    for (Node* c : n->controlInputs) ins.push_back("^" + c->name);
+    for (const TensorType& t : n->outputs) outs.push_back(t.str());
+    s += fmt::format("{} = {}({}) -> ({})", n->name, n->op, fmt::join(ins, ", "), fmt::join(outs, ", "));
+    if (!n->device.empty()) s += " @" + n->device;
+    if (!n->attrs.values().empty() && n->op != "Const") s += " {" + n->attrs.str() + "}";
+    s += "\n";
+  }
+  for (const GradientLink& l : gradientLinks_) {
+    if (l.sparse) {
+      s += fmt::format("grad {} = sparse(indices={}, values={}, shape={})\n", l.variable->name,
+                       l.indices.name(), l.values.name(), l.denseShape.str());
+    } else {
+      s += fmt::format("grad {} = dense({})\n", l.variable->name, l.dense.name());
+    }
+  }
+  return s;
+}
+
+std::string Graph::toDot() const {
+  auto quote = [](const std::string& x) { return "\"" + x + "\""; };
+  std::string s = "digraph weft {\n  node [shape=box, fontname=\"monospace\"];\n";
+  for (const auto& n : nodes_) {
+    std::vector<std::string> outs;
+    for (const TensorType& t : n->outputs) outs.push_back(t.str());
+    s += fmt::format("  {} [label=\"{}\\n{}\\n{}\"{}];\n", quote(n->name), n->name, n->op,
+                     fmt::join(outs, " "), n->op == "Variable" ? ", style=filled, fillcolor=lightblue" : "");
+    for (const Output& in : n->inputs) {
+      s += fmt::format("  {} -> {} [label=\"{}\"];\n", quote(in.node()->name), quote(n->name),
+                       in.shape().str());
+    }
+    for (Node* c : n->controlInputs) {
+      s += fmt::format("  {} -> {} [style=dashed];\n", quote(c->name), quote(n->name));
+    }
+  }
+  for (const GradientLink& l : gradientLinks_) {
+    const Output& g = l.sparse ? l.values : l.dense;
+    s += fmt::format("  {} -> {} [style=dotted, color=red, label=\"{}\"];\n", quote(g.node()->name),
+                     quote(l.variable->name), l.sparse ? "sparse grad" : "grad");
+  }
+  return s + "}\n";
+}
+
+}  // namespace weft

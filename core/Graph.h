@@ -1,0 +1,215 @@
+// The dataflow graph: nodes (op instances) connected by outputs, with name scopes, device
+// placement, static shape/dtype inference at build time, variables, placeholders and the
+// gradient <-> variable links that autodiff records.
+#pragma once
+
+#include "core/Attrs.h"
+#include "core/DType.h"
+#include "core/Shape.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace weft {
+
+class Graph;
+struct Node;
+struct OpDef;
+
+/// Static type of a node output: dtype and (possibly partial) shape.
+struct TensorType {
+  DType dtype = DType::F32;
+  Shape shape;
+  std::string str() const { return std::string(dtypeName(dtype)) + shape.str(); }
+};
+
+/// A symbolic value: output `index` of `node`. Cheap to copy.
+class Output {
+ public:
+  Output() = default;
+  Output(Node* node, int index = 0) : node_(node), index_(index) {}  // NOLINT: implicit by design
+
+  bool valid() const { return node_ != nullptr; }
+  Node* node() const { return node_; }
+  int index() const { return index_; }
+  Graph& graph() const;
+  const TensorType& type() const;
+  DType dtype() const { return type().dtype; }
+  const Shape& shape() const { return type().shape; }
+  int rank() const { return shape().rank(); }
+  /// "scope/name:index".
+  std::string name() const;
+
+  bool operator==(const Output& o) const { return node_ == o.node_ && index_ == o.index_; }
+  bool operator!=(const Output& o) const { return !(*this == o); }
+  bool operator<(const Output& o) const;
+
+ private:
+  Node* node_ = nullptr;
+  int index_ = 0;
+};
+
+struct OutputHash {
+  size_t operator()(const Output& o) const {
+    return std::hash<const void*>()(o.node()) ^ static_cast<size_t>(o.index());
+  }
+};
+
+/// One op instance.
+struct Node {
+  int id = 0;
+  std::string op;
+  std::string name;  // unique within the graph, scope included
+  std::vector<Output> inputs;
+  std::vector<Node*> controlInputs;  // must run before this node; carry no data
+  Attrs attrs;
+  std::vector<TensorType> outputs;
+  std::string device;  // requested placement ("" = default device)
+  const OpDef* def = nullptr;
+  Graph* graph = nullptr;
+
+  Output output(int i = 0) { return Output(this, i); }
+  /// "op 'MatMul' (node 'fc1/MatMul')" for error messages.
+  std::string describe() const;
+};
+
+/// How a variable gets its first value. Random kinds draw from a stream seeded by the graph seed
+/// and the variable's name, so adding a variable never changes another's initial value.
+struct Initializer {
+  enum class Kind { Zeros, Constant, Uniform, Normal, TruncatedNormal, GlorotUniform, HeNormal, Value, CopyOf };
+  Kind kind = Kind::Zeros;
+  double a = 0, b = 0;
+  Tensor value;
+  std::string source;  // CopyOf: the name of the variable to copy
+
+  static Initializer zeros() { return {}; }
+  static Initializer constant(double v) { return {Kind::Constant, v, 0, {}, {}}; }
+  static Initializer uniform(double lo, double hi) { return {Kind::Uniform, lo, hi, {}, {}}; }
+  static Initializer normal(double mean, double stddev) { return {Kind::Normal, mean, stddev, {}, {}}; }
+  /// Normal(0, stddev) with draws beyond two standard deviations redrawn.
+  static Initializer truncatedNormal(double stddev) { return {Kind::TruncatedNormal, 0, stddev, {}, {}}; }
+  /// Uniform(-l, l), l = sqrt(6 / (fan_in + fan_out)).
+  static Initializer glorotUniform() { return {Kind::GlorotUniform, 0, 0, {}, {}}; }
+  /// Normal(0, sqrt(2 / fan_in)).
+  static Initializer heNormal() { return {Kind::HeNormal, 0, 0, {}, {}}; }
+  static Initializer fromTensor(Tensor t) { return {Kind::Value, 0, 0, std::move(t), {}}; }
+  /// The initial value of another variable (for slots and moving averages).
+  static Initializer copyOf(const Output& variable);
+
+  /// "zeros", "glorot_uniform", ... (the form stored in a Variable's "init" attribute).
+  static const char* kindName(Kind kind);
+  static Kind parseKind(const std::string& name);
+};
+
+/// A gradient recorded by autodiff for one variable.
+struct GradientLink {
+  Node* variable = nullptr;
+  bool sparse = false;
+  Output dense;    // dense gradient (when !sparse)
+  Output indices;  // sparse: row ids (i32/i64, shape [n])
+  Output values;   // sparse: rows (shape [n, ...row shape])
+  Shape denseShape;
+};
+
+/// A define-and-run dataflow graph. Nodes are appended and never removed; inputs always precede
+/// their consumers, so creation order is a topological order.
+///
+///     Graph g;
+///     auto x = g.placeholder("x", f32, {-1, 4});
+///     auto w = g.variable("w", f32, {4, 2}, Initializer::glorotUniform());
+class Graph {
+ public:
+  Graph();
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  /// Appends a node of a registered op, inferring its output types. Throws weft::Error naming the
+  /// op, the node and the input types when the op is unknown or the inputs do not fit.
+  Node* addNode(const std::string& op, std::vector<Output> inputs, Attrs attrs = {},
+                const std::string& name = "");
+
+  /// A value supplied at run time through a feed; -1 dimensions take the fed size.
+  Output placeholder(const std::string& name, DType dtype, Shape shape);
+  /// Trainable (or not) state that lives in the session across runs.
+  Output variable(const std::string& name, DType dtype, Shape shape, Initializer init,
+                  bool trainable = true);
+  Output constant(Tensor value, const std::string& name = "");
+  Output scalar(double value, DType dtype = f32) { return constant(Tensor::scalar(dtype, value)); }
+  /// A node with no outputs that runs after `deps` (groups update ops into one step).
+  Node* group(const std::vector<Node*>& deps, const std::string& name = "group");
+
+  /// RAII name scope: nodes created while it lives are named "outer/inner/...".
+  class Scope {
+   public:
+    Scope(Graph& g, const std::string& name);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Graph& graph_;
+  };
+  Scope scope(const std::string& name) { return Scope(*this, name); }
+  const std::string& currentScope() const { return scopes_.empty() ? empty_ : scopes_.back(); }
+
+  /// RAII device scope: nodes created while it lives request `device` ("cpu", "cuda:0").
+  class DeviceScope {
+   public:
+    DeviceScope(Graph& g, const std::string& device);
+    ~DeviceScope();
+    DeviceScope(const DeviceScope&) = delete;
+    DeviceScope& operator=(const DeviceScope&) = delete;
+
+   private:
+    Graph& graph_;
+  };
+  DeviceScope onDevice(const std::string& device) { return DeviceScope(*this, device); }
+
+  const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
+  size_t size() const { return nodes_.size(); }
+  Node* node(int id) const { return nodes_.at(static_cast<size_t>(id)).get(); }
+  /// The node named `name`, or nullptr.
+  Node* find(const std::string& name) const;
+  /// Every Variable node, in creation order.
+  std::vector<Node*> variables() const;
+  std::vector<Node*> trainableVariables() const;
+
+  /// Seed of every random initializer and random op that does not name its own.
+  void setSeed(uint64_t seed) { seed_ = seed; }
+  uint64_t seed() const { return seed_; }
+
+  void addGradientLink(GradientLink link) { gradientLinks_.push_back(std::move(link)); }
+  const std::vector<GradientLink>& gradientLinks() const { return gradientLinks_; }
+
+  /// Named lists of nodes; layers add their side-effect ops (batch-norm moving statistics) to
+  /// "update_ops", which optimizers run with every step.
+  void addToCollection(const std::string& key, Node* node) { collections_[key].push_back(node); }
+  const std::vector<Node*>& collection(const std::string& key) const;
+
+  /// One line per node: name, op, inputs, output types, device, attributes; then the gradient links.
+  std::string dump() const;
+  /// Graphviz DOT of the graph (data edges solid, control edges dashed, gradient links dotted).
+  std::string toDot() const;
+
+ private:
+  std::string uniqueName(const std::string& base);
+
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<std::string, Node*> byName_;
+  std::vector<std::string> scopes_;
+  std::vector<std::string> devices_;
+  std::vector<GradientLink> gradientLinks_;
+  std::map<std::string, std::vector<Node*>> collections_;
+  uint64_t seed_ = 0;
+  std::string empty_;
+};
+
+/// Fan-in and fan-out of a weight of this shape ([in, out] matrices, [out, in, kh, kw] filters).
+std::pair<double, double> fans(const Shape& shape);
+
+}  // namespace weft

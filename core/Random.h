@@ -1,0 +1,38 @@
+// Counter-based random numbers: value i of stream (seed) is a pure function of (seed, i), so
+// results do not depend on thread count or on the order in which elements are drawn.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace weft {
+
+/// SplitMix64 finaliser: a bijective 64-bit mix with good avalanche.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+/// A stream key from a seed and a label (e.g. a variable's name).
+inline uint64_t streamKey(uint64_t seed, const std::string& label) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the label
+  for (unsigned char c : label) h = (h ^ c) * 1099511628211ULL;
+  return mix64(seed ^ mix64(h));
+}
+
+/// Uniform in [0, 1) with 53 random bits.
+inline double uniformAt(uint64_t key, uint64_t i) {
+  return static_cast<double>(mix64(key ^ mix64(i)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/// Standard normal (Box-Muller on two counter draws).
+inline double normalAt(uint64_t key, uint64_t i) {
+  const double u1 = 1.0 - uniformAt(key, 2 * i);  // (0, 1]
+  const double u2 = uniformAt(key, 2 * i + 1);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+}  // namespace weft

@@ -1,0 +1,90 @@
+// Session: runs a graph. A run compiles a plan for its fetches once (pruning, topological order
+// with variable reads before writes, concrete shapes, kernel choice, a static memory plan that
+// reuses buffers by liveness and runs ops in place where safe), caches it by fetches, targets and
+// feed shapes, and replays it.
+#pragma once
+
+#include "core/Graph.h"
+#include "core/ThreadPool.h"
+
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace weft {
+
+using FeedMap = std::vector<std::pair<Output, Tensor>>;
+
+struct SessionOptions {
+  /// Intra-op threads; <= 0 means one per hardware thread.
+  int threads = 0;
+  /// After every op, fail with the op's name if a floating output holds NaN or Inf.
+  bool checkNumerics = false;
+};
+
+/// What a compiled plan costs.
+struct PlanStats {
+  size_t opCount = 0;        // kernels run per step
+  size_t arenaBytes = 0;     // the static buffer all intermediate values share
+  size_t unplannedBytes = 0; // what the intermediates would take without reuse
+  size_t fetchBytes = 0;     // outputs handed back to the caller
+  size_t peakBytes = 0;      // arenaBytes + fetchBytes
+  size_t inplaceOps = 0;     // ops that write over a dying input
+};
+
+/// Runs a Graph on the CPU and owns its variables' values.
+///
+///     Session s(g);
+///     auto [loss] = s.run({lossOut}, {{x, xBatch}, {y, yBatch}}, {trainStep});
+class Session {
+ public:
+  explicit Session(Graph& graph, SessionOptions options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  /// Computes `fetches` given `feeds`, also running `targets` (ops without outputs, such as a
+  /// training step). Variables read in a run see their value from before the run's updates;
+  /// fetched variables return their value after it.
+  std::vector<Tensor> run(const std::vector<Output>& fetches, const FeedMap& feeds = {},
+                          const std::vector<Node*>& targets = {});
+  void run(Node* target, const FeedMap& feeds = {}) { run({}, feeds, {target}); }
+
+  /// The cost of the plan for these fetches, targets and feeds (compiling it if needed).
+  PlanStats planStats(const std::vector<Output>& fetches, const FeedMap& feeds = {},
+                      const std::vector<Node*>& targets = {});
+  size_t cachedPlans() const { return plans_.size(); }
+
+  /// The live value of a variable (shares its storage; initialised on first use).
+  Tensor& variable(Node* variable);
+  Tensor& variable(const std::string& name);
+  /// Overwrites a variable's value (same dtype and shape).
+  void setVariable(const std::string& name, const Tensor& value);
+  /// Re-runs every variable's initializer.
+  void resetVariables();
+
+  /// Number of completed runs; random ops draw from (seed, step) so runs are reproducible.
+  uint64_t step() const { return step_; }
+  const ThreadPool& threadPool() const { return *pool_; }
+  Graph& graph() { return graph_; }
+
+ private:
+  struct Plan;
+  Plan& planFor(const std::vector<Output>& fetches, const FeedMap& feeds,
+                const std::vector<Node*>& targets);
+  std::unique_ptr<Plan> compile(const std::vector<Output>& fetches, const FeedMap& feeds,
+                                const std::vector<Node*>& targets);
+  Tensor initialValue(Node* variable);
+  void initializeVariable(Node* variable);
+
+  Graph& graph_;
+  SessionOptions options_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unordered_map<const Node*, Tensor> variables_;
+  std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
+  uint64_t step_ = 0;
+};
+
+}  // namespace weft

@@ -1,0 +1,99 @@
+#include "core/Tensor.h"
+
+namespace weft {
+
+Buffer::Buffer(size_t bytes, Device device)
+    : data_(allocatorFor(device).allocate(bytes)), bytes_(bytes), device_(device) {}
+
+Buffer::~Buffer() { allocatorFor(device_).deallocate(data_, bytes_); }
+
+Tensor::Tensor(DType dtype, Shape shape, Device device) : dtype_(dtype), shape_(std::move(shape)) {
+  WEFT_CHECK(shape_.isFullyDefined(), "cannot allocate a tensor of partially known shape {}",
+             shape_.str());
+  buffer_ = std::make_shared<Buffer>(bytes(), device);
+}
+
+Tensor::Tensor(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape shape)
+    : buffer_(std::move(buffer)), offset_(offset), dtype_(dtype), shape_(std::move(shape)) {
+  WEFT_CHECK(offset_ + bytes() <= buffer_->bytes(),
+             "tensor view of {} bytes at offset {} overruns a buffer of {} bytes", bytes(), offset_,
+             buffer_->bytes());
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape) { return full(dtype, std::move(shape), 0.0); }
+
+Tensor Tensor::full(DType dtype, Shape shape, double value) {
+  Tensor t(dtype, std::move(shape));
+  t.fill(value);
+  return t;
+}
+
+Device Tensor::device() const { return buffer_ ? buffer_->device() : cpu(); }
+
+double Tensor::at(int64_t i) const {
+  WEFT_CHECK(i >= 0 && i < numel(), "element {} is out of range for a tensor of shape {}", i,
+             shape_.str());
+  return dispatchDType(dtype_, [&](auto t) {
+    using T = decltype(t);
+    return static_cast<double>(static_cast<const T*>(raw())[i]);
+  });
+}
+
+double Tensor::item() const {
+  WEFT_CHECK(numel() == 1, "item() needs a one-element tensor, got shape {}", shape_.str());
+  return at(0);
+}
+
+std::vector<double> Tensor::toDoubles() const {
+  std::vector<double> out(static_cast<size_t>(numel()));
+  dispatchDType(dtype_, [&](auto t) {
+    using T = decltype(t);
+    const T* p = static_cast<const T*>(raw());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(p[i]);
+  });
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(dtype_, shape_, device());
+  if (bytes()) std::memcpy(t.raw(), raw(), bytes());
+  return t;
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  WEFT_CHECK(shape.numel() == numel(), "cannot reshape a tensor of shape {} to {}", shape_.str(),
+             shape.str());
+  return Tensor(buffer_, offset_, dtype_, std::move(shape));
+}
+
+void Tensor::copyFrom(const Tensor& src) {
+  WEFT_CHECK(src.dtype_ == dtype_ && src.numel() == numel(),
+             "copy of a {} tensor of shape {} into a {} tensor of shape {}", dtypeName(src.dtype_),
+             src.shape_.str(), dtypeName(dtype_), shape_.str());
+  if (bytes() && raw() != src.raw()) std::memcpy(raw(), src.raw(), bytes());
+}
+
+void Tensor::fill(double value) {
+  dispatchDType(dtype_, [&](auto t) {
+    using T = decltype(t);
+    T* p = static_cast<T*>(raw());
+    const T v = static_cast<T>(value);
+    for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = v;
+  });
+}
+
+Tensor Tensor::cast(DType to) const {
+  Tensor out(to, shape_);
+  dispatchDType(dtype_, [&](auto s) {
+    using S = decltype(s);
+    dispatchDType(to, [&](auto d) {
+      using D = decltype(d);
+      const S* src = static_cast<const S*>(raw());
+      D* dst = static_cast<D*>(out.raw());
+      for (int64_t i = 0, n = numel(); i < n; ++i) dst[i] = static_cast<D>(src[i]);
+    });
+  });
+  return out;
+}
+
+}  // namespace weft

@@ -1,0 +1,153 @@
+// Gradient clipping: the squared norms of dense and sparse gradients (SquaredNorm,
+// SparseSquaredNorm) and clipByGlobalNorm, which composes them. Sums are taken in double over
+// fixed blocks, so a norm does not depend on the thread count.
+#include "ops/OpUtil.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace weft {
+namespace {
+
+using detail::addOp1;
+
+// Elements per partial sum: large enough to amortise a task, fixed for reproducibility.
+constexpr int64_t kBlock = 4096;
+
+// ---- shape functions -----------------------------------------------------------------------
+
+std::vector<TensorType> squaredNormInfer(const InferContext& c) {
+  detail::requireFloat(c, 0);
+  return {{c.dtype(0), Shape{}}};
+}
+
+// indices (n), values (n, ...) -> scalar
+std::vector<TensorType> sparseSquaredNormInfer(const InferContext& c) {
+  c.check(c.dtype(0) == i32 || c.dtype(0) == i64, "indices must be i32 or i64, got {}", dtypeName(c.dtype(0)));
+  detail::requireFloat(c, 1);
+  const Shape &indices = c.shape(0), &values = c.shape(1);
+  c.check(indices.rank() == 1, "indices must be (n), got rank {}", indices.rank());
+  c.check(values.rank() >= 1, "values must be (n, ...), got a scalar");
+  c.check(indices[0] < 0 || values[0] < 0 || indices[0] == values[0], "{} indices for {} rows of values",
+          indices[0], values[0]);
+  return {{c.dtype(1), Shape{}}};
+}
+
+// ---- kernels -------------------------------------------------------------------------------
+
+void squaredNormKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const int64_t n = x.numel();
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* px = x.data<T>();
+    std::vector<double> partial(static_cast<size_t>((n + kBlock - 1) / kBlock));
+    ctx.parallelFor(static_cast<int64_t>(partial.size()), kBlock, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b) {
+        double s = 0;
+        for (int64_t i = b * kBlock, end = std::min(n, i + kBlock); i < end; ++i) {
+          s += static_cast<double>(px[i]) * static_cast<double>(px[i]);
+        }
+        partial[static_cast<size_t>(b)] = s;
+      }
+    });
+    ctx.output(0).data<T>()[0] = static_cast<T>(std::accumulate(partial.begin(), partial.end(), 0.0));
+  });
+}
+
+/// Positions of `ids` sorted by id (stable), and the start of each run of equal ids in that
+/// order, closed by ids.size().
+template <class I>
+std::pair<std::vector<int64_t>, std::vector<int64_t>> groupByIndex(const I* ids, int64_t n) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [ids](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+  std::vector<int64_t> starts;
+  for (int64_t k = 0; k < n; ++k) {
+    if (k == 0 || ids[order[static_cast<size_t>(k)]] != ids[order[static_cast<size_t>(k - 1)]]) starts.push_back(k);
+  }
+  starts.push_back(n);
+  return {std::move(order), std::move(starts)};
+}
+
+// out = sum over unique ids u of |sum of the value rows with id u|^2
+void sparseSquaredNormKernel(KernelContext& ctx) {
+  const Tensor &indices = ctx.input(0), &values = ctx.input(1);
+  const int64_t n = indices.numel();
+  const int64_t width = n == 0 ? 0 : values.numel() / n;
+  dispatchFloat(values.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* pv = values.data<T>();
+    double total = 0;
+    dispatchIndex(indices.dtype(), [&](auto zi) {
+      using I = decltype(zi);
+      const auto [order, starts] = groupByIndex(indices.data<I>(), n);
+      const int64_t groups = static_cast<int64_t>(starts.size()) - 1;
+      const int64_t costPerGroup = groups == 0 ? 0 : width * n / groups;
+      std::vector<double> groupNorm(static_cast<size_t>(groups));
+      ctx.parallelFor(groups, costPerGroup, [&](int64_t lo, int64_t hi) {
+        std::vector<double> row(static_cast<size_t>(width));
+        for (int64_t g = lo; g < hi; ++g) {
+          std::fill(row.begin(), row.end(), 0.0);
+          for (int64_t k = starts[static_cast<size_t>(g)]; k < starts[static_cast<size_t>(g + 1)]; ++k) {
+            const T* src = pv + order[static_cast<size_t>(k)] * width;
+            for (int64_t j = 0; j < width; ++j) row[static_cast<size_t>(j)] += static_cast<double>(src[j]);
+          }
+          double s = 0;
+          for (double v : row) s += v * v;
+          groupNorm[static_cast<size_t>(g)] = s;
+        }
+      });
+      total = std::accumulate(groupNorm.begin(), groupNorm.end(), 0.0);
+    });
+    ctx.output(0).data<T>()[0] = static_cast<T>(total);
+  });
+}
+
+}  // namespace
+
+// ---- builders ------------------------------------------------------------------------------
+
+Output squaredNorm(Output x) { return addOp1(x.graph(), "SquaredNorm", {x}); }
+Output sparseSquaredNorm(Output indices, Output values) {
+  return addOp1(values.graph(), "SparseSquaredNorm", {indices, values});
+}
+
+std::pair<std::vector<Grad>, Output> clipByGlobalNorm(const std::vector<Grad>& grads, double clipNorm) {
+  WEFT_CHECK(clipNorm > 0, "clipByGlobalNorm: clipNorm must be positive, got {}", clipNorm);
+  std::vector<Output> squares;
+  for (const Grad& g : grads) {
+    if (g.valid()) squares.push_back(g.isSparse() ? sparseSquaredNorm(g.indices, g.values) : squaredNorm(g.dense));
+  }
+  WEFT_CHECK(!squares.empty(), "clipByGlobalNorm: no valid gradient among {}", grads.size());
+  // Mixed-precision gradients add up in the first one's dtype.
+  for (Output& s : squares) s = cast(s, squares[0].dtype());
+  Output norm = sqrt(addN(squares));
+  Output scale = clipNorm / maximum(norm, scalarLike(norm, clipNorm));
+
+  std::vector<Grad> clipped;
+  for (const Grad& g : grads) {
+    if (!g.valid()) {
+      clipped.push_back(g);
+    } else if (g.isSparse()) {
+      clipped.push_back(Grad::sparse(g.indices, g.values * cast(scale, g.values.dtype()), g.denseShape));
+    } else {
+      clipped.push_back(g.dense * cast(scale, g.dense.dtype()));
+    }
+  }
+  return {std::move(clipped), norm};
+}
+
+// ---- registration --------------------------------------------------------------------------
+
+void detail::registerClipOps(OpRegistry& r) {
+  // d/dx sum(x^2) = 2 x
+  r.add(OpDef("SquaredNorm")
+            .inputs(1)
+            .infer(squaredNormInfer)
+            .cpu(squaredNormKernel)
+            .grad([](GradContext& c) -> std::vector<Grad> { return {c.x(0) * (c.dy() * 2.0)}; }));
+  r.add(OpDef("SparseSquaredNorm").inputs(2).infer(sparseSquaredNormInfer).cpu(sparseSquaredNormKernel).noGradient());
+}
+
+}  // namespace weft

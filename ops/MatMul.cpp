@@ -1,0 +1,150 @@
+// Matrix products through OpenBLAS's CBLAS. Calls are single-threaded; weft's pool splits the
+// output into column or row blocks, so the thread count is the session's.
+#include "ops/OpUtil.h"
+
+#include <cblas.h>
+
+#include <mutex>
+
+namespace weft {
+namespace {
+
+/// C (m x n) = op(A) op(B), row-major, with lda/ldb the stored row lengths.
+template <class T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T* c, int64_t ldc) {
+  const auto opA = ta ? CblasTrans : CblasNoTrans, opB = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, opA, opB, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), 0.0f, c, static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, opA, opB, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), 0.0, c, static_cast<int>(ldc));
+  }
+}
+
+/// One (m x k) x (k x n) product, split into blocks of rows or columns across the pool.
+template <class T>
+void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                  const T* a, const T* b, T* c) {
+  const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    std::fill(c, c + m * n, T(0));
+    return;
+  }
+  // Blocks depend on the shape only, never on the thread count: OpenBLAS may round differently
+  // for different block shapes, and results must not change with the number of threads.
+  const bool splitRows = m >= n;
+  const int64_t extent = splitRows ? m : n;
+  const int64_t per = std::max<int64_t>(64, (extent / 8 + 15) / 16 * 16);
+  const int64_t blocks = (extent + per - 1) / per;
+  ctx.parallelFor(blocks, m * n * k / blocks, [&](int64_t lo, int64_t hi) {
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      const int64_t begin = blk * per, len = std::min(extent, begin + per) - begin;
+      if (len <= 0) continue;
+      if (splitRows) {
+        const T* aBlock = ta ? a + begin : a + begin * lda;
+        gemm(ta, tb, len, n, k, aBlock, lda, b, ldb, c + begin * n, n);
+      } else {
+        const T* bBlock = tb ? b + begin * ldb : b + begin;
+        gemm(ta, tb, m, len, k, a, lda, bBlock, ldb, c + begin, n);
+      }
+    }
+  });
+}
+
+struct MatDims {
+  int64_t batch, m, n, k;
+};
+
+MatDims matDims(const Shape& a, const Shape& b, bool ta, bool tb) {
+  const int r = a.rank();
+  MatDims d{1, ta ? a[r - 1] : a[r - 2], tb ? b[r - 2] : b[r - 1], ta ? a[r - 2] : a[r - 1]};
+  for (int i = 0; i < r - 2; ++i) d.batch *= a[i];
+  return d;
+}
+
+std::vector<TensorType> matmulInfer(const InferContext& c, bool batched) {
+  detail::requireSameDType(c, 0, 1);
+  detail::requireFloat(c, 0);
+  const Shape &a = c.shape(0), &b = c.shape(1);
+  if (batched) {
+    c.check(a.rank() >= 3 && a.rank() == b.rank(), "needs two tensors of equal rank >= 3");
+    for (int i = 0; i < a.rank() - 2; ++i) {
+      c.check(a[i] < 0 || b[i] < 0 || a[i] == b[i], "batch dimension {} differs: {} vs {}", i, a[i], b[i]);
+    }
+  } else {
+    c.check(a.rank() == 2 && b.rank() == 2, "needs two matrices");
+  }
+  const bool ta = c.attrs().get<bool>("transpose_a"), tb = c.attrs().get<bool>("transpose_b");
+  const int r = a.rank();
+  const int64_t ka = ta ? a[r - 2] : a[r - 1], kb = tb ? b[r - 1] : b[r - 2];
+  c.check(ka < 0 || kb < 0 || ka == kb, "inner dimensions differ: {} vs {}", ka, kb);
+  std::vector<int64_t> out(a.dims().begin(), a.dims().end() - 2);
+  out.push_back(ta ? a[r - 1] : a[r - 2]);
+  out.push_back(tb ? b[r - 2] : b[r - 1]);
+  return {{c.dtype(0), Shape(std::move(out))}};
+}
+
+void matmulKernel(KernelContext& ctx) {
+  const Tensor &a = ctx.input(0), &b = ctx.input(1);
+  const bool ta = ctx.attrs().get<bool>("transpose_a"), tb = ctx.attrs().get<bool>("transpose_b");
+  const MatDims d = matDims(a.shape(), b.shape(), ta, tb);
+  dispatchFloat(a.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* pc = ctx.output(0).data<T>();
+    for (int64_t i = 0; i < d.batch; ++i) {
+      parallelGemm(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, pb + i * d.k * d.n, pc + i * d.m * d.n);
+    }
+  });
+}
+
+// Y = op(A) op(B). With G = dY:
+//   A B:     dA = G B^T,   dB = A^T G
+//   A B^T:   dA = G B,     dB = G^T A
+//   A^T B:   dA = B G^T,   dB = A G
+//   A^T B^T: dA = B^T G^T, dB = G^T A^T
+std::vector<Grad> matmulGrad(GradContext& c, bool batched) {
+  const bool ta = c.attrs().get<bool>("transpose_a"), tb = c.attrs().get<bool>("transpose_b");
+  auto mm = [batched](Output x, Output y, bool tx, bool ty) {
+    return batched ? batchMatmul(x, y, tx, ty) : matmul(x, y, tx, ty);
+  };
+  Output a = c.x(0), b = c.x(1), g = c.dy();
+  if (!ta && !tb) return {mm(g, b, false, true), mm(a, g, true, false)};
+  if (!ta && tb) return {mm(g, b, false, false), mm(g, a, true, false)};
+  if (ta && !tb) return {mm(b, g, false, true), mm(a, g, false, false)};
+  return {mm(b, g, true, true), mm(g, a, true, true)};
+}
+
+Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
+  return detail::addOp1(a.graph(), op, {a, b}, {{"transpose_a", ta}, {"transpose_b", tb}});
+}
+
+}  // namespace
+
+Output matmul(Output a, Output b, bool transposeA, bool transposeB) {
+  return addMatmul("MatMul", a, b, transposeA, transposeB);
+}
+Output batchMatmul(Output a, Output b, bool transposeA, bool transposeB) {
+  return addMatmul("BatchMatMul", a, b, transposeA, transposeB);
+}
+
+void detail::registerMatMulOps(OpRegistry& r) {
+  static std::once_flag blasThreads;
+  std::call_once(blasThreads, [] { openblas_set_num_threads(1); });
+  r.add(OpDef("MatMul")
+            .inputs(2)
+            .infer([](const InferContext& c) { return matmulInfer(c, false); })
+            .cpu(matmulKernel)
+            .grad([](GradContext& c) { return matmulGrad(c, false); }));
+  r.add(OpDef("BatchMatMul")
+            .inputs(2)
+            .infer([](const InferContext& c) { return matmulInfer(c, true); })
+            .cpu(matmulKernel)
+            .grad([](GradContext& c) { return matmulGrad(c, true); }));
+}
+
+}  // namespace weft

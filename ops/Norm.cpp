@@ -1,0 +1,340 @@
+// Batch normalisation over every axis but 1 (the channel axis of (N, C) and (N, C, H, W)), in
+// training mode (batch statistics) and inference mode (given statistics), with fused backward
+// ops. Kernels view x as (N, C, S), split the channels across the pool and accumulate in double.
+#include "ops/OpUtil.h"
+
+#include <cmath>
+
+namespace weft {
+namespace {
+
+// ---- layout --------------------------------------------------------------------------------
+
+/// x as (N, C, S): S is the product of the axes after the channel axis.
+struct ChannelLayout {
+  int64_t n, c, s;
+
+  int64_t perChannel() const { return n * s; }  // M, the elements that share a channel's statistics
+};
+
+ChannelLayout channelLayout(const Shape& x) {
+  int64_t s = 1;
+  for (int i = 2; i < x.rank(); ++i) s *= x[i];
+  return {x[0], x[1], s};
+}
+
+using Coeffs = std::vector<double>;  // one value per channel of a block
+
+/// Calls f(channel - lo, offset) for every contiguous run of S elements of channels [lo, hi), in
+/// memory order, so that both (N, C) and (N, C, H, W) inputs are read sequentially.
+template <class F>
+void sweep(const ChannelLayout& l, int64_t lo, int64_t hi, F f) {
+  for (int64_t i = 0; i < l.n; ++i) {
+    for (int64_t ch = lo; ch < hi; ++ch) f(ch - lo, (i * l.c + ch) * l.s);
+  }
+}
+
+/// Splits the channels across the pool; `passes` is the number of sweeps over x per channel.
+template <class F>
+void forChannelBlocks(const KernelContext& ctx, const ChannelLayout& l, int64_t passes, F f) {
+  ctx.parallelFor(l.c, passes * l.perChannel(), f);
+}
+
+template <class T>
+Coeffs load(const T* p, int64_t lo, int64_t hi) {
+  return Coeffs(p + lo, p + hi);
+}
+
+/// out = scale * x + shift, per channel.
+template <class T>
+void affine(const ChannelLayout& l, int64_t lo, int64_t hi, const T* x, const Coeffs& scale, const Coeffs& shift,
+            T* out) {
+  sweep(l, lo, hi, [&](int64_t k, int64_t off) {
+    for (int64_t j = 0; j < l.s; ++j) out[off + j] = static_cast<T>(scale[k] * x[off + j] + shift[k]);
+  });
+}
+
+/// Per channel: sum(dy) and sum(dy * xhat) with xhat = (x - mean) * invstd.
+template <class T>
+void gradSums(const ChannelLayout& l, int64_t lo, int64_t hi, const T* dy, const T* x, const Coeffs& mean,
+              const Coeffs& invstd, Coeffs& sumDy, Coeffs& sumDyXhat) {
+  sumDy.assign(static_cast<size_t>(hi - lo), 0.0);
+  sumDyXhat.assign(static_cast<size_t>(hi - lo), 0.0);
+  sweep(l, lo, hi, [&](int64_t k, int64_t off) {
+    double a = 0, b = 0;
+    for (int64_t j = 0; j < l.s; ++j) {
+      a += dy[off + j];
+      b += dy[off + j] * (x[off + j] - mean[k]);
+    }
+    sumDy[k] += a;
+    sumDyXhat[k] += b * invstd[k];
+  });
+}
+
+/// dx = a * dy + b * (x - mean) + c, per channel.
+template <class T>
+void combineGrad(const ChannelLayout& l, int64_t lo, int64_t hi, const T* dy, const T* x, const Coeffs& mean,
+                 const Coeffs& a, const Coeffs& b, const Coeffs& c, T* dx) {
+  sweep(l, lo, hi, [&](int64_t k, int64_t off) {
+    for (int64_t j = 0; j < l.s; ++j) {
+      dx[off + j] = static_cast<T>(a[k] * dy[off + j] + b[k] * (x[off + j] - mean[k]) + c[k]);
+    }
+  });
+}
+
+// ---- kernels -------------------------------------------------------------------------------
+
+// Inputs x, gamma, beta; outputs y, mean (C), biased var (C), invstd = 1 / sqrt(var + eps) (C).
+void batchNormTrainKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const ChannelLayout l = channelLayout(x.shape());
+  const double eps = ctx.attrs().getFloat("epsilon");
+  const double m = static_cast<double>(l.perChannel());
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* px = x.data<T>();
+    const T* gamma = ctx.input(1).data<T>();
+    const T* beta = ctx.input(2).data<T>();
+    T* outMean = ctx.output(1).data<T>();
+    T* outVar = ctx.output(2).data<T>();
+    T* outInvstd = ctx.output(3).data<T>();
+    forChannelBlocks(ctx, l, 3, [&](int64_t lo, int64_t hi) {
+      const size_t width = static_cast<size_t>(hi - lo);
+      Coeffs mean(width, 0.0), var(width, 0.0), scale(width), shift(width);
+      sweep(l, lo, hi, [&](int64_t k, int64_t off) {
+        double acc = 0;
+        for (int64_t j = 0; j < l.s; ++j) acc += px[off + j];
+        mean[k] += acc;
+      });
+      for (double& v : mean) v = m > 0 ? v / m : 0.0;
+      // A second pass about the mean keeps the variance accurate when |mean| >> stddev.
+      sweep(l, lo, hi, [&](int64_t k, int64_t off) {
+        double acc = 0;
+        for (int64_t j = 0; j < l.s; ++j) acc += (px[off + j] - mean[k]) * (px[off + j] - mean[k]);
+        var[k] += acc;
+      });
+      for (size_t k = 0; k < width; ++k) {
+        const int64_t ch = lo + static_cast<int64_t>(k);
+        var[k] = m > 0 ? var[k] / m : 0.0;
+        const double invstd = 1.0 / std::sqrt(var[k] + eps);
+        scale[k] = gamma[ch] * invstd;
+        shift[k] = beta[ch] - mean[k] * scale[k];
+        outMean[ch] = static_cast<T>(mean[k]);
+        outVar[ch] = static_cast<T>(var[k]);
+        outInvstd[ch] = static_cast<T>(invstd);
+      }
+      affine(l, lo, hi, px, scale, shift, ctx.output(0).data<T>());
+    });
+  });
+}
+
+// Inputs dy, x, gamma, mean, invstd[, dmean, dvar]; outputs dx, dgamma, dbeta:
+//   dx = gamma invstd / M (M dy - sum(dy) - xhat sum(dy xhat)) + dmean / M + 2 dvar (x - mean) / M
+//   dgamma = sum(dy xhat), dbeta = sum(dy)
+void batchNormGradKernel(KernelContext& ctx) {
+  const Tensor &dy = ctx.input(0), &x = ctx.input(1);
+  const ChannelLayout l = channelLayout(x.shape());
+  const bool statGrads = ctx.numInputs() == 7;
+  const double m = static_cast<double>(l.perChannel());
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* pdy = dy.data<T>();
+    const T* px = x.data<T>();
+    const T* gamma = ctx.input(2).data<T>();
+    T* dgamma = ctx.output(1).data<T>();
+    T* dbeta = ctx.output(2).data<T>();
+    forChannelBlocks(ctx, l, 2, [&](int64_t lo, int64_t hi) {
+      const Coeffs mean = load(ctx.input(3).data<T>(), lo, hi), invstd = load(ctx.input(4).data<T>(), lo, hi);
+      const size_t width = static_cast<size_t>(hi - lo);
+      Coeffs sumDy, sumDyXhat, a(width), b(width), c(width);
+      gradSums(l, lo, hi, pdy, px, mean, invstd, sumDy, sumDyXhat);
+      for (size_t k = 0; k < width; ++k) {
+        const int64_t ch = lo + static_cast<int64_t>(k);
+        const double dmean = statGrads ? ctx.input(5).data<T>()[ch] : 0.0;
+        const double dvar = statGrads ? ctx.input(6).data<T>()[ch] : 0.0;
+        const double gi = gamma[ch] * invstd[k];
+        a[k] = gi;
+        b[k] = m > 0 ? (2.0 * dvar - gi * invstd[k] * sumDyXhat[k]) / m : 0.0;
+        c[k] = m > 0 ? (dmean - gi * sumDy[k]) / m : 0.0;
+        dgamma[ch] = static_cast<T>(sumDyXhat[k]);
+        dbeta[ch] = static_cast<T>(sumDy[k]);
+      }
+      combineGrad(l, lo, hi, pdy, px, mean, a, b, c, ctx.output(0).data<T>());
+    });
+  });
+}
+
+/// 1 / sqrt(var + eps) of channels [lo, hi).
+template <class T>
+Coeffs inverseStd(const T* var, int64_t lo, int64_t hi, double eps) {
+  Coeffs out = load(var, lo, hi);
+  for (double& v : out) v = 1.0 / std::sqrt(v + eps);
+  return out;
+}
+
+// y = gamma (x - mean) / sqrt(var + eps) + beta
+void batchNormInferenceKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const ChannelLayout l = channelLayout(x.shape());
+  const double eps = ctx.attrs().getFloat("epsilon");
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    forChannelBlocks(ctx, l, 1, [&](int64_t lo, int64_t hi) {
+      const Coeffs invstd = inverseStd(ctx.input(4).data<T>(), lo, hi, eps);
+      const Coeffs gamma = load(ctx.input(1).data<T>(), lo, hi), beta = load(ctx.input(2).data<T>(), lo, hi);
+      const Coeffs mean = load(ctx.input(3).data<T>(), lo, hi);
+      Coeffs scale(invstd.size()), shift(invstd.size());
+      for (size_t k = 0; k < invstd.size(); ++k) {
+        scale[k] = gamma[k] * invstd[k];
+        shift[k] = beta[k] - mean[k] * scale[k];
+      }
+      affine(l, lo, hi, x.data<T>(), scale, shift, ctx.output(0).data<T>());
+    });
+  });
+}
+
+// Inputs dy, x, gamma, mean, var; outputs dx, dgamma, dbeta, dmean, dvar. With
+// invstd = 1 / sqrt(var + eps) and xhat = (x - mean) invstd:
+//   dx = gamma invstd dy, dgamma = sum(dy xhat), dbeta = sum(dy),
+//   dmean = -gamma invstd sum(dy), dvar = -gamma invstd^2 sum(dy xhat) / 2
+void batchNormInferenceGradKernel(KernelContext& ctx) {
+  const Tensor &dy = ctx.input(0), &x = ctx.input(1);
+  const ChannelLayout l = channelLayout(x.shape());
+  const double eps = ctx.attrs().getFloat("epsilon");
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* pdy = dy.data<T>();
+    const T* px = x.data<T>();
+    const T* gamma = ctx.input(2).data<T>();
+    forChannelBlocks(ctx, l, 2, [&](int64_t lo, int64_t hi) {
+      const Coeffs mean = load(ctx.input(3).data<T>(), lo, hi);
+      const Coeffs invstd = inverseStd(ctx.input(4).data<T>(), lo, hi, eps);
+      const size_t width = static_cast<size_t>(hi - lo);
+      Coeffs sumDy, sumDyXhat, a(width), zero(width, 0.0);
+      gradSums(l, lo, hi, pdy, px, mean, invstd, sumDy, sumDyXhat);
+      for (size_t k = 0; k < width; ++k) {
+        const int64_t ch = lo + static_cast<int64_t>(k);
+        a[k] = gamma[ch] * invstd[k];
+        ctx.output(1).data<T>()[ch] = static_cast<T>(sumDyXhat[k]);
+        ctx.output(2).data<T>()[ch] = static_cast<T>(sumDy[k]);
+        ctx.output(3).data<T>()[ch] = static_cast<T>(-a[k] * sumDy[k]);
+        ctx.output(4).data<T>()[ch] = static_cast<T>(-0.5 * a[k] * invstd[k] * sumDyXhat[k]);
+      }
+      combineGrad(l, lo, hi, pdy, px, mean, a, zero, zero, ctx.output(0).data<T>());
+    });
+  });
+}
+
+// ---- shape functions -----------------------------------------------------------------------
+
+/// Checks x (input xIndex, rank >= 2, floating) and the per-channel inputs `vectors` (rank 1 of
+/// size C, x's dtype); returns C (-1 when unknown everywhere).
+int64_t checkChannels(const InferContext& c, int xIndex, std::initializer_list<int> vectors) {
+  detail::requireFloat(c, xIndex);
+  const Shape& x = c.shape(xIndex);
+  c.check(x.rank() >= 2, "input must have rank >= 2 (N, C, ...), got {}", x.str());
+  int64_t channels = x[1];
+  for (int i : vectors) {
+    detail::requireSameDType(c, xIndex, i);
+    const Shape& v = c.shape(i);
+    c.check(v.rank() == 1, "input {} must be a vector of one value per channel, got {}", i, v.str());
+    c.check(v[0] < 0 || channels < 0 || v[0] == channels, "input {} has {} values but the input has {} channels", i,
+            v[0], channels);
+    if (channels < 0) channels = v[0];
+  }
+  return channels;
+}
+
+void checkEpsilon(const InferContext& c) {
+  const double eps = c.attrs().getFloat("epsilon");
+  c.check(eps >= 0, "epsilon must be >= 0, got {}", eps);
+}
+
+/// The gradient ops: dy (input 0) must match x (input 1).
+void checkGradient(const InferContext& c) {
+  detail::requireSameDType(c, 0, 1);
+  c.check(c.shape(0).compatibleWith(c.shape(1)), "gradient of shape {} does not match the input shape {}",
+          c.shape(0).str(), c.shape(1).str());
+}
+
+/// `count` outputs of shape (channels) after one of x's type.
+std::vector<TensorType> xAndVectors(const InferContext& c, int xIndex, int64_t channels, int count) {
+  std::vector<TensorType> out{c.inputs[static_cast<size_t>(xIndex)]};
+  for (int i = 0; i < count; ++i) out.push_back({c.dtype(xIndex), Shape{channels}});
+  return out;
+}
+
+std::vector<TensorType> trainInfer(const InferContext& c) {
+  checkEpsilon(c);
+  return xAndVectors(c, 0, checkChannels(c, 0, {1, 2}), 3);
+}
+
+std::vector<TensorType> trainGradInfer(const InferContext& c) {
+  c.check(c.numInputs() == 5 || c.numInputs() == 7, "needs 5 or 7 inputs, got {}", c.numInputs());
+  checkGradient(c);
+  const int64_t channels =
+      c.numInputs() == 7 ? checkChannels(c, 1, {2, 3, 4, 5, 6}) : checkChannels(c, 1, {2, 3, 4});
+  return xAndVectors(c, 1, channels, 2);
+}
+
+std::vector<TensorType> inferenceInfer(const InferContext& c) {
+  checkEpsilon(c);
+  checkChannels(c, 0, {1, 2, 3, 4});
+  return {c.inputs[0]};
+}
+
+std::vector<TensorType> inferenceGradInfer(const InferContext& c) {
+  checkEpsilon(c);
+  checkGradient(c);
+  return xAndVectors(c, 1, checkChannels(c, 1, {2, 3, 4}), 4);
+}
+
+// ---- gradient rules ------------------------------------------------------------------------
+
+// Gradients reach the statistics outputs only when a loss uses them directly (moving-average
+// updates have no gradient); their terms d mean/dx = 1/M and d var/dx = 2 (x - mean)/M are
+// added by the fused op when given. Output 3 (invstd) is internal and takes no gradient.
+std::vector<Grad> batchNormTrainGrad(GradContext& c) {
+  const bool yGrad = c.dy(0).valid();
+  std::vector<Output> inputs{yGrad ? c.dy(0) : zerosLike(c.y(0)), c.x(0), c.x(1), c.y(1), c.y(3)};
+  if (c.dy(1).valid() || c.dy(2).valid()) {
+    inputs.push_back(c.dy(1).valid() ? c.dy(1) : zerosLike(c.y(1)));
+    inputs.push_back(c.dy(2).valid() ? c.dy(2) : zerosLike(c.y(2)));
+  }
+  Node* n = detail::addOp(c.graph(), "BatchNormGrad", inputs);
+  if (!yGrad) return {n->output(0), Grad(), Grad()};
+  return {n->output(0), n->output(1), n->output(2)};
+}
+
+std::vector<Grad> batchNormInferenceGrad(GradContext& c) {
+  Node* n = detail::addOp(c.graph(), "BatchNormInferenceGrad", {c.dy(), c.x(0), c.x(1), c.x(3), c.x(4)}, c.attrs());
+  return {n->output(0), n->output(1), n->output(2), n->output(3), n->output(4)};
+}
+
+}  // namespace
+
+BatchNormOutputs batchNormTrain(Output x, Output gamma, Output beta, double epsilon) {
+  Node* n = detail::addOp(x.graph(), "BatchNormTrain", {x, gamma, beta}, {{"epsilon", epsilon}});
+  return {n->output(0), n->output(1), n->output(2)};
+}
+
+Output batchNormInference(Output x, Output gamma, Output beta, Output mean, Output var, double epsilon) {
+  return detail::addOp1(x.graph(), "BatchNormInference", {x, gamma, beta, mean, var}, {{"epsilon", epsilon}});
+}
+
+void detail::registerNormOps(OpRegistry& r) {
+  r.add(OpDef("BatchNormTrain").inputs(3).infer(trainInfer).cpu(batchNormTrainKernel).grad(batchNormTrainGrad));
+  r.add(OpDef("BatchNormGrad").inputs(5, 7).infer(trainGradInfer).cpu(batchNormGradKernel).noGradient());
+  r.add(OpDef("BatchNormInference")
+            .inputs(5)
+            .infer(inferenceInfer)
+            .cpu(batchNormInferenceKernel)
+            .grad(batchNormInferenceGrad));
+  r.add(OpDef("BatchNormInferenceGrad")
+            .inputs(5)
+            .infer(inferenceGradInfer)
+            .cpu(batchNormInferenceGradKernel)
+            .noGradient());
+}
+
+}  // namespace weft

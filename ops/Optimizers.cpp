@@ -1,0 +1,215 @@
+// Optimizer updates as ops. Each rule has a dense op (whole variable) and a sparse op (rows at
+// ids; duplicate ids are summed first, so a sparse update equals the dense update of the summed
+// gradient on the rows it touches). Inputs: the variable, its slots, the gradient, the learning
+// rate (a scalar of the variable's dtype) and, for Adam, the step count before this update (i64
+// scalar). Weight decay adds wd * w to the gradient (L2); Adam's "decoupled" applies it to the
+// weights directly (AdamW).
+#include "ops/OpUtil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace weft {
+namespace {
+
+struct Hyper {
+  double lr, wd, momentum, beta1, beta2, epsilon, biasCorrection1, biasCorrection2;
+  bool nesterov, decoupled;
+};
+
+// Rules update n elements of w (and slots s1, s2) from gradient g.
+template <class T>
+void sgdRule(const Hyper& h, T* w, T*, T*, const T* g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) w[i] -= static_cast<T>(h.lr * (g[i] + h.wd * w[i]));
+}
+
+// accum = momentum * accum + g;  w -= lr * (nesterov ? g + momentum * accum : accum)
+template <class T>
+void momentumRule(const Hyper& h, T* w, T* accum, T*, const T* g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = g[i] + h.wd * w[i];
+    accum[i] = static_cast<T>(h.momentum * accum[i] + gi);
+    const double step = h.nesterov ? gi + h.momentum * accum[i] : accum[i];
+    w[i] -= static_cast<T>(h.lr * step);
+  }
+}
+
+// m, v: biased moment estimates; w -= lr * m^ / (sqrt(v^) + eps)
+template <class T>
+void adamRule(const Hyper& h, T* w, T* m, T* v, const T* g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = g[i] + (h.decoupled ? 0.0 : h.wd * w[i]);
+    m[i] = static_cast<T>(h.beta1 * m[i] + (1 - h.beta1) * gi);
+    v[i] = static_cast<T>(h.beta2 * v[i] + (1 - h.beta2) * gi * gi);
+    const double mhat = m[i] / h.biasCorrection1, vhat = v[i] / h.biasCorrection2;
+    w[i] -= static_cast<T>(h.lr * (mhat / (std::sqrt(vhat) + h.epsilon) + (h.decoupled ? h.wd * w[i] : 0.0)));
+  }
+}
+
+// accum += g^2;  w -= lr * g / (sqrt(accum) + eps)
+template <class T>
+void adagradRule(const Hyper& h, T* w, T* accum, T*, const T* g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = g[i] + h.wd * w[i];
+    accum[i] = static_cast<T>(accum[i] + gi * gi);
+    w[i] -= static_cast<T>(h.lr * gi / (std::sqrt(static_cast<double>(accum[i])) + h.epsilon));
+  }
+}
+
+enum class Rule { SGD, Momentum, Adam, Adagrad };
+
+int slotCount(Rule r) { return r == Rule::SGD ? 0 : r == Rule::Adam ? 2 : 1; }
+
+template <class T>
+void applyRule(Rule r, const Hyper& h, T* w, T* s1, T* s2, const T* g, int64_t n) {
+  switch (r) {
+    case Rule::SGD: sgdRule(h, w, s1, s2, g, n); break;
+    case Rule::Momentum: momentumRule(h, w, s1, s2, g, n); break;
+    case Rule::Adam: adamRule(h, w, s1, s2, g, n); break;
+    case Rule::Adagrad: adagradRule(h, w, s1, s2, g, n); break;
+  }
+}
+
+/// Inputs after the variable and its slots: dense (grad, lr[, step]) or sparse (ids, values, lr[, step]).
+Hyper hyper(const KernelContext& ctx, Rule r, int lrInput) {
+  const Attrs& a = ctx.attrs();
+  Hyper h{ctx.input(lrInput).item(), a.getFloat("weight_decay", 0), a.getFloat("momentum", 0), a.getFloat("beta1", 0),
+          a.getFloat("beta2", 0), a.getFloat("epsilon", 0), 1, 1, a.get<bool>("nesterov", false),
+          a.get<bool>("decoupled", false)};
+  if (r == Rule::Adam) {
+    const double t = ctx.input(lrInput + 1).item() + 1;
+    h.biasCorrection1 = 1 - std::pow(h.beta1, t);
+    h.biasCorrection2 = 1 - std::pow(h.beta2, t);
+  }
+  return h;
+}
+
+template <Rule rule>
+void denseKernel(KernelContext& ctx) {
+  const int slots = slotCount(rule);
+  const Tensor& var = ctx.input(0);
+  const Hyper h = hyper(ctx, rule, slots + 2);
+  dispatchFloat(var.dtype(), [&](auto z) {
+    using T = decltype(z);
+    T* w = static_cast<T*>(var.raw());
+    T* s1 = slots > 0 ? static_cast<T*>(ctx.input(1).raw()) : nullptr;
+    T* s2 = slots > 1 ? static_cast<T*>(ctx.input(2).raw()) : nullptr;
+    const T* g = ctx.input(slots + 1).data<T>();
+    ctx.parallelFor(var.numel(), 8, [&](int64_t lo, int64_t hi) {
+      applyRule<T>(rule, h, w + lo, s1 ? s1 + lo : nullptr, s2 ? s2 + lo : nullptr, g + lo, hi - lo);
+    });
+  });
+}
+
+template <Rule rule>
+void sparseKernel(KernelContext& ctx) {
+  const int slots = slotCount(rule);
+  const Tensor& var = ctx.input(0);
+  const Tensor &idsT = ctx.input(slots + 1), &values = ctx.input(slots + 2);
+  const Hyper h = hyper(ctx, rule, slots + 3);
+  const int64_t rows = var.shape()[0], width = var.numel() / std::max<int64_t>(rows, 1);
+  std::vector<int64_t> ids(static_cast<size_t>(idsT.numel()));
+  dispatchIndex(idsT.dtype(), [&](auto zi) {
+    using I = decltype(zi);
+    const I* p = idsT.data<I>();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (p[i] < 0 || p[i] >= rows) ctx.fail("row id {} at position {} is outside [0, {})", static_cast<int64_t>(p[i]), i, rows);
+      ids[i] = static_cast<int64_t>(p[i]);
+    }
+  });
+  // Sum duplicate rows so each touched row is updated once.
+  std::vector<int64_t> order(ids.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[static_cast<size_t>(a)] < ids[static_cast<size_t>(b)]; });
+  std::vector<int64_t> starts;
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (k == 0 || ids[static_cast<size_t>(order[k])] != ids[static_cast<size_t>(order[k - 1])]) starts.push_back(static_cast<int64_t>(k));
+  }
+  starts.push_back(static_cast<int64_t>(order.size()));
+  dispatchFloat(var.dtype(), [&](auto z) {
+    using T = decltype(z);
+    T* w = static_cast<T*>(var.raw());
+    T* s1 = slots > 0 ? static_cast<T*>(ctx.input(1).raw()) : nullptr;
+    T* s2 = slots > 1 ? static_cast<T*>(ctx.input(2).raw()) : nullptr;
+    const T* g = values.data<T>();
+    const int64_t unique = static_cast<int64_t>(starts.size()) - 1;
+    ctx.parallelFor(unique, width * 8, [&](int64_t lo, int64_t hi) {
+      std::vector<T> sum(static_cast<size_t>(width));
+      for (int64_t u = lo; u < hi; ++u) {
+        const auto begin = static_cast<size_t>(starts[static_cast<size_t>(u)]), end = static_cast<size_t>(starts[static_cast<size_t>(u) + 1]);
+        const T* first = g + order[begin] * width;
+        std::copy(first, first + width, sum.begin());
+        for (size_t k = begin + 1; k < end; ++k) {
+          const T* row = g + order[k] * width;
+          for (int64_t j = 0; j < width; ++j) sum[static_cast<size_t>(j)] += row[j];
+        }
+        const int64_t off = ids[static_cast<size_t>(order[begin])] * width;
+        applyRule<T>(rule, h, w + off, s1 ? s1 + off : nullptr, s2 ? s2 + off : nullptr, sum.data(), width);
+      }
+    });
+  });
+}
+
+/// Checks the variable, its slots, the gradient and the scalars of an update op.
+std::vector<TensorType> updateInfer(const InferContext& c, Rule rule, bool sparse) {
+  const int slots = slotCount(rule);
+  const Node& n = c.node;
+  for (int i = 0; i <= slots; ++i) {
+    c.check(n.inputs[static_cast<size_t>(i)].node()->op == "Variable", "input {} must be a variable", i);
+    detail::requireSameDType(c, 0, i);
+    c.check(c.shape(i) == c.shape(0), "slot {} has shape {}, the variable {}", i, c.shape(i).str(), c.shape(0).str());
+  }
+  detail::requireFloat(c, 0);
+  int next = slots + 1;
+  if (sparse) {
+    c.check(isInteger(c.dtype(next)) && c.shape(next).rank() == 1, "row ids must be an integer vector");
+    const Shape& v = c.shape(next + 1);
+    detail::requireSameDType(c, 0, next + 1);
+    c.check(v.rank() == c.shape(0).rank() && c.shape(0).rank() >= 1, "values of shape {} for a variable of shape {}", v.str(),
+            c.shape(0).str());
+    for (int d = 1; d < v.rank(); ++d) c.check(v[d] < 0 || v[d] == c.shape(0)[d], "value rows {} do not match variable {}", v.str(), c.shape(0).str());
+    c.check(v[0] < 0 || c.shape(next)[0] < 0 || v[0] == c.shape(next)[0], "{} rows for {} ids", v[0], c.shape(next)[0]);
+    next += 2;
+  } else {
+    detail::requireSameDType(c, 0, next);
+    c.check(c.shape(next).compatibleWith(c.shape(0)), "gradient shape {} differs from variable shape {}", c.shape(next).str(),
+            c.shape(0).str());
+    next += 1;
+  }
+  detail::requireSameDType(c, 0, next);
+  c.check(c.shape(next).rank() == 0, "the learning rate must be a scalar");
+  if (rule == Rule::Adam) c.check(c.dtype(next + 1) == i64 && c.shape(next + 1).rank() == 0, "the step must be an i64 scalar");
+  return {};
+}
+
+template <Rule rule>
+void registerRule(OpRegistry& r, const std::string& name) {
+  const int slots = slotCount(rule);
+  std::vector<int> written;
+  for (int i = 0; i <= slots; ++i) written.push_back(i);
+  const int scalars = rule == Rule::Adam ? 2 : 1;
+  r.add(OpDef("Apply" + name)
+            .inputs(slots + 2 + scalars)
+            .infer([](const InferContext& c) { return updateInfer(c, rule, false); })
+            .cpu(denseKernel<rule>)
+            .mutates(written)
+            .noGradient());
+  r.add(OpDef("SparseApply" + name)
+            .inputs(slots + 3 + scalars)
+            .infer([](const InferContext& c) { return updateInfer(c, rule, true); })
+            .cpu(sparseKernel<rule>)
+            .mutates(written)
+            .noGradient());
+}
+
+}  // namespace
+
+void detail::registerOptimizerOps(OpRegistry& r) {
+  registerRule<Rule::SGD>(r, "SGD");
+  registerRule<Rule::Momentum>(r, "Momentum");
+  registerRule<Rule::Adam>(r, "Adam");
+  registerRule<Rule::Adagrad>(r, "Adagrad");
+}
+
+}  // namespace weft

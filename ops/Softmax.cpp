@@ -1,0 +1,300 @@
+// Softmax, log-softmax and the softmax cross-entropy losses, all over the last axis. The losses
+// are fused ops whose second output keeps the softmax probabilities, so their backward ops
+// (SoftmaxXentGrad, SparseSoftmaxXentGrad) need no recomputation.
+#include "ops/OpUtil.h"
+
+#include <Eigen/Core>
+
+#include <cmath>
+
+namespace weft {
+namespace {
+
+using detail::addOp1;
+
+template <class T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+// Rough nanoseconds per element of a softmax row (one exp dominates).
+constexpr int64_t kCostPerElement = 10;
+
+/// A tensor seen as a matrix of rows over its last axis.
+struct Rows {
+  int64_t count, width;
+};
+
+Rows rowsOf(const Shape& s) {
+  Rows r{1, s[s.rank() - 1]};
+  for (int i = 0; i < s.rank() - 1; ++i) r.count *= s[i];
+  return r;
+}
+
+/// All but the last dimension.
+Shape batchShape(const Shape& s) {
+  return Shape(std::vector<int64_t>(s.dims().begin(), s.dims().end() - 1));
+}
+
+// ---- shape functions -----------------------------------------------------------------------
+
+std::vector<TensorType> softmaxInfer(const InferContext& c) {
+  detail::requireFloat(c, 0);
+  c.check(c.shape(0).rank() >= 1, "logits must have rank >= 1, got a scalar");
+  return {c.inputs[0]};
+}
+
+// logits (..., C), labels (..., C) -> loss (...), probs (..., C)
+std::vector<TensorType> xentInfer(const InferContext& c) {
+  softmaxInfer(c);
+  detail::requireSameDType(c, 0, 1);
+  const Shape& logits = c.shape(0);
+  c.check(c.shape(1).compatibleWith(logits), "labels of shape {} do not match logits of shape {}",
+          c.shape(1).str(), logits.str());
+  c.check(logits[logits.rank() - 1] != 0, "logits have no classes (last dimension 0)");
+  return {{c.dtype(0), batchShape(logits)}, c.inputs[0]};
+}
+
+// logits (N, C), ids (N) -> loss (N), probs (N, C)
+std::vector<TensorType> sparseXentInfer(const InferContext& c) {
+  detail::requireFloat(c, 0);
+  const Shape &logits = c.shape(0), &ids = c.shape(1);
+  c.check(logits.rank() == 2, "logits must be (N, C), got rank {}", logits.rank());
+  c.check(c.dtype(1) == i32 || c.dtype(1) == i64, "ids must be i32 or i64, got {}", dtypeName(c.dtype(1)));
+  c.check(ids.rank() == 1, "ids must be (N), got rank {}", ids.rank());
+  c.check(ids[0] < 0 || logits[0] < 0 || ids[0] == logits[0], "{} ids for {} rows of logits", ids[0], logits[0]);
+  c.check(logits[1] != 0, "logits have no classes (C = 0)");
+  return {{c.dtype(0), Shape{logits[0]}}, c.inputs[0]};
+}
+
+// probs (..., C), labels or ids, dy (...) -> dlogits (..., C)
+std::vector<TensorType> xentGradInfer(const InferContext& c) {
+  detail::requireFloat(c, 0);
+  detail::requireSameDType(c, 0, 2);
+  c.check(c.shape(2).compatibleWith(batchShape(c.shape(0))), "gradient of shape {} does not match probs {}",
+          c.shape(2).str(), c.shape(0).str());
+  return {c.inputs[0]};
+}
+
+// ---- kernels -------------------------------------------------------------------------------
+
+/// Calls f(r) for every row r, split across the pool.
+template <class F>
+void forEachRow(const KernelContext& ctx, Rows rows, F f) {
+  if (rows.width == 0) return;
+  ctx.parallelFor(rows.count, kCostPerElement * rows.width, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) f(r);
+  });
+}
+
+// y = exp(x - m) / sum(exp(x - m)) or, for log-softmax, y = x - m - log sum(exp(x - m)),
+// with m the row maximum so that no exp overflows. Safe in place: each row reads x before
+// writing y.
+template <bool kLog>
+void softmaxKernel(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(0).shape());
+  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* px = ctx.input(0).data<T>();
+    T* py = ctx.output(0).data<T>();
+    forEachRow(ctx, rows, [&](int64_t r) {
+      ConstArrayMap<T> x(px + r * rows.width, rows.width);
+      ArrayMap<T> y(py + r * rows.width, rows.width);
+      const T m = x.maxCoeff();
+      if constexpr (kLog) {
+        const T logSum = std::log((x - m).exp().sum());
+        y = x - (m + logSum);
+      } else {
+        y = (x - m).exp();
+        y /= y.sum();
+      }
+    });
+  });
+}
+
+/// Writes the softmax of row x into p and returns log sum(exp(x - m)) with m = max(x).
+template <class T>
+T softmaxRow(const ConstArrayMap<T>& x, ArrayMap<T>& p, T& m) {
+  m = x.maxCoeff();
+  p = (x - m).exp();
+  const T s = p.sum();
+  p /= s;
+  return std::log(s);
+}
+
+// loss = -sum(labels * log softmax(x)), log softmax(x) = x - m - log sum(exp(x - m))
+void softmaxXentKernel(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(0).shape());
+  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* px = ctx.input(0).data<T>();
+    const T* pl = ctx.input(1).data<T>();
+    T* loss = ctx.output(0).data<T>();
+    T* pp = ctx.output(1).data<T>();
+    forEachRow(ctx, rows, [&](int64_t r) {
+      ConstArrayMap<T> x(px + r * rows.width, rows.width), labels(pl + r * rows.width, rows.width);
+      ArrayMap<T> p(pp + r * rows.width, rows.width);
+      T m;
+      const T logSum = softmaxRow(x, p, m);
+      loss[r] = -(labels * (x - (m + logSum))).sum();
+    });
+  });
+}
+
+/// Fails on the first id that is neither ignoreIndex nor in [0, classes).
+template <class I>
+void checkIds(const KernelContext& ctx, const I* ids, int64_t n, int64_t classes, int64_t ignoreIndex) {
+  for (int64_t i = 0; i < n; ++i) {
+    const auto id = static_cast<int64_t>(ids[i]);
+    if (id != ignoreIndex && (id < 0 || id >= classes)) {
+      ctx.fail("label id {} at position {} is outside [0, {}) (ignore index {})", id, i, classes, ignoreIndex);
+    }
+  }
+}
+
+// loss = log sum(exp(x - m)) - (x[id] - m); 0 for ignored rows
+void sparseSoftmaxXentKernel(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(0).shape());
+  const int64_t ignoreIndex = ctx.attrs().getInt("ignore_index");
+  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    dispatchIndex(ctx.input(1).dtype(), [&](auto zi) {
+      using I = decltype(zi);
+      const I* ids = ctx.input(1).data<I>();
+      checkIds(ctx, ids, rows.count, rows.width, ignoreIndex);
+      const T* px = ctx.input(0).data<T>();
+      T* loss = ctx.output(0).data<T>();
+      T* pp = ctx.output(1).data<T>();
+      forEachRow(ctx, rows, [&](int64_t r) {
+        ConstArrayMap<T> x(px + r * rows.width, rows.width);
+        ArrayMap<T> p(pp + r * rows.width, rows.width);
+        T m;
+        const T logSum = softmaxRow(x, p, m);
+        const auto id = static_cast<int64_t>(ids[r]);
+        loss[r] = id == ignoreIndex ? T(0) : logSum - (x[id] - m);
+      });
+    });
+  });
+}
+
+// dlogits = dy * (probs * sum(labels) - labels); labels need not sum to 1.
+void softmaxXentGradKernel(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(0).shape());
+  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* pp = ctx.input(0).data<T>();
+    const T* pl = ctx.input(1).data<T>();
+    const T* dy = ctx.input(2).data<T>();
+    T* pd = ctx.output(0).data<T>();
+    forEachRow(ctx, rows, [&](int64_t r) {
+      ConstArrayMap<T> p(pp + r * rows.width, rows.width), labels(pl + r * rows.width, rows.width);
+      ArrayMap<T> d(pd + r * rows.width, rows.width);
+      d = dy[r] * (p * labels.sum() - labels);
+    });
+  });
+}
+
+// dlogits = dy * (probs - onehot(id)); 0 for ignored rows
+void sparseSoftmaxXentGradKernel(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(0).shape());
+  const int64_t ignoreIndex = ctx.attrs().getInt("ignore_index");
+  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    dispatchIndex(ctx.input(1).dtype(), [&](auto zi) {
+      using I = decltype(zi);
+      const I* ids = ctx.input(1).data<I>();
+      checkIds(ctx, ids, rows.count, rows.width, ignoreIndex);
+      const T* pp = ctx.input(0).data<T>();
+      const T* dy = ctx.input(2).data<T>();
+      T* pd = ctx.output(0).data<T>();
+      forEachRow(ctx, rows, [&](int64_t r) {
+        ArrayMap<T> d(pd + r * rows.width, rows.width);
+        const auto id = static_cast<int64_t>(ids[r]);
+        if (id == ignoreIndex) {
+          d.setZero();
+          return;
+        }
+        d = dy[r] * ConstArrayMap<T>(pp + r * rows.width, rows.width);
+        d[id] -= dy[r];
+      });
+    });
+  });
+}
+
+// ---- gradients -----------------------------------------------------------------------------
+
+// dx = y * (dy - sum(dy * y, last))
+std::vector<Grad> softmaxGrad(GradContext& c) {
+  Output y = c.y();
+  return {y * (c.dy() - sum(c.dy() * y, {-1}, true))};
+}
+
+// y = x - logsumexp(x): dx = dy - softmax(x) * sum(dy, last), softmax(x) = exp(y)
+std::vector<Grad> logSoftmaxGrad(GradContext& c) {
+  return {c.dy() - exp(c.y()) * sum(c.dy(), {-1}, true)};
+}
+
+// Only the loss (output 0) is differentiable; the probabilities are an internal by-product.
+// dlabels = -dy * log softmax(logits)
+std::vector<Grad> softmaxXentGrad(GradContext& c) {
+  if (!c.dy().valid()) return {Grad(), Grad()};
+  Output dLogits = addOp1(c.graph(), "SoftmaxXentGrad", {c.y(1), c.x(1), c.dy()});
+  Output dLabels = -(expandDims(c.dy(), c.dy().rank()) * logSoftmax(c.x(0)));
+  return {dLogits, dLabels};
+}
+
+std::vector<Grad> sparseSoftmaxXentGrad(GradContext& c) {
+  if (!c.dy().valid()) return {Grad(), Grad()};
+  return {addOp1(c.graph(), "SparseSoftmaxXentGrad", {c.y(1), c.x(1), c.dy()},
+                 {{"ignore_index", c.attrs().getInt("ignore_index")}}),
+          Grad()};
+}
+
+}  // namespace
+
+// ---- builders ------------------------------------------------------------------------------
+
+Output softmax(Output logits) { return addOp1(logits.graph(), "Softmax", {logits}); }
+Output logSoftmax(Output logits) { return addOp1(logits.graph(), "LogSoftmax", {logits}); }
+Output softmaxCrossEntropy(Output logits, Output labels) {
+  return addOp1(logits.graph(), "SoftmaxCrossEntropy", {logits, labels});
+}
+Output sparseSoftmaxCrossEntropy(Output logits, Output ids, int64_t ignoreIndex) {
+  return addOp1(logits.graph(), "SparseSoftmaxCrossEntropy", {logits, ids}, {{"ignore_index", ignoreIndex}});
+}
+
+// ---- registration --------------------------------------------------------------------------
+
+void detail::registerSoftmaxOps(OpRegistry& r) {
+  r.add(OpDef("Softmax").inputs(1).infer(softmaxInfer).cpu(softmaxKernel<false>).inplace(0).grad(softmaxGrad));
+  r.add(OpDef("LogSoftmax").inputs(1).infer(softmaxInfer).cpu(softmaxKernel<true>).inplace(0).grad(logSoftmaxGrad));
+  r.add(OpDef("SoftmaxCrossEntropy").inputs(2).infer(xentInfer).cpu(softmaxXentKernel).grad(softmaxXentGrad));
+  r.add(OpDef("SparseSoftmaxCrossEntropy")
+            .inputs(2)
+            .infer(sparseXentInfer)
+            .cpu(sparseSoftmaxXentKernel)
+            .grad(sparseSoftmaxXentGrad));
+  r.add(OpDef("SoftmaxXentGrad")
+            .inputs(3)
+            .infer([](const InferContext& c) {
+              detail::requireSameDType(c, 0, 1);
+              c.check(c.shape(1).compatibleWith(c.shape(0)), "labels of shape {} do not match probs {}",
+                      c.shape(1).str(), c.shape(0).str());
+              return xentGradInfer(c);
+            })
+            .cpu(softmaxXentGradKernel)
+            .inplace(0)
+            .noGradient());
+  r.add(OpDef("SparseSoftmaxXentGrad")
+            .inputs(3)
+            .infer([](const InferContext& c) {
+              c.check(c.dtype(1) == i32 || c.dtype(1) == i64, "ids must be i32 or i64, got {}",
+                      dtypeName(c.dtype(1)));
+              return xentGradInfer(c);
+            })
+            .cpu(sparseSoftmaxXentGradKernel)
+            .inplace(0)
+            .noGradient());
+}
+
+}  // namespace weft

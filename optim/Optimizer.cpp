@@ -1,0 +1,130 @@
+#include "optim/Optimizer.h"
+
+#include <cmath>
+
+namespace weft::optim {
+namespace {
+
+Output stepAsFloat(Output step) { return cast(step, f64); }
+
+}  // namespace
+
+LearningRate::LearningRate(double constant)
+    : schedule_([constant](Output step) { return step.graph().scalar(constant, f64); }) {}
+
+LearningRate exponentialDecay(double lr, double rate, double steps, bool staircase) {
+  return LearningRate([=](Output step) {
+    Graph& g = step.graph();
+    Output exponent = stepAsFloat(step) / steps;
+    if (staircase) exponent = cast(cast(exponent, i64), f64);  // floor, for step >= 0
+    return g.scalar(lr, f64) * pow(g.scalar(rate, f64), exponent);
+  });
+}
+
+LearningRate cosineDecay(double lr, double totalSteps, double minLr) {
+  return LearningRate([=](Output step) {
+    Graph& g = step.graph();
+    Output progress = minimum(stepAsFloat(step) / totalSteps, g.scalar(1.0, f64));
+    return minLr + (lr - minLr) * 0.5 * (1.0 + cos(progress * M_PI));
+  });
+}
+
+LearningRate warmup(LearningRate after, double warmupSteps) {
+  return LearningRate([=](Output step) {
+    Output ramp = minimum((stepAsFloat(step) + 1.0) / warmupSteps, step.graph().scalar(1.0, f64));
+    return ramp * after(step);
+  });
+}
+
+Output Optimizer::globalStep(Graph& graph) {
+  if (Node* n = graph.find("global_step")) return n->output();
+  return graph.variable("global_step", i64, {}, Initializer::zeros(), false);
+}
+
+Output Optimizer::slot(Output variable, const std::string& name) const {
+  auto it = slots_.find({variable.node(), name});
+  WEFT_CHECK(it != slots_.end(), "{} has no slot '{}' for variable '{}'", name_, name, variable.node()->name);
+  return it->second;
+}
+
+Node* Optimizer::minimize(Output loss, const MinimizeOptions& options) {
+  std::vector<Output> vars = options.variables;
+  if (vars.empty()) {
+    for (Node* v : loss.graph().trainableVariables()) vars.push_back(v->output());
+  }
+  WEFT_CHECK(!vars.empty(), "{}::minimize: the graph has no trainable variables", name_);
+  std::vector<Grad> grads = gradients(loss, vars);
+  if (options.clipGlobalNorm > 0) grads = clipByGlobalNorm(grads, options.clipGlobalNorm).first;
+  std::vector<std::pair<Grad, Output>> pairs;
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (grads[i].valid()) pairs.emplace_back(grads[i], vars[i]);
+  }
+  return applyGradients(pairs);
+}
+
+Node* Optimizer::applyGradients(const std::vector<std::pair<Grad, Output>>& gradsAndVariables) {
+  WEFT_CHECK(!gradsAndVariables.empty(), "{}: no gradients to apply", name_);
+  Graph& g = gradsAndVariables[0].second.graph();
+  registerAllOps();
+  Output step = globalStep(g);
+  auto scope = g.scope(name_);
+  lrOutput_ = lr_(step);
+  std::vector<Node*> updates;
+  for (const auto& [grad, var] : gradsAndVariables) {
+    updates.push_back(applyOne(grad, var, cast(lrOutput_, var.dtype()), step));
+  }
+  for (Node* u : g.collection("update_ops")) updates.push_back(u);
+  updates.push_back(assignAdd(step, g.scalar(1, i64)));
+  return g.group(updates, "train_step");
+}
+
+Node* Optimizer::applyOne(const Grad& grad, Output variable, Output lr, Output step) {
+  Graph& g = variable.graph();
+  WEFT_CHECK(variable.node()->op == "Variable", "{}: {} is not a variable", name_, variable.name());
+  std::vector<Output> inputs{variable};
+  for (const std::string& s : slotNames()) {
+    auto key = std::make_pair(variable.node(), s);
+    if (!slots_.count(key)) {
+      slots_[key] = g.variable(variable.node()->name + "/" + s, variable.dtype(), variable.shape(), Initializer::zeros(), false);
+    }
+    inputs.push_back(slots_[key]);
+  }
+  if (grad.isSparse()) {
+    inputs.push_back(grad.indices);
+    inputs.push_back(grad.values);
+  } else {
+    inputs.push_back(grad.dense);
+  }
+  inputs.push_back(lr);
+  if (needsStep()) inputs.push_back(step);
+  Attrs attrs = ruleAttrs();
+  attrs.set("weight_decay", weightDecay_);
+  const std::string op = (grad.isSparse() ? "SparseApply" : "Apply") + name_;
+  return g.addNode(op, inputs, attrs, op + "_" + variable.node()->name);
+}
+
+Node* ExponentialMovingAverage::apply(const std::vector<Output>& variables, Node* after) {
+  WEFT_CHECK(!variables.empty(), "ExponentialMovingAverage::apply: no variables");
+  Graph& g = variables[0].graph();
+  std::vector<Node*> updates;
+  for (const Output& v : variables) {
+    auto it = shadows_.find(v.node());
+    if (it == shadows_.end()) {
+      Output shadow = g.variable(v.node()->name + "/ExponentialMovingAverage", v.dtype(), v.shape(),
+                                 Initializer::copyOf(v), false);
+      it = shadows_.emplace(v.node(), shadow).first;
+    }
+    Node* update = assignMovingAverage(it->second, v, decay_);
+    if (after) update->controlInputs.push_back(after);
+    updates.push_back(update);
+  }
+  return g.group(updates, "moving_average");
+}
+
+Output ExponentialMovingAverage::average(Output variable) const {
+  auto it = shadows_.find(variable.node());
+  WEFT_CHECK(it != shadows_.end(), "no moving average for variable '{}'", variable.node()->name);
+  return it->second;
+}
+
+}  // namespace weft::optim

@@ -1,0 +1,155 @@
+// Optimizers as graph builders: minimize() differentiates the loss, creates slot variables and
+// emits one update op per variable (dense or row-sparse, following the recorded gradient links),
+// a global-step increment, and the graph's "update_ops" (e.g. batch-norm moving statistics),
+// grouped into one step node to run as a target.
+#pragma once
+
+#include "autodiff/Gradients.h"
+#include "ops/Ops.h"
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace weft::optim {
+
+/// A learning rate as a function of the global step (an f64 scalar output); a plain number is a
+/// constant rate.
+///
+///     optim::Adam opt(optim::warmup(optim::cosineDecay(1e-3, 10000), 500));
+class LearningRate {
+ public:
+  LearningRate(double constant);  // NOLINT: numbers convert implicitly
+  explicit LearningRate(std::function<Output(Output step)> schedule) : schedule_(std::move(schedule)) {}
+  Output operator()(Output step) const { return schedule_(step); }
+
+ private:
+  std::function<Output(Output)> schedule_;
+};
+
+/// lr * rate^(step / steps), with the exponent floored when staircase.
+LearningRate exponentialDecay(double lr, double rate, double steps, bool staircase = false);
+/// Cosine from lr down to minLr over totalSteps, then minLr.
+LearningRate cosineDecay(double lr, double totalSteps, double minLr = 0.0);
+/// Linear ramp from 0 to the schedule's value over warmupSteps.
+LearningRate warmup(LearningRate after, double warmupSteps);
+
+struct MinimizeOptions {
+  /// Clip all gradients together to this global norm (0: no clipping).
+  double clipGlobalNorm = 0.0;
+  /// Variables to train; empty means every trainable variable.
+  std::vector<Output> variables;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  /// Builds gradients and updates; returns the node to run as a training step.
+  Node* minimize(Output loss, const MinimizeOptions& options = {});
+  /// Updates each variable with its gradient (dense or sparse); returns the step node.
+  Node* applyGradients(const std::vector<std::pair<Grad, Output>>& gradsAndVariables);
+
+  /// The graph's i64 step counter ("global_step"), created on first use.
+  static Output globalStep(Graph& graph);
+  /// A slot this optimizer created for `variable` ("m", "v", "accumulator", "momentum").
+  Output slot(Output variable, const std::string& name) const;
+  /// The learning rate at the current step, as built into the graph by the last minimize().
+  Output learningRate() const { return lrOutput_; }
+
+ protected:
+  Optimizer(LearningRate lr, double weightDecay, std::string name)
+      : lr_(std::move(lr)), weightDecay_(weightDecay), name_(std::move(name)) {}
+
+  /// The op name suffix ("SGD", "Adam", ...), slot names, and extra attributes of this rule.
+  virtual std::vector<std::string> slotNames() const = 0;
+  virtual Attrs ruleAttrs() const = 0;
+  virtual bool needsStep() const { return false; }
+
+ private:
+  Node* applyOne(const Grad& grad, Output variable, Output lr, Output step);
+
+  LearningRate lr_;
+  double weightDecay_;
+  std::string name_;
+  std::map<std::pair<Node*, std::string>, Output> slots_;
+  Output lrOutput_;
+};
+
+/// w -= lr (g + wd w)
+class SGD : public Optimizer {
+ public:
+  explicit SGD(LearningRate lr, double weightDecay = 0) : Optimizer(std::move(lr), weightDecay, "SGD") {}
+
+ protected:
+  std::vector<std::string> slotNames() const override { return {}; }
+  Attrs ruleAttrs() const override { return {}; }
+};
+
+/// Heavy-ball momentum (PyTorch's form): a = m a + g; w -= lr (nesterov ? g + m a : a)
+class Momentum : public Optimizer {
+ public:
+  Momentum(LearningRate lr, double momentum, bool nesterov = false, double weightDecay = 0)
+      : Optimizer(std::move(lr), weightDecay, "Momentum"), momentum_(momentum), nesterov_(nesterov) {}
+
+ protected:
+  std::vector<std::string> slotNames() const override { return {"momentum"}; }
+  Attrs ruleAttrs() const override { return {{"momentum", momentum_}, {"nesterov", nesterov_}}; }
+
+ private:
+  double momentum_;
+  bool nesterov_;
+};
+
+/// Adam with bias correction; decoupled weight decay gives AdamW. Sparse updates are lazy: only
+/// the touched rows' moments decay.
+class Adam : public Optimizer {
+ public:
+  explicit Adam(LearningRate lr, double beta1 = 0.9, double beta2 = 0.999, double epsilon = 1e-8,
+                double weightDecay = 0, bool decoupled = false)
+      : Optimizer(std::move(lr), weightDecay, "Adam"), beta1_(beta1), beta2_(beta2), epsilon_(epsilon),
+        decoupled_(decoupled) {}
+
+ protected:
+  std::vector<std::string> slotNames() const override { return {"m", "v"}; }
+  Attrs ruleAttrs() const override {
+    return {{"beta1", beta1_}, {"beta2", beta2_}, {"epsilon", epsilon_}, {"decoupled", decoupled_}};
+  }
+  bool needsStep() const override { return true; }
+
+ private:
+  double beta1_, beta2_, epsilon_;
+  bool decoupled_;
+};
+
+/// a += g^2; w -= lr g / (sqrt(a) + eps)
+class Adagrad : public Optimizer {
+ public:
+  explicit Adagrad(LearningRate lr, double epsilon = 1e-10, double weightDecay = 0)
+      : Optimizer(std::move(lr), weightDecay, "Adagrad"), epsilon_(epsilon) {}
+
+ protected:
+  std::vector<std::string> slotNames() const override { return {"accumulator"}; }
+  Attrs ruleAttrs() const override { return {{"epsilon", epsilon_}}; }
+
+ private:
+  double epsilon_;
+};
+
+/// Shadow copies of variables that track avg = decay avg + (1 - decay) w.
+class ExponentialMovingAverage {
+ public:
+  explicit ExponentialMovingAverage(double decay) : decay_(decay) {}
+
+  /// Update ops for `variables`, run after `after` (e.g. the training step) when given.
+  Node* apply(const std::vector<Output>& variables, Node* after = nullptr);
+  /// The shadow of a variable passed to apply().
+  Output average(Output variable) const;
+
+ private:
+  double decay_;
+  std::map<Node*, Output> shadows_;
+};
+
+}  // namespace weft::optim

@@ -1,0 +1,297 @@
+// Softmax, LogSoftmax, SoftmaxCrossEntropy and SparseSoftmaxCrossEntropy: forward against naive
+// double references, gradients against finite differences, shape and id errors.
+#include "tests/TestUtil.h"
+
+#include "autodiff/Gradients.h"
+#include "ops/Ops.h"
+
+#include <cmath>
+#include <string>
+
+using namespace weft;
+using weft::testing::evaluate;
+using weft::testing::randomInts;
+using weft::testing::randomTensor;
+using weft::testing::toleranceFor;
+
+namespace {
+
+/// The message of the weft::Error that f throws ("" if none).
+template <class F>
+std::string errorOf(F&& f) {
+  try {
+    f();
+  } catch (const weft::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool mentions(const std::string& message, const std::string& part) { return message.find(part) != std::string::npos; }
+
+int64_t lastDim(const Shape& s) { return s[s.rank() - 1]; }
+
+/// log sum exp of row r of x viewed as (rows, width), in double.
+double refLogSumExp(const std::vector<double>& x, int64_t r, int64_t width) {
+  double m = -INFINITY;
+  for (int64_t j = 0; j < width; ++j) m = std::max(m, x[static_cast<size_t>(r * width + j)]);
+  double s = 0;
+  for (int64_t j = 0; j < width; ++j) s += std::exp(x[static_cast<size_t>(r * width + j)] - m);
+  return m + std::log(s);
+}
+
+std::vector<double> refSoftmax(const std::vector<double>& x, int64_t width, bool log) {
+  std::vector<double> y(x.size());
+  if (width == 0) return y;
+  const int64_t rows = static_cast<int64_t>(x.size()) / width;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double lse = refLogSumExp(x, r, width);
+    for (int64_t j = 0; j < width; ++j) {
+      const size_t i = static_cast<size_t>(r * width + j);
+      y[i] = log ? x[i] - lse : std::exp(x[i] - lse);
+    }
+  }
+  return y;
+}
+
+std::vector<double> refXent(const std::vector<double>& x, const std::vector<double>& labels, int64_t width) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / width;
+  std::vector<double> loss(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const double lse = refLogSumExp(x, r, width);
+    for (int64_t j = 0; j < width; ++j) {
+      const size_t i = static_cast<size_t>(r * width + j);
+      loss[static_cast<size_t>(r)] -= labels[i] * (x[i] - lse);
+    }
+  }
+  return loss;
+}
+
+std::vector<double> refSparseXent(const std::vector<double>& x, const std::vector<double>& ids, int64_t width,
+                                  int64_t ignoreIndex) {
+  std::vector<double> loss(ids.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const auto id = static_cast<int64_t>(ids[r]);
+    if (id != ignoreIndex) loss[r] = refLogSumExp(x, static_cast<int64_t>(r), width) - x[r * static_cast<size_t>(width) + static_cast<size_t>(id)];
+  }
+  return loss;
+}
+
+/// Labels that are a probability distribution per row.
+Tensor randomDistribution(DType dtype, const Shape& shape, uint64_t seed) {
+  std::vector<double> v = randomTensor(f64, shape, seed, 0.1, 1).toDoubles();
+  const int64_t width = lastDim(shape);
+  for (size_t r = 0; r * static_cast<size_t>(width) < v.size(); ++r) {
+    double s = 0;
+    for (int64_t j = 0; j < width; ++j) s += v[r * static_cast<size_t>(width) + static_cast<size_t>(j)];
+    for (int64_t j = 0; j < width; ++j) v[r * static_cast<size_t>(width) + static_cast<size_t>(j)] /= s;
+  }
+  return Tensor::fromVector(v, shape).cast(dtype);
+}
+
+}  // namespace
+
+TEST_CASE("softmax and logSoftmax match the reference over the last axis") {
+  for (DType dt : {f32, f64}) {
+    for (const Shape& shape : {Shape{4, 7}, Shape{2, 3, 5}, Shape{3, 1}, Shape{6}, Shape{0, 4}, Shape{3, 0}}) {
+      SUBCASE((std::string(dtypeName(dt)) + shape.str()).c_str()) {
+        Graph g;
+        auto x = g.placeholder("x", dt, shape);
+        Tensor xv = randomTensor(dt, shape, 1, -3, 3);
+        CHECK_CLOSE(evaluate(g, softmax(x), {{x, xv}}), refSoftmax(xv.toDoubles(), lastDim(shape), false), toleranceFor(dt));
+        CHECK_CLOSE(evaluate(g, logSoftmax(x), {{x, xv}}), refSoftmax(xv.toDoubles(), lastDim(shape), true), toleranceFor(dt));
+      }
+    }
+  }
+}
+
+TEST_CASE("softmax is stable for large logits") {
+  for (DType dt : {f32, f64}) {
+    SUBCASE(dtypeName(dt)) {
+      Graph g;
+      auto x = g.placeholder("x", dt, {2, 3});
+      Tensor xv = Tensor::fromVector<double>({1000, 1001, 1002, -1000, -1001, -1003}, {2, 3}).cast(dt);
+      Tensor y = evaluate(g, softmax(x), {{x, xv}});
+      Tensor ly = evaluate(g, logSoftmax(x), {{x, xv}});
+      CHECK_CLOSE(y, refSoftmax(xv.toDoubles(), 3, false), toleranceFor(dt));
+      CHECK_CLOSE(ly, refSoftmax(xv.toDoubles(), 3, true), toleranceFor(dt));
+    }
+  }
+}
+
+TEST_CASE("softmax takes unknown dimensions at build time") {
+  Graph g;
+  auto x = g.placeholder("x", f32, {-1, 5});
+  auto y = softmax(x);
+  CHECK(y.shape() == Shape{-1, 5});
+  auto loss = softmaxCrossEntropy(x, g.placeholder("labels", f32, {-1, 5}));
+  CHECK(loss.shape() == Shape{-1});
+  auto sparse = sparseSoftmaxCrossEntropy(x, g.placeholder("ids", i64, {-1}));
+  CHECK(sparse.shape() == Shape{-1});
+  Tensor xv = randomTensor(f32, {3, 5}, 2);
+  CHECK_CLOSE(evaluate(g, y, {{x, xv}}), refSoftmax(xv.toDoubles(), 5, false), toleranceFor(f32));
+}
+
+TEST_CASE("softmaxCrossEntropy matches the reference") {
+  for (DType dt : {f32, f64}) {
+    for (const Shape& shape : {Shape{4, 6}, Shape{2, 3, 4}, Shape{5, 1}, Shape{0, 3}}) {
+      SUBCASE((std::string(dtypeName(dt)) + shape.str()).c_str()) {
+        Graph g;
+        auto x = g.placeholder("x", dt, shape);
+        auto labels = g.placeholder("labels", dt, shape);
+        auto loss = softmaxCrossEntropy(x, labels);
+        CHECK(loss.shape().rank() == shape.rank() - 1);
+        Tensor xv = randomTensor(dt, shape, 3, -2, 2);
+        Tensor lv = randomDistribution(dt, shape, 4);
+        Tensor got = evaluate(g, loss, {{x, xv}, {labels, lv}});
+        CHECK(got.shape().rank() == shape.rank() - 1);
+        CHECK_CLOSE(got, refXent(xv.toDoubles(), lv.toDoubles(), lastDim(shape)), toleranceFor(dt));
+      }
+    }
+  }
+}
+
+TEST_CASE("sparseSoftmaxCrossEntropy matches the reference, ignoring ignoreIndex") {
+  for (DType dt : {f32, f64}) {
+    for (DType it : {i32, i64}) {
+      SUBCASE((std::string(dtypeName(dt)) + "/" + dtypeName(it)).c_str()) {
+        const int64_t n = 6, c = 5;
+        Graph g;
+        auto x = g.placeholder("x", dt, {n, c});
+        auto ids = g.placeholder("ids", it, {n});
+        Tensor xv = randomTensor(dt, {n, c}, 5, -2, 2);
+        std::vector<double> idv = randomInts(i64, {n}, 0, c, 6).toDoubles();
+        idv[2] = -100;
+        Tensor idt = Tensor::fromVector<double>(idv, {n}).cast(it);
+        Tensor got = evaluate(g, sparseSoftmaxCrossEntropy(x, ids), {{x, xv}, {ids, idt}});
+        CHECK(got.at(2) == 0);
+        CHECK_CLOSE(got, refSparseXent(xv.toDoubles(), idv, c, -100), toleranceFor(dt));
+      }
+    }
+  }
+  SUBCASE("custom ignore index and one class") {
+    Graph g;
+    auto x = g.placeholder("x", f64, {3, 1});
+    auto ids = g.placeholder("ids", i64, {3});
+    Tensor xv = randomTensor(f64, {3, 1}, 7);
+    Tensor idt = Tensor::fromVector<int64_t>({0, 7, 0}, {3});
+    Tensor got = evaluate(g, sparseSoftmaxCrossEntropy(x, ids, 7), {{x, xv}, {ids, idt}});
+    CHECK_CLOSE(got, (std::vector<double>{0, 0, 0}), toleranceFor(f64));
+  }
+  SUBCASE("empty batch") {
+    Graph g;
+    auto x = g.placeholder("x", f32, {0, 4});
+    auto ids = g.placeholder("ids", i32, {0});
+    Tensor got = evaluate(g, sparseSoftmaxCrossEntropy(x, ids), {{x, Tensor(f32, {0, 4})}, {ids, Tensor(i32, {0})}});
+    CHECK(got.shape() == Shape{0});
+  }
+}
+
+TEST_CASE("softmax and logSoftmax gradients match finite differences") {
+  for (const Shape& shape : {Shape{3, 4}, Shape{2, 2, 3}, Shape{4, 1}}) {
+    SUBCASE(shape.str().c_str()) {
+      Graph g;
+      auto x = g.placeholder("x", f64, shape);
+      const FeedMap feeds{{x, randomTensor(f64, shape, 8, -2, 2)}};
+      CHECK_GRADIENTS(checkGradients(g, softmax(x), {x}, feeds));
+      CHECK_GRADIENTS(checkGradients(g, logSoftmax(x), {x}, feeds));
+    }
+  }
+}
+
+TEST_CASE("softmaxCrossEntropy gradients match finite differences") {
+  for (const Shape& shape : {Shape{3, 4}, Shape{2, 2, 3}, Shape{2, 1}}) {
+    SUBCASE(shape.str().c_str()) {
+      Graph g;
+      auto x = g.placeholder("x", f64, shape);
+      auto labels = g.placeholder("labels", f64, shape);
+      // Labels that do not sum to 1 check the general gradient probs * sum(labels) - labels.
+      const FeedMap feeds{{x, randomTensor(f64, shape, 9, -2, 2)}, {labels, randomTensor(f64, shape, 10, 0, 1)}};
+      CHECK_GRADIENTS(checkGradients(g, softmaxCrossEntropy(x, labels), {x, labels}, feeds));
+    }
+  }
+}
+
+TEST_CASE("sparseSoftmaxCrossEntropy gradient matches finite differences, zero for ignored rows") {
+  for (DType it : {i32, i64}) {
+    SUBCASE(dtypeName(it)) {
+      Graph g;
+      auto x = g.placeholder("x", f64, {4, 3});
+      auto ids = g.placeholder("ids", it, {4});
+      Tensor xv = randomTensor(f64, {4, 3}, 11, -2, 2);
+      Tensor idt = Tensor::fromVector<int64_t>({2, -1, 0, 1}, {4}).cast(it);
+      auto loss = sparseSoftmaxCrossEntropy(x, ids, -1);
+      CHECK_GRADIENTS(checkGradients(g, loss, {x}, {{x, xv}, {ids, idt}}));
+
+      // The fused backward: (softmax - onehot) * dy per row, nothing for the ignored row.
+      auto dx = toDense(gradients(sum(loss), {x})[0]);
+      Tensor got = evaluate(g, dx, {{x, xv}, {ids, idt}});
+      std::vector<double> expected = refSoftmax(xv.toDoubles(), 3, false);
+      const std::vector<int64_t> idv{2, -1, 0, 1};
+      for (size_t r = 0; r < 4; ++r) {
+        for (size_t j = 0; j < 3; ++j) {
+          double& e = expected[r * 3 + j];
+          e = idv[r] < 0 ? 0 : e - (static_cast<int64_t>(j) == idv[r] ? 1 : 0);
+        }
+      }
+      CHECK_CLOSE(got, expected, toleranceFor(f64));
+    }
+  }
+}
+
+TEST_CASE("softmax shape errors name the op") {
+  Graph g;
+  auto s = g.placeholder("s", f32, {});
+  auto ints = g.placeholder("ints", i32, {2, 3});
+  const std::string scalarError = errorOf([&] { softmax(s); });
+  CHECK(mentions(scalarError, "Softmax"));
+  CHECK(mentions(scalarError, "rank"));
+  CHECK(mentions(errorOf([&] { logSoftmax(ints); }), "LogSoftmax"));
+  CHECK_THROWS_AS(softmax(ints), weft::Error);
+}
+
+TEST_CASE("cross-entropy shape errors name the op") {
+  Graph g;
+  auto x = g.placeholder("x", f32, {4, 3});
+  SUBCASE("dense labels") {
+    const std::string wrongShape = errorOf([&] { softmaxCrossEntropy(x, g.placeholder("l", f32, {4, 2})); });
+    CHECK(mentions(wrongShape, "SoftmaxCrossEntropy"));
+    CHECK(mentions(wrongShape, "labels"));
+    CHECK(mentions(errorOf([&] { softmaxCrossEntropy(x, g.placeholder("l64", f64, {4, 3})); }), "SoftmaxCrossEntropy"));
+    auto empty = g.placeholder("e", f32, {4, 0});
+    CHECK(mentions(errorOf([&] { softmaxCrossEntropy(empty, empty); }), "no classes"));
+  }
+  SUBCASE("sparse ids") {
+    const std::string rank3 =
+        errorOf([&] { sparseSoftmaxCrossEntropy(g.placeholder("x3", f32, {2, 3, 4}), g.placeholder("i", i64, {2})); });
+    CHECK(mentions(rank3, "SparseSoftmaxCrossEntropy"));
+    CHECK(mentions(rank3, "(N, C)"));
+    CHECK(mentions(errorOf([&] { sparseSoftmaxCrossEntropy(x, g.placeholder("f", f32, {4})); }), "i32 or i64"));
+    CHECK(mentions(errorOf([&] { sparseSoftmaxCrossEntropy(x, g.placeholder("i5", i64, {5})); }), "5 ids for 4 rows"));
+    CHECK(mentions(errorOf([&] { sparseSoftmaxCrossEntropy(x, g.placeholder("i2", i64, {4, 1})); }), "SparseSoftmaxCrossEntropy"));
+  }
+}
+
+TEST_CASE("sparseSoftmaxCrossEntropy rejects out-of-range ids at run time") {
+  Graph g;
+  auto x = g.placeholder("x", f32, {3, 4});
+  auto ids = g.placeholder("ids", i32, {3});
+  auto loss = sparseSoftmaxCrossEntropy(x, ids);
+  Tensor xv = randomTensor(f32, {3, 4}, 12);
+  SUBCASE("too large") {
+    const std::string e = errorOf([&] { evaluate(g, loss, {{x, xv}, {ids, Tensor::fromVector<int32_t>({0, 4, 1}, {3})}}); });
+    CHECK(mentions(e, "SparseSoftmaxCrossEntropy"));
+    CHECK(mentions(e, "id 4 at position 1"));
+  }
+  SUBCASE("negative") {
+    const std::string e = errorOf([&] { evaluate(g, loss, {{x, xv}, {ids, Tensor::fromVector<int32_t>({0, 1, -1}, {3})}}); });
+    CHECK(mentions(e, "id -1 at position 2"));
+  }
+  SUBCASE("unknown batch size mismatched at run time") {
+    Graph h;
+    auto xu = h.placeholder("x", f32, {-1, 4});
+    auto iu = h.placeholder("ids", i32, {-1});
+    auto lu = sparseSoftmaxCrossEntropy(xu, iu);
+    CHECK_THROWS_AS(evaluate(h, lu, {{xu, xv}, {iu, Tensor::fromVector<int32_t>({0, 1}, {2})}}), weft::Error);
+  }
+}

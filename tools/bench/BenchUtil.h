@@ -1,0 +1,58 @@
+// Shared by the weft and LibTorch benchmark binaries: timing a step function and printing one
+// JSON line per result.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+struct Timing {
+  double median, p10, p90;  // seconds per call
+};
+
+/// Calls `step` `warmup` times, then `reps` times, timing each call.
+template <class F>
+Timing time(F&& step, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) step();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  auto at = [&](double q) { return t[static_cast<size_t>(q * static_cast<double>(t.size() - 1))]; };
+  return {at(0.5), at(0.1), at(0.9)};
+}
+
+/// {"bench": name, "impl": impl, "median_ms": ..., "p10_ms": ..., "p90_ms": ..., <metric>: value}
+inline void report(const std::string& name, const std::string& impl, const Timing& t, const std::string& metric,
+                   double value) {
+  std::printf(
+      "{\"bench\": \"%s\", \"impl\": \"%s\", \"median_ms\": %.4f, \"p10_ms\": %.4f, \"p90_ms\": %.4f, \"%s\": %.4g}\n",
+      name.c_str(), impl.c_str(), t.median * 1e3, t.p10 * 1e3, t.p90 * 1e3, metric.c_str(), value);
+  std::fflush(stdout);
+}
+
+/// The shapes both implementations run.
+struct MlpShape {
+  const char* name;
+  int64_t batch, inputs, hidden, layers, classes;
+};
+inline const MlpShape kMlps[] = {{"mlp_small", 128, 32, 256, 2, 10}, {"mlp_large", 256, 784, 1024, 2, 10}};
+
+struct LmShape {
+  const char* name;
+  int64_t vocab, embed, hidden, steps, batch;
+};
+inline const LmShape kLms[] = {{"lstm_lm", 10000, 256, 256, 20, 32}};
+
+inline const int64_t kGemmSizes[] = {256, 512, 1024};
+inline constexpr int64_t kElementwiseSize = 1 << 24;
+inline constexpr int kOverheadChain = 1000;
+
+}  // namespace bench

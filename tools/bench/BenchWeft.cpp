@@ -1,0 +1,111 @@
+// weft's benchmarks: GEMM (next to Eigen called directly), elementwise bandwidth, per-op engine
+// overhead, and training steps of the MLPs and an LSTM language model.
+#include "tools/bench/BenchUtil.h"
+
+#include "core/Random.h"
+#include "core/Session.h"
+#include "nn/Layers.h"
+#include "optim/Optimizer.h"
+#include "testing/OpTest.h"
+
+#include <Eigen/Core>
+
+#include <cstdlib>
+
+using namespace weft;
+
+namespace {
+
+int threads = 2;
+
+void gemm() {
+  for (int64_t n : bench::kGemmSizes) {
+    const double flops = 2.0 * static_cast<double>(n * n * n);
+    Graph g;
+    Output a = g.placeholder("a", f32, {n, n}), b = g.placeholder("b", f32, {n, n});
+    Output c = matmul(a, b);
+    Session s(g, {threads, false});
+    const FeedMap feeds{{a, testing::randomTensor(f32, {n, n}, 1)}, {b, testing::randomTensor(f32, {n, n}, 2)}};
+    const auto t = bench::time([&] { s.run({c}, feeds); }, 3, 20);
+    bench::report("gemm_" + std::to_string(n), "weft", t, "gflops", flops / t.median / 1e9);
+
+    Eigen::setNbThreads(threads);
+    Eigen::MatrixXf ea = Eigen::MatrixXf::Random(n, n), eb = Eigen::MatrixXf::Random(n, n), ec(n, n);
+    const auto te = bench::time([&] { ec.noalias() = ea * eb; }, 3, 20);
+    bench::report("gemm_" + std::to_string(n), "eigen", te, "gflops", flops / te.median / 1e9);
+  }
+}
+
+void elementwise() {
+  const int64_t n = bench::kElementwiseSize;
+  Graph g;
+  Output a = g.placeholder("a", f32, {n}), b = g.placeholder("b", f32, {n});
+  Output c = a + b;
+  Session s(g, {threads, false});
+  const FeedMap feeds{{a, testing::randomTensor(f32, {n}, 1)}, {b, testing::randomTensor(f32, {n}, 2)}};
+  const auto t = bench::time([&] { s.run({c}, feeds); }, 3, 20);
+  bench::report("add_16M", "weft", t, "gb_per_s", 3.0 * 4 * static_cast<double>(n) / t.median / 1e9);
+}
+
+void overhead() {
+  Graph g;
+  Output x = g.placeholder("x", f32, {1});
+  Output y = x;
+  for (int i = 0; i < bench::kOverheadChain; ++i) y = y + x;
+  Session s(g, {threads, false});
+  const FeedMap feeds{{x, Tensor::full(f32, {1}, 1)}};
+  const auto t = bench::time([&] { s.run({y}, feeds); }, 10, 200);
+  bench::report("op_overhead", "weft", t, "us_per_op", t.median / bench::kOverheadChain * 1e6);
+}
+
+void mlp() {
+  for (const bench::MlpShape& m : bench::kMlps) {
+    Graph g;
+    Output x = g.placeholder("x", f32, {m.batch, m.inputs});
+    Output y = g.placeholder("y", i64, {m.batch});
+    Output h = x;
+    int64_t width = m.inputs;
+    for (int64_t i = 0; i < m.layers; ++i) {
+      h = relu(nn::Linear(g, "fc" + std::to_string(i), width, m.hidden)(h));
+      width = m.hidden;
+    }
+    Output loss = mean(sparseSoftmaxCrossEntropy(nn::Linear(g, "out", width, m.classes)(h), y));
+    Node* step = optim::Adam(1e-3).minimize(loss);
+    Session s(g, {threads, false});
+    const FeedMap feeds{{x, testing::randomTensor(f32, {m.batch, m.inputs}, 1)},
+                        {y, testing::randomInts(i64, {m.batch}, 0, m.classes, 2)}};
+    const auto t = bench::time([&] { s.run({loss}, feeds, {step}); }, 5, 50);
+    bench::report(m.name, "weft", t, "examples_per_s", static_cast<double>(m.batch) / t.median);
+  }
+}
+
+void lm() {
+  for (const bench::LmShape& m : bench::kLms) {
+    Graph g;
+    Output tokens = g.placeholder("tokens", i64, {m.steps, m.batch});
+    Output targets = g.placeholder("targets", i64, {m.steps * m.batch});
+    nn::Embedding embedding(g, "embedding", m.vocab, m.embed);
+    nn::LSTM lstm(g, "lstm", m.embed, m.hidden);
+    nn::Linear softmax(g, "softmax", m.hidden, m.vocab);
+    Output hidden = lstm(embedding(tokens)).y;                     // (T, B, H)
+    Output logits = softmax(reshape(hidden, {-1, m.hidden}));       // (T*B, V)
+    Output loss = mean(sparseSoftmaxCrossEntropy(logits, targets));
+    Node* step = optim::Adam(1e-3).minimize(loss);
+    Session s(g, {threads, false});
+    const FeedMap feeds{{tokens, testing::randomInts(i64, {m.steps, m.batch}, 0, m.vocab, 1)},
+                        {targets, testing::randomInts(i64, {m.steps * m.batch}, 0, m.vocab, 2)}};
+    const auto t = bench::time([&] { s.run({loss}, feeds, {step}); }, 3, 20);
+    bench::report(m.name, "weft", t, "words_per_s", static_cast<double>(m.steps * m.batch) / t.median);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) threads = std::atoi(argv[1]);
+  gemm();
+  elementwise();
+  overhead();
+  mlp();
+  lm();
+}
