@@ -51,12 +51,15 @@ void gatherKernel(KernelContext& ctx) {
   });
 }
 
-// The table's gradient is sparse: the rows of dy, at the ids that were gathered.
+// The table's gradient is sparse: the rows of dy, at the ids that were gathered. A table whose
+// row count is known only at run time gets the dense form, summed into a tensor shaped like it.
 std::vector<Grad> gatherGrad(GradContext& c) {
   const Shape& table = c.x(0).shape();
   std::vector<int64_t> valueShape{-1};
   valueShape.insert(valueShape.end(), table.dims().begin() + 1, table.dims().end());
-  return {Grad::sparse(reshape(c.x(1), {-1}), reshape(c.dy(), valueShape), table), Grad()};
+  Output ids = reshape(c.x(1), {-1}), rows = reshape(c.dy(), valueShape);
+  if (table.isFullyDefined()) return {Grad::sparse(ids, rows, table), Grad()};
+  return {detail::addOp1(c.graph(), "UnsortedSegmentSum", {rows, ids, c.x(0)}, {{"num_segments", int64_t{-1}}}), Grad()};
 }
 
 // ---- ScatterAdd and UnsortedSegmentSum ------------------------------------------------------
@@ -103,8 +106,9 @@ std::vector<TensorType> segmentSumInfer(const InferContext& c) {
   for (int d = 0; d < ids.rank(); ++d) {
     c.check(ids[d] < 0 || data[d] < 0 || ids[d] == data[d], "segment ids {} are not a prefix of data {}", ids.str(), data.str());
   }
-  const int64_t n = c.attrs().getInt("num_segments");
-  c.check(n >= 0, "num_segments must be >= 0, got {}", n);
+  // With a third input, the segment count is that input's first dimension (known at run time).
+  const int64_t n = c.numInputs() == 3 ? c.shape(2)[0] : c.attrs().getInt("num_segments");
+  c.check(n >= 0 || c.numInputs() == 3, "num_segments must be >= 0, got {}", n);
   std::vector<int64_t> out{n};
   out.insert(out.end(), data.dims().begin() + ids.rank(), data.dims().end());
   return {{c.dtype(0), Shape(std::move(out))}};
@@ -137,8 +141,12 @@ void detail::registerEmbeddingOps(OpRegistry& r) {
   r.add(OpDef("ScatterAdd").inputs(3).infer(scatterAddInfer).cpu(scatterAddKernel).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy(), Grad(), gather(c.dy(), c.x(1))}; }));
   // d/ddata[i] = dy[ids[i]]
-  r.add(OpDef("UnsortedSegmentSum").inputs(2).infer(segmentSumInfer).cpu(segmentSumKernel)
-            .grad([](GradContext& c) -> std::vector<Grad> { return {gather(c.dy(), c.x(1)), Grad()}; }));
+  r.add(OpDef("UnsortedSegmentSum").inputs(2, 3).infer(segmentSumInfer).cpu(segmentSumKernel)
+            .grad([](GradContext& c) -> std::vector<Grad> {
+              std::vector<Grad> grads(c.node->inputs.size());
+              grads[0] = gather(c.dy(), c.x(1));
+              return grads;
+            }));
 }
 
 }  // namespace weft

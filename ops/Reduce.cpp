@@ -38,6 +38,7 @@ std::vector<TensorType> reduceInfer(const InferContext& c) {
     if (!reduced) out.push_back(x[i]);
     else if (keep) out.push_back(1);
   }
+  if (c.node.op == "Mean") detail::requireFloat(c, 0);
   if (c.node.op == "Max") {
     for (int a : axes) c.check(x[a] != 0, "max over an empty axis {}", a);
   }
@@ -55,8 +56,11 @@ void reduce(const KernelContext& ctx, const Tensor& x, Tensor& out, const std::v
   const Shape& s = x.shape();
   int64_t reducedCount = 1;
   for (int a : axes) reducedCount *= s[a];
-  const T init = kind == Reduction::Max ? std::numeric_limits<T>::lowest() : T(0);
-  auto combine = [kind](T acc, T v) { return kind == Reduction::Max ? (v > acc ? v : acc) : acc + v; };
+  const T lowest = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                        : std::numeric_limits<T>::lowest();
+  const T init = kind == Reduction::Max ? lowest : T(0);
+  // Max propagates NaN (v != v), as numpy and PyTorch do.
+  auto combine = [kind](T acc, T v) { return kind == Reduction::Max ? (v > acc || v != v ? v : acc) : acc + v; };
   const int64_t outN = out.numel();
 
   bool suffix = true, prefix = true;

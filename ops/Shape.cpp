@@ -248,7 +248,9 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> sliceBounds(const Shape& x
   }
   for (int d = 0; d < x.rank(); ++d) {
     const auto u = static_cast<size_t>(d);
-    if (begin[u] < 0) fail(fmt::format("negative begin {} on axis {}", begin[u], d));
+    if (begin[u] < 0 || (x[d] >= 0 && begin[u] > x[d])) {
+      fail(fmt::format("begin {} is out of range [0, {}] for axis {}", begin[u], x[d], d));
+    }
     if (size[u] == -1) size[u] = x[d] < 0 ? -1 : x[d] - begin[u];
     if (size[u] < -1 || (x[d] >= 0 && begin[u] + size[u] > x[d])) {
       fail(fmt::format("slice [{}, {}) is out of range for axis {} of size {}", begin[u], begin[u] + size[u], d, x[d]));

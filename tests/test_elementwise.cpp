@@ -462,9 +462,11 @@ TEST_CASE("where gradients flow to the selected branch") {
     CAPTURE(sb.str());
     Graph g;
     Output cond = g.constant(Tensor::fromVector<double>({1, 0, 1, 0, 0, 1}, {2, 3}));
+    Output rowCond = g.constant(Tensor::fromVector<int64_t>({0, 3}, {2, 1}));
     Output a = g.placeholder("a", f64, sa), b = g.placeholder("b", f64, sb);
     const FeedMap feeds{{a, randomTensor(f64, sa, 22)}, {b, randomTensor(f64, sb, 23)}};
     CHECK_GRADIENTS(checkGradients(g, where(cond, a, b), {a, b}, feeds));
+    CHECK_GRADIENTS(checkGradients(g, where(rowCond, a, b), {a, b}, feeds));
   }
 }
 

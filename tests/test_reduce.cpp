@@ -162,6 +162,30 @@ TEST_CASE("reductions of integers") {
   }
 }
 
+TEST_CASE("max of values that are all -inf is -inf") {
+  FOR_EACH_FLOAT_DTYPE(dt)
+  Graph g;
+  Output x = g.constant(Tensor::fromVector<double>({-HUGE_VAL, -HUGE_VAL, 1, 2}, {2, 2}).cast(dt));
+  const Tensor out = evaluate(g, max(x, {1}));
+  CHECK(out.at(0) == -HUGE_VAL);
+  CHECK(out.at(1) == 2);
+}
+
+TEST_CASE("mean of integers is rejected when the graph is built") {
+  Graph g;
+  Output x = g.constant(Tensor::fromVector<int32_t>({2, 4, 3, 6}, {2, 2}));
+  CHECK_THROWS_AS(mean(x, {1}), weft::Error);
+}
+
+TEST_CASE("max propagates NaN") {
+  FOR_EACH_FLOAT_DTYPE(dt)
+  Graph g;
+  Output x = g.constant(Tensor::fromVector<double>({1, NAN, 3, 2}, {2, 2}).cast(dt));
+  const Tensor out = evaluate(g, max(x, {1}));
+  CHECK(std::isnan(out.at(0)));
+  CHECK(out.at(1) == 3);
+}
+
 TEST_CASE("reductions with an unknown dimension") {
   Graph g;
   Output x = g.placeholder("x", f32, {-1, 3});

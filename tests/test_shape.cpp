@@ -317,6 +317,8 @@ TEST_CASE("concat gradients match finite differences") {
   const FeedMap feeds{{a, randomTensor(f64, {2, 1, 2}, 15)}, {b, randomTensor(f64, {2, 3, 2}, 16)}, {e, Tensor::zeros(f64, {2, 0, 2})}};
   CHECK_GRADIENTS(checkGradients(g, concat({a, b, e, a}, 1), {a, b}, feeds));
   CHECK_GRADIENTS(checkGradients(g, concat({b, b}, 0), {b}, feeds));
+  CHECK_GRADIENTS(checkGradients(g, concat({b, a}, -2), {a, b}, feeds));
+  CHECK_GRADIENTS(checkGradients(g, concat({b, a * b}, -1), {a, b}, feeds));
 }
 
 TEST_CASE("concat rejects mismatched ranks, dimensions, dtypes and axes") {
@@ -448,9 +450,7 @@ TEST_CASE("slice rejects boxes outside the input") {
   }
 }
 
-// Known bug: with size -1 and begin past the end of a known axis, the shape function infers an
-// unknown (-1) size instead of failing; the run then fails with "output 0 has unresolved shape".
-TEST_CASE("slice rejects a begin past the end when the size is -1" * doctest::may_fail()) {
+TEST_CASE("slice rejects a begin past the end when the size is -1") {
   Graph g;
   Output x = g.placeholder("x", f32, {3, 4});
   const std::string msg = errorOf([&] { slice(x, {0, 5}, {1, -1}); });
@@ -504,6 +504,26 @@ TEST_CASE("pad rejects a wrong number of paddings and negative ones") {
   CHECK_MESSAGE(contains(msg, "Pad"), msg);
   msg = errorOf([&] { pad(x, {0, 0, -1, 0}); });
   CHECK_MESSAGE(contains(msg, "Pad"), msg);
+}
+
+TEST_CASE("layout op gradients with an unknown dimension use the run-time shape") {
+  Graph g;
+  Output x = g.placeholder("x", f64, {-1, 4});
+  const FeedMap feeds{{x, randomTensor(f64, {3, 4}, 27)}};
+  const std::vector<Output> pieces = split(x, {1, -1}, 1);
+  const std::vector<std::pair<const char*, Output>> cases = {
+      {"concat rows", concat({x, x * x}, 0)},
+      {"concat columns", concat({x, x * x}, 1)},
+      {"split", concat({pieces[1], pieces[0] * 3.0}, 1)},
+      {"slice", slice(x, {1, 1}, {-1, 2})},
+      {"pad", pad(x, {1, 0, 0, 2}, 1.0)},
+      {"transpose", transpose(x, {1, 0})},
+      {"expandDims/squeeze", squeeze(expandDims(x, 1) * 2.0, {1})},
+  };
+  for (const auto& [name, y] : cases) {
+    CAPTURE(std::string(name));
+    CHECK_GRADIENTS(checkGradients(g, y, {x}, feeds));
+  }
 }
 
 TEST_CASE("shape ops move integer tensors too") {
