@@ -1,5 +1,5 @@
-// Matrix products through OpenBLAS's CBLAS. Calls are single-threaded; weft's pool splits the
-// output into column or row blocks, so the thread count is the session's.
+// Matrix products through OpenBLAS's CBLAS. Calls are single-threaded; weft's pool runs the
+// row or column blocks of the output, so the thread count is the session's.
 #include "ops/OpUtil.h"
 
 #include <cblas.h>
@@ -37,7 +37,7 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
   // for different block shapes, and results must not change with the number of threads.
   const bool splitRows = m >= n;
   const int64_t extent = splitRows ? m : n;
-  const int64_t per = std::max<int64_t>(64, (extent / 8 + 15) / 16 * 16);
+  const int64_t per = std::max<int64_t>(128, (extent / 4 + 15) / 16 * 16);
   const int64_t blocks = (extent + per - 1) / per;
   ctx.parallelFor(blocks, m * n * k / blocks, [&](int64_t lo, int64_t hi) {
     for (int64_t blk = lo; blk < hi; ++blk) {

@@ -1,4 +1,4 @@
-// weft's benchmarks: GEMM (next to Eigen called directly), elementwise bandwidth, per-op engine
+// weft's benchmarks: GEMM (BenchEigen.cpp measures Eigen called directly), elementwise bandwidth, per-op engine
 // overhead, and training steps of the MLPs and an LSTM language model.
 #include "tools/bench/BenchUtil.h"
 
@@ -7,8 +7,6 @@
 #include "nn/Layers.h"
 #include "optim/Optimizer.h"
 #include "testing/OpTest.h"
-
-#include <Eigen/Core>
 
 #include <cstdlib>
 
@@ -20,19 +18,13 @@ int threads = 2;
 
 void gemm() {
   for (int64_t n : bench::kGemmSizes) {
-    const double flops = 2.0 * static_cast<double>(n * n * n);
     Graph g;
     Output a = g.placeholder("a", f32, {n, n}), b = g.placeholder("b", f32, {n, n});
     Output c = matmul(a, b);
     Session s(g, {threads, false});
     const FeedMap feeds{{a, testing::randomTensor(f32, {n, n}, 1)}, {b, testing::randomTensor(f32, {n, n}, 2)}};
     const auto t = bench::time([&] { s.run({c}, feeds); }, 3, 20);
-    bench::report("gemm_" + std::to_string(n), "weft", t, "gflops", flops / t.median / 1e9);
-
-    Eigen::setNbThreads(threads);
-    Eigen::MatrixXf ea = Eigen::MatrixXf::Random(n, n), eb = Eigen::MatrixXf::Random(n, n), ec(n, n);
-    const auto te = bench::time([&] { ec.noalias() = ea * eb; }, 3, 20);
-    bench::report("gemm_" + std::to_string(n), "eigen", te, "gflops", flops / te.median / 1e9);
+    bench::report("gemm_" + std::to_string(n), "weft", t, "gflops", 2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
   }
 }
 
