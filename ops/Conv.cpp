@@ -316,7 +316,7 @@ void maxPoolKernel(KernelContext& ctx) {
       for (int64_t ox = 0; ox < g.ow; ++ox) {
         int64_t y0, y1, x0, x1;
         g.bounds(oy, ox, y0, y1, x0, x1);
-        T best = std::numeric_limits<T>::lowest();
+        T best = -std::numeric_limits<T>::infinity();
         for (int64_t iy = y0; iy < y1; ++iy) {
           for (int64_t ix = x0; ix < x1; ++ix) best = std::max(best, px[iy * g.w + ix]);
         }

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <string>
+
 /// Checks a tensor against reference values (in double) within tol.
 #define CHECK_CLOSE(actual, expected, tol)                                  \
   do {                                                                      \
@@ -19,3 +21,23 @@
     const ::weft::GradCheckReport weftReport_ = (report);  \
     CHECK_MESSAGE(weftReport_.ok, weftReport_.detail);     \
   } while (0)
+
+/// Runs the rest of the test case once per floating dtype, as SUBCASEs named "f32" and "f64".
+#define FOR_EACH_FLOAT_DTYPE(dt) \
+  ::weft::DType dt = ::weft::f32; \
+  SUBCASE("f32") { dt = ::weft::f32; } \
+  SUBCASE("f64") { dt = ::weft::f64; }
+
+/// The message of the weft::Error `f` throws, or "" (and a failed check) when it throws none.
+template <class F>
+std::string errorOf(F&& f) {
+  try {
+    f();
+  } catch (const ::weft::Error& e) {
+    return e.what();
+  }
+  FAIL_CHECK("expected a weft::Error");
+  return "";
+}
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

@@ -17,26 +17,6 @@ using weft::testing::toleranceFor;
 
 namespace {
 
-/// Runs the rest of the test case once per floating dtype.
-#define FOR_EACH_FLOAT_DTYPE(dt) \
-  DType dt = f32;                \
-  SUBCASE("f32") { dt = f32; }   \
-  SUBCASE("f64") { dt = f64; }
-
-/// The message of the weft::Error `f` throws, or "" (and a failed check) when it does not throw.
-template <class F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const weft::Error& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected a weft::Error");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 /// Flat index into a tensor of shape `in` of element `o` of its numpy broadcast to `out`.
 int64_t broadcastIndex(const Shape& out, const Shape& in, int64_t o) {
   int64_t index = 0, stride = 1;

@@ -17,24 +17,6 @@ using weft::testing::toleranceFor;
 
 namespace {
 
-#define FOR_EACH_FLOAT_DTYPE(dt) \
-  DType dt = f32;                \
-  SUBCASE("f32") { dt = f32; }   \
-  SUBCASE("f64") { dt = f64; }
-
-template <class F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const weft::Error& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected a weft::Error");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 Tensor idTensor(const std::vector<int64_t>& ids, Shape shape, DType dtype) {
   return Tensor::fromVector<int64_t>(ids, std::move(shape)).cast(dtype);
 }

@@ -14,24 +14,6 @@ using weft::testing::toleranceFor;
 
 namespace {
 
-#define FOR_EACH_FLOAT_DTYPE(dt) \
-  DType dt = f32;                \
-  SUBCASE("f32") { dt = f32; }   \
-  SUBCASE("f64") { dt = f64; }
-
-template <class F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const weft::Error& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected a weft::Error");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 /// The stored shape of an (rows x cols) operand, swapped when it is used transposed.
 Shape operandShape(std::vector<int64_t> batch, int64_t rows, int64_t cols, bool transposed) {
   batch.push_back(transposed ? cols : rows);

@@ -18,24 +18,6 @@ using weft::testing::toleranceFor;
 
 namespace {
 
-#define FOR_EACH_FLOAT_DTYPE(dt) \
-  DType dt = f32;                \
-  SUBCASE("f32") { dt = f32; }   \
-  SUBCASE("f64") { dt = f64; }
-
-template <class F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const weft::Error& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected a weft::Error");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 enum class Kind { Sum, Mean, Max };
 
 /// Whether axis d of a rank-r tensor is among `axes` (all when empty; negative from the end).
