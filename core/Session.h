@@ -67,6 +67,8 @@ class Session {
 
   /// Number of completed runs; random ops draw from (seed, step) so runs are reproducible.
   uint64_t step() const { return step_; }
+  /// Sets the run counter (when restoring a checkpoint, so random ops continue their streams).
+  void setStep(uint64_t step) { step_ = step; }
   const ThreadPool& threadPool() const { return *pool_; }
   Graph& graph() { return graph_; }
 

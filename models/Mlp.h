@@ -2,6 +2,7 @@
 // softmax cross-entropy.
 #pragma once
 
+#include "models/ZooModel.h"
 #include "nn/Layers.h"
 
 #include <vector>
@@ -27,5 +28,8 @@ struct MlpModel {
 
 /// Builds the MLP in `g`: one set of weights, a training path and an evaluation path.
 MlpModel buildMlp(Graph& g, const MlpConfig& config);
+
+/// The zoo's "mlp": the MLP on the built-in Gaussian-mixture task (data/GaussianMixture.h).
+std::unique_ptr<ZooModel> makeMlpModel();
 
 }  // namespace weft::models

@@ -1,0 +1,130 @@
+// Datasets of examples and the batch streams a trainer reads: seeded shuffling, batching,
+// padding of variable-length fields with masks, bucketing by length, sharding, and a background
+// prefetch thread.
+//
+//     Dataset all = loadSomething(...);
+//     Batcher train(all.shard(rank, workers), {.batchSize = 64, .padded = {"tokens"}});
+//     Batch b = train.next();   // b["tokens"] (64, T), b["tokens_mask"] (64, T)
+#pragma once
+
+#include "core/Tensor.h"
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace weft::data {
+
+/// A batch: tensors by name. A model's placeholders carry the same names.
+using Batch = std::map<std::string, Tensor>;
+
+/// One example: named tensors.
+using Example = std::map<std::string, Tensor>;
+
+/// An endless, deterministic stream of batches whose position can be saved and restored, so a
+/// resumed run sees exactly the batches an uninterrupted run would.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual Batch next() = 0;
+  /// Batches handed out so far.
+  virtual int64_t position() const = 0;
+  /// Continues as if `position` batches had been handed out.
+  virtual void seek(int64_t position) = 0;
+  virtual int64_t batchesPerEpoch() const = 0;
+};
+
+/// An immutable list of examples; copies share it.
+class Dataset {
+ public:
+  Dataset() : examples_(std::make_shared<std::vector<Example>>()) {}
+  explicit Dataset(std::vector<Example> examples)
+      : examples_(std::make_shared<std::vector<Example>>(std::move(examples))) {}
+
+  size_t size() const { return examples_->size(); }
+  const Example& operator[](size_t i) const { return (*examples_)[i]; }
+
+  /// Examples i with i % count == index: shards are disjoint, cover the dataset, and do not
+  /// depend on anything but (index, count).
+  Dataset shard(int64_t index, int64_t count) const;
+  /// Examples [begin, end).
+  Dataset range(size_t begin, size_t end) const;
+
+ private:
+  std::shared_ptr<const std::vector<Example>> examples_;
+};
+
+struct BatchOptions {
+  int64_t batchSize = 32;
+  bool shuffle = true;
+  uint64_t seed = 1;
+  /// Fields holding 1-D sequences of varying length: padded with padValue to the longest in the
+  /// batch, giving (batch, T), plus "<field>_mask" (batch, T) f32 with 1 on real positions.
+  std::vector<std::string> padded;
+  double padValue = 0;
+  /// When > 1 and `padded` is not empty: each window of this many batches is sorted by the first
+  /// padded field's length before it is cut into batches, so batches hold similar lengths.
+  int64_t bucketWindow = 0;
+};
+
+/// Stacks examples into a batch: fixed-shape fields gain a leading batch axis; padded fields
+/// are padded and masked. Throws naming the field when shapes or dtypes disagree.
+Batch collate(const std::vector<const Example*>& examples, const BatchOptions& options);
+
+/// Batches of a dataset, epoch after epoch; the order of epoch e is a function of (seed, e).
+/// The last partial batch of an epoch is dropped, so every batch has batchSize examples.
+class Batcher : public BatchSource {
+ public:
+  Batcher(Dataset dataset, BatchOptions options);
+
+  Batch next() override;
+  int64_t position() const override { return position_; }
+  void seek(int64_t position) override;
+  int64_t batchesPerEpoch() const override { return perEpoch_; }
+
+ private:
+  void prepareEpoch(int64_t epoch);
+
+  Dataset dataset_;
+  BatchOptions options_;
+  int64_t perEpoch_;
+  int64_t position_ = 0;
+  int64_t epoch_ = -1;
+  std::vector<std::vector<size_t>> batches_;  // example indices of each batch of the epoch
+};
+
+/// Runs a source `depth` batches ahead on a background thread, overlapping loading with
+/// training. Errors from the source surface on the next call to next(). The source must
+/// outlive the prefetcher and must not be used directly while it runs.
+class Prefetcher : public BatchSource {
+ public:
+  explicit Prefetcher(BatchSource& source, size_t depth = 2);
+  ~Prefetcher() override;
+
+  Batch next() override;
+  int64_t position() const override;
+  void seek(int64_t position) override;
+  int64_t batchesPerEpoch() const override { return source_.batchesPerEpoch(); }
+
+ private:
+  void stop();
+  void start();
+  void run();
+
+  BatchSource& source_;
+  size_t depth_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Batch> ready_;
+  std::exception_ptr error_;
+  bool stopping_ = false;
+  int64_t consumed_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace weft::data

@@ -1,0 +1,125 @@
+// Datasets and batch streams: sharding, shuffling per epoch, padding and masks, bucketing,
+// seeking, and the prefetch thread.
+#include "tests/TestUtil.h"
+
+#include "data/Dataset.h"
+
+#include <set>
+
+using namespace weft;
+using data::Batch;
+using data::BatchOptions;
+using data::Dataset;
+using data::Example;
+
+namespace {
+
+/// Example i: {"id": i64 scalar i, "seq": i32 [1 + i % 5] filled with i}.
+Dataset numbered(int64_t n) {
+  std::vector<Example> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = 1 + i % 5;
+    out.push_back({{"id", Tensor::fromVector<int64_t>({i}, {})},
+                   {"seq", Tensor::full(i32, {len}, static_cast<double>(i))}});
+  }
+  return Dataset(std::move(out));
+}
+
+std::vector<double> ids(const Batch& b) { return b.at("id").toDoubles(); }
+
+}  // namespace
+
+TEST_CASE("shards are disjoint, cover the dataset and are deterministic") {
+  const Dataset d = numbered(10);
+  std::multiset<double> seen;
+  for (int64_t k = 0; k < 3; ++k) {
+    const Dataset s = d.shard(k, 3);
+    for (size_t i = 0; i < s.size(); ++i) seen.insert(s[i].at("id").item());
+    CHECK(s.size() == (k == 0 ? 4u : 3u));
+  }
+  CHECK(seen.size() == 10);
+  CHECK(std::set<double>(seen.begin(), seen.end()).size() == 10);
+  CHECK(d.shard(1, 3)[0].at("id").item() == 1);
+  CHECK_THROWS_AS(d.shard(3, 3), Error);
+}
+
+TEST_CASE("an epoch visits every example once, and the next epoch reshuffles") {
+  data::Batcher b(numbered(12), {4, true, 7, {"seq"}, 0, 0});
+  CHECK(b.batchesPerEpoch() == 3);
+  std::vector<double> epoch1, epoch2;
+  for (int i = 0; i < 3; ++i) for (double x : ids(b.next())) epoch1.push_back(x);
+  for (int i = 0; i < 3; ++i) for (double x : ids(b.next())) epoch2.push_back(x);
+  CHECK(std::set<double>(epoch1.begin(), epoch1.end()).size() == 12);
+  CHECK(std::set<double>(epoch2.begin(), epoch2.end()).size() == 12);
+  CHECK(epoch1 != epoch2);
+}
+
+TEST_CASE("the batch order is a function of the seed, and seek replays it") {
+  data::Batcher a(numbered(20), {4, true, 3, {"seq"}, 0, 0}), b(numbered(20), {4, true, 3, {"seq"}, 0, 0});
+  std::vector<std::vector<double>> first;
+  for (int i = 0; i < 12; ++i) first.push_back(ids(a.next()));
+  b.seek(7);
+  for (int i = 7; i < 12; ++i) CHECK(ids(b.next()) == first[static_cast<size_t>(i)]);
+  data::Batcher c(numbered(20), {4, true, 4, {"seq"}, 0, 0});
+  CHECK(ids(c.next()) != first[0]);
+}
+
+TEST_CASE("variable-length fields are padded and masked") {
+  data::Batcher b(numbered(3), {3, false, 1, {"seq"}, -1, 0});
+  const Batch batch = b.next();
+  // lengths 1, 2, 3
+  CHECK(batch.at("seq").shape() == Shape{3, 3});
+  CHECK(batch.at("seq").toDoubles() == std::vector<double>{0, -1, -1, 1, 1, -1, 2, 2, 2});
+  CHECK(batch.at("seq_mask").toDoubles() == std::vector<double>{1, 0, 0, 1, 1, 0, 1, 1, 1});
+  CHECK(batch.at("id").shape() == Shape{3});
+}
+
+TEST_CASE("bucketing groups similar lengths into a batch") {
+  auto padding = [](int64_t window) {
+    data::Batcher b(numbered(200), {10, true, 5, {"seq"}, 0, window});
+    double pad = 0;
+    for (int i = 0; i < b.batchesPerEpoch(); ++i) {
+      const Batch batch = b.next();
+      const std::vector<double> m = batch.at("seq_mask").toDoubles();
+      for (double v : m) pad += 1 - v;
+    }
+    return pad;
+  };
+  CHECK(padding(10) < padding(0) / 4);
+}
+
+TEST_CASE("collate names the field that does not fit") {
+  Example a{{"x", Tensor::zeros(f32, {2})}}, b{{"x", Tensor::zeros(f32, {3})}}, c{{"y", Tensor::zeros(f32, {2})}};
+  CHECK(contains(errorOf([&] { data::collate({&a, &b}, {}); }), "'x'"));
+  CHECK(contains(errorOf([&] { data::collate({&a, &c}, {}); }), "'x'"));
+}
+
+TEST_CASE("a dataset smaller than one batch is refused") {
+  CHECK(contains(errorOf([&] { data::Batcher(numbered(3), {4, true, 1, {}, 0, 0}); }), "no batch of 4"));
+}
+
+TEST_CASE("the prefetcher yields the source's batches in order, and seeks") {
+  data::Batcher reference(numbered(30), {5, true, 9, {"seq"}, 0, 0});
+  std::vector<std::vector<double>> expected;
+  for (int i = 0; i < 10; ++i) expected.push_back(ids(reference.next()));
+
+  data::Batcher source(numbered(30), {5, true, 9, {"seq"}, 0, 0});
+  data::Prefetcher p(source, 3);
+  for (int i = 0; i < 4; ++i) CHECK(ids(p.next()) == expected[static_cast<size_t>(i)]);
+  CHECK(p.position() == 4);
+  p.seek(8);
+  CHECK(ids(p.next()) == expected[8]);
+  CHECK(p.position() == 9);
+}
+
+TEST_CASE("an error in the source surfaces from the prefetcher") {
+  struct Failing : data::BatchSource {
+    Batch next() override { WEFT_THROW("source broke at batch {}", n++); }
+    int64_t position() const override { return n; }
+    void seek(int64_t p) override { n = p; }
+    int64_t batchesPerEpoch() const override { return 1; }
+    int64_t n = 0;
+  } failing;
+  data::Prefetcher p(failing);
+  CHECK(contains(errorOf([&] { p.next(); }), "source broke"));
+}

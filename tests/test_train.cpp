@@ -1,0 +1,91 @@
+// `weft train` end to end, through the real binary: a run interrupted and resumed from its
+// checkpoint ends with exactly the variables of an uninterrupted run; bad flags and corrupt
+// checkpoints give clear errors.
+#include "tests/TestUtil.h"
+
+#include "core/Checkpoint.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int status;
+  std::string output;
+};
+
+Run weftCli(const std::string& args) {
+  const fs::path log = fs::temp_directory_path() / ("weft-train-" + std::to_string(::getpid()) + ".log");
+  const int status = std::system((std::string(WEFT_CLI) + " " + args + " > " + log.string() + " 2>&1").c_str());
+  std::ifstream in(log);
+  Run r{status, std::string(std::istreambuf_iterator<char>(in), {})};
+  fs::remove(log);
+  return r;
+}
+
+struct TempDir {
+  TempDir() : path(fs::temp_directory_path() / ("weft-train-dir-" + std::to_string(::getpid()))) { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path path;
+};
+
+}  // namespace
+
+TEST_CASE("a resumed run ends exactly where an uninterrupted run does") {
+  TempDir dir;
+  const std::string common = "train mlp --dropout 0.3 --train-size 2000 --test-size 500 --batch 32 --eval-every 40 --log-every 20 --seed 5";
+  const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
+  REQUIRE(weftCli(common + " --steps 120 --out " + whole).status == 0);
+  REQUIRE(weftCli(common + " --steps 80 --out " + parts).status == 0);
+  const Run resumed = weftCli(common + " --steps 120 --resume --out " + parts);
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
+  CHECK(contains(resumed.output, "resumed from"));
+  const weft::TensorFile a = weft::readSafetensors(whole + "/checkpoint.safetensors");
+  const weft::TensorFile b = weft::readSafetensors(parts + "/checkpoint.safetensors");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    CHECK(b.tensors.at(name).toDoubles() == t.toDoubles());
+  }
+  CHECK(a.metadata.at("data_position") == b.metadata.at("data_position"));
+}
+
+TEST_CASE("resuming without a checkpoint, or from a corrupt one, fails with a message") {
+  TempDir dir;
+  const std::string out = (dir.path / "none").string();
+  Run r = weftCli("train mlp --steps 5 --resume --out " + out);
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "no checkpoint at"));
+  fs::create_directories(out);
+  std::ofstream(out + "/checkpoint.safetensors") << "garbage!";
+  r = weftCli("train mlp --steps 5 --resume --out " + out);
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "corrupt"));
+}
+
+TEST_CASE("a checkpoint of another configuration is refused") {
+  TempDir dir;
+  const std::string out = (dir.path / "cfg").string();
+  REQUIRE(weftCli("train mlp --steps 3 --train-size 500 --test-size 100 --out " + out).status == 0);
+  const Run r = weftCli("train mlp --steps 6 --hidden-width 64 --train-size 500 --test-size 100 --resume --out " + out);
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "does not match the model"));
+}
+
+TEST_CASE("bench prints one JSON line with timing percentiles") {
+  const Run r = weftCli("train mlp --bench 5 --train-size 1000 --test-size 100");
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.output, "\"median_ms\""));
+  CHECK(contains(r.output, "\"examples_per_s\""));
+}
+
+TEST_CASE("bad flags are reported") {
+  const Run r = weftCli("train mlp --steps -3");
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "--steps"));
+  CHECK(weftCli("train nosuchmodel").status != 0);
+}

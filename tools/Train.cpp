@@ -1,0 +1,243 @@
+#include "tools/Train.h"
+
+#include "core/Checkpoint.h"
+#include "models/ZooModel.h"
+#include "tools/Progress.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+namespace weft::tools {
+namespace {
+
+struct TrainFlags {
+  int64_t steps = 0;  // 0: the model's default
+  int64_t batch = 0;  // 0: the model's default
+  std::string optimizer;
+  double lr = 0, momentum = -1, weightDecay = -1, clip = -1;  // negative / 0 / "": the model's default
+  int threads = 2;
+  uint64_t seed = 1;
+  std::string data;
+  std::string out;
+  int64_t evalEvery = 0;  // 0: ten evaluations per run
+  int64_t evalBatches = 50;
+  int64_t checkpointEvery = 0;  // 0: at every evaluation
+  int64_t logEvery = 100;
+  bool resume = false;
+  int64_t bench = 0;
+};
+
+std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& s) {
+  if (s.name == "adam") return std::make_unique<optim::Adam>(s.lr, 0.9, 0.999, 1e-8, s.weightDecay);
+  if (s.name == "sgd") return std::make_unique<optim::SGD>(s.lr, s.weightDecay);
+  if (s.name == "momentum") return std::make_unique<optim::Momentum>(s.lr, s.momentum, false, s.weightDecay);
+  if (s.name == "adagrad") return std::make_unique<optim::Adagrad>(s.lr, 1e-10, s.weightDecay);
+  WEFT_THROW("unknown optimizer '{}' (adam, sgd, momentum, adagrad)", s.name);
+}
+
+models::OptimizerSpec optimizerSpec(const models::ZooModel& model, const TrainFlags& f) {
+  models::OptimizerSpec s = model.defaultOptimizer();
+  if (!f.optimizer.empty()) s.name = f.optimizer;
+  if (f.lr > 0) s.lr = f.lr;
+  if (f.momentum >= 0) s.momentum = f.momentum;
+  if (f.weightDecay >= 0) s.weightDecay = f.weightDecay;
+  if (f.clip >= 0) s.clipNorm = f.clip;
+  return s;
+}
+
+/// One JSON object per line, appended.
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path) : out_(path, std::ios::app) {
+    WEFT_CHECK(out_.good(), "cannot open metrics file {}", path);
+  }
+  void write(const nlohmann::json& record) {
+    out_ << record.dump() << "\n";
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+class Trainer {
+ public:
+  Trainer(std::string name, models::ZooModel& model, const TrainFlags& flags)
+      : name_(std::move(name)), model_(&model), flags_(flags) {}
+
+  void run() {
+    models::CommonOptions common;
+    common.batchSize = flags_.batch;
+    common.seed = flags_.seed;
+    common.data = flags_.data;
+    graph_.setSeed(flags_.seed);
+    model_->build(graph_, common);
+    const models::OptimizerSpec spec = optimizerSpec(*model_, flags_);
+    optim::MinimizeOptions minimize;
+    minimize.clipGlobalNorm = spec.clipNorm;
+    trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
+    session_ = std::make_unique<Session>(graph_, SessionOptions{flags_.threads, false});
+    steps_ = flags_.steps > 0 ? flags_.steps : model_->defaultSteps();
+    if (flags_.bench > 0) return bench();
+
+    const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
+    std::filesystem::create_directories(out);
+    checkpointPath_ = out + "/checkpoint.safetensors";
+    data::Prefetcher batches(model_->trainData());
+    int64_t step = 0;
+    if (flags_.resume) step = resume(batches);
+    MetricsLog metrics(out + "/metrics.jsonl");
+    const int64_t evalEvery = flags_.evalEvery > 0 ? flags_.evalEvery : std::max<int64_t>(1, steps_ / 10);
+    const int64_t checkpointEvery = flags_.checkpointEvery > 0 ? flags_.checkpointEvery : evalEvery;
+    fmt::print("training {} for {} steps ({} threads, optimizer {} lr {}); output in {}\n", name_, steps_, flags_.threads,
+               spec.name, spec.lr, out);
+    Progress progress(steps_, step);
+    double lossSum = 0, items = 0;
+    int64_t lossCount = 0;
+    std::string unit = "items";
+    while (step < steps_) {
+      const data::Batch batch = batches.next();
+      const auto [what, count] = model_->itemsIn(batch);
+      unit = what;
+      items += count;
+      const double loss = session_->run({model_->loss()}, models::feedsFor(graph_, batch), {trainStep_})[0].item();
+      WEFT_CHECK(std::isfinite(loss), "{}: the loss became {} at step {}", name_, loss, step + 1);
+      lossSum += loss;
+      ++lossCount;
+      ++step;
+      progress.update(step, lossSum / static_cast<double>(lossCount), items, unit);
+      if (step % flags_.logEvery == 0 || step == steps_) {
+        metrics.write({{"step", step}, {"loss", lossSum / static_cast<double>(lossCount)}, {unit + "_per_s", progress.rate(items)}});
+        progress.log(step, lossSum / static_cast<double>(lossCount), items, unit);
+        lossSum = 0;
+        lossCount = 0;
+        items = 0;
+        progress.resetRate();
+      }
+      if (step % evalEvery == 0 || step == steps_) {
+        const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
+        metrics.write({{"step", step}, {"eval", result}});
+        progress.report(step, result);
+      }
+      if (step % checkpointEvery == 0 || step == steps_) {
+        saveCheckpoint(*session_, checkpointPath_,
+                       {{"model", name_}, {"step", std::to_string(step)}, {"data_position", std::to_string(batches.position())}});
+      }
+    }
+    const std::map<std::string, double> result = model_->evaluate(*session_, 0);
+    nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
+    metrics.write(summary);
+    fmt::print("{}\n", summary.dump());
+  }
+
+ private:
+  /// Restores variables, the session's run counter and the data position; returns the step.
+  int64_t resume(data::Prefetcher& batches) {
+    WEFT_CHECK(std::filesystem::exists(checkpointPath_), "--resume: no checkpoint at {}", checkpointPath_);
+    std::map<std::string, std::string> meta = restoreCheckpoint(*session_, checkpointPath_);
+    WEFT_CHECK(meta["model"] == name_, "--resume: {} holds a '{}' model, not '{}'", checkpointPath_, meta["model"], name_);
+    const int64_t step = std::stoll(meta.at("step"));
+    batches.seek(std::stoll(meta.at("data_position")));
+    fmt::print("resumed from {} at step {}\n", checkpointPath_, step);
+    return step;
+  }
+
+  /// Warm-up, then `bench` timed steps; one JSON line with percentiles and throughput.
+  void bench() {
+    data::BatchSource& source = model_->trainData();
+    std::vector<double> times;
+    double items = 0;
+    std::string unit;
+    for (int64_t i = 0; i < 5 + flags_.bench; ++i) {
+      const data::Batch batch = source.next();
+      const FeedMap feeds = models::feedsFor(graph_, batch);
+      const auto start = std::chrono::steady_clock::now();
+      session_->run({model_->loss()}, feeds, {trainStep_});
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (i < 5) continue;
+      times.push_back(t);
+      const auto [what, count] = model_->itemsIn(batch);
+      unit = what;
+      items += count;
+    }
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    auto at = [&](double q) { return sorted[static_cast<size_t>(q * static_cast<double>(sorted.size() - 1))] * 1e3; };
+    double total = 0;
+    for (double t : times) total += t;
+    const nlohmann::json line{{"model", name_}, {"steps", flags_.bench}, {"threads", flags_.threads},
+                              {"median_ms", at(0.5)}, {"p10_ms", at(0.1)}, {"p90_ms", at(0.9)},
+                              {unit + "_per_s", items / total}};
+    fmt::print("{}\n", line.dump());
+  }
+
+  std::string name_;
+  models::ZooModel* model_;
+  TrainFlags flags_;
+  Graph graph_;
+  Node* trainStep_ = nullptr;
+  std::unique_ptr<Session> session_;
+  int64_t steps_ = 0;
+  std::string checkpointPath_;
+};
+
+void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
+  cmd.add_option("--steps", f.steps, "training steps (default: the model's)")->check(CLI::PositiveNumber);
+  cmd.add_option("--batch", f.batch, "examples per step (default: the model's)")->check(CLI::PositiveNumber);
+  cmd.add_option("--optimizer", f.optimizer, "adam, sgd, momentum or adagrad (default: the model's)")
+      ->check(CLI::IsMember({"adam", "sgd", "momentum", "adagrad"}));
+  cmd.add_option("--lr", f.lr, "learning rate (default: the model's)")->check(CLI::PositiveNumber);
+  cmd.add_option("--momentum", f.momentum, "momentum of the momentum optimizer")->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--weight-decay", f.weightDecay, "L2 weight decay")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--clip", f.clip, "clip gradients to this global norm (0: off)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--threads", f.threads, "intra-op threads")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--seed", f.seed, "seed of weights, data order and dropout")->capture_default_str();
+  cmd.add_option("--data", f.data, "real data (file or directory, see README); default: the built-in generator");
+  cmd.add_option("--out", f.out, "output directory for metrics.jsonl and checkpoint.safetensors (default: runs/MODEL)");
+  cmd.add_option("--eval-every", f.evalEvery, "steps between evaluations (default: a tenth of the run)")->check(CLI::PositiveNumber);
+  cmd.add_option("--eval-batches", f.evalBatches, "held-out batches per periodic evaluation (the final one uses all)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--checkpoint-every", f.checkpointEvery, "steps between checkpoints (default: at every evaluation)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--log-every", f.logEvery, "steps between progress lines")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_flag("--resume", f.resume, "continue from the checkpoint in --out, exactly where it stopped");
+  cmd.add_option("--bench", f.bench, "time N steps after 5 warm-up steps and print one JSON line")->check(CLI::PositiveNumber);
+}
+
+void addModelFlags(CLI::App& cmd, models::ZooModel& model) {
+  for (const models::ModelOption& o : model.options()) {
+    const std::string flag = "--" + o.name;
+    std::visit(
+        [&](auto* target) {
+          using T = std::remove_pointer_t<decltype(target)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            cmd.add_flag(flag, *target, o.help);
+          } else {
+            cmd.add_option(flag, *target, o.help)->capture_default_str();
+          }
+        },
+        o.target);
+  }
+}
+
+}  // namespace
+
+void addTrainCommands(CLI::App& train) {
+  for (const std::string& name : models::zooModelNames()) {
+    // The model lives as long as the command line: its options are bound to its fields.
+    std::shared_ptr<models::ZooModel> model = models::makeZooModel(name);
+    auto flags = std::make_shared<TrainFlags>();
+    CLI::App* cmd = train.add_subcommand(name, "train the " + name + " model");
+    addCommonFlags(*cmd, *flags);
+    addModelFlags(*cmd, *model);
+    cmd->callback([name, model, flags] { Trainer(name, *model, *flags).run(); });
+  }
+}
+
+}  // namespace weft::tools
