@@ -31,7 +31,8 @@ struct Session::Plan {
   std::vector<Step> steps;
   std::vector<FeedSlot> feeds;  // sorted by output
   std::vector<FetchSlot> fetches;
-  std::shared_ptr<Buffer> arena;
+  std::vector<std::pair<int, size_t>> arenaSlots;  // (slot, offset in the session's arena)
+  uint64_t boundArena = 0;                         // generation of the arena the slots view
   PlanStats stats;
 };
 
@@ -375,7 +376,6 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
       if (!inheritedBy[static_cast<size_t>(s)]) planner.release(blockOf[static_cast<size_t>(s)]);
     }
   }
-  plan->arena = std::make_shared<Buffer>(planner.arenaBytes(), cpu());
   plan->stats.arenaBytes = planner.arenaBytes();
 
   // Bind every slot to storage.
@@ -385,12 +385,11 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
       const Output o(n, static_cast<int>(i));
       if (fed.count(o)) continue;
       const auto s = static_cast<size_t>(slotOf.at(o));
-      const TensorType& t = plan->slotTypes[s];
       switch (n->def->sourceKind) {
         case SourceKind::Variable: plan->slots[s] = variable(n); break;
         case SourceKind::Constant: plan->slots[s] = n->attrs.get<Tensor>("value"); break;
         default:
-          if (planned[s]) plan->slots[s] = Tensor(plan->arena, blockOf[s].offset, t.dtype, t.shape);
+          if (planned[s]) plan->arenaSlots.emplace_back(static_cast<int>(s), blockOf[s].offset);
       }
     }
   }
@@ -424,9 +423,30 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
   return plan;
 }
 
+void Session::bindArena(Plan& plan) {
+  if (!arena_ || arena_->bytes() < plan.stats.arenaBytes) {
+    // Grow the one arena all plans share; other plans drop their views of the old one (freeing
+    // it) and re-bind when they next run.
+    for (auto& [key, other] : plans_) {
+      for (const auto& [slot, offset] : other->arenaSlots) other->slots[static_cast<size_t>(slot)] = Tensor();
+      other->boundArena = 0;
+    }
+    arena_.reset();
+    arena_ = std::make_shared<Buffer>(plan.stats.arenaBytes, cpu());
+    ++arenaGeneration_;
+  }
+  if (plan.boundArena == arenaGeneration_) return;
+  for (const auto& [slot, offset] : plan.arenaSlots) {
+    const TensorType& t = plan.slotTypes[static_cast<size_t>(slot)];
+    plan.slots[static_cast<size_t>(slot)] = Tensor(arena_, offset, t.dtype, t.shape);
+  }
+  plan.boundArena = arenaGeneration_;
+}
+
 std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedMap& feeds,
                                  const std::vector<Node*>& targets) {
   Plan& plan = planFor(fetches, feeds, targets);
+  bindArena(plan);
   for (const Plan::FeedSlot& f : plan.feeds) {
     for (const auto& [out, value] : feeds) {
       if (out == f.output) plan.slots[static_cast<size_t>(f.slot)] = value;

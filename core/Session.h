@@ -1,7 +1,8 @@
 // Session: runs a graph. A run compiles a plan for its fetches once (pruning, topological order
 // with variable reads before writes, concrete shapes, kernel choice, a static memory plan that
 // reuses buffers by liveness and runs ops in place where safe), caches it by fetches, targets and
-// feed shapes, and replays it.
+// feed shapes, and replays it. All plans place their intermediate values in one arena, sized for
+// the largest, since plans run one at a time.
 #pragma once
 
 #include "core/Graph.h"
@@ -80,12 +81,17 @@ class Session {
                                 const std::vector<Node*>& targets);
   Tensor initialValue(Node* variable);
   void initializeVariable(Node* variable);
+  /// Points the plan's intermediate values into the session's arena, growing it if needed.
+  void bindArena(Plan& plan);
 
   Graph& graph_;
   SessionOptions options_;
   std::unique_ptr<ThreadPool> pool_;
   std::unordered_map<const Node*, Tensor> variables_;
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
+  // One arena serves every plan (plans run one at a time), sized for the largest.
+  std::shared_ptr<Buffer> arena_;
+  uint64_t arenaGeneration_ = 0;
   uint64_t step_ = 0;
 };
 

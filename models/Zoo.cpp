@@ -1,5 +1,10 @@
 // The zoo's registry: model names and their factories.
+#include "models/Gnn.h"
+#include "models/ListReduction.h"
+#include "models/Lm.h"
 #include "models/Mlp.h"
+#include "models/Nmt.h"
+#include "models/ResNet.h"
 #include "models/ZooModel.h"
 
 #include <fmt/ranges.h>
@@ -12,7 +17,12 @@ namespace {
 
 const std::vector<std::pair<std::string, std::function<std::unique_ptr<ZooModel>()>>>& factories() {
   static const std::vector<std::pair<std::string, std::function<std::unique_ptr<ZooModel>()>>> all{
+      {"lm", makeLmModel},
       {"mlp", makeMlpModel},
+      {"nmt", makeNmtModel},
+      {"resnet", makeResNetModel},
+      {"gnn", makeGnnModel},
+      {"list_reduction", makeListReductionModel},
   };
   return all;
 }

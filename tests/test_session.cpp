@@ -225,3 +225,17 @@ TEST_CASE("a variable placed on a device without a backend is refused at plan ti
   Session s(g);
   CHECK_THROWS_WITH_AS(s.run({y}), doctest::Contains("cuda:0"), Error);
 }
+
+TEST_CASE("plans share one arena, sized for the largest") {
+  Graph g;
+  Output x = g.placeholder("x", f32, {-1});
+  Output y = tanh(exp(x) * 2.0) + 1.0;
+  Session s(g);
+  const Tensor small = testing::randomTensor(f32, {1000}, 1), large = testing::randomTensor(f32, {100000}, 2);
+  const Tensor a = s.run({y}, {{x, small}})[0];
+  const Tensor b = s.run({y}, {{x, large}})[0];  // grows the arena; the small plan re-binds
+  const Tensor c = s.run({y}, {{x, small}})[0];
+  CHECK(a.toDoubles() == c.toDoubles());
+  CHECK(s.cachedPlans() == 2);
+  CHECK(b.at(99999) == doctest::Approx(std::tanh(std::exp(large.at(99999)) * 2.0) + 1.0).epsilon(1e-5));
+}

@@ -210,9 +210,11 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--bench", f.bench, "time N steps after 5 warm-up steps and print one JSON line")->check(CLI::PositiveNumber);
 }
 
-void addModelFlags(CLI::App& cmd, models::ZooModel& model) {
+void addModelFlags(CLI::App& cmd, const std::string& name, models::ZooModel& model) {
   for (const models::ModelOption& o : model.options()) {
     const std::string flag = "--" + o.name;
+    WEFT_CHECK(cmd.get_option_no_throw(flag) == nullptr, "model '{}' declares option {}, which the trainer already has", name,
+               flag);
     std::visit(
         [&](auto* target) {
           using T = std::remove_pointer_t<decltype(target)>;
@@ -235,7 +237,7 @@ void addTrainCommands(CLI::App& train) {
     auto flags = std::make_shared<TrainFlags>();
     CLI::App* cmd = train.add_subcommand(name, "train the " + name + " model");
     addCommonFlags(*cmd, *flags);
-    addModelFlags(*cmd, *model);
+    addModelFlags(*cmd, name, *model);
     cmd->callback([name, model, flags] { Trainer(name, *model, *flags).run(); });
   }
 }

@@ -1,0 +1,52 @@
+// Image classification data: a seeded generator of 32x32 colour images in 10 classes that need
+// spatial features to tell apart, and a loader for the CIFAR-10 binary batches. Both give
+// examples {"images": f32 (3, H, W), "labels": i64 scalar}.
+#pragma once
+
+#include "data/Dataset.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft::data {
+
+/// The synthetic task. Each class is an orientation (5 values, 36 degrees apart) crossed with a
+/// stripe period (fine or coarse) of a grating that fills a disc of random position, radius,
+/// phase and colours, over a random colour-gradient background with distractor blobs and
+/// pixel noise. Colour and position carry no class information, so a linear model on pixels
+/// stays near chance while a convnet learns oriented filters.
+struct SyntheticImagesSpec {
+  int64_t size = 32;            // images are (3, size, size)
+  int64_t distractors = 2;      // solid-colour blobs per image
+  double noise = 0.1;           // pixel noise (standard deviation, in [0, 1] intensity units)
+  double orientationJitter = 5; // degrees, uniform +-
+};
+
+/// The number of classes of the synthetic task.
+inline constexpr int64_t kSyntheticClasses = 10;
+
+/// n images of the task; example i has label i % 10 (balanced), and its pixels are a function of
+/// (spec, sampleSeed, i) only. Different sampleSeeds give different draws of the same task.
+/// Pixels are roughly zero-mean, unit-variance.
+Dataset syntheticImages(const SyntheticImagesSpec& spec, int64_t n, uint64_t sampleSeed);
+
+/// Per-channel normalisation: x = (pixel / 255 - mean) / std.
+struct ChannelStats {
+  std::array<float, 3> mean;
+  std::array<float, 3> std;
+};
+/// The CIFAR-10 training set's statistics.
+inline constexpr ChannelStats kCifar10Stats{{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
+
+/// Loads CIFAR-10 binary batches (records of 1 label byte and 3072 pixel bytes: the R, G and B
+/// planes, 32x32 each, row-major), in file order. Throws naming the file when it is missing, when
+/// its size leaves a truncated record (with that record's byte offset), or when a label is over 9
+/// (with the record's index).
+Dataset loadCifar10(const std::vector<std::string>& files, const ChannelStats& stats = kCifar10Stats);
+
+/// data_batch_1..5.bin (train) or test_batch.bin (held-out) from a CIFAR-10 binary directory.
+Dataset loadCifar10Split(const std::string& directory, bool train, const ChannelStats& stats = kCifar10Stats);
+
+}  // namespace weft::data

@@ -1,0 +1,109 @@
+// TextCorpus: line-by-line reading with file:line errors, and the conversions from lines to ids
+// to language-model examples.
+#include "data/TextCorpus.h"
+
+#include "core/Error.h"
+
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <functional>
+
+namespace weft::data {
+namespace {
+
+/// Calls fn(tokens, lineNo) for every line; checks UTF-8 and names the file and line.
+void forEachLine(const std::string& path, const std::function<void(const std::vector<std::string>&, int64_t)>& fn) {
+  std::ifstream in(path, std::ios::binary);
+  WEFT_CHECK(in, "cannot open text corpus '{}'", path);
+  std::string line;
+  std::vector<std::string> tokens;
+  int64_t lineNo = 0;
+  while (std::getline(in, line)) {
+    ++lineNo;
+    const int64_t bad = invalidUtf8Offset(line);
+    WEFT_CHECK(bad < 0, "{}:{}: invalid UTF-8 at byte {} of the line", path, lineNo, bad);
+    tokens.clear();
+    size_t i = 0;
+    while (i < line.size()) {
+      while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+      const size_t begin = i;
+      while (i < line.size() && !std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+      if (i > begin) tokens.emplace_back(line, begin, i - begin);
+    }
+    fn(tokens, lineNo);
+  }
+}
+
+}  // namespace
+
+std::map<std::string, int64_t> countTokens(const std::string& path) {
+  std::map<std::string, int64_t> counts;
+  forEachLine(path, [&](const std::vector<std::string>& tokens, int64_t) {
+    for (const auto& t : tokens) ++counts[t];
+  });
+  return counts;
+}
+
+std::vector<std::vector<int32_t>> readSentences(const std::string& path, const Vocab& vocab) {
+  std::vector<std::vector<int32_t>> sentences;
+  forEachLine(path, [&](const std::vector<std::string>& tokens, int64_t) {
+    if (tokens.empty()) return;
+    std::vector<int32_t> ids;
+    ids.reserve(tokens.size());
+    for (const auto& t : tokens) ids.push_back(vocab.id(t));
+    sentences.push_back(std::move(ids));
+  });
+  return sentences;
+}
+
+TextCorpus loadTextCorpus(const std::string& path, int64_t minCount, int64_t maxVocab) {
+  TextCorpus c;
+  c.vocab = Vocab::build(countTokens(path), minCount, maxVocab);
+  c.sentences = readSentences(path, c.vocab);
+  return c;
+}
+
+std::vector<std::vector<int32_t>> readIdFile(const std::string& path, int32_t vocabSize) {
+  std::vector<std::vector<int32_t>> sentences;
+  forEachLine(path, [&](const std::vector<std::string>& tokens, int64_t lineNo) {
+    if (tokens.empty()) return;
+    std::vector<int32_t> ids;
+    for (const auto& t : tokens) {
+      int64_t id = 0;
+      const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), id);
+      WEFT_CHECK(ec == std::errc() && end == t.data() + t.size(), "{}:{}: '{}' is not an id", path, lineNo, t);
+      WEFT_CHECK(id >= 0 && id < vocabSize, "{}:{}: id {} is outside the vocabulary of {} ids", path, lineNo, id,
+                 vocabSize);
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    sentences.push_back(std::move(ids));
+  });
+  return sentences;
+}
+
+std::vector<int32_t> withBoundaries(const std::vector<int32_t>& words) {
+  std::vector<int32_t> out;
+  out.reserve(words.size() + 2);
+  out.push_back(kBos);
+  out.insert(out.end(), words.begin(), words.end());
+  out.push_back(kEos);
+  return out;
+}
+
+Example lmExample(const std::vector<int32_t>& words) {
+  const auto n = static_cast<int64_t>(words.size()) + 1;
+  std::vector<int32_t> tokens{kBos}, targets(words);
+  tokens.insert(tokens.end(), words.begin(), words.end());
+  targets.push_back(kEos);
+  return {{"tokens", Tensor::fromVector(tokens, {n})}, {"targets", Tensor::fromVector(targets, {n})}};
+}
+
+Dataset lmDataset(const std::vector<std::vector<int32_t>>& sentences) {
+  std::vector<Example> examples;
+  examples.reserve(sentences.size());
+  for (const auto& s : sentences) examples.push_back(lmExample(s));
+  return Dataset(std::move(examples));
+}
+
+}  // namespace weft::data

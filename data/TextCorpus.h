@@ -1,0 +1,44 @@
+// Plain-text corpora with one sentence per line (1B-Word / PTB style), tokenised on whitespace:
+// token counts, vocabulary construction, lines as id sequences, pre-tokenised id files, and the
+// examples a language model trains on.
+//
+//     TextCorpus c = loadTextCorpus("train.txt", /*minCount=*/3, /*maxVocab=*/100000);
+//     Dataset lm = lmDataset(c.sentences);   // Batcher with .padded = {"tokens", "targets"}
+#pragma once
+
+#include "data/Dataset.h"
+#include "data/Vocab.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace weft::data {
+
+struct TextCorpus {
+  Vocab vocab;
+  std::vector<std::vector<int32_t>> sentences;  // word ids of each non-empty line, no <s> / </s>
+};
+
+/// Whitespace-separated tokens of every line of a text file. Errors name the file and line
+/// (missing file, invalid UTF-8 with its byte offset in the line).
+std::map<std::string, int64_t> countTokens(const std::string& path);
+/// The words of each non-empty line as ids of `vocab` (unknown words become kUnk).
+std::vector<std::vector<int32_t>> readSentences(const std::string& path, const Vocab& vocab);
+/// Counts tokens, builds a Vocab (Vocab::build's minCount and maxSize) and reads the sentences.
+TextCorpus loadTextCorpus(const std::string& path, int64_t minCount, int64_t maxVocab);
+
+/// Pre-tokenised sentences: one per line, decimal ids separated by whitespace. Errors name the
+/// file and line of a malformed number or an id outside [0, vocabSize).
+std::vector<std::vector<int32_t>> readIdFile(const std::string& path, int32_t vocabSize);
+
+/// <s> w1 .. wn </s>.
+std::vector<int32_t> withBoundaries(const std::vector<int32_t>& words);
+
+/// A language-model example of a sentence w1..wn: "tokens" i32 [n+1] (<s> w1..wn) and
+/// "targets" i32 [n+1] (w1..wn </s>).
+Example lmExample(const std::vector<int32_t>& words);
+Dataset lmDataset(const std::vector<std::vector<int32_t>>& sentences);
+
+}  // namespace weft::data

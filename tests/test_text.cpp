@@ -1,0 +1,283 @@
+// Tests of the language data: Vocab, text corpora and id files, LM examples, and the synthetic
+// language (determinism, Zipf emissions, exact probabilities).
+#include "data/SyntheticLanguage.h"
+#include "data/TextCorpus.h"
+#include "tests/TestUtil.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+using namespace weft;
+using namespace weft::data;
+
+namespace {
+
+/// A fresh temporary directory, removed with the object.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    path = std::filesystem::temp_directory_path() /
+           ("weft_text_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string write(const std::string& name, const std::string& content) const {
+    const std::string file = (path / name).string();
+    std::ofstream(file, std::ios::binary) << content;
+    return file;
+  }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+};
+
+LanguageSpec tinySpec() {
+  LanguageSpec s;
+  s.vocab = 6;
+  s.classes = 2;
+  s.successors = 2;
+  s.meanLength = 2.5;
+  s.maxLength = 3;
+  s.seed = 7;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("Vocab starts with the four specials and adds words after them") {
+  Vocab v;
+  CHECK(v.size() == 4);
+  CHECK(v.word(kPad) == "<pad>");
+  CHECK(v.word(kUnk) == "<unk>");
+  CHECK(v.word(kBos) == "<s>");
+  CHECK(v.word(kEos) == "</s>");
+  CHECK(v.add("cat") == 4);
+  CHECK(v.add("dog") == 5);
+  CHECK(v.add("cat") == 4);
+  CHECK(v.id("dog") == 5);
+  CHECK(v.id("emu") == kUnk);
+  CHECK(contains(errorOf([&] { v.word(6); }), "id 6"));
+  CHECK(contains(errorOf([&] { v.word(-1); }), "id -1"));
+}
+
+TEST_CASE("Vocab::build orders by count then word, and applies minCount and maxSize") {
+  const std::map<std::string, int64_t> counts{{"b", 5}, {"a", 5}, {"c", 9}, {"rare", 1}, {"d", 2}, {"<s>", 100}};
+  const Vocab all = Vocab::build(counts, 2, 100);
+  REQUIRE(all.size() == 8);
+  CHECK(all.word(4) == "c");
+  CHECK(all.word(5) == "a");
+  CHECK(all.word(6) == "b");
+  CHECK(all.word(7) == "d");
+  CHECK(all.id("rare") == kUnk);
+  CHECK(all.id("<s>") == kBos);
+  const Vocab capped = Vocab::build(counts, 1, 6);
+  CHECK(capped.size() == 6);
+  CHECK(capped.id("b") == kUnk);
+  CHECK(contains(errorOf([&] { Vocab::build(counts, 1, 3); }), "maxSize 3"));
+}
+
+TEST_CASE("Vocab save and load round-trip") {
+  TempDir dir;
+  Vocab v;
+  v.add("héllo");
+  v.add("world");
+  const std::string file = (dir.path / "vocab.txt").string();
+  v.save(file);
+  const Vocab back = Vocab::load(file);
+  REQUIRE(back.size() == v.size());
+  for (int32_t i = 0; i < v.size(); ++i) CHECK(back.word(i) == v.word(i));
+  CHECK(back.id("world") == 5);
+}
+
+TEST_CASE("Vocab::load names the file and line of each error") {
+  TempDir dir;
+  const std::string header = "<pad>\n<unk>\n<s>\n</s>\n";
+  CHECK(contains(errorOf([&] { Vocab::load((dir.path / "none.txt").string()); }), "none.txt"));
+  const std::string empty = dir.write("empty.txt", header + "a\n\nb\n");
+  CHECK(contains(errorOf([&] { Vocab::load(empty); }), empty + ":6: empty line"));
+  const std::string dup = dir.write("dup.txt", header + "a\nb\na\n");
+  const std::string dupError = errorOf([&] { Vocab::load(dup); });
+  CHECK(contains(dupError, dup + ":7: duplicate word 'a'"));
+  CHECK(contains(dupError, "line 5"));
+  const std::string utf = dir.write("utf.txt", header + "ok\nb\xff" "c\n");
+  CHECK(contains(errorOf([&] { Vocab::load(utf); }), utf + ":6: invalid UTF-8 at byte 1"));
+  const std::string noSpecials = dir.write("nospecials.txt", "a\nb\n");
+  CHECK(contains(errorOf([&] { Vocab::load(noSpecials); }), noSpecials + ":1: expected the special word '<pad>'"));
+  const std::string shortFile = dir.write("short.txt", "<pad>\n<unk>\n");
+  CHECK(contains(errorOf([&] { Vocab::load(shortFile); }), "2 lines"));
+}
+
+TEST_CASE("invalidUtf8Offset finds the first bad sequence") {
+  CHECK(invalidUtf8Offset("plain ascii") == -1);
+  CHECK(invalidUtf8Offset("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") == -1);
+  CHECK(invalidUtf8Offset("ab\x80") == 2);           // stray continuation byte
+  CHECK(invalidUtf8Offset("a\xc3") == 1);            // truncated
+  CHECK(invalidUtf8Offset("\xc0\xaf") == 0);         // overlong
+  CHECK(invalidUtf8Offset("x\xed\xa0\x80") == 1);    // surrogate
+  CHECK(invalidUtf8Offset("\xf4\x90\x80\x80") == 0); // past U+10FFFF
+}
+
+TEST_CASE("a text corpus is counted, given a vocabulary and turned into ids") {
+  TempDir dir;
+  const std::string file = dir.write("corpus.txt", "the cat sat\n\n  the dog\tsat  \nthe end\r\n");
+  const auto counts = countTokens(file);
+  CHECK(counts.at("the") == 3);
+  CHECK(counts.at("sat") == 2);
+  CHECK(counts.at("cat") == 1);
+  const TextCorpus c = loadTextCorpus(file, 2, 100);
+  CHECK(c.vocab.size() == 6);
+  CHECK(c.vocab.word(4) == "the");
+  CHECK(c.vocab.word(5) == "sat");
+  REQUIRE(c.sentences.size() == 3);  // the empty line is skipped
+  CHECK(c.sentences[0] == std::vector<int32_t>{4, kUnk, 5});
+  CHECK(c.sentences[1] == std::vector<int32_t>{4, kUnk, 5});
+  CHECK(c.sentences[2] == std::vector<int32_t>{4, kUnk});
+  CHECK(withBoundaries(c.sentences[2]) == std::vector<int32_t>{kBos, 4, kUnk, kEos});
+}
+
+TEST_CASE("text corpus errors name the file and line") {
+  TempDir dir;
+  const std::string missing = (dir.path / "missing.txt").string();
+  CHECK(contains(errorOf([&] { countTokens(missing); }), missing));
+  const std::string bad = dir.write("bad.txt", "fine line\nstill fine\nbroken \xe2\x82 here\n");
+  CHECK(contains(errorOf([&] { loadTextCorpus(bad, 1, 100); }), bad + ":3: invalid UTF-8 at byte 7"));
+  CHECK(contains(errorOf([&] { readSentences(bad, Vocab()); }), bad + ":3"));
+}
+
+TEST_CASE("pre-tokenised id files are read and their ids checked") {
+  TempDir dir;
+  const std::string good = dir.write("ids.txt", "4 5 6\n\n7\n");
+  const auto s = readIdFile(good, 8);
+  REQUIRE(s.size() == 2);
+  CHECK(s[0] == std::vector<int32_t>{4, 5, 6});
+  CHECK(s[1] == std::vector<int32_t>{7});
+  CHECK(contains(errorOf([&] { readIdFile(good, 7); }), good + ":3: id 7 is outside the vocabulary of 7 ids"));
+  const std::string negative = dir.write("neg.txt", "4\n-1\n");
+  CHECK(contains(errorOf([&] { readIdFile(negative, 8); }), negative + ":2: id -1"));
+  const std::string word = dir.write("word.txt", "4 x5\n");
+  CHECK(contains(errorOf([&] { readIdFile(word, 8); }), word + ":1: 'x5' is not an id"));
+  CHECK(contains(errorOf([&] { readIdFile((dir.path / "none").string(), 8); }), "none"));
+}
+
+TEST_CASE("LM examples shift the sentence by one and batch with masks") {
+  const Example e = lmExample({7, 8, 9});
+  CHECK(e.at("tokens").toVector<int32_t>() == std::vector<int32_t>{kBos, 7, 8, 9});
+  CHECK(e.at("targets").toVector<int32_t>() == std::vector<int32_t>{7, 8, 9, kEos});
+  const Dataset d = lmDataset({{7, 8, 9}, {5}});
+  BatchOptions o;
+  o.batchSize = 2;
+  o.shuffle = false;
+  o.padded = {"tokens", "targets"};
+  Batcher batcher(d, o);
+  const Batch b = batcher.next();
+  CHECK(b.at("targets").shape() == Shape{2, 4});
+  CHECK(b.at("targets").toVector<int32_t>() == std::vector<int32_t>{7, 8, 9, kEos, 5, kEos, kPad, kPad});
+  const std::vector<double> mask = b.at("targets_mask").toDoubles();
+  const double expected[] = {1, 1, 1, 1, 1, 1, 0, 0};
+  REQUIRE(mask.size() == 8);
+  for (size_t i = 0; i < 8; ++i) CHECK(mask[i] == expected[i]);
+}
+
+TEST_CASE("the synthetic language is a deterministic function of (seed, index)") {
+  const SyntheticLanguage a{LanguageSpec{}}, b{LanguageSpec{}};
+  LanguageSpec other;
+  other.seed = 2;
+  const SyntheticLanguage c{other};
+  int differing = 0;
+  for (uint64_t i = 0; i < 50; ++i) {
+    const auto s = a.sentence(i);
+    CHECK(s == b.sentence(i));
+    CHECK(s == a.sentence(i));
+    differing += s != c.sentence(i);
+    REQUIRE(!s.empty());
+    CHECK(static_cast<int64_t>(s.size()) <= a.spec().maxLength);
+    for (const int32_t w : s) CHECK((w >= kFirstWordId && w < kFirstWordId + a.spec().vocab));
+  }
+  CHECK(differing > 40);
+  CHECK(a.sentence(3) != a.sentence(4));
+}
+
+TEST_CASE("the synthetic language's words follow each class's Zipf distribution") {
+  const LanguageSpec spec;
+  const SyntheticLanguage lang(spec);
+  const int64_t k = spec.classes;
+  // Word 4 + r * K + c has in-class rank r.
+  for (const int64_t r : {1, 9, 99}) {
+    CHECK(lang.emissionProb(static_cast<int32_t>(kFirstWordId + r * k)) / lang.emissionProb(kFirstWordId) ==
+          doctest::Approx(std::pow(static_cast<double>(r + 1), -spec.zipf)));
+  }
+  double total = 0;
+  for (int64_t r = 0; r * k < spec.vocab; ++r) total += lang.emissionProb(static_cast<int32_t>(kFirstWordId + r * k));
+  CHECK(total == doctest::Approx(1.0));
+  // Empirical in-class frequencies of the top ranks match the emissions.
+  std::map<int64_t, std::map<int64_t, double>> counts;  // class -> rank -> count
+  std::map<int64_t, double> classTotals;
+  for (uint64_t i = 0; i < 4000; ++i) {
+    for (const int32_t w : lang.sentence(i)) {
+      counts[lang.classOf(w)][(w - kFirstWordId) / k] += 1;
+      classTotals[lang.classOf(w)] += 1;
+    }
+  }
+  const auto busiest = std::max_element(classTotals.begin(), classTotals.end(),
+                                        [](const auto& x, const auto& y) { return x.second < y.second; });
+  const int64_t cls = busiest->first;
+  REQUIRE(busiest->second > 3000);
+  for (int64_t r = 0; r < 4; ++r) {
+    const double expected = lang.emissionProb(static_cast<int32_t>(kFirstWordId + r * k + cls));
+    CHECK(counts[cls][r] / busiest->second == doctest::Approx(expected).epsilon(0.15));
+  }
+  CHECK(lang.vocab().size() == spec.vocab + 4);
+  CHECK(lang.vocab().id("w4") == 4);
+  CHECK(lang.vocab().word(kFirstWordId + 10) == "w14");
+}
+
+TEST_CASE("synthetic sentence probabilities sum to one and match sampling frequencies") {
+  const SyntheticLanguage lang(tinySpec());
+  // Every sentence of 1..maxLength words over 6 words.
+  double total = 0;
+  std::map<std::vector<int32_t>, double> prob;
+  std::vector<std::vector<int32_t>> frontier{{}};
+  for (int64_t len = 1; len <= 3; ++len) {
+    std::vector<std::vector<int32_t>> next;
+    for (const auto& s : frontier) {
+      for (int32_t w = 4; w < 10; ++w) {
+        auto t = s;
+        t.push_back(w);
+        const double p = std::exp(lang.logProb(t));
+        total += p;
+        prob[t] = p;
+        next.push_back(t);
+      }
+    }
+    frontier = next;
+  }
+  CHECK(total == doctest::Approx(1.0).epsilon(1e-12));
+  std::map<std::vector<int32_t>, double> seen;
+  const int n = 20000;
+  for (uint64_t i = 0; i < n; ++i) seen[lang.sentence(i)] += 1.0 / n;
+  for (const auto& [s, freq] : seen) {
+    REQUIRE(prob.count(s) == 1);
+    CHECK(std::abs(freq - prob[s]) < 4 * std::sqrt(prob[s] / n) + 1e-3);
+  }
+}
+
+TEST_CASE("true perplexity is exp of the negated mean log-probability per token") {
+  const SyntheticLanguage lang(tinySpec());
+  double logProbSum = 0, tokens = 0;
+  for (uint64_t i = 10; i < 30; ++i) {
+    const auto s = lang.sentence(i);
+    logProbSum += lang.logProb(s);
+    tokens += static_cast<double>(s.size()) + 1;
+  }
+  CHECK(lang.truePerplexity(10, 30) == doctest::Approx(std::exp(-logProbSum / tokens)).epsilon(1e-12));
+  CHECK(lang.logProb({}) == -std::numeric_limits<double>::infinity());
+  CHECK(lang.logProb({4, 4, 4, 4}) == -std::numeric_limits<double>::infinity());  // longer than maxLength
+  CHECK(contains(errorOf([&] { lang.logProb({4, 10}); }), "id 10 at position 1"));
+  CHECK(contains(errorOf([&] { lang.truePerplexity(5, 5); }), "empty range"));
+  LanguageSpec bad;
+  bad.successors = 0;
+  CHECK(contains(errorOf([&] { SyntheticLanguage{bad}; }), "successors 0"));
+}
