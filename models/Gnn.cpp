@@ -107,7 +107,7 @@ class GnnZooModel : public ZooModel {
             {"train-size", "generated training graphs", &trainSize_},
             {"test-size", "generated held-out graphs", &testSize_},
             {"max-nodes", "largest generated graph", &task_.maxNodes},
-            {"max-depth", "longest shortest path in a generated graph (keep <= steps)", &task_.maxDepth}};
+            {"max-depth", "longest shortest path in a generated graph (keep <= --propagation-steps)", &task_.maxDepth}};
   }
   OptimizerSpec defaultOptimizer() const override { return {"adam", 3e-3, 0.9, 0, 5.0}; }
   int64_t defaultSteps() const override { return 1000; }

@@ -83,6 +83,32 @@ TEST_CASE("bench prints one JSON line with timing percentiles") {
   CHECK(contains(r.output, "\"examples_per_s\""));
 }
 
+TEST_CASE("--epochs trains for whole passes over the training data") {
+  TempDir dir;
+  const Run r = weftCli("train mlp --epochs 2 --train-size 640 --test-size 100 --batch 64 --log-every 5 --out " +
+                        (dir.path / "epochs").string());
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output, "for 20 steps"));
+  CHECK(weftCli("train mlp --epochs 2 --steps 5").status != 0);
+}
+
+TEST_CASE("a resumed language model continues its sampled candidates exactly") {
+  TempDir dir;
+  const std::string common = "train lm --vocab 500 --classes 8 --train-sentences 2000 --heldout-sentences 50 --embed 16 "
+                             "--hidden 16 --sampled 64 --batch 16 --eval-every 10 --log-every 10 --seed 2";
+  const std::string whole = (dir.path / "lm-whole").string(), parts = (dir.path / "lm-parts").string();
+  REQUIRE(weftCli(common + " --steps 30 --out " + whole).status == 0);
+  REQUIRE(weftCli(common + " --steps 20 --out " + parts).status == 0);
+  const Run resumed = weftCli(common + " --steps 30 --resume --out " + parts);
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
+  const weft::TensorFile a = weft::readSafetensors(whole + "/checkpoint.safetensors");
+  const weft::TensorFile b = weft::readSafetensors(parts + "/checkpoint.safetensors");
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    CHECK(b.tensors.at(name).toDoubles() == t.toDoubles());
+  }
+}
+
 TEST_CASE("bad flags are reported") {
   const Run r = weftCli("train mlp --steps -3");
   CHECK(r.status != 0);

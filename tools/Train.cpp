@@ -17,7 +17,8 @@ namespace weft::tools {
 namespace {
 
 struct TrainFlags {
-  int64_t steps = 0;  // 0: the model's default
+  int64_t steps = 0;   // 0: the model's default
+  int64_t epochs = 0;  // when set: steps = epochs x batches per epoch
   int64_t batch = 0;  // 0: the model's default
   std::string optimizer;
   double lr = 0, momentum = -1, weightDecay = -1, clip = -1;  // negative / 0 / "": the model's default
@@ -83,7 +84,9 @@ class Trainer {
     minimize.clipGlobalNorm = spec.clipNorm;
     trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
     session_ = std::make_unique<Session>(graph_, SessionOptions{flags_.threads, false});
-    steps_ = flags_.steps > 0 ? flags_.steps : model_->defaultSteps();
+    steps_ = flags_.epochs > 0   ? flags_.epochs * model_->trainData().batchesPerEpoch()
+             : flags_.steps > 0 ? flags_.steps
+                                : model_->defaultSteps();
     if (flags_.bench > 0) return bench();
 
     const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
@@ -188,7 +191,10 @@ class Trainer {
 };
 
 void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
-  cmd.add_option("--steps", f.steps, "training steps (default: the model's)")->check(CLI::PositiveNumber);
+  CLI::Option* steps = cmd.add_option("--steps", f.steps, "training steps (default: the model's)")->check(CLI::PositiveNumber);
+  cmd.add_option("--epochs", f.epochs, "train for this many passes over the training data instead of --steps")
+      ->check(CLI::PositiveNumber)
+      ->excludes(steps);
   cmd.add_option("--batch", f.batch, "examples per step (default: the model's)")->check(CLI::PositiveNumber);
   cmd.add_option("--optimizer", f.optimizer, "adam, sgd, momentum or adagrad (default: the model's)")
       ->check(CLI::IsMember({"adam", "sgd", "momentum", "adagrad"}));
