@@ -1,0 +1,195 @@
+// Job secrets (generation, 0600 files, the environment) and the HMAC challenge-response.
+#include "dist/Auth.h"
+
+#include "core/Error.h"
+
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+namespace weft::dist {
+namespace {
+
+constexpr char kClientLabel[] = "weft-auth-v1";
+constexpr char kServerLabel[] = "weft-auth-server-v1";
+// AUTH is two 32-byte fields; an unauthenticated peer must not make the server allocate more.
+constexpr uint32_t kAuthPayloadBytes = 64;
+
+// label || job || server nonce || client nonce, MACed under the secret.
+Digest handshakeMac(const Secret& secret, const char* label, const JobId& job, const Nonce& serverNonce,
+                    const Nonce& clientNonce) {
+  WireWriter w;
+  w.putFixed({reinterpret_cast<const uint8_t*>(label), std::strlen(label)});
+  w.putFixed(job);
+  w.putFixed(serverNonce);
+  w.putFixed(clientNonce);
+  return hmacSha256(secret, w.bytes());
+}
+
+template <class T>
+T randomArray() {
+  T out{};
+  randomBytes(out);
+  return out;
+}
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+void writeAll(int fd, const std::string& text, const std::string& path) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    WEFT_CHECK(n > 0, "cannot write secret file {}: {}", path, std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+  WEFT_CHECK(::fsync(fd) == 0, "cannot write secret file {}: fsync: {}", path, std::strerror(errno));
+}
+
+}  // namespace
+
+void randomBytes(std::span<uint8_t> out) {
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::getrandom(out.data() + done, out.size() - done, 0);
+    if (n < 0 && errno == EINTR) continue;
+    WEFT_CHECK(n >= 0, "getrandom failed: {}", std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+Secret generateSecret() { return randomArray<Secret>(); }
+JobId generateJobId() { return randomArray<JobId>(); }
+
+Secret secretFromHex(const std::string& text, const std::string& source) {
+  const size_t begin = text.find_first_not_of(" \t\r\n");
+  const size_t end = text.find_last_not_of(" \t\r\n");
+  const std::string hex = begin == std::string::npos ? "" : text.substr(begin, end - begin + 1);
+  // The messages never quote the text: it may be a real secret with a typo.
+  WEFT_CHECK(hex.size() == 2 * kSecretBytes, "{}: a job secret is {} hex digits, got {} characters", source,
+             2 * kSecretBytes, hex.size());
+  Secret secret{};
+  for (size_t i = 0; i < hex.size(); ++i) {
+    const int v = hexValue(hex[i]);
+    WEFT_CHECK(v >= 0, "{}: character {} of the job secret is not a hex digit", source, i + 1);
+    secret[i / 2] = static_cast<uint8_t>(secret[i / 2] << 4 | v);
+  }
+  return secret;
+}
+
+void saveSecret(const std::string& path, const Secret& secret) {
+  // O_EXCL: never overwrite (or follow a planted symlink to) an existing file.
+  FileDescriptor fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  WEFT_CHECK(fd.valid(), "cannot create secret file {}: {}", path, std::strerror(errno));
+  try {
+    // The umask can only clear bits of 0600, but some filesystems (vfat, some mounts) ignore
+    // modes entirely, so the mode is verified rather than trusted.
+    WEFT_CHECK(::fchmod(fd.get(), 0600) == 0, "cannot set mode 0600 on secret file {}: {}", path, std::strerror(errno));
+    struct stat st {};
+    WEFT_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat secret file {}: {}", path, std::strerror(errno));
+    WEFT_CHECK((st.st_mode & 07777) == 0600, "secret file {} has mode {:04o} after creation, not 0600: its filesystem "
+               "does not keep permissions", path, st.st_mode & 07777);
+    writeAll(fd.get(), toHex(secret) + "\n", path);
+  } catch (const Error&) {
+    ::unlink(path.c_str());
+    throw;
+  }
+}
+
+Secret loadSecret(const std::string& path) {
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  WEFT_CHECK(fd.valid(), "cannot open secret file {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  WEFT_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat secret file {}: {}", path, std::strerror(errno));
+  WEFT_CHECK(S_ISREG(st.st_mode), "secret file {} is not a regular file", path);
+  WEFT_CHECK((st.st_mode & 077) == 0, "secret file {} has mode {:04o}: group or others may access it; it must be 0600",
+             path, st.st_mode & 07777);
+  char buffer[256];
+  const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+  WEFT_CHECK(n >= 0, "cannot read secret file {}: {}", path, std::strerror(errno));
+  return secretFromHex(std::string(buffer, static_cast<size_t>(n)), "secret file " + path);
+}
+
+Secret secretFromEnvironment() {
+  const char* value = std::getenv("WEFT_JOB_SECRET");
+  WEFT_CHECK(value != nullptr, "WEFT_JOB_SECRET is not set: a job's processes get the job secret in it");
+  return secretFromHex(value, "WEFT_JOB_SECRET");
+}
+
+Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message) {
+  const std::unique_ptr<EVP_MAC, decltype(&EVP_MAC_free)> mac(EVP_MAC_fetch(nullptr, "HMAC", nullptr), EVP_MAC_free);
+  WEFT_CHECK(mac != nullptr, "HMAC-SHA256: OpenSSL has no HMAC implementation");
+  const std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)> ctx(EVP_MAC_CTX_new(mac.get()), EVP_MAC_CTX_free);
+  char digestName[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digestName, 0),
+                               OSSL_PARAM_construct_end()};
+  Digest out{};
+  size_t length = 0;
+  const bool ok = ctx && EVP_MAC_init(ctx.get(), key.data(), key.size(), params) == 1 &&
+                  EVP_MAC_update(ctx.get(), message.data(), message.size()) == 1 &&
+                  EVP_MAC_final(ctx.get(), out.data(), &length, out.size()) == 1 && length == out.size();
+  WEFT_CHECK(ok, "HMAC-SHA256 failed inside OpenSSL");
+  return out;
+}
+
+bool digestsEqual(const Digest& a, const Digest& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {
+  try {
+    const Nonce serverNonce = randomArray<Nonce>();
+    writeFrame(fd, MessageType::Challenge, job, serverNonce, deadline);
+    const Frame auth = readFrame(fd, deadline, job, kAuthPayloadBytes);
+    expectType(auth, MessageType::Auth);
+    WireReader r = auth.reader();
+    const Nonce clientNonce = r.getFixed<32>("client_nonce");
+    const Digest clientMac = r.getFixed<32>("client_mac");
+    r.finish();
+    WEFT_CHECK(digestsEqual(clientMac, handshakeMac(secret, kClientLabel, job, serverNonce, clientNonce)),
+               "bad HMAC: the client does not hold the job secret");
+    writeFrame(fd, MessageType::AuthOk, job, handshakeMac(secret, kServerLabel, job, serverNonce, clientNonce),
+               deadline);
+  } catch (const Error& e) {
+    sendRefusal(fd, job, e.what());
+    throw;
+  }
+}
+
+void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {
+  const Frame challenge = readFrame(fd, deadline, job);
+  expectType(challenge, MessageType::Challenge);
+  WireReader r = challenge.reader();
+  const Nonce serverNonce = r.getFixed<32>("server_nonce");
+  r.finish();
+
+  const Nonce clientNonce = randomArray<Nonce>();
+  WireWriter w;
+  w.putFixed(clientNonce);
+  w.putFixed(handshakeMac(secret, kClientLabel, job, serverNonce, clientNonce));
+  writeFrame(fd, MessageType::Auth, job, w.bytes(), deadline);
+
+  const Frame ok = readFrame(fd, deadline, job);
+  expectType(ok, MessageType::AuthOk);
+  WireReader okReader = ok.reader();
+  const Digest serverMac = okReader.getFixed<32>("server_mac");
+  okReader.finish();
+  WEFT_CHECK(digestsEqual(serverMac, handshakeMac(secret, kServerLabel, job, serverNonce, clientNonce)),
+             "the server's proof is wrong: it does not hold the job secret");
+}
+
+}  // namespace weft::dist

@@ -1,0 +1,482 @@
+// The rendezvous server and client. The coordinator's serve thread accepts connections and
+// decides the outcome (roster or abort); each connection is admitted (handshake, then JOIN) on
+// its own short-lived thread, so a silent or slow peer delays nobody else.
+#include "dist/Coordinator.h"
+
+#include "core/Error.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace weft::dist {
+namespace {
+
+constexpr uint32_t kMaxAddressBytes = 64u << 10;  // a UCX worker address is ~200 bytes
+constexpr uint32_t kMaxJoinPayload = kMaxAddressBytes + kNcclIdBytes + 64;
+constexpr size_t kMaxPendingAdmissions = 64;      // bounds the threads a connection flood can start
+constexpr size_t kMemberMinBytes = 1 + 4 + 4 + 4 + 4;  // a roster entry with an empty address
+constexpr size_t kMissingListed = 10;             // an ABORT names at most this many members
+
+// ---- sockets ----
+
+using AddrInfo = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+
+AddrInfo resolve(const std::string& host, uint16_t port, int flags) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = flags | AI_NUMERICSERV;
+  addrinfo* list = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list);
+  WEFT_CHECK(rc == 0, "cannot resolve address '{}': {}", host, gai_strerror(rc));
+  return AddrInfo(list, freeaddrinfo);
+}
+
+std::string formatAddress(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(addr);
+    ::inet_ntop(AF_INET, &in.sin_addr, text, sizeof text);
+    return fmt::format("{}:{}", text, ntohs(in.sin_port));
+  }
+  const auto& in6 = reinterpret_cast<const sockaddr_in6&>(addr);
+  ::inet_ntop(AF_INET6, &in6.sin6_addr, text, sizeof text);
+  return fmt::format("[{}]:{}", text, ntohs(in6.sin6_port));
+}
+
+uint16_t boundPort(int fd) {
+  sockaddr_storage addr{};
+  socklen_t length = sizeof addr;
+  WEFT_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0, "getsockname failed: {}",
+             std::strerror(errno));
+  return addr.ss_family == AF_INET ? ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port)
+                                   : ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
+}
+
+// Non-blocking, so an accept after a peer vanished between poll and accept cannot hang the loop.
+FileDescriptor listenTcp(const std::string& bind, uint16_t port) {
+  const AddrInfo ai = resolve(bind, port, AI_PASSIVE);
+  FileDescriptor fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  WEFT_CHECK(fd.valid(), "coordinator: socket() failed: {}", std::strerror(errno));
+  const int on = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);  // a restart may rebind a fixed port
+  WEFT_CHECK(::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd.get(), 128) == 0,
+             "coordinator: cannot listen on {}:{}: {}", bind, port, std::strerror(errno));
+  return fd;
+}
+
+FileDescriptor connectTcp(const std::string& host, uint16_t port, Deadline deadline) {
+  const AddrInfo ai = resolve(host, port, 0);
+  std::string lastError = "no address";
+  for (const addrinfo* a = ai.get(); a != nullptr; a = a->ai_next) {
+    FileDescriptor fd(::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) {
+      lastError = std::strerror(errno);
+      continue;
+    }
+    int error = ::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EINPROGRESS) {
+      WEFT_CHECK(waitReady(fd.get(), POLLOUT, deadline), "timed out connecting");
+      socklen_t length = sizeof error;
+      ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &length);
+    }
+    if (error == 0) return fd;
+    lastError = std::strerror(error);
+  }
+  WEFT_THROW("cannot connect: {}", lastError);
+}
+
+// ---- messages ----
+
+MemberId decodeId(WireReader& r, const char* message) {
+  const uint8_t role = r.getU8("role");
+  WEFT_CHECK(role <= static_cast<uint8_t>(Role::Server), "message {}: field 'role' is {}, not worker (0) or server (1)",
+             message, role);
+  MemberId id;
+  id.role = static_cast<Role>(role);
+  id.host = static_cast<int>(r.getU32("host"));
+  id.slot = static_cast<int>(r.getU32("slot"));
+  return id;
+}
+
+void encodeId(WireWriter& w, const MemberId& id) {
+  w.putU8(static_cast<uint8_t>(id.role));
+  w.putU32(static_cast<uint32_t>(id.host));
+  w.putU32(static_cast<uint32_t>(id.slot));
+}
+
+std::vector<uint8_t> encodeJoin(const JoinRequest& request) {
+  WireWriter w;
+  encodeId(w, request.id);
+  w.putBytes(request.address);
+  w.putBytes(request.ncclId);
+  return w.take();
+}
+
+JoinRequest decodeJoin(const Frame& frame) {
+  WireReader r = frame.reader();
+  JoinRequest request;
+  request.id = decodeId(r, "JOIN");
+  request.address = r.getBytes("transport_address", kMaxAddressBytes);
+  request.ncclId = r.getBytes("nccl_id", kNcclIdBytes);
+  r.finish();
+  WEFT_CHECK(request.ncclId.empty() || request.ncclId.size() == kNcclIdBytes,
+             "message JOIN: field 'nccl_id' has {} bytes; it must be empty or {}", request.ncclId.size(), kNcclIdBytes);
+  return request;
+}
+
+std::vector<uint8_t> encodeRoster(int rank, const std::vector<Member>& members, const std::vector<uint8_t>& ncclId) {
+  WireWriter w;
+  w.putU32(static_cast<uint32_t>(rank));
+  w.putU32(static_cast<uint32_t>(members.size()));
+  w.putU32(static_cast<uint32_t>(members.size()));
+  for (const Member& m : members) {
+    encodeId(w, m.id);
+    w.putU32(static_cast<uint32_t>(m.rank));
+    w.putBytes(m.address);
+  }
+  w.putBytes(ncclId);
+  return w.take();
+}
+
+Roster decodeRoster(const Frame& frame, const MemberId& self) {
+  WireReader r = frame.reader();
+  Roster roster;
+  roster.rank = static_cast<int>(r.getU32("rank"));
+  roster.worldSize = static_cast<int>(r.getU32("world_size"));
+  const uint32_t count = r.getCount("members", kMemberMinBytes);
+  WEFT_CHECK(count == static_cast<uint32_t>(roster.worldSize) && roster.rank >= 0 && roster.rank < roster.worldSize,
+             "message ROSTER: rank {} and {} members do not fit world size {}", roster.rank, count, roster.worldSize);
+  for (uint32_t i = 0; i < count; ++i) {
+    Member m;
+    m.id = decodeId(r, "ROSTER");
+    m.rank = static_cast<int>(r.getU32("member_rank"));
+    m.address = r.getBytes("transport_address", kMaxAddressBytes);
+    WEFT_CHECK(m.rank == static_cast<int>(i), "message ROSTER: member {} has rank {}", i, m.rank);
+    roster.members.push_back(std::move(m));
+  }
+  roster.ncclId = r.getBytes("nccl_id", kNcclIdBytes);
+  r.finish();
+  const MemberId& ranked = roster.members[static_cast<size_t>(roster.rank)].id;
+  WEFT_CHECK(ranked == self, "message ROSTER: rank {} belongs to {}, not to this process ({})", roster.rank,
+             describe(ranked), describe(self));
+  return roster;
+}
+
+std::string readReason(const Frame& frame) {
+  WireReader r = frame.reader();
+  std::string reason = r.getString("reason");
+  r.finish();
+  return reason;
+}
+
+std::string describeMissing(const std::vector<MemberId>& missing) {
+  std::string out;
+  for (size_t i = 0; i < missing.size() && i < kMissingListed; ++i) out += (i ? ", " : "") + describe(missing[i]);
+  if (missing.size() > kMissingListed) out += fmt::format(" and {} more", missing.size() - kMissingListed);
+  return out;
+}
+
+void logRefusal(const std::string& peer, const std::string& reason) {
+  // One formatted write, so lines of concurrent admissions do not interleave.
+  std::fputs(fmt::format("weft coordinator: refused connection from {}: {}\n", peer, reason).c_str(), stderr);
+}
+
+}  // namespace
+
+std::string describe(const MemberId& id) {
+  return id.role == Role::Server ? fmt::format("server of host {}", id.host)
+                                 : fmt::format("worker {} of host {}", id.slot, id.host);
+}
+
+std::vector<MemberId> expectedMembers(const ResourceSpec& spec) {
+  std::vector<MemberId> out;
+  for (const WorkerSlot& w : spec.workers()) out.push_back({Role::Worker, w.host, w.slot});
+  for (int h = 0; h < spec.serverCount(); ++h) out.push_back({Role::Server, h, 0});
+  return out;
+}
+
+// ---- the coordinator ----
+
+struct Coordinator::State {
+  // One connection on its way from accept to JOIN. `fd` is the socket's number while the
+  // admission thread owns it (-1 after), so the serve thread can shut a pending handshake down.
+  struct Admission {
+    std::thread thread;
+    int fd = -1;
+    bool done = false;
+  };
+  struct Joined {
+    JoinRequest request;
+    FileDescriptor fd;
+  };
+
+  State(const ResourceSpec& spec, const Secret& secret, const JobId& job, std::vector<MemberId> expected,
+        std::chrono::milliseconds timeout, std::chrono::milliseconds handshakeTimeout);
+
+  void serve();
+  void acceptOne();
+  void admit(Admission* self, FileDescriptor fd, const std::string& peer);
+  void join(Admission* self, FileDescriptor& fd, Deadline deadline);
+  void sendRosters();
+  void abortRendezvous();
+  void reapAdmissions(bool all);
+  void wake() const;
+  bool markOverIfComplete();
+
+  const Secret secret_;
+  const JobId job_;
+  const std::vector<MemberId> expected_;  // sorted: index = rank
+  const std::chrono::milliseconds timeout_, handshakeTimeout_;
+  const Deadline deadline_;
+  FileDescriptor listener_;
+  uint16_t port_ = 0;
+  FileDescriptor wakeRead_, wakeWrite_;  // a pipe: admissions and the destructor wake the serve loop
+
+  std::mutex mutex_;
+  std::map<MemberId, Joined> joined_;  // guarded by mutex_
+  std::list<Admission> admissions_;    // guarded; a list, so each thread's record stays put
+  bool over_ = false;                  // guarded; set once the outcome is decided or on stop
+
+  std::vector<Member> members_;  // the outcome, written by the serve thread before it ends
+  std::string failure_;
+  std::thread thread_;
+};
+
+namespace {
+
+std::vector<MemberId> checkedExpected(const ResourceSpec& spec, std::vector<MemberId> expected) {
+  WEFT_CHECK(!expected.empty(), "coordinator: no members are expected");
+  std::sort(expected.begin(), expected.end());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const MemberId& id = expected[i];
+    WEFT_CHECK(i == 0 || expected[i - 1] != id, "coordinator: {} is expected twice", describe(id));
+    const bool inSpec = id.host >= 0 && id.host < static_cast<int>(spec.hosts().size()) && id.slot >= 0 &&
+                        (id.role == Role::Server ? id.slot == 0 : id.slot < spec.hosts()[static_cast<size_t>(id.host)].slots());
+    WEFT_CHECK(inSpec, "coordinator: expected member {} is not in the resource specification", describe(id));
+  }
+  return expected;
+}
+
+}  // namespace
+
+Coordinator::State::State(const ResourceSpec& spec, const Secret& secret, const JobId& job,
+                          std::vector<MemberId> expected, std::chrono::milliseconds timeout,
+                          std::chrono::milliseconds handshakeTimeout)
+    : secret_(secret),
+      job_(job),
+      expected_(checkedExpected(spec, std::move(expected))),
+      timeout_(timeout),
+      handshakeTimeout_(handshakeTimeout),
+      deadline_(Clock::now() + timeout),
+      listener_(listenTcp(spec.bind(), spec.coordinatorPort())) {
+  port_ = boundPort(listener_.get());
+  int ends[2];
+  WEFT_CHECK(::pipe2(ends, O_CLOEXEC | O_NONBLOCK) == 0, "coordinator: pipe failed: {}", std::strerror(errno));
+  wakeRead_.reset(ends[0]);
+  wakeWrite_.reset(ends[1]);
+}
+
+void Coordinator::State::wake() const {
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t n = ::write(wakeWrite_.get(), &byte, 1);  // a full pipe is already awake
+}
+
+// Sets over_ once every member joined; true when over (complete, or stopped by the destructor).
+bool Coordinator::State::markOverIfComplete() {
+  std::lock_guard lock(mutex_);
+  if (joined_.size() == expected_.size()) over_ = true;
+  return over_;
+}
+
+void Coordinator::State::serve() {
+  for (;;) {
+    if (markOverIfComplete()) {
+      sendRosters();  // a stop request also ends here; with members missing it sends nothing
+      break;
+    }
+    if (Clock::now() >= deadline_) {
+      abortRendezvous();
+      break;
+    }
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wakeRead_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, millisecondsUntil(deadline_)) > 0) {
+      char drain[64];
+      while (::read(wakeRead_.get(), drain, sizeof drain) > 0) {
+      }
+      if (fds[0].revents & POLLIN) acceptOne();
+    }
+    reapAdmissions(false);
+  }
+  reapAdmissions(true);
+}
+
+void Coordinator::State::acceptOne() {
+  sockaddr_storage addr{};
+  socklen_t length = sizeof addr;
+  FileDescriptor fd(::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &length, SOCK_CLOEXEC));
+  if (!fd.valid()) return;  // the peer gave up already, or a transient error; poll again
+  const std::string peer = formatAddress(addr);
+  std::lock_guard lock(mutex_);
+  if (admissions_.size() >= kMaxPendingAdmissions) {
+    logRefusal(peer, fmt::format("{} connections are already in their handshake", admissions_.size()));
+    return;
+  }
+  Admission& a = admissions_.emplace_back();
+  a.fd = fd.get();
+  a.thread = std::thread(&State::admit, this, &a, std::move(fd), peer);
+}
+
+void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::string& peer) {
+  try {
+    const Deadline deadline = Clock::now() + handshakeTimeout_;
+    serverHandshake(fd.get(), secret_, job_, deadline);
+    join(self, fd, deadline);
+  } catch (const Error& e) {
+    std::lock_guard lock(mutex_);
+    logRefusal(peer, over_ ? "the rendezvous ended before its handshake completed" : e.what());
+  }
+  std::lock_guard lock(mutex_);
+  self->fd = -1;  // before `fd` closes, so the number is never shut down after reuse
+  self->done = true;
+}
+
+void Coordinator::State::join(Admission* self, FileDescriptor& fd, Deadline deadline) {
+  try {
+    const Frame frame = readFrame(fd.get(), deadline, job_, kMaxJoinPayload);
+    expectType(frame, MessageType::Join);
+    JoinRequest request = decodeJoin(frame);
+    {
+      std::lock_guard lock(mutex_);
+      WEFT_CHECK(!over_, "the rendezvous is over");
+      WEFT_CHECK(std::binary_search(expected_.begin(), expected_.end(), request.id), "{} is not a member of this job",
+                 describe(request.id));
+      WEFT_CHECK(!joined_.count(request.id), "{} has already joined", describe(request.id));
+      const MemberId id = request.id;
+      self->fd = -1;
+      joined_.emplace(id, Joined{std::move(request), std::move(fd)});
+    }
+    wake();
+  } catch (const Error& e) {
+    sendRefusal(fd.get(), job_, e.what());
+    throw;
+  }
+}
+
+void Coordinator::State::sendRosters() {
+  // over_ is set: no admission touches joined_ any more.
+  if (joined_.size() != expected_.size()) return;
+  std::vector<Member> members;
+  for (size_t rank = 0; rank < expected_.size(); ++rank) {
+    members.push_back({expected_[rank], static_cast<int>(rank), joined_.at(expected_[rank]).request.address});
+  }
+  const Joined& first = joined_.at(expected_[0]);
+  const std::vector<uint8_t> ncclId = expected_[0].role == Role::Worker ? first.request.ncclId : std::vector<uint8_t>{};
+  for (const Member& m : members) {
+    try {
+      const std::vector<uint8_t> payload = encodeRoster(m.rank, members, ncclId);
+      writeFrame(joined_.at(m.id).fd.get(), MessageType::Roster, job_, payload, Clock::now() + handshakeTimeout_);
+    } catch (const Error& e) {
+      // The member died after joining; the others still get the roster and will see it gone.
+      std::fputs(fmt::format("weft coordinator: cannot send the roster to {}: {}\n", describe(m.id), e.what()).c_str(),
+                 stderr);
+    }
+  }
+  joined_.clear();
+  members_ = std::move(members);
+}
+
+void Coordinator::State::abortRendezvous() {
+  {
+    std::lock_guard lock(mutex_);
+    over_ = true;  // from here on no admission touches joined_
+  }
+  std::vector<MemberId> missing;
+  for (const MemberId& id : expected_) {
+    if (!joined_.count(id)) missing.push_back(id);
+  }
+  failure_ = fmt::format("rendezvous timed out after {:g} s: {} of {} members missing ({})", timeout_.count() / 1000.0,
+                         missing.size(), expected_.size(), describeMissing(missing));
+  WireWriter w;
+  w.putString(failure_);
+  for (const auto& [id, member] : joined_) {
+    try {
+      writeFrame(member.fd.get(), MessageType::Abort, job_, w.bytes(), Clock::now() + handshakeTimeout_);
+    } catch (const Error&) {
+      // That member is gone; nothing else to tell it.
+    }
+  }
+  joined_.clear();
+}
+
+void Coordinator::State::reapAdmissions(bool all) {
+  std::list<Admission> finished;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = admissions_.begin(); it != admissions_.end();) {
+      if (all && it->fd >= 0) ::shutdown(it->fd, SHUT_RDWR);  // ends a pending handshake's wait now
+      auto next = std::next(it);
+      if (all || it->done) finished.splice(finished.end(), admissions_, it);
+      it = next;
+    }
+  }
+  for (Admission& a : finished) a.thread.join();
+}
+
+Coordinator::Coordinator(const ResourceSpec& spec, const Secret& secret, const JobId& job,
+                         std::vector<MemberId> expected, std::chrono::milliseconds timeout,
+                         std::chrono::milliseconds handshakeTimeout)
+    : state_(std::make_unique<State>(spec, secret, job, std::move(expected), timeout, handshakeTimeout)) {
+  state_->thread_ = std::thread(&State::serve, state_.get());
+}
+
+Coordinator::~Coordinator() {
+  {
+    std::lock_guard lock(state_->mutex_);
+    state_->over_ = true;
+  }
+  state_->wake();
+  if (state_->thread_.joinable()) state_->thread_.join();
+}
+
+uint16_t Coordinator::port() const { return state_->port_; }
+
+std::vector<Member> Coordinator::wait() {
+  if (state_->thread_.joinable()) state_->thread_.join();
+  WEFT_CHECK(state_->failure_.empty(), "{}", state_->failure_);
+  return state_->members_;
+}
+
+// ---- the member side ----
+
+Roster rendezvous(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
+                  const JoinRequest& request, std::chrono::milliseconds timeout) {
+  const Deadline deadline = Clock::now() + timeout;
+  try {
+    const FileDescriptor fd = connectTcp(address, port, deadline);
+    clientHandshake(fd.get(), secret, job, deadline);
+    writeFrame(fd.get(), MessageType::Join, job, encodeJoin(request), deadline);
+    const Frame reply = readFrame(fd.get(), deadline, job);
+    WEFT_CHECK(reply.type != MessageType::Abort, "aborted by the coordinator: {}", readReason(reply));
+    expectType(reply, MessageType::Roster);
+    return decodeRoster(reply, request.id);
+  } catch (const Error& e) {
+    WEFT_THROW("rendezvous of {} with the coordinator at {}:{} failed: {}", describe(request.id), address, port, e.what());
+  }
+}
+
+}  // namespace weft::dist

@@ -1,0 +1,152 @@
+// Parsing and validation of the resource specification. Every error names the source and the
+// JSON path of the offending value, because a cluster file is edited by hand.
+#include "dist/ResourceSpec.h"
+
+#include "core/Error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace weft::dist {
+namespace {
+
+using nlohmann::json;
+
+// The validator of one document: remembers the source name for its messages.
+class SpecParser {
+ public:
+  explicit SpecParser(std::string source) : source_(std::move(source)) {}
+
+  void checkKeys(const json& object, const std::string& path, const std::set<std::string>& allowed) const {
+    for (const auto& [key, value] : object.items()) {
+      if (allowed.count(key)) continue;
+      std::string list;
+      for (const std::string& k : allowed) list += (list.empty() ? "" : ", ") + k;
+      fail("{}unknown key '{}' (allowed: {})", path.empty() ? "" : path + ": ", key, list);
+    }
+  }
+
+  void checkObject(const json& value, const std::string& path) const {
+    if (!value.is_object()) fail("{} must be an object, got {}", path, value.dump());
+  }
+
+  int integer(const json& value, const std::string& path) const {
+    if (!value.is_number_integer()) fail("{} must be an integer, got {}", path, value.dump());
+    const auto v = value.get<int64_t>();
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) fail("{} is {}, out of range", path, v);
+    return static_cast<int>(v);
+  }
+
+  std::string nonEmptyString(const json& value, const std::string& path) const {
+    if (!value.is_string()) fail("{} must be a string, got {}", path, value.dump());
+    std::string s = value.get<std::string>();
+    if (s.empty()) fail("{} is empty", path);
+    return s;
+  }
+
+  HostSpec host(const json& value, const std::string& path) const {
+    checkObject(value, path);
+    checkKeys(value, path, {"address", "cpu_workers", "gpus"});
+    if (!value.contains("address")) fail("{}.address is missing", path);
+    HostSpec host;
+    host.address = nonEmptyString(value["address"], path + ".address");
+    const bool hasCpu = value.contains("cpu_workers"), hasGpus = value.contains("gpus");
+    if (hasCpu == hasGpus) {
+      fail("{} has {}; give exactly one of cpu_workers or gpus", path, hasCpu ? "both cpu_workers and gpus" : "neither cpu_workers nor gpus");
+    }
+    if (hasCpu) {
+      host.cpuWorkers = integer(value["cpu_workers"], path + ".cpu_workers");
+      if (host.cpuWorkers < 1) fail("{}.cpu_workers is {}; it must be >= 1", path, host.cpuWorkers);
+    } else {
+      host.gpus = gpus(value["gpus"], path + ".gpus");
+    }
+    return host;
+  }
+
+  std::vector<int> gpus(const json& value, const std::string& path) const {
+    if (!value.is_array()) fail("{} must be an array of GPU indices, got {}", path, value.dump());
+    if (value.empty()) fail("{} is empty; list at least one GPU", path);
+    std::vector<int> out;
+    for (size_t i = 0; i < value.size(); ++i) {
+      const std::string at = fmt::format("{}[{}]", path, i);
+      const int gpu = integer(value[i], at);
+      if (gpu < 0) fail("{} is {}", at, gpu);
+      for (size_t j = 0; j < out.size(); ++j) {
+        if (out[j] == gpu) fail("{} is {}, which {}[{}] already lists", at, gpu, path, j);
+      }
+      out.push_back(gpu);
+    }
+    return out;
+  }
+
+  uint16_t port(const json& value) const {
+    const int p = integer(value, "coordinator_port");
+    if (p < 0 || p > 65535) fail("coordinator_port is {}; it must be in 0..65535 (0: any free port)", p);
+    return static_cast<uint16_t>(p);
+  }
+
+  template <class... Args>
+  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
+    WEFT_THROW("{}: {}", source_, fmt::format(format, std::forward<Args>(args)...));
+  }
+
+ private:
+  std::string source_;
+};
+
+}  // namespace
+
+ResourceSpec ResourceSpec::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  WEFT_CHECK(in.good(), "cannot open resource specification {}", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
+}
+
+ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sourceName) {
+  const SpecParser p(sourceName);
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    p.fail("not valid JSON ({})", e.what());
+  }
+  if (!doc.is_object()) p.fail("the top level must be an object, got {}", doc.dump());
+  p.checkKeys(doc, "", {"hosts", "bind", "coordinator_port"});
+  if (!doc.contains("hosts")) p.fail("hosts is missing");
+  const json& hosts = doc["hosts"];
+  if (!hosts.is_array()) p.fail("hosts must be an array, got {}", hosts.dump());
+  if (hosts.empty()) p.fail("hosts is empty; list at least one host");
+
+  ResourceSpec spec;
+  for (size_t i = 0; i < hosts.size(); ++i) spec.hosts_.push_back(p.host(hosts[i], fmt::format("hosts[{}]", i)));
+  if (doc.contains("bind")) spec.bind_ = p.nonEmptyString(doc["bind"], "bind");
+  if (doc.contains("coordinator_port")) spec.coordinatorPort_ = p.port(doc["coordinator_port"]);
+  return spec;
+}
+
+ResourceSpec ResourceSpec::localCpu(int workers) {
+  WEFT_CHECK(workers >= 1, "localCpu: workers is {}; it must be >= 1", workers);
+  ResourceSpec spec;
+  spec.hosts_.push_back(HostSpec{"127.0.0.1", workers, {}});
+  return spec;
+}
+
+std::vector<WorkerSlot> ResourceSpec::workers() const {
+  std::vector<WorkerSlot> out;
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    const HostSpec& host = hosts_[h];
+    for (int s = 0; s < host.slots(); ++s) {
+      const std::string device = host.cpuWorkers > 0 ? "cpu" : fmt::format("cuda:{}", host.gpus[static_cast<size_t>(s)]);
+      out.push_back(WorkerSlot{static_cast<int>(h), s, device});
+    }
+  }
+  return out;
+}
+
+}  // namespace weft::dist

@@ -1,0 +1,59 @@
+// The resource specification: which hosts take part in a job and what each contributes, in JSON:
+//
+//   {"hosts": [{"address": "127.0.0.1", "cpu_workers": 2},
+//              {"address": "10.0.0.2", "gpus": [0, 1]}],
+//    "bind": "127.0.0.1", "coordinator_port": 0}
+//
+// Each host has exactly one of `cpu_workers` (>= 1 worker processes) or `gpus` (distinct CUDA
+// device indices, one worker per GPU). `bind` is the address the coordinator listens on
+// (default "127.0.0.1": loopback, so a single-host job is never reachable from the network);
+// `coordinator_port` 0 means any free port. Every host also runs one parameter server.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft::dist {
+
+/// One host of the specification.
+struct HostSpec {
+  std::string address;
+  int cpuWorkers = 0;     ///< > 0 for a CPU host
+  std::vector<int> gpus;  ///< non-empty for a GPU host
+  /// Worker processes on this host.
+  int slots() const { return cpuWorkers > 0 ? cpuWorkers : static_cast<int>(gpus.size()); }
+};
+
+/// One worker process: its host, its index among that host's workers, and its device.
+struct WorkerSlot {
+  int host = 0;
+  int slot = 0;
+  std::string device;  ///< "cpu" or "cuda:N"
+};
+
+/// A validated resource specification.
+class ResourceSpec {
+ public:
+  /// Reads and validates a file; errors name the file and the JSON path of the bad value.
+  static ResourceSpec load(const std::string& path);
+  /// Validates JSON text; `sourceName` (a file name) prefixes every error.
+  static ResourceSpec parse(const std::string& text, const std::string& sourceName);
+  /// The single-host default: `workers` CPU workers on 127.0.0.1, any free port.
+  static ResourceSpec localCpu(int workers);
+
+  const std::vector<HostSpec>& hosts() const { return hosts_; }
+  const std::string& bind() const { return bind_; }
+  uint16_t coordinatorPort() const { return coordinatorPort_; }
+  /// Every worker in rank order: hosts in order, then slots in order.
+  std::vector<WorkerSlot> workers() const;
+  /// Parameter servers: one per host.
+  int serverCount() const { return static_cast<int>(hosts_.size()); }
+
+ private:
+  std::vector<HostSpec> hosts_;
+  std::string bind_ = "127.0.0.1";
+  uint16_t coordinatorPort_ = 0;
+};
+
+}  // namespace weft::dist

@@ -1,0 +1,356 @@
+// Rendezvous with real processes: forked members join a coordinator in this process over TCP on
+// 127.0.0.1 and report their roster through a pipe. Checks deterministic ranks, that everyone sees
+// every address, that bad connections are refused (and logged) without disturbing the real
+// members, and that a missing member makes the others abort within the timeout. Every child has
+// an alarm() so that no failure can hang the suite.
+#include "tests/TestUtil.h"
+
+#include "dist/Coordinator.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+using namespace weft;
+using namespace weft::dist;
+using namespace std::chrono_literals;
+
+namespace {
+
+const JobId kJob = {0xa1, 0xb2, 0xc3, 0xd4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+const Secret kSecret = generateSecret();
+
+std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+std::string textOf(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+std::vector<uint8_t> ncclIdPattern() {
+  std::vector<uint8_t> id(kNcclIdBytes);
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<uint8_t>(i * 3);
+  return id;
+}
+
+JoinRequest request(Role role, int host, int slot) {
+  JoinRequest r{{role, host, slot}, bytesOf(fmt::format("addr-{}", describe({role, host, slot}))), {}};
+  if (role == Role::Worker && host == 0 && slot == 0) r.ncclId = ncclIdPattern();
+  return r;
+}
+
+// One line per member, so the parent can compare what every child saw.
+std::string formatRoster(const Roster& roster) {
+  std::string out = fmt::format("rank {} of {}; nccl {}\n", roster.rank, roster.worldSize,
+                                roster.ncclId == ncclIdPattern() ? "ok" : fmt::format("{} bytes", roster.ncclId.size()));
+  for (const Member& m : roster.members) out += fmt::format("{}: {} @ {}\n", m.rank, describe(m.id), textOf(m.address));
+  return out;
+}
+
+void writeAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+// A forked member. The child waits for the coordinator's port on a pipe (the coordinator's
+// threads start only after every fork), runs rendezvous(), writes its roster or error to another
+// pipe and exits 0 (roster) or 1 (error).
+class MemberProcess {
+ public:
+  MemberProcess(const JoinRequest& join, std::chrono::milliseconds timeout) {
+    int portPipe[2], resultPipe[2];
+    REQUIRE(::pipe(portPipe) == 0);
+    REQUIRE(::pipe(resultPipe) == 0);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::close(portPipe[1]);
+      ::close(resultPipe[0]);
+      runChild(portPipe[0], resultPipe[1], join, timeout);
+    }
+    ::close(portPipe[0]);
+    ::close(resultPipe[1]);
+    portWrite_.reset(portPipe[1]);
+    resultRead_.reset(resultPipe[0]);
+  }
+  ~MemberProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  void start(uint16_t port) { writeAll(portWrite_.get(), std::string(reinterpret_cast<const char*>(&port), sizeof port)); }
+
+  /// The child's exit code (0 roster, 1 error; -1 killed) and its report.
+  std::pair<int, std::string> finish() {
+    std::string report;
+    char buffer[4096];
+    for (;;) {
+      pollfd p{resultRead_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 10000) <= 0) break;  // the child's alarm fires before this
+      const ssize_t n = ::read(resultRead_.get(), buffer, sizeof buffer);
+      if (n <= 0) break;
+      report.append(buffer, static_cast<size_t>(n));
+    }
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, report};
+  }
+
+ private:
+  [[noreturn]] static void runChild(int portFd, int resultFd, const JoinRequest& join, std::chrono::milliseconds timeout) {
+    ::alarm(10);  // the safety net: a hung child dies and the parent sees it
+    uint16_t port = 0;
+    if (::read(portFd, &port, sizeof port) != sizeof port) ::_exit(3);  // the parent gave up
+    int code = 0;
+    std::string report;
+    try {
+      report = formatRoster(rendezvous("127.0.0.1", port, kSecret, kJob, join, timeout));
+    } catch (const Error& e) {
+      report = e.what();
+      code = 1;
+    }
+    writeAll(resultFd, report);
+    ::_exit(code);
+  }
+
+  pid_t pid_ = -1;
+  FileDescriptor portWrite_, resultRead_;
+};
+
+// Redirects this process's stderr (the coordinator's log) to a file while alive.
+class StderrCapture {
+ public:
+  StderrCapture()
+      : path_((std::filesystem::temp_directory_path() / ("weft-coordinator-log-" + std::to_string(::getpid()))).string()) {
+    std::fflush(stderr);
+    saved_.reset(::dup(2));
+    FileDescriptor file(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ::dup2(file.get(), 2);
+  }
+  ~StderrCapture() {
+    restore();
+    std::remove(path_.c_str());
+  }
+  std::string text() {
+    restore();
+    std::ifstream in(path_);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+
+ private:
+  void restore() {
+    if (!saved_.valid()) return;
+    std::fflush(stderr);
+    ::dup2(saved_.get(), 2);
+    saved_.reset();
+  }
+  std::string path_;
+  FileDescriptor saved_;
+};
+
+FileDescriptor connectRaw(uint16_t port) {
+  FileDescriptor fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  return fd;
+}
+
+Deadline in(std::chrono::milliseconds ms) { return Clock::now() + ms; }
+
+// What the coordinator answers a raw connection that sends `bytes` after the challenge.
+std::string refusalAfter(uint16_t port, const std::vector<uint8_t>& bytes) {
+  const FileDescriptor fd = connectRaw(port);
+  expectType(readFrame(fd.get(), in(2s), kJob), MessageType::Challenge);
+  if (!bytes.empty()) REQUIRE(::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  return errorOf([&] { expectType(readFrame(fd.get(), in(2s), kJob), MessageType::AuthOk); });
+}
+
+std::vector<uint8_t> frameBytes(MessageType type, const JobId& job, const std::vector<uint8_t>& payload) {
+  WireWriter w;
+  w.putU32(kWireMagic);
+  w.putU16(kWireVersion);
+  w.putU16(static_cast<uint16_t>(type));
+  w.putFixed(job);
+  w.putU32(static_cast<uint32_t>(payload.size()));
+  w.putFixed(payload);
+  return w.take();
+}
+
+const std::string kExpectedRoster =
+    "0: worker 0 of host 0 @ addr-worker 0 of host 0\n"
+    "1: worker 1 of host 0 @ addr-worker 1 of host 0\n"
+    "2: server of host 0 @ addr-server of host 0\n";
+
+}  // namespace
+
+TEST_CASE("rendezvous: three processes get deterministic ranks and every address") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  // The server is forked first and worker 1 before worker 0: ranks must not follow arrival.
+  MemberProcess server(request(Role::Server, 0, 0), 5s), worker1(request(Role::Worker, 0, 1), 5s),
+      worker0(request(Role::Worker, 0, 0), 5s);
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 5s);
+  CHECK(coordinator.port() != 0);
+  for (MemberProcess* m : {&server, &worker1, &worker0}) m->start(coordinator.port());
+
+  const std::vector<Member> members = coordinator.wait();
+  REQUIRE(members.size() == 3);
+  CHECK(members[0].id == MemberId{Role::Worker, 0, 0});
+  CHECK(members[1].id == MemberId{Role::Worker, 0, 1});
+  CHECK(members[2].id == MemberId{Role::Server, 0, 0});
+  const std::pair<int, std::string> reports[] = {worker0.finish(), worker1.finish(), server.finish()};
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK_MESSAGE(reports[rank].first == 0, reports[rank].second);
+    CHECK(reports[rank].second == fmt::format("rank {} of 3; nccl ok\n", rank) + kExpectedRoster);
+  }
+}
+
+TEST_CASE("rendezvous: bad connections are refused and logged; the real members still meet") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  MemberProcess worker0(request(Role::Worker, 0, 0), 5s), worker1(request(Role::Worker, 0, 1), 5s),
+      server(request(Role::Server, 0, 0), 5s);
+  StderrCapture log;
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 5s, 300ms);
+  const uint16_t port = coordinator.port();
+
+  const std::string http = "GET / HTTP/1.1\r\nHost: weft\r\n\r\n";
+  CHECK(refusalAfter(port, bytesOf(http)) ==
+        "refused by the peer: bad frame magic 0x20544547 (expected 0x54464557, \"WEFT\"): not a weft peer");
+  CHECK(refusalAfter(port, frameBytes(MessageType::Auth, {}, std::vector<uint8_t>(64))) ==
+        "refused by the peer: frame AUTH belongs to job 00000000000000000000000000000000, expected job "
+        "a1b2c3d405060708090a0b0c0d0e0f10");
+  CHECK(refusalAfter(port, frameBytes(MessageType::Auth, kJob, std::vector<uint8_t>(10))) ==
+        "refused by the peer: message AUTH: field 'client_nonce' needs 32 bytes, 10 remain");
+  CHECK(refusalAfter(port, {}) == "refused by the peer: timed out: 0 of 28 bytes of a frame header arrived before the deadline");
+  {
+    const FileDescriptor fd = connectRaw(port);
+    CHECK(errorOf([&] { clientHandshake(fd.get(), generateSecret(), kJob, in(2s)); }) ==
+          "refused by the peer: bad HMAC: the client does not hold the job secret");
+  }
+  // Authenticated but not a member of this job, then a member joining twice.
+  CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, 7), 2s); }),
+                 "failed: refused by the peer: worker 7 of host 0 is not a member of this job"));
+  CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, generateSecret(), kJob, request(Role::Worker, 0, 0), 2s); }),
+                 "rendezvous of worker 0 of host 0 with the coordinator at 127.0.0.1:"));
+
+  for (MemberProcess* m : {&worker0, &worker1, &server}) m->start(port);
+  CHECK(coordinator.wait().size() == 3);
+  CHECK(worker0.finish() == std::pair<int, std::string>{0, "rank 0 of 3; nccl ok\n" + kExpectedRoster});
+  CHECK(worker1.finish().first == 0);
+  CHECK(server.finish().first == 0);
+
+  const std::string text = log.text();
+  const std::string prefix = "weft coordinator: refused connection from 127.0.0.1:";
+  for (const char* reason : {"bad frame magic", "belongs to job", "field 'client_nonce'", "timed out", "bad HMAC",
+                             "worker 7 of host 0 is not a member"}) {
+    CHECK_MESSAGE(contains(text, reason), reason);
+  }
+  size_t lines = 0;
+  for (size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) ++lines;
+  CHECK_MESSAGE(lines == 7, text);
+}
+
+TEST_CASE("rendezvous: a member joining twice is refused") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  StderrCapture log;
+  Coordinator coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 0}, {Role::Worker, 0, 1}}, 5s);
+  const uint16_t port = coordinator.port();
+  auto join = [&](int slot) {
+    try {
+      return formatRoster(rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, slot), 5s));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  // Two processes claim worker 0: whichever comes second is refused at once, while the first
+  // waits for worker 1.
+  std::future<std::string> a = std::async(std::launch::async, join, 0), b = std::async(std::launch::async, join, 0);
+  while (a.wait_for(5ms) != std::future_status::ready && b.wait_for(5ms) != std::future_status::ready) {
+  }
+  const bool aFirst = a.wait_for(0ms) == std::future_status::ready;
+  std::future<std::string>& refused = aFirst ? a : b;
+  std::future<std::string>& admitted = aFirst ? b : a;
+  CHECK(contains(refused.get(), "failed: refused by the peer: worker 0 of host 0 has already joined"));
+  CHECK(join(1) == "rank 1 of 2; nccl ok\n"
+                   "0: worker 0 of host 0 @ addr-worker 0 of host 0\n"
+                   "1: worker 1 of host 0 @ addr-worker 1 of host 0\n");
+  CHECK(contains(admitted.get(), "rank 0 of 2"));
+  CHECK(coordinator.wait().size() == 2);
+  CHECK(contains(log.text(), "worker 0 of host 0 has already joined"));
+}
+
+TEST_CASE("rendezvous: a missing member makes the others abort within the timeout") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  MemberProcess worker0(request(Role::Worker, 0, 0), 10s), worker1(request(Role::Worker, 0, 1), 10s);
+  const auto start = Clock::now();
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 1500ms);
+  worker0.start(coordinator.port());
+  worker1.start(coordinator.port());
+
+  const std::string expected = "rendezvous timed out after 1.5 s: 1 of 3 members missing (server of host 0)";
+  CHECK(errorOf([&] { coordinator.wait(); }) == expected);
+  for (MemberProcess* m : {&worker0, &worker1}) {
+    const auto [code, report] = m->finish();
+    CHECK(code == 1);
+    CHECK_MESSAGE(contains(report, "failed: aborted by the coordinator: " + expected), report);
+  }
+  CHECK(Clock::now() - start < 4s);
+}
+
+TEST_CASE("rendezvous: client-side failures name the reason") {
+  JobId other = kJob;
+  other[15] = 0;
+  const ResourceSpec spec = ResourceSpec::localCpu(1);
+  StderrCapture log;
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 5s);
+  CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", coordinator.port(), kSecret, other, request(Role::Worker, 0, 0), 2s); }),
+                 "frame CHALLENGE belongs to job a1b2c3d405060708090a0b0c0d0e0f10, expected job a1b2c3d405060708090a0b0c0d0e0f00"));
+
+  // Nothing listening: refused at once. A listener that never answers: the timeout.
+  FileDescriptor silent(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(silent.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t length = sizeof addr;
+  ::getsockname(silent.get(), reinterpret_cast<sockaddr*>(&addr), &length);
+  const uint16_t port = ntohs(addr.sin_port);
+  CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, 0), 2s); }),
+                 "failed: cannot connect: Connection refused"));
+  REQUIRE(::listen(silent.get(), 4) == 0);
+  const auto start = Clock::now();
+  CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, 0), 300ms); }),
+                 "failed: timed out: 0 of 28 bytes of a frame header arrived before the deadline"));
+  CHECK(Clock::now() - start < 2s);
+}
+
+TEST_CASE("coordinator: the expected members must fit the specification") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  CHECK(errorOf([&] { Coordinator(spec, kSecret, kJob, {}, 1s); }) == "coordinator: no members are expected");
+  CHECK(errorOf([&] { Coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 1}, {Role::Worker, 0, 1}}, 1s); }) ==
+        "coordinator: worker 1 of host 0 is expected twice");
+  CHECK(errorOf([&] { Coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 2}}, 1s); }) ==
+        "coordinator: expected member worker 2 of host 0 is not in the resource specification");
+  CHECK(errorOf([&] { Coordinator(spec, kSecret, kJob, {{Role::Server, 1, 0}}, 1s); }) ==
+        "coordinator: expected member server of host 1 is not in the resource specification");
+  const ResourceSpec foreign =
+      ResourceSpec::parse(R"({"hosts": [{"address": "a", "cpu_workers": 1}], "bind": "10.255.255.1"})", "t");
+  CHECK(errorOf([&] { Coordinator(foreign, kSecret, kJob, expectedMembers(foreign), 1s); }) ==
+        "coordinator: cannot listen on 10.255.255.1:0: Cannot assign requested address");
+  CHECK(expectedMembers(spec) == std::vector<MemberId>{{Role::Worker, 0, 0}, {Role::Worker, 0, 1}, {Role::Server, 0, 0}});
+}
