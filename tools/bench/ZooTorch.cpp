@@ -17,13 +17,17 @@
 // itemsIn() counts (real words, not padding), per batch their measured mean, scaled by
 // (rounded width / mean width) so that rounding does not change the work per item.
 //
-//   model           batch (weft default)                              peer's batch           items per batch
-//   lm              64 sentences, mean padded width 22.07             64 x 22                words 1349.4 x 22/22.07
-//                   (1024 shared log-uniform candidates)
-//   nmt             64 pairs, source and target mean width 9.59       64 x 10 (both)         words 564.6 x 10/9.59
-//   resnet          128 images 3 x 32 x 32                            the same               images 128
-//   gnn             32 graphs: mean 320.0 nodes, 480.0 edges          320 nodes, 480 edges   nodes 320
-//   list_reduction  64 lists, mean padded width 10.97                 64 x 11                lists 64
+//   model           weft's default batch (mean of 300)               peer's batch            items credited per batch
+//   lm              64 sentences, padded width 21.50, 1302.8 words    64 x 22, 1024 candidates  words 1302.8 x 22 / 21.50
+//   nmt             64 pairs, source and target width 10.09, 632.9    64 x 10 (both)          words 632.9 x 10 / 10.09
+//                   target words
+//   resnet          128 images 3 x 32 x 32                            the same                images 128
+//   gnn             32 graphs: 311.5 nodes, 474.4 edges               312 nodes, 474 edges    nodes 312
+//   list_reduction  64 lists, padded width 11.00                      64 x 11                 lists 64
+//
+// Parameters (trainable, weft's count = the peer's): lm 19,645,780 (19,251,540 with sparse
+// gradients: embedding, softmax weight and bias); nmt 2,473,428 (513,024 sparse: the two
+// embeddings); resnet 272,474; gnn 11,683; list_reduction 84,234 (512 sparse: the embedding).
 //
 // Token ids: the LM's tokens, targets and candidates are drawn from the log-uniform distribution
 // weft's sampler uses (frequent words first, so the sparse updates touch a realistic number of
@@ -244,7 +248,7 @@ struct Peer {
 
 Peer lm() {
   constexpr int64_t kVocab = 50000 + 4, kEmbed = 128, kHidden = 256, kSampled = 1024, kBatch = 64, kWidth = 22;
-  constexpr double kMeanWidth = 22.07, kMeanWords = 1349.4;
+  constexpr double kMeanWidth = 21.503, kMeanWords = 1302.79;
   auto embedding = normal({kVocab, kEmbed}, 1.0 / std::sqrt(static_cast<double>(kEmbed)));
   auto lstm = std::make_shared<Lstm>(kEmbed, kHidden);
   auto outW = normal({kVocab, kHidden}, 1.0 / std::sqrt(static_cast<double>(kHidden)));
@@ -273,13 +277,13 @@ Peer lm() {
   };
   p.unit = "words";
   p.items = kMeanWords * static_cast<double>(kWidth) / kMeanWidth;
-  p.shapes = "tokens 64 x 22, 1024 candidates";
+  p.shapes = "tokens 64 x 22 (" + std::to_string(std::get<0>(at::_unique(tokens)).numel()) + " distinct), 1024 candidates";
   return p;
 }
 
 Peer nmt() {
   constexpr int64_t kVocab = 2000 + 4, kEmbed = 128, kHidden = 256, kBatch = 64, kWidth = 10;
-  constexpr double kMeanWidth = 9.59, kMeanWords = 564.6;
+  constexpr double kMeanWidth = 10.093, kMeanWords = 632.88;
   const double embedScale = 1.0 / std::sqrt(static_cast<double>(kEmbed));
   auto sourceEmbedding = normal({kVocab, kEmbed}, embedScale), targetEmbedding = normal({kVocab, kEmbed}, embedScale);
   auto forward = std::make_shared<Lstm>(kEmbed, kHidden), backward = std::make_shared<Lstm>(kEmbed, kHidden),
@@ -395,7 +399,7 @@ Peer resnet() {
 }
 
 Peer gnn() {
-  constexpr int64_t kNodes = 320, kEdges = 480, kFeatures = 2, kTypes = 3, kHidden = 32, kSteps = 5, kClasses = 3;
+  constexpr int64_t kNodes = 312, kEdges = 474, kFeatures = 2, kTypes = 3, kHidden = 32, kSteps = 5, kClasses = 3;
   auto message = std::make_shared<Linear>(kHidden, kTypes * kHidden);
   const double limit = 1.0 / std::sqrt(static_cast<double>(kHidden));
   auto gru = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{
@@ -426,7 +430,7 @@ Peer gnn() {
   };
   p.unit = "nodes";
   p.items = kNodes;
-  p.shapes = "320 nodes, 480 edges";
+  p.shapes = "312 nodes, 474 edges";
   return p;
 }
 
