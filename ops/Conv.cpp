@@ -98,13 +98,24 @@ ConvGeometry convGeometry(const Shape& x, const Shape& filter, const Attrs& attr
   return {x[0], x[1], x[2], x[3], filter[0], win.outH(x[2]), win.outW(x[3]), win};
 }
 
+/// The outputs ox in [first, last) whose input column ox * stride - pad + offset lies in [0, size):
+/// outside that range a tap reads padding.
+std::pair<int64_t, int64_t> validOutputs(int64_t outSize, int64_t size, int64_t stride, int64_t pad, int64_t offset) {
+  const int64_t start = pad - offset;  // ox * stride >= start
+  const int64_t first = start <= 0 ? 0 : (start + stride - 1) / stride;
+  const int64_t end = size + pad - offset;  // ox * stride < end
+  const int64_t last = end <= 0 ? 0 : std::min(outSize, (end + stride - 1) / stride);
+  return {std::min(first, outSize), std::max(std::min(first, outSize), last)};
+}
+
 /// col (C*kh*kw, OH*OW): row (c, i, j) holds image (c) at the tap (i, j) of every output position.
 template <class T>
 void im2col(const ConvGeometry& g, const T* image, T* col) {
   const Window& w = g.win;
-  for (int64_t ch = 0; ch < g.c; ++ch) {
-    for (int64_t i = 0; i < w.kh; ++i) {
-      for (int64_t j = 0; j < w.kw; ++j) {
+  for (int64_t j = 0; j < w.kw; ++j) {
+    const auto [x0, x1] = validOutputs(g.ow, g.w, w.sw, w.pw, j * w.dw);
+    for (int64_t ch = 0; ch < g.c; ++ch) {
+      for (int64_t i = 0; i < w.kh; ++i) {
         T* row = col + ((ch * w.kh + i) * w.kw + j) * g.colCols();
         for (int64_t oy = 0; oy < g.oh; ++oy) {
           T* dst = row + oy * g.ow;
@@ -113,11 +124,14 @@ void im2col(const ConvGeometry& g, const T* image, T* col) {
             std::fill(dst, dst + g.ow, T(0));
             continue;
           }
-          const T* src = image + (ch * g.h + iy) * g.w;
-          for (int64_t ox = 0; ox < g.ow; ++ox) {
-            const int64_t ix = ox * w.sw - w.pw + j * w.dw;
-            dst[ox] = ix >= 0 && ix < g.w ? src[ix] : T(0);
+          const T* src = image + (ch * g.h + iy) * g.w + x0 * w.sw - w.pw + j * w.dw;
+          std::fill(dst, dst + x0, T(0));
+          if (w.sw == 1) {
+            std::copy(src, src + (x1 - x0), dst + x0);
+          } else {
+            for (int64_t ox = x0; ox < x1; ++ox) dst[ox] = src[(ox - x0) * w.sw];
           }
+          std::fill(dst + x1, dst + g.ow, T(0));
         }
       }
     }
@@ -129,19 +143,17 @@ template <class T>
 void col2im(const ConvGeometry& g, const T* col, T* image) {
   const Window& w = g.win;
   std::fill(image, image + g.c * g.h * g.w, T(0));
-  for (int64_t ch = 0; ch < g.c; ++ch) {
-    for (int64_t i = 0; i < w.kh; ++i) {
-      for (int64_t j = 0; j < w.kw; ++j) {
+  for (int64_t j = 0; j < w.kw; ++j) {
+    const auto [x0, x1] = validOutputs(g.ow, g.w, w.sw, w.pw, j * w.dw);
+    for (int64_t ch = 0; ch < g.c; ++ch) {
+      for (int64_t i = 0; i < w.kh; ++i) {
         const T* row = col + ((ch * w.kh + i) * w.kw + j) * g.colCols();
         for (int64_t oy = 0; oy < g.oh; ++oy) {
           const int64_t iy = oy * w.sh - w.ph + i * w.dh;
           if (iy < 0 || iy >= g.h) continue;
           const T* src = row + oy * g.ow;
-          T* dst = image + (ch * g.h + iy) * g.w;
-          for (int64_t ox = 0; ox < g.ow; ++ox) {
-            const int64_t ix = ox * w.sw - w.pw + j * w.dw;
-            if (ix >= 0 && ix < g.w) dst[ix] += src[ox];
-          }
+          T* dst = image + (ch * g.h + iy) * g.w + x0 * w.sw - w.pw + j * w.dw;
+          for (int64_t ox = x0; ox < x1; ++ox) dst[(ox - x0) * w.sw] += src[ox];
         }
       }
     }
@@ -208,7 +220,9 @@ void conv2dBackpropFilterKernel(KernelContext& ctx) {
   Tensor& df = ctx.output(0);
   const ConvGeometry g = convGeometry(x.shape(), df.shape(), ctx.attrs());
   const int64_t k = g.colRows(), p = g.colCols(), filterSize = g.o * k;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ctx.pool->numThreads(), g.n));
+  // The blocks (and so the order of the final sum) depend on the batch only, never on the thread
+  // count, so results do not change with the number of threads.
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(8, g.n));
   const int64_t perBlock = (g.n + blocks - 1) / blocks;
   dispatchFloat(x.dtype(), [&](auto z) {
     using T = decltype(z);

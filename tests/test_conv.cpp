@@ -339,3 +339,19 @@ TEST_CASE("globalAvgPool averages each plane") {
                          weft::Error);
   }
 }
+
+TEST_CASE("convolution gradients do not depend on the thread count") {
+  Graph g;
+  Output x = g.placeholder("x", f32, {12, 3, 9, 9});
+  Output f = g.placeholder("f", f32, {4, 3, 3, 3});
+  Conv2dOptions o;
+  o.padding = {1, 1};
+  o.stride = {2, 2};
+  Output y = conv2d(x, f, o);
+  const std::vector<Grad> grads = gradients(sum(y * y), {x, f});
+  const FeedMap feeds{{x, randomTensor(f32, {12, 3, 9, 9}, 1)}, {f, randomTensor(f32, {4, 3, 3, 3}, 2)}};
+  Session one(g, {1, false}), two(g, {2, false});
+  const auto a = one.run({grads[0].dense, grads[1].dense}, feeds), b = two.run({grads[0].dense, grads[1].dense}, feeds);
+  CHECK(a[0].toDoubles() == b[0].toDoubles());
+  CHECK(a[1].toDoubles() == b[1].toDoubles());
+}
