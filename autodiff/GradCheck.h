@@ -26,4 +26,12 @@ struct GradCheckReport {
 GradCheckReport checkGradients(Graph& graph, Output y, const std::vector<Output>& xs,
                                const FeedMap& feeds, const GradCheckOptions& options = {});
 
+/// Checks a model's gradients: autodiff gradients of the scalar `loss` with respect to the named
+/// f64 variables against central differences taken by perturbing each variable's value, at
+/// `samples` elements spread over each variable. A variable whose gradient is zero everywhere
+/// fails the check, since comparing zeros would prove nothing.
+GradCheckReport checkVariableGradients(Graph& graph, Output loss, const std::vector<std::string>& variables,
+                                       const FeedMap& feeds, const GradCheckOptions& options = {},
+                                       int64_t samples = 5);
+
 }  // namespace weft

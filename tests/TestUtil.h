@@ -6,7 +6,11 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <unistd.h>
 
 /// Checks a tensor against reference values (in double) within tol.
 #define CHECK_CLOSE(actual, expected, tol)                                  \
@@ -41,3 +45,26 @@ std::string errorOf(F&& f) {
 }
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// A fresh directory under the system temp dir, removed with everything in it.
+struct TempDir {
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           ("weft-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  /// Writes `bytes` to a file in the directory and returns its path.
+  std::string write(const std::string& name, const std::string& bytes) const {
+    const std::string p = file(name);
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p;
+  }
+
+  std::filesystem::path path;
+};

@@ -8,6 +8,27 @@
 
 using namespace weft;
 
+namespace {
+
+/// An op computing x^2 whose gradient rule is wrong (x dy instead of 2 x dy).
+void registerWrongSquare() {
+  registerAllOps();
+  OpRegistry& r = OpRegistry::global();
+  if (!r.find("TestWrongSquare")) {
+    r.add(OpDef("TestWrongSquare")
+              .inputs(1)
+              .infer([](const InferContext& c) -> std::vector<TensorType> { return {c.inputs[0]}; })
+              .cpu([](KernelContext& ctx) {
+                const double* x = ctx.input(0).data<double>();
+                double* y = ctx.output(0).data<double>();
+                for (int64_t i = 0; i < ctx.input(0).numel(); ++i) y[i] = x[i] * x[i];
+              })
+              .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy() * c.x(0)}; }));  // should be 2x
+  }
+}
+
+}  // namespace
+
 TEST_CASE("a value used twice receives both contributions") {
   Graph g;
   Output x = g.placeholder("x", f64, {3});
@@ -27,19 +48,7 @@ TEST_CASE("the gradient check agrees with autodiff on a composite function") {
 }
 
 TEST_CASE("the gradient check catches a wrong gradient rule") {
-  registerAllOps();
-  OpRegistry& r = OpRegistry::global();
-  if (!r.find("TestWrongSquare")) {
-    r.add(OpDef("TestWrongSquare")
-              .inputs(1)
-              .infer([](const InferContext& c) -> std::vector<TensorType> { return {c.inputs[0]}; })
-              .cpu([](KernelContext& ctx) {
-                const double* x = ctx.input(0).data<double>();
-                double* y = ctx.output(0).data<double>();
-                for (int64_t i = 0; i < ctx.input(0).numel(); ++i) y[i] = x[i] * x[i];
-              })
-              .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy() * c.x(0)}; }));  // should be 2x
-  }
+  registerWrongSquare();
   Graph g;
   Output x = g.placeholder("x", f64, {3});
   Output y = g.addNode("TestWrongSquare", {x})->output();
@@ -151,4 +160,25 @@ TEST_CASE("backward nodes live under the gradients scope") {
   Output loss = sum(exp(x));
   const Grad d = gradients(loss, {x})[0];
   CHECK(d.dense.node()->name.rfind("gradients/", 0) == 0);
+}
+
+TEST_CASE("checkVariableGradients checks a model's variables and refuses vacuous checks") {
+  Graph g;
+  Output w = g.variable("w", f64, {3}, Initializer::normal(0, 1));
+  Output unused = g.variable("unused", f64, {2}, Initializer::normal(0, 1));
+  (void)unused;
+  Output x = g.placeholder("x", f64, {3});
+  Output loss = sum(tanh(w * x) * w);
+  const FeedMap feeds{{x, testing::randomTensor(f64, {3}, 5)}};
+  CHECK_GRADIENTS(checkVariableGradients(g, loss, {"w"}, feeds));
+  const GradCheckReport missing = checkVariableGradients(g, loss, {"w", "unused"}, feeds);
+  CHECK_FALSE(missing.ok);
+  CHECK(contains(missing.detail, "'unused'"));
+
+  registerWrongSquare();
+  Graph h;
+  Output v = h.variable("v", f64, {3}, Initializer::normal(0, 1));
+  Output wrong = sum(h.addNode("TestWrongSquare", {v})->output());
+  const GradCheckReport report = checkVariableGradients(h, wrong, {"v"}, {});
+  CHECK_FALSE(report.ok);
 }

@@ -14,16 +14,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  TempDir() : path(fs::temp_directory_path() / ("weft-ckpt-" + std::to_string(::getpid()) + "-" + std::to_string(counter++))) {
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  fs::path path;
-  static inline int counter = 0;
-};
-
 std::string readAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};

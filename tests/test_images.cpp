@@ -11,18 +11,6 @@ using namespace weft;
 
 namespace {
 
-/// A temporary directory, removed with its files when the test ends.
-struct TempDir {
-  TempDir() {
-    path = std::filesystem::temp_directory_path() / ("weft-images-" + std::to_string(std::random_device{}()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-
-  std::filesystem::path path;
-};
-
 /// A CIFAR-10 record: label byte, then pixel k of plane c = (c * 1024 + k + seed) % 256.
 std::vector<unsigned char> record(unsigned char label, int seed) {
   std::vector<unsigned char> r{label};

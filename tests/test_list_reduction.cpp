@@ -40,39 +40,6 @@ std::unique_ptr<ZooModel> tinyListModel(Graph& g, const std::string& dtype, int6
   return model;
 }
 
-/// Autodiff against central differences for a few elements of each named f64 variable.
-void checkVariableGradients(Graph& g, Output loss, const FeedMap& feeds, const std::vector<std::string>& names) {
-  std::vector<Output> vars;
-  for (const std::string& name : names) {
-    Node* n = g.find(name);
-    REQUIRE_MESSAGE(n, name);
-    vars.push_back(n->output());
-  }
-  std::vector<Output> analyticOut;
-  for (const Grad& grad : gradients(loss, vars)) analyticOut.push_back(toDense(grad));
-  Session s(g, {1});
-  const std::vector<Tensor> analytic = s.run(analyticOut, feeds);
-  const double eps = 1e-6;
-  for (size_t k = 0; k < names.size(); ++k) {
-    double* value = s.variable(names[k]).data<double>();
-    const int64_t n = analytic[k].numel();
-    double largest = 0;
-    for (const double v : analytic[k].toDoubles()) largest = std::max(largest, std::abs(v));
-    CHECK_MESSAGE(largest > 1e-8, names[k] << " has an all-zero gradient: the check would be vacuous");
-    for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 5)) {
-      const double original = value[i];
-      value[i] = original + eps;
-      const double plus = s.run({loss}, feeds)[0].item();
-      value[i] = original - eps;
-      const double minus = s.run({loss}, feeds)[0].item();
-      value[i] = original;
-      const double numeric = (plus - minus) / (2 * eps), exact = analytic[k].at(i);
-      CHECK_MESSAGE(std::abs(numeric - exact) <= 1e-6 + 1e-4 * std::abs(numeric),
-                    names[k] << "[" << i << "]: autodiff " << exact << ", finite differences " << numeric);
-    }
-  }
-}
-
 /// The answer computed directly from the digits.
 int64_t expectedAnswer(int64_t reductionToken, const std::vector<int64_t>& d) {
   switch (reductionToken - data::kListDigits) {
@@ -176,8 +143,7 @@ TEST_CASE("list-reduction gradients match finite differences") {
   Graph g;
   auto model = tinyListModel(g, "f64", 3);
   const FeedMap feeds = feedsFor(g, model->trainData().next());
-  checkVariableGradients(g, model->loss(), feeds,
-                         {"embedding/table", "lstm/wx", "lstm/wh", "lstm/bias", "logits/weight"});
+  CHECK_GRADIENTS(checkVariableGradients(g, model->loss(), {"embedding/table", "lstm/wx", "lstm/wh", "lstm/bias", "logits/weight"}, feeds, {1e-6, 1e-5}));
 }
 
 TEST_CASE("list-reduction evaluation reports accuracy over the held-out lists") {

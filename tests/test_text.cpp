@@ -14,26 +14,6 @@ using namespace weft::data;
 
 namespace {
 
-/// A fresh temporary directory, removed with the object.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("weft_text_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string write(const std::string& name, const std::string& content) const {
-    const std::string file = (path / name).string();
-    std::ofstream(file, std::ios::binary) << content;
-    return file;
-  }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-};
-
 LanguageSpec tinySpec() {
   LanguageSpec s;
   s.vocab = 6;

@@ -27,12 +27,6 @@ Run weftCli(const std::string& args) {
   return r;
 }
 
-struct TempDir {
-  TempDir() : path(fs::temp_directory_path() / ("weft-train-dir-" + std::to_string(::getpid()))) { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path path;
-};
-
 }  // namespace
 
 TEST_CASE("a resumed run ends exactly where an uninterrupted run does") {

@@ -12,27 +12,6 @@ using namespace weft::data;
 
 namespace {
 
-/// A fresh directory under the system temp dir, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("weft-translation-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = (path_ / name).string();
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-  std::string path(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
 std::vector<int32_t> ids(const Tensor& t) { return t.toVector<int32_t>(); }
 
 }  // namespace
@@ -170,7 +149,7 @@ TEST_CASE("parallel text: min count, vocabulary cap and maximum length") {
 TEST_CASE("parallel text: a missing file is named") {
   TempDir dir;
   const std::string tgt = dir.write("c.tgt", "a\n");
-  const std::string missing = dir.path("nope.src");
+  const std::string missing = dir.file("nope.src");
   const std::string message = errorOf([&] { loadParallelText(missing, tgt); });
   CHECK(contains(message, missing));
   CHECK(contains(message, "does not exist"));
