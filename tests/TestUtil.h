@@ -2,6 +2,7 @@
 #pragma once
 
 #include "autodiff/GradCheck.h"
+#include "models/ZooModel.h"
 #include "testing/OpTest.h"
 
 #include <doctest/doctest.h>
@@ -68,3 +69,15 @@ struct TempDir {
 
   std::filesystem::path path;
 };
+
+/// Sets a zoo model's option by name, as the trainer does from the command line.
+template <class T>
+void setOption(::weft::models::ZooModel& model, const std::string& name, T value) {
+  for (::weft::models::ModelOption& o : model.options()) {
+    if (o.name == name) {
+      *std::get<T*>(o.target) = value;
+      return;
+    }
+  }
+  FAIL("no option " << name);
+}

@@ -11,9 +11,6 @@
 using namespace weft;
 using weft::testing::randomTensor;
 
-namespace {
-
-}  // namespace
 
 TEST_CASE("dropout drops about rate of the elements and scales the rest exactly") {
   for (DType dt : {f32, f64}) {

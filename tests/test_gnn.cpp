@@ -16,18 +16,6 @@ using namespace weft::models;
 
 namespace {
 
-/// Sets a model option by name (the trainer does this from the command line).
-template <class T>
-void setOption(ZooModel& model, const std::string& name, T value) {
-  for (ModelOption& o : model.options()) {
-    if (o.name == name) {
-      *std::get<T*>(o.target) = value;
-      return;
-    }
-  }
-  FAIL("no option " << name);
-}
-
 /// A tiny generated-task model: few graphs, small states.
 std::unique_ptr<ZooModel> tinyGnn(Graph& g, const std::string& kind, const std::string& dtype, int64_t hidden) {
   auto model = makeGnnModel();

@@ -15,17 +15,6 @@ using namespace weft::models;
 
 namespace {
 
-template <class T>
-void setOption(ZooModel& model, const std::string& name, T value) {
-  for (ModelOption& o : model.options()) {
-    if (o.name == name) {
-      *std::get<T*>(o.target) = value;
-      return;
-    }
-  }
-  FAIL("no option " << name);
-}
-
 std::unique_ptr<ZooModel> tinyListModel(Graph& g, const std::string& dtype, int64_t hidden) {
   auto model = makeListReductionModel();
   setOption<int64_t>(*model, "embedding", 3);
