@@ -223,7 +223,7 @@ Frame readFrame(int fd, Deadline deadline, const JobId& expectedJob, uint32_t ma
   return frame;
 }
 
-void writeFrame(int fd, MessageType type, const JobId& job, std::span<const uint8_t> payload, Deadline deadline) {
+std::vector<uint8_t> encodeFrame(MessageType type, const JobId& job, std::span<const uint8_t> payload) {
   WEFT_CHECK(payload.size() <= UINT32_MAX, "frame {}: a payload of {} bytes does not fit the 32-bit length field",
              messageTypeName(type), payload.size());
   WireWriter w;
@@ -233,7 +233,11 @@ void writeFrame(int fd, MessageType type, const JobId& job, std::span<const uint
   w.putFixed(job);
   w.putU32(static_cast<uint32_t>(payload.size()));
   w.putFixed(payload);
-  sendAll(fd, w.bytes(), deadline, "frame " + messageTypeName(type));
+  return w.take();
+}
+
+void writeFrame(int fd, MessageType type, const JobId& job, std::span<const uint8_t> payload, Deadline deadline) {
+  sendAll(fd, encodeFrame(type, job, payload), deadline, "frame " + messageTypeName(type));
 }
 
 void expectType(const Frame& frame, MessageType expected) {

@@ -148,6 +148,8 @@ class FileDescriptor {
 /// unknown type, a frame of another job (both job ids in hex), a payload over `maxPayload`, the
 /// peer closing early, a socket error, or the deadline passing.
 Frame readFrame(int fd, Deadline deadline, const JobId& expectedJob, uint32_t maxPayload = kMaxControlPayload);
+/// The bytes of one frame: header, then payload.
+std::vector<uint8_t> encodeFrame(MessageType type, const JobId& job, std::span<const uint8_t> payload);
 /// Writes one frame before `deadline` (never raises SIGPIPE; a closed peer is an error).
 void writeFrame(int fd, MessageType type, const JobId& job, std::span<const uint8_t> payload, Deadline deadline);
 

@@ -181,17 +181,6 @@ std::string refusalAfter(uint16_t port, const std::vector<uint8_t>& bytes) {
   return errorOf([&] { expectType(readFrame(fd.get(), in(2s), kJob), MessageType::AuthOk); });
 }
 
-std::vector<uint8_t> frameBytes(MessageType type, const JobId& job, const std::vector<uint8_t>& payload) {
-  WireWriter w;
-  w.putU32(kWireMagic);
-  w.putU16(kWireVersion);
-  w.putU16(static_cast<uint16_t>(type));
-  w.putFixed(job);
-  w.putU32(static_cast<uint32_t>(payload.size()));
-  w.putFixed(payload);
-  return w.take();
-}
-
 const std::string kExpectedRoster =
     "0: worker 0 of host 0 @ addr-worker 0 of host 0\n"
     "1: worker 1 of host 0 @ addr-worker 1 of host 0\n"
@@ -231,10 +220,10 @@ TEST_CASE("rendezvous: bad connections are refused and logged; the real members 
   const std::string http = "GET / HTTP/1.1\r\nHost: weft\r\n\r\n";
   CHECK(refusalAfter(port, bytesOf(http)) ==
         "refused by the peer: bad frame magic 0x20544547 (expected 0x54464557, \"WEFT\"): not a weft peer");
-  CHECK(refusalAfter(port, frameBytes(MessageType::Auth, {}, std::vector<uint8_t>(64))) ==
+  CHECK(refusalAfter(port, encodeFrame(MessageType::Auth, {}, std::vector<uint8_t>(64))) ==
         "refused by the peer: frame AUTH belongs to job 00000000000000000000000000000000, expected job "
         "a1b2c3d405060708090a0b0c0d0e0f10");
-  CHECK(refusalAfter(port, frameBytes(MessageType::Auth, kJob, std::vector<uint8_t>(10))) ==
+  CHECK(refusalAfter(port, encodeFrame(MessageType::Auth, kJob, std::vector<uint8_t>(10))) ==
         "refused by the peer: message AUTH: field 'client_nonce' needs 32 bytes, 10 remain");
   CHECK(refusalAfter(port, {}) == "refused by the peer: timed out: 0 of 28 bytes of a frame header arrived before the deadline");
   {
