@@ -503,7 +503,7 @@ TEST_CASE("addN sums same-shaped tensors") {
     std::vector<Output> xs;
     FeedMap feeds;
     for (int i = 0; i < 4; ++i) {
-      xs.push_back(g.placeholder("x" + std::to_string(i), dt, shape));
+      xs.push_back(g.placeholder(fmt::format("x{}", i), dt, shape));
       feeds.push_back({xs.back(), randomTensor(dt, shape, 30 + static_cast<uint64_t>(i))});
     }
     std::vector<double> expected(static_cast<size_t>(shape.numel()), 0.0);
