@@ -1,0 +1,180 @@
+// UcxTransport: tag sends and receives over one explicitly progressed UCX worker (see the header).
+#include "dist/UcxTransport.h"
+
+#include "core/Error.h"
+
+#include <ucp/api/ucp.h>
+
+#include <string>
+
+namespace weft::dist {
+
+namespace {
+
+void check(ucs_status_t status, const char* what) {
+  WEFT_CHECK(status == UCS_OK, "UCX {} failed: {}", what, ucs_status_string(status));
+}
+
+ucp_context_h createContext() {
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");  // UCX_* from the environment
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG;
+  params.name = "weft";
+  ucp_context_h context = nullptr;
+  const ucs_status_t status = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  check(status, "ucp_init");
+  return context;
+}
+
+ucp_worker_h createWorker(ucp_context_h context) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  check(ucp_worker_create(context, &params, &worker), "ucp_worker_create");
+  return worker;
+}
+
+ucp_request_param_t byteParams() {
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  params.datatype = ucp_dt_make_contig(1);
+  return params;
+}
+
+/// The status of what a *_nbx call returned: NULL is done, an error pointer is its error.
+ucs_status_t statusOf(ucs_status_ptr_t request) {
+  if (request == nullptr) return UCS_OK;
+  if (UCS_PTR_IS_ERR(request)) return UCS_PTR_STATUS(request);
+  return ucp_request_check_status(request);
+}
+
+}  // namespace
+
+UcxTransport::UcxTransport() : context_(createContext()) {
+  try {
+    worker_ = createWorker(context_);
+  } catch (...) {
+    ucp_cleanup(context_);
+    throw;
+  }
+}
+
+UcxTransport::~UcxTransport() {
+  for (const std::unique_ptr<Peer>& p : peers_) closeEndpoint(*p);
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+std::vector<uint8_t> UcxTransport::address() const {
+  ucp_address_t* raw = nullptr;
+  size_t length = 0;
+  check(ucp_worker_get_address(worker_, &raw, &length), "ucp_worker_get_address");
+  const auto* begin = reinterpret_cast<const uint8_t*>(raw);
+  std::vector<uint8_t> out(begin, begin + length);
+  ucp_worker_release_address(worker_, raw);
+  return out;
+}
+
+int UcxTransport::connect(std::span<const uint8_t> peerAddress) {
+  WEFT_CHECK(!peerAddress.empty(), "UCX connect: the peer address is empty");
+  auto p = std::make_unique<Peer>();
+  p->index = static_cast<int>(peers_.size());
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(peerAddress.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxTransport::onPeerError;
+  params.err_handler.arg = p.get();
+  const ucs_status_t status = ucp_ep_create(worker_, &params, &p->endpoint);
+  WEFT_CHECK(status == UCS_OK, "UCX connect to peer {} failed: {}", p->index, ucs_status_string(status));
+  peers_.push_back(std::move(p));
+  return peers_.back()->index;
+}
+
+void UcxTransport::send(int index, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) {
+  Peer& p = peer(index);
+  WEFT_CHECK(p.failure == UCS_OK, "UCX send to peer {} (tag {:#x}) failed: the peer has failed: {}", index, tag,
+             ucs_status_string(p.failure));
+  const ucp_request_param_t params = byteParams();
+  const ucs_status_ptr_t request = ucp_tag_send_nbx(p.endpoint, bytes.data(), bytes.size(), tag, &params);
+  if (statusOf(request) == UCS_INPROGRESS) progressUntil(request, deadline, false);
+  ucs_status_t status = statusOf(request);
+  if (status == UCS_INPROGRESS) {  // the deadline passed: give up on this peer
+    closeEndpoint(p);
+    p.failure = status = UCS_ERR_TIMED_OUT;
+  }
+  completeAndFree(request);
+  WEFT_CHECK(status == UCS_OK, "UCX send to peer {} (tag {:#x}, {} bytes) failed: {}", index, tag, bytes.size(),
+             ucs_status_string(status));
+  bytesSent_ += bytes.size();
+}
+
+void UcxTransport::receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline) {
+  ucp_request_param_t params = byteParams();
+  params.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // always a request, so its length can be read
+  const ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_, into.data(), into.size(), tag, ~ucp_tag_t{0}, &params);
+  WEFT_CHECK(!UCS_PTR_IS_ERR(request), "UCX receive of tag {:#x} ({} bytes) failed: {}", tag, into.size(),
+             ucs_status_string(UCS_PTR_STATUS(request)));
+  progressUntil(request, deadline, true);
+  ucp_tag_recv_info_t info{};
+  const ucs_status_t status = ucp_tag_recv_request_test(request, &info);
+  if (status == UCS_INPROGRESS) ucp_request_cancel(worker_, request);
+  completeAndFree(request);
+  if (status == UCS_INPROGRESS) {
+    const Peer* failed = firstFailedPeer();
+    WEFT_CHECK(failed == nullptr, "UCX receive of tag {:#x} failed: peer {} failed: {}", tag, failed->index,
+               ucs_status_string(failed->failure));
+    WEFT_THROW("UCX receive of tag {:#x} ({} bytes) failed: the deadline passed: {}", tag, into.size(),
+               ucs_status_string(UCS_ERR_TIMED_OUT));
+  }
+  WEFT_CHECK(status == UCS_OK, "UCX receive of tag {:#x} ({} bytes) failed: {}", tag, into.size(),
+             ucs_status_string(status));
+  WEFT_CHECK(info.length == into.size(), "UCX receive of tag {:#x}: expected {} bytes, the message has {}", tag,
+             into.size(), info.length);
+  bytesReceived_ += info.length;
+}
+
+void UcxTransport::onPeerError(void* arg, ucp_ep* /*endpoint*/, ucs_status_t status) {
+  static_cast<Peer*>(arg)->failure = status;  // inside progress: record only
+}
+
+UcxTransport::Peer& UcxTransport::peer(int index) {
+  WEFT_CHECK(index >= 0 && static_cast<size_t>(index) < peers_.size(), "UCX: no peer {} ({} connected)", index,
+             peers_.size());
+  return *peers_[static_cast<size_t>(index)];
+}
+
+void UcxTransport::closeEndpoint(Peer& p) {
+  if (p.endpoint == nullptr) return;
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  completeAndFree(ucp_ep_close_nbx(p.endpoint, &params));
+  p.endpoint = nullptr;
+}
+
+void UcxTransport::progressUntil(void* request, Deadline deadline, bool watchPeers) {
+  while (ucp_request_check_status(request) == UCS_INPROGRESS) {
+    ucp_worker_progress(worker_);
+    if (Clock::now() >= deadline || (watchPeers && firstFailedPeer() != nullptr)) return;
+  }
+}
+
+void UcxTransport::completeAndFree(void* request) {
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
+  while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+  ucp_request_free(request);
+}
+
+const UcxTransport::Peer* UcxTransport::firstFailedPeer() const {
+  for (const std::unique_ptr<Peer>& p : peers_)
+    if (p->failure != UCS_OK) return p.get();
+  return nullptr;
+}
+
+}  // namespace weft::dist

@@ -1,0 +1,247 @@
+// UcxTransport between real processes: every test forks two children (before either creates a
+// UCX context), which build a transport over TCP on loopback, swap worker addresses through
+// pipes, connect, run the test's body and write a report to the parent. Checks a 1 MiB ping-pong
+// with distinct tags and the byte counters, matching by tag rather than arrival order, a receive
+// whose deadline passes, and that a peer killed with SIGKILL fails the survivor's pending receive
+// well before its deadline. Every child has an alarm() so that no failure can hang the suite.
+#include "tests/TestUtil.h"
+
+#include "dist/UcxTransport.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
+using namespace weft;
+using namespace weft::dist;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+/// One side's work once connected: its transport, its rank (0 or 1), the other side's peer index.
+using Body = std::function<std::string(UcxTransport&, int rank, int peer)>;
+
+struct Pipe {
+  FileDescriptor read, write;
+};
+
+Pipe makePipe() {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  return {FileDescriptor(fds[0]), FileDescriptor(fds[1])};
+}
+
+void writeAll(int fd, const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::write(fd, p + done, size - done);
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+bool readAll(int fd, void* data, size_t size) {
+  auto* p = static_cast<uint8_t*>(data);
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::read(fd, p + done, size - done);
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void sendBlob(int fd, const std::vector<uint8_t>& blob) {
+  const uint32_t size = static_cast<uint32_t>(blob.size());
+  writeAll(fd, &size, sizeof size);
+  writeAll(fd, blob.data(), blob.size());
+}
+
+std::vector<uint8_t> receiveBlob(int fd) {
+  uint32_t size = 0;
+  WEFT_CHECK(readAll(fd, &size, sizeof size) && size <= 4096, "no peer address on the pipe");
+  std::vector<uint8_t> blob(size);
+  WEFT_CHECK(readAll(fd, blob.data(), size), "truncated peer address on the pipe");
+  return blob;
+}
+
+std::string readToEnd(int fd) {
+  std::string out;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buffer, sizeof buffer)) > 0) out.append(buffer, static_cast<size_t>(n));
+  return out;
+}
+
+std::vector<uint8_t> pattern(size_t size, uint8_t seed) {
+  std::vector<uint8_t> bytes(size);
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + seed + (i >> 12));
+  return bytes;
+}
+
+/// Builds the transport, swaps addresses with the other child, runs the body; returns the report.
+std::string runSide(int rank, int toPeer, int fromPeer, const Body& body) {
+  ::setenv("UCX_TLS", "tcp", 1);  // shm transports refuse peer error handling in UCX 1.13
+  ::setenv("UCX_NET_DEVICES", "lo", 1);
+  std::string report;
+  try {
+    UcxTransport transport;
+    sendBlob(toPeer, transport.address());
+    const int peer = transport.connect(receiveBlob(fromPeer));
+    report = body(transport, rank, peer);
+  } catch (const std::exception& e) {
+    report = std::string("unexpected error: ") + e.what();
+  }
+#if defined(__SANITIZE_ADDRESS__)
+  // Children leave with _exit, which skips LeakSanitizer's exit-time check: run it here.
+  if (__lsan_do_recoverable_leak_check() != 0) report += " [LeakSanitizer reported leaks]";
+#endif
+  return report;
+}
+
+struct SideResult {
+  std::string report;
+  int status = 0;  ///< as waitpid gives it
+};
+
+/// Forks both sides, collects their reports (read until the child closes its end) and statuses.
+std::array<SideResult, 2> runPair(const Body& body) {
+  std::array<Pipe, 2> toRank = {makePipe(), makePipe()};
+  std::array<Pipe, 2> reports = {makePipe(), makePipe()};
+  std::array<pid_t, 2> pids{};
+  for (int rank = 0; rank < 2; ++rank) {
+    pids[rank] = ::fork();
+    REQUIRE(pids[rank] >= 0);
+    if (pids[rank] == 0) {
+      ::alarm(20);  // the safety net: a hung child dies and the parent sees it
+      reports[1 - rank].read.reset();
+      reports[1 - rank].write.reset();
+      const std::string report = runSide(rank, toRank[1 - rank].write.get(), toRank[rank].read.get(), body);
+      writeAll(reports[rank].write.get(), report.data(), report.size());
+      ::_exit(0);
+    }
+  }
+  for (Pipe& p : toRank) p = {};
+  std::array<SideResult, 2> results;
+  for (int rank = 0; rank < 2; ++rank) {
+    reports[rank].write.reset();
+    results[rank].report = readToEnd(reports[rank].read.get());
+    ::waitpid(pids[rank], &results[rank].status, 0);
+  }
+  return results;
+}
+
+bool exitedCleanly(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::string expectBytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const char* what) {
+  return got == want ? "" : fmt::format("{}: content differs; ", what);
+}
+
+}  // namespace
+
+TEST_CASE("UcxTransport: a 1 MiB ping-pong with distinct tags arrives intact and is counted") {
+  constexpr int kRounds = 3;
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    std::string problems;
+    std::vector<uint8_t> buffer(kMiB);
+    for (int round = 0; round < kRounds; ++round) {
+      const uint64_t ping = 0x1000 + 2 * round, pong = ping + 1;
+      const std::vector<uint8_t> pingBytes = pattern(kMiB, static_cast<uint8_t>(round));
+      const std::vector<uint8_t> pongBytes = pattern(kMiB, static_cast<uint8_t>(100 + round));
+      if (rank == 0) {
+        t.send(peer, ping, pingBytes, Clock::now() + 5s);
+        t.receive(pong, buffer, Clock::now() + 5s);
+        problems += expectBytes(buffer, pongBytes, "pong");
+      } else {
+        t.receive(ping, buffer, Clock::now() + 5s);
+        problems += expectBytes(buffer, pingBytes, "ping");
+        t.send(peer, pong, pongBytes, Clock::now() + 5s);
+      }
+    }
+    const uint64_t expected = kRounds * kMiB;
+    if (t.bytesSent() != expected || t.bytesReceived() != expected)
+      problems += fmt::format("counters: sent {}, received {}, expected {} each", t.bytesSent(), t.bytesReceived(),
+                              expected);
+    return problems.empty() ? "ok" : problems;
+  });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
+}
+
+TEST_CASE("UcxTransport: small messages are matched by tag, not by arrival order") {
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    const std::vector<uint8_t> first = pattern(64, 1), second = pattern(64, 2);
+    std::vector<uint8_t> buffer(64);
+    if (rank == 1) {  // eager sends complete before they are matched
+      t.send(peer, 0x21, first, Clock::now() + 5s);
+      t.send(peer, 0x22, second, Clock::now() + 5s);
+      t.receive(0x23, buffer, Clock::now() + 5s);  // keeps rank 1 alive until rank 0 is done
+      return std::string("ok");
+    }
+    std::string problems;
+    t.receive(0x22, buffer, Clock::now() + 5s);
+    problems += expectBytes(buffer, second, "tag 0x22");
+    t.receive(0x21, buffer, Clock::now() + 5s);
+    problems += expectBytes(buffer, first, "tag 0x21");
+    t.send(peer, 0x23, buffer, Clock::now() + 5s);
+    return problems.empty() ? "ok" : problems;
+  });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
+}
+
+TEST_CASE("UcxTransport: a receive whose deadline passes fails naming the tag") {
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    std::vector<uint8_t> buffer(16);
+    if (rank == 1) {  // waits for rank 0 to finish, so no peer failure can stand in for the deadline
+      t.receive(0x78, buffer, Clock::now() + 5s);
+      return std::string("ok");
+    }
+    const auto start = Clock::now();
+    std::string message = errorOf([&] { t.receive(0x77, buffer, Clock::now() + 200ms); });
+    const auto elapsed = Clock::now() - start;
+    if (elapsed < 200ms || elapsed > 3s) message += fmt::format(" [took {} ms]", (elapsed / 1ms));
+    message += " | " + errorOf([&] { t.send(peer + 5, 0x79, buffer, Clock::now() + 1s); });
+    t.send(peer, 0x78, buffer, Clock::now() + 5s);  // the transport still works after a timed-out receive
+    return message;
+  });
+  CHECK(contains(results[0].report, "UCX receive of tag 0x77 (16 bytes) failed: the deadline passed"));
+  CHECK_FALSE(contains(results[0].report, "[took"));
+  CHECK(contains(results[0].report, "UCX: no peer 5 (1 connected)"));
+  CHECK(results[1].report == "ok");
+  for (const SideResult& r : results) CHECK(exitedCleanly(r.status));
+}
+
+TEST_CASE("UcxTransport: a peer killed with SIGKILL fails the pending receive instead of hanging") {
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    std::vector<uint8_t> buffer(64);
+    if (rank == 1) {  // answer one ping so both directions are connected, then die on request
+      t.receive(0x31, buffer, Clock::now() + 5s);
+      t.send(peer, 0x32, buffer, Clock::now() + 5s);
+      t.receive(0x33, buffer, Clock::now() + 5s);
+      ::raise(SIGKILL);
+    }
+    t.send(peer, 0x31, pattern(64, 3), Clock::now() + 5s);
+    t.receive(0x32, buffer, Clock::now() + 5s);
+    t.send(peer, 0x33, buffer, Clock::now() + 5s);
+    const auto start = Clock::now();
+    std::string message = errorOf([&] { t.receive(0x34, buffer, Clock::now() + 5s); });
+    return message + fmt::format(" [after {} ms]", (Clock::now() - start) / 1ms);
+  });
+  INFO(results[0].report);
+  CHECK(contains(results[0].report, "UCX receive of tag 0x34 failed: peer 0 failed: "));
+  CHECK(exitedCleanly(results[0].status));
+  CHECK((WIFSIGNALED(results[1].status) && WTERMSIG(results[1].status) == SIGKILL));
+}
