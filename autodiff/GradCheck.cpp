@@ -6,8 +6,30 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 namespace weft {
+namespace {
+
+/// Compares `analytic` with the central difference of `loss` in the element `x` points at (which
+/// is restored afterwards), keeping the worst relative error in the report.
+void compareAt(double* x, double analytic, const std::function<double()>& loss, double epsilon, const std::string& what,
+               GradCheckReport& report) {
+  const double saved = *x;
+  *x = saved + epsilon;
+  const double up = loss();
+  *x = saved - epsilon;
+  const double down = loss();
+  *x = saved;
+  const double numeric = (up - down) / (2 * epsilon);
+  const double err = std::abs(analytic - numeric) / (1 + std::abs(numeric));
+  if (err > report.maxError) {
+    report.maxError = err;
+    report.detail = fmt::format("{}: autodiff {} vs finite difference {} (error {:.3g})", what, analytic, numeric, err);
+  }
+}
+
+}  // namespace
 
 GradCheckReport checkGradients(Graph& graph, Output y, const std::vector<Output>& xs,
                                const FeedMap& feeds, const GradCheckOptions& options) {
@@ -40,20 +62,8 @@ GradCheckReport checkGradients(Graph& graph, Output y, const std::vector<Output>
     WEFT_CHECK(x->dtype() == f64, "checkGradients: {} must be fed as f64", xs[k].name());
     double* p = x->data<double>();
     for (int64_t i = 0; i < x->numel(); ++i) {
-      const double saved = p[i];
-      p[i] = saved + options.epsilon;
-      const double up = session.run({loss}, perturbed)[0].item();
-      p[i] = saved - options.epsilon;
-      const double down = session.run({loss}, perturbed)[0].item();
-      p[i] = saved;
-      const double numeric = (up - down) / (2 * options.epsilon);
-      const double got = analytic[k].at(i);
-      const double err = std::abs(got - numeric) / (1 + std::abs(numeric));
-      if (err > report.maxError) {
-        report.maxError = err;
-        report.detail = fmt::format("d/d{}[{}]: autodiff {} vs finite difference {} (error {:.3g})",
-                                    xs[k].name(), i, got, numeric, err);
-      }
+      compareAt(p + i, analytic[k].at(i), [&] { return session.run({loss}, perturbed)[0].item(); }, options.epsilon,
+                fmt::format("d/d{}[{}]", xs[k].name(), i), report);
     }
   }
   report.ok = report.maxError <= options.tolerance;
@@ -92,19 +102,8 @@ GradCheckReport checkVariableGradients(Graph& graph, Output loss, const std::vec
     double* value = session.variable(vars[k].node()).data<double>();
     const int64_t n = analytic[k].numel();
     for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / samples)) {
-      const double saved = value[i];
-      value[i] = saved + options.epsilon;
-      const double up = session.run({loss}, feeds)[0].item();
-      value[i] = saved - options.epsilon;
-      const double down = session.run({loss}, feeds)[0].item();
-      value[i] = saved;
-      const double numeric = (up - down) / (2 * options.epsilon), got = analytic[k].at(i);
-      const double err = std::abs(got - numeric) / (1 + std::abs(numeric));
-      if (err > report.maxError) {
-        report.maxError = err;
-        report.detail = fmt::format("d loss / d {}[{}]: autodiff {} vs finite difference {} (error {:.3g})", variables[k], i,
-                                    got, numeric, err);
-      }
+      compareAt(value + i, analytic[k].at(i), [&] { return session.run({loss}, feeds)[0].item(); }, options.epsilon,
+                fmt::format("d loss / d {}[{}]", variables[k], i), report);
     }
   }
   report.ok = report.maxError <= options.tolerance;
