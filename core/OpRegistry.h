@@ -122,6 +122,9 @@ struct OpDef {
   /// The kernel writes variable input `i` (update ops); the executor orders it after readers.
   OpDef& mutates(std::vector<int> inputsWritten) { mutatedInputs = std::move(inputsWritten); return *this; }
   OpDef& source(SourceKind k) { sourceKind = k; return *this; }
+  /// The kernel starts work that completes in the background (a collective): the executor runs
+  /// it as soon as its inputs are ready.
+  OpDef& launchAsync() { launchesAsync = true; return *this; }
 
   std::string name;
   int minInputs = 0, maxInputs = 0;
@@ -132,6 +135,7 @@ struct OpDef {
   int inplaceInput = -1;
   std::vector<int> mutatedInputs;
   SourceKind sourceKind = SourceKind::None;
+  bool launchesAsync = false;
 
   Kernel kernelFor(DeviceType t) const { return kernels[static_cast<size_t>(t)]; }
 };

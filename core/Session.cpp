@@ -113,7 +113,7 @@ std::vector<Node*> neededNodes(const std::vector<Output>& fetches, const std::se
 
 /// Orders the needed nodes: data and control edges, plus "every reader of a variable runs before
 /// the ops that write it" (unless the reader itself depends on the writer). Ties break by node id,
-/// so the order is deterministic.
+/// so the order is deterministic; ops that launch asynchronous work run as early as they can.
 std::vector<Node*> scheduleNodes(const std::vector<Node*>& nodes, const std::set<Output>& fed) {
   std::unordered_map<const Node*, size_t> pos;
   for (size_t i = 0; i < nodes.size(); ++i) pos[nodes[i]] = i;
@@ -169,7 +169,13 @@ std::vector<Node*> scheduleNodes(const std::vector<Node*>& nodes, const std::set
   for (const auto& s : succ) {
     for (size_t y : s) ++indegree[y];
   }
-  std::priority_queue<size_t, std::vector<size_t>, std::greater<>> ready;
+  // Ops that launch asynchronous work (collectives) go first among the ready ones, so that the
+  // work overlaps the rest of the step; the rest keep node order.
+  auto later = [&](size_t a, size_t b) {
+    const bool asyncA = nodes[a]->def->launchesAsync, asyncB = nodes[b]->def->launchesAsync;
+    return asyncA != asyncB ? asyncB : a > b;
+  };
+  std::priority_queue<size_t, std::vector<size_t>, decltype(later)> ready(later);
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!indegree[i]) ready.push(i);
   }

@@ -70,6 +70,28 @@ Dataset Dataset::range(size_t begin, size_t end) const {
                                       examples_->begin() + static_cast<std::ptrdiff_t>(end)));
 }
 
+Batch sliceBatch(const Batch& batch, int64_t index, int64_t count, const std::vector<std::string>& shared) {
+  WEFT_CHECK(count > 0 && index >= 0 && index < count, "batch slice {} of {} is not a valid slice", index, count);
+  Batch out;
+  for (const auto& [field, value] : batch) {
+    if (std::find(shared.begin(), shared.end(), field) != shared.end()) {
+      out[field] = value;
+      continue;
+    }
+    WEFT_CHECK(value.shape().rank() >= 1 && value.shape()[0] % count == 0,
+               "batch field '{}' of shape {} cannot be cut into {} equal parts along its first axis", field,
+               value.shape().str(), count);
+    const int64_t rows = value.shape()[0] / count;
+    Shape shape = value.shape();
+    shape[0] = rows;
+    Tensor part(value.dtype(), shape);
+    const size_t bytes = part.bytes();
+    std::memcpy(part.raw(), static_cast<const char*>(value.raw()) + static_cast<size_t>(index) * bytes, bytes);
+    out[field] = part;
+  }
+  return out;
+}
+
 Batch collate(const std::vector<const Example*>& examples, const BatchOptions& options) {
   WEFT_CHECK(!examples.empty(), "collate of no examples");
   Batch batch;

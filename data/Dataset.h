@@ -72,6 +72,12 @@ struct BatchOptions {
   int64_t bucketWindow = 0;
 };
 
+/// Part `index` of `count` equal parts of a batch, cut along the leading (example) axis of every
+/// field except the `shared` ones, which every part keeps whole (per-step values such as sampled
+/// candidates). How data-parallel workers share one total batch; throws naming a field whose
+/// rows do not divide evenly.
+Batch sliceBatch(const Batch& batch, int64_t index, int64_t count, const std::vector<std::string>& shared = {});
+
 /// Stacks examples into a batch: fixed-shape fields gain a leading batch axis; padded fields
 /// are padded and masked. Throws naming the field when shapes or dtypes disagree.
 Batch collate(const std::vector<const Example*>& examples, const BatchOptions& options);

@@ -77,20 +77,36 @@ void randomBytes(std::span<uint8_t> out) {
 Secret generateSecret() { return randomArray<Secret>(); }
 JobId generateJobId() { return randomArray<JobId>(); }
 
-Secret secretFromHex(const std::string& text, const std::string& source) {
+namespace {
+
+/// Parses exactly out.size() bytes of hex (surrounding whitespace ignored).
+void parseHex(const std::string& text, std::span<uint8_t> out, const char* what, const std::string& source) {
   const size_t begin = text.find_first_not_of(" \t\r\n");
   const size_t end = text.find_last_not_of(" \t\r\n");
   const std::string hex = begin == std::string::npos ? "" : text.substr(begin, end - begin + 1);
   // The messages never quote the text: it may be a real secret with a typo.
-  WEFT_CHECK(hex.size() == 2 * kSecretBytes, "{}: a job secret is {} hex digits, got {} characters", source,
-             2 * kSecretBytes, hex.size());
-  Secret secret{};
+  WEFT_CHECK(hex.size() == 2 * out.size(), "{}: a {} is {} hex digits, got {} characters", source, what,
+             2 * out.size(), hex.size());
+  std::fill(out.begin(), out.end(), 0);
   for (size_t i = 0; i < hex.size(); ++i) {
     const int v = hexValue(hex[i]);
-    WEFT_CHECK(v >= 0, "{}: character {} of the job secret is not a hex digit", source, i + 1);
-    secret[i / 2] = static_cast<uint8_t>(secret[i / 2] << 4 | v);
+    WEFT_CHECK(v >= 0, "{}: character {} of the {} is not a hex digit", source, i + 1, what);
+    out[i / 2] = static_cast<uint8_t>(out[i / 2] << 4 | v);
   }
+}
+
+}  // namespace
+
+Secret secretFromHex(const std::string& text, const std::string& source) {
+  Secret secret{};
+  parseHex(text, secret, "job secret", source);
   return secret;
+}
+
+JobId jobIdFromHex(const std::string& text, const std::string& source) {
+  JobId job{};
+  parseHex(text, job, "job id", source);
+  return job;
 }
 
 void saveSecret(const std::string& path, const Secret& secret) {

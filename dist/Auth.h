@@ -34,6 +34,8 @@ JobId generateJobId();
 
 /// Parses 64 hex digits (surrounding whitespace ignored); `source` names the origin in errors.
 Secret secretFromHex(const std::string& text, const std::string& source);
+/// Parses a job id (32 hex digits), as toHex() writes it.
+JobId jobIdFromHex(const std::string& text, const std::string& source);
 /// Creates `path` with mode 0600 holding the secret in hex; refuses to overwrite a file.
 void saveSecret(const std::string& path, const Secret& secret);
 /// Reads a secret file; refuses one that group or others may access.

@@ -199,14 +199,16 @@ void logRefusal(const std::string& peer, const std::string& reason) {
 }  // namespace
 
 std::string describe(const MemberId& id) {
-  return id.role == Role::Server ? fmt::format("server of host {}", id.host)
+  return id.role == Role::Server ? (id.slot == 0 ? fmt::format("server of host {}", id.host)
+                                                 : fmt::format("server {} of host {}", id.slot, id.host))
                                  : fmt::format("worker {} of host {}", id.slot, id.host);
 }
 
 std::vector<MemberId> expectedMembers(const ResourceSpec& spec) {
   std::vector<MemberId> out;
   for (const WorkerSlot& w : spec.workers()) out.push_back({Role::Worker, w.host, w.slot});
-  for (int h = 0; h < spec.serverCount(); ++h) out.push_back({Role::Server, h, 0});
+  for (size_t h = 0; h < spec.hosts().size(); ++h)
+    for (int s = 0; s < spec.hosts()[h].servers; ++s) out.push_back({Role::Server, static_cast<int>(h), s});
   return out;
 }
 
@@ -266,7 +268,7 @@ std::vector<MemberId> checkedExpected(const ResourceSpec& spec, std::vector<Memb
     const MemberId& id = expected[i];
     WEFT_CHECK(i == 0 || expected[i - 1] != id, "coordinator: {} is expected twice", describe(id));
     const bool inSpec = id.host >= 0 && id.host < static_cast<int>(spec.hosts().size()) && id.slot >= 0 &&
-                        (id.role == Role::Server ? id.slot == 0 : id.slot < spec.hosts()[static_cast<size_t>(id.host)].slots());
+                        (id.role == Role::Server ? id.slot < spec.hosts()[static_cast<size_t>(id.host)].servers : id.slot < spec.hosts()[static_cast<size_t>(id.host)].slots());
     WEFT_CHECK(inSpec, "coordinator: expected member {} is not in the resource specification", describe(id));
   }
   return expected;

@@ -26,16 +26,17 @@ namespace weft::dist {
 
 enum class Role : uint8_t { Worker = 0, Server = 1 };
 
-/// Who a process is in the resource specification. Servers have slot 0.
+/// Who a process is in the resource specification: its role, host, and slot among the host's
+/// workers or servers.
 struct MemberId {
   Role role = Role::Worker;
   int host = 0;
   int slot = 0;
   auto operator<=>(const MemberId&) const = default;  // (role, host, slot): the rank order
 };
-/// "worker 1 of host 0", "server of host 2".
+/// "worker 1 of host 0", "server of host 2" (slot 0), "server 1 of host 2".
 std::string describe(const MemberId& id);
-/// Every worker of the specification, then one server per host.
+/// Every worker of the specification, then every server.
 std::vector<MemberId> expectedMembers(const ResourceSpec& spec);
 
 inline constexpr size_t kNcclIdBytes = 128;  // sizeof(ncclUniqueId)

@@ -50,7 +50,7 @@ class SpecParser {
 
   HostSpec host(const json& value, const std::string& path) const {
     checkObject(value, path);
-    checkKeys(value, path, {"address", "cpu_workers", "gpus"});
+    checkKeys(value, path, {"address", "cpu_workers", "gpus", "servers"});
     if (!value.contains("address")) fail("{}.address is missing", path);
     HostSpec host;
     host.address = nonEmptyString(value["address"], path + ".address");
@@ -63,6 +63,10 @@ class SpecParser {
       if (host.cpuWorkers < 1) fail("{}.cpu_workers is {}; it must be >= 1", path, host.cpuWorkers);
     } else {
       host.gpus = gpus(value["gpus"], path + ".gpus");
+    }
+    if (value.contains("servers")) {
+      host.servers = integer(value["servers"], path + ".servers");
+      if (host.servers < 0) fail("{}.servers is {}; it must be >= 0", path, host.servers);
     }
     return host;
   }
@@ -130,11 +134,18 @@ ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sou
   return spec;
 }
 
-ResourceSpec ResourceSpec::localCpu(int workers) {
+ResourceSpec ResourceSpec::localCpu(int workers, int servers) {
   WEFT_CHECK(workers >= 1, "localCpu: workers is {}; it must be >= 1", workers);
+  WEFT_CHECK(servers >= 0, "localCpu: servers is {}; it must be >= 0", servers);
   ResourceSpec spec;
-  spec.hosts_.push_back(HostSpec{"127.0.0.1", workers, {}});
+  spec.hosts_.push_back(HostSpec{"127.0.0.1", workers, {}, servers});
   return spec;
+}
+
+int ResourceSpec::serverCount() const {
+  int n = 0;
+  for (const HostSpec& h : hosts_) n += h.servers;
+  return n;
 }
 
 std::vector<WorkerSlot> ResourceSpec::workers() const {

@@ -7,7 +7,8 @@
 // Each host has exactly one of `cpu_workers` (>= 1 worker processes) or `gpus` (distinct CUDA
 // device indices, one worker per GPU). `bind` is the address the coordinator listens on
 // (default "127.0.0.1": loopback, so a single-host job is never reachable from the network);
-// `coordinator_port` 0 means any free port. Every host also runs one parameter server.
+// `coordinator_port` 0 means any free port. Every host also runs `servers` parameter servers
+// (optional, default 1, may be 0).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@ struct HostSpec {
   std::string address;
   int cpuWorkers = 0;     ///< > 0 for a CPU host
   std::vector<int> gpus;  ///< non-empty for a GPU host
+  int servers = 1;        ///< parameter-server processes on this host
   /// Worker processes on this host.
   int slots() const { return cpuWorkers > 0 ? cpuWorkers : static_cast<int>(gpus.size()); }
 };
@@ -40,15 +42,15 @@ class ResourceSpec {
   /// Validates JSON text; `sourceName` (a file name) prefixes every error.
   static ResourceSpec parse(const std::string& text, const std::string& sourceName);
   /// The single-host default: `workers` CPU workers on 127.0.0.1, any free port.
-  static ResourceSpec localCpu(int workers);
+  static ResourceSpec localCpu(int workers, int servers = 1);
 
   const std::vector<HostSpec>& hosts() const { return hosts_; }
   const std::string& bind() const { return bind_; }
   uint16_t coordinatorPort() const { return coordinatorPort_; }
   /// Every worker in rank order: hosts in order, then slots in order.
   std::vector<WorkerSlot> workers() const;
-  /// Parameter servers: one per host.
-  int serverCount() const { return static_cast<int>(hosts_.size()); }
+  /// Parameter servers over all hosts.
+  int serverCount() const;
 
  private:
   std::vector<HostSpec> hosts_;

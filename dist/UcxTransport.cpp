@@ -5,6 +5,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 
 namespace weft::dist {
@@ -18,6 +20,8 @@ void check(ucs_status_t status, const char* what) {
 ucp_context_h createContext() {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");  // UCX_* from the environment
+  // UCX 1.13's shared-memory transports cannot report a dead peer, so TCP unless the user chose.
+  if (std::getenv("UCX_TLS") == nullptr) check(ucp_config_modify(config, "TLS", "tcp"), "ucp_config_modify(TLS)");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_TAG;
@@ -97,45 +101,85 @@ int UcxTransport::connect(std::span<const uint8_t> peerAddress) {
 }
 
 void UcxTransport::send(int index, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) {
+  const ucs_status_ptr_t request = postSend(index, tag, bytes);
+  progressUntil({request}, deadline, Watch{});
+  finishSend(request, index, tag, bytes.size());
+}
+
+void UcxTransport::receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer) {
+  void* request = postReceive(tag, into);
+  progressUntil({request}, deadline, fromPeer < 0 ? Watch::all() : Watch{false, {fromPeer}});
+  finishReceive(request, tag, into.size());
+}
+
+void UcxTransport::exchange(int sendPeer, uint64_t sendTag, std::span<const uint8_t> bytes, int receivePeer,
+                            uint64_t receiveTag, std::span<uint8_t> into, Deadline deadline) {
+  void* received = postReceive(receiveTag, into);  // posted first, so the peer's send can land in place
+  ucs_status_ptr_t sent = nullptr;
+  try {
+    sent = postSend(sendPeer, sendTag, bytes);
+  } catch (...) {
+    ucp_request_cancel(worker_, received);
+    completeAndFree(received);
+    throw;
+  }
+  progressUntil({received, sent}, deadline, Watch{false, {sendPeer, receivePeer}});
+  try {
+    finishSend(sent, sendPeer, sendTag, bytes.size());
+  } catch (...) {
+    ucp_request_cancel(worker_, received);
+    completeAndFree(received);
+    throw;
+  }
+  finishReceive(received, receiveTag, into.size());
+}
+
+void* UcxTransport::postSend(int index, uint64_t tag, std::span<const uint8_t> bytes) {
   Peer& p = peer(index);
   WEFT_CHECK(p.failure == UCS_OK, "UCX send to peer {} (tag {:#x}) failed: the peer has failed: {}", index, tag,
              ucs_status_string(p.failure));
   const ucp_request_param_t params = byteParams();
-  const ucs_status_ptr_t request = ucp_tag_send_nbx(p.endpoint, bytes.data(), bytes.size(), tag, &params);
-  if (statusOf(request) == UCS_INPROGRESS) progressUntil(request, deadline, false);
+  return ucp_tag_send_nbx(p.endpoint, bytes.data(), bytes.size(), tag, &params);
+}
+
+void UcxTransport::finishSend(void* request, int index, uint64_t tag, size_t size) {
+  Peer& p = peer(index);
   ucs_status_t status = statusOf(request);
   if (status == UCS_INPROGRESS) {  // the deadline passed: give up on this peer
     closeEndpoint(p);
     p.failure = status = UCS_ERR_TIMED_OUT;
   }
   completeAndFree(request);
-  WEFT_CHECK(status == UCS_OK, "UCX send to peer {} (tag {:#x}, {} bytes) failed: {}", index, tag, bytes.size(),
+  WEFT_CHECK(status == UCS_OK, "UCX send to peer {} (tag {:#x}, {} bytes) failed: {}", index, tag, size,
              ucs_status_string(status));
-  bytesSent_ += bytes.size();
+  bytesSent_ += size;
 }
 
-void UcxTransport::receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline) {
+void* UcxTransport::postReceive(uint64_t tag, std::span<uint8_t> into) {
   ucp_request_param_t params = byteParams();
   params.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // always a request, so its length can be read
   const ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_, into.data(), into.size(), tag, ~ucp_tag_t{0}, &params);
   WEFT_CHECK(!UCS_PTR_IS_ERR(request), "UCX receive of tag {:#x} ({} bytes) failed: {}", tag, into.size(),
              ucs_status_string(UCS_PTR_STATUS(request)));
-  progressUntil(request, deadline, true);
+  return request;
+}
+
+void UcxTransport::finishReceive(void* request, uint64_t tag, size_t size) {
   ucp_tag_recv_info_t info{};
   const ucs_status_t status = ucp_tag_recv_request_test(request, &info);
   if (status == UCS_INPROGRESS) ucp_request_cancel(worker_, request);
   completeAndFree(request);
   if (status == UCS_INPROGRESS) {
-    const Peer* failed = firstFailedPeer();
+    const Peer* failed = firstFailedPeer(Watch::all());
     WEFT_CHECK(failed == nullptr, "UCX receive of tag {:#x} failed: peer {} failed: {}", tag, failed->index,
                ucs_status_string(failed->failure));
-    WEFT_THROW("UCX receive of tag {:#x} ({} bytes) failed: the deadline passed: {}", tag, into.size(),
+    WEFT_THROW("UCX receive of tag {:#x} ({} bytes) failed: the deadline passed: {}", tag, size,
                ucs_status_string(UCS_ERR_TIMED_OUT));
   }
-  WEFT_CHECK(status == UCS_OK, "UCX receive of tag {:#x} ({} bytes) failed: {}", tag, into.size(),
+  WEFT_CHECK(status == UCS_OK, "UCX receive of tag {:#x} ({} bytes) failed: {}", tag, size,
              ucs_status_string(status));
-  WEFT_CHECK(info.length == into.size(), "UCX receive of tag {:#x}: expected {} bytes, the message has {}", tag,
-             into.size(), info.length);
+  WEFT_CHECK(info.length == size, "UCX receive of tag {:#x}: expected {} bytes, the message has {}", tag, size,
+             info.length);
   bytesReceived_ += info.length;
 }
 
@@ -158,10 +202,15 @@ void UcxTransport::closeEndpoint(Peer& p) {
   p.endpoint = nullptr;
 }
 
-void UcxTransport::progressUntil(void* request, Deadline deadline, bool watchPeers) {
-  while (ucp_request_check_status(request) == UCS_INPROGRESS) {
+void UcxTransport::progressUntil(std::initializer_list<void*> requests, Deadline deadline, const Watch& watch) {
+  auto pending = [&] {
+    for (void* r : requests)
+      if (statusOf(r) == UCS_INPROGRESS) return true;
+    return false;
+  };
+  while (pending()) {
     ucp_worker_progress(worker_);
-    if (Clock::now() >= deadline || (watchPeers && firstFailedPeer() != nullptr)) return;
+    if (Clock::now() >= deadline || firstFailedPeer(watch) != nullptr) return;
   }
 }
 
@@ -171,10 +220,32 @@ void UcxTransport::completeAndFree(void* request) {
   ucp_request_free(request);
 }
 
-const UcxTransport::Peer* UcxTransport::firstFailedPeer() const {
-  for (const std::unique_ptr<Peer>& p : peers_)
-    if (p->failure != UCS_OK) return p.get();
+const UcxTransport::Peer* UcxTransport::firstFailedPeer(const Watch& watch) const {
+  for (const std::unique_ptr<Peer>& p : peers_) {
+    const bool watched = watch.everyPeer || std::find(watch.peers.begin(), watch.peers.end(), p->index) != watch.peers.end();
+    if (watched && p->failure != UCS_OK) return p.get();
+  }
   return nullptr;
+}
+
+void UcxTransport::closeAll(Deadline deadline) {
+  ucp_request_param_t params{};  // no FORCE flag: the close flushes what is in flight
+  std::vector<void*> requests;
+  for (const std::unique_ptr<Peer>& p : peers_) {
+    if (p->endpoint == nullptr) continue;
+    void* request = ucp_ep_close_nbx(p->endpoint, &params);
+    if (statusOf(request) == UCS_INPROGRESS) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline)
+        ucp_worker_progress(worker_);
+      if (ucp_request_check_status(request) == UCS_INPROGRESS) {
+        ucp_request_cancel(worker_, request);
+        completeAndFree(request);
+      } else {
+        ucp_request_free(request);
+      }
+    }
+    p->endpoint = nullptr;
+  }
 }
 
 }  // namespace weft::dist

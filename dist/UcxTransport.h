@@ -6,7 +6,7 @@
 // reported instead of waited for; every send and receive has a deadline. Failures raise
 // weft::Error naming the peer index, the tag and the UCX status string. Transports come from the
 // environment (UCX_TLS, UCX_NET_DEVICES, ...); shared-memory transports are not usable with peer
-// error handling in UCX 1.13, so multi-process setups run with UCX_TLS=tcp.
+// error handling in UCX 1.13, so when UCX_TLS is unset the transport uses TCP.
 #pragma once
 
 #include "dist/Wire.h"
@@ -14,6 +14,7 @@
 #include <ucs/type/status.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <vector>
@@ -42,8 +43,17 @@ class UcxTransport {
   /// deadline passes the peer's endpoint is closed and the peer counts as failed from then on.
   void send(int peer, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline);
   /// Receives exactly into.size() bytes of the message with `tag` (from any peer). Fails when
-  /// the deadline passes, when the message has another size, or when any peer has failed.
-  void receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline);
+  /// the deadline passes, when the message has another size, or when peer `fromPeer` (any peer
+  /// when -1) has failed.
+  void receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer = -1);
+  /// Sends `bytes` to `sendPeer` while receiving the message with `receiveTag` (which
+  /// `receivePeer` sends) into `into`; the receive is posted first, so two peers may exchange
+  /// with each other at once (a ring step). Fails when either of the two peers fails.
+  void exchange(int sendPeer, uint64_t sendTag, std::span<const uint8_t> bytes, int receivePeer, uint64_t receiveTag,
+                std::span<uint8_t> into, Deadline deadline);
+  /// Closes every endpoint after flushing what is in flight to it (force-closing what is not
+  /// flushed by the deadline): the clean way to leave a job.
+  void closeAll(Deadline deadline);
 
   /// Payload bytes of the sends and receives that completed.
   uint64_t bytesSent() const { return bytesSent_; }
@@ -56,18 +66,32 @@ class UcxTransport {
     ucp_ep* endpoint = nullptr;
     ucs_status_t failure = UCS_OK;  ///< what the error handler reported (or a send's timeout)
   };
+  /// Which peers' failure ends a wait.
+  struct Watch {
+    bool everyPeer = false;
+    std::vector<int> peers;
+    static Watch all() { return {true, {}}; }
+  };
   static void onPeerError(void* arg, ucp_ep* endpoint, ucs_status_t status);
 
   Peer& peer(int index);
   /// Force-closes the endpoint (its pending requests end as canceled); idempotent.
   void closeEndpoint(Peer& p);
-  /// Progresses the worker until `request` completes, the deadline passes or, with watchPeers,
-  /// some peer has failed. The request is neither cancelled nor freed.
-  void progressUntil(void* request, Deadline deadline, bool watchPeers);
+  void* postSend(int peer, uint64_t tag, std::span<const uint8_t> bytes);
+  /// Waits for nothing: frees the send request, closing the peer if it is still in progress
+  /// (its deadline passed), and throws on failure; counts the bytes on success.
+  void finishSend(void* request, int peer, uint64_t tag, size_t size);
+  void* postReceive(uint64_t tag, std::span<uint8_t> into);
+  /// Frees the receive request, cancelling it if still in progress; throws naming the failed peer
+  /// or the deadline, or when the message had another size; counts the bytes on success.
+  void finishReceive(void* request, uint64_t tag, size_t size);
+  /// Progresses the worker until every request completes, the deadline passes or a watched peer
+  /// has failed. The requests are neither cancelled nor freed.
+  void progressUntil(std::initializer_list<void*> requests, Deadline deadline, const Watch& watch);
   /// Progresses until a request that is bound to complete (cancelled, force-closed) does, then
   /// frees it. Accepts what a *_nbx call returned, including NULL and error pointers.
   void completeAndFree(void* request);
-  const Peer* firstFailedPeer() const;
+  const Peer* firstFailedPeer(const Watch& watch) const;
 
   ucp_context* context_ = nullptr;
   ucp_worker* worker_ = nullptr;

@@ -141,6 +141,10 @@ class GnnZooModel : public ZooModel {
   }
   std::string targetMetric() const override { return "accuracy"; }
   bool higherIsBetter() const override { return true; }
+  data::Batch shard(const data::Batch&, int64_t, int64_t count) const override {
+    WEFT_THROW("gnn: a batch of graphs cannot be shared among {} data-parallel workers yet (its nodes and edges "
+               "of all graphs are concatenated)", count);
+  }
   std::pair<std::string, double> itemsIn(const data::Batch& b) const override {
     return {"nodes", static_cast<double>(b.at("features").shape()[0])};
   }

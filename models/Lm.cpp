@@ -76,15 +76,28 @@ Output fullSoftmaxLoss(Output hidden, Output outW, Output outB, Output targets, 
   return fullSoftmaxLossSum(hidden, outW, outB, targets, mask) / wordCount(mask);
 }
 
-Output sampledSoftmaxLoss(Output hidden, Output outW, Output outB, Output targets, Output mask,
-                          Output candidates, Output candidateLogQ, Output targetLogQ) {
+/// The sampled-softmax loss summed over the unmasked positions.
+Output sampledSoftmaxLossSum(Output hidden, Output outW, Output outB, Output targets, Output mask, Output candidates,
+                             Output candidateLogQ, Output targetLogQ) {
   const Output trueLogit = sum(hidden * gather(outW, targets), {1}, true) + expandDims(gather(outB, targets) - targetLogQ, 1);
   const Output hits = cast(equal(expandDims(targets, 1), candidates), hidden.dtype());
   const Output sampledLogits =
       matmul(hidden, gather(outW, candidates), false, true) + (gather(outB, candidates) - candidateLogQ) - hits * kHitPenalty;
   const Output logits = concat({trueLogit, sampledLogits}, 1);
   const Output perPosition = -reshape(slice(logSoftmax(logits), {0, 0}, {-1, 1}), {-1});
-  return maskedSum(perPosition, mask) / wordCount(mask);
+  return maskedSum(perPosition, mask);
+}
+
+Output sampledSoftmaxLoss(Output hidden, Output outW, Output outB, Output targets, Output mask,
+                          Output candidates, Output candidateLogQ, Output targetLogQ) {
+  return sampledSoftmaxLossSum(hidden, outW, outB, targets, mask, candidates, candidateLogQ, targetLogQ) /
+         wordCount(mask);
+}
+
+double wordsIn(const data::Batch& batch) {
+  double words = 0;
+  for (const float m : batch.at("targets_mask").toVector<float>()) words += m;
+  return words;
 }
 
 // ---- the training stream: the Batcher's batches plus the step's shared candidates -------------
@@ -98,6 +111,9 @@ class LmModel::Batches : public data::BatchSource {
     const auto counter = static_cast<uint64_t>(batcher_.position());
     data::Batch batch = batcher_.next();
     model_.addCandidates(batch, counter);
+    // The loss is normalised by the words of the whole step, so that data-parallel workers,
+    // each with a part of the batch, together compute the gradient of the total batch.
+    batch["targets_words"] = Tensor::scalar(f32, wordsIn(batch));
     return batch;
   }
   int64_t position() const override { return batcher_.position(); }
@@ -222,14 +238,15 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   const Output targets = reshape(targets_, {-1});
   const Output mask = cast(reshape(targetsMask_, {-1}), dt);
   evalLossSum_ = fullSoftmaxLossSum(hidden, outW, outB, targets, mask);
+  const Output words = maximum(cast(g.placeholder("targets_words", f32, {}), dt), g.scalar(1.0, dt));
   if (config_.sampled == 0) {
-    loss_ = evalLossSum_ / wordCount(mask);
+    loss_ = evalLossSum_ / words;
     return;
   }
   const Output candidates = g.placeholder("candidates", i32, {config_.sampled});
   const Output candidateLogQ = cast(g.placeholder("candidates_logq", f32, {config_.sampled}), dt);
   const Output targetLogQ = cast(reshape(g.placeholder("targets_logq", f32, {-1, -1}), {-1}), dt);
-  loss_ = sampledSoftmaxLoss(hidden, outW, outB, targets, mask, candidates, candidateLogQ, targetLogQ);
+  loss_ = sampledSoftmaxLossSum(hidden, outW, outB, targets, mask, candidates, candidateLogQ, targetLogQ) / words;
 }
 
 data::BatchSource& LmModel::trainData() {
@@ -267,10 +284,15 @@ std::map<std::string, double> LmModel::evaluate(Session& session, int64_t maxBat
 }
 
 std::pair<std::string, double> LmModel::itemsIn(const data::Batch& batch) const {
-  const Tensor& mask = batch.at("targets_mask");
-  double words = 0;
-  for (const float m : mask.toVector<float>()) words += m;
-  return {"words", words};
+  return {"words", wordsIn(batch)};
+}
+
+data::Batch LmModel::shard(const data::Batch& batch, int64_t index, int64_t count) const {
+  data::Batch part = data::sliceBatch(batch, index, count, {"candidates", "candidates_logq", "targets_words"});
+  // Each worker's loss is its part's sum over the step's words per worker: the workers' average
+  // gradient is then exactly the total batch's.
+  part["targets_words"] = Tensor::scalar(f32, batch.at("targets_words").item() / static_cast<double>(count));
+  return part;
 }
 
 std::unique_ptr<ZooModel> makeLmModel() { return std::make_unique<LmModel>(); }

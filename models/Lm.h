@@ -69,6 +69,8 @@ class LmModel : public ZooModel {
   std::string targetMetric() const override { return "perplexity"; }
   bool higherIsBetter() const override { return false; }
   std::pair<std::string, double> itemsIn(const data::Batch& batch) const override;
+  /// Every worker keeps the step's sampled candidates whole and normalises by the step's words.
+  data::Batch shard(const data::Batch& batch, int64_t index, int64_t count) const override;
 
   LmConfig& config() { return config_; }
   int64_t vocabSize() const { return vocabSize_; }

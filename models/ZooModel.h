@@ -63,6 +63,11 @@ class ZooModel {
   virtual bool higherIsBetter() const = 0;
   /// What a batch holds, for throughput: ("words", 640) or ("images", 128).
   virtual std::pair<std::string, double> itemsIn(const data::Batch& batch) const = 0;
+  /// Part `index` of `count` of a training batch, for data-parallel workers: by default every
+  /// field cut along its first axis.
+  virtual data::Batch shard(const data::Batch& batch, int64_t index, int64_t count) const {
+    return data::sliceBatch(batch, index, count);
+  }
 };
 
 /// Feeds for a batch: each field goes to the graph's placeholder of the same name; a field with

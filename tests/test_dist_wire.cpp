@@ -105,6 +105,18 @@ TEST_CASE("resource spec: defaults, localCpu and load") {
   CHECK(contains(errorOf([&] { ResourceSpec::load(path); }), "cannot open resource specification " + path));
 }
 
+TEST_CASE("resource spec: servers per host default to one and may be set, including to zero") {
+  const ResourceSpec spec = ResourceSpec::parse(R"({"hosts": [{"address": "a", "cpu_workers": 1, "servers": 3},
+      {"address": "b", "cpu_workers": 1, "servers": 0}, {"address": "c", "cpu_workers": 1}]})", "cluster.json");
+  CHECK(spec.hosts()[0].servers == 3);
+  CHECK(spec.hosts()[1].servers == 0);
+  CHECK(spec.hosts()[2].servers == 1);
+  CHECK(spec.serverCount() == 4);
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1, "servers": -1}]})") ==
+        "cluster.json: hosts[0].servers is -1; it must be >= 0");
+  CHECK(ResourceSpec::localCpu(2, 2).serverCount() == 2);
+}
+
 TEST_CASE("resource spec: every error names the file and the JSON path") {
   CHECK(contains(specError("{"), "cluster.json: not valid JSON"));
   CHECK(specError("[1]") == "cluster.json: the top level must be an object, got [1]");
@@ -114,7 +126,7 @@ TEST_CASE("resource spec: every error names the file and the JSON path") {
   CHECK(specError(R"({"hosts": []})") == "cluster.json: hosts is empty; list at least one host");
   CHECK(specError(R"({"hosts": [3]})") == "cluster.json: hosts[0] must be an object, got 3");
   CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1, "gpu": [0]}]})") ==
-        "cluster.json: hosts[0]: unknown key 'gpu' (allowed: address, cpu_workers, gpus)");
+        "cluster.json: hosts[0]: unknown key 'gpu' (allowed: address, cpu_workers, gpus, servers)");
   CHECK(specError(R"({"hosts": [{"cpu_workers": 1}]})") == "cluster.json: hosts[0].address is missing");
   CHECK(specError(R"({"hosts": [{"address": "", "cpu_workers": 1}]})") == "cluster.json: hosts[0].address is empty");
   CHECK(specError(R"({"hosts": [{"address": 7, "cpu_workers": 1}]})") == "cluster.json: hosts[0].address must be a string, got 7");

@@ -1,6 +1,8 @@
 #include "tools/Train.h"
 
 #include "core/Checkpoint.h"
+#include "dist/Launcher.h"
+#include "dist/Runner.h"
 #include "models/ZooModel.h"
 #include "tools/Progress.h"
 
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 namespace weft::tools {
 namespace {
@@ -32,6 +35,15 @@ struct TrainFlags {
   int64_t logEvery = 100;
   bool resume = false;
   int64_t bench = 0;
+  // Distribution: a job of `workers` local worker processes and `servers` servers, or `cluster`.
+  int workers = 0;
+  int servers = 1;
+  std::string cluster;
+  std::string arch = "ar";
+  double timeout = 60;
+  bool reportComm = false;
+
+  bool distributed() const { return workers > 0 || !cluster.empty(); }
 };
 
 std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& s) {
@@ -69,10 +81,17 @@ class MetricsLog {
 
 class Trainer {
  public:
-  Trainer(std::string name, models::ZooModel& model, const TrainFlags& flags)
-      : name_(std::move(name)), model_(&model), flags_(flags) {}
+  Trainer(std::string name, models::ZooModel& model, const TrainFlags& flags, std::vector<std::string> commandLine)
+      : name_(std::move(name)), model_(&model), flags_(flags), commandLine_(std::move(commandLine)) {}
 
   void run() {
+    const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(std::max(flags_.workers, 1), flags_.servers)
+                                                                : dist::ResourceSpec::load(flags_.cluster);
+    if (flags_.distributed() && !dist::launchIdentityFromEnvironment()) {
+      // This process is the launcher: the same command line runs as every worker and server.
+      WEFT_CHECK(dist::launch(resources, commandLine_) == 0, "the distributed job failed (see the messages above)");
+      return;
+    }
     models::CommonOptions common;
     common.batchSize = flags_.batch;
     common.seed = flags_.seed;
@@ -83,23 +102,34 @@ class Trainer {
     optim::MinimizeOptions minimize;
     minimize.clipGlobalNorm = spec.clipNorm;
     trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
-    session_ = std::make_unique<Session>(graph_, SessionOptions{flags_.threads, false});
+    dist::Config config;
+    config.architecture = dist::parseArchitecture(flags_.arch);
+    config.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000));
+    config.session = SessionOptions{flags_.threads, false};
+    runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here, then exits
+    session_ = &runner_->session();
+    leader_ = runner_->rank() == 0;
     steps_ = flags_.epochs > 0   ? flags_.epochs * model_->trainData().batchesPerEpoch()
              : flags_.steps > 0 ? flags_.steps
                                 : model_->defaultSteps();
     if (flags_.bench > 0) return bench();
 
     const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
-    std::filesystem::create_directories(out);
+    if (leader_) std::filesystem::create_directories(out);
     checkpointPath_ = out + "/checkpoint.safetensors";
     data::Prefetcher batches(model_->trainData());
     int64_t step = 0;
     if (flags_.resume) step = resume(batches);
-    MetricsLog metrics(out + "/metrics.jsonl");
+    std::optional<MetricsLog> metrics;
+    if (leader_) metrics.emplace(out + "/metrics.jsonl");
     const int64_t evalEvery = flags_.evalEvery > 0 ? flags_.evalEvery : std::max<int64_t>(1, steps_ / 10);
     const int64_t checkpointEvery = flags_.checkpointEvery > 0 ? flags_.checkpointEvery : evalEvery;
-    fmt::print("training {} for {} steps ({} threads, optimizer {} lr {}); output in {}\n", name_, steps_, flags_.threads,
-               spec.name, spec.lr, out);
+    if (leader_) {
+      fmt::print("training {} for {} steps ({} threads, optimizer {} lr {}{}); output in {}\n", name_, steps_,
+                 flags_.threads, spec.name, spec.lr,
+                 runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture", runner_->workers(), flags_.arch) : "",
+                 out);
+    }
     Progress progress(steps_, step);
     double lossSum = 0, items = 0;
     int64_t lossCount = 0;
@@ -109,14 +139,24 @@ class Trainer {
       const auto [what, count] = model_->itemsIn(batch);
       unit = what;
       items += count;
-      const double loss = session_->run({model_->loss()}, models::feedsFor(graph_, batch), {trainStep_})[0].item();
+      const double loss = runner_->run({model_->loss()}, models::feedsFor(graph_, myPart(batch)), {trainStep_})[0].item();
       WEFT_CHECK(std::isfinite(loss), "{}: the loss became {} at step {}", name_, loss, step + 1);
       lossSum += loss;
       ++lossCount;
       ++step;
+      const bool logNow = step % flags_.logEvery == 0 || step == steps_;
+      // The workers' mean is the total batch's loss; the progress line between logs shows rank 0's part.
+      if (logNow) lossSum = runner_->meanOverWorkers(lossSum);
+      if (!leader_) {
+        if (logNow) {
+          lossSum = 0;
+          lossCount = 0;
+        }
+        continue;
+      }
       progress.update(step, lossSum / static_cast<double>(lossCount), items, unit);
-      if (step % flags_.logEvery == 0 || step == steps_) {
-        metrics.write({{"step", step}, {"loss", lossSum / static_cast<double>(lossCount)}, {unit + "_per_s", progress.rate(items)}});
+      if (logNow) {
+        metrics->write({{"step", step}, {"loss", lossSum / static_cast<double>(lossCount)}, {unit + "_per_s", progress.rate(items)}});
         progress.log(step, lossSum / static_cast<double>(lossCount), items, unit);
         lossSum = 0;
         lossCount = 0;
@@ -125,7 +165,7 @@ class Trainer {
       }
       if (step % evalEvery == 0 || step == steps_) {
         const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
-        metrics.write({{"step", step}, {"eval", result}});
+        metrics->write({{"step", step}, {"eval", result}});
         progress.report(step, result);
       }
       if (step % checkpointEvery == 0 || step == steps_) {
@@ -133,13 +173,31 @@ class Trainer {
                        {{"model", name_}, {"step", std::to_string(step)}, {"data_position", std::to_string(batches.position())}});
       }
     }
+    runner_->finish();  // every worker is done with its last step: the final evaluation is rank 0's alone
+    if (flags_.reportComm) reportCommunication(step);
+    if (!leader_) return;
     const std::map<std::string, double> result = model_->evaluate(*session_, 0);
     nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
-    metrics.write(summary);
+    if (runner_->workers() > 1) summary["workers"] = runner_->workers();
+    metrics->write(summary);
     fmt::print("{}\n", summary.dump());
   }
 
  private:
+  /// This worker's part of a total batch.
+  data::Batch myPart(const data::Batch& batch) const {
+    return runner_->workers() > 1 ? model_->shard(batch, runner_->rank(), runner_->workers()) : batch;
+  }
+
+  /// Bytes this worker moved per step, by kind (--report-comm).
+  void reportCommunication(int64_t steps) const {
+    const dist::Traffic t = runner_->traffic();
+    const double n = static_cast<double>(std::max<int64_t>(steps, 1));
+    fmt::print(stderr, "communication of worker {}: per step {:.0f} dense + {:.0f} sparse bytes sent, {:.0f} dense + {:.0f} "
+               "sparse received; setup and control {} bytes sent\n",
+               runner_->rank(), t.sent[0] / n, t.sent[1] / n, t.received[0] / n, t.received[1] / n, t.sent[2]);
+  }
+
   /// Restores variables, the session's run counter and the data position; returns the step.
   int64_t resume(data::Prefetcher& batches) {
     WEFT_CHECK(std::filesystem::exists(checkpointPath_), "--resume: no checkpoint at {}", checkpointPath_);
@@ -159,9 +217,9 @@ class Trainer {
     std::string unit;
     for (int64_t i = 0; i < 5 + flags_.bench; ++i) {
       const data::Batch batch = source.next();
-      const FeedMap feeds = models::feedsFor(graph_, batch);
+      const FeedMap feeds = models::feedsFor(graph_, myPart(batch));
       const auto start = std::chrono::steady_clock::now();
-      session_->run({model_->loss()}, feeds, {trainStep_});
+      runner_->run({model_->loss()}, feeds, {trainStep_});
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (i < 5) continue;
       times.push_back(t);
@@ -169,6 +227,8 @@ class Trainer {
       unit = what;
       items += count;
     }
+    runner_->finish();
+    if (!leader_) return;
     std::vector<double> sorted = times;
     std::sort(sorted.begin(), sorted.end());
     auto at = [&](double q) { return sorted[static_cast<size_t>(q * static_cast<double>(sorted.size() - 1))] * 1e3; };
@@ -183,9 +243,12 @@ class Trainer {
   std::string name_;
   models::ZooModel* model_;
   TrainFlags flags_;
+  std::vector<std::string> commandLine_;
   Graph graph_;
   Node* trainStep_ = nullptr;
-  std::unique_ptr<Session> session_;
+  std::optional<dist::Runner> runner_;
+  Session* session_ = nullptr;
+  bool leader_ = true;  // worker rank 0: prints, logs, evaluates and checkpoints
   int64_t steps_ = 0;
   std::string checkpointPath_;
 };
@@ -214,6 +277,17 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--log-every", f.logEvery, "steps between progress lines")->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_flag("--resume", f.resume, "continue from the checkpoint in --out, exactly where it stopped");
   cmd.add_option("--bench", f.bench, "time N steps after 5 warm-up steps and print one JSON line")->check(CLI::PositiveNumber);
+  CLI::Option* workers = cmd.add_option("--workers", f.workers, "train data-parallel with N local worker processes (--batch is the total)")
+                             ->check(CLI::PositiveNumber);
+  cmd.add_option("--servers", f.servers, "parameter-server processes of a --workers job")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--cluster", f.cluster, "train data-parallel on the hosts of this resource specification (JSON)")
+      ->excludes(workers);
+  cmd.add_option("--arch", f.arch, "how variables are synchronised: ar (AllReduce dense, AllGather sparse)")
+      ->capture_default_str()->check(CLI::IsMember({"ar"}));
+  cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_flag("--report-comm", f.reportComm, "print each worker's bytes sent and received per step");
 }
 
 void addModelFlags(CLI::App& cmd, const std::string& name, models::ZooModel& model) {
@@ -236,7 +310,7 @@ void addModelFlags(CLI::App& cmd, const std::string& name, models::ZooModel& mod
 
 }  // namespace
 
-void addTrainCommands(CLI::App& train) {
+void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine) {
   for (const std::string& name : models::zooModelNames()) {
     // The model lives as long as the command line: its options are bound to its fields.
     std::shared_ptr<models::ZooModel> model = models::makeZooModel(name);
@@ -244,7 +318,7 @@ void addTrainCommands(CLI::App& train) {
     CLI::App* cmd = train.add_subcommand(name, "train the " + name + " model");
     addCommonFlags(*cmd, *flags);
     addModelFlags(*cmd, name, *model);
-    cmd->callback([name, model, flags] { Trainer(name, *model, *flags).run(); });
+    cmd->callback([name, model, flags, commandLine] { Trainer(name, *model, *flags, commandLine).run(); });
   }
 }
 

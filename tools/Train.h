@@ -5,9 +5,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+#include <vector>
+
 namespace weft::tools {
 
-/// Adds one subcommand per zoo model to `train`.
-void addTrainCommands(CLI::App& train);
+/// Adds one subcommand per zoo model to `train`. `commandLine` (this process's executable and
+/// arguments) is what a distributed run starts as each of its worker and server processes.
+void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine);
 
 }  // namespace weft::tools

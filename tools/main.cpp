@@ -7,13 +7,19 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 
 int main(int argc, char** argv) {
   CLI::App app("weft: a C++ deep-learning framework with distribution built in");
   app.require_subcommand(1);
   CLI::App* train = app.add_subcommand("train", "train a model-zoo model (weft train MODEL --help)");
   train->require_subcommand(1);
-  weft::tools::addTrainCommands(*train);
+  // Distributed runs start this same command line as each worker, by the binary's absolute path.
+  std::vector<std::string> commandLine(argv, argv + argc);
+  std::error_code noPath;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", noPath);
+  if (!noPath) commandLine[0] = self.string();
+  weft::tools::addTrainCommands(*train, commandLine);
 
   CLI::App* graph = app.add_subcommand("graph", "print a model's training graph with its gradient links (text, or Graphviz DOT with --dot)");
   std::string model = "mlp";

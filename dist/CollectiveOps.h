@@ -1,0 +1,30 @@
+// Graph ops that run collectives on a worker's Communicator. Each collective is a pair: a Start
+// op (launches asynchronously, so the executor runs it as soon as its inputs exist and the
+// transfer overlaps the rest of the step) that hands a copy of its inputs to the communication
+// thread and outputs a ticket, and a Wait op that blocks on the ticket and outputs the result.
+//
+//   AllReduceStart(x_1..x_k) -> ticket      AllReduceWait(ticket, x_1..x_k) -> scale * sum_ranks x_i
+//   AllGatherStart(indices, values) -> ticket
+//   AllGatherWait(ticket, indices, values) -> (every rank's indices, scale * every rank's values)
+//
+// Attributes: "communicator" (Communicator::id()), "scale" (Wait ops), "world_size" (AllGather).
+#pragma once
+
+#include "core/Graph.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace weft::dist {
+
+/// Registers the collective ops (idempotent).
+void registerCollectiveOps();
+
+/// Sums tensors of one dtype over every rank, times `scale`; one fused transfer for all of them.
+std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t communicator, double scale);
+/// Concatenates every rank's sparse rows in rank order (every rank must have as many), values
+/// times `scale`.
+std::pair<Output, Output> allGatherRows(Output indices, Output values, int64_t communicator, int worldSize,
+                                        double scale);
+
+}  // namespace weft::dist

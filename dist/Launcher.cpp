@@ -1,0 +1,261 @@
+// The job launcher (see the header).
+#include "dist/Launcher.h"
+
+#include "core/Error.h"
+#include "dist/Auth.h"
+#include "dist/Coordinator.h"
+
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <thread>
+
+namespace weft::dist {
+
+namespace {
+
+std::atomic<int> stopSignal{0};
+void onStopSignal(int signal) { stopSignal = signal; }
+
+/// Installs the SIGINT/SIGTERM handlers for the launcher's lifetime (without SA_RESTART, so a
+/// blocked waitpid returns) and restores the previous ones.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = onStopSignal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &oldInt_);
+    sigaction(SIGTERM, &action, &oldTerm_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &oldInt_, nullptr);
+    sigaction(SIGTERM, &oldTerm_, nullptr);
+  }
+
+ private:
+  struct sigaction oldInt_ {}, oldTerm_ {};
+};
+
+/// A private directory for the secret file, removed with its content.
+class PrivateDirectory {
+ public:
+  PrivateDirectory() {
+    const std::filesystem::path base = std::filesystem::temp_directory_path();
+    std::string pattern = (base / "weft-job-XXXXXX").string();
+    WEFT_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a directory in {}: {}", base.string(),
+               std::strerror(errno));  // mkdtemp makes it 0700
+    path_ = pattern;
+  }
+  ~PrivateDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+bool isLocal(const std::string& address) { return address.rfind("127.", 0) == 0 || address == "localhost"; }
+
+std::string shellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out.append("'\\''");
+    } else {
+      out.push_back(c);
+    }
+  }
+  out.push_back('\'');
+  return out;
+}
+
+struct Child {
+  MemberId id;
+  pid_t pid = -1;
+  bool running = true;
+};
+
+/// Starts one member of the job: locally with its identity in the environment, or over ssh
+/// with the secret written to the remote shell's standard input.
+pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::string>& command,
+            const std::map<std::string, std::string>& environment, const std::string& secretFile,
+            const Secret& secret) {
+  int secretPipe[2] = {-1, -1};
+  const bool local = isLocal(host.address);
+  if (!local) WEFT_CHECK(::pipe(secretPipe) == 0, "pipe: {}", std::strerror(errno));
+  const pid_t pid = ::fork();
+  WEFT_CHECK(pid >= 0, "fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    std::vector<std::string> argv = command;
+    if (local) {
+      for (const auto& [k, v] : environment) ::setenv(k.c_str(), v.c_str(), 1);
+      ::setenv("WEFT_JOB_SECRET_FILE", secretFile.c_str(), 1);
+    } else {
+      ::dup2(secretPipe[0], STDIN_FILENO);
+      ::close(secretPipe[0]);
+      ::close(secretPipe[1]);
+      std::string remote = fmt::format("cd {} && read -r WEFT_JOB_SECRET && export WEFT_JOB_SECRET && exec env",
+                                       shellQuote(std::filesystem::current_path().string()));
+      for (const auto& [k, v] : environment) remote += fmt::format(" {}={}", k, shellQuote(v));
+      for (const std::string& a : command) remote += fmt::format(" {}", shellQuote(a));
+      argv = {"ssh", "-o", "BatchMode=yes", host.address, remote};
+    }
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::cerr << fmt::format("weft launch: cannot run {} for {}: {}\n", argv[0], describe(id), std::strerror(errno));
+    std::_Exit(127);
+  }
+  if (!local) {
+    ::close(secretPipe[0]);
+    const std::string line = toHex(secret) + "\n";
+    [[maybe_unused]] const ssize_t written = ::write(secretPipe[1], line.data(), line.size());
+    ::close(secretPipe[1]);
+  }
+  return pid;
+}
+
+std::string howItEnded(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return "ended";
+}
+
+class Job {
+ public:
+  explicit Job(std::chrono::milliseconds grace) : grace_(grace) {}
+  ~Job() { stopAll(); }  // never leave a process behind, whatever happened
+
+  void add(Child child) { children_.push_back(child); }
+
+  /// Waits for the job to end; returns the exit status.
+  int supervise() {
+    int failures = 0;
+    while (anyWorkerRunning()) {
+      if (stopSignal != 0) {
+        std::cerr << fmt::format("weft launch: got signal {}; stopping the job\n", stopSignal.load());
+        stopAll();
+        return 1;
+      }
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, 0);
+      if (pid < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      Child* child = find(pid);
+      if (child == nullptr) continue;
+      child->running = false;
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        std::cerr << fmt::format("weft launch: {} (pid {}) {}; stopping the job\n", describe(child->id), pid,
+                                 howItEnded(status));
+        ++failures;
+        stopAll();
+        return 1;
+      }
+    }
+    // Every worker succeeded: the servers leave once they have every worker's goodbye.
+    const auto deadline = std::chrono::steady_clock::now() + grace_;
+    while (anyRunning() && std::chrono::steady_clock::now() < deadline) {
+      reapExited();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (const Child& c : children_) {
+      if (c.running) {
+        std::cerr << fmt::format("weft launch: {} (pid {}) did not leave after the workers finished\n",
+                                 describe(c.id), c.pid);
+        ++failures;
+      }
+    }
+    stopAll();
+    return failures == 0 ? 0 : 1;
+  }
+
+ private:
+  Child* find(pid_t pid) {
+    for (Child& c : children_)
+      if (c.pid == pid) return &c;
+    return nullptr;
+  }
+  bool anyRunning() const {
+    for (const Child& c : children_)
+      if (c.running) return true;
+    return false;
+  }
+  bool anyWorkerRunning() const {
+    for (const Child& c : children_)
+      if (c.running && c.id.role == Role::Worker) return true;
+    return false;
+  }
+  void reapExited() {
+    for (Child& c : children_) {
+      int status = 0;
+      if (c.running && ::waitpid(c.pid, &status, WNOHANG) == c.pid) c.running = false;
+    }
+  }
+  /// SIGTERM to every running process, SIGKILL to those still there after the grace period.
+  void stopAll() {
+    for (const Child& c : children_)
+      if (c.running) ::kill(c.pid, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + grace_;
+    while (anyRunning() && std::chrono::steady_clock::now() < deadline) {
+      reapExited();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (Child& c : children_) {
+      if (!c.running) continue;
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, nullptr, 0);
+      c.running = false;
+    }
+  }
+
+  std::chrono::milliseconds grace_;
+  std::vector<Child> children_;
+};
+
+}  // namespace
+
+int launch(const ResourceSpec& spec, const std::vector<std::string>& command, const LaunchOptions& options) {
+  WEFT_CHECK(!command.empty(), "weft launch: no command to run");
+  const StopSignals signals;
+  stopSignal = 0;
+  const Secret secret = generateSecret();
+  const JobId job = generateJobId();
+  const PrivateDirectory directory;
+  const std::string secretFile = directory.path() + "/secret";
+  saveSecret(secretFile, secret);
+
+  const std::vector<MemberId> members = expectedMembers(spec);
+  Coordinator coordinator(spec, secret, job, members, options.rendezvousTimeout);
+  const std::string coordinatorHost = spec.bind() == "0.0.0.0" ? spec.hosts().front().address : spec.bind();
+  Job running(options.grace);
+  for (const MemberId& id : members) {
+    const std::map<std::string, std::string> environment{
+        {"WEFT_COORDINATOR", fmt::format("{}:{}", coordinatorHost, coordinator.port())},
+        {"WEFT_ROLE", id.role == Role::Worker ? "worker" : "server"},
+        {"WEFT_HOST", std::to_string(id.host)},
+        {"WEFT_SLOT", std::to_string(id.slot)},
+        {"WEFT_JOB_ID", toHex(job)},
+    };
+    running.add({id, start(spec.hosts()[static_cast<size_t>(id.host)], id, command, environment, secretFile, secret)});
+  }
+  return running.supervise();
+}
+
+}  // namespace weft::dist

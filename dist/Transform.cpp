@@ -1,0 +1,132 @@
+// The distribution pass (see the header).
+#include "dist/Transform.h"
+
+#include "core/Error.h"
+#include "dist/CollectiveOps.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_set>
+
+namespace weft::dist {
+
+const char* architectureName(Architecture a) {
+  switch (a) {
+    case Architecture::Auto: return "auto";
+    case Architecture::AllReduce: return "ar";
+    case Architecture::ParameterServer: return "ps";
+  }
+  return "?";
+}
+
+Architecture parseArchitecture(const std::string& name) {
+  if (name == "auto") return Architecture::Auto;
+  if (name == "ar") return Architecture::AllReduce;
+  if (name == "ps") return Architecture::ParameterServer;
+  WEFT_THROW("unknown architecture '{}' (expected auto, ar or ps)", name);
+}
+
+namespace {
+
+/// Every node the gradient outputs depend on, themselves included: the backward pass.
+std::unordered_set<const Node*> backwardNodes(const std::vector<GradientLink>& links) {
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> stack;
+  for (const GradientLink& l : links) {
+    for (const Output& o : {l.dense, l.indices, l.values})
+      if (o.valid()) stack.push_back(o.node());
+  }
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const Output& in : n->inputs) stack.push_back(in.node());
+    for (const Node* c : n->controlInputs) stack.push_back(c);
+  }
+  return seen;
+}
+
+/// Redirects `from` to `to` in every node that consumes it after the backward pass.
+class Rewirer {
+ public:
+  Rewirer(Graph& graph, const std::vector<GradientLink>& links) : backward_(backwardNodes(links)) {
+    for (const auto& n : graph.nodes())
+      if (!backward_.count(n.get())) after_.push_back(n.get());
+  }
+  /// Whether anything after the backward pass consumes `o`.
+  bool consumed(const Output& o) const {
+    return std::any_of(after_.begin(), after_.end(), [&](const Node* n) {
+      return std::find(n->inputs.begin(), n->inputs.end(), o) != n->inputs.end();
+    });
+  }
+  void redirect(const Output& from, const Output& to) {
+    for (Node* n : after_)
+      for (Output& in : n->inputs)
+        if (in == from) in = to;
+  }
+
+ private:
+  std::unordered_set<const Node*> backward_;
+  std::vector<Node*> after_;  // taken before any collective exists, so those are never redirected
+};
+
+size_t byteSize(const Output& o) {
+  const int64_t n = o.shape().numel();
+  WEFT_CHECK(n >= 0, "the gradient {} has shape {}: a dense gradient needs a static shape to be bucketed",
+             o.name(), o.shape().str());
+  return static_cast<size_t>(n) * dtypeSize(o.dtype());
+}
+
+}  // namespace
+
+DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options) {
+  const std::vector<GradientLink> links = graph.gradientLinks();
+  Rewirer rewirer(graph, links);
+  DistributedGraph result;
+  const double denseScale = options.averageDense ? 1.0 / options.workers : 1.0;
+  const double sparseScale = options.averageSparse ? 1.0 / options.workers : 1.0;
+
+  std::vector<const GradientLink*> dense;
+  for (const GradientLink& l : links) {
+    if (l.sparse) {
+      if (!rewirer.consumed(l.indices) && !rewirer.consumed(l.values)) continue;
+      auto [indices, values] =
+          allGatherRows(l.indices, l.values, options.communicator, options.workers, sparseScale);
+      rewirer.redirect(l.indices, indices);
+      rewirer.redirect(l.values, values);
+      result.variables.push_back({l.variable, true, byteSize(l.variable->output()), -1});
+    } else if (rewirer.consumed(l.dense)) {
+      dense.push_back(&l);
+    }
+  }
+  // Buckets in the order the backward pass produces the gradients (by node id), one dtype each.
+  std::stable_sort(dense.begin(), dense.end(),
+                   [](const GradientLink* a, const GradientLink* b) { return a->dense.node()->id < b->dense.node()->id; });
+  std::map<DType, std::vector<const GradientLink*>> open;
+  std::map<DType, size_t> openBytes;
+  auto flush = [&](DType dtype) {
+    std::vector<const GradientLink*>& bucket = open[dtype];
+    if (bucket.empty()) return;
+    std::vector<Output> grads;
+    for (const GradientLink* l : bucket) grads.push_back(l->dense);
+    const std::vector<Output> reduced = allReduce(grads, options.communicator, denseScale);
+    for (size_t i = 0; i < bucket.size(); ++i) {
+      rewirer.redirect(bucket[i]->dense, reduced[i]);
+      result.variables.push_back({bucket[i]->variable, false, byteSize(bucket[i]->dense), result.buckets});
+    }
+    ++result.buckets;
+    bucket.clear();
+    openBytes[dtype] = 0;
+  };
+  for (const GradientLink* l : dense) {
+    const DType dtype = l->dense.dtype();
+    open[dtype].push_back(l);
+    openBytes[dtype] += byteSize(l->dense);
+    if (openBytes[dtype] >= options.bucketBytes) flush(dtype);
+  }
+  for (auto& [dtype, bucket] : open) flush(dtype);
+  return result;
+}
+
+}  // namespace weft::dist

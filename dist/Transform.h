@@ -1,0 +1,59 @@
+// The distribution pass: turns a single-device training graph into one worker's replica of the
+// distributed graph. It reads the gradient <-> variable links autodiff recorded, classifies every
+// variable by its gradient (dense, or sparse rows), and puts a collective between each gradient
+// and everything that consumes it after the backward pass (the update ops, global-norm clipping,
+// moving averages): what those ops see is then the gradient of the total batch, so the replica
+// computes the same function as single-device training with every worker's batch together.
+//
+// Dense gradients are fused into buckets of about `bucketBytes` in the order the backward pass
+// produces them, each bucket one asynchronous ring AllReduce that overlaps the rest of the
+// backward pass. Sparse gradients are gathered from every worker (AllGather, Horovod's way).
+#pragma once
+
+#include "core/Graph.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft::dist {
+
+/// How variables are synchronised.
+enum class Architecture {
+  Auto,             ///< AllReduce for dense variables, parameter servers for sparse ones (Parallax)
+  AllReduce,        ///< AllReduce for dense, AllGather for sparse (Horovod)
+  ParameterServer,  ///< every variable on the servers
+};
+/// "auto", "ar", "ps".
+const char* architectureName(Architecture a);
+/// Parses "auto", "ar", "ps" (the --arch flag); throws naming the value otherwise.
+Architecture parseArchitecture(const std::string& name);
+
+struct TransformOptions {
+  int64_t communicator = 0;  ///< the Communicator the collective ops use
+  int workers = 1;
+  bool averageDense = true;   ///< divide summed dense gradients by the worker count
+  bool averageSparse = true;  ///< likewise for sparse rows
+  size_t bucketBytes = size_t{4} << 20;
+};
+
+/// One synchronised variable.
+struct SyncedVariable {
+  Node* variable = nullptr;
+  bool sparse = false;
+  size_t bytes = 0;
+  int bucket = -1;  ///< dense: the AllReduce bucket it travels in
+};
+
+/// What the pass did, for reports and tests.
+struct DistributedGraph {
+  std::vector<SyncedVariable> variables;
+  int buckets = 0;
+};
+
+/// Inserts the collectives into `graph` (in place). Gradients whose links have no consumer
+/// outside the backward pass are left alone.
+DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options);
+
+}  // namespace weft::dist

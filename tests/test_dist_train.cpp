@@ -1,0 +1,185 @@
+// Data-parallel training end to end, through the real `weft train --workers N` (the launcher,
+// rendezvous, UCX ring AllReduce and AllGather between real processes on loopback): N workers
+// with a part each of a total batch end with the variables of one process trained on the total
+// batch, for a dense model (MLP) and for the LM (sparse embedding, Adam, global-norm clipping);
+// a killed worker stops the whole job with a message naming it; misuse gets clear errors.
+#include "tests/TestUtil.h"
+
+#include "core/Checkpoint.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Run {
+  int status;
+  std::string output;
+};
+
+Run weftCli(const std::string& args) {
+  const fs::path log = fs::temp_directory_path() / ("weft-dist-train-" + std::to_string(::getpid()) + ".log");
+  const int status = std::system((std::string(WEFT_CLI) + " " + args + " > " + log.string() + " 2>&1").c_str());
+  std::ifstream in(log);
+  Run r{status, std::string(std::istreambuf_iterator<char>(in), {})};
+  fs::remove(log);
+  return r;
+}
+
+/// Largest |a - b| of a tensor relative to its largest |b| (1 when b is all zeros).
+double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
+  const std::vector<double> x = a.toDoubles(), y = b.toDoubles();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / (scale > 0 ? scale : 1.0);
+}
+
+/// Trains once on one process and once on `workers` processes; checks every variable (optimizer
+/// slots and the step counter included) agrees within `tolerance`.
+void checkSameVariables(const std::string& model, const std::string& flags, int workers, double tolerance) {
+  TempDir dir;
+  const std::string single = (dir.path / "single").string(), parallel = (dir.path / "parallel").string();
+  const Run one = weftCli("train " + model + " " + flags + " --out " + single);
+  REQUIRE_MESSAGE(one.status == 0, one.output);
+  const Run many = weftCli("train " + model + " " + flags + " --workers " + std::to_string(workers) + " --out " + parallel);
+  REQUIRE_MESSAGE(many.status == 0, many.output);
+  const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
+  const weft::TensorFile b = weft::readSafetensors(parallel + "/checkpoint.safetensors");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    CHECK(relativeDifference(b.tensors.at(name), t) <= tolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("MLP: 1, 2 and 4 workers with a part each train like one process with the total batch") {
+  const std::string flags = "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 --timeout 30";
+  for (int workers : {1, 2, 4}) {
+    CAPTURE(workers);
+    checkSameVariables("mlp", flags, workers, 1e-5);
+  }
+}
+
+TEST_CASE("LM: 2 workers train like one process (sparse embedding, sampled softmax, Adam, clipping)") {
+  const std::string flags = "--vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
+                            "--heldout-sentences 20 --batch 16 --steps 10 --clip 1 --eval-every 10 --threads 1 "
+                            "--timeout 30";
+  checkSameVariables("lm", flags, 2, 1e-5);
+}
+
+TEST_CASE("the loss a data-parallel run reports is the total batch's") {
+  TempDir dir;
+  const std::string flags = "--train-size 512 --test-size 64 --batch 32 --steps 4 --log-every 2 --threads 1 --out ";
+  const Run one = weftCli("train mlp " + flags + (dir.path / "a").string());
+  const Run two = weftCli("train mlp --workers 2 " + flags + (dir.path / "b").string());
+  REQUIRE_MESSAGE(one.status == 0, one.output);
+  REQUIRE_MESSAGE(two.status == 0, two.output);
+  auto lossLine = [](const std::string& path) {
+    std::ifstream in(path + "/metrics.jsonl");
+    std::string line;
+    std::getline(in, line);  // the first logged step
+    return line.substr(0, line.find("examples_per_s"));
+  };
+  CHECK(lossLine((dir.path / "a").string()) == lossLine((dir.path / "b").string()));
+}
+
+TEST_CASE("a batch that does not divide among the workers is refused naming the field") {
+  TempDir dir;
+  const Run r = weftCli("train mlp --workers 2 --batch 33 --steps 2 --threads 1 --out " + (dir.path / "x").string());
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "batch field 'features' of shape [33, 32] cannot be cut into 2 equal parts"));
+  CHECK(contains(r.output, "the distributed job failed"));
+}
+
+namespace {
+
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+  std::vector<pid_t> out;
+  pid_t pid;
+  while (in >> pid) out.push_back(pid);
+  return out;
+}
+
+std::string environmentOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+  std::string env(std::istreambuf_iterator<char>(in), {});
+  for (char& c : env)
+    if (c == '\0') c = '\n';
+  return env;
+}
+
+}  // namespace
+
+TEST_CASE("a worker killed mid-run stops the whole job, naming it, and leaves no process behind") {
+  TempDir dir;
+  const fs::path log = dir.path / "log";
+  const pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    const std::string out = (dir.path / "run").string();
+    const std::string command = std::string("exec ") + WEFT_CLI + " train mlp --workers 2 --steps 1000000 --threads 1 "
+                                "--eval-every 1000000 --out " + out + " > " + log.string() + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+    std::_Exit(127);
+  }
+  // Wait until training runs, then kill worker 1.
+  pid_t victim = -1;
+  std::vector<pid_t> members;
+  for (int i = 0; i < 300 && victim < 0; ++i) {
+    std::this_thread::sleep_for(100ms);
+    std::ifstream in(log);
+    const std::string text(std::istreambuf_iterator<char>(in), {});
+    if (!contains(text, "training mlp")) continue;
+    members = childrenOf(launcher);
+    for (pid_t p : members)
+      if (contains(environmentOf(p), "WEFT_ROLE=worker\n") && contains(environmentOf(p), "WEFT_SLOT=1\n")) victim = p;
+  }
+  REQUIRE(victim > 0);
+  REQUIRE(members.size() == 3);  // two workers and a server
+  ::kill(victim, SIGKILL);
+  int status = 0;
+  pid_t done = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while ((done = ::waitpid(launcher, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() - start < 60s)
+    std::this_thread::sleep_for(50ms);
+  if (done == 0) ::kill(launcher, SIGKILL);
+  REQUIRE_MESSAGE(done == launcher, "the launcher did not stop within 60 s");
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) != 0);
+  std::ifstream in(log);
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  CAPTURE(text);
+  CHECK(contains(text, "worker 1 of host 0 (pid " + std::to_string(victim) + ") was killed by signal 9"));
+  for (pid_t p : members) CHECK(::kill(p, 0) != 0);  // every member is gone (and reaped)
+}
+
+TEST_CASE("a multi-worker specification outside the launcher is refused") {
+  TempDir dir;
+  const fs::path spec = dir.path / "cluster.json";
+  std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 2}]})";
+  // --cluster makes this process the launcher; a worker started by hand has no coordinator.
+  ::setenv("WEFT_COORDINATOR", "127.0.0.1:1", 1);
+  ::unsetenv("WEFT_ROLE");
+  const Run r = weftCli("train mlp --cluster " + spec.string() + " --steps 2 --threads 1 --out " + (dir.path / "x").string());
+  ::unsetenv("WEFT_COORDINATOR");
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "WEFT_ROLE is not set: the launcher sets it for every process of a job"));
+}
