@@ -1,0 +1,111 @@
+// The distribution pass on a training graph, in one process (nothing runs): which gradients go
+// through which collective, how dense gradients are bucketed, and that only the consumers after
+// the backward pass (update ops, clipping) are redirected to the collectives.
+#include "tests/TestUtil.h"
+
+#include "dist/Transform.h"
+#include "ops/Ops.h"
+#include "optim/Optimizer.h"
+
+using namespace weft;
+using namespace weft::dist;
+
+namespace {
+
+/// A model with a sparse embedding and two dense variables, trained by SGD with clipping.
+struct Model {
+  Graph g;
+  Output emb, w, b;
+  Model() {
+    const Output ids = g.placeholder("ids", i32, {4});
+    emb = g.variable("emb", f32, {10, 3}, Initializer::normal(0, 1));
+    w = g.variable("w", f32, {3, 2}, Initializer::normal(0, 1));
+    b = g.variable("b", f32, {4, 2}, Initializer::zeros());  // same shape as y: b's gradient is dy itself
+    const Output y = matmul(gather(emb, ids), w) + b;
+    optim::SGD(0.1).minimize(sum(square(y)), {1.0, {}});
+  }
+  std::vector<Node*> nodesOf(const std::string& op) const {
+    std::vector<Node*> out;
+    for (const auto& n : g.nodes())
+      if (n->op == op) out.push_back(n.get());
+    return out;
+  }
+  const GradientLink& linkOf(const Output& variable) const {
+    for (const GradientLink& l : g.gradientLinks())
+      if (l.variable == variable.node()) return l;
+    FAIL("no gradient link");
+    return g.gradientLinks().front();
+  }
+};
+
+TransformOptions twoWorkers(size_t bucketBytes) {
+  TransformOptions o;
+  o.workers = 2;
+  o.bucketBytes = bucketBytes;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("the embedding's sparse gradient is gathered, the dense ones reduced in one bucket") {
+  Model m;
+  const DistributedGraph d = distributeAllReduce(m.g, twoWorkers(size_t{4} << 20));
+  REQUIRE(d.variables.size() == 3);
+  CHECK(d.buckets == 1);
+  CHECK(m.nodesOf("AllGatherStart").size() == 1);
+  REQUIRE(m.nodesOf("AllReduceStart").size() == 1);
+  CHECK(m.nodesOf("AllReduceStart")[0]->inputs.size() == 2);
+  for (const SyncedVariable& v : d.variables) {
+    CAPTURE(v.variable->name);
+    CHECK(v.sparse == (v.variable == m.emb.node()));
+  }
+  CHECK(m.nodesOf("AllReduceWait")[0]->attrs.getFloat("scale") == 0.5);
+}
+
+TEST_CASE("a small bucket size gives one AllReduce per dense gradient") {
+  Model m;
+  const DistributedGraph d = distributeAllReduce(m.g, twoWorkers(1));
+  CHECK(d.buckets == 2);
+  CHECK(m.nodesOf("AllReduceStart").size() == 2);
+}
+
+TEST_CASE("update ops and clipping read the collectives; the backward pass keeps local gradients") {
+  Model m;
+  const Output db = m.linkOf(m.b).dense;
+  const Output dw = m.linkOf(m.w).dense;
+  distributeAllReduce(m.g, twoWorkers(1));
+  int backwardReadsOfDb = 0;
+  for (const auto& n : m.g.nodes()) {
+    for (const Output& in : n->inputs) {
+      if (in != db && in != dw) continue;
+      CAPTURE(n->describe());
+      // What still reads a raw gradient: the collective itself, or the backward pass (dy feeds
+      // w's gradient too, since b's gradient is dy).
+      const bool collective = n->op == "AllReduceStart" || n->op == "AllReduceWait";
+      const bool backward = n->op == "MatMul" || n->op == "Reshape" || n->op == "Transpose";
+      CHECK((collective || backward));
+      if (backward && in == db) ++backwardReadsOfDb;
+    }
+  }
+  CHECK(backwardReadsOfDb > 0);  // w's gradient is still computed from this worker's dy
+  const std::vector<Node*> updates = m.nodesOf("ApplySGD");
+  REQUIRE(updates.size() == 2);
+  for (Node* u : updates) {
+    CAPTURE(u->describe());
+    bool readsCollective = false;
+    std::vector<const Node*> stack{u};
+    while (!stack.empty() && !readsCollective) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      readsCollective = n->op == "AllReduceWait";
+      for (const Output& in : n->inputs) stack.push_back(in.node());
+    }
+    CHECK(readsCollective);
+  }
+}
+
+TEST_CASE("architecture names") {
+  CHECK(parseArchitecture("ar") == Architecture::AllReduce);
+  CHECK(std::string(architectureName(Architecture::Auto)) == "auto");
+  CHECK(errorOf([] { parseArchitecture("ring"); }) == "unknown architecture 'ring' (expected auto, ar or ps)");
+}
