@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -81,3 +82,22 @@ void setOption(::weft::models::ZooModel& model, const std::string& name, T value
   }
   FAIL("no option " << name);
 }
+
+#ifdef WEFT_CLI
+/// What a run of the real `weft` binary returned: its exit status and its stdout + stderr.
+struct CliRun {
+  int status;
+  std::string output;
+};
+
+/// Runs `weft ARGS` (the binary this build made) and captures its output.
+inline CliRun weftCli(const std::string& args) {
+  const std::filesystem::path log =
+      std::filesystem::temp_directory_path() / ("weft-cli-" + std::to_string(::getpid()) + ".log");
+  const int status = std::system((std::string(WEFT_CLI) + " " + args + " > " + log.string() + " 2>&1").c_str());
+  std::ifstream in(log);
+  CliRun r{status, std::string(std::istreambuf_iterator<char>(in), {})};
+  std::filesystem::remove(log);
+  return r;
+}
+#endif

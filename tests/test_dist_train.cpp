@@ -23,19 +23,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Run {
-  int status;
-  std::string output;
-};
-
-Run weftCli(const std::string& args) {
-  const fs::path log = fs::temp_directory_path() / ("weft-dist-train-" + std::to_string(::getpid()) + ".log");
-  const int status = std::system((std::string(WEFT_CLI) + " " + args + " > " + log.string() + " 2>&1").c_str());
-  std::ifstream in(log);
-  Run r{status, std::string(std::istreambuf_iterator<char>(in), {})};
-  fs::remove(log);
-  return r;
-}
 
 /// Largest |a - b| of a tensor relative to its largest |b| (1 when b is all zeros).
 double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
@@ -53,9 +40,9 @@ double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
 void checkSameVariables(const std::string& model, const std::string& flags, int workers, double tolerance) {
   TempDir dir;
   const std::string single = (dir.path / "single").string(), parallel = (dir.path / "parallel").string();
-  const Run one = weftCli("train " + model + " " + flags + " --out " + single);
+  const CliRun one = weftCli("train " + model + " " + flags + " --out " + single);
   REQUIRE_MESSAGE(one.status == 0, one.output);
-  const Run many = weftCli("train " + model + " " + flags + " --workers " + std::to_string(workers) + " --out " + parallel);
+  const CliRun many = weftCli("train " + model + " " + flags + " --workers " + std::to_string(workers) + " --out " + parallel);
   REQUIRE_MESSAGE(many.status == 0, many.output);
   const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
   const weft::TensorFile b = weft::readSafetensors(parallel + "/checkpoint.safetensors");
@@ -86,8 +73,8 @@ TEST_CASE("LM: 2 workers train like one process (sparse embedding, sampled softm
 TEST_CASE("the loss a data-parallel run reports is the total batch's") {
   TempDir dir;
   const std::string flags = "--train-size 512 --test-size 64 --batch 32 --steps 4 --log-every 2 --threads 1 --out ";
-  const Run one = weftCli("train mlp " + flags + (dir.path / "a").string());
-  const Run two = weftCli("train mlp --workers 2 " + flags + (dir.path / "b").string());
+  const CliRun one = weftCli("train mlp " + flags + (dir.path / "a").string());
+  const CliRun two = weftCli("train mlp --workers 2 " + flags + (dir.path / "b").string());
   REQUIRE_MESSAGE(one.status == 0, one.output);
   REQUIRE_MESSAGE(two.status == 0, two.output);
   auto lossLine = [](const std::string& path) {
@@ -101,7 +88,7 @@ TEST_CASE("the loss a data-parallel run reports is the total batch's") {
 
 TEST_CASE("a batch that does not divide among the workers is refused naming the field") {
   TempDir dir;
-  const Run r = weftCli("train mlp --workers 2 --batch 33 --steps 2 --threads 1 --out " + (dir.path / "x").string());
+  const CliRun r = weftCli("train mlp --workers 2 --batch 33 --steps 2 --threads 1 --out " + (dir.path / "x").string());
   CHECK(r.status != 0);
   CHECK(contains(r.output, "batch field 'features' of shape [33, 32] cannot be cut into 2 equal parts"));
   CHECK(contains(r.output, "the distributed job failed"));
@@ -178,7 +165,7 @@ TEST_CASE("a multi-worker specification outside the launcher is refused") {
   // --cluster makes this process the launcher; a worker started by hand has no coordinator.
   ::setenv("WEFT_COORDINATOR", "127.0.0.1:1", 1);
   ::unsetenv("WEFT_ROLE");
-  const Run r = weftCli("train mlp --cluster " + spec.string() + " --steps 2 --threads 1 --out " + (dir.path / "x").string());
+  const CliRun r = weftCli("train mlp --cluster " + spec.string() + " --steps 2 --threads 1 --out " + (dir.path / "x").string());
   ::unsetenv("WEFT_COORDINATOR");
   CHECK(r.status != 0);
   CHECK(contains(r.output, "WEFT_ROLE is not set: the launcher sets it for every process of a job"));

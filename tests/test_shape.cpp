@@ -253,7 +253,7 @@ TEST_CASE("concat joins tensors along an axis") {
     std::vector<Tensor> ts;
     FeedMap feeds;
     for (size_t i = 0; i < c.ins.size(); ++i) {
-      xs.push_back(g.placeholder("x" + std::to_string(i), dt, c.ins[i]));
+      xs.push_back(g.placeholder(fmt::format("x{}", i), dt, c.ins[i]));
       ts.push_back(randomTensor(dt, c.ins[i], 10 + i));
       feeds.push_back({xs.back(), ts.back()});
     }

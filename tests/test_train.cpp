@@ -11,31 +11,13 @@
 
 namespace fs = std::filesystem;
 
-namespace {
-
-struct Run {
-  int status;
-  std::string output;
-};
-
-Run weftCli(const std::string& args) {
-  const fs::path log = fs::temp_directory_path() / ("weft-train-" + std::to_string(::getpid()) + ".log");
-  const int status = std::system((std::string(WEFT_CLI) + " " + args + " > " + log.string() + " 2>&1").c_str());
-  std::ifstream in(log);
-  Run r{status, std::string(std::istreambuf_iterator<char>(in), {})};
-  fs::remove(log);
-  return r;
-}
-
-}  // namespace
-
 TEST_CASE("a resumed run ends exactly where an uninterrupted run does") {
   TempDir dir;
   const std::string common = "train mlp --dropout 0.3 --train-size 2000 --test-size 500 --batch 32 --eval-every 40 --log-every 20 --seed 5";
   const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
   REQUIRE(weftCli(common + " --steps 120 --out " + whole).status == 0);
   REQUIRE(weftCli(common + " --steps 80 --out " + parts).status == 0);
-  const Run resumed = weftCli(common + " --steps 120 --resume --out " + parts);
+  const CliRun resumed = weftCli(common + " --steps 120 --resume --out " + parts);
   REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
   CHECK(contains(resumed.output, "resumed from"));
   const weft::TensorFile a = weft::readSafetensors(whole + "/checkpoint.safetensors");
@@ -51,7 +33,7 @@ TEST_CASE("a resumed run ends exactly where an uninterrupted run does") {
 TEST_CASE("resuming without a checkpoint, or from a corrupt one, fails with a message") {
   TempDir dir;
   const std::string out = (dir.path / "none").string();
-  Run r = weftCli("train mlp --steps 5 --resume --out " + out);
+  CliRun r = weftCli("train mlp --steps 5 --resume --out " + out);
   CHECK(r.status != 0);
   CHECK(contains(r.output, "no checkpoint at"));
   fs::create_directories(out);
@@ -65,13 +47,13 @@ TEST_CASE("a checkpoint of another configuration is refused") {
   TempDir dir;
   const std::string out = (dir.path / "cfg").string();
   REQUIRE(weftCli("train mlp --steps 3 --train-size 500 --test-size 100 --out " + out).status == 0);
-  const Run r = weftCli("train mlp --steps 6 --hidden-width 64 --train-size 500 --test-size 100 --resume --out " + out);
+  const CliRun r = weftCli("train mlp --steps 6 --hidden-width 64 --train-size 500 --test-size 100 --resume --out " + out);
   CHECK(r.status != 0);
   CHECK(contains(r.output, "does not match the model"));
 }
 
 TEST_CASE("bench prints one JSON line with timing percentiles") {
-  const Run r = weftCli("train mlp --bench 5 --train-size 1000 --test-size 100");
+  const CliRun r = weftCli("train mlp --bench 5 --train-size 1000 --test-size 100");
   REQUIRE(r.status == 0);
   CHECK(contains(r.output, "\"median_ms\""));
   CHECK(contains(r.output, "\"examples_per_s\""));
@@ -79,7 +61,7 @@ TEST_CASE("bench prints one JSON line with timing percentiles") {
 
 TEST_CASE("--epochs trains for whole passes over the training data") {
   TempDir dir;
-  const Run r = weftCli("train mlp --epochs 2 --train-size 640 --test-size 100 --batch 64 --log-every 5 --out " +
+  const CliRun r = weftCli("train mlp --epochs 2 --train-size 640 --test-size 100 --batch 64 --log-every 5 --out " +
                         (dir.path / "epochs").string());
   REQUIRE_MESSAGE(r.status == 0, r.output);
   CHECK(contains(r.output, "for 20 steps"));
@@ -93,7 +75,7 @@ TEST_CASE("a resumed language model continues its sampled candidates exactly") {
   const std::string whole = (dir.path / "lm-whole").string(), parts = (dir.path / "lm-parts").string();
   REQUIRE(weftCli(common + " --steps 30 --out " + whole).status == 0);
   REQUIRE(weftCli(common + " --steps 20 --out " + parts).status == 0);
-  const Run resumed = weftCli(common + " --steps 30 --resume --out " + parts);
+  const CliRun resumed = weftCli(common + " --steps 30 --resume --out " + parts);
   REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
   const weft::TensorFile a = weft::readSafetensors(whole + "/checkpoint.safetensors");
   const weft::TensorFile b = weft::readSafetensors(parts + "/checkpoint.safetensors");
@@ -104,7 +86,7 @@ TEST_CASE("a resumed language model continues its sampled candidates exactly") {
 }
 
 TEST_CASE("bad flags are reported") {
-  const Run r = weftCli("train mlp --steps -3");
+  const CliRun r = weftCli("train mlp --steps -3");
   CHECK(r.status != 0);
   CHECK(contains(r.output, "--steps"));
   CHECK(weftCli("train nosuchmodel").status != 0);
