@@ -2,6 +2,8 @@
 #include "dist/Runner.h"
 
 #include "core/Error.h"
+#include "dist/ParameterServer.h"
+#include "dist/ServerClient.h"
 #include "dist/UcxTransport.h"
 
 #include <fmt/format.h>
@@ -13,9 +15,6 @@
 namespace weft::dist {
 
 namespace {
-
-/// Tag of the message a worker sends each server when it leaves (far above the ring's tags).
-constexpr uint64_t kGoodbyeTag = uint64_t{1} << 63;
 
 std::string requiredVariable(const char* name) {
   const char* value = std::getenv(name);
@@ -60,7 +59,8 @@ struct Runner::State {
   std::unique_ptr<UcxTransport> transport;
   std::unique_ptr<Ring> ring;
   std::unique_ptr<Communicator> communicator;
-  std::vector<int> serverPeers;
+  ServerPlan plan;
+  std::unique_ptr<ServerClient> client;  // with servers in the job
   std::unique_ptr<Session> session;
   DistributedGraph distribution;
   Traffic trafficAtLeave;  // the communicator's counts, kept once it is gone
@@ -77,18 +77,64 @@ struct Runner::State {
     }
   }
 
-  /// Waits until every worker is done with the ring, says goodbye to the servers, and closes.
+  void barrier() {
+    communicator->run({}, [](Ring& r, std::vector<uint8_t>&) { r.allGatherSizes(0); }, TrafficKind::Control);
+  }
+
+  /// The served variable of partition `p`, and its slots: what LOAD carries and FETCH returns.
+  std::vector<Tensor*> stateOf(const ServedVariable& v) {
+    std::vector<Tensor*> out{&session->variable(v.variable)};
+    for (Node* s : v.slots) out.push_back(&session->variable(s));
+    return out;
+  }
+
+  void pullVariables() {
+    std::vector<ServerClient::Call> calls;
+    for (size_t p = 0; p < plan.partitions.size(); ++p) calls.push_back({static_cast<int>(p), RequestKind::Fetch, {}});
+    const std::vector<std::vector<uint8_t>> replies = client->request(std::move(calls), TrafficKind::Control);
+    for (size_t p = 0; p < plan.partitions.size(); ++p) {
+      const Partition& part = plan.partitions[p];
+      const std::vector<Tensor*> tensors = stateOf(plan.variables[static_cast<size_t>(part.variable)]);
+      WEFT_CHECK(replies[p].size() == part.bytes * tensors.size(), "FETCH of partition {} returned {} bytes, expected {}", p,
+                 replies[p].size(), part.bytes * tensors.size());
+      const size_t offset = static_cast<size_t>(part.rowBegin) * plan.variables[static_cast<size_t>(part.variable)].rowBytes();
+      for (size_t i = 0; i < tensors.size(); ++i)
+        std::memcpy(static_cast<uint8_t*>(tensors[i]->raw()) + offset, replies[p].data() + i * part.bytes, part.bytes);
+    }
+  }
+
+  void publishVariables() {
+    if (rank == 0) {
+      std::vector<ServerClient::Call> calls;
+      for (size_t p = 0; p < plan.partitions.size(); ++p) {
+        const Partition& part = plan.partitions[p];
+        const ServedVariable& v = plan.variables[static_cast<size_t>(part.variable)];
+        const size_t offset = static_cast<size_t>(part.rowBegin) * v.rowBytes();
+        std::vector<uint8_t> payload;
+        for (Tensor* t : stateOf(v)) {
+          const auto* begin = static_cast<const uint8_t*>(t->raw()) + offset;
+          payload.insert(payload.end(), begin, begin + part.bytes);
+        }
+        calls.push_back({static_cast<int>(p), RequestKind::Load, std::move(payload)});
+      }
+      client->request(std::move(calls), TrafficKind::Control);
+    }
+    barrier();  // no worker pulls before the servers hold worker 0's values
+  }
+
+  /// Waits until every worker is done with its steps, takes the served variables' final values,
+  /// says goodbye to the servers, and closes.
   void leave() {
+    barrier();
+    if (client) {
+      if (!plan.empty()) pullVariables();
+      client->goodbye();
+    }
+    trafficAtLeave = communicator->traffic();
     // Reset first: whatever happens below, this worker is no longer in the job.
-    std::unique_ptr<Communicator> last = std::move(communicator);
-    last->run({}, [](Ring& r, std::vector<uint8_t>&) { r.allGatherSizes(0); }, TrafficKind::Control);
-    trafficAtLeave = last->traffic();
-    last.reset();
-    const Deadline deadline = Clock::now() + timeout;
-    const uint8_t goodbye = 1;
-    for (int peer : serverPeers)
-      transport->send(peer, kGoodbyeTag | static_cast<uint64_t>(rank), {&goodbye, 1}, deadline);
-    transport->closeAll(deadline);
+    client.reset();
+    communicator.reset();
+    transport->closeAll(Clock::now() + timeout);
   }
 };
 
@@ -115,6 +161,14 @@ double Runner::meanOverWorkers(double value) {
 
 void Runner::finish() {
   if (state_->communicator) state_->leave();
+}
+
+void Runner::pullVariables() {
+  if (state_->client && !state_->plan.empty()) state_->pullVariables();
+}
+
+void Runner::publishVariables() {
+  if (state_->client && !state_->plan.empty()) state_->publishVariables();
 }
 
 int Runner::rank() const { return state_->rank; }
@@ -149,25 +203,6 @@ void broadcastVariables(Session& session, Communicator& communicator) {
   }
 }
 
-/// A server's life under the AllReduce architecture: it holds nothing, and waits for every
-/// worker's goodbye (or the failure of one) before it exits.
-[[noreturn]] void serve(UcxTransport& transport, const Roster& roster, const std::vector<int>& workerPeers) {
-  const MemberId& me = roster.members[static_cast<size_t>(roster.rank)].id;
-  try {
-    for (size_t w = 0; w < workerPeers.size(); ++w) {
-      uint8_t goodbye = 0;
-      // No deadline: a job runs as long as it trains; a dead worker is reported by UCX.
-      transport.receive(kGoodbyeTag | w, {&goodbye, 1}, Clock::now() + std::chrono::hours(24 * 365),
-                        workerPeers[w]);
-    }
-    transport.closeAll(Clock::now() + std::chrono::seconds(5));
-  } catch (const std::exception& e) {
-    std::cerr << fmt::format("weft: {} stops: {}\n", describe(me), e.what());
-    std::_Exit(1);
-  }
-  std::exit(0);
-}
-
 }  // namespace
 
 Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& config) {
@@ -183,24 +218,32 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
     state->session = std::make_unique<Session>(graph, config.session);
     return Runner(std::move(state));
   }
-  WEFT_CHECK(config.architecture == Architecture::AllReduce,
-             "architecture '{}' needs parameter servers, which this build does not have yet: use ar",
-             architectureName(config.architecture));
-
   state->transport = std::make_unique<UcxTransport>();
   JoinRequest request{identity->id, state->transport->address(), {}};
   const Roster roster = rendezvous(identity->coordinatorHost, identity->coordinatorPort, identity->secret,
                                    identity->job, request, config.timeout);
   std::vector<int> workerPeers, serverPeers;
+  int serverIndex = -1;
   for (const Member& m : roster.members) {
     const int peer = m.rank == roster.rank ? -1 : state->transport->connect(m.address);
+    if (m.id.role == Role::Server && m.rank == roster.rank) serverIndex = static_cast<int>(serverPeers.size());
     (m.id.role == Role::Worker ? workerPeers : serverPeers).push_back(peer);
   }
-  if (identity->id.role == Role::Server) serve(*state->transport, roster, workerPeers);
+  const int workers = static_cast<int>(workerPeers.size());
+  state->plan = planServers(graph, config.architecture, static_cast<int>(serverPeers.size()), config.partitionBytes);
+  if (identity->id.role == Role::Server) {
+    ParameterServer::Options options;
+    options.workers = workers;
+    options.denseScale = config.averageDense ? 1.0 / workers : 1.0;
+    options.sparseScale = config.averageSparse ? 1.0 / workers : 1.0;
+    options.session = config.session;
+    ParameterServer server(state->plan, serverIndex, options);
+    serve(server, *state->transport, workerPeers, describe(identity->id));
+  }
 
   state->rank = roster.rank;
-  state->workers = static_cast<int>(workerPeers.size());
-  state->serverPeers = serverPeers;
+  state->workers = workers;
+  state->timeout = config.timeout;
   state->ring = std::make_unique<Ring>(*state->transport, state->rank, workerPeers, config.timeout);
   state->communicator = std::make_unique<Communicator>(*state->ring);
 
@@ -210,9 +253,18 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   options.averageDense = config.averageDense;
   options.averageSparse = config.averageSparse;
   options.bucketBytes = config.bucketBytes;
+  for (const ServedVariable& v : state->plan.variables) options.served.push_back(v.variable);
   state->distribution = distributeAllReduce(graph, options);
+  if (!serverPeers.empty()) {
+    state->client = std::make_unique<ServerClient>(*state->communicator, *state->transport, state->rank, serverPeers,
+                                                   state->plan, config.timeout);
+    distributeParameterServers(graph, state->plan, state->client->id());
+  }
+  for (const ServedVariable& v : state->plan.variables)
+    state->distribution.variables.push_back({v.variable, v.sparse, static_cast<size_t>(v.rows()) * v.rowBytes(), -1, true});
   state->session = std::make_unique<Session>(graph, config.session);
   broadcastVariables(*state->session, *state->communicator);
+  if (!state->plan.empty()) state->publishVariables();
   return Runner(std::move(state));
 }
 

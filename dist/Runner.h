@@ -15,6 +15,7 @@
 #include "core/Session.h"
 #include "dist/Communicator.h"
 #include "dist/Coordinator.h"
+#include "dist/Placement.h"
 #include "dist/ResourceSpec.h"
 #include "dist/Transform.h"
 
@@ -30,6 +31,8 @@ struct Config {
   bool averageDense = true;   ///< average (rather than sum) dense gradients over the workers
   bool averageSparse = true;  ///< likewise for sparse gradients
   size_t bucketBytes = size_t{4} << 20;  ///< dense gradients are fused into AllReduce buckets of this size
+  /// A served sparse variable of at least this many bytes is split into one row partition per server.
+  size_t partitionBytes = size_t{1} << 20;
   /// Bounds the rendezvous and every collective: a stall this long is reported as an error
   /// naming the ranks involved, and the job stops.
   std::chrono::milliseconds timeout{60000};
@@ -66,10 +69,18 @@ class Runner {
   /// the total batch's loss from each worker's part.
   double meanOverWorkers(double value);
 
-  /// Leaves the job: waits until every worker has finished its last step, then says goodbye to
-  /// the servers. Later runs are local to this worker (collectives fail). Called by the
-  /// destructor when not called before.
+  /// Leaves the job: waits until every worker has finished its last step, copies the servers'
+  /// final values of the variables they hold into this worker's session, then says goodbye to
+  /// the servers. Later runs are local to this worker (collectives fail; lookups of served
+  /// variables read the local copy). Called by the destructor when not called before.
   void finish();
+
+  /// Copies the servers' current values of the variables they hold, with their optimizer slots,
+  /// into this worker's session (before saving a checkpoint). Nothing to do without servers.
+  void pullVariables();
+  /// Makes worker 0's values of the served variables and their slots the servers' values (after
+  /// restoring a checkpoint). Every worker must call it at the same point.
+  void publishVariables();
 
   /// This worker's rank (0 .. workers() - 1) and the number of workers.
   int rank() const;

@@ -2,7 +2,10 @@
 #include "dist/Transform.h"
 
 #include "core/Error.h"
+#include "core/OpRegistry.h"
 #include "dist/CollectiveOps.h"
+#include "dist/Placement.h"
+#include "dist/ServerOps.h"
 
 #include <algorithm>
 #include <map>
@@ -89,6 +92,7 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
 
   std::vector<const GradientLink*> dense;
   for (const GradientLink& l : links) {
+    if (std::find(options.served.begin(), options.served.end(), l.variable) != options.served.end()) continue;
     if (l.sparse) {
       if (!rewirer.consumed(l.indices) && !rewirer.consumed(l.values)) continue;
       auto [indices, values] =
@@ -127,6 +131,54 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
   }
   for (auto& [dtype, bucket] : open) flush(dtype);
   return result;
+}
+
+namespace {
+
+/// Points every reader of the served variable at the servers' value: lookups pull their rows,
+/// anything else reads one pull of the whole variable. The update chain and ops that write the
+/// variable are left alone.
+void redirectReads(Graph& graph, const ServedVariable& v, int64_t client, int index) {
+  const Output value = v.variable->output();
+  Output pulled;
+  const size_t existing = graph.size();  // the pull created below is not a reader to redirect
+  for (size_t id = 0; id < existing; ++id) {
+    Node* n = graph.node(static_cast<int>(id));
+    if (std::find(v.chain.begin(), v.chain.end(), n) != v.chain.end()) continue;
+    for (size_t j = 0; j < n->inputs.size(); ++j) {
+      if (n->inputs[j] != value) continue;
+      const std::vector<int>& written = n->def->mutatedInputs;
+      if (std::find(written.begin(), written.end(), static_cast<int>(j)) != written.end()) continue;
+      if (n->op == "Gather" && j == 0) {
+        turnIntoPull(n, client, index);
+        break;
+      }
+      if (!pulled.valid()) pulled = pullVariable(value, client, index);
+      n->inputs[j] = pulled;
+    }
+  }
+}
+
+}  // namespace
+
+void distributeParameterServers(Graph& graph, const ServerPlan& plan, int64_t client) {
+  for (size_t i = 0; i < plan.variables.size(); ++i) {
+    const ServedVariable& v = plan.variables[i];
+    const int index = static_cast<int>(i);
+    redirectReads(graph, v, client, index);
+    Node* push = v.squaredNorm;
+    if (push != nullptr) {
+      turnIntoPush(push, client, index);
+    } else {
+      push = pushGradient(v.sparse ? std::vector<Output>{v.gradient.indices, v.gradient.values}
+                                   : std::vector<Output>{v.gradient.dense},
+                          client, index);
+    }
+    Node* apply = applyRemote(graph, v.extras, client, index);
+    apply->controlInputs.push_back(push);
+    for (const auto& n : graph.nodes())
+      std::replace(n->controlInputs.begin(), n->controlInputs.end(), v.update, apply);
+  }
 }
 
 }  // namespace weft::dist

@@ -36,6 +36,8 @@ struct TransformOptions {
   bool averageDense = true;   ///< divide summed dense gradients by the worker count
   bool averageSparse = true;  ///< likewise for sparse rows
   size_t bucketBytes = size_t{4} << 20;
+  /// Variables the parameter servers hold: the AllReduce pass leaves their gradients alone.
+  std::vector<const Node*> served;
 };
 
 /// One synchronised variable.
@@ -44,6 +46,7 @@ struct SyncedVariable {
   bool sparse = false;
   size_t bytes = 0;
   int bucket = -1;  ///< dense: the AllReduce bucket it travels in
+  bool onServers = false;  ///< held and updated by the parameter servers
 };
 
 /// What the pass did, for reports and tests.
@@ -55,5 +58,13 @@ struct DistributedGraph {
 /// Inserts the collectives into `graph` (in place). Gradients whose links have no consumer
 /// outside the backward pass are left alone.
 DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options);
+
+struct ServerPlan;
+/// Rewrites the worker's replica for the variables of `plan`, which the servers hold and update:
+/// embedding lookups of a served variable become PullRows, its other readers read one
+/// PullVariable, its gradient is pushed (the push answering clipping's squared norm when the
+/// gradient is clipped), and its optimizer update becomes an ApplyRemote of the update's other
+/// inputs. `client` is the ServerClient the ops use.
+void distributeParameterServers(Graph& graph, const ServerPlan& plan, int64_t client);
 
 }  // namespace weft::dist

@@ -1,4 +1,5 @@
-// UcxTransport: tag sends and receives over one explicitly progressed UCX worker (see the header).
+// UcxTransport: tag sends and receives and active messages over one explicitly progressed UCX
+// worker (see the header).
 #include "dist/UcxTransport.h"
 
 #include "core/Error.h"
@@ -24,7 +25,7 @@ ucp_context_h createContext() {
   if (std::getenv("UCX_TLS") == nullptr) check(ucp_config_modify(config, "TLS", "tcp"), "ucp_config_modify(TLS)");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_TAG;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM;
   params.name = "weft";
   ucp_context_h context = nullptr;
   const ucs_status_t status = ucp_init(&params, config, &context);
@@ -58,10 +59,22 @@ ucs_status_t statusOf(ucs_status_ptr_t request) {
 
 }  // namespace
 
+/// The one active-message id weft uses; the header says what a message is.
+constexpr unsigned kMessageId = 0;
+
 UcxTransport::UcxTransport() : context_(createContext()) {
   try {
     worker_ = createWorker(context_);
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                         UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = kMessageId;
+    handler.flags = UCP_AM_FLAG_WHOLE_MSG;
+    handler.cb = &UcxTransport::onMessage;
+    handler.arg = this;
+    check(ucp_worker_set_am_recv_handler(worker_, &handler), "ucp_worker_set_am_recv_handler");
   } catch (...) {
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
     throw;
   }
@@ -69,6 +82,8 @@ UcxTransport::UcxTransport() : context_(createContext()) {
 
 UcxTransport::~UcxTransport() {
   for (const std::unique_ptr<Peer>& p : peers_) closeEndpoint(*p);
+  for (const Arrival& a : arrivals_)
+    if (a.rendezvous != nullptr) ucp_am_data_release(worker_, a.rendezvous);
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -181,6 +196,77 @@ void UcxTransport::finishReceive(void* request, uint64_t tag, size_t size) {
   WEFT_CHECK(info.length == size, "UCX receive of tag {:#x}: expected {} bytes, the message has {}", tag, size,
              info.length);
   bytesReceived_ += info.length;
+}
+
+ucs_status_t UcxTransport::onMessage(void* arg, const void* header, size_t headerLength, void* data, size_t length,
+                                     const ucp_am_recv_param_t* param) {
+  // Inside progress: keep the message; a rendezvous payload is fetched by takeMessages().
+  auto* self = static_cast<UcxTransport*>(arg);
+  Arrival arrival;
+  const auto* h = static_cast<const uint8_t*>(header);
+  arrival.message.header.assign(h, h + headerLength);
+  arrival.length = length;
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (rendezvous) {
+    arrival.rendezvous = data;
+  } else if (length > 0) {
+    const auto* d = static_cast<const uint8_t*>(data);
+    arrival.message.payload.assign(d, d + length);
+  }
+  self->arrivals_.push_back(std::move(arrival));
+  return rendezvous ? UCS_INPROGRESS : UCS_OK;
+}
+
+void UcxTransport::sendMessage(int index, std::span<const uint8_t> header, std::span<const uint8_t> payload,
+                               Deadline deadline) {
+  Peer& p = peer(index);
+  WEFT_CHECK(p.failure == UCS_OK, "UCX message to peer {} failed: the peer has failed: {}", index,
+             ucs_status_string(p.failure));
+  const ucp_request_param_t params = byteParams();
+  void* request = ucp_am_send_nbx(p.endpoint, kMessageId, header.data(), header.size(), payload.data(),
+                                  payload.size(), &params);
+  progressUntil({request}, deadline, Watch{false, {index}});
+  finishSend(request, index, kMessageId, header.size() + payload.size());
+}
+
+std::vector<UcxTransport::Message> UcxTransport::takeMessages(Deadline deadline) {
+  while (ucp_worker_progress(worker_) != 0) {
+  }
+  std::vector<Arrival> arrived = std::move(arrivals_);
+  arrivals_.clear();
+  std::vector<Message> out;
+  for (size_t i = 0; i < arrived.size(); ++i) {
+    Arrival& a = arrived[i];
+    if (a.rendezvous != nullptr) {
+      a.message.payload.resize(a.length);
+      ucp_request_param_t params = byteParams();
+      void* request = ucp_am_recv_data_nbx(worker_, a.rendezvous, a.message.payload.data(), a.length, &params);
+      a.rendezvous = nullptr;  // UCX owns the descriptor from here on
+      progressUntil({request}, deadline, Watch{});  // the sender is unknown here; UCX fails the fetch if it dies
+      const ucs_status_t status = statusOf(request);
+      if (status == UCS_INPROGRESS) ucp_request_cancel(worker_, request);
+      completeAndFree(request);
+      if (status != UCS_OK) {
+        for (size_t j = i + 1; j < arrived.size(); ++j)
+          if (arrived[j].rendezvous != nullptr) ucp_am_data_release(worker_, arrived[j].rendezvous);
+        WEFT_THROW("UCX: fetching a {}-byte message failed: {}", a.length,
+                   status == UCS_INPROGRESS ? "the deadline passed" : ucs_status_string(status));
+      }
+    }
+    bytesReceived_ += a.message.header.size() + a.message.payload.size();
+    out.push_back(std::move(a.message));
+  }
+  return out;
+}
+
+bool UcxTransport::hasFailed(int index) const {
+  WEFT_CHECK(index >= 0 && static_cast<size_t>(index) < peers_.size(), "UCX: no peer {}", index);
+  return peers_[static_cast<size_t>(index)]->failure != UCS_OK;
+}
+
+std::string UcxTransport::failureOf(int index) const {
+  WEFT_CHECK(index >= 0 && static_cast<size_t>(index) < peers_.size(), "UCX: no peer {}", index);
+  return ucs_status_string(peers_[static_cast<size_t>(index)]->failure);
 }
 
 void UcxTransport::onPeerError(void* arg, ucp_ep* /*endpoint*/, ucs_status_t status) {

@@ -1,5 +1,7 @@
-// Point-to-point data transport over UCX tag matching (UCX 1.13). One process owns one
-// UcxTransport: a ucp_context with UCP_FEATURE_TAG and a single worker progressed explicitly by
+// Point-to-point data transport over UCX (1.13): tag matching for the ring's collectives, active
+// messages for requests to parameter servers (RPC-style traffic, where UCX recommends them over
+// tags). One process owns one UcxTransport: a ucp_context with UCP_FEATURE_TAG and
+// UCP_FEATURE_AM and a single worker progressed explicitly by
 // the calling thread (UCS_THREAD_MODE_SINGLE, so not thread-safe). Peers are found by worker
 // address: address() gives the blob to publish through the coordinator's ROSTER, connect() turns
 // a peer's blob into a peer index. Every endpoint uses peer error handling, so a dead peer is
@@ -17,11 +19,14 @@
 #include <initializer_list>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 struct ucp_context;
 struct ucp_worker;
 struct ucp_ep;
+struct ucp_am_recv_param;
+typedef struct ucp_am_recv_param ucp_am_recv_param_t;
 
 namespace weft::dist {
 
@@ -55,7 +60,22 @@ class UcxTransport {
   /// flushed by the deadline): the clean way to leave a job.
   void closeAll(Deadline deadline);
 
-  /// Payload bytes of the sends and receives that completed.
+  /// An active message as it arrived: its header and its payload.
+  struct Message {
+    std::vector<uint8_t> header;
+    std::vector<uint8_t> payload;
+  };
+  /// Sends an active message to `peer` and waits until its buffers may be reused.
+  void sendMessage(int peer, std::span<const uint8_t> header, std::span<const uint8_t> payload, Deadline deadline);
+  /// Progresses the worker and returns the active messages that arrived since the last call, in
+  /// arrival order (UCX does not order active messages between two peers; requests carry ids).
+  /// Large payloads travel by rendezvous: they are fetched here, before the deadline.
+  std::vector<Message> takeMessages(Deadline deadline);
+  /// Whether peer `peer` has failed, and what UCX reported for it.
+  bool hasFailed(int peer) const;
+  std::string failureOf(int peer) const;
+
+  /// Payload bytes of the sends and receives that completed (active messages: header included).
   uint64_t bytesSent() const { return bytesSent_; }
   uint64_t bytesReceived() const { return bytesReceived_; }
 
@@ -73,6 +93,14 @@ class UcxTransport {
     static Watch all() { return {true, {}}; }
   };
   static void onPeerError(void* arg, ucp_ep* endpoint, ucs_status_t status);
+  /// An arrived active message; `rendezvous` is UCX's descriptor when its payload is still remote.
+  struct Arrival {
+    Message message;
+    void* rendezvous = nullptr;
+    size_t length = 0;
+  };
+  static ucs_status_t onMessage(void* arg, const void* header, size_t headerLength, void* data, size_t length,
+                                const ucp_am_recv_param_t* param);
 
   Peer& peer(int index);
   /// Force-closes the endpoint (its pending requests end as canceled); idempotent.
@@ -96,6 +124,7 @@ class UcxTransport {
   ucp_context* context_ = nullptr;
   ucp_worker* worker_ = nullptr;
   std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<Arrival> arrivals_;
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;
 };

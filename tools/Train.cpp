@@ -39,7 +39,7 @@ struct TrainFlags {
   int workers = 0;
   int servers = 1;
   std::string cluster;
-  std::string arch = "ar";
+  std::string arch = "auto";
   double timeout = 60;
   bool reportComm = false;
 
@@ -169,6 +169,7 @@ class Trainer {
         progress.report(step, result);
       }
       if (step % checkpointEvery == 0 || step == steps_) {
+        runner_->pullVariables();  // the servers' values of the variables they hold
         saveCheckpoint(*session_, checkpointPath_,
                        {{"model", name_}, {"step", std::to_string(step)}, {"data_position", std::to_string(batches.position())}});
       }
@@ -203,6 +204,7 @@ class Trainer {
     WEFT_CHECK(std::filesystem::exists(checkpointPath_), "--resume: no checkpoint at {}", checkpointPath_);
     std::map<std::string, std::string> meta = restoreCheckpoint(*session_, checkpointPath_);
     WEFT_CHECK(meta["model"] == name_, "--resume: {} holds a '{}' model, not '{}'", checkpointPath_, meta["model"], name_);
+    runner_->publishVariables();
     const int64_t step = std::stoll(meta.at("step"));
     batches.seek(std::stoll(meta.at("data_position")));
     fmt::print("resumed from {} at step {}\n", checkpointPath_, step);
@@ -283,8 +285,10 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--cluster", f.cluster, "train data-parallel on the hosts of this resource specification (JSON)")
       ->excludes(workers);
-  cmd.add_option("--arch", f.arch, "how variables are synchronised: ar (AllReduce dense, AllGather sparse)")
-      ->capture_default_str()->check(CLI::IsMember({"ar"}));
+  cmd.add_option("--arch", f.arch,
+                 "how variables are synchronised: auto (AllReduce dense, parameter servers for sparse), ar (AllReduce "
+                 "dense, AllGather sparse) or ps (every variable on the parameter servers)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "ar", "ps"}));
   cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_flag("--report-comm", f.reportComm, "print each worker's bytes sent and received per step");

@@ -1,0 +1,428 @@
+// The parameter server (see the header).
+#include "dist/ParameterServer.h"
+
+#include "core/Error.h"
+#include "core/Tensor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <thread>
+
+namespace weft::dist {
+
+namespace {
+
+using Payload = std::vector<uint8_t>;
+
+Shape withRows(const Shape& shape, int64_t rows) {
+  std::vector<int64_t> dims = shape.dims();
+  dims[0] = rows;
+  return Shape(std::move(dims));
+}
+
+uint64_t readU64(const Payload& bytes, size_t offset) {
+  uint64_t v = 0;
+  std::memcpy(&v, bytes.data() + offset, sizeof v);
+  return v;
+}
+
+/// Local row ids from `count` i64 values at `offset`, each checked against the partition's rows.
+std::vector<int64_t> readRowIds(const Payload& bytes, size_t offset, size_t count, int64_t rows) {
+  std::vector<int64_t> ids(count);
+  std::memcpy(ids.data(), bytes.data() + offset, count * sizeof(int64_t));
+  for (size_t i = 0; i < count; ++i) {
+    WEFT_CHECK(ids[i] >= 0 && ids[i] < rows, "row id {} at position {} is outside the partition's [0, {})", ids[i], i,
+               rows);
+  }
+  return ids;
+}
+
+}  // namespace
+
+struct ParameterServer::PartitionState {
+  int index = 0;
+  const ServedVariable* served = nullptr;
+  int64_t rows = 0;
+  size_t rowBytes = 0;
+  size_t bytes() const { return static_cast<size_t>(rows) * rowBytes; }
+
+  // The update chain on this partition: its own variable, slots, gradient feeds and extras.
+  Graph graph;
+  std::unique_ptr<Session> session;
+  Node* variable = nullptr;
+  std::vector<Node*> slots;
+  Output denseGradient, indices, values;
+  std::vector<Output> extras;
+  Node* update = nullptr;
+
+  uint64_t version = 0;                       // updates applied
+  std::vector<std::optional<Payload>> pushes;  // this version's gradient of each worker
+  std::vector<RequestHeader> pushers;          // waiting for the squared norm
+  FeedMap aggregate;                           // set once every worker has pushed
+  double squaredNorm = 0;
+  std::optional<std::pair<RequestHeader, Payload>> pendingApply;
+  std::vector<std::pair<RequestHeader, Payload>> waiting;  // pulls for a later version
+
+  void build(const ServerPlan& plan, int partition, const SessionOptions& options);
+  Payload answer(const RequestHeader& h, const Payload& payload);
+  void load(const Payload& payload);
+  void aggregateGradients(double denseScale, double sparseScale);
+  void runUpdate(const Payload& extrasBytes);
+};
+
+void ParameterServer::PartitionState::build(const ServerPlan& plan, int partition, const SessionOptions& options) {
+  index = partition;
+  const Partition& part = plan.partitions[static_cast<size_t>(partition)];
+  served = &plan.variables[static_cast<size_t>(part.variable)];
+  const ServedVariable& v = *served;
+  rows = part.rowEnd - part.rowBegin;
+  rowBytes = v.rowBytes();
+  const Shape shape = withRows(v.variable->outputs[0].shape, rows);
+  std::map<Output, Output> mapped;
+  std::map<const Node*, Node*> copies;
+  variable = graph.variable(v.variable->name, v.variable->outputs[0].dtype, shape, Initializer::zeros(), false).node();
+  mapped[v.variable->output()] = variable->output();
+  for (Node* s : v.slots) {
+    slots.push_back(graph.variable(s->name, s->outputs[0].dtype, shape, Initializer::zeros(), false).node());
+    mapped[s->output()] = slots.back()->output();
+  }
+  if (v.sparse) {
+    indices = graph.placeholder("gradient_indices", v.gradient.indices.dtype(), Shape{-1});
+    values = graph.placeholder("gradient_values", v.gradient.values.dtype(), withRows(shape, -1));
+    mapped[v.gradient.indices] = indices;
+    mapped[v.gradient.values] = values;
+  } else {
+    denseGradient = graph.placeholder("gradient", v.gradient.dense.dtype(), shape);
+    mapped[v.gradient.dense] = denseGradient;
+  }
+  for (size_t i = 0; i < v.extras.size(); ++i) {
+    extras.push_back(graph.placeholder(fmt::format("extra_{}", i), v.extras[i].dtype(), v.extras[i].shape()));
+    mapped[v.extras[i]] = extras.back();
+  }
+  for (const Node* n : v.chain) {
+    std::vector<Output> inputs;
+    for (const Output& in : n->inputs) {
+      auto it = mapped.find(in);
+      WEFT_CHECK(it != mapped.end(), "server: {} reads {}, which the server does not hold", n->describe(), in.name());
+      inputs.push_back(it->second);
+    }
+    Node* copy = graph.addNode(n->op, inputs, n->attrs, n->name);
+    copies[n] = copy;
+    for (size_t i = 0; i < n->outputs.size(); ++i)
+      mapped[Output(const_cast<Node*>(n), static_cast<int>(i))] = copy->output(static_cast<int>(i));
+  }
+  update = copies.at(v.update);
+  session = std::make_unique<Session>(graph, options);
+}
+
+Payload ParameterServer::PartitionState::answer(const RequestHeader& h, const Payload& payload) {
+  const Tensor& value = session->variable(variable);
+  const auto* base = static_cast<const uint8_t*>(value.raw());
+  switch (h.kind) {
+    case RequestKind::PullRows: {
+      const std::vector<int64_t> ids = readRowIds(payload, 0, payload.size() / 8, rows);
+      Payload out(ids.size() * rowBytes);
+      for (size_t i = 0; i < ids.size(); ++i)
+        std::memcpy(out.data() + i * rowBytes, base + static_cast<size_t>(ids[i]) * rowBytes, rowBytes);
+      return out;
+    }
+    case RequestKind::PullAll: return Payload(base, base + bytes());
+    case RequestKind::Fetch: {
+      Payload out(base, base + bytes());
+      for (Node* s : slots) {
+        const auto* slot = static_cast<const uint8_t*>(session->variable(s).raw());
+        out.insert(out.end(), slot, slot + bytes());
+      }
+      return out;
+    }
+    default: WEFT_THROW("{} is not a pull", requestKindName(h.kind));
+  }
+}
+
+void ParameterServer::PartitionState::load(const Payload& payload) {
+  WEFT_CHECK(payload.size() == bytes() * (1 + slots.size()), "LOAD carries {} bytes, the partition and its {} slots take {}",
+             payload.size(), slots.size(), bytes() * (1 + slots.size()));
+  std::memcpy(session->variable(variable).raw(), payload.data(), bytes());
+  for (size_t i = 0; i < slots.size(); ++i)
+    std::memcpy(session->variable(slots[i]).raw(), payload.data() + bytes() * (i + 1), bytes());
+}
+
+void ParameterServer::PartitionState::aggregateGradients(double denseScale, double sparseScale) {
+  const DType dtype = served->variable->outputs[0].dtype;
+  aggregate.clear();
+  if (served->sparse) {
+    size_t total = 0;
+    for (const std::optional<Payload>& p : pushes) total += readU64(*p, 0);
+    Tensor ids(indices.dtype(), Shape{static_cast<int64_t>(total)});
+    Tensor rowsOut(values.dtype(), withRows(values.shape(), static_cast<int64_t>(total)));
+    std::vector<int64_t> allIds;
+    size_t at = 0;
+    for (const std::optional<Payload>& p : pushes) {
+      const size_t n = readU64(*p, 0);
+      const std::vector<int64_t> local = readRowIds(*p, 8, n, rows);
+      allIds.insert(allIds.end(), local.begin(), local.end());
+      std::memcpy(static_cast<uint8_t*>(rowsOut.raw()) + at * rowBytes, p->data() + 8 + n * 8, n * rowBytes);
+      at += n;
+    }
+    dispatchIndex(ids.dtype(), [&](auto z) {
+      using I = decltype(z);
+      for (size_t i = 0; i < total; ++i) ids.data<I>()[i] = static_cast<I>(allIds[i]);
+    });
+    // The squared norm of the dense gradient these rows stand for: rows of one id add up first.
+    std::vector<size_t> order(total);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return allIds[a] < allIds[b]; });
+    const size_t width = rowBytes / dtypeSize(dtype);
+    squaredNorm = 0;
+    dispatchFloat(dtype, [&](auto z) {
+      using T = decltype(z);
+      T* data = rowsOut.data<T>();
+      for (size_t i = 0; i < total * width; ++i) data[i] = static_cast<T>(data[i] * sparseScale);
+      std::vector<double> row(width);
+      for (size_t i = 0; i < total;) {
+        std::fill(row.begin(), row.end(), 0.0);
+        size_t j = i;
+        for (; j < total && allIds[order[j]] == allIds[order[i]]; ++j)
+          for (size_t k = 0; k < width; ++k) row[k] += static_cast<double>(data[order[j] * width + k]);
+        for (double x : row) squaredNorm += x * x;
+        i = j;
+      }
+    });
+    aggregate = {{indices, ids}, {values, rowsOut}};
+  } else {
+    Tensor sum = Tensor::zeros(dtype, denseGradient.shape());
+    squaredNorm = 0;
+    dispatchFloat(dtype, [&](auto z) {
+      using T = decltype(z);
+      T* out = sum.data<T>();
+      const size_t n = bytes() / sizeof(T);
+      for (const std::optional<Payload>& p : pushes) {
+        const T* in = reinterpret_cast<const T*>(p->data());
+        for (size_t i = 0; i < n; ++i) out[i] += in[i];
+      }
+      for (size_t i = 0; i < n; ++i) {
+        out[i] = static_cast<T>(out[i] * denseScale);
+        squaredNorm += static_cast<double>(out[i]) * static_cast<double>(out[i]);
+      }
+    });
+    aggregate = {{denseGradient, sum}};
+  }
+}
+
+void ParameterServer::PartitionState::runUpdate(const Payload& extrasBytes) {
+  FeedMap feeds = aggregate;
+  size_t offset = 0;
+  for (const Output& e : extras) {
+    Tensor t(e.dtype(), e.shape());
+    std::memcpy(t.raw(), extrasBytes.data() + offset, t.bytes());
+    offset += t.bytes();
+    feeds.emplace_back(e, t);
+  }
+  session->run({}, feeds, {update});
+  ++version;
+  std::fill(pushes.begin(), pushes.end(), std::nullopt);
+  aggregate.clear();
+  pendingApply.reset();
+}
+
+ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options options)
+    : plan_(plan), server_(server), options_(std::move(options)), leftJob_(static_cast<size_t>(options_.workers), false) {
+  states_.resize(plan.partitions.size());
+  for (size_t i = 0; i < plan.partitions.size(); ++i) {
+    if (plan.partitions[i].server != server) continue;
+    auto state = std::make_unique<PartitionState>();
+    state->build(plan, static_cast<int>(i), options_.session);
+    state->pushes.resize(static_cast<size_t>(options_.workers));
+    states_[i] = std::move(state);
+  }
+}
+
+ParameterServer::~ParameterServer() = default;
+
+bool ParameterServer::finished() const {
+  return std::all_of(leftJob_.begin(), leftJob_.end(), [](bool left) { return left; });
+}
+
+bool ParameterServer::hasLeft(int worker) const { return leftJob_.at(static_cast<size_t>(worker)); }
+
+std::vector<int> ParameterServer::partitions() const {
+  std::vector<int> out;
+  for (const auto& s : states_)
+    if (s) out.push_back(s->index);
+  return out;
+}
+
+namespace {
+
+ParameterServer::Reply replyTo(const RequestHeader& h, Payload payload, uint32_t status = 0) {
+  return {static_cast<int>(h.worker), encode(ReplyHeader{h.id, status}), std::move(payload)};
+}
+
+Payload normBytes(double squaredNorm) {
+  Payload out(sizeof squaredNorm);
+  std::memcpy(out.data(), &squaredNorm, sizeof squaredNorm);
+  return out;
+}
+
+}  // namespace
+
+std::vector<ParameterServer::Reply> ParameterServer::handle(const UcxTransport::Message& message) {
+  const RequestHeader h = decodeRequest(message.header);
+  WEFT_CHECK(h.worker < static_cast<uint32_t>(options_.workers), "{} request from worker {}: the job has {} workers",
+             requestKindName(h.kind), h.worker, options_.workers);
+  if (h.kind == RequestKind::Goodbye) {
+    leftJob_[h.worker] = true;
+    return {};
+  }
+  try {
+    return serve(partitionFor(h), h, message.payload);
+  } catch (const std::exception& e) {
+    const std::string text = fmt::format("server {}: {} request {} of worker {} for partition {}: {}", server_,
+                                         requestKindName(h.kind), h.id, h.worker, h.partition, e.what());
+    return {replyTo(h, Payload(text.begin(), text.end()), 1)};
+  }
+}
+
+ParameterServer::PartitionState& ParameterServer::partitionFor(const RequestHeader& h) {
+  WEFT_CHECK(h.partition < states_.size(), "the plan has {} partitions", states_.size());
+  WEFT_CHECK(states_[h.partition] != nullptr, "partition {} is held by server {}, not this one", h.partition,
+             plan_.partitions[h.partition].server);
+  return *states_[h.partition];
+}
+
+std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, const RequestHeader& h,
+                                                           const Payload& payload) {
+  switch (h.kind) {
+    case RequestKind::PullRows:
+      WEFT_CHECK(payload.size() % 8 == 0, "PULL_ROWS carries {} bytes, not a whole number of i64 ids", payload.size());
+      readRowIds(payload, 0, payload.size() / 8, p.rows);  // validate now, not when the version arrives
+      [[fallthrough]];
+    case RequestKind::PullAll:
+    case RequestKind::Fetch:
+      WEFT_CHECK(h.kind == RequestKind::PullRows || payload.empty(), "{} carries {} bytes, expected none",
+                 requestKindName(h.kind), payload.size());
+      if (h.clock > p.version) {
+        p.waiting.emplace_back(h, payload);
+        return {};
+      }
+      return {replyTo(h, p.answer(h, payload))};
+    case RequestKind::Push: return push(p, h, payload);
+    case RequestKind::Apply: return apply(p, h, payload);
+    case RequestKind::Load:
+      p.load(payload);
+      return {replyTo(h, {})};
+    case RequestKind::Goodbye: break;
+  }
+  WEFT_THROW("unexpected {} request", requestKindName(h.kind));
+}
+
+std::vector<ParameterServer::Reply> ParameterServer::push(PartitionState& p, const RequestHeader& h,
+                                                          const Payload& payload) {
+  WEFT_CHECK(h.clock == p.version, "PUSH for clock {} while the partition is at version {}: BSP takes one push per worker "
+             "per version", h.clock, p.version);
+  WEFT_CHECK(!p.pushes[h.worker], "worker {} pushed twice for version {}", h.worker, p.version);
+  if (p.served->sparse) {
+    WEFT_CHECK(payload.size() >= 8, "a sparse PUSH needs a row count, got {} bytes", payload.size());
+    const uint64_t n = readU64(payload, 0);
+    WEFT_CHECK(n <= (payload.size() - 8) / (8 + p.rowBytes) && payload.size() == 8 + n * (8 + p.rowBytes),
+               "a sparse PUSH of {} rows of {} bytes carries {} bytes", n, p.rowBytes, payload.size());
+    readRowIds(payload, 8, n, p.rows);
+  } else {
+    WEFT_CHECK(payload.size() == p.bytes(), "a dense PUSH carries {} bytes, the partition takes {}", payload.size(),
+               p.bytes());
+  }
+  p.pushes[h.worker] = payload;
+  p.pushers.push_back(h);
+  if (!std::all_of(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); })) return {};
+
+  p.aggregateGradients(options_.denseScale, options_.sparseScale);
+  std::vector<Reply> out;
+  for (const RequestHeader& pusher : p.pushers) out.push_back(replyTo(pusher, normBytes(p.squaredNorm)));
+  p.pushers.clear();
+  if (p.pendingApply) {
+    const auto [applyHeader, extras] = *p.pendingApply;
+    p.runUpdate(extras);
+    out.push_back(replyTo(applyHeader, {}));
+    releaseWaiting(p, out);
+  }
+  return out;
+}
+
+std::vector<ParameterServer::Reply> ParameterServer::apply(PartitionState& p, const RequestHeader& h,
+                                                           const Payload& payload) {
+  WEFT_CHECK(h.worker == 0, "APPLY comes from worker 0 alone, not worker {}", h.worker);
+  WEFT_CHECK(h.clock == p.version, "APPLY for clock {} while the partition is at version {}", h.clock, p.version);
+  WEFT_CHECK(!p.pendingApply, "a second APPLY for version {}", p.version);
+  size_t expected = 0;
+  for (const Output& e : p.extras) expected += static_cast<size_t>(e.shape().numel()) * dtypeSize(e.dtype());
+  WEFT_CHECK(payload.size() == expected, "APPLY carries {} bytes, the update's {} extra inputs take {}", payload.size(),
+             p.extras.size(), expected);
+  if (p.aggregate.empty()) {  // some worker has not pushed yet
+    p.pendingApply.emplace(h, payload);
+    return {};
+  }
+  p.runUpdate(payload);
+  std::vector<Reply> out{replyTo(h, {})};
+  releaseWaiting(p, out);
+  return out;
+}
+
+void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out) {
+  std::vector<std::pair<RequestHeader, Payload>> still;
+  for (auto& [h, payload] : p.waiting) {
+    if (h.clock <= p.version) {
+      out.push_back(replyTo(h, p.answer(h, payload)));
+    } else {
+      still.emplace_back(h, std::move(payload));
+    }
+  }
+  p.waiting = std::move(still);
+}
+
+void serve(ParameterServer& server, UcxTransport& transport, const std::vector<int>& workerPeers,
+           const std::string& who) {
+  using namespace std::chrono_literals;
+  try {
+    int idle = 0;
+    while (!server.finished()) {
+      const std::vector<UcxTransport::Message> messages = transport.takeMessages(Clock::now() + 60s);
+      for (const UcxTransport::Message& m : messages) {
+        std::vector<ParameterServer::Reply> replies;
+        try {
+          replies = server.handle(m);
+        } catch (const std::exception& e) {
+          std::cerr << fmt::format("weft: {} rejected a message: {}\n", who, e.what());
+          continue;
+        }
+        for (const ParameterServer::Reply& r : replies)
+          transport.sendMessage(workerPeers[static_cast<size_t>(r.worker)], r.header, r.payload, Clock::now() + 60s);
+      }
+      for (size_t w = 0; w < workerPeers.size(); ++w) {
+        const int peer = workerPeers[w];
+        WEFT_CHECK(server.hasLeft(static_cast<int>(w)) || !transport.hasFailed(peer), "worker {} failed: {}", w,
+                   transport.failureOf(peer));
+      }
+      // Poll without taking a core from the workers when nothing arrives.
+      if (!messages.empty()) {
+        idle = 0;
+      } else if (++idle < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(100us);
+      }
+    }
+    transport.closeAll(Clock::now() + 5s);
+  } catch (const std::exception& e) {
+    std::cerr << fmt::format("weft: {} stops: {}\n", who, e.what());
+    std::_Exit(1);
+  }
+  std::exit(0);
+}
+
+}  // namespace weft::dist

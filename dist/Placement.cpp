@@ -1,0 +1,203 @@
+// The parameter-server placement plan (see the header).
+#include "dist/Placement.h"
+
+#include "core/Error.h"
+#include "core/OpRegistry.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+namespace weft::dist {
+
+namespace {
+
+using Consumers = std::map<const Node*, std::vector<Node*>>;
+
+Consumers consumersOf(const Graph& graph) {
+  Consumers out;
+  for (const auto& n : graph.nodes()) {
+    std::set<const Node*> seen;
+    for (const Output& in : n->inputs)
+      if (seen.insert(in.node()).second) out[in.node()].push_back(n.get());
+  }
+  return out;
+}
+
+bool isNormOp(const Node* n) { return n->op == "SquaredNorm" || n->op == "SparseSquaredNorm"; }
+
+std::vector<Output> gradientOutputs(const GradientLink& g) {
+  return g.sparse ? std::vector<Output>{g.indices, g.values} : std::vector<Output>{g.dense};
+}
+
+bool readsAny(const Node* n, const std::vector<Output>& outputs) {
+  return std::any_of(n->inputs.begin(), n->inputs.end(), [&](const Output& in) {
+    return std::find(outputs.begin(), outputs.end(), in) != outputs.end();
+  });
+}
+
+/// The op that writes `variable` and is computed from its gradient: the optimizer's update.
+Node* updateOf(const Node* variable, const std::set<const Node*>& fromGradient, const Consumers& consumers) {
+  auto it = consumers.find(variable);
+  if (it == consumers.end()) return nullptr;
+  for (Node* n : it->second) {
+    for (int m : n->def->mutatedInputs)
+      if (n->inputs[static_cast<size_t>(m)].node() == variable && fromGradient.count(n)) return n;
+  }
+  return nullptr;
+}
+
+/// Nodes computed from the gradient, not looking past squared-norm ops (those become requests).
+std::set<const Node*> descendants(const GradientLink& g, const Consumers& consumers) {
+  std::set<const Node*> seen;
+  std::vector<const Node*> stack;
+  for (const Output& o : gradientOutputs(g)) {
+    auto it = consumers.find(o.node());
+    if (it == consumers.end()) continue;
+    for (const Node* c : it->second)  // readers of this output, not of the node's other outputs
+      if (!isNormOp(c) && readsAny(c, {o}) && seen.insert(c).second) stack.push_back(c);
+  }
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    auto it = consumers.find(n);
+    if (it == consumers.end()) continue;
+    for (const Node* c : it->second)
+      if (!isNormOp(c) && seen.insert(c).second) stack.push_back(c);
+  }
+  return seen;
+}
+
+std::set<const Node*> ancestors(const Node* node) {
+  std::set<const Node*> seen;
+  std::vector<const Node*> stack{node};
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    for (const Output& in : n->inputs)
+      if (seen.insert(in.node()).second) stack.push_back(in.node());
+  }
+  return seen;
+}
+
+/// Fills update, slots, chain, extras and squaredNorm; false when no update op writes the variable.
+bool describeUpdate(ServedVariable& v, const Consumers& consumers) {
+  const std::set<const Node*> fromGradient = descendants(v.gradient, consumers);
+  v.update = updateOf(v.variable, fromGradient, consumers);
+  if (v.update == nullptr) return false;
+  const std::string& name = v.variable->name;
+  for (int m : v.update->def->mutatedInputs) {
+    Node* written = v.update->inputs[static_cast<size_t>(m)].node();
+    if (written == v.variable) continue;
+    WEFT_CHECK(written->outputs[0].shape.dims() == v.variable->outputs[0].shape.dims(),
+               "variable '{}' cannot be served: its update {} also writes '{}' of shape {}, not the variable's {}",
+               name, v.update->describe(), written->name, written->outputs[0].shape.str(),
+               v.variable->outputs[0].shape.str());
+    v.slots.push_back(written);
+  }
+  const std::set<const Node*> feedsUpdate = ancestors(v.update);
+  for (const Node* n : fromGradient)
+    if (feedsUpdate.count(n)) v.chain.push_back(const_cast<Node*>(n));
+  v.chain.push_back(v.update);
+  std::sort(v.chain.begin(), v.chain.end(), [](const Node* a, const Node* b) { return a->id < b->id; });
+
+  const std::vector<Output> grad = gradientOutputs(v.gradient);
+  for (const Output& o : grad) {
+    for (Node* c : consumers.at(o.node())) {
+      if (!readsAny(c, {o})) continue;
+      if (isNormOp(c)) {
+        WEFT_CHECK(v.squaredNorm == nullptr || v.squaredNorm == c, "the gradient of '{}' has two norms: {} and {}",
+                   name, v.squaredNorm->describe(), c->describe());
+        v.squaredNorm = c;
+      } else if (std::find(v.chain.begin(), v.chain.end(), c) == v.chain.end()) {
+        WEFT_THROW("variable '{}' cannot be served: its gradient is also read by {}, which is neither its update nor "
+                   "clipping",
+                   name, c->describe());
+      }
+    }
+  }
+  std::set<Output> extras;
+  for (const Node* n : v.chain) {
+    for (const Output& in : n->inputs) {
+      const bool internal = std::find(v.chain.begin(), v.chain.end(), in.node()) != v.chain.end();
+      const bool state = in.node() == v.variable || std::find(v.slots.begin(), v.slots.end(), in.node()) != v.slots.end();
+      const bool gradient = std::find(grad.begin(), grad.end(), in) != grad.end();
+      if (internal || state || gradient || !extras.insert(in).second) continue;
+      WEFT_CHECK(in.shape().isFullyDefined(), "variable '{}' cannot be served: {} reads {} of unknown shape {}", name,
+                 n->describe(), in.name(), in.shape().str());
+      v.extras.push_back(in);
+    }
+  }
+  return true;
+}
+
+/// Splits every variable into partitions and spreads them over the servers.
+void partition(ServerPlan& plan, size_t partitionBytes) {
+  for (size_t i = 0; i < plan.variables.size(); ++i) {
+    ServedVariable& v = plan.variables[i];
+    const int64_t rows = v.rows();
+    const size_t bytes = static_cast<size_t>(rows) * v.rowBytes();
+    const int64_t parts = v.sparse && bytes >= partitionBytes ? std::min<int64_t>(plan.servers, rows) : 1;
+    for (int64_t k = 0; k < parts; ++k) {
+      Partition p;
+      p.variable = static_cast<int>(i);
+      p.rowBegin = rows * k / parts;
+      p.rowEnd = rows * (k + 1) / parts;
+      p.bytes = static_cast<size_t>(p.rowEnd - p.rowBegin) * v.rowBytes();
+      v.partitions.push_back(static_cast<int>(plan.partitions.size()));
+      plan.partitions.push_back(p);
+    }
+  }
+  std::vector<size_t> order(plan.partitions.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return plan.partitions[a].bytes > plan.partitions[b].bytes; });
+  std::vector<size_t> load(static_cast<size_t>(plan.servers), 0);
+  for (size_t i : order) {
+    const auto least = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    plan.partitions[i].server = least;
+    load[static_cast<size_t>(least)] += plan.partitions[i].bytes;
+  }
+}
+
+}  // namespace
+
+size_t ServedVariable::rowBytes() const {
+  const Shape& s = variable->outputs[0].shape;
+  size_t n = dtypeSize(variable->outputs[0].dtype);
+  for (int d = 1; d < s.rank(); ++d) n *= static_cast<size_t>(s[d]);
+  return n;
+}
+
+const ServedVariable* ServerPlan::find(const Node* node) const {
+  for (const ServedVariable& v : variables)
+    if (v.variable == node) return &v;
+  return nullptr;
+}
+
+ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, size_t partitionBytes) {
+  ServerPlan plan;
+  plan.servers = servers;
+  if (architecture == Architecture::AllReduce) return plan;
+  const Consumers consumers = consumersOf(graph);
+  for (const GradientLink& link : graph.gradientLinks()) {
+    if (architecture == Architecture::Auto && !link.sparse) continue;
+    ServedVariable v;
+    v.variable = link.variable;
+    v.sparse = link.sparse;
+    v.gradient = link;
+    const Shape& shape = v.variable->outputs[0].shape;
+    WEFT_CHECK(shape.rank() >= 1 && shape.isFullyDefined(),
+               "variable '{}' of shape {} cannot be served: a served variable needs rows and a static shape",
+               v.variable->name, shape.str());
+    if (describeUpdate(v, consumers)) plan.variables.push_back(std::move(v));
+  }
+  WEFT_CHECK(plan.empty() || servers > 0,
+             "architecture '{}' puts {} variables on parameter servers, but the job has no server", architectureName(architecture),
+             plan.variables.size());
+  partition(plan, partitionBytes);
+  return plan;
+}
+
+}  // namespace weft::dist

@@ -1,0 +1,66 @@
+// Where each variable lives under the parameter-server architectures, computed the same way by
+// every process of a job from its own copy of the model graph (so workers and servers agree
+// without exchanging a plan).
+//
+// A variable goes to the servers when the architecture says so (AUTO: variables with sparse
+// gradients; PS: every trained variable) and an optimizer update op writes it. A large one
+// (at least `partitionBytes`) is split into one row partition per server; partitions are spread
+// over the servers by bytes, largest first, each to the least loaded server.
+//
+// What the server runs for a variable is the optimizer's update op and the ops between the
+// gradient and it (global-norm clipping's scaling, casts): the "chain". Its inputs besides the
+// gradient, the variable and the optimizer slots (learning rate, step, clipping scale) are the
+// "extras", which worker 0 sends with every step. A squared-norm op over the gradient (the
+// first half of clipping by global norm) is answered by the servers: they hold the aggregated
+// gradient.
+#pragma once
+
+#include "core/Graph.h"
+#include "dist/Transform.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace weft::dist {
+
+/// A block of rows of a variable, held by one server.
+struct Partition {
+  int variable = 0;  ///< index into ServerPlan::variables
+  int64_t rowBegin = 0, rowEnd = 0;
+  int server = 0;
+  size_t bytes = 0;
+};
+
+/// A variable held by the servers.
+struct ServedVariable {
+  Node* variable = nullptr;
+  bool sparse = false;
+  GradientLink gradient;
+  Node* update = nullptr;          ///< the optimizer's update op
+  std::vector<Node*> slots;        ///< the other variables the update writes (momentum, Adam's m and v)
+  std::vector<Node*> chain;        ///< from the gradient to the update (included), in graph order
+  std::vector<Output> extras;      ///< what the chain reads besides gradient, variable and slots
+  Node* squaredNorm = nullptr;     ///< SquaredNorm / SparseSquaredNorm of the gradient, if clipped
+  std::vector<int> partitions;     ///< indices into ServerPlan::partitions, in row order
+  int64_t rows() const { return variable->outputs[0].shape[0]; }
+  /// Bytes of one row of the variable.
+  size_t rowBytes() const;
+};
+
+struct ServerPlan {
+  std::vector<ServedVariable> variables;
+  std::vector<Partition> partitions;
+  int servers = 0;
+  bool empty() const { return variables.empty(); }
+  /// The served variable of `node`, or nullptr.
+  const ServedVariable* find(const Node* node) const;
+};
+
+/// The plan for `graph` (not modified) under `architecture` with `servers` servers; empty for
+/// the AllReduce architecture. Throws naming the variable when one cannot be served (a gradient
+/// used by something other than its update and clipping, slots of another shape, a variable
+/// without rows).
+ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, size_t partitionBytes);
+
+}  // namespace weft::dist

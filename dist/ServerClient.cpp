@@ -1,0 +1,112 @@
+// The worker's side of the parameter servers (see the header).
+#include "dist/ServerClient.h"
+
+#include "core/Error.h"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace weft::dist {
+
+namespace {
+
+std::mutex registryMutex;
+std::map<int64_t, ServerClient*>& registry() {
+  static std::map<int64_t, ServerClient*> clients;
+  return clients;
+}
+std::atomic<int64_t> nextId{1};
+
+}  // namespace
+
+ServerClient::ServerClient(Communicator& communicator, UcxTransport& transport, int rank, std::vector<int> serverPeers,
+                           const ServerPlan& plan, std::chrono::milliseconds timeout)
+    : communicator_(communicator), transport_(transport), rank_(rank), serverPeers_(std::move(serverPeers)), plan_(plan),
+      timeout_(timeout), id_(nextId++), pushes_(plan.partitions.size(), 0) {
+  WEFT_CHECK(static_cast<int>(serverPeers_.size()) >= plan.servers, "the plan spreads variables over {} servers, the job has {}",
+             plan.servers, serverPeers_.size());
+  std::lock_guard lock(registryMutex);
+  registry()[id_] = this;
+}
+
+ServerClient::~ServerClient() {
+  std::lock_guard lock(registryMutex);
+  registry().erase(id_);
+}
+
+ServerClient* ServerClient::find(int64_t id) {
+  std::lock_guard lock(registryMutex);
+  auto it = registry().find(id);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls, TrafficKind kind) {
+  std::vector<std::vector<uint8_t>> replies;
+  communicator_.run({}, [&](Ring&, std::vector<uint8_t>&) { replies = exchange(calls); }, kind);
+  return replies;
+}
+
+void ServerClient::goodbye() {
+  std::vector<Call> calls;
+  for (int s = 0; s < static_cast<int>(serverPeers_.size()); ++s) calls.push_back({-1 - s, RequestKind::Goodbye, {}});
+  request(std::move(calls), TrafficKind::Control);
+}
+
+std::string ServerClient::describe(const Call& call) const {
+  const Partition& p = plan_.partitions[static_cast<size_t>(call.partition)];
+  const ServedVariable& v = plan_.variables[static_cast<size_t>(p.variable)];
+  return fmt::format("{} for partition {} (rows {}..{} of '{}') on server {}", requestKindName(call.kind), call.partition,
+                     p.rowBegin, p.rowEnd, v.variable->name, p.server);
+}
+
+std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>& calls) {
+  const Deadline deadline = Clock::now() + timeout_;
+  std::map<uint64_t, size_t> pending;  // request id -> call
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Call& c = calls[i];
+    RequestHeader h;
+    h.kind = c.kind;
+    h.worker = static_cast<uint32_t>(rank_);
+    h.id = nextRequest_++;
+    int server = 0;
+    if (c.kind == RequestKind::Goodbye) {  // partition -1 - s names server s
+      server = -1 - c.partition;
+    } else {
+      const auto p = static_cast<size_t>(c.partition);
+      server = plan_.partitions.at(p).server;
+      h.partition = static_cast<uint32_t>(c.partition);
+      // An APPLY completes the push this worker just made; everything else is for the next version.
+      h.clock = c.kind == RequestKind::Apply ? pushes_[p] - 1 : pushes_[p];
+      WEFT_CHECK(c.kind != RequestKind::Apply || pushes_[p] > 0, "{} before any push", describe(c));
+    }
+    transport_.sendMessage(serverPeers_[static_cast<size_t>(server)], encode(h), c.payload, deadline);
+    if (c.kind == RequestKind::Push) ++pushes_[static_cast<size_t>(c.partition)];
+    if (c.kind != RequestKind::Goodbye) pending[h.id] = i;
+  }
+  std::vector<std::vector<uint8_t>> replies(calls.size());
+  while (!pending.empty()) {
+    for (UcxTransport::Message& m : transport_.takeMessages(deadline)) {
+      if (isRequest(m.header)) continue;  // workers serve nothing
+      const ReplyHeader r = decodeReply(m.header);
+      auto it = pending.find(r.id);
+      if (it == pending.end()) continue;
+      WEFT_CHECK(r.status == 0, "{}", std::string(m.payload.begin(), m.payload.end()));
+      replies[it->second] = std::move(m.payload);
+      pending.erase(it);
+    }
+    for (const auto& [id, i] : pending) {
+      const int server = plan_.partitions[static_cast<size_t>(calls[i].partition)].server;
+      const int peer = serverPeers_[static_cast<size_t>(server)];
+      WEFT_CHECK(!transport_.hasFailed(peer), "worker {}: {} failed: the server failed: {}", rank_, describe(calls[i]),
+                 transport_.failureOf(peer));
+      WEFT_CHECK(Clock::now() < deadline, "worker {}: {} got no reply within {} ms", rank_, describe(calls[i]),
+                 timeout_.count());
+    }
+    if (!pending.empty()) std::this_thread::yield();
+  }
+  return replies;
+}
+
+}  // namespace weft::dist

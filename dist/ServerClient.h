@@ -1,0 +1,61 @@
+// A worker's side of the parameter servers: sends requests (dist/ServerProtocol.h) as UCX
+// active messages from the worker's communication thread (the one thread that drives its UCX
+// worker) and waits for the replies. It keeps the worker's clock per partition (gradients
+// pushed so far), which every request carries. The graph ops that pull rows and push gradients
+// find their client by id, like the collective ops find their Communicator.
+#pragma once
+
+#include "dist/Communicator.h"
+#include "dist/Placement.h"
+#include "dist/ServerProtocol.h"
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace weft::dist {
+
+class ServerClient {
+ public:
+  /// `serverPeers[s]` is the transport's peer index of server s.
+  ServerClient(Communicator& communicator, UcxTransport& transport, int rank, std::vector<int> serverPeers,
+               const ServerPlan& plan, std::chrono::milliseconds timeout);
+  ~ServerClient();
+  ServerClient(const ServerClient&) = delete;
+  ServerClient& operator=(const ServerClient&) = delete;
+
+  struct Call {
+    int partition = 0;
+    RequestKind kind = RequestKind::PullAll;
+    std::vector<uint8_t> payload;
+  };
+  /// Sends every call and waits for every reply; returns the reply payloads in call order.
+  /// Throws the server's error message, or names the request, the partition and its variable
+  /// when its server fails or does not answer within the timeout.
+  std::vector<std::vector<uint8_t>> request(std::vector<Call> calls, TrafficKind kind);
+  /// Tells every server that this worker leaves the job.
+  void goodbye();
+
+  int rank() const { return rank_; }
+  const ServerPlan& plan() const { return plan_; }
+  int64_t id() const { return id_; }
+  /// The live client of this id, or nullptr once it is gone (the worker has left the job).
+  static ServerClient* find(int64_t id);
+
+ private:
+  /// request() on the communication thread.
+  std::vector<std::vector<uint8_t>> exchange(const std::vector<Call>& calls);
+  std::string describe(const Call& call) const;
+
+  Communicator& communicator_;
+  UcxTransport& transport_;
+  int rank_;
+  std::vector<int> serverPeers_;
+  const ServerPlan& plan_;
+  std::chrono::milliseconds timeout_;
+  int64_t id_;
+  std::vector<uint64_t> pushes_;  // per partition; touched on the communication thread only
+  uint64_t nextRequest_ = 1;
+};
+
+}  // namespace weft::dist

@@ -1,0 +1,257 @@
+// Server ops (see the header): definitions, shape functions and kernels.
+#include "dist/ServerOps.h"
+
+#include "core/Error.h"
+#include "core/OpRegistry.h"
+#include "core/Tensor.h"
+#include "dist/ServerClient.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+namespace weft::dist {
+
+namespace {
+
+struct Target {
+  ServerClient* client = nullptr;  // null once the worker has left the job
+  const ServedVariable* variable = nullptr;
+};
+
+Target targetOf(const KernelContext& ctx) {
+  Target t;
+  t.client = ServerClient::find(ctx.attrs().getInt("client"));
+  if (t.client != nullptr)
+    t.variable = &t.client->plan().variables.at(static_cast<size_t>(ctx.attrs().getInt("variable")));
+  return t;
+}
+
+TrafficKind trafficOf(const ServedVariable& v) { return v.sparse ? TrafficKind::Sparse : TrafficKind::Dense; }
+
+const Partition& partitionAt(const Target& t, size_t k) {
+  return t.client->plan().partitions[static_cast<size_t>(t.variable->partitions[k])];
+}
+
+/// Which of the variable's partitions (position in ServedVariable::partitions) holds `row`.
+size_t partitionOfRow(const Target& t, int64_t row) {
+  const std::vector<int>& parts = t.variable->partitions;
+  size_t k = 0;
+  while (k + 1 < parts.size() && row >= partitionAt(t, k).rowEnd) ++k;
+  return k;
+}
+
+/// Reads integer ids as int64, failing on the first outside [0, rows).
+std::vector<int64_t> checkedRows(const KernelContext& ctx, const Tensor& ids, int64_t rows, const std::string& variable) {
+  std::vector<int64_t> out(static_cast<size_t>(ids.numel()));
+  dispatchIndex(ids.dtype(), [&](auto z) {
+    using I = decltype(z);
+    const I* p = ids.data<I>();
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = static_cast<int64_t>(p[i]);
+      if (out[i] < 0 || out[i] >= rows)
+        ctx.fail("id {} at position {} is outside [0, {}) of variable '{}'", out[i], i, rows, variable);
+    }
+  });
+  return out;
+}
+
+template <class T>
+void append(std::vector<uint8_t>& bytes, const T& value) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&value);
+  bytes.insert(bytes.end(), p, p + sizeof value);
+}
+
+void checkReply(const KernelContext& ctx, const std::vector<uint8_t>& reply, size_t expected) {
+  if (reply.size() != expected) ctx.fail("a server replied with {} bytes, expected {}", reply.size(), expected);
+}
+
+// ---- PullRows ------------------------------------------------------------------------------
+
+std::vector<TensorType> pullRowsInfer(const InferContext& c) {
+  c.check(c.shape(0).rank() >= 1, "the variable must have rows");
+  c.check(isInteger(c.dtype(1)), "ids must be i32 or i64, got {}", dtypeName(c.dtype(1)));
+  std::vector<int64_t> out = c.shape(1).dims();
+  out.insert(out.end(), c.shape(0).dims().begin() + 1, c.shape(0).dims().end());
+  return {{c.dtype(0), Shape(std::move(out))}};
+}
+
+void pullRowsKernel(KernelContext& ctx) {
+  const Target t = targetOf(ctx);
+  if (t.client == nullptr) return OpRegistry::global().get("Gather").kernelFor(DeviceType::CPU)(ctx);
+  const std::vector<int64_t> rows = checkedRows(ctx, ctx.input(1), t.variable->rows(), t.variable->variable->name);
+  const size_t parts = t.variable->partitions.size();
+  std::vector<std::vector<int64_t>> wanted(parts);  // unique local row ids per partition
+  for (int64_t r : rows) {
+    const size_t k = partitionOfRow(t, r);
+    wanted[k].push_back(r - partitionAt(t, k).rowBegin);
+  }
+  std::vector<ServerClient::Call> calls;
+  std::vector<size_t> callOf(parts, 0);
+  for (size_t k = 0; k < parts; ++k) {
+    std::sort(wanted[k].begin(), wanted[k].end());
+    wanted[k].erase(std::unique(wanted[k].begin(), wanted[k].end()), wanted[k].end());
+    if (wanted[k].empty()) continue;
+    callOf[k] = calls.size();
+    const auto* ids = reinterpret_cast<const uint8_t*>(wanted[k].data());
+    calls.push_back({t.variable->partitions[k], RequestKind::PullRows, {ids, ids + wanted[k].size() * sizeof(int64_t)}});
+  }
+  const std::vector<std::vector<uint8_t>> replies = t.client->request(std::move(calls), trafficOf(*t.variable));
+  const size_t rowBytes = t.variable->rowBytes();
+  for (size_t k = 0; k < parts; ++k)
+    if (!wanted[k].empty()) checkReply(ctx, replies[callOf[k]], wanted[k].size() * rowBytes);
+  auto* out = static_cast<uint8_t*>(ctx.output(0).raw());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t k = partitionOfRow(t, rows[i]);
+    const int64_t local = rows[i] - partitionAt(t, k).rowBegin;
+    const auto at = static_cast<size_t>(std::lower_bound(wanted[k].begin(), wanted[k].end(), local) - wanted[k].begin());
+    std::memcpy(out + i * rowBytes, replies[callOf[k]].data() + at * rowBytes, rowBytes);
+  }
+}
+
+// ---- PullVariable --------------------------------------------------------------------------
+
+std::vector<TensorType> sameAsVariable(const InferContext& c) { return {c.inputs[0]}; }
+
+void pullVariableKernel(KernelContext& ctx) {
+  const Target t = targetOf(ctx);
+  if (t.client == nullptr) return ctx.output(0).copyFrom(ctx.input(0));
+  std::vector<ServerClient::Call> calls;
+  for (int p : t.variable->partitions) calls.push_back({p, RequestKind::PullAll, {}});
+  const std::vector<std::vector<uint8_t>> replies = t.client->request(std::move(calls), trafficOf(*t.variable));
+  auto* out = static_cast<uint8_t*>(ctx.output(0).raw());
+  for (size_t k = 0; k < replies.size(); ++k) {
+    checkReply(ctx, replies[k], partitionAt(t, k).bytes);
+    std::memcpy(out + static_cast<size_t>(partitionAt(t, k).rowBegin) * t.variable->rowBytes(), replies[k].data(),
+                replies[k].size());
+  }
+}
+
+// ---- PushGradient --------------------------------------------------------------------------
+
+std::vector<TensorType> pushGradientInfer(const InferContext& c) {
+  c.check(c.numInputs() == 1 || isInteger(c.dtype(0)), "a sparse gradient's indices must be integers, got {}",
+          dtypeName(c.dtype(0)));
+  return {{c.dtype(c.numInputs() - 1), Shape{}}};
+}
+
+/// Each partition's share of a dense gradient: its rows.
+std::vector<ServerClient::Call> denseShares(const Target& t, const Tensor& gradient) {
+  std::vector<ServerClient::Call> calls;
+  const auto* base = static_cast<const uint8_t*>(gradient.raw());
+  const size_t rowBytes = t.variable->rowBytes();
+  for (size_t k = 0; k < t.variable->partitions.size(); ++k) {
+    const Partition& p = partitionAt(t, k);
+    const uint8_t* begin = base + static_cast<size_t>(p.rowBegin) * rowBytes;
+    calls.push_back({t.variable->partitions[k], RequestKind::Push, {begin, begin + p.bytes}});
+  }
+  return calls;
+}
+
+/// Each partition's share of sparse rows: u64 count, the local row ids, the rows.
+std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Target& t, const Tensor& indices,
+                                             const Tensor& values) {
+  const std::vector<int64_t> rows = checkedRows(ctx, indices, t.variable->rows(), t.variable->variable->name);
+  const size_t parts = t.variable->partitions.size(), rowBytes = t.variable->rowBytes();
+  if (values.bytes() != rows.size() * rowBytes)
+    ctx.fail("{} gradient rows of {} bytes for {} indices", values.bytes() / std::max<size_t>(rowBytes, 1), rowBytes,
+             rows.size());
+  std::vector<std::vector<size_t>> members(parts);
+  for (size_t i = 0; i < rows.size(); ++i) members[partitionOfRow(t, rows[i])].push_back(i);
+  std::vector<ServerClient::Call> calls;
+  const auto* base = static_cast<const uint8_t*>(values.raw());
+  for (size_t k = 0; k < parts; ++k) {
+    std::vector<uint8_t> payload;
+    payload.reserve(8 + members[k].size() * (8 + rowBytes));
+    append(payload, static_cast<uint64_t>(members[k].size()));
+    for (size_t i : members[k]) append(payload, rows[i] - partitionAt(t, k).rowBegin);
+    for (size_t i : members[k]) payload.insert(payload.end(), base + i * rowBytes, base + (i + 1) * rowBytes);
+    calls.push_back({t.variable->partitions[k], RequestKind::Push, std::move(payload)});
+  }
+  return calls;
+}
+
+void pushGradientKernel(KernelContext& ctx) {
+  const Target t = targetOf(ctx);
+  if (t.client == nullptr) ctx.fail("this worker has left the job: gradients can no longer be pushed");
+  std::vector<ServerClient::Call> calls =
+      ctx.numInputs() == 1 ? denseShares(t, ctx.input(0)) : sparseShares(ctx, t, ctx.input(0), ctx.input(1));
+  double squaredNorm = 0;
+  for (const std::vector<uint8_t>& reply : t.client->request(std::move(calls), trafficOf(*t.variable))) {
+    checkReply(ctx, reply, sizeof(double));
+    double part = 0;
+    std::memcpy(&part, reply.data(), sizeof part);
+    squaredNorm += part;
+  }
+  dispatchFloat(ctx.output(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    ctx.output(0).data<T>()[0] = static_cast<T>(squaredNorm);
+  });
+}
+
+// ---- ApplyRemote ---------------------------------------------------------------------------
+
+std::vector<TensorType> noOutputs(const InferContext&) { return {}; }
+
+void applyRemoteKernel(KernelContext& ctx) {
+  const Target t = targetOf(ctx);
+  if (t.client == nullptr) ctx.fail("this worker has left the job: updates can no longer be applied");
+  if (t.client->rank() != 0) return;  // one worker speaks for all: every worker holds the same extras
+  std::vector<uint8_t> extras;
+  for (int i = 0; i < ctx.numInputs(); ++i) {
+    const auto* p = static_cast<const uint8_t*>(ctx.input(i).raw());
+    extras.insert(extras.end(), p, p + ctx.input(i).bytes());
+  }
+  std::vector<ServerClient::Call> calls;
+  for (int p : t.variable->partitions) calls.push_back({p, RequestKind::Apply, extras});
+  t.client->request(std::move(calls), TrafficKind::Control);
+}
+
+Attrs targetAttrs(int64_t client, int index) { return {{"client", client}, {"variable", int64_t{index}}}; }
+
+}  // namespace
+
+void registerServerOps() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    OpRegistry& r = OpRegistry::global();
+    r.add(OpDef("PullRows").inputs(2).infer(pullRowsInfer).cpu(pullRowsKernel).noGradient());
+    r.add(OpDef("PullVariable").inputs(1).infer(sameAsVariable).cpu(pullVariableKernel).noGradient());
+    r.add(OpDef("PushGradient").inputs(1, 2).infer(pushGradientInfer).cpu(pushGradientKernel).noGradient());
+    r.add(OpDef("ApplyRemote").inputs(0, -1).infer(noOutputs).cpu(applyRemoteKernel).noGradient());
+  });
+}
+
+Output pullVariable(Output variable, int64_t client, int index) {
+  registerServerOps();
+  return variable.graph().addNode("PullVariable", {variable}, targetAttrs(client, index))->output();
+}
+
+Node* pushGradient(const std::vector<Output>& gradient, int64_t client, int index) {
+  registerServerOps();
+  return gradient.at(0).graph().addNode("PushGradient", gradient, targetAttrs(client, index));
+}
+
+Node* applyRemote(Graph& graph, const std::vector<Output>& extras, int64_t client, int index) {
+  registerServerOps();
+  return graph.addNode("ApplyRemote", extras, targetAttrs(client, index));
+}
+
+void turnIntoPull(Node* gather, int64_t client, int index) {
+  registerServerOps();
+  WEFT_CHECK(gather->op == "Gather", "{} is not a Gather", gather->describe());
+  gather->op = "PullRows";
+  gather->def = &OpRegistry::global().get("PullRows");
+  gather->attrs = targetAttrs(client, index);
+}
+
+void turnIntoPush(Node* squaredNorm, int64_t client, int index) {
+  registerServerOps();
+  WEFT_CHECK(squaredNorm->op == "SquaredNorm" || squaredNorm->op == "SparseSquaredNorm", "{} is not a squared norm",
+             squaredNorm->describe());
+  squaredNorm->op = "PushGradient";
+  squaredNorm->def = &OpRegistry::global().get("PushGradient");
+  squaredNorm->attrs = targetAttrs(client, index);
+}
+
+}  // namespace weft::dist

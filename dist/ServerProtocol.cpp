@@ -1,0 +1,86 @@
+// Parameter-server message headers (see the header).
+#include "dist/ServerProtocol.h"
+
+#include "core/Error.h"
+#include "dist/Wire.h"
+
+namespace weft::dist {
+
+namespace {
+
+// "WPSQ" and "WPSR" in little-endian byte order.
+constexpr uint32_t kRequestMagic = 0x51535057;
+constexpr uint32_t kReplyMagic = 0x52535057;
+
+uint32_t magicOf(std::span<const uint8_t> bytes) {
+  if (bytes.size() < 4) return 0;
+  return uint32_t{bytes[0]} | uint32_t{bytes[1]} << 8 | uint32_t{bytes[2]} << 16 | uint32_t{bytes[3]} << 24;
+}
+
+}  // namespace
+
+const char* requestKindName(RequestKind kind) {
+  switch (kind) {
+    case RequestKind::PullRows: return "PULL_ROWS";
+    case RequestKind::PullAll: return "PULL_ALL";
+    case RequestKind::Push: return "PUSH";
+    case RequestKind::Apply: return "APPLY";
+    case RequestKind::Load: return "LOAD";
+    case RequestKind::Fetch: return "FETCH";
+    case RequestKind::Goodbye: return "GOODBYE";
+  }
+  return "?";
+}
+
+std::vector<uint8_t> encode(const RequestHeader& h) {
+  WireWriter w;
+  w.putU32(kRequestMagic);
+  w.putU8(static_cast<uint8_t>(h.kind));
+  w.putFixed(std::array<uint8_t, 3>{});
+  w.putU32(h.partition);
+  w.putU32(h.worker);
+  w.putU64(h.id);
+  w.putU64(h.clock);
+  return w.take();
+}
+
+std::vector<uint8_t> encode(const ReplyHeader& h) {
+  WireWriter w;
+  w.putU32(kReplyMagic);
+  w.putU32(h.status);
+  w.putU64(h.id);
+  return w.take();
+}
+
+bool isRequest(std::span<const uint8_t> bytes) { return magicOf(bytes) == kRequestMagic; }
+
+RequestHeader decodeRequest(std::span<const uint8_t> bytes) {
+  WEFT_CHECK(bytes.size() == kRequestHeaderBytes, "server request: the header has {} bytes, expected {}", bytes.size(),
+             kRequestHeaderBytes);
+  WireReader r(bytes, "server request");
+  WEFT_CHECK(r.getU32("magic") == kRequestMagic, "server request: bad magic {:#x}", magicOf(bytes));
+  RequestHeader h;
+  const uint8_t kind = r.getU8("kind");
+  WEFT_CHECK(kind >= static_cast<uint8_t>(RequestKind::PullRows) && kind <= static_cast<uint8_t>(RequestKind::Goodbye),
+             "server request: unknown kind {}", kind);
+  h.kind = static_cast<RequestKind>(kind);
+  r.getFixed<3>("padding");
+  h.partition = r.getU32("partition");
+  h.worker = r.getU32("worker");
+  h.id = r.getU64("id");
+  h.clock = r.getU64("clock");
+  return h;
+}
+
+ReplyHeader decodeReply(std::span<const uint8_t> bytes) {
+  WEFT_CHECK(bytes.size() == kReplyHeaderBytes, "server reply: the header has {} bytes, expected {}", bytes.size(),
+             kReplyHeaderBytes);
+  WireReader r(bytes, "server reply");
+  WEFT_CHECK(r.getU32("magic") == kReplyMagic, "server reply: bad magic {:#x}", magicOf(bytes));
+  ReplyHeader h;
+  h.status = r.getU32("status");
+  h.id = r.getU64("id");
+  return h;
+}
+
+}  // namespace weft::dist
