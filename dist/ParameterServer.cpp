@@ -278,7 +278,7 @@ std::vector<ParameterServer::Reply> ParameterServer::handle(const UcxTransport::
              requestKindName(h.kind), h.worker, options_.workers);
   if (h.kind == RequestKind::Goodbye) {
     leftJob_[h.worker] = true;
-    return {};
+    return {replyTo(h, {})};
   }
   try {
     return serve(partitionFor(h), h, message.payload);

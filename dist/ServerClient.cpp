@@ -55,10 +55,17 @@ void ServerClient::goodbye() {
 }
 
 std::string ServerClient::describe(const Call& call) const {
+  if (call.kind == RequestKind::Goodbye) return fmt::format("GOODBYE to server {}", serverOf(call));
   const Partition& p = plan_.partitions[static_cast<size_t>(call.partition)];
   const ServedVariable& v = plan_.variables[static_cast<size_t>(p.variable)];
   return fmt::format("{} for partition {} (rows {}..{} of '{}') on server {}", requestKindName(call.kind), call.partition,
                      p.rowBegin, p.rowEnd, v.variable->name, p.server);
+}
+
+int ServerClient::serverOf(const Call& call) const {
+  // A goodbye names server s as partition -1 - s.
+  return call.kind == RequestKind::Goodbye ? -1 - call.partition
+                                           : plan_.partitions.at(static_cast<size_t>(call.partition)).server;
 }
 
 std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>& calls) {
@@ -70,12 +77,9 @@ std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>
     h.kind = c.kind;
     h.worker = static_cast<uint32_t>(rank_);
     h.id = nextRequest_++;
-    int server = 0;
-    if (c.kind == RequestKind::Goodbye) {  // partition -1 - s names server s
-      server = -1 - c.partition;
-    } else {
+    const int server = serverOf(c);
+    if (c.kind != RequestKind::Goodbye) {
       const auto p = static_cast<size_t>(c.partition);
-      server = plan_.partitions.at(p).server;
       h.partition = static_cast<uint32_t>(c.partition);
       // An APPLY completes the push this worker just made; everything else is for the next version.
       h.clock = c.kind == RequestKind::Apply ? pushes_[p] - 1 : pushes_[p];
@@ -83,7 +87,7 @@ std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>
     }
     transport_.sendMessage(serverPeers_[static_cast<size_t>(server)], encode(h), c.payload, deadline);
     if (c.kind == RequestKind::Push) ++pushes_[static_cast<size_t>(c.partition)];
-    if (c.kind != RequestKind::Goodbye) pending[h.id] = i;
+    pending[h.id] = i;
   }
   std::vector<std::vector<uint8_t>> replies(calls.size());
   while (!pending.empty()) {
@@ -97,8 +101,7 @@ std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>
       pending.erase(it);
     }
     for (const auto& [id, i] : pending) {
-      const int server = plan_.partitions[static_cast<size_t>(calls[i].partition)].server;
-      const int peer = serverPeers_[static_cast<size_t>(server)];
+      const int peer = serverPeers_[static_cast<size_t>(serverOf(calls[i]))];
       WEFT_CHECK(!transport_.hasFailed(peer), "worker {}: {} failed: the server failed: {}", rank_, describe(calls[i]),
                  transport_.failureOf(peer));
       WEFT_CHECK(Clock::now() < deadline, "worker {}: {} got no reply within {} ms", rank_, describe(calls[i]),

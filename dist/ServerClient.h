@@ -33,7 +33,8 @@ class ServerClient {
   /// Throws the server's error message, or names the request, the partition and its variable
   /// when its server fails or does not answer within the timeout.
   std::vector<std::vector<uint8_t>> request(std::vector<Call> calls, TrafficKind kind);
-  /// Tells every server that this worker leaves the job.
+  /// Tells every server that this worker leaves the job, and waits until each has heard it (so
+  /// that closing the connections afterwards is not taken for a failure).
   void goodbye();
 
   int rank() const { return rank_; }
@@ -46,6 +47,7 @@ class ServerClient {
   /// request() on the communication thread.
   std::vector<std::vector<uint8_t>> exchange(const std::vector<Call>& calls);
   std::string describe(const Call& call) const;
+  int serverOf(const Call& call) const;
 
   Communicator& communicator_;
   UcxTransport& transport_;

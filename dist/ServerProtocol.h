@@ -11,7 +11,7 @@
 //   Apply     payload: the update's extra inputs (worker 0)      reply: none needed, an ack
 //   Load      payload: the partition, then each optimizer slot    reply: ack
 //   Fetch     payload: none                                       reply: as Load's payload
-//   Goodbye   payload: none (the worker leaves the job)           no reply
+//   Goodbye   payload: none (the worker leaves the job)           reply: ack
 // A reply echoes the request id; status 0 is success, otherwise the payload is the server's
 // error message.
 #pragma once

@@ -35,14 +35,17 @@ double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
   return diff / (scale > 0 ? scale : 1.0);
 }
 
-/// Trains once on one process and once on `workers` processes; checks every variable (optimizer
-/// slots and the step counter included) agrees within `tolerance`.
-void checkSameVariables(const std::string& model, const std::string& flags, int workers, double tolerance) {
+/// Trains once on one process and once on `workers` processes (with `distFlags`: architecture,
+/// servers); checks every variable (optimizer slots and the step counter included) agrees within
+/// `tolerance`.
+void checkSameVariables(const std::string& model, const std::string& flags, int workers, double tolerance,
+                        const std::string& distFlags = "") {
   TempDir dir;
   const std::string single = (dir.path / "single").string(), parallel = (dir.path / "parallel").string();
   const CliRun one = weftCli("train " + model + " " + flags + " --out " + single);
   REQUIRE_MESSAGE(one.status == 0, one.output);
-  const CliRun many = weftCli("train " + model + " " + flags + " --workers " + std::to_string(workers) + " --out " + parallel);
+  const CliRun many = weftCli("train " + model + " " + flags + " --workers " + std::to_string(workers) + " " + distFlags +
+                              " --out " + parallel);
   REQUIRE_MESSAGE(many.status == 0, many.output);
   const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
   const weft::TensorFile b = weft::readSafetensors(parallel + "/checkpoint.safetensors");
@@ -63,11 +66,27 @@ TEST_CASE("MLP: 1, 2 and 4 workers with a part each train like one process with 
   }
 }
 
-TEST_CASE("LM: 2 workers train like one process (sparse embedding, sampled softmax, Adam, clipping)") {
-  const std::string flags = "--vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
-                            "--heldout-sentences 20 --batch 16 --steps 10 --clip 1 --eval-every 10 --threads 1 "
-                            "--timeout 30";
-  checkSameVariables("lm", flags, 2, 1e-5);
+const std::string lmFlags = "--vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
+                           "--heldout-sentences 20 --batch 16 --steps 10 --clip 1 --eval-every 10 --threads 1 "
+                           "--timeout 30";
+
+TEST_CASE("LM: 2 workers train like one process under each architecture (sparse embedding, sampled softmax, Adam, "
+          "clipping)") {
+  for (const char* arch : {"auto", "ar", "ps"}) {
+    CAPTURE(arch);
+    checkSameVariables("lm", lmFlags, 2, 1e-5, std::string("--arch ") + arch);
+  }
+}
+
+TEST_CASE("LM: embeddings split into row partitions over 2 servers train like one process") {
+  // 4 KiB makes the 500 x 16 embedding and the softmax weights two partitions each.
+  checkSameVariables("lm", lmFlags, 2, 1e-5, "--servers 2 --partition-bytes 4096");
+  checkSameVariables("lm", lmFlags, 4, 1e-5, "--servers 2 --partition-bytes 4096 --arch ps");
+}
+
+TEST_CASE("MLP: every variable on 2 parameter servers (PS) trains like one process") {
+  const std::string flags = "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 --timeout 30";
+  checkSameVariables("mlp", flags, 2, 1e-5, "--arch ps --servers 2");
 }
 
 TEST_CASE("the loss a data-parallel run reports is the total batch's") {

@@ -40,6 +40,7 @@ struct TrainFlags {
   int servers = 1;
   std::string cluster;
   std::string arch = "auto";
+  int64_t partitionBytes = int64_t{1} << 20;
   double timeout = 60;
   bool reportComm = false;
 
@@ -104,6 +105,7 @@ class Trainer {
     trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
     dist::Config config;
     config.architecture = dist::parseArchitecture(flags_.arch);
+    config.partitionBytes = static_cast<size_t>(flags_.partitionBytes);
     config.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000));
     config.session = SessionOptions{flags_.threads, false};
     runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here, then exits
@@ -289,6 +291,9 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                  "how variables are synchronised: auto (AllReduce dense, parameter servers for sparse), ar (AllReduce "
                  "dense, AllGather sparse) or ps (every variable on the parameter servers)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "ar", "ps"}));
+  cmd.add_option("--partition-bytes", f.partitionBytes,
+                 "a sparse variable on the servers of at least this many bytes is split into one row partition per server")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_flag("--report-comm", f.reportComm, "print each worker's bytes sent and received per step");
