@@ -131,31 +131,32 @@ std::string environmentOf(pid_t pid) {
   return env;
 }
 
-}  // namespace
-
-TEST_CASE("a worker killed mid-run stops the whole job, naming it, and leaves no process behind") {
+/// Starts `weft train <args>` (a long run), SIGKILLs the member whose environment has `role` and
+/// `slot` once training runs, and checks that the launcher stops the job within a bounded time,
+/// naming the member as `name`, with no process left behind.
+void checkKilledMemberStopsJob(const std::string& args, const std::string& role, int slot, const std::string& name) {
   TempDir dir;
   const fs::path log = dir.path / "log";
   const pid_t launcher = ::fork();
   REQUIRE(launcher >= 0);
   if (launcher == 0) {
-    const std::string out = (dir.path / "run").string();
-    const std::string command = std::string("exec ") + WEFT_CLI + " train mlp --workers 2 --steps 1000000 --threads 1 "
-                                "--eval-every 1000000 --out " + out + " > " + log.string() + " 2>&1";
+    const std::string command = std::string("exec ") + WEFT_CLI + " train " + args + " --steps 1000000 --threads 1 "
+                                "--eval-every 1000000 --out " + (dir.path / "run").string() + " > " + log.string() + " 2>&1";
     ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
     std::_Exit(127);
   }
-  // Wait until training runs, then kill worker 1.
   pid_t victim = -1;
   std::vector<pid_t> members;
   for (int i = 0; i < 300 && victim < 0; ++i) {
     std::this_thread::sleep_for(100ms);
     std::ifstream in(log);
     const std::string text(std::istreambuf_iterator<char>(in), {});
-    if (!contains(text, "training mlp")) continue;
+    if (!contains(text, "training ")) continue;
     members = childrenOf(launcher);
-    for (pid_t p : members)
-      if (contains(environmentOf(p), "WEFT_ROLE=worker\n") && contains(environmentOf(p), "WEFT_SLOT=1\n")) victim = p;
+    for (pid_t p : members) {
+      const std::string env = environmentOf(p);
+      if (contains(env, "WEFT_ROLE=" + role + "\n") && contains(env, "WEFT_SLOT=" + std::to_string(slot) + "\n")) victim = p;
+    }
   }
   REQUIRE(victim > 0);
   REQUIRE(members.size() == 3);  // two workers and a server
@@ -173,8 +174,19 @@ TEST_CASE("a worker killed mid-run stops the whole job, naming it, and leaves no
   std::ifstream in(log);
   const std::string text(std::istreambuf_iterator<char>(in), {});
   CAPTURE(text);
-  CHECK(contains(text, "worker 1 of host 0 (pid " + std::to_string(victim) + ") was killed by signal 9"));
+  CHECK(contains(text, name + " (pid " + std::to_string(victim) + ") was killed by signal 9"));
   for (pid_t p : members) CHECK(::kill(p, 0) != 0);  // every member is gone (and reaped)
+}
+
+}  // namespace
+
+TEST_CASE("a worker killed mid-run stops the whole job, naming it, and leaves no process behind") {
+  checkKilledMemberStopsJob("mlp --workers 2", "worker", 1, "worker 1 of host 0");
+}
+
+TEST_CASE("a parameter server killed mid-run stops the whole job, naming it") {
+  checkKilledMemberStopsJob("lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --batch 16 --workers 2",
+                            "server", 0, "server of host 0");
 }
 
 TEST_CASE("a multi-worker specification outside the launcher is refused") {
