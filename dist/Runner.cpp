@@ -101,6 +101,7 @@ struct Runner::State {
       for (size_t i = 0; i < tensors.size(); ++i)
         std::memcpy(static_cast<uint8_t*>(tensors[i]->raw()) + offset, replies[p].data() + i * part.bytes, part.bytes);
     }
+    client->setLocalCopyCurrent(true);
   }
 
   void publishVariables() {

@@ -9,6 +9,7 @@
 #include "dist/Placement.h"
 #include "dist/ServerProtocol.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -37,6 +38,12 @@ class ServerClient {
   /// that closing the connections afterwards is not taken for a failure).
   void goodbye();
 
+  /// Whether the worker's session holds the servers' current values of every served variable
+  /// (set after Runner::pullVariables, cleared by this worker's next push: under BSP no update
+  /// can happen before every worker, this one included, has pushed): pulls then read it locally.
+  bool localCopyCurrent() const { return localCopyCurrent_; }
+  void setLocalCopyCurrent(bool current) { localCopyCurrent_ = current; }
+
   int rank() const { return rank_; }
   const ServerPlan& plan() const { return plan_; }
   int64_t id() const { return id_; }
@@ -58,6 +65,7 @@ class ServerClient {
   int64_t id_;
   std::vector<uint64_t> pushes_;  // per partition; touched on the communication thread only
   uint64_t nextRequest_ = 1;
+  std::atomic<bool> localCopyCurrent_{false};
 };
 
 }  // namespace weft::dist

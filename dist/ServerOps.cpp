@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 
 namespace weft::dist {
 
@@ -19,9 +20,12 @@ struct Target {
   const ServedVariable* variable = nullptr;
 };
 
-Target targetOf(const KernelContext& ctx) {
+/// The client and variable of a server op; for pulls, no client when the worker's own copy is
+/// current (it has left the job, or has just taken every served variable from the servers).
+Target targetOf(const KernelContext& ctx, bool pull = false) {
   Target t;
   t.client = ServerClient::find(ctx.attrs().getInt("client"));
+  if (pull && t.client != nullptr && t.client->localCopyCurrent()) t.client = nullptr;
   if (t.client != nullptr)
     t.variable = &t.client->plan().variables.at(static_cast<size_t>(ctx.attrs().getInt("variable")));
   return t;
@@ -77,7 +81,7 @@ std::vector<TensorType> pullRowsInfer(const InferContext& c) {
 }
 
 void pullRowsKernel(KernelContext& ctx) {
-  const Target t = targetOf(ctx);
+  const Target t = targetOf(ctx, true);
   if (t.client == nullptr) return OpRegistry::global().get("Gather").kernelFor(DeviceType::CPU)(ctx);
   const std::vector<int64_t> rows = checkedRows(ctx, ctx.input(1), t.variable->rows(), t.variable->variable->name);
   const size_t parts = t.variable->partitions.size();
@@ -114,7 +118,7 @@ void pullRowsKernel(KernelContext& ctx) {
 std::vector<TensorType> sameAsVariable(const InferContext& c) { return {c.inputs[0]}; }
 
 void pullVariableKernel(KernelContext& ctx) {
-  const Target t = targetOf(ctx);
+  const Target t = targetOf(ctx, true);
   if (t.client == nullptr) return ctx.output(0).copyFrom(ctx.input(0));
   std::vector<ServerClient::Call> calls;
   for (int p : t.variable->partitions) calls.push_back({p, RequestKind::PullAll, {}});
@@ -148,7 +152,8 @@ std::vector<ServerClient::Call> denseShares(const Target& t, const Tensor& gradi
   return calls;
 }
 
-/// Each partition's share of sparse rows: u64 count, the local row ids, the rows.
+/// Each partition's share of sparse rows: u64 count, the local row ids, the rows. Rows of one id
+/// are summed here first (in the order they come), so each touched row travels once.
 std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Target& t, const Tensor& indices,
                                              const Tensor& values) {
   const std::vector<int64_t> rows = checkedRows(ctx, indices, t.variable->rows(), t.variable->variable->name);
@@ -156,16 +161,39 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
   if (values.bytes() != rows.size() * rowBytes)
     ctx.fail("{} gradient rows of {} bytes for {} indices", values.bytes() / std::max<size_t>(rowBytes, 1), rowBytes,
              rows.size());
-  std::vector<std::vector<size_t>> members(parts);
-  for (size_t i = 0; i < rows.size(); ++i) members[partitionOfRow(t, rows[i])].push_back(i);
+  std::vector<size_t> order(rows.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
+  std::vector<int64_t> unique;
+  std::vector<uint8_t> summed;  // one row per unique id
+  dispatchFloat(values.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const size_t width = rowBytes / sizeof(T);
+    const T* in = values.data<T>();
+    std::vector<T> sums;
+    for (size_t i : order) {
+      if (unique.empty() || unique.back() != rows[i]) {
+        unique.push_back(rows[i]);
+        sums.resize(sums.size() + width, T(0));
+      }
+      T* dst = sums.data() + sums.size() - width;
+      for (size_t k = 0; k < width; ++k) dst[k] += in[i * width + k];
+    }
+    const auto* p = reinterpret_cast<const uint8_t*>(sums.data());
+    summed.assign(p, p + sums.size() * sizeof(T));
+  });
   std::vector<ServerClient::Call> calls;
-  const auto* base = static_cast<const uint8_t*>(values.raw());
+  size_t next = 0;  // unique ids are sorted, so each partition's are a run
   for (size_t k = 0; k < parts; ++k) {
+    const Partition& p = partitionAt(t, k);
+    const size_t first = next;
+    while (next < unique.size() && unique[next] < p.rowEnd) ++next;
     std::vector<uint8_t> payload;
-    payload.reserve(8 + members[k].size() * (8 + rowBytes));
-    append(payload, static_cast<uint64_t>(members[k].size()));
-    for (size_t i : members[k]) append(payload, rows[i] - partitionAt(t, k).rowBegin);
-    for (size_t i : members[k]) payload.insert(payload.end(), base + i * rowBytes, base + (i + 1) * rowBytes);
+    payload.reserve(8 + (next - first) * (8 + rowBytes));
+    append(payload, static_cast<uint64_t>(next - first));
+    for (size_t i = first; i < next; ++i) append(payload, unique[i] - p.rowBegin);
+    payload.insert(payload.end(), summed.begin() + static_cast<std::ptrdiff_t>(first * rowBytes),
+                   summed.begin() + static_cast<std::ptrdiff_t>(next * rowBytes));
     calls.push_back({t.variable->partitions[k], RequestKind::Push, std::move(payload)});
   }
   return calls;
@@ -174,6 +202,7 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
 void pushGradientKernel(KernelContext& ctx) {
   const Target t = targetOf(ctx);
   if (t.client == nullptr) ctx.fail("this worker has left the job: gradients can no longer be pushed");
+  t.client->setLocalCopyCurrent(false);
   std::vector<ServerClient::Call> calls =
       ctx.numInputs() == 1 ? denseShares(t, ctx.input(0)) : sparseShares(ctx, t, ctx.input(0), ctx.input(1));
   double squaredNorm = 0;

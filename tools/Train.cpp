@@ -165,13 +165,16 @@ class Trainer {
         items = 0;
         progress.resetRate();
       }
-      if (step % evalEvery == 0 || step == steps_) {
+      const bool evaluateNow = step % evalEvery == 0 || step == steps_;
+      const bool checkpointNow = step % checkpointEvery == 0 || step == steps_;
+      // The servers' values of the variables they hold, for evaluation and the checkpoint.
+      if (evaluateNow || checkpointNow) runner_->pullVariables();
+      if (evaluateNow) {
         const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
         metrics->write({{"step", step}, {"eval", result}});
         progress.report(step, result);
       }
-      if (step % checkpointEvery == 0 || step == steps_) {
-        runner_->pullVariables();  // the servers' values of the variables they hold
+      if (checkpointNow) {
         saveCheckpoint(*session_, checkpointPath_,
                        {{"model", name_}, {"step", std::to_string(step)}, {"data_position", std::to_string(batches.position())}});
       }
