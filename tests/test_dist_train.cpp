@@ -201,3 +201,40 @@ TEST_CASE("a multi-worker specification outside the launcher is refused") {
   CHECK(r.status != 0);
   CHECK(contains(r.output, "WEFT_ROLE is not set: the launcher sets it for every process of a job"));
 }
+
+namespace {
+
+/// Worker 1's dense bytes sent and received per step, from `weft train ... --report-comm`.
+std::pair<double, double> denseBytesPerStep(const std::string& output) {
+  const std::string marker = "communication of worker 1: per step ";
+  const size_t at = output.find(marker);
+  REQUIRE_MESSAGE(at != std::string::npos, output);
+  std::istringstream in(output.substr(at + marker.size()));
+  double sent = 0, received = 0, sparse = 0;
+  std::string word;
+  in >> sent >> word >> word >> sparse >> word >> word >> word >> received;  // "X dense + Y sparse bytes sent, Z"
+  return {sent, received};
+}
+
+}  // namespace
+
+TEST_CASE("dense bytes per step match the sparsity-aware paper's Table 3 (MLP, w = 307,240 bytes)") {
+  const double w = 307240;  // 76,810 f32 parameters
+  const std::string flags = "train mlp --steps 10 --threads 1 --report-comm --out ";
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    TempDir dir;
+    // AR: each machine sends and receives 2w(N-1)/N, 4w(N-1)/N in all.
+    const CliRun ar = weftCli(flags + (dir.path / "ar").string() + " --arch ar --workers " + std::to_string(n));
+    REQUIRE_MESSAGE(ar.status == 0, ar.output);
+    const auto [arSent, arReceived] = denseBytesPerStep(ar.output);
+    CHECK(arSent + arReceived == doctest::Approx(4 * w * (n - 1) / n).epsilon(0.1));
+    // PS with the server beside worker 0: every other worker pushes w and pulls w, so the
+    // machine holding the variables moves 2w(N-1).
+    const CliRun ps = weftCli(flags + (dir.path / "ps").string() + " --arch ps --workers " + std::to_string(n));
+    REQUIRE_MESSAGE(ps.status == 0, ps.output);
+    const auto [psSent, psReceived] = denseBytesPerStep(ps.output);
+    CHECK(psSent == doctest::Approx(w).epsilon(0.1));
+    CHECK(psReceived == doctest::Approx(w).epsilon(0.1));
+  }
+}
