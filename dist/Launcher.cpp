@@ -89,18 +89,20 @@ struct Child {
   bool running = true;
 };
 
-/// Starts one member of the job: locally with its identity in the environment, or over ssh
-/// with the secret written to the remote shell's standard input.
+/// Starts one member of the job: locally (through the host's launch prefix, if any) with its
+/// identity in the environment, or over ssh with the secret written to the remote shell's
+/// standard input.
 pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::string>& command,
             const std::map<std::string, std::string>& environment, const std::string& secretFile,
             const Secret& secret) {
   int secretPipe[2] = {-1, -1};
-  const bool local = isLocal(host.address);
+  const bool local = isLocal(host.address) || !host.launchPrefix.empty();
   if (!local) WEFT_CHECK(::pipe(secretPipe) == 0, "pipe: {}", std::strerror(errno));
   const pid_t pid = ::fork();
   WEFT_CHECK(pid >= 0, "fork: {}", std::strerror(errno));
   if (pid == 0) {
-    std::vector<std::string> argv = command;
+    std::vector<std::string> argv = host.launchPrefix;
+    argv.insert(argv.end(), command.begin(), command.end());
     if (local) {
       for (const auto& [k, v] : environment) ::setenv(k.c_str(), v.c_str(), 1);
       ::setenv("WEFT_JOB_SECRET_FILE", secretFile.c_str(), 1);

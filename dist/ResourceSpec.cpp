@@ -50,7 +50,7 @@ class SpecParser {
 
   HostSpec host(const json& value, const std::string& path) const {
     checkObject(value, path);
-    checkKeys(value, path, {"address", "cpu_workers", "gpus", "servers"});
+    checkKeys(value, path, {"address", "cpu_workers", "gpus", "servers", "launch_prefix"});
     if (!value.contains("address")) fail("{}.address is missing", path);
     HostSpec host;
     host.address = nonEmptyString(value["address"], path + ".address");
@@ -67,6 +67,12 @@ class SpecParser {
     if (value.contains("servers")) {
       host.servers = integer(value["servers"], path + ".servers");
       if (host.servers < 0) fail("{}.servers is {}; it must be >= 0", path, host.servers);
+    }
+    if (value.contains("launch_prefix")) {
+      const json& prefix = value["launch_prefix"];
+      if (!prefix.is_array() || prefix.empty()) fail("{}.launch_prefix must be a non-empty array of strings", path);
+      for (size_t i = 0; i < prefix.size(); ++i)
+        host.launchPrefix.push_back(nonEmptyString(prefix[i], fmt::format("{}.launch_prefix[{}]", path, i)));
     }
     return host;
   }
@@ -138,7 +144,7 @@ ResourceSpec ResourceSpec::localCpu(int workers, int servers) {
   WEFT_CHECK(workers >= 1, "localCpu: workers is {}; it must be >= 1", workers);
   WEFT_CHECK(servers >= 0, "localCpu: servers is {}; it must be >= 0", servers);
   ResourceSpec spec;
-  spec.hosts_.push_back(HostSpec{"127.0.0.1", workers, {}, servers});
+  spec.hosts_.push_back(HostSpec{"127.0.0.1", workers, {}, servers, {}});
   return spec;
 }
 

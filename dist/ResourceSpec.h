@@ -8,7 +8,9 @@
 // device indices, one worker per GPU). `bind` is the address the coordinator listens on
 // (default "127.0.0.1": loopback, so a single-host job is never reachable from the network);
 // `coordinator_port` 0 means any free port. Every host also runs `servers` parameter servers
-// (optional, default 1, may be 0).
+// (optional, default 1, may be 0). A host may give `launch_prefix`, a command its processes are
+// started through on this machine instead of over ssh, e.g. ["ip", "netns", "exec", "h1"] to
+// emulate hosts with network namespaces.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ struct HostSpec {
   int cpuWorkers = 0;     ///< > 0 for a CPU host
   std::vector<int> gpus;  ///< non-empty for a GPU host
   int servers = 1;        ///< parameter-server processes on this host
+  std::vector<std::string> launchPrefix;  ///< started locally through this command, not over ssh
   /// Worker processes on this host.
   int slots() const { return cpuWorkers > 0 ? cpuWorkers : static_cast<int>(gpus.size()); }
 };
