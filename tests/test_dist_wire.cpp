@@ -105,6 +105,17 @@ TEST_CASE("resource spec: defaults, localCpu and load") {
   CHECK(contains(errorOf([&] { ResourceSpec::load(path); }), "cannot open resource specification " + path));
 }
 
+TEST_CASE("resource spec: a host may be started through a launch prefix (a network namespace)") {
+  const ResourceSpec spec = ResourceSpec::parse(
+      R"({"hosts": [{"address": "10.1.0.1", "cpu_workers": 1, "launch_prefix": ["ip", "netns", "exec", "h1"]}]})",
+      "cluster.json");
+  CHECK(spec.hosts()[0].launchPrefix == std::vector<std::string>{"ip", "netns", "exec", "h1"});
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1, "launch_prefix": []}]})") ==
+        "cluster.json: hosts[0].launch_prefix must be a non-empty array of strings");
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1, "launch_prefix": ["ip", 3]}]})") ==
+        "cluster.json: hosts[0].launch_prefix[1] must be a string, got 3");
+}
+
 TEST_CASE("resource spec: servers per host default to one and may be set, including to zero") {
   const ResourceSpec spec = ResourceSpec::parse(R"({"hosts": [{"address": "a", "cpu_workers": 1, "servers": 3},
       {"address": "b", "cpu_workers": 1, "servers": 0}, {"address": "c", "cpu_workers": 1}]})", "cluster.json");
@@ -126,7 +137,7 @@ TEST_CASE("resource spec: every error names the file and the JSON path") {
   CHECK(specError(R"({"hosts": []})") == "cluster.json: hosts is empty; list at least one host");
   CHECK(specError(R"({"hosts": [3]})") == "cluster.json: hosts[0] must be an object, got 3");
   CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1, "gpu": [0]}]})") ==
-        "cluster.json: hosts[0]: unknown key 'gpu' (allowed: address, cpu_workers, gpus, servers)");
+        "cluster.json: hosts[0]: unknown key 'gpu' (allowed: address, cpu_workers, gpus, launch_prefix, servers)");
   CHECK(specError(R"({"hosts": [{"cpu_workers": 1}]})") == "cluster.json: hosts[0].address is missing");
   CHECK(specError(R"({"hosts": [{"address": "", "cpu_workers": 1}]})") == "cluster.json: hosts[0].address is empty");
   CHECK(specError(R"({"hosts": [{"address": 7, "cpu_workers": 1}]})") == "cluster.json: hosts[0].address must be a string, got 7");
