@@ -32,10 +32,15 @@ uint64_t readU64(const Payload& bytes, size_t offset) {
   return v;
 }
 
+/// memcpy that accepts the null pointers of empty vectors when there is nothing to copy.
+void copyBytes(void* to, const void* from, size_t n) {
+  if (n > 0) std::memcpy(to, from, n);
+}
+
 /// Local row ids from `count` i64 values at `offset`, each checked against the partition's rows.
 std::vector<int64_t> readRowIds(const Payload& bytes, size_t offset, size_t count, int64_t rows) {
   std::vector<int64_t> ids(count);
-  std::memcpy(ids.data(), bytes.data() + offset, count * sizeof(int64_t));
+  copyBytes(ids.data(), bytes.data() + offset, count * sizeof(int64_t));
   for (size_t i = 0; i < count; ++i) {
     WEFT_CHECK(ids[i] >= 0 && ids[i] < rows, "row id {} at position {} is outside the partition's [0, {})", ids[i], i,
                rows);
@@ -167,7 +172,7 @@ void ParameterServer::PartitionState::aggregateGradients(double denseScale, doub
       const size_t n = readU64(*p, 0);
       const std::vector<int64_t> local = readRowIds(*p, 8, n, rows);
       allIds.insert(allIds.end(), local.begin(), local.end());
-      std::memcpy(static_cast<uint8_t*>(rowsOut.raw()) + at * rowBytes, p->data() + 8 + n * 8, n * rowBytes);
+      copyBytes(static_cast<uint8_t*>(rowsOut.raw()) + at * rowBytes, p->data() + 8 + n * 8, n * rowBytes);
       at += n;
     }
     dispatchIndex(ids.dtype(), [&](auto z) {
@@ -220,7 +225,7 @@ void ParameterServer::PartitionState::runUpdate(const Payload& extrasBytes) {
   size_t offset = 0;
   for (const Output& e : extras) {
     Tensor t(e.dtype(), e.shape());
-    std::memcpy(t.raw(), extrasBytes.data() + offset, t.bytes());
+    copyBytes(t.raw(), extrasBytes.data() + offset, t.bytes());
     offset += t.bytes();
     feeds.emplace_back(e, t);
   }
@@ -388,8 +393,7 @@ void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out)
 void serve(ParameterServer& server, UcxTransport& transport, const std::vector<int>& workerPeers,
            const std::string& who) {
   using namespace std::chrono_literals;
-  try {
-    int idle = 0;
+  int idle = 0;
     while (!server.finished()) {
       const std::vector<UcxTransport::Message> messages = transport.takeMessages(Clock::now() + 60s);
       for (const UcxTransport::Message& m : messages) {
@@ -417,12 +421,7 @@ void serve(ParameterServer& server, UcxTransport& transport, const std::vector<i
         std::this_thread::sleep_for(100us);
       }
     }
-    transport.closeAll(Clock::now() + 5s);
-  } catch (const std::exception& e) {
-    std::cerr << fmt::format("weft: {} stops: {}\n", who, e.what());
-    std::_Exit(1);
-  }
-  std::exit(0);
+  transport.closeAll(Clock::now() + 5s);
 }
 
 }  // namespace weft::dist

@@ -69,10 +69,10 @@ class ParameterServer {
   std::vector<bool> leftJob_;
 };
 
-/// Serves on `transport` until every worker has said goodbye, then exits the process with status
-/// 0; on an error (a dead worker, a failed send) it prints what happened, naming `who`, and exits
-/// with status 1. `workerPeers[r]` is the transport's peer index of worker rank r.
-[[noreturn]] void serve(ParameterServer& server, UcxTransport& transport, const std::vector<int>& workerPeers,
-                        const std::string& who);
+/// Serves on `transport` until every worker has said goodbye, then closes the connections. A
+/// message that is not a valid request is logged (naming `who`) and dropped; a dead worker or a
+/// failed send throws. `workerPeers[r]` is the transport's peer index of worker rank r.
+void serve(ParameterServer& server, UcxTransport& transport, const std::vector<int>& workerPeers,
+           const std::string& who);
 
 }  // namespace weft::dist

@@ -233,13 +233,21 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   const int workers = static_cast<int>(workerPeers.size());
   state->plan = planServers(graph, config.architecture, static_cast<int>(serverPeers.size()), config.partitionBytes);
   if (identity->id.role == Role::Server) {
-    ParameterServer::Options options;
-    options.workers = workers;
-    options.denseScale = config.averageDense ? 1.0 / workers : 1.0;
-    options.sparseScale = config.averageSparse ? 1.0 / workers : 1.0;
-    options.session = config.session;
-    ParameterServer server(state->plan, serverIndex, options);
-    serve(server, *state->transport, workerPeers, describe(identity->id));
+    const std::string who = describe(identity->id);
+    try {
+      ParameterServer::Options options;
+      options.workers = workers;
+      options.denseScale = config.averageDense ? 1.0 / workers : 1.0;
+      options.sparseScale = config.averageSparse ? 1.0 / workers : 1.0;
+      options.session = config.session;
+      ParameterServer server(state->plan, serverIndex, options);
+      serve(server, *state->transport, workerPeers, who);
+    } catch (const std::exception& e) {
+      std::cerr << fmt::format("weft: {} stops: {}\n", who, e.what());
+      std::_Exit(1);
+    }
+    state.reset();  // releases UCX before the process ends
+    std::exit(0);
   }
 
   state->rank = roster.rank;

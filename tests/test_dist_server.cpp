@@ -33,14 +33,14 @@ struct Model {
 template <class T>
 std::vector<uint8_t> bytesOf(const std::vector<T>& values) {
   std::vector<uint8_t> out(values.size() * sizeof(T));
-  std::memcpy(out.data(), values.data(), out.size());
+  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
   return out;
 }
 
 template <class T>
 std::vector<T> valuesOf(const std::vector<uint8_t>& bytes) {
   std::vector<T> out(bytes.size() / sizeof(T));
-  std::memcpy(out.data(), bytes.data(), bytes.size());
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
 }
 
