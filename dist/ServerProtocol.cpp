@@ -17,6 +17,12 @@ uint32_t magicOf(std::span<const uint8_t> bytes) {
   return uint32_t{bytes[0]} | uint32_t{bytes[1]} << 8 | uint32_t{bytes[2]} << 16 | uint32_t{bytes[3]} << 24;
 }
 
+/// Checks a header's size and magic before any field is read.
+void checkHeader(std::span<const uint8_t> bytes, size_t expected, uint32_t magic, const char* what) {
+  WEFT_CHECK(bytes.size() == expected, "{}: the header has {} bytes, expected {}", what, bytes.size(), expected);
+  WEFT_CHECK(magicOf(bytes) == magic, "{}: bad magic {:#x}", what, magicOf(bytes));
+}
+
 }  // namespace
 
 const char* requestKindName(RequestKind kind) {
@@ -55,10 +61,9 @@ std::vector<uint8_t> encode(const ReplyHeader& h) {
 bool isRequest(std::span<const uint8_t> bytes) { return magicOf(bytes) == kRequestMagic; }
 
 RequestHeader decodeRequest(std::span<const uint8_t> bytes) {
-  WEFT_CHECK(bytes.size() == kRequestHeaderBytes, "server request: the header has {} bytes, expected {}", bytes.size(),
-             kRequestHeaderBytes);
+  checkHeader(bytes, kRequestHeaderBytes, kRequestMagic, "server request");
   WireReader r(bytes, "server request");
-  WEFT_CHECK(r.getU32("magic") == kRequestMagic, "server request: bad magic {:#x}", magicOf(bytes));
+  r.getU32("magic");
   RequestHeader h;
   const uint8_t kind = r.getU8("kind");
   WEFT_CHECK(kind >= static_cast<uint8_t>(RequestKind::PullRows) && kind <= static_cast<uint8_t>(RequestKind::Goodbye),
@@ -73,10 +78,9 @@ RequestHeader decodeRequest(std::span<const uint8_t> bytes) {
 }
 
 ReplyHeader decodeReply(std::span<const uint8_t> bytes) {
-  WEFT_CHECK(bytes.size() == kReplyHeaderBytes, "server reply: the header has {} bytes, expected {}", bytes.size(),
-             kReplyHeaderBytes);
+  checkHeader(bytes, kReplyHeaderBytes, kReplyMagic, "server reply");
   WireReader r(bytes, "server reply");
-  WEFT_CHECK(r.getU32("magic") == kReplyMagic, "server reply: bad magic {:#x}", magicOf(bytes));
+  r.getU32("magic");
   ReplyHeader h;
   h.status = r.getU32("status");
   h.id = r.getU64("id");
