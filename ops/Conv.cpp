@@ -1,6 +1,9 @@
-// NCHW 2-D convolution (im2col + OpenBLAS GEMM per image) with its fused backward ops, and max /
-// average pooling with theirs. Images (convolution) or (image, channel) planes (pooling) are
-// independent, so the kernels split them across the session's pool and call BLAS single-threaded.
+// NCHW 2-D convolution with its fused backward ops, and max / average pooling with theirs.
+// Unit-stride 3x3 convolutions run on the direct kernels of ops/ConvDirect; every other window
+// runs as im2col + OpenBLAS GEMM per image. Images (convolution) or (image, channel) planes
+// (pooling) are independent, so the kernels split them across the session's pool and call BLAS
+// single-threaded.
+#include "ops/ConvDirect.h"
 #include "ops/OpUtil.h"
 
 #include <cblas.h>
@@ -91,6 +94,8 @@ struct ConvGeometry {
   bool pointwise() const {
     return win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0;
   }
+  bool direct() const { return detail::directConvApplies(win.kh, win.kw, win.sh, win.sw, win.dh, win.dw, win.ph, win.pw); }
+  detail::DirectConv directShape() const { return {n, c, h, w, o, win.ph, win.pw}; }
 };
 
 ConvGeometry convGeometry(const Shape& x, const Shape& filter, const Attrs& attrs) {
@@ -181,6 +186,7 @@ void conv2dKernel(KernelContext& ctx) {
     const T* px = x.data<T>();
     const T* pf = filter.data<T>();
     T* po = ctx.output(0).data<T>();
+    if (g.direct()) return detail::directConvForward(ctx, g.directShape(), px, pf, po);
     ctx.parallelFor(g.n, g.o * k * p, [&](int64_t lo, int64_t hi) {
       std::vector<T> scratch;
       for (int64_t img = lo; img < hi; ++img) {
@@ -202,6 +208,7 @@ void conv2dBackpropInputKernel(KernelContext& ctx) {
     const T* pdy = dy.data<T>();
     const T* pf = filter.data<T>();
     T* pdx = dx.data<T>();
+    if (g.direct()) return detail::directConvBackpropInput(ctx, g.directShape(), pdy, pf, pdx);
     ctx.parallelFor(g.n, g.o * k * p, [&](int64_t lo, int64_t hi) {
       std::vector<T> dcol(g.pointwise() ? 0 : static_cast<size_t>(k * p));
       for (int64_t img = lo; img < hi; ++img) {
@@ -228,6 +235,7 @@ void conv2dBackpropFilterKernel(KernelContext& ctx) {
     using T = decltype(z);
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
+    if (g.direct()) return detail::directConvBackpropFilter(ctx, g.directShape(), px, pdy, df.data<T>());
     std::vector<T> partials(static_cast<size_t>(blocks * filterSize), T(0));
     ctx.parallelFor(blocks, perBlock * filterSize * p, [&](int64_t lo, int64_t hi) {
       std::vector<T> scratch;

@@ -1,9 +1,12 @@
 // Batch normalisation over every axis but 1 (the channel axis of (N, C) and (N, C, H, W)), in
 // training mode (batch statistics) and inference mode (given statistics), with fused backward
-// ops. Kernels view x as (N, C, S), split the channels across the pool and accumulate in double.
+// ops. Kernels view x as (N, C, S), split the channels across the pool and accumulate in double,
+// in interleaved partial sums that the compiler turns into vector additions.
 #include "ops/OpUtil.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace weft {
 namespace {
@@ -45,6 +48,33 @@ Coeffs load(const T* p, int64_t lo, int64_t hi) {
   return Coeffs(p + lo, p + hi);
 }
 
+/// (sum of first(j), sum of second(j)) over j in [0, n). Each sum is kept in kLanes interleaved
+/// partial sums, added in a fixed order at the end: the order of every addition is written out,
+/// so the compiler vectorises the loop without reassociating anything, and a result does not
+/// depend on how the channels were split.
+template <class A, class B>
+std::pair<double, double> pairedSums(int64_t n, A first, B second) {
+  constexpr int64_t kLanes = 16;
+  double a[kLanes] = {}, b[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t k = 0; k < kLanes; ++k) {
+      a[k] += first(j + k);
+      b[k] += second(j + k);
+    }
+  }
+  for (int64_t k = 0; j < n; ++j, ++k) {
+    a[k] += first(j);
+    b[k] += second(j);
+  }
+  double sumA = 0, sumB = 0;
+  for (int64_t k = 0; k < kLanes; ++k) {
+    sumA += a[k];
+    sumB += b[k];
+  }
+  return {sumA, sumB};
+}
+
 /// out = scale * x + shift, per channel.
 template <class T>
 void affine(const ChannelLayout& l, int64_t lo, int64_t hi, const T* x, const Coeffs& scale, const Coeffs& shift,
@@ -61,11 +91,11 @@ void gradSums(const ChannelLayout& l, int64_t lo, int64_t hi, const T* dy, const
   sumDy.assign(static_cast<size_t>(hi - lo), 0.0);
   sumDyXhat.assign(static_cast<size_t>(hi - lo), 0.0);
   sweep(l, lo, hi, [&](int64_t k, int64_t off) {
-    double a = 0, b = 0;
-    for (int64_t j = 0; j < l.s; ++j) {
-      a += dy[off + j];
-      b += dy[off + j] * (x[off + j] - mean[k]);
-    }
+    const T* g = dy + off;
+    const T* v = x + off;
+    const double mu = mean[k];
+    const auto [a, b] = pairedSums(
+        l.s, [&](int64_t j) { return double(g[j]); }, [&](int64_t j) { return double(g[j]) * (double(v[j]) - mu); });
     sumDy[k] += a;
     sumDyXhat[k] += b * invstd[k];
   });
@@ -100,22 +130,26 @@ void batchNormTrainKernel(KernelContext& ctx) {
     T* outInvstd = ctx.output(3).data<T>();
     forChannelBlocks(ctx, l, 3, [&](int64_t lo, int64_t hi) {
       const size_t width = static_cast<size_t>(hi - lo);
-      Coeffs mean(width, 0.0), var(width, 0.0), scale(width), shift(width);
+      Coeffs mean(width, 0.0), var(width, 0.0), scale(width), shift(width), pivot(width, 0.0);
+      // One pass of sums about a pivot, a value of the channel itself, keeps the variance accurate
+      // when |mean| >> stddev, as a second pass about the mean would, at one read of x.
+      if (l.n > 0 && l.s > 0) {
+        for (size_t k = 0; k < width; ++k) pivot[k] = px[(lo + static_cast<int64_t>(k)) * l.s];
+      }
       sweep(l, lo, hi, [&](int64_t k, int64_t off) {
-        double acc = 0;
-        for (int64_t j = 0; j < l.s; ++j) acc += px[off + j];
-        mean[k] += acc;
-      });
-      for (double& v : mean) v = m > 0 ? v / m : 0.0;
-      // A second pass about the mean keeps the variance accurate when |mean| >> stddev.
-      sweep(l, lo, hi, [&](int64_t k, int64_t off) {
-        double acc = 0;
-        for (int64_t j = 0; j < l.s; ++j) acc += (px[off + j] - mean[k]) * (px[off + j] - mean[k]);
-        var[k] += acc;
+        const T* v = px + off;
+        const double p = pivot[k];
+        const auto [shifted, squares] = pairedSums(
+            l.s, [&](int64_t j) { return double(v[j]) - p; },
+            [&](int64_t j) { return (double(v[j]) - p) * (double(v[j]) - p); });
+        mean[k] += shifted;
+        var[k] += squares;
       });
       for (size_t k = 0; k < width; ++k) {
         const int64_t ch = lo + static_cast<int64_t>(k);
-        var[k] = m > 0 ? var[k] / m : 0.0;
+        const double shiftedMean = m > 0 ? mean[k] / m : 0.0;
+        mean[k] = pivot[k] + shiftedMean;
+        var[k] = m > 0 ? std::max(0.0, var[k] / m - shiftedMean * shiftedMean) : 0.0;
         const double invstd = 1.0 / std::sqrt(var[k] + eps);
         scale[k] = gamma[ch] * invstd;
         shift[k] = beta[ch] - mean[k] * scale[k];

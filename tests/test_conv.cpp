@@ -100,6 +100,9 @@ const std::vector<ConvCase>& convCases() {
       {{2, 3, 4, 4}, {2, 3, 1, 1}, {{2, 2}, {0, 0}, {1, 1}}},  // strided 1x1
       {{1, 1, 1, 1}, {1, 1, 1, 1}, {}},
       {{1, 1, 1, 1}, {2, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},  // all taps but the centre are padding
+      // Direct 3x3 kernels: 11 filters are channel blocks of 8, 2 and 1; 37 columns span tiles.
+      {{2, 7, 9, 37}, {11, 7, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},
+      {{1, 3, 6, 5}, {19, 3, 3, 3}, {{1, 1}, {2, 0}, {1, 1}}},  // uneven padding, 2 and 0
   };
   return cases;
 }
@@ -162,6 +165,8 @@ TEST_CASE("conv2d gradients match finite differences") {
       {{1, 2, 5, 4}, {2, 2, 2, 3}, options({2, 1}, {1, 1}, {1, 1})},
       {{1, 1, 6, 6}, {2, 1, 2, 2}, options({1, 2}, {1, 0}, {2, 2})},
       {{2, 3, 3, 3}, {2, 3, 1, 1}, {}},
+      // Direct 3x3 kernels: 19 filters are more than one vector of output channels.
+      {{2, 4, 5, 7}, {19, 4, 3, 3}, options({1, 1}, {1, 2}, {1, 1})},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SUBCASE(("case " + std::to_string(i)).c_str()) {
@@ -341,17 +346,19 @@ TEST_CASE("globalAvgPool averages each plane") {
 }
 
 TEST_CASE("convolution gradients do not depend on the thread count") {
-  Graph g;
-  Output x = g.placeholder("x", f32, {12, 3, 9, 9});
-  Output f = g.placeholder("f", f32, {4, 3, 3, 3});
-  Conv2dOptions o;
-  o.padding = {1, 1};
-  o.stride = {2, 2};
-  Output y = conv2d(x, f, o);
-  const std::vector<Grad> grads = gradients(sum(y * y), {x, f});
-  const FeedMap feeds{{x, randomTensor(f32, {12, 3, 9, 9}, 1)}, {f, randomTensor(f32, {4, 3, 3, 3}, 2)}};
-  Session one(g, {1, false}), two(g, {2, false});
-  const auto a = one.run({grads[0].dense, grads[1].dense}, feeds), b = two.run({grads[0].dense, grads[1].dense}, feeds);
-  CHECK(a[0].toDoubles() == b[0].toDoubles());
-  CHECK(a[1].toDoubles() == b[1].toDoubles());
+  for (const std::vector<int64_t> stride : {std::vector<int64_t>{2, 2}, std::vector<int64_t>{1, 1}}) {
+    SUBCASE(stride[0] == 1 ? "direct 3x3" : "im2col") {
+      Graph g;
+      Output x = g.placeholder("x", f32, {12, 3, 9, 9});
+      Output f = g.placeholder("f", f32, {4, 3, 3, 3});
+      Output y = conv2d(x, f, options(stride, {1, 1}, {1, 1}));
+      const std::vector<Grad> grads = gradients(sum(y * y), {x, f});
+      const FeedMap feeds{{x, randomTensor(f32, {12, 3, 9, 9}, 1)}, {f, randomTensor(f32, {4, 3, 3, 3}, 2)}};
+      Session one(g, {1, false}), two(g, {2, false});
+      const auto a = one.run({grads[0].dense, grads[1].dense}, feeds);
+      const auto b = two.run({grads[0].dense, grads[1].dense}, feeds);
+      CHECK(a[0].toDoubles() == b[0].toDoubles());
+      CHECK(a[1].toDoubles() == b[1].toDoubles());
+    }
+  }
 }

@@ -39,6 +39,22 @@ void overhead() {
   bench::report("op_overhead", "libtorch", t, "us_per_op", t.median / bench::kOverheadChain * 1e6);
 }
 
+void conv() {
+  for (const bench::ConvShape& c : bench::kConvs) {
+    auto x = torch::rand({c.batch, c.channels, c.size, c.size}).requires_grad_();
+    auto f = torch::rand({c.channels, c.channels, 3, 3}).requires_grad_();
+    const auto t = bench::time(
+        [&] {
+          x.mutable_grad() = torch::Tensor();
+          f.mutable_grad() = torch::Tensor();
+          auto y = torch::conv2d(x, f, {}, 1, 1);
+          y.sum().backward();
+        },
+        2, 10);
+    bench::report(c.name, "libtorch", t, "gflops", c.flops() / t.median / 1e9);
+  }
+}
+
 void mlp() {
   for (const bench::MlpShape& m : bench::kMlps) {
     torch::nn::Sequential net;
@@ -113,6 +129,7 @@ int main(int argc, char** argv) {
   gemm();
   elementwise();
   overhead();
+  conv();
   mlp();
   lm();
 }

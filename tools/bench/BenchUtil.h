@@ -51,6 +51,17 @@ struct LmShape {
 };
 inline const LmShape kLms[] = {{"lstm_lm", 10000, 256, 256, 20, 32}};
 
+/// A 3x3, stride 1, padding 1 convolution with as many filters as input channels: the three
+/// stages of ResNet-20 at batch 64.
+struct ConvShape {
+  const char* name;
+  int64_t batch, channels, size;
+  double flops() const {  // forward, input gradient and filter gradient: 3 products of 2 flops
+    return 3.0 * 2.0 * static_cast<double>(batch * channels * channels * 9 * size * size);
+  }
+};
+inline const ConvShape kConvs[] = {{"conv3x3_16x32", 64, 16, 32}, {"conv3x3_32x16", 64, 32, 16}, {"conv3x3_64x8", 64, 64, 8}};
+
 inline const int64_t kGemmSizes[] = {256, 512, 1024};
 inline constexpr int64_t kElementwiseSize = 1 << 24;
 inline constexpr int kOverheadChain = 1000;

@@ -1,8 +1,9 @@
 // weft's benchmarks: GEMM (BenchEigen.cpp measures Eigen called directly), elementwise bandwidth, per-op engine
-// overhead, and training steps of the MLPs and an LSTM language model.
+// overhead, 3x3 convolutions, and training steps of the MLPs and an LSTM language model.
 #include "tools/bench/BenchUtil.h"
 
 #include "core/Random.h"
+#include "autodiff/Gradients.h"
 #include "core/Session.h"
 #include "nn/Layers.h"
 #include "optim/Optimizer.h"
@@ -48,6 +49,20 @@ void overhead() {
   const FeedMap feeds{{x, Tensor::full(f32, {1}, 1)}};
   const auto t = bench::time([&] { s.run({y}, feeds); }, 10, 200);
   bench::report("op_overhead", "weft", t, "us_per_op", t.median / bench::kOverheadChain * 1e6);
+}
+
+void conv() {
+  for (const bench::ConvShape& c : bench::kConvs) {
+    Graph g;
+    const Shape xs{c.batch, c.channels, c.size, c.size}, fs{c.channels, c.channels, 3, 3};
+    Output x = g.placeholder("x", f32, xs), f = g.placeholder("f", f32, fs);
+    Output y = conv2d(x, f, {{1, 1}, {1, 1}, {1, 1}});
+    const std::vector<Grad> grads = gradients(sum(y), {x, f});
+    Session s(g, {threads, false});
+    const FeedMap feeds{{x, testing::randomTensor(f32, xs, 1)}, {f, testing::randomTensor(f32, fs, 2)}};
+    const auto t = bench::time([&] { s.run({y, grads[0].dense, grads[1].dense}, feeds); }, 2, 10);
+    bench::report(c.name, "weft", t, "gflops", c.flops() / t.median / 1e9);
+  }
 }
 
 void mlp() {
@@ -98,6 +113,7 @@ int main(int argc, char** argv) {
   gemm();
   elementwise();
   overhead();
+  conv();
   mlp();
   lm();
 }

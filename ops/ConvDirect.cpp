@@ -1,0 +1,299 @@
+#include "ops/ConvDirect.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace weft::detail {
+namespace {
+
+constexpr int64_t kTaps = 9;
+
+// 64-byte vectors: one AVX-512 register, or two or four narrower ones where the target has
+// no AVX-512; the compiler maps the arithmetic onto whatever the build targets.
+template <class T>
+struct Simd;
+template <>
+struct Simd<float> {
+  typedef float V __attribute__((vector_size(64)));
+};
+template <>
+struct Simd<double> {
+  typedef double V __attribute__((vector_size(64)));
+};
+template <class T>
+using Vec = typename Simd<T>::V;
+template <class T>
+constexpr int64_t kLanes = static_cast<int64_t>(64 / sizeof(T));
+
+template <class T>
+Vec<T> load(const T* p) {
+  Vec<T> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T>
+void store(T* p, const Vec<T>& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+int64_t roundUp(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+/// Copies a short row inline, a vector at a time: rows are a few dozen values, and a library call
+/// per row costs as much as the copy.
+template <class T>
+void copyRow(const T* src, int64_t n, T* dst) {
+  int64_t x = 0;
+  for (; x + kLanes<T> <= n; x += kLanes<T>) store(dst + x, load(src + x));
+  for (; x < n; ++x) dst[x] = src[x];
+}
+
+/// The flat padded layout of one 3x3 unit-stride sweep over an (h, w) plane. The padded image is
+/// stored row after row, `width` values each; output position (oy, ox) is flat index
+/// q = oy * width + ox, and tap (i, j) of it reads the padded image at q + i * width + j. The last
+/// two columns of every flat output row are not outputs: computing them anyway keeps the loops free
+/// of edge cases, and they are dropped when results leave the flat layout.
+struct FlatPlane {
+  int64_t h, w, ph, pw;  // the unpadded input and its padding
+  int64_t outH, outW, width;
+  int64_t outLen;        // flat output positions computed, a multiple of the tile width
+  int64_t channelStride;  // padded values kept per channel, enough for every tap of every position
+
+  FlatPlane(int64_t h_, int64_t w_, int64_t ph_, int64_t pw_, int64_t tile)
+      : h(h_), w(w_), ph(ph_), pw(pw_), outH(h_ + 2 * ph_ - 2), outW(w_ + 2 * pw_ - 2), width(w_ + 2 * pw_) {
+    outLen = roundUp(outH * width, tile);
+    channelStride = roundUp(outLen + 2 * width + 2, tile);
+  }
+  int64_t tapOffset(int64_t t) const { return t / 3 * width + t % 3; }
+
+  /// Writes `channels` planes of `src` into the interior of their flat padded copy `dst`. Only
+  /// the interior is written: `dst` is zeroed once when allocated, and its padding stays zero.
+  template <class T>
+  void pad(const T* src, int64_t channels, T* dst) const {
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      for (int64_t y = 0; y < h; ++y) copyRow(src + (ch * h + y) * w, w, dst + ch * channelStride + (y + ph) * width + pw);
+    }
+  }
+  /// Copies the outputs of `channels` flat planes (outLen apart) to dense (outH, outW) planes.
+  template <class T>
+  void unpad(const T* flat, int64_t channels, T* dst) const {
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      for (int64_t y = 0; y < outH; ++y) copyRow(flat + ch * outLen + y * width, outW, dst + (ch * outH + y) * outW);
+    }
+  }
+};
+
+// ---- forward sweep (also the input gradient) -------------------------------------------------
+
+/// Output channels are computed in blocks of 16, then 8, 4, 2, 1 for the remainder: each block's filter
+/// values are packed as [input channel][tap][block member] so one tile reads them in order.
+template <class F>
+void forEachChannelBlock(int64_t channels, F f) {
+  int64_t first = 0;
+  for (int64_t size : {16, 8, 4, 2, 1}) {
+    for (; first + size <= channels; first += size) f(first, size);
+  }
+}
+
+/// packed[block][inCh][tap][member] = weight(block first + member, inCh, tap).
+template <class T, class W>
+std::vector<T> packFilter(int64_t outChannels, int64_t inChannels, W weight) {
+  std::vector<T> packed(static_cast<size_t>(outChannels * inChannels * kTaps));
+  forEachChannelBlock(outChannels, [&](int64_t first, int64_t size) {
+    T* block = packed.data() + first * inChannels * kTaps;
+    for (int64_t in = 0; in < inChannels; ++in) {
+      for (int64_t t = 0; t < kTaps; ++t) {
+        for (int64_t m = 0; m < size; ++m) block[(in * kTaps + t) * size + m] = weight(first + m, in, t);
+      }
+    }
+  });
+  return packed;
+}
+
+// One vector of flat positions per tile: small planes (8x8 has 80 flat positions) waste little
+// on rounding, and 16 channels x 1 vector is enough independent accumulators to keep the
+// multiply-add units busy.
+constexpr int64_t kTileVectors = 1;
+
+/// out[m][q .. q + tile) for the OB output channels of one block: the sum over input channels and
+/// taps of the packed filter value times the shifted input. The OB accumulators stay in registers.
+template <class T, int OB>
+void forwardTile(const FlatPlane& p, int64_t inChannels, const T* padded, const T* block, int64_t q, T* out) {
+  constexpr int64_t L = kLanes<T>;
+  int64_t offsets[kTaps];
+  for (int64_t t = 0; t < kTaps; ++t) offsets[t] = p.tapOffset(t);
+  Vec<T> acc[OB][kTileVectors] = {};
+  for (int64_t in = 0; in < inChannels; ++in) {
+    const T* src = padded + in * p.channelStride + q;
+    const T* weights = block + in * kTaps * OB;
+    for (int64_t t = 0; t < kTaps; ++t) {
+      const T* tap = src + offsets[t];
+      Vec<T> v[kTileVectors];
+#pragma GCC unroll 4
+      for (int64_t k = 0; k < kTileVectors; ++k) v[k] = load(tap + k * L);
+#pragma GCC unroll 16
+      for (int m = 0; m < OB; ++m) {
+        const T w = weights[t * OB + m];  // a scalar operand is splat across the vector
+#pragma GCC unroll 4
+        for (int64_t k = 0; k < kTileVectors; ++k) acc[m][k] += v[k] * w;
+      }
+    }
+  }
+  for (int m = 0; m < OB; ++m) {
+    for (int64_t k = 0; k < kTileVectors; ++k) store(out + m * p.outLen + q + k * L, acc[m][k]);
+  }
+}
+
+template <class T>
+void forwardBlock(const FlatPlane& p, int64_t inChannels, const T* padded, const T* block, int64_t size, T* out) {
+  const int64_t tile = kTileVectors * kLanes<T>;
+  for (int64_t q = 0; q < p.outLen; q += tile) {
+    switch (size) {
+      case 16: forwardTile<T, 16>(p, inChannels, padded, block, q, out); break;
+      case 8: forwardTile<T, 8>(p, inChannels, padded, block, q, out); break;
+      case 4: forwardTile<T, 4>(p, inChannels, padded, block, q, out); break;
+      case 2: forwardTile<T, 2>(p, inChannels, padded, block, q, out); break;
+      default: forwardTile<T, 1>(p, inChannels, padded, block, q, out); break;
+    }
+  }
+}
+
+/// out (n, outChannels, outH, outW) = in (n, inChannels, h, w) swept by the packed 3x3 filter.
+template <class T>
+void sweep(const KernelContext& ctx, int64_t n, int64_t inChannels, int64_t outChannels, const FlatPlane& p,
+           const T* in, const std::vector<T>& packed, T* out) {
+  const int64_t inSize = inChannels * p.h * p.w, outSize = outChannels * p.outH * p.outW;
+  ctx.parallelFor(n, outChannels * inChannels * kTaps * p.outLen, [&](int64_t lo, int64_t hi) {
+    std::vector<T> padded(static_cast<size_t>(inChannels * p.channelStride));
+    std::vector<T> flat(static_cast<size_t>(outChannels * p.outLen));
+    for (int64_t img = lo; img < hi; ++img) {
+      p.pad(in + img * inSize, inChannels, padded.data());
+      forEachChannelBlock(outChannels, [&](int64_t first, int64_t size) {
+        forwardBlock(p, inChannels, padded.data(), packed.data() + first * inChannels * kTaps, size,
+                     flat.data() + first * p.outLen);
+      });
+      p.unpad(flat.data(), outChannels, out + img * outSize);
+    }
+  });
+}
+
+// ---- filter gradient -------------------------------------------------------------------------
+
+/// acc[c][tap][o .. o + lanes) += sum over q of dyT[q][o ..] * padded[c][q + tap] for CB input
+/// channels: the vectors run along output channels, so no horizontal sums are needed. CB x 9
+/// accumulators stay in registers.
+template <class T, int CB>
+void filterTile(const FlatPlane& p, int64_t positions, const T* dyT, int64_t outStride, const T* padded, T* acc) {
+  Vec<T> sum[CB][kTaps];
+  for (int c = 0; c < CB; ++c) {
+    for (int64_t t = 0; t < kTaps; ++t) sum[c][t] = load(acc + (c * kTaps + t) * outStride);
+  }
+  int64_t offsets[kTaps];
+  for (int64_t t = 0; t < kTaps; ++t) offsets[t] = p.tapOffset(t);
+  for (int64_t q = 0; q < positions; ++q) {
+    const Vec<T> d = load(dyT + q * outStride);
+#pragma GCC unroll 4
+    for (int c = 0; c < CB; ++c) {
+      const T* src = padded + c * p.channelStride + q;
+#pragma GCC unroll 9
+      for (int64_t t = 0; t < kTaps; ++t) sum[c][t] += d * src[offsets[t]];
+    }
+  }
+  for (int c = 0; c < CB; ++c) {
+    for (int64_t t = 0; t < kTaps; ++t) store(acc + (c * kTaps + t) * outStride, sum[c][t]);
+  }
+}
+
+/// Adds one image's filter gradient to acc (c, tap, outStride), given its padded input and its
+/// output gradient transposed to (position, outStride) with zeros at the non-output positions.
+template <class T>
+void accumulateImage(const FlatPlane& p, int64_t inChannels, int64_t outStride, const T* padded, const T* dyT,
+                     T* acc) {
+  const int64_t positions = p.outH * p.width;
+  for (int64_t o = 0; o < outStride; o += kLanes<T>) {
+    int64_t c = 0;
+    for (; c + 3 <= inChannels; c += 3) {
+      filterTile<T, 3>(p, positions, dyT + o, outStride, padded + c * p.channelStride, acc + c * kTaps * outStride + o);
+    }
+    for (; c < inChannels; ++c) {
+      filterTile<T, 1>(p, positions, dyT + o, outStride, padded + c * p.channelStride, acc + c * kTaps * outStride + o);
+    }
+  }
+}
+
+/// dyT[q][o] = dy[o][q's row][q's column] at output positions. Only those are written: dyT is
+/// zeroed once when allocated, and its other positions stay zero.
+template <class T>
+void transposeGradient(const FlatPlane& p, int64_t outChannels, int64_t outStride, const T* dy, T* dyT) {
+  for (int64_t o = 0; o < outChannels; ++o) {
+    for (int64_t y = 0; y < p.outH; ++y) {
+      const T* row = dy + (o * p.outH + y) * p.outW;
+      T* dst = dyT + y * p.width * outStride + o;
+      for (int64_t x = 0; x < p.outW; ++x) dst[x * outStride] = row[x];
+    }
+  }
+}
+
+}  // namespace
+
+bool directConvApplies(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph,
+                       int64_t pw) {
+  return kh == 3 && kw == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && ph >= 0 && ph <= 2 && pw >= 0 && pw <= 2;
+}
+
+template <class T>
+void directConvForward(const KernelContext& ctx, const DirectConv& s, const T* x, const T* filter, T* y) {
+  const FlatPlane p(s.h, s.w, s.ph, s.pw, kTileVectors * kLanes<T>);
+  const auto packed = packFilter<T>(s.o, s.c, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * kTaps + t]; });
+  sweep(ctx, s.n, s.c, s.o, p, x, packed, y);
+}
+
+// dx[c][y][x] = sum over o, (i, j) of w[o][c][i][j] dy[o][y + ph - i][x + pw - j]: a sweep of dy
+// padded by (2 - ph, 2 - pw) with the filter w'[c][o][2 - i][2 - j].
+template <class T>
+void directConvBackpropInput(const KernelContext& ctx, const DirectConv& s, const T* dy, const T* filter, T* dx) {
+  const FlatPlane p(s.outH(), s.outW(), 2 - s.ph, 2 - s.pw, kTileVectors * kLanes<T>);
+  const auto packed = packFilter<T>(s.c, s.o, [&](int64_t c, int64_t o, int64_t t) {
+    return filter[(o * s.c + c) * kTaps + (kTaps - 1 - t)];
+  });
+  sweep(ctx, s.n, s.o, s.c, p, dy, packed, dx);
+}
+
+template <class T>
+void directConvBackpropFilter(const KernelContext& ctx, const DirectConv& s, const T* x, const T* dy, T* dfilter) {
+  const FlatPlane p(s.h, s.w, s.ph, s.pw, 1);
+  const int64_t outStride = roundUp(s.o, kLanes<T>), accSize = s.c * kTaps * outStride;
+  const int64_t inSize = s.c * s.h * s.w, dySize = s.o * s.outH() * s.outW();
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(8, s.n));
+  const int64_t perBlock = (s.n + blocks - 1) / blocks;
+  std::vector<T> partials(static_cast<size_t>(blocks * accSize), T(0));
+  ctx.parallelFor(blocks, perBlock * accSize * p.outLen, [&](int64_t lo, int64_t hi) {
+    std::vector<T> padded(static_cast<size_t>(s.c * p.channelStride));
+    std::vector<T> dyT(static_cast<size_t>(p.outLen * outStride));
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      for (int64_t img = blk * perBlock; img < std::min(s.n, (blk + 1) * perBlock); ++img) {
+        p.pad(x + img * inSize, s.c, padded.data());
+        transposeGradient(p, s.o, outStride, dy + img * dySize, dyT.data());
+        accumulateImage(p, s.c, outStride, padded.data(), dyT.data(), partials.data() + blk * accSize);
+      }
+    }
+  });
+  // dfilter[o][c][t] = sum over blocks, in block order, of partial[c][t][o].
+  for (int64_t o = 0; o < s.o; ++o) {
+    for (int64_t ct = 0; ct < s.c * kTaps; ++ct) {
+      T total = partials[static_cast<size_t>(ct * outStride + o)];
+      for (int64_t blk = 1; blk < blocks; ++blk) total += partials[static_cast<size_t>(blk * accSize + ct * outStride + o)];
+      dfilter[o * s.c * kTaps + ct] = total;
+    }
+  }
+}
+
+#define WEFT_DIRECT_CONV(T)                                                                               \
+  template void directConvForward<T>(const KernelContext&, const DirectConv&, const T*, const T*, T*);       \
+  template void directConvBackpropInput<T>(const KernelContext&, const DirectConv&, const T*, const T*, T*); \
+  template void directConvBackpropFilter<T>(const KernelContext&, const DirectConv&, const T*, const T*, T*);
+WEFT_DIRECT_CONV(float)
+WEFT_DIRECT_CONV(double)
+#undef WEFT_DIRECT_CONV
+
+}  // namespace weft::detail
