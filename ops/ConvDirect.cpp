@@ -48,30 +48,61 @@ void copyRow(const T* src, int64_t n, T* dst) {
   for (; x < n; ++x) dst[x] = src[x];
 }
 
-/// The flat padded layout of one 3x3 unit-stride sweep over an (h, w) plane. The padded image is
-/// stored row after row, `width` values each; output position (oy, ox) is flat index
-/// q = oy * width + ox, and tap (i, j) of it reads the padded image at q + i * width + j. The last
-/// two columns of every flat output row are not outputs: computing them anyway keeps the loops free
-/// of edge cases, and they are dropped when results leave the flat layout.
+/// The flat padded layout of one 3x3 sweep over an (h, w) plane, at stride 1 or 2.
+///
+/// Stride 1: the padded image is stored row after row, `width` values each; output position
+/// (oy, ox) is flat index q = oy * width + ox, and tap (i, j) of it reads the padded image at
+/// q + i * width + j. The last two columns of every flat output row are not outputs: computing
+/// them anyway keeps the loops free of edge cases, and they are dropped when results leave the
+/// flat layout.
+///
+/// Stride 2: the padded image is split into its four phases, the values at (even, even), (even,
+/// odd), (odd, even) and (odd, odd) (row, column), each stored like a stride-1 image of half the
+/// size; tap (i, j) of output q reads phase (i % 2, j % 2) at q + (i / 2) * width + j / 2. So a
+/// strided sweep is the same loop over fixed offsets as an unstrided one.
 struct FlatPlane {
-  int64_t h, w, ph, pw;  // the unpadded input and its padding
-  int64_t outH, outW, width;
-  int64_t outLen;        // flat output positions computed, a multiple of the tile width
-  int64_t channelStride;  // padded values kept per channel, enough for every tap of every position
+  int64_t h, w, ph, pw, stride;  // the unpadded input, its padding and the stride
+  int64_t outH, outW, width;     // width: values per stored row (of a phase, at stride 2)
+  int64_t outLen;                // flat output positions computed, a multiple of the tile width
+  int64_t phaseStride;           // values per stored phase (the whole channel at stride 1)
+  int64_t channelStride;         // values per channel, enough for every tap of every position
+  int64_t offsets[kTaps];        // where each tap of output 0 reads
 
-  FlatPlane(int64_t h_, int64_t w_, int64_t ph_, int64_t pw_, int64_t tile)
-      : h(h_), w(w_), ph(ph_), pw(pw_), outH(h_ + 2 * ph_ - 2), outW(w_ + 2 * pw_ - 2), width(w_ + 2 * pw_) {
+  FlatPlane(int64_t h_, int64_t w_, int64_t ph_, int64_t pw_, int64_t stride_, int64_t tile)
+      : h(h_), w(w_), ph(ph_), pw(pw_), stride(stride_) {
+    const int64_t paddedH = h + 2 * ph, paddedW = w + 2 * pw;
+    outH = (paddedH - 3) / stride + 1;
+    outW = (paddedW - 3) / stride + 1;
+    width = (paddedW + stride - 1) / stride;
     outLen = roundUp(outH * width, tile);
-    channelStride = roundUp(outLen + 2 * width + 2, tile);
+    const int64_t reach = (2 / stride) * width + 2 / stride;  // the farthest tap from its output
+    const int64_t rows = (paddedH + stride - 1) / stride;
+    phaseStride = roundUp(std::max(rows * width, outLen + reach + 1), tile);
+    channelStride = phaseStride * stride * stride;
+    for (int64_t t = 0; t < kTaps; ++t) {
+      const int64_t i = t / 3, j = t % 3;
+      offsets[t] = ((i % stride) * stride + j % stride) * phaseStride + (i / stride) * width + j / stride;
+    }
   }
-  int64_t tapOffset(int64_t t) const { return t / 3 * width + t % 3; }
 
   /// Writes `channels` planes of `src` into the interior of their flat padded copy `dst`. Only
   /// the interior is written: `dst` is zeroed once when allocated, and its padding stays zero.
   template <class T>
   void pad(const T* src, int64_t channels, T* dst) const {
     for (int64_t ch = 0; ch < channels; ++ch) {
-      for (int64_t y = 0; y < h; ++y) copyRow(src + (ch * h + y) * w, w, dst + ch * channelStride + (y + ph) * width + pw);
+      for (int64_t y = 0; y < h; ++y) {
+        const T* row = src + (ch * h + y) * w;
+        T* channel = dst + ch * channelStride;
+        if (stride == 1) {
+          copyRow(row, w, channel + (y + ph) * width + pw);
+          continue;
+        }
+        const int64_t py = y + ph;  // padded row and column coordinates, split into phases
+        for (int64_t x = 0; x < w; ++x) {
+          const int64_t px = x + pw;
+          channel[((py % 2) * 2 + px % 2) * phaseStride + (py / 2) * width + px / 2] = row[x];
+        }
+      }
     }
   }
   /// Copies the outputs of `channels` flat planes (outLen apart) to dense (outH, outW) planes.
@@ -120,8 +151,7 @@ constexpr int64_t kTileVectors = 1;
 template <class T, int OB>
 void forwardTile(const FlatPlane& p, int64_t inChannels, const T* padded, const T* block, int64_t q, T* out) {
   constexpr int64_t L = kLanes<T>;
-  int64_t offsets[kTaps];
-  for (int64_t t = 0; t < kTaps; ++t) offsets[t] = p.tapOffset(t);
+  const int64_t* offsets = p.offsets;
   Vec<T> acc[OB][kTileVectors] = {};
   for (int64_t in = 0; in < inChannels; ++in) {
     const T* src = padded + in * p.channelStride + q;
@@ -188,8 +218,7 @@ void filterTile(const FlatPlane& p, int64_t positions, const T* dyT, int64_t out
   for (int c = 0; c < CB; ++c) {
     for (int64_t t = 0; t < kTaps; ++t) sum[c][t] = load(acc + (c * kTaps + t) * outStride);
   }
-  int64_t offsets[kTaps];
-  for (int64_t t = 0; t < kTaps; ++t) offsets[t] = p.tapOffset(t);
+  const int64_t* offsets = p.offsets;
   for (int64_t q = 0; q < positions; ++q) {
     const Vec<T> d = load(dyT + q * outStride);
 #pragma GCC unroll 4
@@ -238,12 +267,13 @@ void transposeGradient(const FlatPlane& p, int64_t outChannels, int64_t outStrid
 
 bool directConvApplies(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph,
                        int64_t pw) {
-  return kh == 3 && kw == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && ph >= 0 && ph <= 2 && pw >= 0 && pw <= 2;
+  return kh == 3 && kw == 3 && sh == sw && (sh == 1 || sh == 2) && dh == 1 && dw == 1 && ph >= 0 && ph <= 2 &&
+         pw >= 0 && pw <= 2;
 }
 
 template <class T>
 void directConvForward(const KernelContext& ctx, const DirectConv& s, const T* x, const T* filter, T* y) {
-  const FlatPlane p(s.h, s.w, s.ph, s.pw, kTileVectors * kLanes<T>);
+  const FlatPlane p(s.h, s.w, s.ph, s.pw, s.stride, kTileVectors * kLanes<T>);
   const auto packed = packFilter<T>(s.o, s.c, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * kTaps + t]; });
   sweep(ctx, s.n, s.c, s.o, p, x, packed, y);
 }
@@ -252,7 +282,8 @@ void directConvForward(const KernelContext& ctx, const DirectConv& s, const T* x
 // padded by (2 - ph, 2 - pw) with the filter w'[c][o][2 - i][2 - j].
 template <class T>
 void directConvBackpropInput(const KernelContext& ctx, const DirectConv& s, const T* dy, const T* filter, T* dx) {
-  const FlatPlane p(s.outH(), s.outW(), 2 - s.ph, 2 - s.pw, kTileVectors * kLanes<T>);
+  WEFT_CHECK(s.stride == 1, "the direct input gradient needs stride 1, got {}", s.stride);
+  const FlatPlane p(s.outH(), s.outW(), 2 - s.ph, 2 - s.pw, 1, kTileVectors * kLanes<T>);
   const auto packed = packFilter<T>(s.c, s.o, [&](int64_t c, int64_t o, int64_t t) {
     return filter[(o * s.c + c) * kTaps + (kTaps - 1 - t)];
   });
@@ -261,7 +292,7 @@ void directConvBackpropInput(const KernelContext& ctx, const DirectConv& s, cons
 
 template <class T>
 void directConvBackpropFilter(const KernelContext& ctx, const DirectConv& s, const T* x, const T* dy, T* dfilter) {
-  const FlatPlane p(s.h, s.w, s.ph, s.pw, 1);
+  const FlatPlane p(s.h, s.w, s.ph, s.pw, s.stride, 1);
   const int64_t outStride = roundUp(s.o, kLanes<T>), accSize = s.c * kTaps * outStride;
   const int64_t inSize = s.c * s.h * s.w, dySize = s.o * s.outH() * s.outW();
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(8, s.n));

@@ -1,22 +1,24 @@
-// Direct kernels for unit-stride 3x3 convolutions, which carry most of a ResNet's work. They read
-// each image through a zero-padded copy laid out row after row, so every filter tap is a fixed
-// offset into one flat array: no column matrix is built, and the inner loops are register tiles
-// of vector multiply-adds. Conv.cpp chooses them over im2col + GEMM where they apply.
+// Direct kernels for 3x3 convolutions at stride 1 and 2, which carry most of a ResNet's work.
+// They read each image through a zero-padded copy laid out row after row, so every filter tap is
+// a fixed offset into one flat array: no column matrix is built, and the inner loops are register
+// tiles of vector multiply-adds. Conv.cpp chooses them over im2col + GEMM where they apply.
 #pragma once
 
 #include "core/OpRegistry.h"
 
 namespace weft::detail {
 
-/// A convolution of x (n, c, h, w) with a filter (o, c, 3, 3), stride 1, padding (ph, pw).
+/// A convolution of x (n, c, h, w) with a filter (o, c, 3, 3), stride 1 or 2 in both axes,
+/// padding (ph, pw).
 struct DirectConv {
-  int64_t n, c, h, w, o, ph, pw;
+  int64_t n, c, h, w, o, ph, pw, stride;
 
-  int64_t outH() const { return h + 2 * ph - 2; }
-  int64_t outW() const { return w + 2 * pw - 2; }
+  int64_t outH() const { return (h + 2 * ph - 3) / stride + 1; }
+  int64_t outW() const { return (w + 2 * pw - 3) / stride + 1; }
 };
 
-/// Whether the direct kernels handle a window: 3x3, unit stride and dilation, padding at most 2.
+/// Whether the direct forward and filter-gradient kernels handle a window: 3x3, stride 1 or 2
+/// in both axes, unit dilation, padding at most 2. The input gradient needs stride 1 too.
 bool directConvApplies(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph,
                        int64_t pw);
 
@@ -24,8 +26,8 @@ bool directConvApplies(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t d
 template <class T>
 void directConvForward(const KernelContext& ctx, const DirectConv& s, const T* x, const T* filter, T* y);
 
-/// dx (n, c, h, w) from dy (n, o, outH, outW): the forward kernel run on dy with the filter
-/// flipped and its channel axes swapped.
+/// dx (n, c, h, w) from dy (n, o, outH, outW), stride 1: the forward kernel run on dy with the
+/// filter flipped and its channel axes swapped.
 template <class T>
 void directConvBackpropInput(const KernelContext& ctx, const DirectConv& s, const T* dy, const T* filter, T* dx);
 

@@ -103,6 +103,8 @@ const std::vector<ConvCase>& convCases() {
       // Direct 3x3 kernels: 11 filters are channel blocks of 8, 2 and 1; 37 columns span tiles.
       {{2, 7, 9, 37}, {11, 7, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},
       {{1, 3, 6, 5}, {19, 3, 3, 3}, {{1, 1}, {2, 0}, {1, 1}}},  // uneven padding, 2 and 0
+      {{2, 5, 9, 10}, {11, 5, 3, 3}, {{2, 2}, {1, 1}, {1, 1}}},  // stride 2: odd and even sizes
+      {{1, 2, 8, 7}, {3, 2, 3, 3}, {{2, 2}, {0, 2}, {1, 1}}},
   };
   return cases;
 }
@@ -167,6 +169,7 @@ TEST_CASE("conv2d gradients match finite differences") {
       {{2, 3, 3, 3}, {2, 3, 1, 1}, {}},
       // Direct 3x3 kernels: 19 filters are more than one vector of output channels.
       {{2, 4, 5, 7}, {19, 4, 3, 3}, options({1, 1}, {1, 2}, {1, 1})},
+      {{2, 3, 7, 8}, {17, 3, 3, 3}, options({2, 2}, {1, 0}, {1, 1})},  // direct at stride 2
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SUBCASE(("case " + std::to_string(i)).c_str()) {
@@ -346,8 +349,8 @@ TEST_CASE("globalAvgPool averages each plane") {
 }
 
 TEST_CASE("convolution gradients do not depend on the thread count") {
-  for (const std::vector<int64_t> stride : {std::vector<int64_t>{2, 2}, std::vector<int64_t>{1, 1}}) {
-    SUBCASE(stride[0] == 1 ? "direct 3x3" : "im2col") {
+  for (const std::vector<int64_t> stride : {std::vector<int64_t>{2, 1}, std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 2}}) {
+    SUBCASE(stride[0] != stride[1] ? "im2col" : stride[0] == 1 ? "direct 3x3" : "direct 3x3, stride 2") {
       Graph g;
       Output x = g.placeholder("x", f32, {12, 3, 9, 9});
       Output f = g.placeholder("f", f32, {4, 3, 3, 3});
