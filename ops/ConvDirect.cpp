@@ -52,9 +52,10 @@ void copyRow(const T* src, int64_t n, T* dst) {
 ///
 /// Stride 1: the padded image is stored row after row, `width` values each; output position
 /// (oy, ox) is flat index q = oy * width + ox, and tap (i, j) of it reads the padded image at
-/// q + i * width + j. The last two columns of every flat output row are not outputs: computing
-/// them anyway keeps the loops free of edge cases, and they are dropped when results leave the
-/// flat layout.
+/// q + i * width + j. A row stores its left padding only: a tap past the right edge reads the
+/// next row's left padding, which is zero too. The last width - outW columns of every flat
+/// output row are not outputs: computing them anyway keeps the loops free of edge cases, and
+/// they are dropped when results leave the flat layout.
 ///
 /// Stride 2: the padded image is split into its four phases, the values at (even, even), (even,
 /// odd), (odd, even) and (odd, odd) (row, column), each stored like a stride-1 image of half the
@@ -73,7 +74,7 @@ struct FlatPlane {
     const int64_t paddedH = h + 2 * ph, paddedW = w + 2 * pw;
     outH = (paddedH - 3) / stride + 1;
     outW = (paddedW - 3) / stride + 1;
-    width = (paddedW + stride - 1) / stride;
+    width = stride == 1 ? w + pw : (paddedW + 1) / 2;
     outLen = roundUp(outH * width, tile);
     const int64_t reach = (2 / stride) * width + 2 / stride;  // the farthest tap from its output
     const int64_t rows = (paddedH + stride - 1) / stride;
