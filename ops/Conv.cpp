@@ -1,6 +1,6 @@
 // NCHW 2-D convolution with its fused backward ops, and max / average pooling with theirs.
-// 3x3 convolutions at stride 1 or 2 run on the direct kernels of ops/ConvDirect (but for the
-// input gradient of a strided one); every other window runs as im2col + OpenBLAS GEMM per image. Images (convolution) or (image, channel) planes
+// 3x3 convolutions at stride 1 or 2 run on the direct kernels of ops/ConvDirect; every other
+// window runs as im2col + OpenBLAS GEMM per image. Images (convolution) or (image, channel) planes
 // (pooling) are independent, so the kernels split them across the session's pool and call BLAS
 // single-threaded.
 #include "ops/ConvDirect.h"
@@ -95,7 +95,6 @@ struct ConvGeometry {
     return win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0;
   }
   bool direct() const { return detail::directConvApplies(win.kh, win.kw, win.sh, win.sw, win.dh, win.dw, win.ph, win.pw); }
-  bool directInputGradient() const { return direct() && win.sh == 1; }
   detail::DirectConv directShape() const { return {n, c, h, w, o, win.ph, win.pw, win.sh}; }
 };
 
@@ -209,7 +208,7 @@ void conv2dBackpropInputKernel(KernelContext& ctx) {
     const T* pdy = dy.data<T>();
     const T* pf = filter.data<T>();
     T* pdx = dx.data<T>();
-    if (g.directInputGradient()) return detail::directConvBackpropInput(ctx, g.directShape(), pdy, pf, pdx);
+    if (g.direct()) return detail::directConvBackpropInput(ctx, g.directShape(), pdy, pf, pdx);
     ctx.parallelFor(g.n, g.o * k * p, [&](int64_t lo, int64_t hi) {
       std::vector<T> dcol(g.pointwise() ? 0 : static_cast<size_t>(k * p));
       for (int64_t img = lo; img < hi; ++img) {

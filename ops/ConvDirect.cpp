@@ -48,6 +48,14 @@ void copyRow(const T* src, int64_t n, T* dst) {
   for (; x < n; ++x) dst[x] = src[x];
 }
 
+/// What a forward tile needs of a flat layout: each tap's offset from its output position within
+/// one input channel, the values per input channel, and the flat output positions computed.
+struct Taps {
+  int64_t count;
+  int64_t offsets[kTaps];
+  int64_t channelStride, outLen;
+};
+
 /// The flat padded layout of one 3x3 sweep over an (h, w) plane, at stride 1 or 2.
 ///
 /// Stride 1: the padded image is stored row after row, `width` values each; output position
@@ -84,6 +92,12 @@ struct FlatPlane {
       const int64_t i = t / 3, j = t % 3;
       offsets[t] = ((i % stride) * stride + j % stride) * phaseStride + (i / stride) * width + j / stride;
     }
+  }
+
+  Taps taps() const {
+    Taps t{kTaps, {}, channelStride, outLen};
+    std::copy(offsets, offsets + kTaps, t.offsets);
+    return t;
   }
 
   /// Writes `channels` planes of `src` into the interior of their flat padded copy `dst`. Only
@@ -127,15 +141,15 @@ void forEachChannelBlock(int64_t channels, F f) {
   }
 }
 
-/// packed[block][inCh][tap][member] = weight(block first + member, inCh, tap).
+/// packed[block][inCh][tap][member] = weight(block first + member, inCh, tap), for `taps` taps.
 template <class T, class W>
-std::vector<T> packFilter(int64_t outChannels, int64_t inChannels, W weight) {
-  std::vector<T> packed(static_cast<size_t>(outChannels * inChannels * kTaps));
+std::vector<T> packFilter(int64_t outChannels, int64_t inChannels, int64_t taps, W weight) {
+  std::vector<T> packed(static_cast<size_t>(outChannels * inChannels * taps));
   forEachChannelBlock(outChannels, [&](int64_t first, int64_t size) {
-    T* block = packed.data() + first * inChannels * kTaps;
+    T* block = packed.data() + first * inChannels * taps;
     for (int64_t in = 0; in < inChannels; ++in) {
-      for (int64_t t = 0; t < kTaps; ++t) {
-        for (int64_t m = 0; m < size; ++m) block[(in * kTaps + t) * size + m] = weight(first + m, in, t);
+      for (int64_t t = 0; t < taps; ++t) {
+        for (int64_t m = 0; m < size; ++m) block[(in * taps + t) * size + m] = weight(first + m, in, t);
       }
     }
   });
@@ -150,14 +164,14 @@ constexpr int64_t kTileVectors = 1;
 /// out[m][q .. q + tile) for the OB output channels of one block: the sum over input channels and
 /// taps of the packed filter value times the shifted input. The OB accumulators stay in registers.
 template <class T, int OB>
-void forwardTile(const FlatPlane& p, int64_t inChannels, const T* padded, const T* block, int64_t q, T* out) {
+void forwardTile(const Taps& p, int64_t inChannels, const T* padded, const T* block, int64_t q, T* out) {
   constexpr int64_t L = kLanes<T>;
   const int64_t* offsets = p.offsets;
   Vec<T> acc[OB][kTileVectors] = {};
   for (int64_t in = 0; in < inChannels; ++in) {
     const T* src = padded + in * p.channelStride + q;
-    const T* weights = block + in * kTaps * OB;
-    for (int64_t t = 0; t < kTaps; ++t) {
+    const T* weights = block + in * p.count * OB;
+    for (int64_t t = 0; t < p.count; ++t) {
       const T* tap = src + offsets[t];
       Vec<T> v[kTileVectors];
 #pragma GCC unroll 4
@@ -176,7 +190,7 @@ void forwardTile(const FlatPlane& p, int64_t inChannels, const T* padded, const 
 }
 
 template <class T>
-void forwardBlock(const FlatPlane& p, int64_t inChannels, const T* padded, const T* block, int64_t size, T* out) {
+void forwardBlock(const Taps& p, int64_t inChannels, const T* padded, const T* block, int64_t size, T* out) {
   const int64_t tile = kTileVectors * kLanes<T>;
   for (int64_t q = 0; q < p.outLen; q += tile) {
     switch (size) {
@@ -189,21 +203,85 @@ void forwardBlock(const FlatPlane& p, int64_t inChannels, const T* padded, const
   }
 }
 
+/// flat (outChannels, taps.outLen) = padded (inChannels, taps.channelStride) swept by the packed
+/// filter.
+template <class T>
+void sweepImage(const Taps& taps, int64_t inChannels, int64_t outChannels, const T* padded, const T* packed, T* flat) {
+  forEachChannelBlock(outChannels, [&](int64_t first, int64_t size) {
+    forwardBlock(taps, inChannels, padded, packed + first * inChannels * taps.count, size, flat + first * taps.outLen);
+  });
+}
+
 /// out (n, outChannels, outH, outW) = in (n, inChannels, h, w) swept by the packed 3x3 filter.
 template <class T>
 void sweep(const KernelContext& ctx, int64_t n, int64_t inChannels, int64_t outChannels, const FlatPlane& p,
            const T* in, const std::vector<T>& packed, T* out) {
   const int64_t inSize = inChannels * p.h * p.w, outSize = outChannels * p.outH * p.outW;
+  const Taps taps = p.taps();
   ctx.parallelFor(n, outChannels * inChannels * kTaps * p.outLen, [&](int64_t lo, int64_t hi) {
     std::vector<T> padded(static_cast<size_t>(inChannels * p.channelStride));
     std::vector<T> flat(static_cast<size_t>(outChannels * p.outLen));
     for (int64_t img = lo; img < hi; ++img) {
       p.pad(in + img * inSize, inChannels, padded.data());
-      forEachChannelBlock(outChannels, [&](int64_t first, int64_t size) {
-        forwardBlock(p, inChannels, padded.data(), packed.data() + first * inChannels * kTaps, size,
-                     flat.data() + first * p.outLen);
-      });
+      sweepImage(taps, inChannels, outChannels, padded.data(), packed.data(), flat.data());
       p.unpad(flat.data(), outChannels, out + img * outSize);
+    }
+  });
+}
+
+/// The input gradient at stride 2. Position (Y, X) of the padded input gets, from tap (i, j),
+/// dy at ((Y - i) / 2, (X - j) / 2) where both divide evenly: the four phases (Y % 2, X % 2) of
+/// dx are each an unstrided sweep of dy with the taps of matching parity (2x2, 2x1, 1x2 and 1x1
+/// of the flipped filter), and dx interleaves them.
+template <class T>
+void stridedInputGradient(const KernelContext& ctx, const DirectConv& s, const T* dy, const T* filter, T* dx) {
+  const int64_t tile = kTileVectors * kLanes<T>;
+  const int64_t rows = (s.h + 2 * s.ph + 1) / 2, cols = (s.w + 2 * s.pw + 1) / 2;  // of the largest phase
+  // dy is stored with one zero row above and one zero column to its left, so a phase position
+  // (y', x') reads dy at (y' - k, x' - l), k and l in {0, 1}, at a fixed offset.
+  const int64_t width = cols + 1, outLen = roundUp(rows * width, tile);
+  const int64_t channelStride = roundUp(std::max((rows + 1) * width, outLen + width + 2), tile);
+  Taps phases[4];
+  std::vector<T> packed[4];
+  for (int64_t a = 0; a < 2; ++a) {
+    for (int64_t b = 0; b < 2; ++b) {
+      Taps& taps = phases[a * 2 + b];
+      taps = {0, {}, channelStride, outLen};
+      int64_t filterTaps[kTaps];
+      for (int64_t i = a; i < 3; i += 2) {
+        for (int64_t j = b; j < 3; j += 2) {
+          filterTaps[taps.count] = i * 3 + j;
+          taps.offsets[taps.count++] = (1 - (i - a) / 2) * width + (1 - (j - b) / 2);
+        }
+      }
+      packed[a * 2 + b] = packFilter<T>(s.c, s.o, taps.count, [&](int64_t c, int64_t o, int64_t t) {
+        return filter[(o * s.c + c) * kTaps + filterTaps[t]];
+      });
+    }
+  }
+  const int64_t dySize = s.o * s.outH() * s.outW(), dxSize = s.c * s.h * s.w;
+  ctx.parallelFor(s.n, s.o * s.c * kTaps * outLen, [&](int64_t lo, int64_t hi) {
+    std::vector<T> padded(static_cast<size_t>(s.o * channelStride));  // zero outside dy, never written
+    std::vector<T> flat(static_cast<size_t>(4 * s.c * outLen));
+    for (int64_t img = lo; img < hi; ++img) {
+      for (int64_t o = 0; o < s.o; ++o) {
+        for (int64_t y = 0; y < s.outH(); ++y) {
+          copyRow(dy + img * dySize + (o * s.outH() + y) * s.outW(), s.outW(), padded.data() + o * channelStride + (y + 1) * width + 1);
+        }
+      }
+      for (int64_t phase = 0; phase < 4; ++phase) {
+        sweepImage(phases[phase], s.o, s.c, padded.data(), packed[phase].data(), flat.data() + phase * s.c * outLen);
+      }
+      T* out = dx + img * dxSize;
+      for (int64_t c = 0; c < s.c; ++c) {
+        for (int64_t y = 0; y < s.h; ++y) {
+          const int64_t py = y + s.ph;
+          for (int64_t x = 0; x < s.w; ++x) {
+            const int64_t px = x + s.pw;
+            out[(c * s.h + y) * s.w + x] = flat[((py % 2 * 2 + px % 2) * s.c + c) * outLen + (py / 2) * width + px / 2];
+          }
+        }
+      }
     }
   });
 }
@@ -275,17 +353,18 @@ bool directConvApplies(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t d
 template <class T>
 void directConvForward(const KernelContext& ctx, const DirectConv& s, const T* x, const T* filter, T* y) {
   const FlatPlane p(s.h, s.w, s.ph, s.pw, s.stride, kTileVectors * kLanes<T>);
-  const auto packed = packFilter<T>(s.o, s.c, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * kTaps + t]; });
+  const auto packed =
+      packFilter<T>(s.o, s.c, kTaps, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * kTaps + t]; });
   sweep(ctx, s.n, s.c, s.o, p, x, packed, y);
 }
 
-// dx[c][y][x] = sum over o, (i, j) of w[o][c][i][j] dy[o][y + ph - i][x + pw - j]: a sweep of dy
-// padded by (2 - ph, 2 - pw) with the filter w'[c][o][2 - i][2 - j].
+// Stride 1: dx[c][y][x] = sum over o, (i, j) of w[o][c][i][j] dy[o][y + ph - i][x + pw - j]: a
+// sweep of dy padded by (2 - ph, 2 - pw) with the filter w'[c][o][2 - i][2 - j].
 template <class T>
 void directConvBackpropInput(const KernelContext& ctx, const DirectConv& s, const T* dy, const T* filter, T* dx) {
-  WEFT_CHECK(s.stride == 1, "the direct input gradient needs stride 1, got {}", s.stride);
+  if (s.stride == 2) return stridedInputGradient(ctx, s, dy, filter, dx);
   const FlatPlane p(s.outH(), s.outW(), 2 - s.ph, 2 - s.pw, 1, kTileVectors * kLanes<T>);
-  const auto packed = packFilter<T>(s.c, s.o, [&](int64_t c, int64_t o, int64_t t) {
+  const auto packed = packFilter<T>(s.c, s.o, kTaps, [&](int64_t c, int64_t o, int64_t t) {
     return filter[(o * s.c + c) * kTaps + (kTaps - 1 - t)];
   });
   sweep(ctx, s.n, s.o, s.c, p, dy, packed, dx);

@@ -17,8 +17,8 @@ struct DirectConv {
   int64_t outW() const { return (w + 2 * pw - 3) / stride + 1; }
 };
 
-/// Whether the direct forward and filter-gradient kernels handle a window: 3x3, stride 1 or 2
-/// in both axes, unit dilation, padding at most 2. The input gradient needs stride 1 too.
+/// Whether the direct kernels handle a window: 3x3, stride 1 or 2 in both axes, unit dilation,
+/// padding at most 2.
 bool directConvApplies(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph,
                        int64_t pw);
 
@@ -26,8 +26,8 @@ bool directConvApplies(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t d
 template <class T>
 void directConvForward(const KernelContext& ctx, const DirectConv& s, const T* x, const T* filter, T* y);
 
-/// dx (n, c, h, w) from dy (n, o, outH, outW), stride 1: the forward kernel run on dy with the
-/// filter flipped and its channel axes swapped.
+/// dx (n, c, h, w) from dy (n, o, outH, outW): the forward kernel run on dy with the filter
+/// flipped and its channel axes swapped (at stride 2, once per phase of dx).
 template <class T>
 void directConvBackpropInput(const KernelContext& ctx, const DirectConv& s, const T* dy, const T* filter, T* dx);
 

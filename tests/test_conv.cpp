@@ -170,6 +170,7 @@ TEST_CASE("conv2d gradients match finite differences") {
       // Direct 3x3 kernels: 19 filters are more than one vector of output channels.
       {{2, 4, 5, 7}, {19, 4, 3, 3}, options({1, 1}, {1, 2}, {1, 1})},
       {{2, 3, 7, 8}, {17, 3, 3, 3}, options({2, 2}, {1, 0}, {1, 1})},  // direct at stride 2
+      {{1, 2, 6, 5}, {3, 2, 3, 3}, options({2, 2}, {2, 1}, {1, 1})},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SUBCASE(("case " + std::to_string(i)).c_str()) {
