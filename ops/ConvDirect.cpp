@@ -1,7 +1,9 @@
 #include "ops/ConvDirect.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace weft::detail {
@@ -329,17 +331,51 @@ void accumulateImage(const FlatPlane& p, int64_t inChannels, int64_t outStride, 
   }
 }
 
-/// dyT[q][o] = dy[o][q's row][q's column] at output positions. Only those are written: dyT is
-/// zeroed once when allocated, and its other positions stay zero.
-template <class T>
-void transposeGradient(const FlatPlane& p, int64_t outChannels, int64_t outStride, const T* dy, T* dyT) {
-  for (int64_t o = 0; o < outChannels; ++o) {
-    for (int64_t y = 0; y < p.outH; ++y) {
-      const T* row = dy + (o * p.outH + y) * p.outW;
-      T* dst = dyT + y * p.width * outStride + o;
-      for (int64_t x = 0; x < p.outW; ++x) dst[x * outStride] = row[x];
+/// Transposes the 16 x 16 block whose row r is v[r]: at each stage the off-diagonal sub-blocks
+/// of size b within every 2b x 2b block swap places, for b = 8, 4, 2, 1.
+void transpose16(Vec<float> v[16]) {
+  typedef int32_t Mask __attribute__((vector_size(64)));
+  for (int b : {8, 4, 2, 1}) {
+    Mask keepLow, takeHigh;  // lanes of the new rows i and i + b, from (row i, row i + b)
+    for (int l = 0; l < 16; ++l) {
+      keepLow[l] = (l & b) ? 16 + l - b : l;
+      takeHigh[l] = (l & b) ? 16 + l : l + b;
+    }
+    for (int i = 0; i < 16; ++i) {
+      if (i & b) continue;
+      const Vec<float> low = __builtin_shuffle(v[i], v[i + b], keepLow);
+      v[i + b] = __builtin_shuffle(v[i], v[i + b], takeHigh);
+      v[i] = low;
     }
   }
+}
+
+/// dyT[q][o] = dy[o][q's row][q's column] at output positions. Only those are written: dyT is
+/// zeroed once when allocated, and its other positions stay zero. In float, blocks of 16
+/// channels x 16 positions are transposed in registers; the rest goes value by value.
+template <class T>
+void transposeGradient(const FlatPlane& p, int64_t outChannels, int64_t outStride, const T* dy, T* dyT) {
+  const int64_t plane = p.outH * p.outW;
+  const auto flatIndex = [&](int64_t at) { return at / p.outW * p.width + at % p.outW; };
+  const auto copyValues = [&](int64_t o0, int64_t o1, int64_t first, int64_t last) {
+    for (int64_t o = o0; o < o1; ++o) {
+      for (int64_t at = first; at < last; ++at) dyT[flatIndex(at) * outStride + o] = dy[o * plane + at];
+    }
+  };
+  int64_t o0 = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; o0 + 16 <= outChannels; o0 += 16) {
+      int64_t at = 0;
+      for (; at + 16 <= plane; at += 16) {
+        Vec<float> v[16];
+        for (int r = 0; r < 16; ++r) v[r] = load(dy + (o0 + r) * plane + at);
+        transpose16(v);
+        for (int l = 0; l < 16; ++l) store(dyT + flatIndex(at + l) * outStride + o0, v[l]);
+      }
+      copyValues(o0, o0 + 16, at, plane);
+    }
+  }
+  copyValues(o0, outChannels, 0, plane);
 }
 
 }  // namespace

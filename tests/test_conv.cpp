@@ -366,3 +366,27 @@ TEST_CASE("convolution gradients do not depend on the thread count") {
     }
   }
 }
+
+TEST_CASE("conv2d float gradients match the double computation") {
+  // The direct kernels transpose float gradients in 16 x 16 register blocks: 19 filters and 63
+  // positions per plane leave both a full block and ragged edges.
+  for (const std::vector<int64_t> stride : {std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 2}}) {
+    SUBCASE(stride[0] == 1 ? "stride 1" : "stride 2") {
+      const Shape xs{3, 5, 9, 7}, fs{19, 5, 3, 3};
+      const Tensor x64 = randomTensor(f64, xs, 21), f64v = randomTensor(f64, fs, 22);
+      std::vector<std::vector<double>> results;
+      for (DType dtype : {f32, f64}) {
+        Graph g;
+        Output x = g.placeholder("x", dtype, xs), f = g.placeholder("f", dtype, fs);
+        Output y = conv2d(x, f, options(stride, {1, 1}, {1, 1}));
+        const std::vector<Grad> grads = gradients(sum(y * y), {x, f});
+        const FeedMap feeds{{x, x64.cast(dtype)}, {f, f64v.cast(dtype)}};
+        for (const Grad& grad : grads) results.push_back(evaluate(g, grad.dense, feeds, 2).toDoubles());
+      }
+      for (size_t i = 0; i < 2; ++i) {
+        REQUIRE(results[i].size() == results[i + 2].size());
+        for (size_t k = 0; k < results[i].size(); ++k) CHECK(results[i][k] == doctest::Approx(results[i + 2][k]).epsilon(1e-4));
+      }
+    }
+  }
+}
