@@ -6,6 +6,7 @@
 #include "core/Tensor.h"
 #include "dist/Communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -89,9 +90,21 @@ std::vector<TensorType> allGatherStartInfer(const InferContext& c) {
   return ticketType(c);
 }
 
+/// The distinct values among a step's row ids.
+int64_t distinctRows(const Tensor& indices) {
+  std::vector<int64_t> ids(static_cast<size_t>(indices.numel()));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = indices.dtype() == DType::I32 ? indices.data<int32_t>()[i] : indices.data<int64_t>()[i];
+  }
+  std::sort(ids.begin(), ids.end());
+  return std::unique(ids.begin(), ids.end()) - ids.begin();
+}
+
 void allGatherStartKernel(KernelContext& ctx) {
   const Tensor& indices = ctx.input(0);
   const Tensor& values = ctx.input(1);
+  communicatorOf(ctx).recordSparseRows(ctx.attrs().get<std::string>("variable"), indices.numel(),
+                                       distinctRows(indices), ctx.attrs().getInt("variable_rows"));
   std::vector<uint8_t> block(indices.bytes() + values.bytes());
   std::memcpy(block.data(), indices.raw(), indices.bytes());
   std::memcpy(block.data() + indices.bytes(), values.raw(), values.bytes());
@@ -167,10 +180,11 @@ std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t communicato
 }
 
 std::pair<Output, Output> allGatherRows(Output indices, Output values, int64_t communicator, int worldSize,
-                                        double scale) {
+                                        double scale, const std::string& variable, int64_t variableRows) {
   registerCollectiveOps();
   Graph& g = indices.graph();
-  Node* start = g.addNode("AllGatherStart", {indices, values}, {{"communicator", communicator}});
+  Node* start = g.addNode("AllGatherStart", {indices, values},
+                          {{"communicator", communicator}, {"variable", variable}, {"variable_rows", variableRows}});
   Node* wait = g.addNode("AllGatherWait", {start->output(), indices, values},
                          {{"communicator", communicator}, {"scale", scale}, {"world_size", int64_t{worldSize}}});
   return {wait->output(0), wait->output(1)};

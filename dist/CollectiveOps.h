@@ -23,8 +23,9 @@ void registerCollectiveOps();
 /// Sums tensors of one dtype over every rank, times `scale`; one fused transfer for all of them.
 std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t communicator, double scale);
 /// Concatenates every rank's sparse rows in rank order (every rank must have as many), values
-/// times `scale`.
+/// times `scale`. The rows are the gradient of `variable`, of `variableRows` rows: each step's
+/// rows are counted in the communicator's traffic.
 std::pair<Output, Output> allGatherRows(Output indices, Output values, int64_t communicator, int worldSize,
-                                        double scale);
+                                        double scale, const std::string& variable, int64_t variableRows);
 
 }  // namespace weft::dist

@@ -70,6 +70,15 @@ Traffic Communicator::traffic() const {
   return traffic_;
 }
 
+void Communicator::recordSparseRows(const std::string& variable, int64_t lookups, int64_t touched, int64_t rows) {
+  std::lock_guard lock(mutex_);
+  SparseRows& r = traffic_.sparseRows[variable];
+  ++r.steps;
+  r.lookups += lookups;
+  r.touched += touched;
+  r.rows = rows;
+}
+
 void Communicator::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {

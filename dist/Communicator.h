@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,10 +24,24 @@ namespace weft::dist {
 /// What the bytes of a collective carry, for the per-kind traffic counters.
 enum class TrafficKind { Dense = 0, Sparse = 1, Control = 2 };
 
-/// Payload bytes sent and received, per kind.
+/// How much of a sparse variable one worker's gradients covered, summed over steps.
+struct SparseRows {
+  int64_t steps = 0;
+  int64_t lookups = 0;  // gradient rows, a row once per lookup
+  int64_t touched = 0;  // distinct rows
+  int64_t rows = 0;     // the variable's rows
+
+  /// alpha of the sparsity-aware paper: the mean fraction of the rows touched per step.
+  double alpha() const { return steps > 0 && rows > 0 ? double(touched) / double(steps * rows) : 0.0; }
+  /// The same for gradient rows with repeats, which is what an AllGather of them moves.
+  double lookupFraction() const { return steps > 0 && rows > 0 ? double(lookups) / double(steps * rows) : 0.0; }
+};
+
+/// Payload bytes sent and received, per kind, and the rows of each sparse variable's gradients.
 struct Traffic {
   uint64_t sent[3] = {0, 0, 0};
   uint64_t received[3] = {0, 0, 0};
+  std::map<std::string, SparseRows> sparseRows;  // by variable name
 };
 
 class Communicator {
@@ -54,6 +69,9 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   Traffic traffic() const;
+  /// Records one step's gradient of a sparse variable: `lookups` rows, `touched` of them
+  /// distinct, out of the variable's `rows`.
+  void recordSparseRows(const std::string& variable, int64_t lookups, int64_t touched, int64_t rows);
 
   /// Communicators are found by the kernels of the collective ops through this id.
   int64_t id() const { return id_; }

@@ -45,6 +45,7 @@ class ServerClient {
   void setLocalCopyCurrent(bool current) { localCopyCurrent_ = current; }
 
   int rank() const { return rank_; }
+  Communicator& communicator() const { return communicator_; }
   const ServerPlan& plan() const { return plan_; }
   int64_t id() const { return id_; }
   /// The live client of this id, or nullptr once it is gone (the worker has left the job).

@@ -153,7 +153,8 @@ std::vector<ServerClient::Call> denseShares(const Target& t, const Tensor& gradi
 }
 
 /// Each partition's share of sparse rows: u64 count, the local row ids, the rows. Rows of one id
-/// are summed here first (in the order they come), so each touched row travels once.
+/// are summed here first (in the order they come), so each touched row travels once. The step's
+/// rows are counted in the communicator's traffic.
 std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Target& t, const Tensor& indices,
                                              const Tensor& values) {
   const std::vector<int64_t> rows = checkedRows(ctx, indices, t.variable->rows(), t.variable->variable->name);
@@ -182,6 +183,8 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
     const auto* p = reinterpret_cast<const uint8_t*>(sums.data());
     summed.assign(p, p + sums.size() * sizeof(T));
   });
+  t.client->communicator().recordSparseRows(t.variable->variable->name, static_cast<int64_t>(rows.size()),
+                                            static_cast<int64_t>(unique.size()), t.variable->rows());
   std::vector<ServerClient::Call> calls;
   size_t next = 0;  // unique ids are sorted, so each partition's are a run
   for (size_t k = 0; k < parts; ++k) {

@@ -96,7 +96,8 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     if (l.sparse) {
       if (!rewirer.consumed(l.indices) && !rewirer.consumed(l.values)) continue;
       auto [indices, values] =
-          allGatherRows(l.indices, l.values, options.communicator, options.workers, sparseScale);
+          allGatherRows(l.indices, l.values, options.communicator, options.workers, sparseScale, l.variable->name,
+                        l.variable->output().shape()[0]);
       rewirer.redirect(l.indices, indices);
       rewirer.redirect(l.values, values);
       result.variables.push_back({l.variable, true, byteSize(l.variable->output()), -1});

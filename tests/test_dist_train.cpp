@@ -216,7 +216,63 @@ std::pair<double, double> denseBytesPerStep(const std::string& output) {
   return {sent, received};
 }
 
+/// Worker 1's sparse bytes sent and received per step, and its measured alpha of the embedding
+/// (distinct rows per step / rows) and the same with repeated rows counted.
+struct SparseReport {
+  double sent = 0, received = 0, alpha = 0, withRepeats = 0;
+};
+SparseReport sparseReport(const std::string& output) {
+  SparseReport r;
+  const std::string comm = "communication of worker 1: per step ";
+  const size_t at = output.find(comm);
+  REQUIRE_MESSAGE(at != std::string::npos, output);
+  std::istringstream in(output.substr(at + comm.size()));
+  double dense = 0;
+  std::string word;
+  in >> dense >> word >> word >> r.sent >> word >> word >> word >> dense >> word >> word >> r.received;
+  const std::string rows = "sparse gradient of embedding/table on worker 1: alpha ";
+  const size_t rowsAt = output.find(rows);
+  REQUIRE_MESSAGE(rowsAt != std::string::npos, output);
+  std::istringstream alphas(output.substr(rowsAt + rows.size()));
+  alphas >> r.alpha;
+  for (int i = 0; i < 7; ++i) alphas >> word;  // "(distinct rows per step / 5004 rows),"
+  alphas >> r.withRepeats;
+  return r;
+}
+
 }  // namespace
+
+TEST_CASE("sparse bytes per step match the sparsity-aware paper's Table 3 (LM embedding, measured alpha)") {
+  // One sparse variable: the embedding (5,004 rows of 128 f32, w = 2,562,048 bytes); the full
+  // softmax keeps every other variable dense.
+  const double w = 5004.0 * 128 * 4;
+  const std::string flags =
+      "train lm --sampled 0 --vocab 5000 --hidden 64 --embed 128 --steps 6 --threads 1 --report-comm --out ";
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    TempDir dir;
+    // Hybrid: the embedding lives on the server beside worker 0; every other worker pushes the
+    // alpha w bytes of its distinct rows and pulls as many, so the server's machine moves
+    // 2 alpha w (N - 1).
+    const CliRun hybrid =
+        weftCli(flags + (dir.path / "auto").string() + " --arch auto --servers 1 --workers " + std::to_string(n));
+    REQUIRE_MESSAGE(hybrid.status == 0, hybrid.output);
+    const SparseReport h = sparseReport(hybrid.output);
+    CHECK(h.alpha > 0.005);
+    CHECK(h.alpha < 0.5);
+    CHECK(h.sent == doctest::Approx(h.alpha * w).epsilon(0.1));
+    CHECK(h.received == doctest::Approx(h.alpha * w).epsilon(0.1));
+    // AR: every worker's gradient rows go around the ring, repeats included (the rows of every
+    // lookup, as Horovod gathers them): 2 alpha w (N - 1) per machine with alpha counting them.
+    const CliRun ar = weftCli(flags + (dir.path / "ar").string() + " --arch ar --workers " + std::to_string(n));
+    REQUIRE_MESSAGE(ar.status == 0, ar.output);
+    const SparseReport a = sparseReport(ar.output);
+    CHECK(a.withRepeats >= a.alpha);
+    CHECK(a.sent + a.received == doctest::Approx(2 * a.withRepeats * w * (n - 1)).epsilon(0.1));
+    // Both architectures saw the same batches, so the same rows.
+    CHECK(a.alpha == doctest::Approx(h.alpha).epsilon(1e-9));
+  }
+}
 
 TEST_CASE("dense bytes per step match the sparsity-aware paper's Table 3 (MLP, w = 307,240 bytes)") {
   const double w = 307240;  // 76,810 f32 parameters

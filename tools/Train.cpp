@@ -202,6 +202,11 @@ class Trainer {
     fmt::print(stderr, "communication of worker {}: per step {:.0f} dense + {:.0f} sparse bytes sent, {:.0f} dense + {:.0f} "
                "sparse received; setup and control {} bytes sent\n",
                runner_->rank(), t.sent[0] / n, t.sent[1] / n, t.received[0] / n, t.received[1] / n, t.sent[2]);
+    for (const auto& [variable, rows] : t.sparseRows) {
+      fmt::print(stderr, "sparse gradient of {} on worker {}: alpha {:.6f} (distinct rows per step / {} rows), {:.6f} "
+                 "with repeats\n",
+                 variable, runner_->rank(), rows.alpha(), rows.rows, rows.lookupFraction());
+    }
   }
 
   /// Restores variables, the session's run counter and the data position; returns the step.
