@@ -393,34 +393,41 @@ void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out)
 void serve(ParameterServer& server, UcxTransport& transport, const std::vector<int>& workerPeers,
            const std::string& who) {
   using namespace std::chrono_literals;
+  // Requests come in bursts (pulls as a step starts, pushes as it ends), so an idle server naps
+  // longer the longer it has been idle, up to a limit that bounds the latency a nap adds: polling
+  // without naps would take a core from the workers. A server that holds nothing (AUTO with no
+  // sparse variables) only waits for goodbyes, so its limit is higher.
+  const std::chrono::microseconds longestNap = server.partitions().empty() ? 5ms : 1ms;
+  std::chrono::microseconds nap = 50us;
   int idle = 0;
-    while (!server.finished()) {
-      const std::vector<UcxTransport::Message> messages = transport.takeMessages(Clock::now() + 60s);
-      for (const UcxTransport::Message& m : messages) {
-        std::vector<ParameterServer::Reply> replies;
-        try {
-          replies = server.handle(m);
-        } catch (const std::exception& e) {
-          std::cerr << fmt::format("weft: {} rejected a message: {}\n", who, e.what());
-          continue;
-        }
-        for (const ParameterServer::Reply& r : replies)
-          transport.sendMessage(workerPeers[static_cast<size_t>(r.worker)], r.header, r.payload, Clock::now() + 60s);
+  while (!server.finished()) {
+    const std::vector<UcxTransport::Message> messages = transport.takeMessages(Clock::now() + 60s);
+    for (const UcxTransport::Message& m : messages) {
+      std::vector<ParameterServer::Reply> replies;
+      try {
+        replies = server.handle(m);
+      } catch (const std::exception& e) {
+        std::cerr << fmt::format("weft: {} rejected a message: {}\n", who, e.what());
+        continue;
       }
-      for (size_t w = 0; w < workerPeers.size(); ++w) {
-        const int peer = workerPeers[w];
-        WEFT_CHECK(server.hasLeft(static_cast<int>(w)) || !transport.hasFailed(peer), "worker {} failed: {}", w,
-                   transport.failureOf(peer));
-      }
-      // Poll without taking a core from the workers when nothing arrives.
-      if (!messages.empty()) {
-        idle = 0;
-      } else if (++idle < 1000) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(100us);
-      }
+      for (const ParameterServer::Reply& r : replies)
+        transport.sendMessage(workerPeers[static_cast<size_t>(r.worker)], r.header, r.payload, Clock::now() + 60s);
     }
+    for (size_t w = 0; w < workerPeers.size(); ++w) {
+      const int peer = workerPeers[w];
+      WEFT_CHECK(server.hasLeft(static_cast<int>(w)) || !transport.hasFailed(peer), "worker {} failed: {}", w,
+                 transport.failureOf(peer));
+    }
+    if (!messages.empty()) {
+      idle = 0;
+      nap = 50us;
+    } else if (++idle < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(longestNap, nap * 2);
+    }
+  }
   transport.closeAll(Clock::now() + 5s);
 }
 
