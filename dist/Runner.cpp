@@ -269,6 +269,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
                                                    state->plan, config.timeout);
     distributeParameterServers(graph, state->plan, state->client->id());
   }
+  if (state->workers > 1) synchronizeBatchNorm(graph, state->communicator->id());
   for (const ServedVariable& v : state->plan.variables)
     state->distribution.variables.push_back({v.variable, v.sparse, static_cast<size_t>(v.rows()) * v.rowBytes(), -1, true});
   state->session = std::make_unique<Session>(graph, config.session);

@@ -6,6 +6,7 @@
 #include "dist/CollectiveOps.h"
 #include "dist/Placement.h"
 #include "dist/ServerOps.h"
+#include "ops/Ops.h"
 
 #include <algorithm>
 #include <map>
@@ -82,6 +83,48 @@ size_t byteSize(const Output& o) {
 }
 
 }  // namespace
+
+namespace {
+
+/// Points every input that reads `from` at `to`.
+void replaceUses(Graph& graph, const Output& from, const Output& to) {
+  for (const auto& n : graph.nodes())
+    for (Output& in : n->inputs)
+      if (in == from) in = to;
+}
+
+}  // namespace
+
+int synchronizeBatchNorm(Graph& graph, int64_t communicator) {
+  std::vector<Node*> forward, backward;
+  for (const auto& n : graph.nodes()) {
+    if (n->op == "BatchNormTrain") forward.push_back(n.get());
+    if (n->op == "BatchNormGrad") backward.push_back(n.get());
+  }
+  std::map<Output, Output> totalMomentsOf;  // a replacement's invstd output -> its summed moments
+  for (Node* n : forward) {
+    auto scope = graph.scope(n->name + "/synchronized");
+    const Output x = n->inputs[0];
+    const Output total = allReduce({batchNormMoments(x)}, communicator, 1.0)[0];
+    Node* replacement = graph.addNode("BatchNormFromMoments", {x, n->inputs[1], n->inputs[2], total}, n->attrs);
+    for (int i = 0; i < 4; ++i) replaceUses(graph, n->output(i), replacement->output(i));
+    totalMomentsOf[replacement->output(3)] = total;
+  }
+  for (Node* n : backward) {
+    auto scope = graph.scope(n->name + "/synchronized");
+    const auto moments = totalMomentsOf.find(n->inputs[4]);  // invstd of its forward op
+    WEFT_CHECK(moments != totalMomentsOf.end(), "{} does not read the statistics of a BatchNormTrain", n->describe());
+    std::vector<Output> gradInputs{n->inputs[0], n->inputs[1], n->inputs[3], n->inputs[4]};
+    if (n->inputs.size() == 7) gradInputs.insert(gradInputs.end(), {n->inputs[5], n->inputs[6]});
+    const Output local = graph.addNode("BatchNormGradMoments", gradInputs)->output(0);
+    const Output total = allReduce({local}, communicator, 1.0)[0];
+    Node* replacement = graph.addNode("BatchNormGradFromMoments", {n->inputs[0], n->inputs[1], n->inputs[2],
+                                                                    n->inputs[3], n->inputs[4], local, total,
+                                                                    moments->second});
+    for (int i = 0; i < 3; ++i) replaceUses(graph, n->output(i), replacement->output(i));
+  }
+  return static_cast<int>(forward.size());
+}
 
 DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options) {
   const std::vector<GradientLink> links = graph.gradientLinks();

@@ -67,4 +67,12 @@ struct ServerPlan;
 /// inputs. `client` is the ServerClient the ops use.
 void distributeParameterServers(Graph& graph, const ServerPlan& plan, int64_t client);
 
+/// Makes batch normalisation use the statistics of the total batch: every BatchNormTrain becomes
+/// per-worker moments, an AllReduce of them and BatchNormFromMoments; every BatchNormGrad becomes
+/// gradient moments, an AllReduce and BatchNormGradFromMoments (whose gamma and beta gradients
+/// are the worker's part, for the gradient AllReduce to add). Runs after the other passes: it
+/// redirects every reader of the replaced outputs, the collectives those passes added included.
+/// Returns how many batch norms it synchronised.
+int synchronizeBatchNorm(Graph& graph, int64_t communicator);
+
 }  // namespace weft::dist

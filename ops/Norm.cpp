@@ -198,6 +198,121 @@ void batchNormGradKernel(KernelContext& ctx) {
   });
 }
 
+// ---- a batch split across workers ---------------------------------------------------------
+// The distribution layer replaces BatchNormTrain and BatchNormGrad by these when workers share a
+// batch: each worker computes per-channel moments that add up across workers, the moments are
+// summed by an AllReduce, and the normalisation (or the gradient) is finished from the sums, so
+// every worker normalises with the statistics of the total batch. Moments are f64.
+
+// moments (3, C): the count, sum(x) and sum(x^2) of each channel.
+void momentsKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const ChannelLayout l = channelLayout(x.shape());
+  double* out = ctx.output(0).data<double>();
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* px = x.data<T>();
+    forChannelBlocks(ctx, l, 1, [&](int64_t lo, int64_t hi) {
+      Coeffs sum(static_cast<size_t>(hi - lo), 0.0), squares(sum);
+      sweep(l, lo, hi, [&](int64_t k, int64_t off) {
+        const T* v = px + off;
+        const auto [s1, s2] = pairedSums(
+            l.s, [&](int64_t j) { return double(v[j]); }, [&](int64_t j) { return double(v[j]) * double(v[j]); });
+        sum[static_cast<size_t>(k)] += s1;
+        squares[static_cast<size_t>(k)] += s2;
+      });
+      for (int64_t ch = lo; ch < hi; ++ch) {
+        out[ch] = static_cast<double>(l.perChannel());
+        out[l.c + ch] = sum[static_cast<size_t>(ch - lo)];
+        out[2 * l.c + ch] = squares[static_cast<size_t>(ch - lo)];
+      }
+    });
+  });
+}
+
+// Inputs x, gamma, beta, summed moments (3, C); outputs as BatchNormTrain's.
+void normalizeFromMomentsKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const ChannelLayout l = channelLayout(x.shape());
+  const double eps = ctx.attrs().getFloat("epsilon");
+  const double* moments = ctx.input(3).data<double>();
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* gamma = ctx.input(1).data<T>();
+    const T* beta = ctx.input(2).data<T>();
+    forChannelBlocks(ctx, l, 1, [&](int64_t lo, int64_t hi) {
+      Coeffs scale(static_cast<size_t>(hi - lo)), shift(scale);
+      for (int64_t ch = lo; ch < hi; ++ch) {
+        const double m = moments[ch];
+        const double mean = m > 0 ? moments[l.c + ch] / m : 0.0;
+        const double var = m > 0 ? std::max(0.0, moments[2 * l.c + ch] / m - mean * mean) : 0.0;
+        const double invstd = 1.0 / std::sqrt(var + eps);
+        const auto k = static_cast<size_t>(ch - lo);
+        scale[k] = gamma[ch] * invstd;
+        shift[k] = beta[ch] - mean * scale[k];
+        ctx.output(1).data<T>()[ch] = static_cast<T>(mean);
+        ctx.output(2).data<T>()[ch] = static_cast<T>(var);
+        ctx.output(3).data<T>()[ch] = static_cast<T>(invstd);
+      }
+      affine(l, lo, hi, x.data<T>(), scale, shift, ctx.output(0).data<T>());
+    });
+  });
+}
+
+// Inputs dy, x, mean, invstd[, dmean, dvar]; output (4, C): sum(dy), sum(dy xhat), dmean, dvar
+// (0 when not given): what adds up across workers in BatchNormGrad.
+void gradMomentsKernel(KernelContext& ctx) {
+  const Tensor &dy = ctx.input(0), &x = ctx.input(1);
+  const ChannelLayout l = channelLayout(x.shape());
+  double* out = ctx.output(0).data<double>();
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    forChannelBlocks(ctx, l, 2, [&](int64_t lo, int64_t hi) {
+      const Coeffs mean = load(ctx.input(2).data<T>(), lo, hi), invstd = load(ctx.input(3).data<T>(), lo, hi);
+      Coeffs sumDy, sumDyXhat;
+      gradSums(l, lo, hi, dy.data<T>(), x.data<T>(), mean, invstd, sumDy, sumDyXhat);
+      for (int64_t ch = lo; ch < hi; ++ch) {
+        const auto k = static_cast<size_t>(ch - lo);
+        out[ch] = sumDy[k];
+        out[l.c + ch] = sumDyXhat[k];
+        out[2 * l.c + ch] = ctx.numInputs() == 6 ? double(ctx.input(4).data<T>()[ch]) : 0.0;
+        out[3 * l.c + ch] = ctx.numInputs() == 6 ? double(ctx.input(5).data<T>()[ch]) : 0.0;
+      }
+    });
+  });
+}
+
+// Inputs dy, x, gamma, mean, invstd, this worker's gradient moments, the summed gradient moments,
+// the summed forward moments; outputs dx (from the sums, as BatchNormGrad computes it over the
+// total batch), and dgamma, dbeta of this worker's part (the gradient AllReduce adds the parts).
+void gradFromMomentsKernel(KernelContext& ctx) {
+  const Tensor &dy = ctx.input(0), &x = ctx.input(1);
+  const ChannelLayout l = channelLayout(x.shape());
+  const double* local = ctx.input(5).data<double>();
+  const double* total = ctx.input(6).data<double>();
+  const double* moments = ctx.input(7).data<double>();
+  dispatchFloat(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* gamma = ctx.input(2).data<T>();
+    forChannelBlocks(ctx, l, 1, [&](int64_t lo, int64_t hi) {
+      const Coeffs mean = load(ctx.input(3).data<T>(), lo, hi), invstd = load(ctx.input(4).data<T>(), lo, hi);
+      const size_t width = static_cast<size_t>(hi - lo);
+      Coeffs a(width), b(width), c(width);
+      for (int64_t ch = lo; ch < hi; ++ch) {
+        const auto k = static_cast<size_t>(ch - lo);
+        const double m = moments[ch];
+        const double gi = gamma[ch] * invstd[k];
+        a[k] = gi;
+        b[k] = m > 0 ? (2.0 * total[3 * l.c + ch] - gi * invstd[k] * total[l.c + ch]) / m : 0.0;
+        c[k] = m > 0 ? (total[2 * l.c + ch] - gi * total[ch]) / m : 0.0;
+        ctx.output(1).data<T>()[ch] = static_cast<T>(local[l.c + ch]);
+        ctx.output(2).data<T>()[ch] = static_cast<T>(local[ch]);
+      }
+      combineGrad(l, lo, hi, dy.data<T>(), x.data<T>(), mean, a, b, c, ctx.output(0).data<T>());
+    });
+  });
+}
+
 /// 1 / sqrt(var + eps) of channels [lo, hi).
 template <class T>
 Coeffs inverseStd(const T* var, int64_t lo, int64_t hi, double eps) {
@@ -323,6 +438,41 @@ std::vector<TensorType> inferenceGradInfer(const InferContext& c) {
   return xAndVectors(c, 1, checkChannels(c, 1, {2, 3, 4}), 4);
 }
 
+/// Checks that input i is an f64 (rows, C) matrix of moments.
+void checkMoments(const InferContext& c, int i, int64_t rows, int64_t channels) {
+  c.check(c.dtype(i) == DType::F64, "input {} (moments) must be f64, got {}", i, dtypeName(c.dtype(i)));
+  const Shape& m = c.shape(i);
+  c.check(m.rank() == 2 && (m[0] < 0 || m[0] == rows) && (m[1] < 0 || channels < 0 || m[1] == channels),
+          "input {} (moments) must have shape ({}, {}), got {}", i, rows, channels, m.str());
+}
+
+std::vector<TensorType> momentsInfer(const InferContext& c) {
+  return {{DType::F64, Shape{3, checkChannels(c, 0, {})}}};
+}
+
+std::vector<TensorType> normalizeFromMomentsInfer(const InferContext& c) {
+  checkEpsilon(c);
+  const int64_t channels = checkChannels(c, 0, {1, 2});
+  checkMoments(c, 3, 3, channels);
+  return xAndVectors(c, 0, channels, 3);
+}
+
+std::vector<TensorType> gradMomentsInfer(const InferContext& c) {
+  c.check(c.numInputs() == 4 || c.numInputs() == 6, "needs 4 or 6 inputs, got {}", c.numInputs());
+  checkGradient(c);
+  const int64_t channels = c.numInputs() == 6 ? checkChannels(c, 1, {2, 3, 4, 5}) : checkChannels(c, 1, {2, 3});
+  return {{DType::F64, Shape{4, channels}}};
+}
+
+std::vector<TensorType> gradFromMomentsInfer(const InferContext& c) {
+  checkGradient(c);
+  const int64_t channels = checkChannels(c, 1, {2, 3, 4});
+  checkMoments(c, 5, 4, channels);
+  checkMoments(c, 6, 4, channels);
+  checkMoments(c, 7, 3, channels);
+  return xAndVectors(c, 1, channels, 2);
+}
+
 // ---- gradient rules ------------------------------------------------------------------------
 
 // Gradients reach the statistics outputs only when a loss uses them directly (moving-average
@@ -356,6 +506,13 @@ Output batchNormInference(Output x, Output gamma, Output beta, Output mean, Outp
   return detail::addOp1(x.graph(), "BatchNormInference", {x, gamma, beta, mean, var}, {{"epsilon", epsilon}});
 }
 
+Output batchNormMoments(Output x) { return detail::addOp1(x.graph(), "BatchNormMoments", {x}); }
+
+BatchNormOutputs batchNormFromMoments(Output x, Output gamma, Output beta, Output moments, double epsilon) {
+  Node* n = detail::addOp(x.graph(), "BatchNormFromMoments", {x, gamma, beta, moments}, {{"epsilon", epsilon}});
+  return {n->output(0), n->output(1), n->output(2)};
+}
+
 void detail::registerNormOps(OpRegistry& r) {
   r.add(OpDef("BatchNormTrain").inputs(3).infer(trainInfer).cpu(batchNormTrainKernel).grad(batchNormTrainGrad));
   r.add(OpDef("BatchNormGrad").inputs(5, 7).infer(trainGradInfer).cpu(batchNormGradKernel).noGradient());
@@ -364,6 +521,18 @@ void detail::registerNormOps(OpRegistry& r) {
             .infer(inferenceInfer)
             .cpu(batchNormInferenceKernel)
             .grad(batchNormInferenceGrad));
+  r.add(OpDef("BatchNormMoments").inputs(1).infer(momentsInfer).cpu(momentsKernel).noGradient());
+  r.add(OpDef("BatchNormFromMoments")
+            .inputs(4)
+            .infer(normalizeFromMomentsInfer)
+            .cpu(normalizeFromMomentsKernel)
+            .noGradient());
+  r.add(OpDef("BatchNormGradMoments").inputs(4, 6).infer(gradMomentsInfer).cpu(gradMomentsKernel).noGradient());
+  r.add(OpDef("BatchNormGradFromMoments")
+            .inputs(8)
+            .infer(gradFromMomentsInfer)
+            .cpu(gradFromMomentsKernel)
+            .noGradient());
   r.add(OpDef("BatchNormInferenceGrad")
             .inputs(5)
             .infer(inferenceGradInfer)

@@ -146,6 +146,12 @@ struct BatchNormOutputs {
 };
 /// Training mode: normalises with the batch's statistics (biased variance).
 BatchNormOutputs batchNormTrain(Output x, Output gamma, Output beta, double epsilon);
+/// Training mode from per-channel moments summed over a batch that is split across workers:
+/// batchNormMoments gives x's (count, sum, sum of squares) per channel as f64 (3, C); once they
+/// are summed over every worker's part, batchNormFromMoments normalises x with the total batch's
+/// statistics. The distribution layer builds these (and their gradient ops) from batchNormTrain.
+Output batchNormMoments(Output x);
+BatchNormOutputs batchNormFromMoments(Output x, Output gamma, Output beta, Output moments, double epsilon);
 /// Inference mode: normalises with given statistics.
 Output batchNormInference(Output x, Output gamma, Output beta, Output mean, Output var,
                           double epsilon);

@@ -78,6 +78,21 @@ TEST_CASE("LM: 2 workers train like one process under each architecture (sparse 
   }
 }
 
+TEST_CASE("ResNet: 2 and 4 workers train like one process with the total batch (batch-norm statistics, momentum, "
+          "weight decay)") {
+  // Batch norm normalises with the statistics of the total batch on every worker, and its
+  // moving averages follow them, so they match too.
+  const std::string flags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 4 "
+                            "--eval-every 4 --threads 1 --timeout 30";
+  for (int workers : {2, 4}) {
+    CAPTURE(workers);
+    checkSameVariables("resnet", flags, workers, 1e-5);
+  }
+  SUBCASE("every variable on the parameter server") {
+    checkSameVariables("resnet", flags, 2, 1e-5, "--arch ps");
+  }
+}
+
 TEST_CASE("LM: embeddings split into row partitions over 2 servers train like one process") {
   // 4 KiB makes the 500 x 16 embedding and the softmax weights two partitions each.
   checkSameVariables("lm", lmFlags, 2, 1e-5, "--servers 2 --partition-bytes 4096");

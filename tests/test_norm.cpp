@@ -2,6 +2,8 @@
 // against finite differences (2-D and 4-D inputs), shape errors.
 #include "tests/TestUtil.h"
 
+#include "autodiff/Gradients.h"
+#include "core/Session.h"
 #include "ops/Ops.h"
 
 #include <cmath>
@@ -205,4 +207,72 @@ TEST_CASE("batch norm rejects bad shapes") {
         "BatchNormInference");
   check([&] { batchNormInference(x, c3, c3, c3, g.placeholder("v2", f32, {2}), 1e-5); }, "channels",
         "BatchNormInference");
+}
+
+TEST_CASE("batch norm from the summed moments of a split batch equals batch norm of the whole") {
+  // The ops the distribution layer uses when workers share a batch: each half computes its
+  // moments, the sums finish the normalisation and the gradient.
+  const Shape whole{4, 3, 2, 5}, half{2, 3, 2, 5};
+  const Tensor xv = randomTensor(f64, whole, 31, -2, 3), dyv = randomTensor(f64, whole, 32);
+  const Tensor gv = randomTensor(f64, {3}, 33, 0.5, 1.5), bv = randomTensor(f64, {3}, 34);
+  const double eps = 1e-3;
+  Graph g;
+  Output x = g.placeholder("x", f64, whole), dy = g.placeholder("dy", f64, whole);
+  Output parts[2][2];  // [half][x, dy]
+  for (int h = 0; h < 2; ++h) {
+    parts[h][0] = g.placeholder("x" + std::to_string(h), f64, half);
+    parts[h][1] = g.placeholder("dy" + std::to_string(h), f64, half);
+  }
+  Output gamma = g.constant(gv), beta = g.constant(bv);
+  const BatchNormOutputs reference = batchNormTrain(x, gamma, beta, eps);
+  const std::vector<Grad> referenceGrads = gradients(sum(reference.y * dy), {x, gamma, beta});
+
+  const Output total = batchNormMoments(parts[0][0]) + batchNormMoments(parts[1][0]);
+  std::vector<Node*> forward, local;
+  for (int h = 0; h < 2; ++h) {
+    forward.push_back(g.addNode("BatchNormFromMoments", {parts[h][0], gamma, beta, total}, {{"epsilon", eps}}));
+    local.push_back(g.addNode("BatchNormGradMoments",
+                              {parts[h][1], parts[h][0], forward[h]->output(1), forward[h]->output(3)}));
+  }
+  const Output gradTotal = local[0]->output(0) + local[1]->output(0);
+  std::vector<Node*> backward;
+  for (int h = 0; h < 2; ++h) {
+    backward.push_back(g.addNode("BatchNormGradFromMoments",
+                                 {parts[h][1], parts[h][0], gamma, forward[h]->output(1), forward[h]->output(3),
+                                  local[h]->output(0), gradTotal, total}));
+  }
+
+  // The halves are the first and second two images of x and dy.
+  auto halfOf = [&](const Tensor& t, int h) {
+    const std::vector<double> v = t.toDoubles();
+    const size_t n = v.size() / 2;
+    return Tensor::fromVector<double>({v.begin() + h * n, v.begin() + (h + 1) * n}, half);
+  };
+  FeedMap feeds{{x, xv}, {dy, dyv}};
+  for (int h = 0; h < 2; ++h) {
+    feeds.emplace_back(parts[h][0], halfOf(xv, h));
+    feeds.emplace_back(parts[h][1], halfOf(dyv, h));
+  }
+  Session s(g);
+  const auto ref = s.run({reference.y, reference.batchMean, reference.batchVar, referenceGrads[0].dense,
+                          referenceGrads[1].dense, referenceGrads[2].dense},
+                         feeds);
+  std::vector<double> gammaGrad(3, 0.0), betaGrad(3, 0.0);
+  for (int h = 0; h < 2; ++h) {
+    CAPTURE(h);
+    const auto got = s.run({forward[h]->output(0), forward[h]->output(1), forward[h]->output(2), backward[h]->output(0),
+                            backward[h]->output(1), backward[h]->output(2)},
+                           feeds);
+    CHECK_CLOSE(got[0], halfOf(ref[0], h).toDoubles(), 1e-12);
+    CHECK_CLOSE(got[1], ref[1].toDoubles(), 1e-12);
+    CHECK_CLOSE(got[2], ref[2].toDoubles(), 1e-12);
+    CHECK_CLOSE(got[3], halfOf(ref[3], h).toDoubles(), 1e-10);
+    for (size_t k = 0; k < 3; ++k) {
+      gammaGrad[k] += got[4].toDoubles()[k];
+      betaGrad[k] += got[5].toDoubles()[k];
+    }
+  }
+  // Each half's gamma and beta gradients are its part: they add up to the whole's.
+  CHECK_CLOSE(ref[4], gammaGrad, 1e-10);
+  CHECK_CLOSE(ref[5], betaGrad, 1e-10);
 }
