@@ -102,6 +102,11 @@ Batch collate(const std::vector<const Example*>& examples, const BatchOptions& o
     if (isPadded(options, field)) {
       auto [values, mask] = padSequences(examples, field, options.padValue);
       batch[field] = values;
+      if (std::find(options.counted.begin(), options.counted.end(), field) != options.counted.end()) {
+        double real = 0;
+        for (const float m : mask.toVector<float>()) real += m;
+        batch[field + "_count"] = Tensor::scalar(f32, real);
+      }
       batch[field + "_mask"] = mask;
     } else {
       batch[field] = stack(examples, field);

@@ -57,14 +57,14 @@ class ListReductionZooModel : public ZooModel {
     batch_ = common.batchSize > 0 ? common.batchSize : 64;
     train_ =
         std::make_unique<data::Batcher>(data::Dataset(data::listReduction(task_, trainSize_, common.seed * 2 + 100)),
-                                        data::BatchOptions{batch_, true, common.seed, {"tokens"}, 0, 0});
+                                        data::BatchOptions{batch_, true, common.seed, {"tokens"}, 0, 0, {}});
     test_ = data::Dataset(data::listReduction(task_, testSize_, common.seed * 2 + 101));
   }
   Output loss() const override { return model_.loss; }
   data::BatchSource& trainData() override { return *train_; }
 
   std::map<std::string, double> evaluate(Session& s, int64_t maxBatches) override {
-    const data::BatchOptions options{batch_, false, 0, {"tokens"}, 0, 0};
+    const data::BatchOptions options{batch_, false, 0, {"tokens"}, 0, 0, {}};
     double count = 0, correct = 0, loss = 0;
     for (size_t begin = 0, b = 0; begin < test_.size() && (maxBatches <= 0 || static_cast<int64_t>(b) < maxBatches);
          begin += static_cast<size_t>(batch_), ++b) {

@@ -59,7 +59,7 @@ class MlpZooModel : public ZooModel {
     config_.seed = common.seed;
     model_ = buildMlp(g, config_);
     const int64_t batch = common.batchSize > 0 ? common.batchSize : 128;
-    data::BatchOptions train{batch, true, common.seed, {}, 0, 0};
+    data::BatchOptions train{batch, true, common.seed, {}, 0, 0, {}};
     train_ = std::make_unique<data::Batcher>(mixtureDataset(task_, trainSize_, common.seed * 2 + 100), train);
     test_ = mixtureDataset(task_, testSize_, common.seed * 2 + 101);
   }
@@ -68,7 +68,7 @@ class MlpZooModel : public ZooModel {
 
   std::map<std::string, double> evaluate(Session& s, int64_t maxBatches) override {
     const int64_t batch = std::min<int64_t>(1000, static_cast<int64_t>(test_.size()));
-    data::Batcher eval(test_, {batch, false, 0, {}, 0, 0});
+    data::Batcher eval(test_, {batch, false, 0, {}, 0, 0, {}});
     const int64_t batches = maxBatches > 0 ? std::min(maxBatches, eval.batchesPerEpoch()) : eval.batchesPerEpoch();
     double correct = 0;
     for (int64_t b = 0; b < batches; ++b) {

@@ -366,10 +366,13 @@ void NmtModel::build(Graph& g, const CommonOptions& common) {
   if (common.batchSize > 0) batchSize_ = common.batchSize;
   loadData(common);
   net_ = buildNmt(g, config_);
+  const Output stepTokens = cast(g.placeholder("target_out_count", f32, {}), config_.dtype);
+  trainLoss_ = net_.tokenLossSum / maximum(stepTokens, scalarLike(stepTokens, 1.0));
   data::BatchOptions options;
   options.batchSize = batchSize_;
   options.seed = common.seed;
   options.padded = {"source", "target_in", "target_out"};
+  options.counted = {"target_out"};
   options.bucketWindow = 20;  // similar lengths per batch: less padding to compute
   train_ = std::make_unique<data::Batcher>(trainSet_, options);
 }
@@ -408,6 +411,14 @@ std::pair<std::string, double> NmtModel::itemsIn(const data::Batch& batch) const
   double words = 0;
   for (double v : mask.toDoubles()) words += v;
   return {"words", words};
+}
+
+data::Batch NmtModel::shard(const data::Batch& batch, int64_t index, int64_t count) const {
+  data::Batch part = data::sliceBatch(batch, index, count, {"target_out_count"});
+  // Each worker divides its part's loss sum by the step's tokens per worker: the workers'
+  // average gradient is then exactly the total batch's.
+  part["target_out_count"] = Tensor::scalar(f32, batch.at("target_out_count").item() / static_cast<double>(count));
+  return part;
 }
 
 std::unique_ptr<ZooModel> makeNmtModel() { return std::make_unique<NmtModel>(); }

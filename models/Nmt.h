@@ -67,12 +67,16 @@ class NmtModel : public ZooModel {
   OptimizerSpec defaultOptimizer() const override;
   int64_t defaultSteps() const override { return 1000; }
   void build(Graph& g, const CommonOptions& common) override;
-  Output loss() const override { return net_.loss; }
+  /// The training loss: the token losses' sum over the real target tokens of the whole step
+  /// (the batch's "target_out_count"), so that workers with a part of the batch each divide by
+  /// the same count.
+  Output loss() const override { return trainLoss_; }
   data::BatchSource& trainData() override { return *train_; }
   std::map<std::string, double> evaluate(Session& session, int64_t maxBatches) override;
   std::string targetMetric() const override { return "bleu"; }
   bool higherIsBetter() const override { return true; }
   std::pair<std::string, double> itemsIn(const data::Batch& batch) const override;
+  data::Batch shard(const data::Batch& batch, int64_t index, int64_t count) const override;
 
   const NmtNet& net() const { return net_; }
   const NmtConfig& config() const { return config_; }
@@ -88,6 +92,7 @@ class NmtModel : public ZooModel {
   int64_t batchSize_ = 64;
   int64_t evalBatch_ = 100;
   NmtNet net_;
+  Output trainLoss_;
   data::Dataset trainSet_, testSet_;
   std::unique_ptr<data::Batcher> train_;
 };

@@ -44,7 +44,7 @@ TEST_CASE("shards are disjoint, cover the dataset and are deterministic") {
 }
 
 TEST_CASE("an epoch visits every example once, and the next epoch reshuffles") {
-  data::Batcher b(numbered(12), {4, true, 7, {"seq"}, 0, 0});
+  data::Batcher b(numbered(12), {4, true, 7, {"seq"}, 0, 0, {}});
   CHECK(b.batchesPerEpoch() == 3);
   std::vector<double> epoch1, epoch2;
   for (int i = 0; i < 3; ++i) for (double x : ids(b.next())) epoch1.push_back(x);
@@ -55,17 +55,17 @@ TEST_CASE("an epoch visits every example once, and the next epoch reshuffles") {
 }
 
 TEST_CASE("the batch order is a function of the seed, and seek replays it") {
-  data::Batcher a(numbered(20), {4, true, 3, {"seq"}, 0, 0}), b(numbered(20), {4, true, 3, {"seq"}, 0, 0});
+  data::Batcher a(numbered(20), {4, true, 3, {"seq"}, 0, 0, {}}), b(numbered(20), {4, true, 3, {"seq"}, 0, 0, {}});
   std::vector<std::vector<double>> first;
   for (int i = 0; i < 12; ++i) first.push_back(ids(a.next()));
   b.seek(7);
   for (int i = 7; i < 12; ++i) CHECK(ids(b.next()) == first[static_cast<size_t>(i)]);
-  data::Batcher c(numbered(20), {4, true, 4, {"seq"}, 0, 0});
+  data::Batcher c(numbered(20), {4, true, 4, {"seq"}, 0, 0, {}});
   CHECK(ids(c.next()) != first[0]);
 }
 
 TEST_CASE("variable-length fields are padded and masked") {
-  data::Batcher b(numbered(3), {3, false, 1, {"seq"}, -1, 0});
+  data::Batcher b(numbered(3), {3, false, 1, {"seq"}, -1, 0, {}});
   const Batch batch = b.next();
   // lengths 1, 2, 3
   CHECK(batch.at("seq").shape() == Shape{3, 3});
@@ -76,7 +76,7 @@ TEST_CASE("variable-length fields are padded and masked") {
 
 TEST_CASE("bucketing groups similar lengths into a batch") {
   auto padding = [](int64_t window) {
-    data::Batcher b(numbered(200), {10, true, 5, {"seq"}, 0, window});
+    data::Batcher b(numbered(200), {10, true, 5, {"seq"}, 0, window, {}});
     double pad = 0;
     for (int i = 0; i < b.batchesPerEpoch(); ++i) {
       const Batch batch = b.next();
@@ -88,6 +88,16 @@ TEST_CASE("bucketing groups similar lengths into a batch") {
   CHECK(padding(10) < padding(0) / 4);
 }
 
+TEST_CASE("a counted padded field gets its batch's real positions as a scalar") {
+  const Dataset d = numbered(4);  // sequences of 1, 2, 3 and 4 values
+  std::vector<const Example*> members;
+  for (size_t i = 0; i < d.size(); ++i) members.push_back(&d[i]);
+  const Batch counted = data::collate(members, {4, false, 0, {"seq"}, 0, 0, {"seq"}});
+  CHECK(counted.at("seq_count").shape() == Shape{});
+  CHECK(counted.at("seq_count").item() == 10);
+  CHECK(data::collate(members, {4, false, 0, {"seq"}, 0, 0, {}}).count("seq_count") == 0);
+}
+
 TEST_CASE("collate names the field that does not fit") {
   Example a{{"x", Tensor::zeros(f32, {2})}}, b{{"x", Tensor::zeros(f32, {3})}}, c{{"y", Tensor::zeros(f32, {2})}};
   CHECK(contains(errorOf([&] { data::collate({&a, &b}, {}); }), "'x'"));
@@ -95,15 +105,15 @@ TEST_CASE("collate names the field that does not fit") {
 }
 
 TEST_CASE("a dataset smaller than one batch is refused") {
-  CHECK(contains(errorOf([&] { data::Batcher(numbered(3), {4, true, 1, {}, 0, 0}); }), "no batch of 4"));
+  CHECK(contains(errorOf([&] { data::Batcher(numbered(3), {4, true, 1, {}, 0, 0, {}}); }), "no batch of 4"));
 }
 
 TEST_CASE("the prefetcher yields the source's batches in order, and seeks") {
-  data::Batcher reference(numbered(30), {5, true, 9, {"seq"}, 0, 0});
+  data::Batcher reference(numbered(30), {5, true, 9, {"seq"}, 0, 0, {}});
   std::vector<std::vector<double>> expected;
   for (int i = 0; i < 10; ++i) expected.push_back(ids(reference.next()));
 
-  data::Batcher source(numbered(30), {5, true, 9, {"seq"}, 0, 0});
+  data::Batcher source(numbered(30), {5, true, 9, {"seq"}, 0, 0, {}});
   data::Prefetcher p(source, 3);
   for (int i = 0; i < 4; ++i) CHECK(ids(p.next()) == expected[static_cast<size_t>(i)]);
   CHECK(p.position() == 4);

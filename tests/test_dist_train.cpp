@@ -93,6 +93,13 @@ TEST_CASE("ResNet: 2 and 4 workers train like one process with the total batch (
   }
 }
 
+TEST_CASE("NMT: 2 workers train like one process; the loss is over the tokens of the whole batch") {
+  // Sentences differ in length, so the workers' parts hold different numbers of target tokens.
+  const std::string flags = "--embedding 16 --hidden 24 --vocab 200 --train-size 256 --test-size 16 --batch 16 "
+                            "--steps 4 --eval-every 4 --threads 1 --timeout 30";
+  checkSameVariables("nmt", flags, 2, 1e-5);
+}
+
 TEST_CASE("LM: embeddings split into row partitions over 2 servers train like one process") {
   // 4 KiB makes the 500 x 16 embedding and the softmax weights two partitions each.
   checkSameVariables("lm", lmFlags, 2, 1e-5, "--servers 2 --partition-bytes 4096");

@@ -110,7 +110,7 @@ TEST_CASE("the list-reduction model builds and gives (batch, 10) logits") {
   const std::vector<data::Example> examples = data::listReduction({}, 5, 1);
   std::vector<const data::Example*> members;
   for (const auto& e : examples) members.push_back(&e);
-  const data::Batch batch = data::collate(members, {5, false, 0, {"tokens"}, 0, 0});
+  const data::Batch batch = data::collate(members, {5, false, 0, {"tokens"}, 0, 0, {}});
   Session s(g, {1});
   const std::vector<Tensor> r = s.run({m.logits, m.loss}, feedsFor(g, batch));
   CHECK(r[0].shape() == Shape({5, data::kListClasses}));
