@@ -350,7 +350,7 @@ TEST_CASE("globalAvgPool averages each plane") {
 }
 
 TEST_CASE("convolution gradients do not depend on the thread count") {
-  for (const std::vector<int64_t> stride : {std::vector<int64_t>{2, 1}, std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 2}}) {
+  for (const std::vector<int64_t>& stride : {std::vector<int64_t>{2, 1}, std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 2}}) {
     SUBCASE(stride[0] != stride[1] ? "im2col" : stride[0] == 1 ? "direct 3x3" : "direct 3x3, stride 2") {
       Graph g;
       Output x = g.placeholder("x", f32, {12, 3, 9, 9});
@@ -370,7 +370,7 @@ TEST_CASE("convolution gradients do not depend on the thread count") {
 TEST_CASE("conv2d float gradients match the double computation") {
   // The direct kernels transpose float gradients in 16 x 16 register blocks: 19 filters and 63
   // positions per plane leave both a full block and ragged edges.
-  for (const std::vector<int64_t> stride : {std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 2}}) {
+  for (const std::vector<int64_t>& stride : {std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 2}}) {
     SUBCASE(stride[0] == 1 ? "stride 1" : "stride 2") {
       const Shape xs{3, 5, 9, 7}, fs{19, 5, 3, 3};
       const Tensor x64 = randomTensor(f64, xs, 21), f64v = randomTensor(f64, fs, 22);
