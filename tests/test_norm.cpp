@@ -220,8 +220,8 @@ TEST_CASE("batch norm from the summed moments of a split batch equals batch norm
   Output x = g.placeholder("x", f64, whole), dy = g.placeholder("dy", f64, whole);
   Output parts[2][2];  // [half][x, dy]
   for (int h = 0; h < 2; ++h) {
-    parts[h][0] = g.placeholder("x" + std::to_string(h), f64, half);
-    parts[h][1] = g.placeholder("dy" + std::to_string(h), f64, half);
+    parts[h][0] = g.placeholder(std::string("x") + std::to_string(h), f64, half);
+    parts[h][1] = g.placeholder(std::string("dy") + std::to_string(h), f64, half);
   }
   Output gamma = g.constant(gv), beta = g.constant(bv);
   const BatchNormOutputs reference = batchNormTrain(x, gamma, beta, eps);
