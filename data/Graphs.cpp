@@ -7,6 +7,7 @@
 #include <charconv>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -428,11 +429,12 @@ Batch collateGraphs(const std::vector<const Example*>& graphs) {
   return b;
 }
 
-GraphBatcher::GraphBatcher(Dataset graphs, int64_t batchSize, uint64_t seed, bool shuffle)
+GraphBatcher::GraphBatcher(Dataset graphs, int64_t batchSize, uint64_t seed, bool shuffle, bool countNodes)
     : graphs_(std::move(graphs)),
       batchSize_(batchSize),
       seed_(seed),
       shuffle_(shuffle),
+      countNodes_(countNodes),
       perEpoch_(batchSize > 0 ? static_cast<int64_t>(graphs_.size()) / batchSize : 0) {
   WEFT_CHECK(batchSize > 0, "GraphBatcher: batch size must be > 0, got {}", batchSize);
   WEFT_CHECK(perEpoch_ > 0, "GraphBatcher: {} graphs do not fill one batch of {}", graphs_.size(), batchSize);
@@ -464,7 +466,52 @@ Batch GraphBatcher::next() {
   std::vector<const Example*> members;
   for (size_t i = begin; i < begin + static_cast<size_t>(batchSize_); ++i) members.push_back(&graphs_[order[i]]);
   ++position_;
-  return collateGraphs(members);
+  Batch batch = collateGraphs(members);
+  if (countNodes_) batch["node_count"] = Tensor::scalar(f32, static_cast<double>(batch.at("features").shape()[0]));
+  return batch;
+}
+
+Batch sliceGraphs(const Batch& batch, int64_t index, int64_t count) {
+  const std::vector<int32_t> nodeGraph = batch.at("node_graph").toVector<int32_t>();
+  const int64_t graphs = nodeGraph.empty() ? 0 : nodeGraph.back() + 1;
+  WEFT_CHECK(count > 0 && index >= 0 && index < count, "sliceGraphs: part {} of {}", index, count);
+  WEFT_CHECK(graphs % count == 0, "sliceGraphs: a batch of {} graphs does not divide among {} parts", graphs, count);
+  const auto g0 = static_cast<int32_t>(index * graphs / count), g1 = static_cast<int32_t>((index + 1) * graphs / count);
+  // Graphs, their nodes and their edges are stored in graph order, so a part is one range of each.
+  const auto n0 = std::lower_bound(nodeGraph.begin(), nodeGraph.end(), g0) - nodeGraph.begin();
+  const auto n1 = std::lower_bound(nodeGraph.begin(), nodeGraph.end(), g1) - nodeGraph.begin();
+  const std::vector<int32_t> edges = batch.at("edges").toVector<int32_t>();
+  int64_t e0 = 0, e1 = 0;
+  for (size_t k = 0; k < edges.size(); k += 2) {
+    if (edges[k] < n0) e0 = e1 = static_cast<int64_t>(k / 2) + 1;
+    else if (edges[k] < n1) e1 = static_cast<int64_t>(k / 2) + 1;
+  }
+  auto rows = [&](const std::string& field, int64_t begin, int64_t end) {
+    const Tensor& t = batch.at(field);
+    Shape shape = t.shape();
+    const int64_t rowBytes = t.shape()[0] > 0 ? static_cast<int64_t>(t.bytes()) / t.shape()[0] : 0;
+    shape[0] = end - begin;
+    Tensor out(t.dtype(), shape);
+    if (end > begin) {
+      std::memcpy(out.raw(), static_cast<const uint8_t*>(t.raw()) + begin * rowBytes,
+                  static_cast<size_t>((end - begin) * rowBytes));
+    }
+    return out;
+  };
+  Batch part;
+  for (const auto& [field, value] : batch) {
+    if (field == "features" || field == "labels") part[field] = rows(field, n0, n1);
+    else if (field == "edge_types") part[field] = rows(field, e0, e1);
+    else if (field == "target") part[field] = rows(field, g0, g1);
+    else if (field == "node_count") part[field] = value;
+    else WEFT_CHECK(field == "edges" || field == "node_graph", "sliceGraphs: unknown field '{}'", field);
+  }
+  Tensor partEdges = rows("edges", e0, e1), partGraph = rows("node_graph", n0, n1);
+  for (int64_t k = 0; k < partEdges.numel(); ++k) partEdges.data<int32_t>()[k] -= static_cast<int32_t>(n0);
+  for (int64_t k = 0; k < partGraph.numel(); ++k) partGraph.data<int32_t>()[k] -= g0;
+  part["edges"] = partEdges;
+  part["node_graph"] = partGraph;
+  return part;
 }
 
 }  // namespace weft::data

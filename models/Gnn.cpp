@@ -118,9 +118,14 @@ class GnnZooModel : public ZooModel {
     config_.dtype = dtypeFromName(common.dtype);
     model_ = buildGnn(g, config_);
     batch_ = common.batchSize > 0 ? common.batchSize : 32;
-    train_ = std::make_unique<data::GraphBatcher>(trainSet_, batch_, common.seed);
+    train_ = std::make_unique<data::GraphBatcher>(trainSet_, batch_, common.seed, true, true);
+    // The training loss is over the nodes of the whole step (the batch's "node_count"), so that
+    // workers with a part of the batch each divide by the same count.
+    const Output stepNodes = cast(g.placeholder("node_count", f32, {}), config_.dtype);
+    trainLoss_ = sum(sparseSoftmaxCrossEntropy(model_.logits, model_.labels)) /
+                 maximum(stepNodes, scalarLike(stepNodes, 1.0));
   }
-  Output loss() const override { return model_.loss; }
+  Output loss() const override { return trainLoss_; }
   data::BatchSource& trainData() override { return *train_; }
 
   std::map<std::string, double> evaluate(Session& s, int64_t maxBatches) override {
@@ -141,9 +146,12 @@ class GnnZooModel : public ZooModel {
   }
   std::string targetMetric() const override { return "accuracy"; }
   bool higherIsBetter() const override { return true; }
-  data::Batch shard(const data::Batch&, int64_t, int64_t count) const override {
-    WEFT_THROW("gnn: a batch of graphs cannot be shared among {} data-parallel workers yet (its nodes and edges "
-               "of all graphs are concatenated)", count);
+  data::Batch shard(const data::Batch& batch, int64_t index, int64_t count) const override {
+    data::Batch part = data::sliceGraphs(batch, index, count);
+    // Each worker divides its part's loss sum by the step's nodes per worker: the workers'
+    // average gradient is then exactly the total batch's.
+    part["node_count"] = Tensor::scalar(f32, batch.at("node_count").item() / static_cast<double>(count));
+    return part;
   }
   std::pair<std::string, double> itemsIn(const data::Batch& b) const override {
     return {"nodes", static_cast<double>(b.at("features").shape()[0])};
@@ -187,6 +195,7 @@ class GnnZooModel : public ZooModel {
   GnnGraph model_;
   data::Dataset trainSet_, testSet_;
   std::unique_ptr<data::GraphBatcher> train_;
+  Output trainLoss_;
 };
 
 }  // namespace

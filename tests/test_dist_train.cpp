@@ -100,6 +100,13 @@ TEST_CASE("NMT: 2 workers train like one process; the loss is over the tokens of
   checkSameVariables("nmt", flags, 2, 1e-5);
 }
 
+TEST_CASE("GGSNN: 2 workers with half the graphs each train like one process") {
+  // Graphs differ in size, so the workers' parts hold different numbers of nodes.
+  const std::string flags = "--hidden 16 --propagation-steps 3 --train-size 128 --test-size 16 --batch 16 --steps 4 "
+                            "--eval-every 4 --threads 1 --timeout 30";
+  checkSameVariables("gnn", flags, 2, 1e-5);
+}
+
 TEST_CASE("LM: embeddings split into row partitions over 2 servers train like one process") {
   // 4 KiB makes the 500 x 16 embedding and the softmax weights two partitions each.
   checkSameVariables("lm", lmFlags, 2, 1e-5, "--servers 2 --partition-bytes 4096");

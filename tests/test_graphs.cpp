@@ -249,6 +249,23 @@ TEST_CASE("collateGraphs joins graphs into one disjoint graph") {
   CHECK(batch.count("target") == 0);
 }
 
+TEST_CASE("sliceGraphs gives each part whole graphs, renumbered, as collating them alone would") {
+  const Example a = tinyGraph(1, 2), b = tinyGraph(2, 3), c = tinyGraph(3, 1), d = tinyGraph(4, 4);
+  Batch batch = collateGraphs({&a, &b, &c, &d});
+  batch["node_count"] = Tensor::scalar(f32, 10);
+  const Example* halves[2][2] = {{&a, &b}, {&c, &d}};
+  for (int h = 0; h < 2; ++h) {
+    CAPTURE(h);
+    const Batch part = sliceGraphs(batch, h, 2);
+    const Batch alone = collateGraphs({halves[h][0], halves[h][1]});
+    for (const char* field : {"features", "labels", "node_graph"}) CHECK(part.at(field).toDoubles() == alone.at(field).toDoubles());
+    CHECK(part.at("edges").toVector<int32_t>() == alone.at("edges").toVector<int32_t>());
+    CHECK(part.at("edge_types").toVector<int32_t>() == alone.at("edge_types").toVector<int32_t>());
+    CHECK(part.at("node_count").item() == 10);  // the caller decides what each part's share is
+  }
+  CHECK(contains(errorOf([&] { sliceGraphs(batch, 0, 3); }), "a batch of 4 graphs does not divide among 3 parts"));
+}
+
 TEST_CASE("collateGraphs stacks graph targets") {
   Example a = tinyGraph(1, 2), b = tinyGraph(2, 1);
   a["target"] = Tensor::scalar(f32, 0.5);
