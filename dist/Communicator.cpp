@@ -3,27 +3,13 @@
 
 #include "core/Error.h"
 
-#include <atomic>
+#include "dist/Registry.h"
 
 namespace weft::dist {
 
-namespace {
-
-std::mutex registryMutex;
-std::map<int64_t, Communicator*>& registry() {
-  static std::map<int64_t, Communicator*> communicators;
-  return communicators;
-}
-std::atomic<int64_t> nextId{1};
-
-}  // namespace
-
-Communicator::Communicator(Ring& ring) : ring_(ring), rank_(ring.rank()), size_(ring.size()), id_(nextId++) {
-  {
-    std::lock_guard lock(registryMutex);
-    registry()[id_] = this;
-  }
+Communicator::Communicator(Ring& ring) : ring_(ring), rank_(ring.rank()), size_(ring.size()) {
   thread_ = std::thread([this] { loop(); });
+  id_ = Registry<Communicator>::instance().add(this);  // only once nothing can throw
 }
 
 Communicator::~Communicator() {
@@ -33,16 +19,14 @@ Communicator::~Communicator() {
   }
   changed_.notify_all();
   thread_.join();
-  std::lock_guard lock(registryMutex);
-  registry().erase(id_);
+  Registry<Communicator>::instance().remove(id_);
 }
 
 Communicator& Communicator::byId(int64_t id) {
-  std::lock_guard lock(registryMutex);
-  auto it = registry().find(id);
-  WEFT_CHECK(it != registry().end(), "no communicator {} in this process (the graph's collective ops belong to a "
+  Communicator* communicator = Registry<Communicator>::instance().find(id);
+  WEFT_CHECK(communicator != nullptr, "no communicator {} in this process (the graph's collective ops belong to a "
              "runner that no longer exists)", id);
-  return *it->second;
+  return *communicator;
 }
 
 uint64_t Communicator::submit(std::vector<uint8_t> buffer, Collective collective, TrafficKind kind) {

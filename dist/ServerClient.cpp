@@ -3,44 +3,24 @@
 
 #include "core/Error.h"
 
-#include <atomic>
-#include <map>
-#include <mutex>
+#include "dist/Registry.h"
+
 #include <thread>
 
 namespace weft::dist {
 
-namespace {
-
-std::mutex registryMutex;
-std::map<int64_t, ServerClient*>& registry() {
-  static std::map<int64_t, ServerClient*> clients;
-  return clients;
-}
-std::atomic<int64_t> nextId{1};
-
-}  // namespace
-
 ServerClient::ServerClient(Communicator& communicator, UcxTransport& transport, int rank, std::vector<int> serverPeers,
                            const ServerPlan& plan, std::chrono::milliseconds timeout)
     : communicator_(communicator), transport_(transport), rank_(rank), serverPeers_(std::move(serverPeers)), plan_(plan),
-      timeout_(timeout), id_(nextId++), pushes_(plan.partitions.size(), 0) {
+      timeout_(timeout), pushes_(plan.partitions.size(), 0) {
   WEFT_CHECK(static_cast<int>(serverPeers_.size()) >= plan.servers, "the plan spreads variables over {} servers, the job has {}",
              plan.servers, serverPeers_.size());
-  std::lock_guard lock(registryMutex);
-  registry()[id_] = this;
+  id_ = Registry<ServerClient>::instance().add(this);  // only once nothing can throw
 }
 
-ServerClient::~ServerClient() {
-  std::lock_guard lock(registryMutex);
-  registry().erase(id_);
-}
+ServerClient::~ServerClient() { Registry<ServerClient>::instance().remove(id_); }
 
-ServerClient* ServerClient::find(int64_t id) {
-  std::lock_guard lock(registryMutex);
-  auto it = registry().find(id);
-  return it == registry().end() ? nullptr : it->second;
-}
+ServerClient* ServerClient::find(int64_t id) { return Registry<ServerClient>::instance().find(id); }
 
 std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls, TrafficKind kind) {
   std::vector<std::vector<uint8_t>> replies;
