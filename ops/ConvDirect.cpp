@@ -70,17 +70,15 @@ struct Taps {
 /// Stride 2: the padded image is split into its four phases, the values at (even, even), (even,
 /// odd), (odd, even) and (odd, odd) (row, column), each stored like a stride-1 image of half the
 /// size; tap (i, j) of output q reads phase (i % 2, j % 2) at q + (i / 2) * width + j / 2. So a
-/// strided sweep is the same loop over fixed offsets as an unstrided one.
-struct FlatPlane {
+/// strided sweep is the same loop over fixed offsets as an unstrided one. As Taps: all 9 taps,
+/// outLen a multiple of the tile width, channelStride enough for every tap of every position.
+struct FlatPlane : Taps {
   int64_t h, w, ph, pw, stride;  // the unpadded input, its padding and the stride
   int64_t outH, outW, width;     // width: values per stored row (of a phase, at stride 2)
-  int64_t outLen;                // flat output positions computed, a multiple of the tile width
   int64_t phaseStride;           // values per stored phase (the whole channel at stride 1)
-  int64_t channelStride;         // values per channel, enough for every tap of every position
-  int64_t offsets[kTaps];        // where each tap of output 0 reads
 
   FlatPlane(int64_t h_, int64_t w_, int64_t ph_, int64_t pw_, int64_t stride_, int64_t tile)
-      : h(h_), w(w_), ph(ph_), pw(pw_), stride(stride_) {
+      : Taps{kTaps, {}, 0, 0}, h(h_), w(w_), ph(ph_), pw(pw_), stride(stride_) {
     const int64_t paddedH = h + 2 * ph, paddedW = w + 2 * pw;
     outH = (paddedH - 3) / stride + 1;
     outW = (paddedW - 3) / stride + 1;
@@ -94,12 +92,6 @@ struct FlatPlane {
       const int64_t i = t / 3, j = t % 3;
       offsets[t] = ((i % stride) * stride + j % stride) * phaseStride + (i / stride) * width + j / stride;
     }
-  }
-
-  Taps taps() const {
-    Taps t{kTaps, {}, channelStride, outLen};
-    std::copy(offsets, offsets + kTaps, t.offsets);
-    return t;
   }
 
   /// Writes `channels` planes of `src` into the interior of their flat padded copy `dst`. Only
@@ -251,15 +243,14 @@ template <class T>
 void sweep(const KernelContext& ctx, int64_t n, int64_t inChannels, int64_t outChannels, const FlatPlane& p,
            const T* in, const std::vector<T>& packed, T* out) {
   const int64_t inSize = inChannels * p.h * p.w, outSize = outChannels * p.outH * p.outW;
-  const Taps taps = p.taps();
   ctx.parallelFor(n, outChannels * inChannels * kTaps * p.outLen, [&](int64_t lo, int64_t hi) {
     std::vector<T> padded(static_cast<size_t>(inChannels * p.channelStride));
     std::vector<T> flat(static_cast<size_t>(outChannels * p.outLen));
-    const int64_t tiles = tilesPerSweep(taps, outChannels, kTileVectors * kLanes<T>);
+    const int64_t tiles = tilesPerSweep(p, outChannels, kTileVectors * kLanes<T>);
     for (int64_t img = lo; img < hi; ++img) {
       p.pad(in + img * inSize, inChannels, padded.data());
       Prefetcher prefetch(img + 1 < hi ? in + (img + 1) * inSize : nullptr, inSize * int64_t(sizeof(T)), tiles);
-      sweepImage(taps, inChannels, outChannels, padded.data(), packed.data(), flat.data(), prefetch);
+      sweepImage(p, inChannels, outChannels, padded.data(), packed.data(), flat.data(), prefetch);
       p.unpad(flat.data(), outChannels, out + img * outSize);
     }
   });

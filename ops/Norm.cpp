@@ -101,6 +101,15 @@ void gradSums(const ChannelLayout& l, int64_t lo, int64_t hi, const T* dy, const
   });
 }
 
+/// The coefficients of combineGrad for one channel of m elements, from the batch's sum(dy) and
+/// sum(dy xhat) and the gradients of the statistics outputs.
+void gradCoefficients(double gamma, double invstd, double m, double sumDy, double sumDyXhat, double dmean,
+                      double dvar, double& a, double& b, double& c) {
+  a = gamma * invstd;
+  b = m > 0 ? (2.0 * dvar - a * invstd * sumDyXhat) / m : 0.0;
+  c = m > 0 ? (dmean - a * sumDy) / m : 0.0;
+}
+
 /// dx = a * dy + b * (x - mean) + c, per channel.
 template <class T>
 void combineGrad(const ChannelLayout& l, int64_t lo, int64_t hi, const T* dy, const T* x, const Coeffs& mean,
@@ -186,10 +195,7 @@ void batchNormGradKernel(KernelContext& ctx) {
         const int64_t ch = lo + static_cast<int64_t>(k);
         const double dmean = statGrads ? ctx.input(5).data<T>()[ch] : 0.0;
         const double dvar = statGrads ? ctx.input(6).data<T>()[ch] : 0.0;
-        const double gi = gamma[ch] * invstd[k];
-        a[k] = gi;
-        b[k] = m > 0 ? (2.0 * dvar - gi * invstd[k] * sumDyXhat[k]) / m : 0.0;
-        c[k] = m > 0 ? (dmean - gi * sumDy[k]) / m : 0.0;
+        gradCoefficients(gamma[ch], invstd[k], m, sumDy[k], sumDyXhat[k], dmean, dvar, a[k], b[k], c[k]);
         dgamma[ch] = static_cast<T>(sumDyXhat[k]);
         dbeta[ch] = static_cast<T>(sumDy[k]);
       }
@@ -300,11 +306,8 @@ void gradFromMomentsKernel(KernelContext& ctx) {
       Coeffs a(width), b(width), c(width);
       for (int64_t ch = lo; ch < hi; ++ch) {
         const auto k = static_cast<size_t>(ch - lo);
-        const double m = moments[ch];
-        const double gi = gamma[ch] * invstd[k];
-        a[k] = gi;
-        b[k] = m > 0 ? (2.0 * total[3 * l.c + ch] - gi * invstd[k] * total[l.c + ch]) / m : 0.0;
-        c[k] = m > 0 ? (total[2 * l.c + ch] - gi * total[ch]) / m : 0.0;
+        gradCoefficients(gamma[ch], invstd[k], moments[ch], total[ch], total[l.c + ch], total[2 * l.c + ch],
+                         total[3 * l.c + ch], a[k], b[k], c[k]);
         ctx.output(1).data<T>()[ch] = static_cast<T>(local[l.c + ch]);
         ctx.output(2).data<T>()[ch] = static_cast<T>(local[ch]);
       }
