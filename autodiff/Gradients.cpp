@@ -80,6 +80,7 @@ std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
     if (!any || node->def->noGrad) continue;
     WEFT_CHECK(static_cast<bool>(node->def->gradFn), "no gradient is defined for {}", node->describe());
     auto scope = g.scope("gradients/" + node->name);
+    auto placed = g.onDevice(node->device);  // a gradient runs where its forward op does
     std::vector<Grad> inputGrads = node->def->gradFn(ctx);
     WEFT_CHECK(inputGrads.size() == node->inputs.size(), "gradient of {} returned {} grads for {} inputs",
                node->describe(), inputGrads.size(), node->inputs.size());

@@ -131,7 +131,7 @@ TensorFile readSafetensors(const std::string& path) {
 
 void saveCheckpoint(Session& session, const std::string& path, std::map<std::string, std::string> metadata) {
   TensorFile file;
-  for (Node* v : session.graph().variables()) file.tensors[v->name] = session.variable(v);
+  for (Node* v : session.graph().variables()) file.tensors[v->name] = session.variable(v).to(cpu());
   file.metadata = std::move(metadata);
   file.metadata["session_step"] = std::to_string(session.step());
   writeSafetensors(path, file);

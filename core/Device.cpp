@@ -2,8 +2,8 @@
 
 #include "core/Error.h"
 
-#include <array>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 namespace weft {
@@ -21,10 +21,9 @@ class CpuAllocator final : public Allocator {
   void deallocate(void* ptr, size_t) override { std::free(ptr); }
 };
 
-std::array<Allocator*, 2>& allocators() {
-  static CpuAllocator cpuAllocator;
-  static std::array<Allocator*, 2> table{&cpuAllocator, nullptr};
-  return table;
+CpuAllocator& cpuAllocator() {
+  static CpuAllocator a;
+  return a;
 }
 
 }  // namespace
@@ -49,14 +48,61 @@ Device Device::parse(const std::string& text) {
   WEFT_THROW("invalid device '{}' (expected cpu or cuda:N)", text);
 }
 
+#ifdef WEFT_HAVE_CUDA
+namespace detail {
+// core/cuda/Runtime.cpp
+Allocator& cudaAllocator(int index);
+MemoryStats cudaMemoryStats(int index);
+void cudaCopy(void* dst, const Device& dstDevice, const void* src, const Device& srcDevice, size_t bytes);
+void cudaSynchronize(int index);
+}  // namespace detail
+
 Allocator& allocatorFor(const Device& device) {
-  Allocator* a = allocators()[static_cast<size_t>(device.type)];
-  WEFT_CHECK(a != nullptr, "no backend is available for device {}", device.str());
-  return *a;
+  return device.type == DeviceType::CPU ? cpuAllocator() : detail::cudaAllocator(device.index);
 }
 
-void registerAllocator(DeviceType type, Allocator* allocator) {
-  allocators()[static_cast<size_t>(type)] = allocator;
+void copyBytes(void* dst, const Device& dstDevice, const void* src, const Device& srcDevice, size_t bytes) {
+  if (bytes == 0) return;
+  if (dstDevice.type == DeviceType::CPU && srcDevice.type == DeviceType::CPU) {
+    std::memcpy(dst, src, bytes);
+  } else {
+    detail::cudaCopy(dst, dstDevice, src, srcDevice, bytes);
+  }
 }
+
+void synchronize(const Device& device) {
+  if (device.type == DeviceType::CUDA) detail::cudaSynchronize(device.index);
+}
+
+MemoryStats memoryStats(const Device& device) {
+  WEFT_CHECK(device.type == DeviceType::CUDA, "memory statistics are kept for GPUs, not for {}", device.str());
+  return detail::cudaMemoryStats(device.index);
+}
+#else
+namespace {
+[[noreturn]] void noCuda(const Device& device) {
+  WEFT_THROW("device {} is not available: {}", device.str(), cudaUnavailableReason());
+}
+}  // namespace
+
+Allocator& allocatorFor(const Device& device) {
+  if (device.type != DeviceType::CPU) noCuda(device);
+  return cpuAllocator();
+}
+
+void copyBytes(void* dst, const Device& dstDevice, const void* src, const Device& srcDevice, size_t bytes) {
+  if (dstDevice.type != DeviceType::CPU) noCuda(dstDevice);
+  if (srcDevice.type != DeviceType::CPU) noCuda(srcDevice);
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+void synchronize(const Device&) {}
+
+int cudaDeviceCount() { return 0; }
+
+std::string cudaUnavailableReason() { return "weft was built without CUDA (no CUDA toolkit was found)"; }
+
+MemoryStats memoryStats(const Device& device) { noCuda(device); }
+#endif
 
 }  // namespace weft

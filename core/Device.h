@@ -1,6 +1,8 @@
-// Devices and their allocators. A backend contributes an Allocator for its DeviceType; callers
-// name devices and never see backend types, so CUDA slots in without touching them.
+// Devices, their allocators and copies between them. The CUDA backend (core/cuda/) is compiled in
+// when the toolkit is found; callers name devices and never see backend types.
 #pragma once
+
+#include "core/CachingAllocator.h"
 
 #include <cstddef>
 #include <string>
@@ -33,9 +35,21 @@ class Allocator {
 /// Byte alignment of every CPU allocation (a cache line; enough for AVX-512 loads).
 inline constexpr size_t kCpuAlignment = 64;
 
-/// The allocator that serves `device`; throws if no backend for it is registered.
+/// The allocator that serves `device`; throws, saying why, if the device is not available.
 Allocator& allocatorFor(const Device& device);
-/// Installs the allocator for a device type (backends call this once at start-up).
-void registerAllocator(DeviceType type, Allocator* allocator);
+
+/// Copies `bytes` between any two devices. Returns once the source may be overwritten and, for a
+/// copy to the host, once the data has landed; a copy to a GPU is ordered before that GPU's later
+/// kernels.
+void copyBytes(void* dst, const Device& dstDevice, const void* src, const Device& srcDevice, size_t bytes);
+/// Waits for the work queued on `device` (nothing to wait for on the CPU).
+void synchronize(const Device& device);
+
+/// GPUs this process can use: 0 when weft was built without CUDA or the machine has no GPU.
+int cudaDeviceCount();
+/// Why cudaDeviceCount() is 0 ("" when it is not).
+std::string cudaUnavailableReason();
+/// The caching allocator's statistics for a GPU (see core/CachingAllocator.h).
+MemoryStats memoryStats(const Device& device);
 
 }  // namespace weft

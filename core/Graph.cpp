@@ -162,7 +162,7 @@ Graph::Scope::Scope(Graph& g, const std::string& name) : graph_(g) {
 Graph::Scope::~Scope() { graph_.scopes_.pop_back(); }
 
 Graph::DeviceScope::DeviceScope(Graph& g, const std::string& device) : graph_(g) {
-  Device::parse(device);  // validates
+  if (!device.empty()) Device::parse(device);  // validates; "" restores the default device
   g.devices_.push_back(device);
 }
 Graph::DeviceScope::~DeviceScope() { graph_.devices_.pop_back(); }

@@ -157,7 +157,8 @@ class Graph {
   Scope scope(const std::string& name) { return Scope(*this, name); }
   const std::string& currentScope() const { return scopes_.empty() ? empty_ : scopes_.back(); }
 
-  /// RAII device scope: nodes created while it lives request `device` ("cpu", "cuda:0").
+  /// RAII device scope: nodes created while it lives request `device` ("cpu", "cuda:0"; "" for
+  /// the default device).
   class DeviceScope {
    public:
     DeviceScope(Graph& g, const std::string& device);

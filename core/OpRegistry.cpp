@@ -20,7 +20,7 @@ void registerCoreOps(OpRegistry& r) {
   r.add(OpDef("Placeholder").infer(placeholderType).source(SourceKind::Placeholder).noGradient());
   r.add(OpDef("Variable").infer(placeholderType).source(SourceKind::Variable).noGradient());
   r.add(OpDef("Const").infer(constType).source(SourceKind::Constant).noGradient());
-  r.add(OpDef("NoOp").infer(noOutputs).cpu([](KernelContext&) {}).noGradient());
+  r.add(OpDef("NoOp").infer(noOutputs).cpu([](KernelContext&) {}).cuda([](KernelContext&) {}).noGradient());
 }
 
 }  // namespace

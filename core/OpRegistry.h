@@ -39,13 +39,17 @@ struct InferContext {
 };
 
 /// What a kernel sees: its node, input tensors, preallocated output tensors (shapes inferred),
-/// the intra-op thread pool and the session's step counter (for reproducible random ops).
+/// the intra-op thread pool, the session's step counter (for reproducible random ops), and the
+/// device it runs on.
 struct KernelContext {
   const Node* node = nullptr;
   std::vector<const Tensor*> inputs;
   std::vector<Tensor*> outputs;
   const ThreadPool* pool = nullptr;
   uint64_t step = 0;
+  Device device;            // where the kernel runs; its inputs and outputs live there
+  void* stream = nullptr;   // CUDA kernels: the cudaStream_t to launch on
+  int planStep = 0;         // position in the plan (CUDA kernels report data errors with it)
 
   const Tensor& input(int i) const { return *inputs[static_cast<size_t>(i)]; }
   Tensor& output(int i) const { return *outputs[static_cast<size_t>(i)]; }

@@ -3,6 +3,9 @@
 #include "core/MemoryPlanner.h"
 #include "core/OpRegistry.h"
 #include "core/Random.h"
+#ifdef WEFT_HAVE_CUDA
+#include "core/cuda/Runtime.h"
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -25,18 +28,67 @@ struct Session::Plan {
     bool allocatePerRun;  // a kernel output handed to the caller: fresh memory every run
     bool cloneAfterRun;   // a variable: return its value after the run
   };
+  struct ArenaSlot {
+    int slot;
+    int arena;  // index into arenaDevices
+    size_t offset;
+  };
 
   std::vector<Tensor> slots;  // one per value; never resized after compile
   std::vector<TensorType> slotTypes;
+  std::vector<Device> slotDevices;
   std::vector<Step> steps;
   std::vector<FeedSlot> feeds;  // sorted by output
   std::vector<FetchSlot> fetches;
-  std::vector<std::pair<int, size_t>> arenaSlots;  // (slot, offset in the session's arena)
-  uint64_t boundArena = 0;                         // generation of the arena the slots view
+  std::vector<ArenaSlot> arenaSlots;
+  std::vector<Device> arenaDevices;  // one arena per device the plan computes on...
+  std::vector<size_t> arenaBytes;    // ...and its size
+  std::vector<int> gpus;             // GPUs the plan runs kernels on
+  uint64_t boundArena = 0;           // generation of the arenas the slots view
   PlanStats stats;
 };
 
 namespace {
+
+/// Where a node runs: its requested device, or the CPU.
+Device placement(const Node* n) { return n->device.empty() ? cpu() : Device::parse(n->device); }
+
+/// The stream a GPU's kernels are queued on.
+void* streamOf(const Device& d) {
+#ifdef WEFT_HAVE_CUDA
+  return cuda::device(d.index).compute;
+#else
+  WEFT_THROW("device {} is not available: {}", d.str(), cudaUnavailableReason());
+#endif
+}
+
+/// Makes a GPU the calling thread's current device (the CUDA runtime's is per thread).
+void makeCurrent(int gpu) {
+#ifdef WEFT_HAVE_CUDA
+  cuda::setCurrent(gpu);
+#else
+  WEFT_THROW("device cuda:{} is not available: {}", gpu, cudaUnavailableReason());
+#endif
+}
+
+/// Waits for a GPU's work in this step and raises the first data error its kernels recorded,
+/// naming the op (kernels cannot throw).
+template <class Steps>
+void finishGpuStep(int gpu, const Steps& steps) {
+#ifdef WEFT_HAVE_CUDA
+  cuda::DeviceState& d = cuda::device(gpu);
+  cuda::setCurrent(gpu);
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(d.compute));
+  const cuda::KernelError e = *d.hostError;
+  if (!e.kind) return;
+  *d.hostError = {};
+  const std::string op = steps[static_cast<size_t>(e.step)].ctx.node->describe();
+  if (e.kind == cuda::KernelError::IntegerDivisionByZero) {
+    WEFT_THROW("{}: integer division by zero (divisor element {})", op, e.position);
+  }
+  WEFT_THROW("{}: index {} at position {} is outside [0, {})", op, e.value, e.position, e.limit);
+#endif
+}
 
 /// Key of a plan: fetches, targets, and the dtype and shape of every feed (sorted).
 std::vector<int64_t> planKey(const std::vector<Output>& fetches, const FeedMap& feeds,
@@ -61,14 +113,16 @@ std::vector<int64_t> planKey(const std::vector<Output>& fetches, const FeedMap& 
     key.push_back(f->first.node()->id);
     key.push_back(f->first.index());
     key.push_back(static_cast<int64_t>(f->second.dtype()));
+    key.push_back(f->second.device().type == DeviceType::CPU ? -1 : f->second.device().index);
     key.push_back(f->second.rank());
     for (int64_t d : f->second.shape().dims()) key.push_back(d);
   }
   return key;
 }
 
-void checkFinite(const Node& node, int index, const Tensor& t) {
-  if (!isFloating(t.dtype())) return;
+void checkFinite(const Node& node, int index, const Tensor& value) {
+  if (!isFloating(value.dtype())) return;
+  const Tensor t = value.to(cpu());
   dispatchFloat(t.dtype(), [&](auto z) {
     using T = decltype(z);
     const T* p = t.data<T>();
@@ -206,7 +260,7 @@ Tensor Session::initialValue(Node* v) {
   const Shape& shape = a.get<Shape>("shape");
   const Initializer::Kind kind = Initializer::parseKind(a.get<std::string>("init"));
   const double p = a.getFloat("init_a"), q = a.getFloat("init_b");
-  Tensor t(dtype, shape);
+  Tensor t(dtype, shape);  // made on the host, then moved to the variable's device
   const uint64_t key = streamKey(graph_.seed(), v->name);
   const auto [fanIn, fanOut] = fans(shape);
   auto fillWith = [&](auto draw) {
@@ -246,7 +300,7 @@ Tensor Session::initialValue(Node* v) {
 }
 
 void Session::initializeVariable(Node* v) {
-  if (!variables_.count(v)) variables_.emplace(v, initialValue(v));
+  if (!variables_.count(v)) variables_.emplace(v, initialValue(v).to(placement(v)));
 }
 
 Tensor& Session::variable(Node* v) {
@@ -283,6 +337,21 @@ Session::Plan& Session::planFor(const std::vector<Output>& fetches, const FeedMa
   return *it->second;
 }
 
+namespace {
+
+/// A kernel's work item in plan order: a node's kernel, or a copy of a value to the device of the
+/// node that consumes it (inserted by the executor, so graphs never name copies).
+struct Item {
+  Node* node;       // the node, or the consumer the copy is made for
+  bool copy;
+  Device device;
+  std::vector<int> in, out;
+};
+
+void copyKernel(KernelContext& ctx) { ctx.output(0).copyFrom(ctx.input(0)); }
+
+}  // namespace
+
 std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetches,
                                                 const FeedMap& feeds,
                                                 const std::vector<Node*>& targets) {
@@ -296,76 +365,114 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
   }
   const std::vector<Node*> order = scheduleNodes(neededNodes(fetches, fed, targets), fed);
 
-  // Values (node outputs and feeds) get slot numbers; concrete types flow in schedule order.
+  // Values (node outputs, feeds and copies) get slot numbers; concrete types flow in schedule
+  // order. A value lives on the device of its producer (a feed: where the caller's tensor is).
   std::map<Output, int> slotOf;
-  auto newSlot = [&](const Output& o, TensorType t) {
-    slotOf[o] = static_cast<int>(plan->slotTypes.size());
+  auto newSlot = [&](TensorType t, Device d) {
     plan->slotTypes.push_back(std::move(t));
+    plan->slotDevices.push_back(d);
+    return static_cast<int>(plan->slotTypes.size()) - 1;
   };
   for (const auto& [out, value] : feedValue) {
     const TensorType& declared = out.type();
     WEFT_CHECK(value->dtype() == declared.dtype && value->shape().compatibleWith(declared.shape),
                "feed for {} is {}{}, expected {}", out.name(), dtypeName(value->dtype()),
                value->shape().str(), declared.str());
-    newSlot(out, {value->dtype(), value->shape()});
+    slotOf[out] = newSlot({value->dtype(), value->shape()}, value->device());
   }
+  std::vector<Item> items;
+  std::map<std::pair<int, std::string>, int> copyOf;  // (slot, device) -> the copied slot
   for (Node* n : order) {
     WEFT_CHECK(n->def->sourceKind != SourceKind::Placeholder,
                "placeholder '{}' ({}) is needed but was not fed", n->name, n->outputs[0].str());
+    const Device device = placement(n);
+    WEFT_CHECK(device.type == DeviceType::CPU || device.index < cudaDeviceCount(),
+               "{} is placed on {}, which is not available: {}", n->describe(), device.str(),
+               cudaDeviceCount() ? fmt::format("this machine has {} GPU(s)", cudaDeviceCount()) : cudaUnavailableReason());
     std::vector<TensorType> inputTypes;
     for (const Output& in : n->inputs) inputTypes.push_back(plan->slotTypes[static_cast<size_t>(slotOf.at(in))]);
     std::vector<TensorType> outTypes =
         n->def->sourceKind == SourceKind::None ? n->def->inferFn(InferContext{*n, inputTypes}) : n->outputs;
+    Item item{n, false, device, {}, {}};
+    if (n->def->sourceKind == SourceKind::None) {
+      WEFT_CHECK(n->def->kernelFor(device.type) != nullptr, "{} has no kernel for {}", n->describe(), device.str());
+      for (size_t i = 0; i < n->inputs.size(); ++i) {
+        const int s = slotOf.at(n->inputs[i]);
+        const Device from = plan->slotDevices[static_cast<size_t>(s)];
+        if (from == device) {
+          item.in.push_back(s);
+          continue;
+        }
+        const bool mutated = std::find(n->def->mutatedInputs.begin(), n->def->mutatedInputs.end(),
+                                       static_cast<int>(i)) != n->def->mutatedInputs.end();
+        WEFT_CHECK(!mutated, "{} runs on {} but updates {} on {}: place a variable and its updates on one device",
+                   n->describe(), device.str(), n->inputs[i].node()->describe(), from.str());
+        auto [it, added] = copyOf.try_emplace({s, device.str()}, 0);
+        if (added) {
+          it->second = newSlot(plan->slotTypes[static_cast<size_t>(s)], device);
+          items.push_back({n, true, device, {s}, {it->second}});
+        }
+        item.in.push_back(it->second);
+      }
+    }
     for (size_t i = 0; i < outTypes.size(); ++i) {
       WEFT_CHECK(outTypes[i].shape.isFullyDefined(), "{}: output {} has unresolved shape {} at run time",
                  n->describe(), i, outTypes[i].shape.str());
       const Output o(n, static_cast<int>(i));
-      if (!fed.count(o)) newSlot(o, outTypes[i]);
+      if (fed.count(o)) continue;
+      slotOf[o] = newSlot(outTypes[i], device);
+      item.out.push_back(slotOf[o]);
     }
+    if (n->def->sourceKind == SourceKind::None) items.push_back(std::move(item));
   }
   plan->slots.resize(plan->slotTypes.size());
 
-  // Lifetimes: a value lives from its producer's step to its last consumer's step.
+  // Lifetimes: a value lives from its producer's item to its last consumer's item.
   std::set<int> fetchedSlots;
   for (const Output& f : fetches) fetchedSlots.insert(slotOf.at(f));
   std::vector<int> producerStep(plan->slots.size(), -1), lastUse(plan->slots.size(), -1);
   std::vector<bool> planned(plan->slots.size(), false);
-  for (size_t k = 0; k < order.size(); ++k) {
-    Node* n = order[k];
-    for (const Output& in : n->inputs) lastUse[static_cast<size_t>(slotOf.at(in))] = static_cast<int>(k);
-    if (n->def->sourceKind != SourceKind::None) continue;
-    for (size_t i = 0; i < n->outputs.size(); ++i) {
-      const int s = slotOf.at(Output(n, static_cast<int>(i)));
+  for (size_t k = 0; k < items.size(); ++k) {
+    for (int in : items[k].in) lastUse[static_cast<size_t>(in)] = static_cast<int>(k);
+    for (int s : items[k].out) {
       producerStep[static_cast<size_t>(s)] = static_cast<int>(k);
       planned[static_cast<size_t>(s)] = !fetchedSlots.count(s);
     }
   }
 
-  // Memory plan: outputs are placed before the step's dying inputs are released, so an output
-  // never overlaps an input unless the op is marked in-place for it.
-  MemoryPlanner planner;
+  // Memory plan, one arena per device: outputs are placed before the item's dying inputs are
+  // released, so an output never overlaps an input unless the op is marked in-place for it.
+  std::vector<MemoryPlanner> planners;
+  auto arenaOf = [&](const Device& d) {
+    for (size_t a = 0; a < plan->arenaDevices.size(); ++a) {
+      if (plan->arenaDevices[a] == d) return static_cast<int>(a);
+    }
+    plan->arenaDevices.push_back(d);
+    planners.emplace_back();
+    return static_cast<int>(plan->arenaDevices.size()) - 1;
+  };
   std::vector<MemoryPlanner::Block> blockOf(plan->slots.size());
   auto bytesOf = [&](int s) {
     const TensorType& t = plan->slotTypes[static_cast<size_t>(s)];
     return static_cast<size_t>(t.shape.numel()) * dtypeSize(t.dtype);
   };
-  std::vector<std::vector<int>> dying(order.size());
+  std::vector<std::vector<int>> dying(items.size());
   for (size_t s = 0; s < plan->slots.size(); ++s) {
     if (!planned[s]) continue;
     const int end = std::max(lastUse[s], producerStep[s]);
     dying[static_cast<size_t>(end)].push_back(static_cast<int>(s));
   }
   std::vector<bool> inheritedBy(plan->slots.size(), false);
-  for (size_t k = 0; k < order.size(); ++k) {
-    Node* n = order[k];
-    if (n->def->sourceKind != SourceKind::None) continue;
-    for (size_t i = 0; i < n->outputs.size(); ++i) {
-      const int s = slotOf.at(Output(n, static_cast<int>(i)));
+  for (size_t k = 0; k < items.size(); ++k) {
+    const Item& item = items[k];
+    MemoryPlanner& planner = planners[static_cast<size_t>(arenaOf(item.device))];
+    for (size_t i = 0; i < item.out.size(); ++i) {
+      const int s = item.out[i];
       if (!planned[static_cast<size_t>(s)]) continue;
       plan->stats.unplannedBytes += bytesOf(s);
-      const int src = n->def->inplaceInput;
-      if (i == 0 && src >= 0 && src < static_cast<int>(n->inputs.size())) {
-        const int in = slotOf.at(n->inputs[static_cast<size_t>(src)]);
+      const int src = item.copy ? -1 : item.node->def->inplaceInput;
+      if (i == 0 && src >= 0 && src < static_cast<int>(item.in.size())) {
+        const int in = item.in[static_cast<size_t>(src)];
         const auto u = static_cast<size_t>(in);
         if (planned[u] && !inheritedBy[u] && lastUse[u] == static_cast<int>(k) &&
             bytesOf(in) == bytesOf(s) &&
@@ -379,43 +486,52 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
       blockOf[static_cast<size_t>(s)] = planner.allocate(bytesOf(s));
     }
     for (int s : dying[k]) {
-      if (!inheritedBy[static_cast<size_t>(s)]) planner.release(blockOf[static_cast<size_t>(s)]);
+      if (!inheritedBy[static_cast<size_t>(s)]) {
+        planners[static_cast<size_t>(arenaOf(plan->slotDevices[static_cast<size_t>(s)]))].release(
+            blockOf[static_cast<size_t>(s)]);
+      }
     }
   }
-  plan->stats.arenaBytes = planner.arenaBytes();
+  for (const MemoryPlanner& p : planners) {
+    plan->arenaBytes.push_back(p.arenaBytes());
+    plan->stats.arenaBytes += p.arenaBytes();
+  }
 
   // Bind every slot to storage.
-  for (size_t k = 0; k < order.size(); ++k) {
-    Node* n = order[k];
+  for (Node* n : order) {
     for (size_t i = 0; i < n->outputs.size(); ++i) {
       const Output o(n, static_cast<int>(i));
       if (fed.count(o)) continue;
       const auto s = static_cast<size_t>(slotOf.at(o));
       switch (n->def->sourceKind) {
         case SourceKind::Variable: plan->slots[s] = variable(n); break;
-        case SourceKind::Constant: plan->slots[s] = n->attrs.get<Tensor>("value"); break;
-        default:
-          if (planned[s]) plan->arenaSlots.emplace_back(static_cast<int>(s), blockOf[s].offset);
+        case SourceKind::Constant: plan->slots[s] = n->attrs.get<Tensor>("value").to(placement(n)); break;
+        default: break;
       }
+    }
+  }
+  for (size_t s = 0; s < plan->slots.size(); ++s) {
+    if (planned[s]) {
+      plan->arenaSlots.push_back({static_cast<int>(s), arenaOf(plan->slotDevices[s]), blockOf[s].offset});
     }
   }
   for (const auto& [out, value] : feedValue) plan->feeds.push_back({out, slotOf.at(out)});
 
-  // Steps: one per kernel, contexts pointing at the slots.
-  for (Node* n : order) {
-    if (n->def->sourceKind != SourceKind::None) continue;
-    const Device device = n->device.empty() ? cpu() : Device::parse(n->device);
-    WEFT_CHECK(device.type == DeviceType::CPU, "{} is placed on {}, but this session runs on cpu only",
-               n->describe(), device.str());
-    Kernel kernel = n->def->kernelFor(device.type);
-    WEFT_CHECK(kernel != nullptr, "{} has no kernel for {}", n->describe(), device.str());
-    Plan::Step step{kernel, {}};
-    step.ctx.node = n;
+  // Steps: one per item, contexts pointing at the slots.
+  for (const Item& item : items) {
+    Plan::Step step{item.copy ? copyKernel : item.node->def->kernelFor(item.device.type), {}};
+    step.ctx.node = item.node;
     step.ctx.pool = pool_.get();
-    for (const Output& in : n->inputs) step.ctx.inputs.push_back(&plan->slots[static_cast<size_t>(slotOf.at(in))]);
-    for (size_t i = 0; i < n->outputs.size(); ++i) {
-      step.ctx.outputs.push_back(&plan->slots[static_cast<size_t>(slotOf.at(Output(n, static_cast<int>(i))))]);
+    step.ctx.device = item.device;
+    step.ctx.planStep = static_cast<int>(plan->steps.size());
+    if (item.device.type == DeviceType::CUDA) {
+      step.ctx.stream = streamOf(item.device);
+      if (std::find(plan->gpus.begin(), plan->gpus.end(), item.device.index) == plan->gpus.end()) {
+        plan->gpus.push_back(item.device.index);
+      }
     }
+    for (int in : item.in) step.ctx.inputs.push_back(&plan->slots[static_cast<size_t>(in)]);
+    for (int out : item.out) step.ctx.outputs.push_back(&plan->slots[static_cast<size_t>(out)]);
     plan->steps.push_back(std::move(step));
   }
   for (const Output& f : fetches) {
@@ -430,21 +546,34 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
 }
 
 void Session::bindArena(Plan& plan) {
-  if (!arena_ || arena_->bytes() < plan.stats.arenaBytes) {
-    // Grow the one arena all plans share; other plans drop their views of the old one (freeing
-    // it) and re-bind when they next run.
-    for (auto& [key, other] : plans_) {
-      for (const auto& [slot, offset] : other->arenaSlots) other->slots[static_cast<size_t>(slot)] = Tensor();
-      other->boundArena = 0;
+  bool grown = false;
+  for (size_t a = 0; a < plan.arenaDevices.size(); ++a) {
+    const Device& d = plan.arenaDevices[a];
+    auto it = std::find_if(arenas_.begin(), arenas_.end(), [&](const auto& arena) { return arena->device() == d; });
+    if (it != arenas_.end() && (*it)->bytes() >= plan.arenaBytes[a]) continue;
+    if (!grown) {
+      // Growing an arena all plans share: other plans drop their views of the old one (freeing
+      // it) and re-bind when they next run.
+      for (auto& [key, other] : plans_) {
+        for (const Plan::ArenaSlot& v : other->arenaSlots) other->slots[static_cast<size_t>(v.slot)] = Tensor();
+        other->boundArena = 0;
+      }
+      grown = true;
     }
-    arena_.reset();
-    arena_ = std::make_shared<Buffer>(plan.stats.arenaBytes, cpu());
-    ++arenaGeneration_;
+    if (it != arenas_.end()) {
+      it->reset();
+      *it = std::make_shared<Buffer>(plan.arenaBytes[a], d);
+    } else {
+      arenas_.push_back(std::make_shared<Buffer>(plan.arenaBytes[a], d));
+    }
   }
+  if (grown) ++arenaGeneration_;
   if (plan.boundArena == arenaGeneration_) return;
-  for (const auto& [slot, offset] : plan.arenaSlots) {
-    const TensorType& t = plan.slotTypes[static_cast<size_t>(slot)];
-    plan.slots[static_cast<size_t>(slot)] = Tensor(arena_, offset, t.dtype, t.shape);
+  for (const Plan::ArenaSlot& v : plan.arenaSlots) {
+    const TensorType& t = plan.slotTypes[static_cast<size_t>(v.slot)];
+    const Device& d = plan.arenaDevices[static_cast<size_t>(v.arena)];
+    const auto& arena = *std::find_if(arenas_.begin(), arenas_.end(), [&](const auto& b) { return b->device() == d; });
+    plan.slots[static_cast<size_t>(v.slot)] = Tensor(arena, v.offset, t.dtype, t.shape);
   }
   plan.boundArena = arenaGeneration_;
 }
@@ -461,11 +590,16 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
   for (const Plan::FetchSlot& f : plan.fetches) {
     if (f.allocatePerRun) {
       const TensorType& t = plan.slotTypes[static_cast<size_t>(f.slot)];
-      plan.slots[static_cast<size_t>(f.slot)] = Tensor(t.dtype, t.shape);
+      plan.slots[static_cast<size_t>(f.slot)] = Tensor(t.dtype, t.shape, plan.slotDevices[static_cast<size_t>(f.slot)]);
     }
   }
+  int currentGpu = -1;
   for (Plan::Step& s : plan.steps) {
     s.ctx.step = step_;
+    if (s.ctx.device.type == DeviceType::CUDA && s.ctx.device.index != currentGpu) {
+      currentGpu = s.ctx.device.index;
+      makeCurrent(currentGpu);
+    }
     try {
       s.kernel(s.ctx);
     } catch (const Error&) {
@@ -477,12 +611,15 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
       for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
     }
   }
+  // A step ends when its GPU work has: errors surface in this run, naming their op.
+  for (int gpu : plan.gpus) finishGpuStep(gpu, plan.steps);
   ++step_;
   std::vector<Tensor> out;
   out.reserve(plan.fetches.size());
   for (const Plan::FetchSlot& f : plan.fetches) {
     const Tensor& t = plan.slots[static_cast<size_t>(f.slot)];
-    out.push_back(f.cloneAfterRun ? t.clone() : t);
+    if (t.device().type != DeviceType::CPU) out.push_back(t.to(cpu()));
+    else out.push_back(f.cloneAfterRun ? t.clone() : t);
   }
   // Drop references to fed tensors so the caller's memory is not kept alive by the plan.
   for (const Plan::FeedSlot& f : plan.feeds) plan.slots[static_cast<size_t>(f.slot)] = Tensor();

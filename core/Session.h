@@ -2,7 +2,8 @@
 // with variable reads before writes, concrete shapes, kernel choice, a static memory plan that
 // reuses buffers by liveness and runs ops in place where safe), caches it by fetches, targets and
 // feed shapes, and replays it. All plans place their intermediate values in one arena, sized for
-// the largest, since plans run one at a time.
+// the largest, since plans run one at a time (one arena per device). A run that uses a GPU
+// returns when its GPU work has finished.
 #pragma once
 
 #include "core/Graph.h"
@@ -35,7 +36,9 @@ struct PlanStats {
   size_t inplaceOps = 0;     // ops that write over a dying input
 };
 
-/// Runs a Graph on the CPU and owns its variables' values.
+/// Runs a Graph and owns its variables' values. Each node runs on the device its DeviceScope
+/// named (the CPU by default); a value needed on another device is copied there by the executor.
+/// Fetched values come back on the host.
 ///
 ///     Session s(g);
 ///     auto [loss] = s.run({lossOut}, {{x, xBatch}, {y, yBatch}}, {trainStep});
@@ -89,8 +92,8 @@ class Session {
   std::unique_ptr<ThreadPool> pool_;
   std::unordered_map<const Node*, Tensor> variables_;
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
-  // One arena serves every plan (plans run one at a time), sized for the largest.
-  std::shared_ptr<Buffer> arena_;
+  // One arena per device serves every plan (plans run one at a time), sized for the largest.
+  std::vector<std::shared_ptr<Buffer>> arenas_;
   uint64_t arenaGeneration_ = 0;
   uint64_t step_ = 0;
 };

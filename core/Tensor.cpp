@@ -30,9 +30,17 @@ Tensor Tensor::full(DType dtype, Shape shape, double value) {
 
 Device Tensor::device() const { return buffer_ ? buffer_->device() : cpu(); }
 
+Tensor Tensor::to(const Device& device) const {
+  if (device == this->device()) return *this;
+  Tensor t(dtype_, shape_, device);
+  copyBytes(t.raw(), device, raw(), this->device(), bytes());
+  return t;
+}
+
 double Tensor::at(int64_t i) const {
   WEFT_CHECK(i >= 0 && i < numel(), "element {} is out of range for a tensor of shape {}", i,
              shape_.str());
+  if (device().type != DeviceType::CPU) return to(cpu()).at(i);
   return dispatchDType(dtype_, [&](auto t) {
     using T = decltype(t);
     return static_cast<double>(static_cast<const T*>(raw())[i]);
@@ -45,6 +53,7 @@ double Tensor::item() const {
 }
 
 std::vector<double> Tensor::toDoubles() const {
+  if (device().type != DeviceType::CPU) return to(cpu()).toDoubles();
   std::vector<double> out(static_cast<size_t>(numel()));
   dispatchDType(dtype_, [&](auto t) {
     using T = decltype(t);
@@ -56,7 +65,7 @@ std::vector<double> Tensor::toDoubles() const {
 
 Tensor Tensor::clone() const {
   Tensor t(dtype_, shape_, device());
-  if (bytes()) std::memcpy(t.raw(), raw(), bytes());
+  copyBytes(t.raw(), device(), raw(), device(), bytes());
   return t;
 }
 
@@ -70,10 +79,14 @@ void Tensor::copyFrom(const Tensor& src) {
   WEFT_CHECK(src.dtype_ == dtype_ && src.numel() == numel(),
              "copy of a {} tensor of shape {} into a {} tensor of shape {}", dtypeName(src.dtype_),
              src.shape_.str(), dtypeName(dtype_), shape_.str());
-  if (bytes() && raw() != src.raw()) std::memcpy(raw(), src.raw(), bytes());
+  if (raw() != src.raw()) copyBytes(raw(), device(), src.raw(), src.device(), bytes());
 }
 
 void Tensor::fill(double value) {
+  if (device().type != DeviceType::CPU) {
+    copyFrom(Tensor::full(dtype_, shape_, value));
+    return;
+  }
   dispatchDType(dtype_, [&](auto t) {
     using T = decltype(t);
     T* p = static_cast<T*>(raw());
@@ -83,6 +96,7 @@ void Tensor::fill(double value) {
 }
 
 Tensor Tensor::cast(DType to) const {
+  if (device().type != DeviceType::CPU) return this->to(cpu()).cast(to).to(device());
   Tensor out(to, shape_);
   dispatchDType(dtype_, [&](auto s) {
     using S = decltype(s);

@@ -30,7 +30,8 @@ class Buffer {
   Device device_;
 };
 
-/// A dense, row-major tensor. Copies share the buffer; `clone()` copies the data.
+/// A dense, row-major tensor on a device. Copies share the buffer; `clone()` copies the data.
+/// `data<T>()` points into the device's memory: only kernels of that device may dereference it.
 ///
 ///     Tensor t = Tensor::fromVector<float>({1, 2, 3, 4}, {2, 2});
 ///     float* p = t.data<float>();
@@ -64,7 +65,8 @@ class Tensor {
                dtypeName(DTypeOf<T>::value));
     return static_cast<T*>(raw());
   }
-  /// Element `i` (flat index) converted to double, for tests and diagnostics.
+  /// Element `i` (flat index) converted to double, for tests and diagnostics (a GPU tensor is
+  /// copied to the host first).
   double at(int64_t i) const;
   /// The single element of a one-element tensor, as double.
   double item() const;
@@ -76,11 +78,13 @@ class Tensor {
   /// All elements converted to double.
   std::vector<double> toDoubles() const;
 
-  /// A deep copy.
+  /// A deep copy on the same device.
   Tensor clone() const;
+  /// This tensor on `device`: itself when it is there already, else a copy.
+  Tensor to(const Device& device) const;
   /// The same data under another shape with the same element count.
   Tensor reshaped(Shape shape) const;
-  /// Copies `src` (same dtype and element count) into this tensor's memory.
+  /// Copies `src` (same dtype and element count, any device) into this tensor's memory.
   void copyFrom(const Tensor& src);
   /// Sets every element to `value` converted to this dtype.
   void fill(double value);

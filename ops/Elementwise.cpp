@@ -1,6 +1,8 @@
 // Elementwise ops: broadcasting binary arithmetic and comparisons, unary math, casts, AddN and
 // the broadcast adjoints (ReduceToLike / BroadcastLike) that their gradients use.
 #include "ops/Broadcast.h"
+#include "ops/ElementwiseFunctors.h"
+#include "ops/cuda/Kernels.h"
 #include "ops/OpUtil.h"
 
 #include <Eigen/Core>
@@ -88,23 +90,6 @@ void binaryKernel(KernelContext& ctx) {
   });
 }
 
-struct AddOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a + b; } };
-struct SubOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a - b; } };
-struct MulOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a * b; } };
-struct DivOp { static constexpr int64_t kCost = 2; template <class T> static T apply(T a, T b) { return a / b; } };
-struct MaxOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a >= b ? a : b; } };
-struct MinOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a <= b ? a : b; } };
-struct PowOp {
-  static constexpr int64_t kCost = 20;
-  template <class T> static T apply(T a, T b) { return static_cast<T>(std::pow(a, b)); }
-};
-struct LessOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a < b; } };
-struct LessEqualOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a <= b; } };
-struct GreaterOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a > b; } };
-struct GreaterEqualOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a >= b; } };
-struct EqualOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a == b; } };
-struct NotEqualOp { static constexpr int64_t kCost = 1; template <class T> static T apply(T a, T b) { return a != b; } };
-
 void divKernel(KernelContext& ctx) {
   if (isInteger(ctx.input(1).dtype())) {
     dispatchIndex(ctx.input(1).dtype(), [&](auto z) {
@@ -115,7 +100,7 @@ void divKernel(KernelContext& ctx) {
       }
     });
   }
-  binaryKernel<DivOp>(ctx);
+  binaryKernel<functors::Div>(ctx);
 }
 
 /// parallelFor over [0, n) in ranges that start at multiples of kChunk. Eigen evaluates the
@@ -349,17 +334,17 @@ std::vector<Grad> powGrad(GradContext& c) {
 Output op1(const std::string& op, Output x) { return addOp1(x.graph(), op, {x}); }
 Output op2(const std::string& op, Output a, Output b) { return addOp1(a.graph(), op, {a, b}); }
 
-void registerBinary(OpRegistry& r, const std::string& name, Kernel k, GradFn grad) {
+void registerBinary(OpRegistry& r, const std::string& name, Kernel k, Kernel cudaKernel, GradFn grad) {
   OpDef d(name);
-  d.inputs(2).infer(broadcastInfer).cpu(k).inplace(0);
+  d.inputs(2).infer(broadcastInfer).cpu(k).cuda(cudaKernel).inplace(0);
   if (grad) d.grad(std::move(grad));
   else d.noGradient();
   r.add(std::move(d));
 }
 
-void registerUnary(OpRegistry& r, const std::string& name, Kernel k, GradFn grad) {
+void registerUnary(OpRegistry& r, const std::string& name, Kernel k, Kernel cudaKernel, GradFn grad) {
   OpDef d(name);
-  d.inputs(1).infer(floatUnaryInfer).cpu(k).inplace(0);
+  d.inputs(1).infer(floatUnaryInfer).cpu(k).cuda(cudaKernel).inplace(0);
   if (grad) d.grad(std::move(grad));
   else d.noGradient();
   r.add(std::move(d));
@@ -442,54 +427,58 @@ Output checkNumerics(Output x, const std::string& message) {
 // ---- registration --------------------------------------------------------------------------
 
 void detail::registerElementwiseOps(OpRegistry& r) {
-  registerBinary(r, "Add", binaryKernel<AddOp>, addGrad);
-  registerBinary(r, "Sub", binaryKernel<SubOp>, subGrad);
-  registerBinary(r, "Mul", binaryKernel<MulOp>, mulGrad);
-  registerBinary(r, "Div", divKernel, divGrad);
-  registerBinary(r, "Maximum", binaryKernel<MaxOp>, maxGrad);
-  registerBinary(r, "Minimum", binaryKernel<MinOp>, minGrad);
-  registerBinary(r, "Pow", binaryKernel<PowOp>, powGrad);
-  registerBinary(r, "Less", binaryKernel<LessOp>, nullptr);
-  registerBinary(r, "LessEqual", binaryKernel<LessEqualOp>, nullptr);
-  registerBinary(r, "Greater", binaryKernel<GreaterOp>, nullptr);
-  registerBinary(r, "GreaterEqual", binaryKernel<GreaterEqualOp>, nullptr);
-  registerBinary(r, "Equal", binaryKernel<EqualOp>, nullptr);
-  registerBinary(r, "NotEqual", binaryKernel<NotEqualOp>, nullptr);
+  registerBinary(r, "Add", binaryKernel<functors::Add>, WEFT_CUDA_KERNEL(binary<functors::Add>), addGrad);
+  registerBinary(r, "Sub", binaryKernel<functors::Sub>, WEFT_CUDA_KERNEL(binary<functors::Sub>), subGrad);
+  registerBinary(r, "Mul", binaryKernel<functors::Mul>, WEFT_CUDA_KERNEL(binary<functors::Mul>), mulGrad);
+  registerBinary(r, "Div", divKernel, WEFT_CUDA_KERNEL(div), divGrad);
+  registerBinary(r, "Maximum", binaryKernel<functors::Max>, WEFT_CUDA_KERNEL(binary<functors::Max>), maxGrad);
+  registerBinary(r, "Minimum", binaryKernel<functors::Min>, WEFT_CUDA_KERNEL(binary<functors::Min>), minGrad);
+  registerBinary(r, "Pow", binaryKernel<functors::Pow>, WEFT_CUDA_KERNEL(binary<functors::Pow>), powGrad);
+  registerBinary(r, "Less", binaryKernel<functors::Less>, WEFT_CUDA_KERNEL(binary<functors::Less>), nullptr);
+  registerBinary(r, "LessEqual", binaryKernel<functors::LessEqual>, WEFT_CUDA_KERNEL(binary<functors::LessEqual>), nullptr);
+  registerBinary(r, "Greater", binaryKernel<functors::Greater>, WEFT_CUDA_KERNEL(binary<functors::Greater>), nullptr);
+  registerBinary(r, "GreaterEqual", binaryKernel<functors::GreaterEqual>, WEFT_CUDA_KERNEL(binary<functors::GreaterEqual>), nullptr);
+  registerBinary(r, "Equal", binaryKernel<functors::Equal>, WEFT_CUDA_KERNEL(binary<functors::Equal>), nullptr);
+  registerBinary(r, "NotEqual", binaryKernel<functors::NotEqual>, WEFT_CUDA_KERNEL(binary<functors::NotEqual>), nullptr);
 
-  registerUnary(r, "Neg", negKernel, [](GradContext& c) -> std::vector<Grad> { return {-c.dy()}; });
+  registerUnary(r, "Neg", negKernel, WEFT_CUDA_KERNEL(neg), [](GradContext& c) -> std::vector<Grad> { return {-c.dy()}; });
   // d/dx e^x = y
-  registerUnary(r, "Exp", expKernel, [](GradContext& c) -> std::vector<Grad> { return {c.dy() * c.y()}; });
+  registerUnary(r, "Exp", expKernel, WEFT_CUDA_KERNEL(exp), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * c.y()}; });
   // d/dx log x = 1/x
-  registerUnary(r, "Log", logKernel, [](GradContext& c) -> std::vector<Grad> { return {c.dy() / c.x(0)}; });
-  registerUnary(r, "Tanh", tanhKernel, [](GradContext& c) -> std::vector<Grad> {
+  registerUnary(r, "Log", logKernel, WEFT_CUDA_KERNEL(log), [](GradContext& c) -> std::vector<Grad> { return {c.dy() / c.x(0)}; });
+  registerUnary(r, "Tanh", tanhKernel, WEFT_CUDA_KERNEL(tanh), [](GradContext& c) -> std::vector<Grad> {
     return {op2("TanhGrad", c.dy(), c.y())};
   });
-  registerUnary(r, "Sigmoid", sigmoidKernel, [](GradContext& c) -> std::vector<Grad> {
+  registerUnary(r, "Sigmoid", sigmoidKernel, WEFT_CUDA_KERNEL(sigmoid), [](GradContext& c) -> std::vector<Grad> {
     return {op2("SigmoidGrad", c.dy(), c.y())};
   });
-  registerUnary(r, "Relu", reluKernel, [](GradContext& c) -> std::vector<Grad> {
+  registerUnary(r, "Relu", reluKernel, WEFT_CUDA_KERNEL(relu), [](GradContext& c) -> std::vector<Grad> {
     return {op2("ReluGrad", c.dy(), c.y())};
   });
   // d/dx sqrt x = 1 / (2 y)
-  registerUnary(r, "Sqrt", sqrtKernel, [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 0.5 / c.y()}; });
+  registerUnary(r, "Sqrt", sqrtKernel, WEFT_CUDA_KERNEL(sqrt), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 0.5 / c.y()}; });
   // d/dx x^-1/2 = -y^3 / 2
-  registerUnary(r, "Rsqrt", rsqrtKernel, [](GradContext& c) -> std::vector<Grad> {
+  registerUnary(r, "Rsqrt", rsqrtKernel, WEFT_CUDA_KERNEL(rsqrt), [](GradContext& c) -> std::vector<Grad> {
     return {c.dy() * (-0.5) * c.y() * c.y() * c.y()};
   });
-  registerUnary(r, "Abs", absKernel, [](GradContext& c) -> std::vector<Grad> { return {c.dy() * sign(c.x(0))}; });
-  registerUnary(r, "Square", squareKernel, [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 2.0 * c.x(0)}; });
+  registerUnary(r, "Abs", absKernel, WEFT_CUDA_KERNEL(abs), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * sign(c.x(0))}; });
+  registerUnary(r, "Square", squareKernel, WEFT_CUDA_KERNEL(square), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 2.0 * c.x(0)}; });
   // d/dx 1/x = -y^2
-  registerUnary(r, "Reciprocal", reciprocalKernel, [](GradContext& c) -> std::vector<Grad> {
+  registerUnary(r, "Reciprocal", reciprocalKernel, WEFT_CUDA_KERNEL(reciprocal), [](GradContext& c) -> std::vector<Grad> {
     return {-(c.dy() * c.y() * c.y())};
   });
-  registerUnary(r, "Sign", signKernel, nullptr);  // zero almost everywhere
-  registerUnary(r, "Sin", sinKernel, [](GradContext& c) -> std::vector<Grad> { return {c.dy() * cos(c.x(0))}; });
-  registerUnary(r, "Cos", cosKernel, [](GradContext& c) -> std::vector<Grad> { return {-(c.dy() * sin(c.x(0)))}; });
+  registerUnary(r, "Sign", signKernel, WEFT_CUDA_KERNEL(sign), nullptr);  // zero almost everywhere
+  registerUnary(r, "Sin", sinKernel, WEFT_CUDA_KERNEL(sin), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * cos(c.x(0))}; });
+  registerUnary(r, "Cos", cosKernel, WEFT_CUDA_KERNEL(cos), [](GradContext& c) -> std::vector<Grad> { return {-(c.dy() * sin(c.x(0)))}; });
 
-  for (auto [name, kernel] : {std::pair<const char*, Kernel>{"ReluGrad", reluGradKernel},
-                              std::pair<const char*, Kernel>{"SigmoidGrad", sigmoidGradKernel},
-                              std::pair<const char*, Kernel>{"TanhGrad", tanhGradKernel}}) {
-    r.add(OpDef(name).inputs(2).infer(gradHelperInfer).cpu(kernel).inplace(0).noGradient());
+  struct Helper {
+    const char* name;
+    Kernel cpu, cuda;
+  };
+  for (const Helper& h : {Helper{"ReluGrad", reluGradKernel, WEFT_CUDA_KERNEL(reluGrad)},
+                          Helper{"SigmoidGrad", sigmoidGradKernel, WEFT_CUDA_KERNEL(sigmoidGrad)},
+                          Helper{"TanhGrad", tanhGradKernel, WEFT_CUDA_KERNEL(tanhGrad)}}) {
+    r.add(OpDef(h.name).inputs(2).infer(gradHelperInfer).cpu(h.cpu).cuda(h.cuda).inplace(0).noGradient());
   }
 
   r.add(OpDef("Where")
@@ -503,7 +492,7 @@ void detail::registerElementwiseOps(OpRegistry& r) {
                       c.shape(2).str());
               return {{c.dtype(1), out}};
             })
-            .cpu(whereKernel)
+            .cpu(whereKernel).cuda(WEFT_CUDA_KERNEL(where))
             .grad([](GradContext& c) -> std::vector<Grad> {
               Output zero = zerosLike(c.dy());
               return {Grad(), reduceToLike(where(c.x(0), c.dy(), zero), c.x(1)),
@@ -514,7 +503,7 @@ void detail::registerElementwiseOps(OpRegistry& r) {
             .infer([](const InferContext& c) -> std::vector<TensorType> {
               return {{c.attrs().get<DType>("dtype"), c.shape(0)}};
             })
-            .cpu(castKernel)
+            .cpu(castKernel).cuda(WEFT_CUDA_KERNEL(cast))
             .grad([](GradContext& c) -> std::vector<Grad> {
               if (!isFloating(c.x(0).dtype()) || !isFloating(c.y().dtype())) return {Grad()};
               return {cast(c.dy(), c.x(0).dtype())};
@@ -529,15 +518,15 @@ void detail::registerElementwiseOps(OpRegistry& r) {
               }
               return {c.inputs[0]};
             })
-            .cpu(addNKernel)
+            .cpu(addNKernel).cuda(WEFT_CUDA_KERNEL(addN))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return std::vector<Grad>(c.node->inputs.size(), Grad(c.dy()));
             }));
-  r.add(OpDef("Identity").inputs(1).infer(detail::sameAsInput).cpu(copyKernel).inplace(0)
+  r.add(OpDef("Identity").inputs(1).infer(detail::sameAsInput).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy()}; }));
-  r.add(OpDef("StopGradient").inputs(1).infer(detail::sameAsInput).cpu(copyKernel).inplace(0).noGradient());
-  r.add(OpDef("ZerosLike").inputs(1).infer(detail::sameAsInput).cpu(zerosKernel).inplace(0).noGradient());
-  r.add(OpDef("OnesLike").inputs(1).infer(detail::sameAsInput).cpu(onesKernel).inplace(0).noGradient());
+  r.add(OpDef("StopGradient").inputs(1).infer(detail::sameAsInput).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).noGradient());
+  r.add(OpDef("ZerosLike").inputs(1).infer(detail::sameAsInput).cpu(zerosKernel).cuda(WEFT_CUDA_KERNEL(zeros)).inplace(0).noGradient());
+  r.add(OpDef("OnesLike").inputs(1).infer(detail::sameAsInput).cpu(onesKernel).cuda(WEFT_CUDA_KERNEL(ones)).inplace(0).noGradient());
   r.add(OpDef("CheckNumerics").inputs(1).infer(floatUnaryInfer).cpu(checkNumericsKernel)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy()}; }));
   r.add(OpDef("ReduceToLike")
@@ -549,7 +538,7 @@ void detail::registerElementwiseOps(OpRegistry& r) {
                       "shape {} is not a broadcast of {}", c.shape(0).str(), c.shape(1).str());
               return {c.inputs[1]};
             })
-            .cpu(reduceToLikeKernel)
+            .cpu(reduceToLikeKernel).cuda(WEFT_CUDA_KERNEL(reduceToLike))
             .inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {broadcastLike(c.dy(), c.x(0)), Grad()}; }));
   r.add(OpDef("BroadcastLike")
@@ -561,7 +550,7 @@ void detail::registerElementwiseOps(OpRegistry& r) {
                       "shape {} does not broadcast to {}", c.shape(0).str(), c.shape(1).str());
               return {c.inputs[1]};
             })
-            .cpu(broadcastLikeKernel)
+            .cpu(broadcastLikeKernel).cuda(WEFT_CUDA_KERNEL(broadcastLike))
             .grad([](GradContext& c) -> std::vector<Grad> { return {reduceToLike(c.dy(), c.x(0)), Grad()}; }));
 }
 

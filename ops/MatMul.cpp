@@ -2,8 +2,11 @@
 // row or column blocks of the output, so the thread count is the session's.
 #include "ops/OpUtil.h"
 
+#include "ops/cuda/Kernels.h"
+
 #include <cblas.h>
 
+#include <atomic>
 #include <mutex>
 
 namespace weft {
@@ -123,7 +126,12 @@ Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
   return detail::addOp1(a.graph(), op, {a, b}, {{"transpose_a", ta}, {"transpose_b", tb}});
 }
 
+std::atomic<bool> tf32{false};
+
 }  // namespace
+
+void allowTF32(bool allow) { tf32 = allow; }
+bool tf32Allowed() { return tf32; }
 
 Output matmul(Output a, Output b, bool transposeA, bool transposeB) {
   return addMatmul("MatMul", a, b, transposeA, transposeB);
@@ -139,11 +147,13 @@ void detail::registerMatMulOps(OpRegistry& r) {
             .inputs(2)
             .infer([](const InferContext& c) { return matmulInfer(c, false); })
             .cpu(matmulKernel)
+            .cuda(WEFT_CUDA_KERNEL(matmul))
             .grad([](GradContext& c) { return matmulGrad(c, false); }));
   r.add(OpDef("BatchMatMul")
             .inputs(2)
             .infer([](const InferContext& c) { return matmulInfer(c, true); })
             .cpu(matmulKernel)
+            .cuda(WEFT_CUDA_KERNEL(matmul))
             .grad([](GradContext& c) { return matmulGrad(c, true); }));
 }
 

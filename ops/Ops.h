@@ -82,6 +82,10 @@ Output checkNumerics(Output x, const std::string& message);
 Output matmul(Output a, Output b, bool transposeA = false, bool transposeB = false);
 /// (..., M, K) x (..., K, N) -> (..., M, N) with equal batch dimensions.
 Output batchMatmul(Output a, Output b, bool transposeA = false, bool transposeB = false);
+/// Lets f32 products on GPUs run on TF32 tensor cores (inputs rounded to a 10-bit mantissa,
+/// f32 accumulation): much faster, less exact. Off by default; the CPU is unaffected.
+void allowTF32(bool allow);
+bool tf32Allowed();
 
 // ---- Reduce.cpp ---------------------------------------------------------------------------
 /// Reductions over `axes` (all axes when empty); negative axes count from the end.

@@ -5,69 +5,32 @@
 // scalar). Weight decay adds wd * w to the gradient (L2); Adam's "decoupled" applies it to the
 // weights directly (AdamW).
 #include "ops/OpUtil.h"
+#include "ops/OptimizerRules.h"
+#include "ops/cuda/Kernels.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 
 namespace weft {
 namespace {
 
-struct Hyper {
-  double lr, wd, momentum, beta1, beta2, epsilon, biasCorrection1, biasCorrection2;
-  bool nesterov, decoupled;
-};
-
-// Rules update n elements of w (and slots s1, s2) from gradient g.
-template <class T>
-void sgdRule(const Hyper& h, T* w, T*, T*, const T* g, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) w[i] -= static_cast<T>(h.lr * (g[i] + h.wd * w[i]));
-}
-
-// accum = momentum * accum + g;  w -= lr * (nesterov ? g + momentum * accum : accum)
-template <class T>
-void momentumRule(const Hyper& h, T* w, T* accum, T*, const T* g, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double gi = g[i] + h.wd * w[i];
-    accum[i] = static_cast<T>(h.momentum * accum[i] + gi);
-    const double step = h.nesterov ? gi + h.momentum * accum[i] : accum[i];
-    w[i] -= static_cast<T>(h.lr * step);
-  }
-}
-
-// m, v: biased moment estimates; w -= lr * m^ / (sqrt(v^) + eps)
-template <class T>
-void adamRule(const Hyper& h, T* w, T* m, T* v, const T* g, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double gi = g[i] + (h.decoupled ? 0.0 : h.wd * w[i]);
-    m[i] = static_cast<T>(h.beta1 * m[i] + (1 - h.beta1) * gi);
-    v[i] = static_cast<T>(h.beta2 * v[i] + (1 - h.beta2) * gi * gi);
-    const double mhat = m[i] / h.biasCorrection1, vhat = v[i] / h.biasCorrection2;
-    w[i] -= static_cast<T>(h.lr * (mhat / (std::sqrt(vhat) + h.epsilon) + (h.decoupled ? h.wd * w[i] : 0.0)));
-  }
-}
-
-// accum += g^2;  w -= lr * g / (sqrt(accum) + eps)
-template <class T>
-void adagradRule(const Hyper& h, T* w, T* accum, T*, const T* g, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double gi = g[i] + h.wd * w[i];
-    accum[i] = static_cast<T>(accum[i] + gi * gi);
-    w[i] -= static_cast<T>(h.lr * gi / (std::sqrt(static_cast<double>(accum[i])) + h.epsilon));
-  }
-}
-
-enum class Rule { SGD, Momentum, Adam, Adagrad };
-
-int slotCount(Rule r) { return r == Rule::SGD ? 0 : r == Rule::Adam ? 2 : 1; }
+using rules::Hyper;
+using rules::Rule;
+using rules::slotCount;
 
 template <class T>
 void applyRule(Rule r, const Hyper& h, T* w, T* s1, T* s2, const T* g, int64_t n) {
+  T unused{};
+  auto loop = [&](auto rule) {
+    for (int64_t i = 0; i < n; ++i) rules::apply<decltype(rule)::value, T>(h, w[i], s1 ? s1[i] : unused, s2 ? s2[i] : unused, g[i]);
+  };
   switch (r) {
-    case Rule::SGD: sgdRule(h, w, s1, s2, g, n); break;
-    case Rule::Momentum: momentumRule(h, w, s1, s2, g, n); break;
-    case Rule::Adam: adamRule(h, w, s1, s2, g, n); break;
-    case Rule::Adagrad: adagradRule(h, w, s1, s2, g, n); break;
+    case Rule::SGD: loop(std::integral_constant<Rule, Rule::SGD>{}); break;
+    case Rule::Momentum: loop(std::integral_constant<Rule, Rule::Momentum>{}); break;
+    case Rule::Adam: loop(std::integral_constant<Rule, Rule::Adam>{}); break;
+    case Rule::Adagrad: loop(std::integral_constant<Rule, Rule::Adagrad>{}); break;
   }
 }
 
@@ -184,7 +147,7 @@ std::vector<TensorType> updateInfer(const InferContext& c, Rule rule, bool spars
 }
 
 template <Rule rule>
-void registerRule(OpRegistry& r, const std::string& name) {
+void registerRule(OpRegistry& r, const std::string& name, Kernel cudaDense) {
   const int slots = slotCount(rule);
   std::vector<int> written;
   for (int i = 0; i <= slots; ++i) written.push_back(i);
@@ -193,6 +156,7 @@ void registerRule(OpRegistry& r, const std::string& name) {
             .inputs(slots + 2 + scalars)
             .infer([](const InferContext& c) { return updateInfer(c, rule, false); })
             .cpu(denseKernel<rule>)
+            .cuda(cudaDense)
             .mutates(written)
             .noGradient());
   r.add(OpDef("SparseApply" + name)
@@ -206,10 +170,10 @@ void registerRule(OpRegistry& r, const std::string& name) {
 }  // namespace
 
 void detail::registerOptimizerOps(OpRegistry& r) {
-  registerRule<Rule::SGD>(r, "SGD");
-  registerRule<Rule::Momentum>(r, "Momentum");
-  registerRule<Rule::Adam>(r, "Adam");
-  registerRule<Rule::Adagrad>(r, "Adagrad");
+  registerRule<Rule::SGD>(r, "SGD", WEFT_CUDA_KERNEL(applySGD));
+  registerRule<Rule::Momentum>(r, "Momentum", WEFT_CUDA_KERNEL(applyMomentum));
+  registerRule<Rule::Adam>(r, "Adam", WEFT_CUDA_KERNEL(applyAdam));
+  registerRule<Rule::Adagrad>(r, "Adagrad", WEFT_CUDA_KERNEL(applyAdagrad));
 }
 
 }  // namespace weft

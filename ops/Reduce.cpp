@@ -1,6 +1,7 @@
 // Reductions over axes (Sum, Mean, Max), ArgMax, and BroadcastReduced, the adjoint that spreads a
 // reduced gradient back over the reduced axes.
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include "ops/Broadcast.h"
 
@@ -172,16 +173,16 @@ Output max(Output x, std::vector<int64_t> axes, bool keepDims) { return addReduc
 Output argmax(Output x, int64_t axis) { return detail::addOp1(x.graph(), "ArgMax", {x}, {{"axis", axis}}); }
 
 void detail::registerReduceOps(OpRegistry& r) {
-  r.add(OpDef("Sum").inputs(1).infer(reduceInfer).cpu(reduceKernel<Reduction::Sum>)
+  r.add(OpDef("Sum").inputs(1).infer(reduceInfer).cpu(reduceKernel<Reduction::Sum>).cuda(WEFT_CUDA_KERNEL(sum))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {broadcastReduced(c.dy(), c.x(0), axesAttr(c.attrs()), false)};
             }));
-  r.add(OpDef("Mean").inputs(1).infer(reduceInfer).cpu(reduceKernel<Reduction::Mean>)
+  r.add(OpDef("Mean").inputs(1).infer(reduceInfer).cpu(reduceKernel<Reduction::Mean>).cuda(WEFT_CUDA_KERNEL(mean))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {broadcastReduced(c.dy(), c.x(0), axesAttr(c.attrs()), true)};
             }));
   // The gradient is shared equally among the elements equal to the maximum.
-  r.add(OpDef("Max").inputs(1).infer(reduceInfer).cpu(reduceKernel<Reduction::Max>)
+  r.add(OpDef("Max").inputs(1).infer(reduceInfer).cpu(reduceKernel<Reduction::Max>).cuda(WEFT_CUDA_KERNEL(max))
             .grad([](GradContext& c) -> std::vector<Grad> {
               const auto axes = axesAttr(c.attrs());
               Output isMax = equal(c.x(0), broadcastReduced(c.y(), c.x(0), axes, false));
@@ -200,7 +201,7 @@ void detail::registerReduceOps(OpRegistry& r) {
               out.erase(out.begin() + axis);
               return {{i64, Shape(std::move(out))}};
             })
-            .cpu(argmaxKernel)
+            .cpu(argmaxKernel).cuda(WEFT_CUDA_KERNEL(argmax))
             .noGradient());
   r.add(OpDef("BroadcastReduced")
             .inputs(2)
@@ -212,7 +213,7 @@ void detail::registerReduceOps(OpRegistry& r) {
                       "gradient of shape {} does not match a reduction of {}", c.shape(0).str(), c.shape(1).str());
               return {c.inputs[1]};
             })
-            .cpu(broadcastReducedKernel)
+            .cpu(broadcastReducedKernel).cuda(WEFT_CUDA_KERNEL(broadcastReduced))
             .grad([](GradContext& c) -> std::vector<Grad> {
               const auto axes = axesAttr(c.attrs());
               Output g = c.attrs().get<bool>("mean") ? mean(c.dy(), axes, false) : sum(c.dy(), axes, false);

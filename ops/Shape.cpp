@@ -2,6 +2,7 @@
 // ReverseSequence, and the backward helpers that undo them using the forward input's run-time
 // shape (ReshapeLike, ConcatGrad, SliceGrad, PadGrad).
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include <fmt/ranges.h>
 
@@ -415,10 +416,10 @@ Output reverseSequence(Output x, Output lengths, int64_t seqAxis, int64_t batchA
 // ---- registration ---------------------------------------------------------------------------
 
 void detail::registerShapeOps(OpRegistry& r) {
-  r.add(OpDef("Reshape").inputs(1).infer(reshapeInfer).cpu(copyKernel).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("ExpandDims").inputs(1).infer(expandDimsInfer).cpu(copyKernel).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("Squeeze").inputs(1).infer(squeezeInfer).cpu(copyKernel).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("ReshapeLike").inputs(2).infer(reshapeLikeInfer).cpu(copyKernel).inplace(0)
+  r.add(OpDef("Reshape").inputs(1).infer(reshapeInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
+  r.add(OpDef("ExpandDims").inputs(1).infer(expandDimsInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
+  r.add(OpDef("Squeeze").inputs(1).infer(squeezeInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
+  r.add(OpDef("ReshapeLike").inputs(2).infer(reshapeLikeInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {addOp1(c.graph(), "ReshapeLike", {c.dy(), c.x(0)}), Grad()}; }));
   r.add(OpDef("Transpose").inputs(1).infer(transposeInfer).cpu(transposeKernel)
             .grad([](GradContext& c) -> std::vector<Grad> {

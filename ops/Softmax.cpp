@@ -2,6 +2,7 @@
 // are fused ops whose second output keeps the softmax probabilities, so their backward ops
 // (SoftmaxXentGrad, SparseSoftmaxXentGrad) need no recomputation.
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include <Eigen/Core>
 
@@ -266,13 +267,13 @@ Output sparseSoftmaxCrossEntropy(Output logits, Output ids, int64_t ignoreIndex)
 // ---- registration --------------------------------------------------------------------------
 
 void detail::registerSoftmaxOps(OpRegistry& r) {
-  r.add(OpDef("Softmax").inputs(1).infer(softmaxInfer).cpu(softmaxKernel<false>).inplace(0).grad(softmaxGrad));
-  r.add(OpDef("LogSoftmax").inputs(1).infer(softmaxInfer).cpu(softmaxKernel<true>).inplace(0).grad(logSoftmaxGrad));
+  r.add(OpDef("Softmax").inputs(1).infer(softmaxInfer).cpu(softmaxKernel<false>).cuda(WEFT_CUDA_KERNEL(softmax)).inplace(0).grad(softmaxGrad));
+  r.add(OpDef("LogSoftmax").inputs(1).infer(softmaxInfer).cpu(softmaxKernel<true>).cuda(WEFT_CUDA_KERNEL(logSoftmax)).inplace(0).grad(logSoftmaxGrad));
   r.add(OpDef("SoftmaxCrossEntropy").inputs(2).infer(xentInfer).cpu(softmaxXentKernel).grad(softmaxXentGrad));
   r.add(OpDef("SparseSoftmaxCrossEntropy")
             .inputs(2)
             .infer(sparseXentInfer)
-            .cpu(sparseSoftmaxXentKernel)
+            .cpu(sparseSoftmaxXentKernel).cuda(WEFT_CUDA_KERNEL(sparseSoftmaxXent))
             .grad(sparseSoftmaxXentGrad));
   r.add(OpDef("SoftmaxXentGrad")
             .inputs(3)
@@ -292,7 +293,7 @@ void detail::registerSoftmaxOps(OpRegistry& r) {
                       dtypeName(c.dtype(1)));
               return xentGradInfer(c);
             })
-            .cpu(sparseSoftmaxXentGradKernel)
+            .cpu(sparseSoftmaxXentGradKernel).cuda(WEFT_CUDA_KERNEL(sparseSoftmaxXentGrad))
             .inplace(0)
             .noGradient());
 }

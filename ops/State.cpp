@@ -1,6 +1,7 @@
 // Variable updates as ops: Assign, AssignAdd, AssignMovingAverage. They have no outputs; the
 // executor runs them after every other reader of the variable in the same step.
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 namespace weft {
 namespace {
@@ -55,9 +56,9 @@ Node* assignMovingAverage(Output variable, Output value, double decay) {
 }
 
 void detail::registerStateOps(OpRegistry& r) {
-  r.add(OpDef("Assign").inputs(2).infer(updateInfer).cpu(assignKernel).mutates({0}).noGradient());
-  r.add(OpDef("AssignAdd").inputs(2).infer(updateInfer).cpu(assignAddKernel).mutates({0}).noGradient());
-  r.add(OpDef("AssignMovingAverage").inputs(2).infer(updateInfer).cpu(movingAverageKernel).mutates({0}).noGradient());
+  r.add(OpDef("Assign").inputs(2).infer(updateInfer).cpu(assignKernel).cuda(WEFT_CUDA_KERNEL(assign)).mutates({0}).noGradient());
+  r.add(OpDef("AssignAdd").inputs(2).infer(updateInfer).cpu(assignAddKernel).cuda(WEFT_CUDA_KERNEL(assignAdd)).mutates({0}).noGradient());
+  r.add(OpDef("AssignMovingAverage").inputs(2).infer(updateInfer).cpu(movingAverageKernel).cuda(WEFT_CUDA_KERNEL(assignMovingAverage)).mutates({0}).noGradient());
 }
 
 }  // namespace weft

@@ -81,6 +81,7 @@ Node* Optimizer::applyGradients(const std::vector<std::pair<Grad, Output>>& grad
 Node* Optimizer::applyOne(const Grad& grad, Output variable, Output lr, Output step) {
   Graph& g = variable.graph();
   WEFT_CHECK(variable.node()->op == "Variable", "{}: {} is not a variable", name_, variable.name());
+  auto placed = g.onDevice(variable.node()->device);  // slots and the update live with the variable
   std::vector<Output> inputs{variable};
   for (const std::string& s : slotNames()) {
     auto key = std::make_pair(variable.node(), s);
@@ -108,6 +109,7 @@ Node* ExponentialMovingAverage::apply(const std::vector<Output>& variables, Node
   Graph& g = variables[0].graph();
   std::vector<Node*> updates;
   for (const Output& v : variables) {
+    auto placed = g.onDevice(v.node()->device);
     auto it = shadows_.find(v.node());
     if (it == shadows_.end()) {
       Output shadow = g.variable(v.node()->name + "/ExponentialMovingAverage", v.dtype(), v.shape(),

@@ -26,6 +26,7 @@ struct TrainFlags {
   std::string optimizer;
   double lr = 0, momentum = -1, weightDecay = -1, clip = -1;  // negative / 0 / "": the model's default
   int threads = 2;
+  std::string device = "cpu";
   uint64_t seed = 1;
   std::string data;
   std::string out;
@@ -98,11 +99,20 @@ class Trainer {
     common.seed = flags_.seed;
     common.data = flags_.data;
     graph_.setSeed(flags_.seed);
-    model_->build(graph_, common);
-    const models::OptimizerSpec spec = optimizerSpec(*model_, flags_);
-    optim::MinimizeOptions minimize;
-    minimize.clipGlobalNorm = spec.clipNorm;
-    trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
+    const Device device = Device::parse(flags_.device);
+    WEFT_CHECK(device.type == DeviceType::CPU || !flags_.distributed(),
+               "--device {} trains in one process; distributed training runs on CPU workers", device.str());
+    models::OptimizerSpec spec;
+    {
+      // The whole model, its gradients and its updates run on the device; batches are fed from
+      // the host and copied there by the executor.
+      auto placed = graph_.onDevice(device.type == DeviceType::CPU ? "" : device.str());
+      model_->build(graph_, common);
+      spec = optimizerSpec(*model_, flags_);
+      optim::MinimizeOptions minimize;
+      minimize.clipGlobalNorm = spec.clipNorm;
+      trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
+    }
     dist::Config config;
     config.architecture = dist::parseArchitecture(flags_.arch);
     config.partitionBytes = static_cast<size_t>(flags_.partitionBytes);
@@ -278,6 +288,8 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--weight-decay", f.weightDecay, "L2 weight decay")->check(CLI::NonNegativeNumber);
   cmd.add_option("--clip", f.clip, "clip gradients to this global norm (0: off)")->check(CLI::NonNegativeNumber);
   cmd.add_option("--threads", f.threads, "intra-op threads")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--device", f.device, "cpu or cuda:N (the GPU runs ops that have CUDA kernels; see README)")
+      ->capture_default_str();
   cmd.add_option("--seed", f.seed, "seed of weights, data order and dropout")->capture_default_str();
   cmd.add_option("--data", f.data, "real data (file or directory, see README); default: the built-in generator");
   cmd.add_option("--out", f.out, "output directory for metrics.jsonl and checkpoint.safetensors (default: runs/MODEL)");

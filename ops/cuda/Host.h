@@ -1,0 +1,52 @@
+// Helpers of the op kernels in ops/cuda/*.cpp, which run on the host and call the launchers:
+// the executor's stream, broadcast maps from shapes, dtype dispatch and error sinks.
+#pragma once
+
+#include "core/OpRegistry.h"
+#include "core/cuda/Runtime.h"
+#include "ops/cuda/Launchers.h"
+
+namespace weft::cudaops {
+
+inline cudaStream_t streamOf(const KernelContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+/// Where this step's kernels record data errors.
+inline ErrorSink errorSink(const KernelContext& ctx) { return {cuda::device(ctx.device.index).deviceError, ctx.planStep}; }
+
+/// The map from `out` to `in` (right-aligned shapes); throws beyond kMaxRank dimensions.
+BroadcastMap broadcastMap(const Shape& out, const Shape& in);
+
+/// Copies a tensor's bytes on the device (nothing when they are the same memory).
+void copyOnDevice(const KernelContext& ctx, const Tensor& src, Tensor& dst);
+
+/// Calls f(T{}) for the dtypes CUDA kernels compute in.
+template <class F>
+void dispatchAll(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: f(float{}); break;
+    case DType::F64: f(double{}); break;
+    case DType::I32: f(int32_t{}); break;
+    case DType::I64: f(int64_t{}); break;
+    default: WEFT_THROW("dtype {} has no CUDA kernels for this op", dtypeName(t));
+  }
+}
+
+template <class F>
+void dispatchFloating(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: f(float{}); break;
+    case DType::F64: f(double{}); break;
+    default: WEFT_THROW("dtype {} is not a floating type with CUDA kernels", dtypeName(t));
+  }
+}
+
+template <class F>
+void dispatchIds(DType t, F&& f) {
+  switch (t) {
+    case DType::I32: f(int32_t{}); break;
+    case DType::I64: f(int64_t{}); break;
+    default: WEFT_THROW("dtype {} is not an index type (i32 or i64)", dtypeName(t));
+  }
+}
+
+}  // namespace weft::cudaops

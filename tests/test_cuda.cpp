@@ -1,0 +1,362 @@
+// The CUDA backend against the CPU: every op with a CUDA kernel gives the CPU's values on random
+// inputs (within a tolerance by dtype), gradients pass finite-difference checks on the GPU, data
+// errors found by kernels name their op, the caching allocator stops reaching the device after
+// the first step, and a training step on the GPU matches the same step on the CPU.
+// These need a GPU: without one the binary reports why and exits as skipped (see gpu_main.cpp).
+#include "tests/TestUtil.h"
+
+#include "autodiff/Gradients.h"
+#include "nn/Layers.h"
+#include "ops/Ops.h"
+#include "optim/Optimizer.h"
+
+#include <functional>
+
+using namespace weft;
+using testing::randomInts;
+using testing::randomTensor;
+
+namespace {
+
+struct Computation {
+  std::vector<Output> outputs;
+  FeedMap feeds;
+  std::vector<Node*> targets;  // run too (a training step); fetched variables show its effect
+};
+using Build = std::function<Computation(Graph&)>;
+
+/// Builds the computation twice, on the CPU and on cuda:0, runs both and compares each output.
+void checkParity(const Build& build, double tol) {
+  Graph onCpu, onGpu;
+  const Computation c = build(onCpu);
+  Computation d;
+  {
+    auto placed = onGpu.onDevice("cuda:0");
+    d = build(onGpu);
+  }
+  Session cpuSession(onCpu), gpuSession(onGpu);
+  const std::vector<Tensor> want = cpuSession.run(c.outputs, c.feeds, c.targets);
+  const std::vector<Tensor> got = gpuSession.run(d.outputs, d.feeds, d.targets);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i].device() == cpu());
+    CHECK(got[i].dtype() == want[i].dtype());
+    CHECK(got[i].shape() == want[i].shape());
+    CHECK_CLOSE(got[i], want[i].toDoubles(), tol);
+  }
+}
+
+/// A placeholder fed with seeded random values.
+Output input(Graph& g, FeedMap& feeds, const std::string& name, DType dtype, const Shape& shape, uint64_t seed,
+             double lo = -1, double hi = 1) {
+  Output x = g.placeholder(name, dtype, shape);
+  feeds.emplace_back(x, isFloating(dtype) ? randomTensor(dtype, shape, seed, lo, hi)
+                                          : randomInts(dtype, shape, static_cast<int64_t>(lo), static_cast<int64_t>(hi), seed));
+  return x;
+}
+
+double tolFor(DType dt) { return isFloating(dt) ? testing::toleranceFor(dt) : 0; }
+
+}  // namespace
+
+TEST_CASE("binary ops match the CPU, with and without broadcasting") {
+  using BinaryOp = Output (*)(Output, Output);
+  const std::vector<std::pair<const char*, BinaryOp>> ops{
+      {"add", add}, {"sub", sub}, {"mul", mul}, {"div", div}, {"maximum", maximum}, {"minimum", minimum},
+      {"pow", pow}, {"less", less}, {"lessEqual", lessEqual}, {"greater", greater},
+      {"greaterEqual", greaterEqual}, {"equal", equal}, {"notEqual", notEqual}};
+  const std::vector<std::pair<Shape, Shape>> shapes{
+      {{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{5}, {}}, {{}, {2, 3}}, {{1, 70, 33}, {70, 1}}};
+  for (DType dt : {f32, f64}) {
+    for (const auto& [name, op] : ops) {
+      for (const auto& [sa, sb] : shapes) {
+        CAPTURE(name);
+        CAPTURE(dtypeName(dt));
+        CAPTURE(sa.str());
+        CAPTURE(sb.str());
+        const bool positive = std::string(name) == "pow" || std::string(name) == "div";
+        checkParity([&, op = op](Graph& g) {
+          Computation c;
+          Output a = input(g, c.feeds, "a", dt, sa, 1, positive ? 0.5 : -2, 2);
+          Output b = input(g, c.feeds, "b", dt, sb, 2, positive ? 0.5 : -2, 2);
+          c.outputs = {op(a, b)};
+          return c;
+        }, tolFor(dt));
+      }
+    }
+  }
+}
+
+TEST_CASE("integer arithmetic matches the CPU exactly") {
+  for (DType dt : {i32, i64}) {
+    CAPTURE(dtypeName(dt));
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output a = input(g, c.feeds, "a", dt, {6, 5}, 3, -50, 50);
+      Output b = input(g, c.feeds, "b", dt, {5}, 4, 1, 9);
+      c.outputs = {a + b, a - b, a * b, a / b, maximum(a, b), equal(a, b)};
+      return c;
+    }, 0);
+  }
+}
+
+TEST_CASE("unary ops match the CPU") {
+  using UnaryOp = Output (*)(Output);
+  const std::vector<std::pair<const char*, UnaryOp>> ops{
+      {"neg", neg}, {"exp", exp}, {"tanh", tanh}, {"sigmoid", sigmoid}, {"relu", relu}, {"abs", abs},
+      {"square", square}, {"sign", sign}, {"sin", sin}, {"cos", cos}};
+  const std::vector<std::pair<const char*, UnaryOp>> positiveOps{
+      {"log", log}, {"sqrt", sqrt}, {"rsqrt", rsqrt}, {"reciprocal", reciprocal}};
+  for (DType dt : {f32, f64}) {
+    for (const auto& [name, op] : ops) {
+      CAPTURE(name);
+      checkParity([&, op = op](Graph& g) {
+        Computation c;
+        c.outputs = {op(input(g, c.feeds, "x", dt, {7, 300}, 5, -3, 3))};
+        return c;
+      }, tolFor(dt));
+    }
+    for (const auto& [name, op] : positiveOps) {
+      CAPTURE(name);
+      checkParity([&, op = op](Graph& g) {
+        Computation c;
+        c.outputs = {op(input(g, c.feeds, "x", dt, {7, 300}, 6, 0.1, 4))};
+        return c;
+      }, tolFor(dt));
+    }
+  }
+}
+
+TEST_CASE("where, cast, addN, fills and copies match the CPU") {
+  checkParity([](Graph& g) {
+    Computation c;
+    Output x = input(g, c.feeds, "x", f32, {4, 6}, 7);
+    Output y = input(g, c.feeds, "y", f32, {6}, 8);
+    Output k = input(g, c.feeds, "k", i64, {4, 6}, 9, -5, 5);
+    c.outputs = {where(greater(x, y), x, y), cast(x, f64), cast(k, f32), cast(x * 10.0, i32), addN({x, x * 2.0, x + 1.0}),
+                 zerosLike(x), onesLike(k), identity(x), reshape(x, {3, 8}), broadcastLike(y, x)};
+    return c;
+  }, 1e-6);
+}
+
+TEST_CASE("reductions match the CPU over every axis pattern") {
+  const std::vector<std::vector<int64_t>> axesList{{}, {0}, {1}, {2}, {-1}, {0, 2}, {0, 1}, {1, 2}};
+  for (DType dt : {f32, f64, i64}) {
+    for (const auto& axes : axesList) {
+      for (bool keep : {false, true}) {
+        CAPTURE(dtypeName(dt));
+        CAPTURE(axes.size());
+        CAPTURE(keep);
+        checkParity([&](Graph& g) {
+          Computation c;
+          Output x = input(g, c.feeds, "x", dt, {3, 40, 5}, 10, -9, 9);
+          c.outputs = {sum(x, axes, keep), max(x, axes, keep)};
+          if (isFloating(dt)) c.outputs.push_back(mean(x, axes, keep));
+          return c;
+        }, tolFor(dt) * 10);
+      }
+    }
+  }
+}
+
+TEST_CASE("a reduction over a million elements matches the CPU") {
+  checkParity([](Graph& g) {
+    Computation c;
+    Output x = input(g, c.feeds, "x", f64, {1000, 1000}, 11);
+    c.outputs = {sum(x), sum(x, {0}), mean(x, {1}), max(x)};
+    return c;
+  }, 1e-9);
+}
+
+TEST_CASE("argmax matches the CPU on every axis") {
+  for (int64_t axis : {0, 1, -1}) {
+    CAPTURE(axis);
+    checkParity([&](Graph& g) {
+      Computation c;
+      c.outputs = {argmax(input(g, c.feeds, "x", f32, {6, 33, 4}, 12), axis)};
+      return c;
+    }, 0);
+  }
+}
+
+TEST_CASE("matrix products match the CPU for every transpose and in batches") {
+  for (DType dt : {f32, f64}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        CAPTURE(dtypeName(dt));
+        CAPTURE(ta);
+        CAPTURE(tb);
+        checkParity([&](Graph& g) {
+          Computation c;
+          const int64_t m = 37, k = 19, n = 45;
+          Output a = input(g, c.feeds, "a", dt, ta ? Shape{k, m} : Shape{m, k}, 13);
+          Output b = input(g, c.feeds, "b", dt, tb ? Shape{n, k} : Shape{k, n}, 14);
+          Output ba = input(g, c.feeds, "ba", dt, ta ? Shape{3, k, m} : Shape{3, m, k}, 15);
+          Output bb = input(g, c.feeds, "bb", dt, tb ? Shape{3, n, k} : Shape{3, k, n}, 16);
+          c.outputs = {matmul(a, b, ta, tb), batchMatmul(ba, bb, ta, tb)};
+          return c;
+        }, tolFor(dt));
+      }
+    }
+  }
+}
+
+TEST_CASE("softmax, log-softmax and sparse cross-entropy match the CPU") {
+  for (int64_t width : {1, 7, 1000, 5000}) {
+    CAPTURE(width);
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output x = input(g, c.feeds, "x", f32, {9, width}, 17, -5, 5);
+      Output ids = g.placeholder("ids", i64, {9});
+      std::vector<int64_t> labels;
+      for (int64_t i = 0; i < 9; ++i) labels.push_back(i == 4 ? -100 : (i * 31) % width);
+      c.feeds.emplace_back(ids, Tensor::fromVector<int64_t>(labels, {9}));
+      Output loss = sparseSoftmaxCrossEntropy(x, ids, -100);
+      c.outputs = {softmax(x), logSoftmax(x), loss, gradients(sum(loss * loss), {x})[0].dense};
+      return c;
+    }, 1e-5);
+  }
+}
+
+TEST_CASE("gradients computed on the GPU pass finite-difference checks") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  Output a = g.placeholder("a", f64, {4, 5});
+  Output b = g.placeholder("b", f64, {5, 3});
+  Output bias = g.placeholder("bias", f64, {3});
+  Output h = matmul(a, b) + bias;
+  Output y = sum(tanh(h) * sigmoid(h) + relu(h) / (1.0 + square(h)), {1}) + mean(exp(h * 0.1), {0, 1});
+  const FeedMap feeds{{a, randomTensor(f64, {4, 5}, 18)}, {b, randomTensor(f64, {5, 3}, 19)},
+                      {bias, randomTensor(f64, {3}, 20)}};
+  CHECK_GRADIENTS(checkGradients(g, y, {a, b, bias}, feeds));
+}
+
+TEST_CASE("an out-of-range label found on the GPU fails the run, naming the op and the value") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  Output logits = g.placeholder("logits", f32, {3, 4});
+  Output ids = g.placeholder("ids", i64, {3});
+  Output loss = sparseSoftmaxCrossEntropy(logits, ids);
+  Session s(g);
+  const std::string e = errorOf([&] {
+    s.run({loss}, {{logits, randomTensor(f32, {3, 4}, 21)}, {ids, Tensor::fromVector<int64_t>({0, 9, 1}, {3})}});
+  });
+  CHECK(contains(e, "SparseSoftmaxCrossEntropy"));
+  CHECK(contains(e, "index 9 at position 1 is outside [0, 4)"));
+  // The session is still usable.
+  const Tensor ok = s.run({loss}, {{logits, randomTensor(f32, {3, 4}, 21)}, {ids, Tensor::fromVector<int64_t>({0, 3, 1}, {3})}})[0];
+  CHECK(ok.numel() == 3);
+}
+
+TEST_CASE("integer division by zero on the GPU fails the run") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  Output a = g.placeholder("a", i64, {3});
+  Output b = g.placeholder("b", i64, {3});
+  Session s(g);
+  const std::string e = errorOf([&] {
+    s.run({a / b}, {{a, Tensor::fromVector<int64_t>({1, 2, 3}, {3})}, {b, Tensor::fromVector<int64_t>({1, 0, 1}, {3})}});
+  });
+  CHECK(contains(e, "integer division by zero (divisor element 1)"));
+}
+
+TEST_CASE("values cross between devices where their consumers run") {
+  Graph g;
+  Output x = g.placeholder("x", f32, {2, 3});
+  Output onGpu, back;
+  {
+    auto placed = g.onDevice("cuda:0");
+    onGpu = exp(x);
+  }
+  back = onGpu * 2.0;  // on the CPU
+  Output again;
+  {
+    auto placed = g.onDevice("cuda:0");
+    again = back + onGpu;
+  }
+  Session s(g);
+  const Tensor xv = randomTensor(f32, {2, 3}, 22);
+  const std::vector<Tensor> out = s.run({onGpu, back, again}, {{x, xv}});
+  std::vector<double> e, b2, a3;
+  for (double v : xv.toDoubles()) {
+    e.push_back(std::exp(v));
+    b2.push_back(2 * std::exp(v));
+    a3.push_back(3 * std::exp(v));
+  }
+  CHECK_CLOSE(out[0], e, 1e-6);
+  CHECK_CLOSE(out[1], b2, 1e-6);
+  CHECK_CLOSE(out[2], a3, 1e-6);
+}
+
+TEST_CASE("the caching allocator serves every step after the first from its cache") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  Output x = g.placeholder("x", f32, {64, 128});
+  nn::Linear layer(g, "fc", 128, 256);
+  Output loss = mean(square(layer(x)));
+  Node* step = optim::Adam(1e-3).minimize(loss);
+  Session s(g);
+  const FeedMap feeds{{x, randomTensor(f32, {64, 128}, 23)}};
+  s.run({loss}, feeds, {step});
+  const MemoryStats warm = memoryStats(Device::parse("cuda:0"));
+  for (int i = 0; i < 5; ++i) s.run({loss}, feeds, {step});
+  const MemoryStats after = memoryStats(Device::parse("cuda:0"));
+  CHECK(after.deviceAllocations == warm.deviceAllocations);
+  CHECK(after.allocations > warm.allocations);
+  CHECK(after.reservedBytes >= after.allocatedBytes);
+  CHECK(after.peakAllocatedBytes >= after.allocatedBytes);
+}
+
+TEST_CASE("optimizer updates on the GPU match the CPU") {
+  using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>()>;
+  const std::vector<std::pair<const char*, MakeOptimizer>> optimizers{
+      {"sgd", [] { return std::make_unique<optim::SGD>(0.1, 1e-2); }},
+      {"momentum", [] { return std::make_unique<optim::Momentum>(0.1, 0.9, true, 1e-2); }},
+      {"adam", [] { return std::make_unique<optim::Adam>(0.01); }},
+      {"adagrad", [] { return std::make_unique<optim::Adagrad>(0.1); }}};
+  for (const auto& [name, make] : optimizers) {
+    CAPTURE(name);
+    checkParity([&, make = make](Graph& g) {
+      Computation c;
+      Output x = input(g, c.feeds, "x", f32, {16, 10}, 24);
+      Output labels = input(g, c.feeds, "labels", i64, {16}, 25, 0, 4);
+      nn::Linear hidden(g, "hidden", 10, 32), out(g, "out", 32, 4);
+      Output loss = nn::meanSparseCrossEntropy(out(relu(hidden(x))), labels);
+      c.targets = {make()->minimize(loss)};
+      c.outputs = {loss, hidden.weight, hidden.bias, out.weight};  // values after the update
+      return c;
+    }, 1e-5);
+  }
+}
+
+TEST_CASE("training an MLP on the GPU follows the CPU step for step") {
+  auto build = [](Graph& g, Output& loss, Node*& step, Output& x, Output& labels) {
+    x = g.placeholder("x", f32, {32, 20});
+    labels = g.placeholder("labels", i64, {32});
+    nn::Linear l1(g, "l1", 20, 64), l2(g, "l2", 64, 64), l3(g, "l3", 64, 5);
+    loss = nn::meanSparseCrossEntropy(l3(relu(l2(relu(l1(x))))), labels);
+    step = optim::Adam(1e-2).minimize(loss);
+  };
+  Graph onCpu, onGpu;
+  Output lossC, lossG, xC, xG, yC, yG;
+  Node *stepC = nullptr, *stepG = nullptr;
+  build(onCpu, lossC, stepC, xC, yC);
+  {
+    auto placed = onGpu.onDevice("cuda:0");
+    build(onGpu, lossG, stepG, xG, yG);
+  }
+  Session cpuSession(onCpu), gpuSession(onGpu);
+  for (int i = 0; i < 10; ++i) {
+    const Tensor xv = randomTensor(f32, {32, 20}, 100 + static_cast<uint64_t>(i));
+    const Tensor yv = randomInts(i64, {32}, 0, 5, 200 + static_cast<uint64_t>(i));
+    const double a = cpuSession.run({lossC}, {{xC, xv}, {yC, yv}}, {stepC})[0].item();
+    const double b = gpuSession.run({lossG}, {{xG, xv}, {yG, yv}}, {stepG})[0].item();
+    CAPTURE(i);
+    CHECK(b == doctest::Approx(a).epsilon(1e-4));
+  }
+  for (const char* name : {"l1/weight", "l2/bias", "l3/weight"}) {
+    CAPTURE(name);
+    CHECK_CLOSE(gpuSession.variable(name), cpuSession.variable(name).toDoubles(), 1e-4);
+  }
+}
