@@ -11,6 +11,7 @@
 #include <cmath>
 #include <queue>
 #include <set>
+#include <string_view>
 
 namespace weft {
 
@@ -71,22 +72,27 @@ void makeCurrent(int gpu) {
 #endif
 }
 
-/// Waits for a GPU's work in this step and raises the first data error its kernels recorded,
-/// naming the op (kernels cannot throw).
+/// Waits for a GPU's work in this step and returns the data error its kernels recorded, if any,
+/// as a message naming the op (kernels cannot throw); clears the record.
 template <class Steps>
-void finishGpuStep(int gpu, const Steps& steps) {
+std::string finishGpuStep(int gpu, const Steps& steps) {
 #ifdef WEFT_HAVE_CUDA
   cuda::DeviceState& d = cuda::device(gpu);
   cuda::setCurrent(gpu);
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(d.hostError, d.deviceError, sizeof(cuda::KernelError), cudaMemcpyDeviceToHost, d.compute));
   WEFT_CUDA_CHECK(cudaStreamSynchronize(d.compute));
   const cuda::KernelError e = *d.hostError;
-  if (!e.kind) return;
-  *d.hostError = {};
-  const std::string op = steps[static_cast<size_t>(e.step)].ctx.node->describe();
+  if (!e.kind) return {};
+  WEFT_CUDA_CHECK(cudaMemsetAsync(d.deviceError, 0, sizeof(cuda::KernelError), d.compute));
+  const std::string op = e.step >= 0 && static_cast<size_t>(e.step) < steps.size()
+                             ? steps[static_cast<size_t>(e.step)].ctx.node->describe()
+                             : fmt::format("a kernel on cuda:{}", gpu);
   if (e.kind == cuda::KernelError::IntegerDivisionByZero) {
-    WEFT_THROW("{}: integer division by zero (divisor element {})", op, e.position);
+    return fmt::format("{}: integer division by zero (divisor element {})", op, e.position);
   }
-  WEFT_THROW("{}: index {} at position {} is outside [0, {})", op, e.value, e.position, e.limit);
+  return fmt::format("{}: id {} at position {} is outside [0, {})", op, e.value, e.position, e.limit);
+#else
+  return {};
 #endif
 }
 
@@ -590,29 +596,34 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
   for (const Plan::FetchSlot& f : plan.fetches) {
     if (f.allocatePerRun) {
       const TensorType& t = plan.slotTypes[static_cast<size_t>(f.slot)];
-      plan.slots[static_cast<size_t>(f.slot)] = Tensor(t.dtype, t.shape, plan.slotDevices[static_cast<size_t>(f.slot)]);
+      Tensor& slot = plan.slots[static_cast<size_t>(f.slot)];
+      slot = Tensor();  // the last run's buffer goes back first, so the next can reuse it
+      slot = Tensor(t.dtype, t.shape, plan.slotDevices[static_cast<size_t>(f.slot)]);
     }
   }
-  int currentGpu = -1;
-  for (Plan::Step& s : plan.steps) {
-    s.ctx.step = step_;
-    if (s.ctx.device.type == DeviceType::CUDA && s.ctx.device.index != currentGpu) {
-      currentGpu = s.ctx.device.index;
-      makeCurrent(currentGpu);
+  try {
+    runSteps(plan);
+  } catch (const std::exception& e) {
+    // A GPU error recorded earlier in the step is the likelier cause; it is also cleared here.
+    std::string gpuError;
+    for (int gpu : plan.gpus) {
+      try {
+        const std::string m = finishGpuStep(gpu, plan.steps);
+        if (gpuError.empty()) gpuError = m;
+      } catch (const std::exception&) {
+        // The original error says more.
+      }
     }
-    try {
-      s.kernel(s.ctx);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      WEFT_THROW("{}: {}", s.ctx.node->describe(), e.what());
-    }
-    if (options_.checkNumerics) {
-      for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
-    }
+    if (!gpuError.empty()) throw Error(gpuError);
+    throw;
   }
   // A step ends when its GPU work has: errors surface in this run, naming their op.
-  for (int gpu : plan.gpus) finishGpuStep(gpu, plan.steps);
+  std::string gpuError;
+  for (int gpu : plan.gpus) {
+    const std::string m = finishGpuStep(gpu, plan.steps);
+    if (gpuError.empty()) gpuError = m;
+  }
+  if (!gpuError.empty()) throw Error(gpuError);
   ++step_;
   std::vector<Tensor> out;
   out.reserve(plan.fetches.size());
@@ -624,6 +635,27 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
   // Drop references to fed tensors so the caller's memory is not kept alive by the plan.
   for (const Plan::FeedSlot& f : plan.feeds) plan.slots[static_cast<size_t>(f.slot)] = Tensor();
   return out;
+}
+
+void Session::runSteps(Plan& plan) {
+  for (Plan::Step& s : plan.steps) {
+    s.ctx.step = step_;
+    // Copies and allocations may change the thread's current GPU, so each GPU step sets it.
+    if (s.ctx.device.type == DeviceType::CUDA) makeCurrent(s.ctx.device.index);
+    try {
+      s.kernel(s.ctx);
+    } catch (const Error& e) {
+      // CPU kernels name their op when they fail; a GPU launch failure is named here.
+      const std::string op = s.ctx.node->describe();
+      if (s.ctx.device.type == DeviceType::CPU || std::string_view(e.what()).find(op) != std::string_view::npos) throw;
+      WEFT_THROW("{} on {}: {}", op, s.ctx.device.str(), e.what());
+    } catch (const std::exception& e) {
+      WEFT_THROW("{}: {}", s.ctx.node->describe(), e.what());
+    }
+    if (options_.checkNumerics) {
+      for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
+    }
+  }
 }
 
 PlanStats Session::planStats(const std::vector<Output>& fetches, const FeedMap& feeds,

@@ -84,6 +84,8 @@ class Session {
                                 const std::vector<Node*>& targets);
   Tensor initialValue(Node* variable);
   void initializeVariable(Node* variable);
+  /// Runs the plan's kernels in order.
+  void runSteps(Plan& plan);
   /// Points the plan's intermediate values into the session's arena, growing it if needed.
   void bindArena(Plan& plan);
 

@@ -70,8 +70,10 @@ class Tensor {
   double at(int64_t i) const;
   /// The single element of a one-element tensor, as double.
   double item() const;
+  /// All elements, on the host.
   template <class T>
   std::vector<T> toVector() const {
+    if (device().type != DeviceType::CPU) return to(cpu()).toVector<T>();
     const T* p = data<T>();
     return std::vector<T>(p, p + numel());
   }

@@ -1,5 +1,6 @@
 // The record of a data error found by a CUDA kernel (an id out of range, say). Kernels cannot
-// throw, so the first one of a step is written here (host memory mapped into the device) and
+// throw, so one error of a step is written here (in device memory; the thread that gets there
+// first wins, so with several bad elements it names one of them, not necessarily the first) and
 // the executor raises it, naming the op, once the step's work has finished. Plain data: device
 // code includes this header.
 #pragma once

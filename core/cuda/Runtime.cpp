@@ -105,9 +105,10 @@ Gpu& gpu(int index) {
     setCurrent(index);
     g->state.index = index;
     WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->state.compute, cudaStreamNonBlocking));
-    WEFT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&g->state.hostError), sizeof(KernelError), cudaHostAllocMapped));
+    WEFT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&g->state.hostError), sizeof(KernelError)));
     *g->state.hostError = {};
-    WEFT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&g->state.deviceError), g->state.hostError, 0));
+    WEFT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&g->state.deviceError), sizeof(KernelError)));
+    WEFT_CUDA_CHECK(cudaMemset(g->state.deviceError, 0, sizeof(KernelError)));
     g->memory = std::make_unique<GpuMemory>(index);
     g->allocator = std::make_unique<CachingAllocator>(*g->memory, fmt::format("cuda:{}", index));
     g->state.allocator = g->allocator.get();
@@ -151,12 +152,15 @@ void cudaCopy(void* dst, const Device& dstDevice, const void* src, const Device&
   const bool toGpu = dstDevice.type == DeviceType::CUDA, fromGpu = srcDevice.type == DeviceType::CUDA;
   const cuda::DeviceState& d = cuda::device(toGpu ? dstDevice.index : srcDevice.index);
   cuda::setCurrent(d.index);
-  // Queued after the kernels on the compute stream. Host tensors live in pageable memory, for
-  // which the runtime returns from a host-to-device copy once the source has been read and from
-  // a device-to-host copy once the data has landed: host memory may be reused at once.
+  // Queued after the kernels on the compute stream. Host tensors live in pageable memory: the
+  // runtime returns from an asynchronous copy from pageable memory once the source has been
+  // staged, and from one to pageable memory once the data has landed (CUDA's "API
+  // synchronization behavior"), so host memory may be reused at once.
   if (toGpu && fromGpu && dstDevice.index != srcDevice.index) {
     cudaSynchronize(srcDevice.index);
     WEFT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dstDevice.index, src, srcDevice.index, bytes, d.compute));
+    // The source GPU's later work may reuse the source's memory: the copy must be done first.
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(d.compute));
     return;
   }
   const cudaMemcpyKind kind = toGpu && fromGpu ? cudaMemcpyDeviceToDevice

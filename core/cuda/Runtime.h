@@ -29,8 +29,8 @@ struct DeviceState {
   int index = 0;
   cudaStream_t compute = nullptr;  // every kernel of the executor runs here, in plan order
   CachingAllocator* allocator = nullptr;
-  KernelError* hostError = nullptr;    // mapped host memory...
-  KernelError* deviceError = nullptr;  // ...and its device address
+  KernelError* deviceError = nullptr;  // where kernels record data errors...
+  KernelError* hostError = nullptr;    // ...and its pinned host copy, read once per step
 };
 
 /// The state of GPU `index`; throws when it does not exist.

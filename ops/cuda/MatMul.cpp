@@ -63,6 +63,9 @@ void matmul(KernelContext& ctx) {
   for (int i = 0; i < r - 2; ++i) batch *= a.shape()[i];
   if (c.numel() == 0) return;
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+  constexpr int64_t kIntMax = 2147483647;
+  WEFT_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax && batch <= kIntMax,
+             "a GPU matrix product of {} x {} x {} (batch {}) exceeds cuBLAS's 32-bit dimensions", m, k, n, batch);
   cublasHandle_t h = handleFor(ctx.device.index);
   checkBlas(cublasSetStream(h, static_cast<cudaStream_t>(ctx.stream)), "cublasSetStream");
   const cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
