@@ -53,6 +53,11 @@ struct KernelContext {
 
   const Tensor& input(int i) const { return *inputs[static_cast<size_t>(i)]; }
   Tensor& output(int i) const { return *outputs[static_cast<size_t>(i)]; }
+  /// The elements of input or output i as T (checked against its dtype).
+  template <class T>
+  const T* in(int i) const { return input(i).template data<T>(); }
+  template <class T>
+  T* out(int i) const { return output(i).template data<T>(); }
   int numInputs() const { return static_cast<int>(inputs.size()); }
   const Attrs& attrs() const { return node->attrs; }
   void parallelFor(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& f) const {

@@ -1,6 +1,9 @@
 // Counter-based random numbers: value i of stream (seed) is a pure function of (seed, i), so
-// results do not depend on thread count or on the order in which elements are drawn.
+// results do not depend on thread count or on the order in which elements are drawn, and a GPU
+// kernel draws exactly what the CPU draws.
 #pragma once
+
+#include "core/HostDevice.h"
 
 #include <cmath>
 #include <cstdint>
@@ -9,7 +12,7 @@
 namespace weft {
 
 /// SplitMix64 finaliser: a bijective 64-bit mix with good avalanche.
-inline uint64_t mix64(uint64_t x) {
+WEFT_HOST_DEVICE inline uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -24,7 +27,7 @@ inline uint64_t streamKey(uint64_t seed, const std::string& label) {
 }
 
 /// Uniform in [0, 1) with 53 random bits.
-inline double uniformAt(uint64_t key, uint64_t i) {
+WEFT_HOST_DEVICE inline double uniformAt(uint64_t key, uint64_t i) {
   return static_cast<double>(mix64(key ^ mix64(i)) >> 11) * (1.0 / 9007199254740992.0);
 }
 

@@ -2,6 +2,7 @@
 // SparseSquaredNorm) and clipByGlobalNorm, which composes them. Sums are taken in double over
 // fixed blocks, so a norm does not depend on the thread count.
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include <algorithm>
 #include <numeric>
@@ -145,9 +146,9 @@ void detail::registerClipOps(OpRegistry& r) {
   r.add(OpDef("SquaredNorm")
             .inputs(1)
             .infer(squaredNormInfer)
-            .cpu(squaredNormKernel)
+            .cpu(squaredNormKernel).cuda(WEFT_CUDA_KERNEL(squaredNorm))
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.x(0) * (c.dy() * 2.0)}; }));
-  r.add(OpDef("SparseSquaredNorm").inputs(2).infer(sparseSquaredNormInfer).cpu(sparseSquaredNormKernel).noGradient());
+  r.add(OpDef("SparseSquaredNorm").inputs(2).infer(sparseSquaredNormInfer).cpu(sparseSquaredNormKernel).cuda(WEFT_CUDA_KERNEL(sparseSquaredNorm)).noGradient());
 }
 
 }  // namespace weft

@@ -5,6 +5,7 @@
 // single-threaded.
 #include "ops/ConvDirect.h"
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include <cblas.h>
 
@@ -496,6 +497,7 @@ void detail::registerConvOps(OpRegistry& r) {
             .inputs(2)
             .infer(conv2dInfer)
             .cpu(conv2dKernel)
+            .cuda(WEFT_CUDNN_KERNEL(conv2d))
             .grad([](GradContext& c) -> std::vector<Grad> {
               const Attrs& a = c.attrs();
               return {addOp1(c.graph(), "Conv2DBackpropInput", {c.dy(), c.x(1), c.x(0)}, a),
@@ -505,11 +507,13 @@ void detail::registerConvOps(OpRegistry& r) {
             .inputs(3)
             .infer([](const InferContext& c) { return convBackpropInfer(c, 0, 2, 1, 2); })
             .cpu(conv2dBackpropInputKernel)
+            .cuda(WEFT_CUDNN_KERNEL(conv2dBackpropInput))
             .noGradient());
   r.add(OpDef("Conv2DBackpropFilter")
             .inputs(3)
             .infer([](const InferContext& c) { return convBackpropInfer(c, 1, 0, 2, 2); })
             .cpu(conv2dBackpropFilterKernel)
+            .cuda(WEFT_CUDNN_KERNEL(conv2dBackpropFilter))
             .noGradient());
   r.add(OpDef("MaxPool2D")
             .inputs(1)

@@ -2,15 +2,11 @@
 // (ops/Elementwise.cpp) and CUDA kernels (ops/cuda/Elementwise.cu), so both compute one formula.
 #pragma once
 
+#include "core/HostDevice.h"
+
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-
-#ifdef __CUDACC__
-#define WEFT_HOST_DEVICE __host__ __device__
-#else
-#define WEFT_HOST_DEVICE
-#endif
 
 namespace weft::functors {
 

@@ -1,6 +1,7 @@
 // Row gathers and scatters: Gather (embedding lookup, with a sparse gradient for its table),
 // ScatterAdd and UnsortedSegmentSum (the dense form of a sparse gradient).
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include <cstring>
 
@@ -136,12 +137,12 @@ Output unsortedSegmentSum(Output data, Output segmentIds, int64_t numSegments) {
 }
 
 void detail::registerEmbeddingOps(OpRegistry& r) {
-  r.add(OpDef("Gather").inputs(2).infer(gatherInfer).cpu(gatherKernel).grad(gatherGrad));
+  r.add(OpDef("Gather").inputs(2).infer(gatherInfer).cpu(gatherKernel).cuda(WEFT_CUDA_KERNEL(gather)).grad(gatherGrad));
   // d/dx = dy;  d/dupdates[i] = dy[ids[i]]
-  r.add(OpDef("ScatterAdd").inputs(3).infer(scatterAddInfer).cpu(scatterAddKernel).inplace(0)
+  r.add(OpDef("ScatterAdd").inputs(3).infer(scatterAddInfer).cpu(scatterAddKernel).cuda(WEFT_CUDA_KERNEL(scatterAdd)).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy(), Grad(), gather(c.dy(), c.x(1))}; }));
   // d/ddata[i] = dy[ids[i]]
-  r.add(OpDef("UnsortedSegmentSum").inputs(2, 3).infer(segmentSumInfer).cpu(segmentSumKernel)
+  r.add(OpDef("UnsortedSegmentSum").inputs(2, 3).infer(segmentSumInfer).cpu(segmentSumKernel).cuda(WEFT_CUDA_KERNEL(segmentSum))
             .grad([](GradContext& c) -> std::vector<Grad> {
               std::vector<Grad> grads(c.node->inputs.size());
               grads[0] = gather(c.dy(), c.x(1));

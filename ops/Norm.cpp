@@ -2,7 +2,9 @@
 // training mode (batch statistics) and inference mode (given statistics), with fused backward
 // ops. Kernels view x as (N, C, S), split the channels across the pool and accumulate in double,
 // in interleaved partial sums that the compiler turns into vector additions.
+#include "ops/NormFormulas.h"
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -101,14 +103,7 @@ void gradSums(const ChannelLayout& l, int64_t lo, int64_t hi, const T* dy, const
   });
 }
 
-/// The coefficients of combineGrad for one channel of m elements, from the batch's sum(dy) and
-/// sum(dy xhat) and the gradients of the statistics outputs.
-void gradCoefficients(double gamma, double invstd, double m, double sumDy, double sumDyXhat, double dmean,
-                      double dvar, double& a, double& b, double& c) {
-  a = gamma * invstd;
-  b = m > 0 ? (2.0 * dvar - a * invstd * sumDyXhat) / m : 0.0;
-  c = m > 0 ? (dmean - a * sumDy) / m : 0.0;
-}
+using norm::gradCoefficients;
 
 /// dx = a * dy + b * (x - mean) + c, per channel.
 template <class T>
@@ -517,12 +512,12 @@ BatchNormOutputs batchNormFromMoments(Output x, Output gamma, Output beta, Outpu
 }
 
 void detail::registerNormOps(OpRegistry& r) {
-  r.add(OpDef("BatchNormTrain").inputs(3).infer(trainInfer).cpu(batchNormTrainKernel).grad(batchNormTrainGrad));
-  r.add(OpDef("BatchNormGrad").inputs(5, 7).infer(trainGradInfer).cpu(batchNormGradKernel).noGradient());
+  r.add(OpDef("BatchNormTrain").inputs(3).infer(trainInfer).cpu(batchNormTrainKernel).cuda(WEFT_CUDA_KERNEL(batchNormTrain)).grad(batchNormTrainGrad));
+  r.add(OpDef("BatchNormGrad").inputs(5, 7).infer(trainGradInfer).cpu(batchNormGradKernel).cuda(WEFT_CUDA_KERNEL(batchNormGrad)).noGradient());
   r.add(OpDef("BatchNormInference")
             .inputs(5)
             .infer(inferenceInfer)
-            .cpu(batchNormInferenceKernel)
+            .cpu(batchNormInferenceKernel).cuda(WEFT_CUDA_KERNEL(batchNormInference))
             .grad(batchNormInferenceGrad));
   r.add(OpDef("BatchNormMoments").inputs(1).infer(momentsInfer).cpu(momentsKernel).noGradient());
   r.add(OpDef("BatchNormFromMoments")

@@ -3,7 +3,7 @@
 // whatever the variable's dtype, so both devices round alike.
 #pragma once
 
-#include "ops/ElementwiseFunctors.h"  // WEFT_HOST_DEVICE
+#include "core/HostDevice.h"
 
 #include <cmath>
 

@@ -147,7 +147,7 @@ std::vector<TensorType> updateInfer(const InferContext& c, Rule rule, bool spars
 }
 
 template <Rule rule>
-void registerRule(OpRegistry& r, const std::string& name, Kernel cudaDense) {
+void registerRule(OpRegistry& r, const std::string& name, Kernel cudaDense, Kernel cudaSparse) {
   const int slots = slotCount(rule);
   std::vector<int> written;
   for (int i = 0; i <= slots; ++i) written.push_back(i);
@@ -163,6 +163,7 @@ void registerRule(OpRegistry& r, const std::string& name, Kernel cudaDense) {
             .inputs(slots + 3 + scalars)
             .infer([](const InferContext& c) { return updateInfer(c, rule, true); })
             .cpu(sparseKernel<rule>)
+            .cuda(cudaSparse)
             .mutates(written)
             .noGradient());
 }
@@ -170,10 +171,14 @@ void registerRule(OpRegistry& r, const std::string& name, Kernel cudaDense) {
 }  // namespace
 
 void detail::registerOptimizerOps(OpRegistry& r) {
-  registerRule<Rule::SGD>(r, "SGD", WEFT_CUDA_KERNEL(applySGD));
-  registerRule<Rule::Momentum>(r, "Momentum", WEFT_CUDA_KERNEL(applyMomentum));
-  registerRule<Rule::Adam>(r, "Adam", WEFT_CUDA_KERNEL(applyAdam));
-  registerRule<Rule::Adagrad>(r, "Adagrad", WEFT_CUDA_KERNEL(applyAdagrad));
+  registerRule<Rule::SGD>(r, "SGD", WEFT_CUDA_KERNEL(applySGD),
+                           WEFT_CUDA_KERNEL(sparseApplySGD));
+  registerRule<Rule::Momentum>(r, "Momentum", WEFT_CUDA_KERNEL(applyMomentum),
+                           WEFT_CUDA_KERNEL(sparseApplyMomentum));
+  registerRule<Rule::Adam>(r, "Adam", WEFT_CUDA_KERNEL(applyAdam),
+                           WEFT_CUDA_KERNEL(sparseApplyAdam));
+  registerRule<Rule::Adagrad>(r, "Adagrad", WEFT_CUDA_KERNEL(applyAdagrad),
+                           WEFT_CUDA_KERNEL(sparseApplyAdagrad));
 }
 
 }  // namespace weft

@@ -2,6 +2,7 @@
 // node name and indexed by (session step, element), so a run's result does not depend on the
 // thread count, successive runs draw afresh, and a new session replays the same sequence.
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include "core/Random.h"
 
@@ -48,7 +49,7 @@ Output dropout(Output x, double rate, uint64_t seed) {
 
 void detail::registerRandomOps(OpRegistry& r) {
   // dx = dy * mask; the mask itself is not differentiable.
-  r.add(OpDef("Dropout").inputs(1).infer(dropoutInfer).cpu(dropoutKernel).inplace(0)
+  r.add(OpDef("Dropout").inputs(1).infer(dropoutInfer).cpu(dropoutKernel).cuda(WEFT_CUDA_KERNEL(dropout)).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> {
               if (!c.dy().valid()) return {Grad()};
               return {c.dy() * c.y(1)};

@@ -3,6 +3,7 @@
 // Matrix products go through OpenBLAS (single-threaded calls split across weft's pool); the
 // pointwise gate math runs on Eigen arrays so that sigmoid and tanh vectorise.
 #include "ops/OpUtil.h"
+#include "ops/cuda/Kernels.h"
 
 #include <Eigen/Core>
 #include <cblas.h>
@@ -87,15 +88,6 @@ void forEachSpan(const KernelContext& ctx, int64_t rows, int64_t cols, int64_t c
       idx += len;
     }
   });
-}
-
-template <class T>
-const T* in(const KernelContext& ctx, int i) {
-  return ctx.input(i).template data<T>();
-}
-template <class T>
-T* out(const KernelContext& ctx, int i) {
-  return ctx.output(i).template data<T>();
 }
 
 // ---- shape functions -----------------------------------------------------------------------
@@ -234,10 +226,10 @@ void lstmKernel(KernelContext& ctx) {
     const Shape& xs = ctx.input(0).shape();
     const int64_t steps = xs[0], batch = xs[1], input = xs[2], hidden = ctx.input(1).shape()[1];
     const int64_t g4 = 4 * hidden, state = batch * hidden;
-    const T *h0 = in<T>(ctx, 1), *c0 = in<T>(ctx, 2), *wh = in<T>(ctx, 4), *bias = in<T>(ctx, 5);
-    T *y = out<T>(ctx, 0), *gates = out<T>(ctx, 3), *cells = out<T>(ctx, 4);
+    const T *h0 = ctx.in<T>(1), *c0 = ctx.in<T>(2), *wh = ctx.in<T>(4), *bias = ctx.in<T>(5);
+    T *y = ctx.out<T>(0), *gates = ctx.out<T>(3), *cells = ctx.out<T>(4);
     // The input projection of every step at once: gates (T*B, 4H) = x (T*B, I) wx (I, 4H).
-    gemm(ctx, false, false, steps * batch, g4, input, in<T>(ctx, 0), input, in<T>(ctx, 3), g4, T(0), gates, g4);
+    gemm(ctx, false, false, steps * batch, g4, input, ctx.in<T>(0), input, ctx.in<T>(3), g4, T(0), gates, g4);
     for (int64_t t = 0; t < steps; ++t) {
       const T* hPrev = t == 0 ? h0 : y + (t - 1) * state;
       const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
@@ -247,8 +239,8 @@ void lstmKernel(KernelContext& ctx) {
     }
     const T* hLast = steps == 0 ? h0 : y + (steps - 1) * state;
     const T* cLast = steps == 0 ? c0 : cells + (steps - 1) * state;
-    std::copy(hLast, hLast + state, out<T>(ctx, 1));
-    std::copy(cLast, cLast + state, out<T>(ctx, 2));
+    std::copy(hLast, hLast + state, ctx.out<T>(1));
+    std::copy(cLast, cLast + state, ctx.out<T>(2));
   });
 }
 
@@ -287,13 +279,13 @@ void lstmGradKernel(KernelContext& ctx) {
     const Shape& xs = ctx.input(0).shape();
     const int64_t steps = xs[0], batch = xs[1], input = xs[2], hidden = ctx.input(1).shape()[1];
     const int64_t g4 = 4 * hidden, state = batch * hidden, rows = steps * batch;
-    const T *x = in<T>(ctx, 0), *h0 = in<T>(ctx, 1), *c0 = in<T>(ctx, 2), *wx = in<T>(ctx, 3),
-            *wh = in<T>(ctx, 4), *gates = in<T>(ctx, 5), *cells = in<T>(ctx, 6), *y = in<T>(ctx, 7),
-            *dy = in<T>(ctx, 8);
+    const T *x = ctx.in<T>(0), *h0 = ctx.in<T>(1), *c0 = ctx.in<T>(2), *wx = ctx.in<T>(3),
+            *wh = ctx.in<T>(4), *gates = ctx.in<T>(5), *cells = ctx.in<T>(6), *y = ctx.in<T>(7),
+            *dy = ctx.in<T>(8);
     // dh0 and dc0 carry the running gradients of h_t and c_t back through the steps.
-    T *dh = out<T>(ctx, 1), *dc = out<T>(ctx, 2), *dwh = out<T>(ctx, 4);
-    std::copy(in<T>(ctx, 9), in<T>(ctx, 9) + state, dh);
-    std::copy(in<T>(ctx, 10), in<T>(ctx, 10) + state, dc);
+    T *dh = ctx.out<T>(1), *dc = ctx.out<T>(2), *dwh = ctx.out<T>(4);
+    std::copy(ctx.in<T>(9), ctx.in<T>(9) + state, dh);
+    std::copy(ctx.in<T>(10), ctx.in<T>(10) + state, dc);
     std::vector<T> dGates(static_cast<size_t>(rows * g4));  // (T, B, 4H)
     for (int64_t t = steps - 1; t >= 0; --t) {
       const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
@@ -303,15 +295,15 @@ void lstmGradKernel(KernelContext& ctx) {
       gemm(ctx, false, true, batch, hidden, g4, static_cast<const T*>(dg), g4, wh, g4, T(0), dh, hidden);
     }
     const T* dG = dGates.data();
-    gemm(ctx, false, true, rows, input, g4, dG, g4, wx, g4, T(0), out<T>(ctx, 0), input);
-    gemm(ctx, true, false, input, g4, rows, x, input, dG, g4, T(0), out<T>(ctx, 3), g4);
+    gemm(ctx, false, true, rows, input, g4, dG, g4, wx, g4, T(0), ctx.out<T>(0), input);
+    gemm(ctx, true, false, input, g4, rows, x, input, dG, g4, T(0), ctx.out<T>(3), g4);
     if (steps == 0) {
       ctx.output(4).fill(0);
     } else {
       gemm(ctx, true, false, hidden, g4, batch, h0, hidden, dG, g4, T(0), dwh, g4);
       gemm(ctx, true, false, hidden, g4, rows - batch, y, hidden, dG + batch * g4, g4, T(1), dwh, g4);
     }
-    columnSums(ctx, rows, g4, dG, out<T>(ctx, 5));
+    columnSums(ctx, rows, g4, dG, ctx.out<T>(5));
   });
 }
 
@@ -322,10 +314,10 @@ void gruCellKernel(KernelContext& ctx) {
     using T = decltype(z);
     const int64_t batch = ctx.input(0).shape()[0], input = ctx.input(0).shape()[1];
     const int64_t hidden = ctx.input(1).shape()[1], g3 = 3 * hidden;
-    const T *h = in<T>(ctx, 1), *wh = in<T>(ctx, 3), *bx = in<T>(ctx, 4), *bh = in<T>(ctx, 5);
-    T *hNew = out<T>(ctx, 0), *gates = out<T>(ctx, 1), *hn = out<T>(ctx, 2);
+    const T *h = ctx.in<T>(1), *wh = ctx.in<T>(3), *bx = ctx.in<T>(4), *bh = ctx.in<T>(5);
+    T *hNew = ctx.out<T>(0), *gates = ctx.out<T>(1), *hn = ctx.out<T>(2);
     // gates = x wx; gates[:, r and z] += h wh[:, r and z]; hn = h wh[:, n] (n needs it apart).
-    gemm(ctx, false, false, batch, g3, input, in<T>(ctx, 0), input, in<T>(ctx, 2), g3, T(0), gates, g3);
+    gemm(ctx, false, false, batch, g3, input, ctx.in<T>(0), input, ctx.in<T>(2), g3, T(0), gates, g3);
     gemm(ctx, false, false, batch, 2 * hidden, hidden, h, hidden, wh, g3, T(1), gates, g3);
     gemm(ctx, false, false, batch, hidden, hidden, h, hidden, wh + 2 * hidden, g3, T(0), hn, hidden);
     forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
@@ -352,9 +344,9 @@ void gruCellGradKernel(KernelContext& ctx) {
     using T = decltype(z);
     const int64_t batch = ctx.input(0).shape()[0], input = ctx.input(0).shape()[1];
     const int64_t hidden = ctx.input(1).shape()[1], g3 = 3 * hidden;
-    const T *x = in<T>(ctx, 0), *h = in<T>(ctx, 1), *wx = in<T>(ctx, 2), *wh = in<T>(ctx, 3),
-            *gates = in<T>(ctx, 4), *hn = in<T>(ctx, 5), *dhNew = in<T>(ctx, 6);
-    T* dh = out<T>(ctx, 1);
+    const T *x = ctx.in<T>(0), *h = ctx.in<T>(1), *wx = ctx.in<T>(2), *wh = ctx.in<T>(3),
+            *gates = ctx.in<T>(4), *hn = ctx.in<T>(5), *dhNew = ctx.in<T>(6);
+    T* dh = ctx.out<T>(1);
     std::vector<T> scratch(static_cast<size_t>(2 * batch * g3));
     T *dGx = scratch.data(), *dGh = scratch.data() + batch * g3;
     forEachSpan(ctx, batch, hidden, 20, [&](int64_t r, int64_t j, int64_t len) {
@@ -373,12 +365,12 @@ void gruCellGradKernel(KernelContext& ctx) {
       Vec<T>(dh + at, len) = dho * gz;
     });
     const T *cdGx = dGx, *cdGh = dGh;
-    gemm(ctx, false, true, batch, input, g3, cdGx, g3, wx, g3, T(0), out<T>(ctx, 0), input);
+    gemm(ctx, false, true, batch, input, g3, cdGx, g3, wx, g3, T(0), ctx.out<T>(0), input);
     gemm(ctx, false, true, batch, hidden, g3, cdGh, g3, wh, g3, T(1), dh, hidden);
-    gemm(ctx, true, false, input, g3, batch, x, input, cdGx, g3, T(0), out<T>(ctx, 2), g3);
-    gemm(ctx, true, false, hidden, g3, batch, h, hidden, cdGh, g3, T(0), out<T>(ctx, 3), g3);
-    columnSums(ctx, batch, g3, cdGx, out<T>(ctx, 4));
-    columnSums(ctx, batch, g3, cdGh, out<T>(ctx, 5));
+    gemm(ctx, true, false, input, g3, batch, x, input, cdGx, g3, T(0), ctx.out<T>(2), g3);
+    gemm(ctx, true, false, hidden, g3, batch, h, hidden, cdGh, g3, T(0), ctx.out<T>(3), g3);
+    columnSums(ctx, batch, g3, cdGx, ctx.out<T>(4));
+    columnSums(ctx, batch, g3, cdGh, ctx.out<T>(5));
   });
 }
 
@@ -411,10 +403,10 @@ Output gruCell(Output x, Output h, Output wx, Output wh, Output bx, Output bh) {
 }
 
 void detail::registerRnnOps(OpRegistry& r) {
-  r.add(OpDef("LSTM").inputs(6).infer(lstmInfer).cpu(lstmKernel).grad(lstmGrad));
-  r.add(OpDef("LSTMGrad").inputs(11).infer(lstmGradInfer).cpu(lstmGradKernel).noGradient());
-  r.add(OpDef("GRUCell").inputs(6).infer(gruCellInfer).cpu(gruCellKernel).grad(gruCellGrad));
-  r.add(OpDef("GRUCellGrad").inputs(7).infer(gruCellGradInfer).cpu(gruCellGradKernel).noGradient());
+  r.add(OpDef("LSTM").inputs(6).infer(lstmInfer).cpu(lstmKernel).cuda(WEFT_CUDA_KERNEL(lstm)).grad(lstmGrad));
+  r.add(OpDef("LSTMGrad").inputs(11).infer(lstmGradInfer).cpu(lstmGradKernel).cuda(WEFT_CUDA_KERNEL(lstmGrad)).noGradient());
+  r.add(OpDef("GRUCell").inputs(6).infer(gruCellInfer).cpu(gruCellKernel).cuda(WEFT_CUDA_KERNEL(gruCell)).grad(gruCellGrad));
+  r.add(OpDef("GRUCellGrad").inputs(7).infer(gruCellGradInfer).cpu(gruCellGradKernel).cuda(WEFT_CUDA_KERNEL(gruCellGrad)).noGradient());
 }
 
 }  // namespace weft

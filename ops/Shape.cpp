@@ -421,14 +421,14 @@ void detail::registerShapeOps(OpRegistry& r) {
   r.add(OpDef("Squeeze").inputs(1).infer(squeezeInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
   r.add(OpDef("ReshapeLike").inputs(2).infer(reshapeLikeInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {addOp1(c.graph(), "ReshapeLike", {c.dy(), c.x(0)}), Grad()}; }));
-  r.add(OpDef("Transpose").inputs(1).infer(transposeInfer).cpu(transposeKernel)
+  r.add(OpDef("Transpose").inputs(1).infer(transposeInfer).cpu(transposeKernel).cuda(WEFT_CUDA_KERNEL(transpose))
             .grad([](GradContext& c) -> std::vector<Grad> {
               const std::vector<int64_t> perm = ints(c.attrs(), "perm");
               std::vector<int64_t> inverse(perm.size());
               for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
               return {transpose(c.dy(), inverse)};
             }));
-  r.add(OpDef("Concat").inputs(1, -1).infer(concatInfer).cpu(concatKernel)
+  r.add(OpDef("Concat").inputs(1, -1).infer(concatInfer).cpu(concatKernel).cuda(WEFT_CUDA_KERNEL(concat))
             .grad([](GradContext& c) -> std::vector<Grad> {
               std::vector<Output> ins{c.dy()};
               for (const Output& x : c.node->inputs) ins.push_back(x);
@@ -437,8 +437,8 @@ void detail::registerShapeOps(OpRegistry& r) {
               for (size_t i = 0; i < c.node->inputs.size(); ++i) out.emplace_back(g->output(static_cast<int>(i)));
               return out;
             }));
-  r.add(OpDef("ConcatGrad").inputs(2, -1).infer(concatGradInfer).cpu(concatGradKernel).noGradient());
-  r.add(OpDef("Split").inputs(1).infer(splitInfer).cpu(splitKernel)
+  r.add(OpDef("ConcatGrad").inputs(2, -1).infer(concatGradInfer).cpu(concatGradKernel).cuda(WEFT_CUDA_KERNEL(concatGrad)).noGradient());
+  r.add(OpDef("Split").inputs(1).infer(splitInfer).cpu(splitKernel).cuda(WEFT_CUDA_KERNEL(split))
             .grad([](GradContext& c) -> std::vector<Grad> {
               std::vector<Output> pieces;
               for (size_t i = 0; i < c.node->outputs.size(); ++i) {
@@ -446,20 +446,20 @@ void detail::registerShapeOps(OpRegistry& r) {
               }
               return {concat(pieces, c.attrs().getInt("axis"))};
             }));
-  r.add(OpDef("Slice").inputs(1).infer(sliceInfer).cpu(sliceKernel)
+  r.add(OpDef("Slice").inputs(1).infer(sliceInfer).cpu(sliceKernel).cuda(WEFT_CUDA_KERNEL(slice))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {addOp1(c.graph(), "SliceGrad", {c.dy(), c.x(0)}, c.attrs())};
             }));
   r.add(OpDef("SliceGrad").inputs(2).infer([](const InferContext& c) -> std::vector<TensorType> { return {c.inputs[1]}; })
-            .cpu(sliceGradKernel).noGradient());
-  r.add(OpDef("Pad").inputs(1).infer(padInfer).cpu(padKernel)
+            .cpu(sliceGradKernel).cuda(WEFT_CUDA_KERNEL(sliceGrad)).noGradient());
+  r.add(OpDef("Pad").inputs(1).infer(padInfer).cpu(padKernel).cuda(WEFT_CUDA_KERNEL(pad))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {addOp1(c.graph(), "PadGrad", {c.dy(), c.x(0)}, c.attrs())};
             }));
   r.add(OpDef("PadGrad").inputs(2).infer([](const InferContext& c) -> std::vector<TensorType> { return {c.inputs[1]}; })
-            .cpu(padGradKernel).noGradient());
+            .cpu(padGradKernel).cuda(WEFT_CUDA_KERNEL(padGrad)).noGradient());
   // Reversing the same prefixes again undoes it, so the operation is its own adjoint.
-  r.add(OpDef("ReverseSequence").inputs(2).infer(reverseSequenceInfer).cpu(reverseSequenceKernel)
+  r.add(OpDef("ReverseSequence").inputs(2).infer(reverseSequenceInfer).cpu(reverseSequenceKernel).cuda(WEFT_CUDA_KERNEL(reverseSequence))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {reverseSequence(c.dy(), c.x(1), c.attrs().getInt("seq_axis"), c.attrs().getInt("batch_axis")), Grad()};
             }));

@@ -6,6 +6,7 @@
 #include "tests/TestUtil.h"
 
 #include "autodiff/Gradients.h"
+#include "models/ZooModel.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -216,6 +217,197 @@ TEST_CASE("softmax, log-softmax and sparse cross-entropy match the CPU") {
       c.outputs = {softmax(x), logSoftmax(x), loss, gradients(sum(loss * loss), {x})[0].dense};
       return c;
     }, 1e-5);
+  }
+}
+
+TEST_CASE("shape ops and their gradients match the CPU") {
+  for (DType dt : {f32, f64, i64}) {
+    CAPTURE(dtypeName(dt));
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output x = input(g, c.feeds, "x", dt, {3, 4, 5}, 30, -9, 9);
+      Output y = input(g, c.feeds, "y", dt, {3, 2, 5}, 31, -9, 9);
+      const std::vector<Output> pieces = split(x, {1, -1, 2}, 1);
+      c.outputs = {transpose(x, {2, 0, 1}), transpose(x, {1, 0, 2}), concat({x, y}, 1), concat({y, x, y}, -1),
+                   pieces[0], pieces[1], pieces[2], slice(x, {1, 1, 0}, {2, -1, 3}), pad(x, {0, 1, 2, 0, 1, 1}, 7.0)};
+      return c;
+    }, 0);
+  }
+  checkParity([](Graph& g) {
+    Computation c;
+    Output x = input(g, c.feeds, "x", f64, {3, 4, 5}, 32);
+    Output y = input(g, c.feeds, "y", f64, {3, 2, 5}, 33);
+    Output loss = sum(square(concat({x, y}, 1))) + sum(exp(slice(x, {1, 0, 2}, {2, 3, 3}))) +
+                  sum(pad(y, {1, 0, 0, 2, 1, 1}) * 3.0) + sum(transpose(x, {2, 1, 0}) * transpose(x, {2, 1, 0}));
+    const std::vector<Grad> grads = gradients(loss, {x, y});
+    c.outputs = {loss, grads[0].dense, grads[1].dense};
+    return c;
+  }, 1e-12);
+}
+
+TEST_CASE("gathers, scatters and segment sums match the CPU") {
+  for (DType ids : {i32, i64}) {
+    CAPTURE(dtypeName(ids));
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output table = input(g, c.feeds, "table", f32, {50, 6}, 34);
+      Output rows = input(g, c.feeds, "rows", f32, {40, 6}, 35);
+      Output id = input(g, c.feeds, "ids", ids, {40}, 36, 0, 50);  // repeats likely
+      Output nodes = input(g, c.feeds, "nodes", f64, {40, 3}, 37);
+      c.outputs = {gather(table, id), scatterAdd(table, id, rows), unsortedSegmentSum(nodes, id, 60),
+                   unsortedSegmentSum(nodes, id, 50)};
+      return c;
+    }, 1e-6);
+  }
+}
+
+TEST_CASE("an out-of-range id in a GPU gather fails the run and names it") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  Output table = g.placeholder("table", f32, {5, 2});
+  Output ids = g.placeholder("ids", i64, {3});
+  Session s(g);
+  const std::string e = errorOf([&] {
+    s.run({gather(table, ids)}, {{table, Tensor::zeros(f32, {5, 2})}, {ids, Tensor::fromVector<int64_t>({1, -2, 3}, {3})}});
+  });
+  CHECK(contains(e, "op 'Gather'"));
+  CHECK(contains(e, "id -2 at position 1 is outside [0, 5)"));
+}
+
+TEST_CASE("sparse optimizer updates on the GPU match the CPU, repeated rows summed first") {
+  for (const char* name : {"sgd", "adam", "adagrad"}) {
+    CAPTURE(name);
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output ids = input(g, c.feeds, "ids", i64, {30}, 38, 0, 12);
+      Output target = input(g, c.feeds, "target", f32, {30, 4}, 39);
+      nn::Embedding embedding(g, "embedding", 12, 4);
+      Output loss = mean(square(embedding(ids) - target));
+      std::unique_ptr<optim::Optimizer> opt;
+      if (std::string(name) == "sgd") opt = std::make_unique<optim::SGD>(0.5);
+      else if (std::string(name) == "adam") opt = std::make_unique<optim::Adam>(0.05);
+      else opt = std::make_unique<optim::Adagrad>(0.5);
+      c.targets = {opt->minimize(loss)};
+      c.outputs = {loss, embedding.table};
+      return c;
+    }, 1e-5);
+  }
+}
+
+TEST_CASE("the LSTM and the GRU cell, forward and backward, match the CPU") {
+  checkParity([](Graph& g) {
+    Computation c;
+    const int64_t steps = 5, batch = 3, in = 4, hidden = 6;
+    Output x = input(g, c.feeds, "x", f64, {steps, batch, in}, 40);
+    Output h0 = input(g, c.feeds, "h0", f64, {batch, hidden}, 41);
+    Output c0 = input(g, c.feeds, "c0", f64, {batch, hidden}, 42);
+    Output wx = input(g, c.feeds, "wx", f64, {in, 4 * hidden}, 43);
+    Output wh = input(g, c.feeds, "wh", f64, {hidden, 4 * hidden}, 44);
+    Output b = input(g, c.feeds, "b", f64, {4 * hidden}, 45);
+    const LstmOutputs l = lstm(x, h0, c0, wx, wh, b);  // y, hLast, cLast
+    Output gx = input(g, c.feeds, "gx", f64, {batch, in}, 46);
+    Output gwx = input(g, c.feeds, "gwx", f64, {in, 3 * hidden}, 47);
+    Output gwh = input(g, c.feeds, "gwh", f64, {hidden, 3 * hidden}, 48);
+    Output gbx = input(g, c.feeds, "gbx", f64, {3 * hidden}, 49);
+    Output gbh = input(g, c.feeds, "gbh", f64, {3 * hidden}, 50);
+    Output hNew = gruCell(gx, h0, gwx, gwh, gbx, gbh);
+    Output loss = sum(square(l.y)) + sum(l.hLast * 2.0) + sum(l.cLast) + sum(square(hNew));
+    const std::vector<Grad> grads = gradients(loss, {x, h0, c0, wx, wh, b, gx, gwx, gwh, gbx, gbh});
+    c.outputs = {l.y, l.hLast, l.cLast, hNew};
+    for (const Grad& gr : grads) c.outputs.push_back(gr.dense);
+    return c;
+  }, 1e-10);
+}
+
+TEST_CASE("convolutions (cuDNN) and their gradients match the CPU") {
+  struct Case {
+    Shape x, filter;
+    Conv2dOptions options;
+  };
+  const std::vector<Case> cases{{{2, 3, 9, 9}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},
+                                {{2, 3, 9, 8}, {5, 3, 3, 3}, {{2, 2}, {1, 1}, {1, 1}}},
+                                {{1, 4, 7, 7}, {2, 4, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}},
+                                {{1, 2, 11, 10}, {3, 2, 5, 3}, {{2, 1}, {2, 0}, {1, 2}}}};
+  for (DType dt : {f32, f64}) {
+    for (const Case& k : cases) {
+      CAPTURE(dtypeName(dt));
+      CAPTURE(k.x.str());
+      CAPTURE(k.filter.str());
+      checkParity([&](Graph& g) {
+        Computation c;
+        Output x = input(g, c.feeds, "x", dt, k.x, 51);
+        Output f = input(g, c.feeds, "f", dt, k.filter, 52);
+        Output y = conv2d(x, f, k.options);
+        const std::vector<Grad> grads = gradients(sum(square(y)), {x, f});
+        c.outputs = {y, grads[0].dense, grads[1].dense};
+        return c;
+      }, dt == f32 ? 1e-4 : 1e-10);
+    }
+  }
+}
+
+TEST_CASE("batch normalisation, training and inference, matches the CPU") {
+  for (const Shape& shape : {Shape{16, 5}, Shape{4, 3, 6, 7}}) {
+    CAPTURE(shape.str());
+    checkParity([&](Graph& g) {
+      Computation c;
+      const int64_t channels = shape[1];
+      Output x = input(g, c.feeds, "x", f64, shape, 53, 2, 5);  // a mean far from 0
+      Output gamma = input(g, c.feeds, "gamma", f64, {channels}, 54);
+      Output beta = input(g, c.feeds, "beta", f64, {channels}, 55);
+      const BatchNormOutputs bn = batchNormTrain(x, gamma, beta, 1e-5);
+      Output loss = sum(square(bn.y) * x) + sum(bn.batchMean * bn.batchVar);
+      const std::vector<Grad> grads = gradients(loss, {x, gamma, beta});
+      Output inference = batchNormInference(x, gamma, beta, bn.batchMean, bn.batchVar, 1e-3);
+      c.outputs = {bn.y, bn.batchMean, bn.batchVar, inference, grads[0].dense, grads[1].dense, grads[2].dense};
+      return c;
+    }, 1e-9);
+  }
+}
+
+TEST_CASE("dropout draws the CPU's mask, clipping norms and reversed sequences match the CPU") {
+  checkParity([](Graph& g) {
+    Computation c;
+    Output x = input(g, c.feeds, "x", f32, {7, 300}, 56);
+    Output seq = input(g, c.feeds, "seq", f32, {6, 3, 4}, 57);
+    Output lengths = g.placeholder("lengths", i64, {3});
+    c.feeds.emplace_back(lengths, Tensor::fromVector<int64_t>({6, 0, 3}, {3}));
+    Output ids = input(g, c.feeds, "ids", i64, {20}, 58, 0, 7);
+    Output rows = input(g, c.feeds, "rows", f32, {20, 5}, 59);
+    const auto [clipped, norm] = clipByGlobalNorm({Grad(x), Grad::sparse(ids, rows, {7, 5})}, 1.0);
+    c.outputs = {dropout(x, 0.3, 11), norm, clipped[0].dense, clipped[1].values, reverseSequence(seq, lengths, 0, 1)};
+    return c;
+  }, 1e-5);
+}
+
+TEST_CASE("a training step of every zoo model on the GPU matches the CPU step") {
+  for (const std::string& name : models::zooModelNames()) {
+    CAPTURE(name);
+    auto cpuModel = models::makeZooModel(name), gpuModel = models::makeZooModel(name);
+    Graph onCpu, onGpu;
+    models::CommonOptions common;
+    common.seed = 5;
+    onCpu.setSeed(5);
+    onGpu.setSeed(5);
+    cpuModel->build(onCpu, common);
+    Node* cpuStep = optim::SGD(0.05).minimize(cpuModel->loss());
+    Node* gpuStep = nullptr;
+    {
+      auto placed = onGpu.onDevice("cuda:0");
+      gpuModel->build(onGpu, common);
+      gpuStep = optim::SGD(0.05).minimize(gpuModel->loss());
+    }
+    Session cpuSession(onCpu), gpuSession(onGpu);
+    const data::Batch batch = cpuModel->trainData().next();
+    for (int i = 0; i < 2; ++i) {
+      const double a = cpuSession.run({cpuModel->loss()}, models::feedsFor(onCpu, batch), {cpuStep})[0].item();
+      const double b = gpuSession.run({gpuModel->loss()}, models::feedsFor(onGpu, batch), {gpuStep})[0].item();
+      CHECK(b == doctest::Approx(a).epsilon(1e-3));
+    }
+    for (Node* v : onCpu.trainableVariables()) {
+      CAPTURE(v->name);
+      CHECK_CLOSE(gpuSession.variable(v->name), cpuSession.variable(v).toDoubles(), 1e-3);
+    }
   }
 }
 

@@ -4,7 +4,11 @@
 
 #include "models/ZooModel.h"
 
+#include <fmt/ranges.h>
+
 #include <cmath>
+#include <map>
+#include <set>
 
 using namespace weft;
 
@@ -41,3 +45,37 @@ TEST_CASE("a batch field without a placeholder is an error naming it") {
   const std::string msg = errorOf([&] { models::feedsFor(g, {{"y", Tensor::zeros(f32, {2})}}); });
   CHECK(contains(msg, "'y'"));
 }
+
+#ifdef WEFT_HAVE_CUDA
+// What `--device cuda:N` can train: the ops of each zoo model's training step (with its default
+// optimizer and clipping) that still lack a CUDA kernel. The list shrinks as kernels land.
+TEST_CASE("the ops without CUDA kernels in each zoo model's training step") {
+  const std::map<std::string, std::set<std::string>> missing{
+      {"mlp", {}},
+      {"lm", {}},
+      {"nmt", {}},
+#ifdef WEFT_HAVE_CUDNN
+      {"resnet", {}},
+#else
+      {"resnet", {"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput"}},
+#endif
+      {"gnn", {}},
+      {"list_reduction", {}}};
+  for (const std::string& name : models::zooModelNames()) {
+    CAPTURE(name);
+    auto model = models::makeZooModel(name);
+    Graph g;
+    model->build(g, models::CommonOptions{});
+    optim::MinimizeOptions options;
+    options.clipGlobalNorm = model->defaultOptimizer().clipNorm;
+    optim::Adam(1e-3).minimize(model->loss(), options);
+    std::set<std::string> without;
+    for (const auto& n : g.nodes()) {
+      if (n->def->sourceKind == SourceKind::None && !n->def->kernelFor(DeviceType::CUDA)) without.insert(n->op);
+    }
+    REQUIRE(missing.count(name) == 1);
+    CAPTURE(fmt::format("{}", fmt::join(without, ", ")));
+    CHECK(without == missing.at(name));
+  }
+}
+#endif

@@ -1,5 +1,6 @@
 // The CUDA kernels of the elementwise ops (ops/Elementwise.cpp defines the ops): shape handling
 // and dtype dispatch here, the device code in ops/cuda/Elementwise.cu.
+#include "ops/ElementwiseFunctors.h"
 #include "ops/cuda/Host.h"
 #include "ops/cuda/Kernels.h"
 

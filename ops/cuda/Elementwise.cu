@@ -1,5 +1,6 @@
 // CUDA kernels of the elementwise ops (ops/Elementwise.cpp defines the ops; ops/cuda/Elementwise.cpp
 // launches these).
+#include "ops/ElementwiseFunctors.h"
 #include "ops/cuda/Device.cuh"
 
 namespace weft::cudaops {

@@ -10,6 +10,12 @@
 #else
 #define WEFT_CUDA_KERNEL(...) (static_cast<::weft::Kernel>(nullptr))
 #endif
+// Kernels on cuDNN, which a CUDA toolkit may lack.
+#ifdef WEFT_HAVE_CUDNN
+#define WEFT_CUDNN_KERNEL(...) WEFT_CUDA_KERNEL(__VA_ARGS__)
+#else
+#define WEFT_CUDNN_KERNEL(...) (static_cast<::weft::Kernel>(nullptr))
+#endif
 
 namespace weft::cudaops {
 
@@ -50,6 +56,43 @@ void argmax(KernelContext& ctx);
 void reduceToLike(KernelContext& ctx);
 void broadcastReduced(KernelContext& ctx);
 
+// ops/cuda/Shape.cpp
+void transpose(KernelContext& ctx);
+void concat(KernelContext& ctx);
+void split(KernelContext& ctx);
+void concatGrad(KernelContext& ctx);
+void slice(KernelContext& ctx);
+void sliceGrad(KernelContext& ctx);
+void pad(KernelContext& ctx);
+void padGrad(KernelContext& ctx);
+void reverseSequence(KernelContext& ctx);
+
+// ops/cuda/Embedding.cpp
+void gather(KernelContext& ctx);
+void scatterAdd(KernelContext& ctx);
+void segmentSum(KernelContext& ctx);
+
+// ops/cuda/Rnn.cpp
+void lstm(KernelContext& ctx);
+void lstmGrad(KernelContext& ctx);
+void gruCell(KernelContext& ctx);
+void gruCellGrad(KernelContext& ctx);
+
+// ops/cuda/Random.cpp and ops/cuda/Clip.cpp
+void dropout(KernelContext& ctx);
+void squaredNorm(KernelContext& ctx);
+void sparseSquaredNorm(KernelContext& ctx);
+
+// ops/cuda/Norm.cpp
+void batchNormTrain(KernelContext& ctx);
+void batchNormGrad(KernelContext& ctx);
+void batchNormInference(KernelContext& ctx);
+
+// ops/cuda/Conv.cpp (cuDNN)
+void conv2d(KernelContext& ctx);
+void conv2dBackpropInput(KernelContext& ctx);
+void conv2dBackpropFilter(KernelContext& ctx);
+
 // ops/cuda/MatMul.cpp
 void matmul(KernelContext& ctx);
 
@@ -64,6 +107,10 @@ void applySGD(KernelContext& ctx);
 void applyMomentum(KernelContext& ctx);
 void applyAdam(KernelContext& ctx);
 void applyAdagrad(KernelContext& ctx);
+void sparseApplySGD(KernelContext& ctx);
+void sparseApplyMomentum(KernelContext& ctx);
+void sparseApplyAdam(KernelContext& ctx);
+void sparseApplyAdagrad(KernelContext& ctx);
 void assign(KernelContext& ctx);
 void assignAdd(KernelContext& ctx);
 void assignMovingAverage(KernelContext& ctx);

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "core/cuda/KernelError.h"
-#include "ops/ElementwiseFunctors.h"  // WEFT_HOST_DEVICE
+#include "core/HostDevice.h"
 #include "ops/OptimizerRules.h"
 
 #include <cuda_runtime_api.h>
@@ -103,8 +103,92 @@ template <class T, class I>
 cudaError_t sparseXentGrad(const T* probs, const I* ids, const T* dy, T* out, Rows rows, int64_t ignoreIndex,
                            ErrorSink errors, cudaStream_t stream);
 
+// ---- Shape.cu ----
+/// dst[dstBase + dstMap.offset(i)] = src[srcBase + srcMap.offset(i)] for the n elements of the box
+/// both maps describe (same dims); elements of 2, 4 or 8 bytes, copied as bits.
+cudaError_t boxCopy(size_t elementBytes, const void* src, int64_t srcBase, const BroadcastMap& srcMap, void* dst,
+                    int64_t dstBase, const BroadcastMap& dstMap, int64_t n, cudaStream_t stream);
+
+/// Reverses the first lengths[b] steps along the sequence axis of each batch entry b; steps past
+/// a length are copied. A length outside [0, seqLen] is recorded as an error.
+template <class I>
+cudaError_t reverseSequence(size_t elementBytes, const void* x, void* out, int64_t n, int64_t seqStride,
+                            int64_t seqLen, int64_t batchStride, int64_t batch, const I* lengths, ErrorSink errors,
+                            cudaStream_t stream);
+
+// ---- Embedding.cu ----
+/// out row i = params row ids[i] (rows of `width` elements of elementBytes each).
+template <class I>
+cudaError_t gatherRows(size_t elementBytes, const void* params, int64_t rows, int64_t width, const I* ids, int64_t n,
+                       void* out, ErrorSink errors, cudaStream_t stream);
+/// Bytes of device workspace that sorting n ids needs (segmentSum, sparseUpdate).
+template <class I>
+size_t idSortWorkspaceBytes(int64_t n);
+/// out row s = (init row s, or 0) + the sum, in position order, of the data rows whose id is s:
+/// the ids are sorted stably, then one block sums each output row (deterministic).
+template <class T, class I>
+cudaError_t segmentSum(const T* data, const I* ids, int64_t n, int64_t width, const T* init, T* out,
+                       int64_t segments, void* workspace, ErrorSink errors, cudaStream_t stream);
+
+// ---- Rnn.cu (the gate math of one step over (batch, hidden); see ops/Rnn.cpp for the formulas) ----
+/// gates (B, 4H): x wx + h wh on entry, activations i, f, g, o on exit; writes c and h.
+template <class T>
+cudaError_t lstmStep(int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates, T* c, T* h,
+                     cudaStream_t stream);
+/// dh, dc: gradients reaching h_t, c_t from later steps on entry; dc reaches c_{t-1} on exit.
+template <class T>
+cudaError_t lstmStepGrad(int64_t batch, int64_t hidden, const T* gates, const T* c, const T* cPrev, const T* dy,
+                         T* dh, T* dc, T* dGates, cudaStream_t stream);
+/// gates (B, 3H): x wx with h wh added on r and z on entry, activations r, z, n on exit;
+/// hn (B, H): h wh_n on entry, + bh_n on exit.
+template <class T>
+cudaError_t gruCell(int64_t batch, int64_t hidden, const T* bx, const T* bh, const T* h, T* gates, T* hn, T* hNew,
+                    cudaStream_t stream);
+template <class T>
+cudaError_t gruCellGrad(int64_t batch, int64_t hidden, const T* gates, const T* hn, const T* h, const T* dhNew,
+                        T* dGx, T* dGh, T* dh, cudaStream_t stream);
+
+// ---- Random.cu ----
+/// mask[i] = keep where uniformAt(key, base + i) >= rate, else 0; y = x * mask (as on the CPU).
+template <class T>
+cudaError_t dropout(const T* x, T* y, T* mask, int64_t n, uint64_t key, uint64_t base, double rate, T keep,
+                    cudaStream_t stream);
+
+// ---- Clip.cu ----
+/// out = sum of x^2, accumulated in double in a fixed order.
+template <class T>
+cudaError_t squaredNorm(const T* x, int64_t n, T* out, double* partials, cudaStream_t stream);
+/// Partial sums squaredNorm needs (its `partials` workspace).
+int64_t squaredNormPartials(int64_t n);
+/// out = sum over unique ids u of |the sum of the value rows with id u|^2; partials has n doubles.
+template <class T, class I>
+cudaError_t sparseSquaredNorm(const I* ids, const T* values, int64_t n, int64_t width, T* out, double* partials,
+                              void* workspace, cudaStream_t stream);
+
+// ---- Norm.cu (x seen as (N, C, S); one block per channel, sums in double) ----
+/// y = gamma (x - mean) invstd + beta with the batch's mean and biased variance, which are
+/// written with invstd = 1 / sqrt(var + eps).
+template <class T>
+cudaError_t batchNormTrain(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* var, T* invstd, int64_t n,
+                           int64_t c, int64_t s, double eps, cudaStream_t stream);
+/// dx, dgamma, dbeta of batchNormTrain; dmean and dvar may be null.
+template <class T>
+cudaError_t batchNormGrad(const T* dy, const T* x, const T* gamma, const T* mean, const T* invstd, const T* dmean,
+                          const T* dvar, T* dx, T* dgamma, T* dbeta, int64_t n, int64_t c, int64_t s,
+                          cudaStream_t stream);
+/// y = gamma (x - mean) / sqrt(var + eps) + beta with given statistics.
+template <class T>
+cudaError_t batchNormInference(const T* x, const T* gamma, const T* beta, const T* mean, const T* var, T* y,
+                               int64_t n, int64_t c, int64_t s, double eps, cudaStream_t stream);
+
 // ---- Optimizers.cu ----
 /// One dense update of rule R; lr (and for Adam the step count) are read on the device.
+/// The sparse update of rule R: repeated ids are summed first (in position order), so each
+/// touched row is updated once, as on the CPU.
+template <rules::Rule R, class T, class I>
+cudaError_t sparseUpdate(const rules::Hyper& h, T* w, T* s1, T* s2, int64_t rows, int64_t width, const I* ids,
+                         const T* values, int64_t n, const T* lr, const int64_t* step, void* workspace,
+                         ErrorSink errors, cudaStream_t stream);
 template <rules::Rule R, class T>
 cudaError_t denseUpdate(const rules::Hyper& h, T* w, T* s1, T* s2, const T* g, const T* lr, const int64_t* step,
                         int64_t n, cudaStream_t stream);

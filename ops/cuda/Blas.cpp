@@ -1,0 +1,87 @@
+#include "ops/cuda/Blas.h"
+
+#include "core/cuda/Runtime.h"
+#include "ops/Ops.h"
+
+#include <cublas_v2.h>
+
+#include <mutex>
+#include <vector>
+
+namespace weft::cudaops {
+namespace {
+
+void checkBlas(cublasStatus_t status, const char* call) {
+  WEFT_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS error {} ({}) in {}", cublasGetStatusName(status),
+             cublasGetStatusString(status), call);
+}
+
+/// One cuBLAS handle per GPU, created on first use (a handle belongs to the device current then).
+cublasHandle_t handleFor(int gpu) {
+  static std::mutex mutex;
+  static std::vector<cublasHandle_t> handles;
+  std::lock_guard lock(mutex);
+  if (handles.size() <= static_cast<size_t>(gpu)) handles.resize(static_cast<size_t>(gpu) + 1, nullptr);
+  cublasHandle_t& h = handles[static_cast<size_t>(gpu)];
+  if (!h) {
+    cuda::setCurrent(gpu);
+    checkBlas(cublasCreate(&h), "cublasCreate");
+  }
+  return h;
+}
+
+cublasStatus_t stridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const float* alpha, const float* a, int lda, int64_t strideA, const float* b, int ldb,
+                              int64_t strideB, const float* beta, float* c, int ldc, int64_t strideC, int batch) {
+  return cublasSgemmStridedBatched(h, ta, tb, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c, ldc, strideC,
+                                   batch);
+}
+
+cublasStatus_t stridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const double* alpha, const double* a, int lda, int64_t strideA, const double* b, int ldb,
+                              int64_t strideB, const double* beta, double* c, int ldc, int64_t strideC, int batch) {
+  return cublasDgemmStridedBatched(h, ta, tb, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c, ldc, strideC,
+                                   batch);
+}
+
+int asInt(int64_t v, const char* what) {
+  WEFT_CHECK(v >= 0 && v <= 2147483647, "a GPU matrix product's {} ({}) exceeds cuBLAS's 32-bit sizes", what, v);
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first, and each
+// stored row length becomes a leading dimension.
+template <class T>
+void gemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc, int64_t batch, int64_t strideA, int64_t strideB,
+          int64_t strideC) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  if (k == 0) {
+    if (beta != T(0)) return;  // C = beta C: with beta 1 nothing changes
+    WEFT_CHECK(ldc == n && (batch == 1 || strideC == m * n), "an empty GEMM into a strided C");
+    WEFT_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(batch * m * n) * sizeof(T), stream));
+    return;
+  }
+  WEFT_CHECK(beta == T(0) || beta == T(1), "gemm takes beta 0 or 1, got {}", static_cast<double>(beta));
+  cublasHandle_t h = handleFor(ctx.device.index);
+  checkBlas(cublasSetStream(h, stream), "cublasSetStream");
+  if constexpr (std::is_same_v<T, float>) {
+    checkBlas(cublasSetMathMode(h, tf32Allowed() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+              "cublasSetMathMode");
+  }
+  const T one = 1;
+  checkBlas(stridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, asInt(n, "n"),
+                           asInt(m, "m"), asInt(k, "k"), &one, b, asInt(ldb, "ldb"), strideB, a, asInt(lda, "lda"),
+                           strideA, &beta, c, asInt(ldc, "ldc"), strideC, asInt(batch, "batch")),
+            "cublas<t>gemmStridedBatched");
+}
+
+template void gemm<float>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t,
+                          const float*, int64_t, float, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+template void gemm<double>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t, int64_t, int64_t, int64_t, int64_t);
+
+}  // namespace weft::cudaops

@@ -1,0 +1,16 @@
+// Row-major matrix products on the GPU through cuBLAS, for the op kernels in ops/cuda/*.cpp.
+#pragma once
+
+#include "core/OpRegistry.h"
+
+namespace weft::cudaops {
+
+/// C (m x n) = op(A) op(B) + beta C for `batch` matrices `stride*` elements apart, row-major, on
+/// the step's stream. A is stored (k x m) when ta, B (n x k) when tb; lda, ldb, ldc are stored
+/// row lengths. f32 products use TF32 tensor cores when allowTF32(true) was called.
+template <class T>
+void gemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc, int64_t batch = 1, int64_t strideA = 0,
+          int64_t strideB = 0, int64_t strideC = 0);
+
+}  // namespace weft::cudaops
