@@ -176,7 +176,8 @@ void checkKilledMemberStopsJob(const std::string& args, const std::string& role,
   }
   pid_t victim = -1;
   std::vector<pid_t> members;
-  for (int i = 0; i < 300 && victim < 0; ++i) {
+  // Up to 120 s for the job to start training: a sanitizer build on a busy machine is slow to.
+  for (int i = 0; i < 1200 && victim < 0; ++i) {
     std::this_thread::sleep_for(100ms);
     std::ifstream in(log);
     const std::string text(std::istreambuf_iterator<char>(in), {});
