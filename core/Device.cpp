@@ -100,7 +100,7 @@ void synchronize(const Device&) {}
 
 int cudaDeviceCount() { return 0; }
 
-std::string cudaUnavailableReason() { return "weft was built without CUDA (no CUDA toolkit was found)"; }
+std::string cudaUnavailableReason() { return "weft was built without its CUDA backend (no CUDA toolkit was found, or WEFT_CUDA=OFF)"; }
 
 MemoryStats memoryStats(const Device& device) { noCuda(device); }
 #endif

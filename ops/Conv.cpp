@@ -519,6 +519,7 @@ void detail::registerConvOps(OpRegistry& r) {
             .inputs(1)
             .infer(poolInfer)
             .cpu(maxPoolKernel)
+            .cuda(WEFT_CUDA_KERNEL(maxPool))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {addOp1(c.graph(), "MaxPool2DGrad", {c.x(0), c.y(), c.dy()}, c.attrs())};
             }));
@@ -526,11 +527,13 @@ void detail::registerConvOps(OpRegistry& r) {
             .inputs(3)
             .infer([](const InferContext& c) { return poolGradInfer(c, 0, 2, 1); })
             .cpu(maxPoolGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(maxPoolGrad))
             .noGradient());
   r.add(OpDef("AvgPool2D")
             .inputs(1)
             .infer(poolInfer)
             .cpu(avgPoolKernel)
+            .cuda(WEFT_CUDA_KERNEL(avgPool))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {addOp1(c.graph(), "AvgPool2DGrad", {c.dy(), c.x(0)}, c.attrs())};
             }));
@@ -538,6 +541,7 @@ void detail::registerConvOps(OpRegistry& r) {
             .inputs(2)
             .infer([](const InferContext& c) { return poolGradInfer(c, 1, 0, -1); })
             .cpu(avgPoolGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(avgPoolGrad))
             .noGradient());
 }
 

@@ -346,6 +346,21 @@ TEST_CASE("convolutions (cuDNN) and their gradients match the CPU") {
   }
 }
 
+TEST_CASE("max and average pooling and their gradients match the CPU") {
+  for (DType dt : {f32, f64}) {
+    CAPTURE(dtypeName(dt));
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output x = input(g, c.feeds, "x", dt, {2, 3, 9, 8}, 60);
+      Output maxed = maxPool2d(x, {3, 3}, {2, 2}, {1, 1});
+      Output averaged = avgPool2d(x, {2, 3}, {1, 2}, {1, 0});
+      const std::vector<Grad> grads = gradients(sum(square(maxed)) + sum(averaged * averaged * 0.5), {x});
+      c.outputs = {maxed, averaged, grads[0].dense};
+      return c;
+    }, dt == f32 ? 1e-5 : 1e-12);
+  }
+}
+
 TEST_CASE("batch normalisation, training and inference, matches the CPU") {
   for (const Shape& shape : {Shape{16, 5}, Shape{4, 3, 6, 7}}) {
     CAPTURE(shape.str());

@@ -93,6 +93,12 @@ void conv2d(KernelContext& ctx);
 void conv2dBackpropInput(KernelContext& ctx);
 void conv2dBackpropFilter(KernelContext& ctx);
 
+// ops/cuda/Pool.cpp
+void maxPool(KernelContext& ctx);
+void maxPoolGrad(KernelContext& ctx);
+void avgPool(KernelContext& ctx);
+void avgPoolGrad(KernelContext& ctx);
+
 // ops/cuda/MatMul.cpp
 void matmul(KernelContext& ctx);
 

@@ -181,6 +181,21 @@ template <class T>
 cudaError_t batchNormInference(const T* x, const T* gamma, const T* beta, const T* mean, const T* var, T* y,
                                int64_t n, int64_t c, int64_t s, double eps, cudaStream_t stream);
 
+// ---- Pool.cu (planes = N * C of an NCHW tensor) ----
+struct PoolShape {
+  int64_t planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+};
+template <class T>
+cudaError_t maxPool(const T* x, T* y, const PoolShape& p, cudaStream_t stream);
+/// Each output's gradient goes to the first element of its window equal to its maximum; an
+/// input sums what reaches it in output order (as on the CPU).
+template <class T>
+cudaError_t maxPoolGrad(const T* x, const T* y, const T* dy, T* dx, const PoolShape& p, cudaStream_t stream);
+template <class T>
+cudaError_t avgPool(const T* x, T* y, const PoolShape& p, cudaStream_t stream);
+template <class T>
+cudaError_t avgPoolGrad(const T* dy, T* dx, const PoolShape& p, cudaStream_t stream);
+
 // ---- Optimizers.cu ----
 /// One dense update of rule R; lr (and for Adam the step count) are read on the device.
 /// The sparse update of rule R: repeated ids are summed first (in position order), so each
