@@ -1,12 +1,9 @@
 #include "ops/cuda/Blas.h"
 
-#include "core/cuda/Runtime.h"
 #include "ops/Ops.h"
+#include "ops/cuda/Host.h"
 
 #include <cublas_v2.h>
-
-#include <mutex>
-#include <vector>
 
 namespace weft::cudaops {
 namespace {
@@ -16,18 +13,9 @@ void checkBlas(cublasStatus_t status, const char* call) {
              cublasGetStatusString(status), call);
 }
 
-/// One cuBLAS handle per GPU, created on first use (a handle belongs to the device current then).
 cublasHandle_t handleFor(int gpu) {
-  static std::mutex mutex;
-  static std::vector<cublasHandle_t> handles;
-  std::lock_guard lock(mutex);
-  if (handles.size() <= static_cast<size_t>(gpu)) handles.resize(static_cast<size_t>(gpu) + 1, nullptr);
-  cublasHandle_t& h = handles[static_cast<size_t>(gpu)];
-  if (!h) {
-    cuda::setCurrent(gpu);
-    checkBlas(cublasCreate(&h), "cublasCreate");
-  }
-  return h;
+  static HandlePerGpu<cublasHandle_t> handles;
+  return handles.get(gpu, [](cublasHandle_t& h) { checkBlas(cublasCreate(&h), "cublasCreate"); });
 }
 
 cublasStatus_t stridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,

@@ -20,18 +20,9 @@ void checkDnn(cudnnStatus_t status, const char* call) {
   WEFT_CHECK(status == CUDNN_STATUS_SUCCESS, "cuDNN error {} in {}", cudnnGetErrorString(status), call);
 }
 
-/// One cuDNN handle per GPU, created on first use.
 cudnnHandle_t handleFor(int gpu) {
-  static std::mutex mutex;
-  static std::vector<cudnnHandle_t> handles;
-  std::lock_guard lock(mutex);
-  if (handles.size() <= static_cast<size_t>(gpu)) handles.resize(static_cast<size_t>(gpu) + 1, nullptr);
-  cudnnHandle_t& h = handles[static_cast<size_t>(gpu)];
-  if (!h) {
-    cuda::setCurrent(gpu);
-    checkDnn(cudnnCreate(&h), "cudnnCreate");
-  }
-  return h;
+  static HandlePerGpu<cudnnHandle_t> handles;
+  return handles.get(gpu, [](cudnnHandle_t& h) { checkDnn(cudnnCreate(&h), "cudnnCreate"); });
 }
 
 /// Everything that determines a convolution's descriptors and algorithms.

@@ -6,6 +6,9 @@
 #include "core/cuda/Runtime.h"
 #include "ops/cuda/Launchers.h"
 
+#include <mutex>
+#include <vector>
+
 namespace weft::cudaops {
 
 inline cudaStream_t streamOf(const KernelContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
@@ -15,6 +18,29 @@ inline ErrorSink errorSink(const KernelContext& ctx) { return {cuda::device(ctx.
 
 /// The map from `out` to `in` (right-aligned shapes); throws beyond kMaxRank dimensions.
 BroadcastMap broadcastMap(const Shape& out, const Shape& in);
+
+/// A library handle (cuBLAS, cuDNN) per GPU, created by `create(Handle&)` on first use while that
+/// GPU is current (a handle belongs to the device current when it is made). Handles live as long
+/// as the process.
+template <class Handle>
+class HandlePerGpu {
+ public:
+  template <class Create>
+  Handle get(int gpu, Create create) {
+    std::lock_guard lock(mutex_);
+    if (handles_.size() <= static_cast<size_t>(gpu)) handles_.resize(static_cast<size_t>(gpu) + 1, nullptr);
+    Handle& h = handles_[static_cast<size_t>(gpu)];
+    if (!h) {
+      cuda::setCurrent(gpu);
+      create(h);
+    }
+    return h;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Handle> handles_;
+};
 
 /// Copies a tensor's bytes on the device (nothing when they are the same memory).
 void copyOnDevice(const KernelContext& ctx, const Tensor& src, Tensor& dst);
