@@ -3,6 +3,7 @@
 // Matrix products go through OpenBLAS (single-threaded calls split across weft's pool); the
 // pointwise gate math runs on Eigen arrays so that sigmoid and tanh vectorise.
 #include "ops/OpUtil.h"
+#include "ops/RnnSequence.h"
 #include "ops/cuda/Kernels.h"
 
 #include <Eigen/Core>
@@ -38,7 +39,7 @@ void blasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int
 /// The same product with C split into blocks of rows (or columns, when wider than tall) across
 /// the pool. A (m x k) is stored k x m when ta; B (k x n) is stored n x k when tb.
 template <class T>
-void gemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
+void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -67,7 +68,7 @@ void gemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int6
 
 /// out (cols) = sum over the rows of src (rows, cols), split by columns across the pool.
 template <class T>
-void columnSums(const KernelContext& ctx, int64_t rows, int64_t cols, const T* src, T* out) {
+void sumColumns(const KernelContext& ctx, int64_t rows, int64_t cols, const T* src, T* out) {
   ctx.parallelFor(cols, rows, [&](int64_t lo, int64_t hi) {
     std::fill(out + lo, out + hi, T(0));
     for (int64_t r = 0; r < rows; ++r) {
@@ -204,7 +205,7 @@ std::vector<TensorType> gruCellGradInfer(const InferContext& c) {
 /// One step's gate math. `gates` (B, 4H) holds x_t wx + h_{t-1} wh without the bias on entry
 /// and the activations i, f, g, o on exit; c = f c_{t-1} + i g; h = o tanh(c).
 template <class T>
-void lstmStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bias, const T* cPrev,
+void lstmGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bias, const T* cPrev,
               T* gates, T* c, T* h) {
   forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
     T* g = gates + r * 4 * hidden + j;
@@ -220,30 +221,6 @@ void lstmStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* 
   });
 }
 
-void lstmKernel(KernelContext& ctx) {
-  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
-    using T = decltype(z);
-    const Shape& xs = ctx.input(0).shape();
-    const int64_t steps = xs[0], batch = xs[1], input = xs[2], hidden = ctx.input(1).shape()[1];
-    const int64_t g4 = 4 * hidden, state = batch * hidden;
-    const T *h0 = ctx.in<T>(1), *c0 = ctx.in<T>(2), *wh = ctx.in<T>(4), *bias = ctx.in<T>(5);
-    T *y = ctx.out<T>(0), *gates = ctx.out<T>(3), *cells = ctx.out<T>(4);
-    // The input projection of every step at once: gates (T*B, 4H) = x (T*B, I) wx (I, 4H).
-    gemm(ctx, false, false, steps * batch, g4, input, ctx.in<T>(0), input, ctx.in<T>(3), g4, T(0), gates, g4);
-    for (int64_t t = 0; t < steps; ++t) {
-      const T* hPrev = t == 0 ? h0 : y + (t - 1) * state;
-      const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
-      T* gt = gates + t * batch * g4;
-      gemm(ctx, false, false, batch, g4, hidden, hPrev, hidden, wh, g4, T(1), gt, g4);
-      lstmStep(ctx, batch, hidden, bias, cPrev, gt, cells + t * state, y + t * state);
-    }
-    const T* hLast = steps == 0 ? h0 : y + (steps - 1) * state;
-    const T* cLast = steps == 0 ? c0 : cells + (steps - 1) * state;
-    std::copy(hLast, hLast + state, ctx.out<T>(1));
-    std::copy(cLast, cLast + state, ctx.out<T>(2));
-  });
-}
-
 /// One step of BPTT through the cell. On entry dh and dc hold the gradients reaching h_t and c_t
 /// from later steps (dh without dy_t); on exit dc holds the gradient reaching c_{t-1} and dh is
 /// spent. Writes the pre-activation gate gradients to dGates (B, 4H):
@@ -251,7 +228,7 @@ void lstmKernel(KernelContext& ctx) {
 ///   di = dc g i (1 - i);  df = dc c_{t-1} f (1 - f);  dg = dc i (1 - g^2)
 ///   do = dh tanh(c) o (1 - o);  dc_{t-1} = dc f
 template <class T>
-void lstmStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* gates, const T* c,
+void lstmGateStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* gates, const T* c,
                   const T* cPrev, const T* dy, T* dh, T* dc, T* dGates) {
   forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
     const int64_t at = r * hidden + j, gAt = r * 4 * hidden + j;
@@ -271,108 +248,100 @@ void lstmStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, const
   });
 }
 
-// With dG (T*B, 4H) the pre-activation gate gradients of every step and dh_{t-1} = dG_t wh^T:
-//   dx = dG wx^T;  dwx = x^T dG;  dwh = sum_t h_{t-1}^T dG_t;  db = sum of dG's rows.
-void lstmGradKernel(KernelContext& ctx) {
-  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
-    using T = decltype(z);
-    const Shape& xs = ctx.input(0).shape();
-    const int64_t steps = xs[0], batch = xs[1], input = xs[2], hidden = ctx.input(1).shape()[1];
-    const int64_t g4 = 4 * hidden, state = batch * hidden, rows = steps * batch;
-    const T *x = ctx.in<T>(0), *h0 = ctx.in<T>(1), *c0 = ctx.in<T>(2), *wx = ctx.in<T>(3),
-            *wh = ctx.in<T>(4), *gates = ctx.in<T>(5), *cells = ctx.in<T>(6), *y = ctx.in<T>(7),
-            *dy = ctx.in<T>(8);
-    // dh0 and dc0 carry the running gradients of h_t and c_t back through the steps.
-    T *dh = ctx.out<T>(1), *dc = ctx.out<T>(2), *dwh = ctx.out<T>(4);
-    std::copy(ctx.in<T>(9), ctx.in<T>(9) + state, dh);
-    std::copy(ctx.in<T>(10), ctx.in<T>(10) + state, dc);
-    std::vector<T> dGates(static_cast<size_t>(rows * g4));  // (T, B, 4H)
-    for (int64_t t = steps - 1; t >= 0; --t) {
-      const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
-      T* dg = dGates.data() + t * batch * g4;
-      lstmStepGrad(ctx, batch, hidden, gates + t * batch * g4, cells + t * state, cPrev, dy + t * state, dh,
-                   dc, dg);
-      gemm(ctx, false, true, batch, hidden, g4, static_cast<const T*>(dg), g4, wh, g4, T(0), dh, hidden);
-    }
-    const T* dG = dGates.data();
-    gemm(ctx, false, true, rows, input, g4, dG, g4, wx, g4, T(0), ctx.out<T>(0), input);
-    gemm(ctx, true, false, input, g4, rows, x, input, dG, g4, T(0), ctx.out<T>(3), g4);
-    if (steps == 0) {
-      ctx.output(4).fill(0);
-    } else {
-      gemm(ctx, true, false, hidden, g4, batch, h0, hidden, dG, g4, T(0), dwh, g4);
-      gemm(ctx, true, false, hidden, g4, rows - batch, y, hidden, dG + batch * g4, g4, T(1), dwh, g4);
-    }
-    columnSums(ctx, rows, g4, dG, ctx.out<T>(5));
-  });
-}
-
 // ---- GRU kernels ---------------------------------------------------------------------------
 
-void gruCellKernel(KernelContext& ctx) {
-  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
-    using T = decltype(z);
-    const int64_t batch = ctx.input(0).shape()[0], input = ctx.input(0).shape()[1];
-    const int64_t hidden = ctx.input(1).shape()[1], g3 = 3 * hidden;
-    const T *h = ctx.in<T>(1), *wh = ctx.in<T>(3), *bx = ctx.in<T>(4), *bh = ctx.in<T>(5);
-    T *hNew = ctx.out<T>(0), *gates = ctx.out<T>(1), *hn = ctx.out<T>(2);
-    // gates = x wx; gates[:, r and z] += h wh[:, r and z]; hn = h wh[:, n] (n needs it apart).
-    gemm(ctx, false, false, batch, g3, input, ctx.in<T>(0), input, ctx.in<T>(2), g3, T(0), gates, g3);
-    gemm(ctx, false, false, batch, 2 * hidden, hidden, h, hidden, wh, g3, T(1), gates, g3);
-    gemm(ctx, false, false, batch, hidden, hidden, h, hidden, wh + 2 * hidden, g3, T(0), hn, hidden);
-    forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
-      T* g = gates + r * g3 + j;
-      Vec<T> gr(g, len), gz(g + hidden, len), gn(g + 2 * hidden, len);
-      const int64_t at = r * hidden + j;
-      Vec<T> hnv(hn + at, len);
-      gr = (gr + ConstVec<T>(bx + j, len) + ConstVec<T>(bh + j, len)).logistic();
-      gz = (gz + ConstVec<T>(bx + hidden + j, len) + ConstVec<T>(bh + hidden + j, len)).logistic();
-      hnv += ConstVec<T>(bh + 2 * hidden + j, len);
-      gn = (gn + ConstVec<T>(bx + 2 * hidden + j, len) + gr * hnv).tanh();
-      Vec<T>(hNew + at, len) = (1 - gz) * gn + gz * ConstVec<T>(h + at, len);
-    });
+/// The gate math of one GRU step: gates (B, 3H) hold x wx with h wh added on r and z on entry
+/// and r, z, n on exit; hn (B, H) holds h wh_n on entry and + bh_n on exit.
+template <class T>
+void gruGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bx, const T* bh, const T* h,
+                 T* gates, T* hn, T* hNew) {
+  const int64_t g3 = 3 * hidden;
+  forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
+    T* g = gates + r * g3 + j;
+    Vec<T> gr(g, len), gz(g + hidden, len), gn(g + 2 * hidden, len);
+    const int64_t at = r * hidden + j;
+    Vec<T> hnv(hn + at, len);
+    gr = (gr + ConstVec<T>(bx + j, len) + ConstVec<T>(bh + j, len)).logistic();
+    gz = (gz + ConstVec<T>(bx + hidden + j, len) + ConstVec<T>(bh + hidden + j, len)).logistic();
+    hnv += ConstVec<T>(bh + 2 * hidden + j, len);
+    gn = (gn + ConstVec<T>(bx + 2 * hidden + j, len) + gr * hnv).tanh();
+    Vec<T>(hNew + at, len) = (1 - gz) * gn + gz * ConstVec<T>(h + at, len);
   });
 }
 
-// With dh' the output gradient and a_* the pre-activations:
+// The gate math of the GRU's backward step. With dh' the output gradient and a_* the
+// pre-activations:
 //   da_n = dh' (1 - z) (1 - n^2);  da_z = dh' (h - n) z (1 - z);  da_r = da_n hn r (1 - r)
 //   dGx = [da_r, da_z, da_n] (gradient of x wx + bx);  dGh = [da_r, da_z, da_n r] (of h wh + bh)
-//   dx = dGx wx^T;  dwx = x^T dGx;  dbx = rows of dGx summed;  likewise for h, wh, bh, plus
-//   dh += dh' z for h's direct path.
-void gruCellGradKernel(KernelContext& ctx) {
-  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
-    using T = decltype(z);
-    const int64_t batch = ctx.input(0).shape()[0], input = ctx.input(0).shape()[1];
-    const int64_t hidden = ctx.input(1).shape()[1], g3 = 3 * hidden;
-    const T *x = ctx.in<T>(0), *h = ctx.in<T>(1), *wx = ctx.in<T>(2), *wh = ctx.in<T>(3),
-            *gates = ctx.in<T>(4), *hn = ctx.in<T>(5), *dhNew = ctx.in<T>(6);
-    T* dh = ctx.out<T>(1);
-    std::vector<T> scratch(static_cast<size_t>(2 * batch * g3));
-    T *dGx = scratch.data(), *dGh = scratch.data() + batch * g3;
-    forEachSpan(ctx, batch, hidden, 20, [&](int64_t r, int64_t j, int64_t len) {
-      const T* g = gates + r * g3 + j;
-      ConstVec<T> gr(g, len), gz(g + hidden, len), gn(g + 2 * hidden, len);
-      const int64_t at = r * hidden + j;
-      ConstVec<T> dho(dhNew + at, len), hv(h + at, len);
-      Vec<T> dxr(dGx + r * g3 + j, len), dxz(dxr.data() + hidden, len), dxn(dxr.data() + 2 * hidden, len);
-      Vec<T> dhr(dGh + r * g3 + j, len), dhz(dhr.data() + hidden, len), dhn(dhr.data() + 2 * hidden, len);
-      dxn = dho * (1 - gz) * (1 - gn.square());
-      dxz = dho * (hv - gn) * gz * (1 - gz);
-      dxr = dxn * ConstVec<T>(hn + at, len) * gr * (1 - gr);
-      dhr = dxr;
-      dhz = dxz;
-      dhn = dxn * gr;
-      Vec<T>(dh + at, len) = dho * gz;
-    });
-    const T *cdGx = dGx, *cdGh = dGh;
-    gemm(ctx, false, true, batch, input, g3, cdGx, g3, wx, g3, T(0), ctx.out<T>(0), input);
-    gemm(ctx, false, true, batch, hidden, g3, cdGh, g3, wh, g3, T(1), dh, hidden);
-    gemm(ctx, true, false, input, g3, batch, x, input, cdGx, g3, T(0), ctx.out<T>(2), g3);
-    gemm(ctx, true, false, hidden, g3, batch, h, hidden, cdGh, g3, T(0), ctx.out<T>(3), g3);
-    columnSums(ctx, batch, g3, cdGx, ctx.out<T>(4));
-    columnSums(ctx, batch, g3, cdGh, ctx.out<T>(5));
+//   dh = dh' z (h's direct path; ops/RnnSequence.h adds the path through wh)
+template <class T>
+void gruGateStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* gates, const T* hn, const T* h,
+                     const T* dhNew, T* dGx, T* dGh, T* dh) {
+  const int64_t g3 = 3 * hidden;
+  forEachSpan(ctx, batch, hidden, 20, [&](int64_t r, int64_t j, int64_t len) {
+    const T* g = gates + r * g3 + j;
+    ConstVec<T> gr(g, len), gz(g + hidden, len), gn(g + 2 * hidden, len);
+    const int64_t at = r * hidden + j;
+    ConstVec<T> dho(dhNew + at, len), hv(h + at, len);
+    Vec<T> dxr(dGx + r * g3 + j, len), dxz(dxr.data() + hidden, len), dxn(dxr.data() + 2 * hidden, len);
+    Vec<T> dhr(dGh + r * g3 + j, len), dhz(dhr.data() + hidden, len), dhn(dhr.data() + 2 * hidden, len);
+    dxn = dho * (1 - gz) * (1 - gn.square());
+    dxz = dho * (hv - gn) * gz * (1 - gz);
+    dxr = dxn * ConstVec<T>(hn + at, len) * gr * (1 - gr);
+    dhr = dxr;
+    dhz = dxz;
+    dhn = dxn * gr;
+    Vec<T>(dh + at, len) = dho * gz;
   });
 }
+
+/// The CPU side of ops/RnnSequence.h: products on OpenBLAS split across the pool, gate math on
+/// Eigen arrays.
+template <class T>
+struct CpuBackend {
+  const KernelContext& ctx;
+  std::vector<T> scratchStore;
+
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+            T beta, T* c, int64_t ldc) {
+    parallelGemm(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  }
+  void lstmStep(int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates, T* c, T* h) {
+    lstmGateStep(ctx, batch, hidden, bias, cPrev, gates, c, h);
+  }
+  void lstmStepGrad(int64_t batch, int64_t hidden, const T* gates, const T* c, const T* cPrev, const T* dy, T* dh,
+                    T* dc, T* dGates) {
+    lstmGateStepGrad(ctx, batch, hidden, gates, c, cPrev, dy, dh, dc, dGates);
+  }
+  void gruStep(int64_t batch, int64_t hidden, const T* bx, const T* bh, const T* h, T* gates, T* hn, T* hNew) {
+    gruGateStep(ctx, batch, hidden, bx, bh, h, gates, hn, hNew);
+  }
+  void gruStepGrad(int64_t batch, int64_t hidden, const T* gates, const T* hn, const T* h, const T* dhNew, T* dGx,
+                   T* dGh, T* dh) {
+    gruGateStepGrad(ctx, batch, hidden, gates, hn, h, dhNew, dGx, dGh, dh);
+  }
+  void copy(const T* src, T* dst, int64_t n) { std::copy(src, src + n, dst); }
+  void zero(T* dst, int64_t n) { std::fill(dst, dst + n, T(0)); }
+  void columnSums(int64_t rows, int64_t cols, const T* src, T* dst) { sumColumns(ctx, rows, cols, src, dst); }
+  T* scratch(int64_t n) {
+    scratchStore.assign(static_cast<size_t>(n), T(0));
+    return scratchStore.data();
+  }
+};
+
+#define WEFT_CPU_RNN_KERNEL(Name, sequence)         \
+  void Name(KernelContext& ctx) {                    \
+    dispatchFloat(ctx.input(0).dtype(), [&](auto z) { \
+      using T = decltype(z);                         \
+      CpuBackend<T> backend{ctx, {}};                \
+      rnn::sequence<T>(ctx, backend);                \
+    });                                              \
+  }
+WEFT_CPU_RNN_KERNEL(lstmKernel, lstmForward)
+WEFT_CPU_RNN_KERNEL(lstmGradKernel, lstmBackward)
+WEFT_CPU_RNN_KERNEL(gruCellKernel, gruForward)
+WEFT_CPU_RNN_KERNEL(gruCellGradKernel, gruBackward)
+#undef WEFT_CPU_RNN_KERNEL
 
 // ---- gradients -----------------------------------------------------------------------------
 

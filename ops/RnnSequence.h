@@ -1,0 +1,106 @@
+// The order of work of the fused recurrent ops (LSTM, LSTMGrad, GRUCell, GRUCellGrad), shared by
+// their CPU kernels (ops/Rnn.cpp) and CUDA kernels (ops/cuda/Rnn.cpp), which differ only in how
+// they multiply matrices and run the gate math. Formulas and layouts are documented in
+// ops/Rnn.cpp. A backend for element type T provides:
+//   gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc)  row-major C = op(A) op(B) + beta C
+//   lstmStep(batch, hidden, bias, cPrev, gates, c, h)
+//   lstmStepGrad(batch, hidden, gates, c, cPrev, dy, dh, dc, dGates)
+//   gruStep(batch, hidden, bx, bh, h, gates, hn, hNew)
+//   gruStepGrad(batch, hidden, gates, hn, h, dhNew, dGx, dGh, dh)
+//   copy(src, dst, n), zero(dst, n), columnSums(rows, cols, src, dst)
+//   scratch(n): n elements that live until the op returns
+#pragma once
+
+#include "core/OpRegistry.h"
+
+namespace weft::rnn {
+
+// Inputs x (T, B, I), h0, c0, wx, wh, b; outputs y, hLast, cLast, gates (T, B, 4H), cells.
+template <class T, class Backend>
+void lstmForward(const KernelContext& ctx, Backend& be) {
+  const Shape& xs = ctx.input(0).shape();
+  const int64_t steps = xs[0], batch = xs[1], input = xs[2], hidden = ctx.input(1).shape()[1];
+  const int64_t g4 = 4 * hidden, state = batch * hidden;
+  const T *h0 = ctx.in<T>(1), *c0 = ctx.in<T>(2), *wh = ctx.in<T>(4), *bias = ctx.in<T>(5);
+  T *y = ctx.out<T>(0), *gates = ctx.out<T>(3), *cells = ctx.out<T>(4);
+  // The input projection of every step at once: gates (T*B, 4H) = x (T*B, I) wx (I, 4H).
+  be.gemm(false, false, steps * batch, g4, input, ctx.in<T>(0), input, ctx.in<T>(3), g4, T(0), gates, g4);
+  for (int64_t t = 0; t < steps; ++t) {
+    const T* hPrev = t == 0 ? h0 : y + (t - 1) * state;
+    const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
+    T* gt = gates + t * batch * g4;
+    be.gemm(false, false, batch, g4, hidden, hPrev, hidden, wh, g4, T(1), gt, g4);
+    be.lstmStep(batch, hidden, bias, cPrev, gt, cells + t * state, y + t * state);
+  }
+  be.copy(steps == 0 ? h0 : y + (steps - 1) * state, ctx.out<T>(1), state);
+  be.copy(steps == 0 ? c0 : cells + (steps - 1) * state, ctx.out<T>(2), state);
+}
+
+// Inputs x, h0, c0, wx, wh, gates, cells, y, dy, dhLast, dcLast; outputs dx, dh0, dc0, dwx, dwh,
+// db. With dG (T*B, 4H) the pre-activation gate gradients of every step and
+// dh_{t-1} = dG_t wh^T:  dx = dG wx^T;  dwx = x^T dG;  dwh = sum_t h_{t-1}^T dG_t;  db = rows of
+// dG summed.
+template <class T, class Backend>
+void lstmBackward(const KernelContext& ctx, Backend& be) {
+  const Shape& xs = ctx.input(0).shape();
+  const int64_t steps = xs[0], batch = xs[1], input = xs[2], hidden = ctx.input(1).shape()[1];
+  const int64_t g4 = 4 * hidden, state = batch * hidden, rows = steps * batch;
+  const T *x = ctx.in<T>(0), *h0 = ctx.in<T>(1), *c0 = ctx.in<T>(2), *wx = ctx.in<T>(3), *wh = ctx.in<T>(4),
+          *gates = ctx.in<T>(5), *cells = ctx.in<T>(6), *y = ctx.in<T>(7), *dy = ctx.in<T>(8);
+  // dh0 and dc0 carry the running gradients of h_t and c_t back through the steps.
+  T *dh = ctx.out<T>(1), *dc = ctx.out<T>(2), *dwh = ctx.out<T>(4);
+  be.copy(ctx.in<T>(9), dh, state);
+  be.copy(ctx.in<T>(10), dc, state);
+  T* dG = be.scratch(rows * g4);  // (T, B, 4H)
+  for (int64_t t = steps - 1; t >= 0; --t) {
+    const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
+    T* dg = dG + t * batch * g4;
+    be.lstmStepGrad(batch, hidden, gates + t * batch * g4, cells + t * state, cPrev, dy + t * state, dh, dc, dg);
+    be.gemm(false, true, batch, hidden, g4, dg, g4, wh, g4, T(0), dh, hidden);
+  }
+  be.gemm(false, true, rows, input, g4, dG, g4, wx, g4, T(0), ctx.out<T>(0), input);
+  be.gemm(true, false, input, g4, rows, x, input, dG, g4, T(0), ctx.out<T>(3), g4);
+  if (steps == 0) {
+    be.zero(dwh, hidden * g4);
+  } else {
+    be.gemm(true, false, hidden, g4, batch, h0, hidden, dG, g4, T(0), dwh, g4);
+    be.gemm(true, false, hidden, g4, rows - batch, y, hidden, dG + batch * g4, g4, T(1), dwh, g4);
+  }
+  be.columnSums(rows, g4, dG, ctx.out<T>(5));
+}
+
+// Inputs x (B, I), h, wx, wh, bx, bh; outputs h', gates (B, 3H), hn (B, H).
+template <class T, class Backend>
+void gruForward(const KernelContext& ctx, Backend& be) {
+  const int64_t batch = ctx.input(0).shape()[0], input = ctx.input(0).shape()[1];
+  const int64_t hidden = ctx.input(1).shape()[1], g3 = 3 * hidden;
+  const T *h = ctx.in<T>(1), *wh = ctx.in<T>(3);
+  T *gates = ctx.out<T>(1), *hn = ctx.out<T>(2);
+  // gates = x wx; gates[:, r and z] += h wh[:, r and z]; hn = h wh[:, n] (n needs it apart).
+  be.gemm(false, false, batch, g3, input, ctx.in<T>(0), input, ctx.in<T>(2), g3, T(0), gates, g3);
+  be.gemm(false, false, batch, 2 * hidden, hidden, h, hidden, wh, g3, T(1), gates, g3);
+  be.gemm(false, false, batch, hidden, hidden, h, hidden, wh + 2 * hidden, g3, T(0), hn, hidden);
+  be.gruStep(batch, hidden, ctx.in<T>(4), ctx.in<T>(5), h, gates, hn, ctx.out<T>(0));
+}
+
+// Inputs x, h, wx, wh, gates, hn, dh'; outputs dx, dh, dwx, dwh, dbx, dbh. With dGx and dGh the
+// gradients of x wx + bx and h wh + bh:  dx = dGx wx^T;  dwx = x^T dGx;  dbx = rows of dGx
+// summed; likewise for h, wh, bh, plus h's direct path dh' z (written by the step).
+template <class T, class Backend>
+void gruBackward(const KernelContext& ctx, Backend& be) {
+  const int64_t batch = ctx.input(0).shape()[0], input = ctx.input(0).shape()[1];
+  const int64_t hidden = ctx.input(1).shape()[1], g3 = 3 * hidden;
+  const T *x = ctx.in<T>(0), *h = ctx.in<T>(1), *wx = ctx.in<T>(2), *wh = ctx.in<T>(3);
+  T* dh = ctx.out<T>(1);
+  T* dGx = be.scratch(2 * batch * g3);
+  T* dGh = dGx + batch * g3;
+  be.gruStepGrad(batch, hidden, ctx.in<T>(4), ctx.in<T>(5), h, ctx.in<T>(6), dGx, dGh, dh);
+  be.gemm(false, true, batch, input, g3, dGx, g3, wx, g3, T(0), ctx.out<T>(0), input);
+  be.gemm(false, true, batch, hidden, g3, dGh, g3, wh, g3, T(1), dh, hidden);
+  be.gemm(true, false, input, g3, batch, x, input, dGx, g3, T(0), ctx.out<T>(2), g3);
+  be.gemm(true, false, hidden, g3, batch, h, hidden, dGh, g3, T(0), ctx.out<T>(3), g3);
+  be.columnSums(batch, g3, dGx, ctx.out<T>(4));
+  be.columnSums(batch, g3, dGh, ctx.out<T>(5));
+}
+
+}  // namespace weft::rnn
