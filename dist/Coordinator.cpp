@@ -233,7 +233,8 @@ struct Coordinator::State {
   void serve();
   void acceptOne();
   void admit(Admission* self, FileDescriptor fd, const std::string& peer);
-  void join(Admission* self, FileDescriptor& fd, Deadline deadline);
+  /// Admits the joining member, or logs why not and tells it.
+  void join(Admission* self, FileDescriptor& fd, Deadline deadline, const std::string& peer);
   void sendRosters();
   void abortRendezvous();
   void reapAdmissions(bool all);
@@ -347,7 +348,7 @@ void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::st
   try {
     const Deadline deadline = Clock::now() + handshakeTimeout_;
     serverHandshake(fd.get(), secret_, job_, deadline);
-    join(self, fd, deadline);
+    join(self, fd, deadline, peer);
   } catch (const Error& e) {
     std::lock_guard lock(mutex_);
     logRefusal(peer, over_ ? "the rendezvous ended before its handshake completed" : e.what());
@@ -357,7 +358,7 @@ void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::st
   self->done = true;
 }
 
-void Coordinator::State::join(Admission* self, FileDescriptor& fd, Deadline deadline) {
+void Coordinator::State::join(Admission* self, FileDescriptor& fd, Deadline deadline, const std::string& peer) {
   try {
     const Frame frame = readFrame(fd.get(), deadline, job_, kMaxJoinPayload);
     expectType(frame, MessageType::Join);
@@ -374,8 +375,12 @@ void Coordinator::State::join(Admission* self, FileDescriptor& fd, Deadline dead
     }
     wake();
   } catch (const Error& e) {
+    // Logged before the member hears of it, so the log is complete once every member has heard.
+    {
+      std::lock_guard lock(mutex_);
+      logRefusal(peer, over_ ? "the rendezvous ended before its handshake completed" : e.what());
+    }
     sendRefusal(fd.get(), job_, e.what());
-    throw;
   }
 }
 
