@@ -28,78 +28,59 @@ __device__ inline void outputsHolding(int64_t i, int64_t s, int64_t pad, int64_t
   hi = smaller(outSize - 1, (i + pad) / s);
 }
 
-template <class T>
-__global__ void maxPoolKernel(const T* x, T* y, PoolShape p) {
+/// Each output reduces its window: the maximum, or the mean.
+template <class T, bool kMax>
+__global__ void poolKernel(const T* x, T* y, PoolShape p) {
   WEFT_GRID_STRIDE(k, p.planes * p.oh * p.ow) {
     const int64_t plane = k / (p.oh * p.ow), oy = (k / p.ow) % p.oh, ox = k % p.ow;
     const T* px = x + plane * p.h * p.w;
     const Window win(p, oy, ox);
-    T best = -INFINITY;
+    T acc = kMax ? T(-INFINITY) : T(0);
     for (int64_t iy = win.y0; iy < win.y1; ++iy) {
-      for (int64_t ix = win.x0; ix < win.x1; ++ix) best = best < px[iy * p.w + ix] ? px[iy * p.w + ix] : best;
+      for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+        const T v = px[iy * p.w + ix];
+        acc = kMax ? (acc < v ? v : acc) : acc + v;
+      }
     }
-    y[k] = win.count() > 0 ? best : T(0);
+    y[k] = win.count() == 0 ? T(0) : kMax ? acc : acc / static_cast<T>(win.count());
   }
+}
+
+/// The sum, in output order, of share(o, window of o) over the outputs o whose window holds input
+/// element k (flat over planes, rows, columns).
+template <class T, class Share>
+__device__ T gatherFromOutputs(const PoolShape& p, int64_t k, Share share) {
+  const int64_t plane = k / (p.h * p.w), iy = (k / p.w) % p.h, ix = k % p.w;
+  int64_t oy0, oy1, ox0, ox1;
+  outputsHolding(iy, p.sh, p.ph, p.kh, p.oh, oy0, oy1);
+  outputsHolding(ix, p.sw, p.pw, p.kw, p.ow, ox0, ox1);
+  T total = 0;
+  for (int64_t oy = oy0; oy <= oy1; ++oy) {
+    for (int64_t ox = ox0; ox <= ox1; ++ox) total += share((plane * p.oh + oy) * p.ow + ox, Window(p, oy, ox));
+  }
+  return total;
 }
 
 template <class T>
 __global__ void maxPoolGradKernel(const T* x, const T* y, const T* dy, T* dx, PoolShape p) {
   WEFT_GRID_STRIDE(k, p.planes * p.h * p.w) {
-    const int64_t plane = k / (p.h * p.w), iy = (k / p.w) % p.h, ix = k % p.w;
-    const T* px = x + plane * p.h * p.w;
-    int64_t oy0, oy1, ox0, ox1;
-    outputsHolding(iy, p.sh, p.ph, p.kh, p.oh, oy0, oy1);
-    outputsHolding(ix, p.sw, p.pw, p.kw, p.ow, ox0, ox1);
-    T total = 0;
-    for (int64_t oy = oy0; oy <= oy1; ++oy) {
-      for (int64_t ox = ox0; ox <= ox1; ++ox) {
-        const int64_t o = (plane * p.oh + oy) * p.ow + ox;
-        const Window win(p, oy, ox);
-        int64_t at = -1;  // the window's first element equal to its maximum
-        for (int64_t wy = win.y0; wy < win.y1 && at < 0; ++wy) {
-          for (int64_t wx = win.x0; wx < win.x1; ++wx) {
-            if (px[wy * p.w + wx] == y[o]) {
-              at = wy * p.w + wx;
-              break;
-            }
-          }
+    const T* px = x + k / (p.h * p.w) * p.h * p.w;
+    const int64_t self = k % (p.h * p.w);
+    dx[k] = gatherFromOutputs<T>(p, k, [&](int64_t o, const Window& win) {
+      for (int64_t wy = win.y0; wy < win.y1; ++wy) {  // the window's first element equal to its maximum
+        for (int64_t wx = win.x0; wx < win.x1; ++wx) {
+          if (px[wy * p.w + wx] == y[o]) return wy * p.w + wx == self ? dy[o] : T(0);
         }
-        if (at == iy * p.w + ix) total += dy[o];
       }
-    }
-    dx[k] = total;
-  }
-}
-
-template <class T>
-__global__ void avgPoolKernel(const T* x, T* y, PoolShape p) {
-  WEFT_GRID_STRIDE(k, p.planes * p.oh * p.ow) {
-    const int64_t plane = k / (p.oh * p.ow), oy = (k / p.ow) % p.oh, ox = k % p.ow;
-    const T* px = x + plane * p.h * p.w;
-    const Window win(p, oy, ox);
-    T total = 0;
-    for (int64_t iy = win.y0; iy < win.y1; ++iy) {
-      for (int64_t ix = win.x0; ix < win.x1; ++ix) total += px[iy * p.w + ix];
-    }
-    y[k] = win.count() > 0 ? total / static_cast<T>(win.count()) : T(0);
+      return T(0);
+    });
   }
 }
 
 template <class T>
 __global__ void avgPoolGradKernel(const T* dy, T* dx, PoolShape p) {
   WEFT_GRID_STRIDE(k, p.planes * p.h * p.w) {
-    const int64_t plane = k / (p.h * p.w), iy = (k / p.w) % p.h, ix = k % p.w;
-    int64_t oy0, oy1, ox0, ox1;
-    outputsHolding(iy, p.sh, p.ph, p.kh, p.oh, oy0, oy1);
-    outputsHolding(ix, p.sw, p.pw, p.kw, p.ow, ox0, ox1);
-    T total = 0;
-    for (int64_t oy = oy0; oy <= oy1; ++oy) {
-      for (int64_t ox = ox0; ox <= ox1; ++ox) {
-        const Window win(p, oy, ox);
-        total += dy[(plane * p.oh + oy) * p.ow + ox] / static_cast<T>(win.count());
-      }
-    }
-    dx[k] = total;
+    dx[k] = gatherFromOutputs<T>(p, k, [&](int64_t o, const Window& win) { return dy[o] / static_cast<T>(win.count()); });
   }
 }
 
@@ -109,7 +90,7 @@ namespace launch {
 
 template <class T>
 cudaError_t maxPool(const T* x, T* y, const PoolShape& p, cudaStream_t stream) {
-  maxPoolKernel<T><<<blocksFor(p.planes * p.oh * p.ow), kThreads, 0, stream>>>(x, y, p);
+  poolKernel<T, true><<<blocksFor(p.planes * p.oh * p.ow), kThreads, 0, stream>>>(x, y, p);
   return cudaGetLastError();
 }
 
@@ -121,7 +102,7 @@ cudaError_t maxPoolGrad(const T* x, const T* y, const T* dy, T* dx, const PoolSh
 
 template <class T>
 cudaError_t avgPool(const T* x, T* y, const PoolShape& p, cudaStream_t stream) {
-  avgPoolKernel<T><<<blocksFor(p.planes * p.oh * p.ow), kThreads, 0, stream>>>(x, y, p);
+  poolKernel<T, false><<<blocksFor(p.planes * p.oh * p.ow), kThreads, 0, stream>>>(x, y, p);
   return cudaGetLastError();
 }
 
