@@ -7,8 +7,8 @@
 
 namespace weft {
 
-/// Element type. BF16 and F16 are storage types (for the CUDA backend); CPU kernels compute in
-/// F32, F64, I32 and I64.
+/// Element type. BF16 and F16 are the 16-bit types of mixed precision (core/Half.h): casts,
+/// matrix products and convolutions take them; on the CPU those compute in F32.
 enum class DType : uint8_t { F32, F64, I32, I64, BF16, F16 };
 
 inline constexpr DType f32 = DType::F32;

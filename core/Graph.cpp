@@ -167,6 +167,23 @@ Graph::DeviceScope::DeviceScope(Graph& g, const std::string& device) : graph_(g)
 }
 Graph::DeviceScope::~DeviceScope() { graph_.devices_.pop_back(); }
 
+Graph::PrecisionScope::PrecisionScope(Graph& g, DType low) : graph_(g) {
+  WEFT_CHECK(low == DType::F32 || low == DType::BF16 || low == DType::F16,
+             "mixed precision computes in bf16 or f16 (or f32 for none), not {}", dtypeName(low));
+  g.precisions_.push_back(low);
+}
+Graph::PrecisionScope::~PrecisionScope() { graph_.precisions_.pop_back(); }
+
+void Graph::runOnlyIf(Node* node, Output condition) {
+  WEFT_CHECK(node->outputs.empty(), "{} has outputs, so it cannot be skipped: only ops without outputs run conditionally",
+             node->describe());
+  WEFT_CHECK(condition.shape().rank() == 0, "the condition of {} must be a scalar, got {}", node->describe(),
+             condition.type().str());
+  WEFT_CHECK(&condition.graph() == this && condition.node() != node,
+             "the condition of {} must be another node of the same graph", node->describe());
+  node->condition = condition;
+}
+
 Node* Graph::find(const std::string& name) const {
   auto it = byName_.find(name);
   return it == byName_.end() ? nullptr : it->second;
@@ -203,6 +220,7 @@ std::string Graph::dump() const {
     for (const TensorType& t : n->outputs) outs.push_back(t.str());
     s += fmt::format("{} = {}({}) -> ({})", n->name, n->op, fmt::join(ins, ", "), fmt::join(outs, ", "));
     if (!n->device.empty()) s += " @" + n->device;
+    if (n->condition.valid()) s += " if " + n->condition.name();
     if (!n->attrs.values().empty() && n->op != "Const") s += " {" + n->attrs.str() + "}";
     s += "\n";
   }

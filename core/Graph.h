@@ -66,6 +66,7 @@ struct Node {
   std::string name;  // unique within the graph, scope included
   std::vector<Output> inputs;
   std::vector<Node*> controlInputs;  // must run before this node; carry no data
+  Output condition;  // when set (a scalar), the node runs only in steps where it is nonzero
   Attrs attrs;
   std::vector<TensorType> outputs;
   std::string device;  // requested placement ("" = default device)
@@ -171,6 +172,28 @@ class Graph {
   };
   DeviceScope onDevice(const std::string& device) { return DeviceScope(*this, device); }
 
+  /// RAII mixed-precision scope: while it lives, matrix products and convolutions built from f32
+  /// values compute in `low` (bf16 or f16): their inputs are cast down and their results cast
+  /// back to f32, so the rest of the model, the variables and the optimizer stay in f32.
+  class PrecisionScope {
+   public:
+    PrecisionScope(Graph& g, DType low);
+    ~PrecisionScope();
+    PrecisionScope(const PrecisionScope&) = delete;
+    PrecisionScope& operator=(const PrecisionScope&) = delete;
+
+   private:
+    Graph& graph_;
+  };
+  PrecisionScope mixedPrecision(DType low) { return PrecisionScope(*this, low); }
+  /// The compute type of matrix products and convolutions of f32 values here (f32 outside any
+  /// mixed-precision scope).
+  DType computeDType() const { return precisions_.empty() ? DType::F32 : precisions_.back(); }
+
+  /// Makes `node` (an op without outputs, such as an update) run only in steps where the scalar
+  /// `condition` is nonzero; the condition is computed first.
+  void runOnlyIf(Node* node, Output condition);
+
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   size_t size() const { return nodes_.size(); }
   Node* node(int id) const { return nodes_.at(static_cast<size_t>(id)).get(); }
@@ -204,6 +227,7 @@ class Graph {
   std::map<std::string, Node*> byName_;
   std::vector<std::string> scopes_;
   std::vector<std::string> devices_;
+  std::vector<DType> precisions_;
   std::vector<GradientLink> gradientLinks_;
   std::map<std::string, std::vector<Node*>> collections_;
   uint64_t seed_ = 0;

@@ -19,6 +19,7 @@ struct Session::Plan {
   struct Step {
     Kernel kernel;
     KernelContext ctx;
+    const Tensor* condition = nullptr;  // run only when this scalar is nonzero
   };
   struct FeedSlot {
     Output output;
@@ -166,6 +167,7 @@ std::vector<Node*> neededNodes(const std::vector<Output>& fetches, const std::se
       if (!fed.count(in)) demand(in.node());
     }
     for (Node* c : n->controlInputs) demand(c);
+    if (n->condition.valid() && !fed.count(n->condition)) demand(n->condition.node());
   }
   std::sort(out.begin(), out.end(), [](Node* a, Node* b) { return a->id < b->id; });
   return out;
@@ -184,6 +186,8 @@ std::vector<Node*> scheduleNodes(const std::vector<Node*>& nodes, const std::set
       if (!fed.count(in)) edge(pos.at(in.node()), i);
     }
     for (Node* c : nodes[i]->controlInputs) edge(pos.at(c), i);
+    const Output& condition = nodes[i]->condition;
+    if (condition.valid() && !fed.count(condition)) edge(pos.at(condition.node()), i);
   }
   // Readers of each written variable.
   std::unordered_map<const Node*, std::vector<size_t>> readers, writers;
@@ -352,6 +356,7 @@ struct Item {
   bool copy;
   Device device;
   std::vector<int> in, out;
+  int condition = -1;  // the slot of the node's run condition
 };
 
 void copyKernel(KernelContext& ctx) { ctx.output(0).copyFrom(ctx.input(0)); }
@@ -400,6 +405,7 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
     std::vector<TensorType> outTypes =
         n->def->sourceKind == SourceKind::None ? n->def->inferFn(InferContext{*n, inputTypes}) : n->outputs;
     Item item{n, false, device, {}, {}};
+    if (n->condition.valid()) item.condition = slotOf.at(n->condition);
     if (n->def->sourceKind == SourceKind::None) {
       WEFT_CHECK(n->def->kernelFor(device.type) != nullptr, "{} has no kernel for {}", n->describe(), device.str());
       for (size_t i = 0; i < n->inputs.size(); ++i) {
@@ -440,6 +446,7 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
   std::vector<bool> planned(plan->slots.size(), false);
   for (size_t k = 0; k < items.size(); ++k) {
     for (int in : items[k].in) lastUse[static_cast<size_t>(in)] = static_cast<int>(k);
+    if (items[k].condition >= 0) lastUse[static_cast<size_t>(items[k].condition)] = static_cast<int>(k);
     for (int s : items[k].out) {
       producerStep[static_cast<size_t>(s)] = static_cast<int>(k);
       planned[static_cast<size_t>(s)] = !fetchedSlots.count(s);
@@ -538,6 +545,7 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
     }
     for (int in : item.in) step.ctx.inputs.push_back(&plan->slots[static_cast<size_t>(in)]);
     for (int out : item.out) step.ctx.outputs.push_back(&plan->slots[static_cast<size_t>(out)]);
+    if (item.condition >= 0) step.condition = &plan->slots[static_cast<size_t>(item.condition)];
     plan->steps.push_back(std::move(step));
   }
   for (const Output& f : fetches) {
@@ -638,7 +646,19 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
 }
 
 void Session::runSteps(Plan& plan) {
+  std::vector<std::pair<const Tensor*, bool>> conditions;  // each read once per run
+  auto holds = [&](const Tensor* condition) {
+    for (const auto& [t, value] : conditions) {
+      if (t == condition) return value;
+    }
+    // A condition on a GPU is read after the work queued before it: the step's one wait.
+    const Tensor host = condition->device().type == DeviceType::CPU ? *condition : condition->to(cpu());
+    const bool value = dispatchDType(host.dtype(), [&](auto z) { return *host.data<decltype(z)>() != decltype(z)(0); });
+    conditions.emplace_back(condition, value);
+    return value;
+  };
   for (Plan::Step& s : plan.steps) {
+    if (s.condition && !holds(s.condition)) continue;
     s.ctx.step = step_;
     // Copies and allocations may change the thread's current GPU, so each GPU step sets it.
     if (s.ctx.device.type == DeviceType::CUDA) makeCurrent(s.ctx.device.index);

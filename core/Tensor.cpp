@@ -55,10 +55,10 @@ double Tensor::item() const {
 std::vector<double> Tensor::toDoubles() const {
   if (device().type != DeviceType::CPU) return to(cpu()).toDoubles();
   std::vector<double> out(static_cast<size_t>(numel()));
-  dispatchDType(dtype_, [&](auto t) {
+  dispatchStorage(dtype_, [&](auto t) {
     using T = decltype(t);
     const T* p = static_cast<const T*>(raw());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(p[i]);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = convertElement<double>(p[i]);
   });
   return out;
 }

@@ -4,6 +4,7 @@
 #include "core/DType.h"
 #include "core/Device.h"
 #include "core/Error.h"
+#include "core/Half.h"
 #include "core/Shape.h"
 
 #include <cstring>
@@ -121,6 +122,16 @@ decltype(auto) dispatchDType(DType t, F&& f) {
     case DType::I32: return f(int32_t{});
     case DType::I64: return f(int64_t{});
     default: WEFT_THROW("dtype {} has no CPU kernels", dtypeName(t));
+  }
+}
+
+/// Calls `f(T{})` with T the C++ type of any dtype, the 16-bit storage types included.
+template <class F>
+decltype(auto) dispatchStorage(DType t, F&& f) {
+  switch (t) {
+    case DType::BF16: return f(BFloat16{});
+    case DType::F16: return f(Float16{});
+    default: return dispatchDType(t, std::forward<F>(f));
   }
 }
 

@@ -219,6 +219,12 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
     state->session = std::make_unique<Session>(graph, config.session);
     return Runner(std::move(state));
   }
+  for (const auto& n : graph.nodes()) {
+    WEFT_CHECK(!n->condition.valid(),
+               "{} runs only when {} holds; distributed training does not run conditional updates (such as a loss "
+               "scale's skipped steps) yet",
+               n->describe(), n->condition.name());
+  }
   state->transport = std::make_unique<UcxTransport>();
   JoinRequest request{identity->id, state->transport->address(), {}};
   const Roster roster = rendezvous(identity->coordinatorHost, identity->coordinatorPort, identity->secret,

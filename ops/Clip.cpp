@@ -1,10 +1,13 @@
-// Gradient clipping: the squared norms of dense and sparse gradients (SquaredNorm,
-// SparseSquaredNorm) and clipByGlobalNorm, which composes them. Sums are taken in double over
+// Gradient checks: the squared norms of dense and sparse gradients (SquaredNorm,
+// SparseSquaredNorm), clipByGlobalNorm, which composes them, and AllFinite, which loss scaling
+// uses to skip a step whose gradients overflowed. Sums are taken in double over
 // fixed blocks, so a norm does not depend on the thread count.
 #include "ops/OpUtil.h"
 #include "ops/cuda/Kernels.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <numeric>
 
 namespace weft {
@@ -54,6 +57,22 @@ void squaredNormKernel(KernelContext& ctx) {
     });
     ctx.output(0).data<T>()[0] = static_cast<T>(std::accumulate(partial.begin(), partial.end(), 0.0));
   });
+}
+
+void allFiniteKernel(KernelContext& ctx) {
+  std::atomic<bool> finite{true};
+  for (const Tensor* x : ctx.inputs) {
+    dispatchFloat(x->dtype(), [&](auto z) {
+      using T = decltype(z);
+      const T* px = x->data<T>();
+      ctx.parallelFor(x->numel(), 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi && finite.load(std::memory_order_relaxed); ++i) {
+          if (!std::isfinite(px[i])) finite = false;
+        }
+      });
+    });
+  }
+  ctx.output(0).data<float>()[0] = finite ? 1.0f : 0.0f;
 }
 
 /// Positions of `ids` sorted by id (stable), and the start of each run of equal ids in that
@@ -114,6 +133,11 @@ Output sparseSquaredNorm(Output indices, Output values) {
   return addOp1(values.graph(), "SparseSquaredNorm", {indices, values});
 }
 
+Output allFinite(const std::vector<Output>& xs) {
+  WEFT_CHECK(!xs.empty(), "allFinite of no tensors");
+  return addOp1(xs[0].graph(), "AllFinite", xs);
+}
+
 std::pair<std::vector<Grad>, Output> clipByGlobalNorm(const std::vector<Grad>& grads, double clipNorm) {
   WEFT_CHECK(clipNorm > 0, "clipByGlobalNorm: clipNorm must be positive, got {}", clipNorm);
   std::vector<Output> squares;
@@ -148,6 +172,14 @@ void detail::registerClipOps(OpRegistry& r) {
             .infer(squaredNormInfer)
             .cpu(squaredNormKernel).cuda(WEFT_CUDA_KERNEL(squaredNorm))
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.x(0) * (c.dy() * 2.0)}; }));
+  r.add(OpDef("AllFinite")
+            .inputs(1, -1)
+            .infer([](const InferContext& c) -> std::vector<TensorType> {
+              for (int i = 0; i < c.numInputs(); ++i) detail::requireFloat(c, i);
+              return {{f32, Shape{}}};
+            })
+            .cpu(allFiniteKernel).cuda(WEFT_CUDA_KERNEL(allFinite))
+            .noGradient());
   r.add(OpDef("SparseSquaredNorm").inputs(2).infer(sparseSquaredNormInfer).cpu(sparseSquaredNormKernel).cuda(WEFT_CUDA_KERNEL(sparseSquaredNorm)).noGradient());
 }
 

@@ -478,7 +478,9 @@ Output addPool(const char* op, Output x, std::vector<int64_t> kernel, std::vecto
 }  // namespace
 
 Output conv2d(Output x, Output filter, const Conv2dOptions& options) {
-  return addOp1(x.graph(), "Conv2D", {x, filter}, convAttrs(options));
+  return detail::inComputePrecision({x, filter}, [&](const std::vector<Output>& in) {
+    return addOp1(x.graph(), "Conv2D", in, convAttrs(options));
+  });
 }
 Output maxPool2d(Output x, std::vector<int64_t> kernel, std::vector<int64_t> stride, std::vector<int64_t> padding) {
   return addPool("MaxPool2D", x, std::move(kernel), std::move(stride), std::move(padding));
@@ -496,7 +498,7 @@ void detail::registerConvOps(OpRegistry& r) {
   r.add(OpDef("Conv2D")
             .inputs(2)
             .infer(conv2dInfer)
-            .cpu(conv2dKernel)
+            .cpu([](KernelContext& c) { detail::runInFloat32(c, conv2dKernel); })
             .cuda(WEFT_CUDNN_KERNEL(conv2d))
             .grad([](GradContext& c) -> std::vector<Grad> {
               const Attrs& a = c.attrs();
@@ -506,13 +508,13 @@ void detail::registerConvOps(OpRegistry& r) {
   r.add(OpDef("Conv2DBackpropInput")
             .inputs(3)
             .infer([](const InferContext& c) { return convBackpropInfer(c, 0, 2, 1, 2); })
-            .cpu(conv2dBackpropInputKernel)
+            .cpu([](KernelContext& c) { detail::runInFloat32(c, conv2dBackpropInputKernel); })
             .cuda(WEFT_CUDNN_KERNEL(conv2dBackpropInput))
             .noGradient());
   r.add(OpDef("Conv2DBackpropFilter")
             .inputs(3)
             .infer([](const InferContext& c) { return convBackpropInfer(c, 1, 0, 2, 2); })
-            .cpu(conv2dBackpropFilterKernel)
+            .cpu([](KernelContext& c) { detail::runInFloat32(c, conv2dBackpropFilterKernel); })
             .cuda(WEFT_CUDNN_KERNEL(conv2dBackpropFilter))
             .noGradient());
   r.add(OpDef("MaxPool2D")

@@ -214,17 +214,7 @@ void whereKernel(KernelContext& ctx) {
 void castKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& out = ctx.output(0);
-  dispatchDType(x.dtype(), [&](auto zs) {
-    using S = decltype(zs);
-    dispatchDType(out.dtype(), [&](auto zd) {
-      using D = decltype(zd);
-      const S* src = static_cast<const S*>(x.raw());
-      D* dst = static_cast<D*>(out.raw());
-      ctx.parallelFor(x.numel(), 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) dst[i] = static_cast<D>(src[i]);
-      });
-    });
-  });
+  detail::castElements(ctx, x, out);
 }
 
 void addNKernel(KernelContext& ctx) {

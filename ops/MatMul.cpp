@@ -1,5 +1,6 @@
 // Matrix products through OpenBLAS's CBLAS. Calls are single-threaded; weft's pool runs the
-// row or column blocks of the output, so the thread count is the session's.
+// row or column blocks of the output, so the thread count is the session's. bf16/f16 products
+// compute in f32 on the CPU (and in 16 bits with f32 accumulation on the GPU).
 #include "ops/OpUtil.h"
 
 #include "ops/cuda/Kernels.h"
@@ -123,8 +124,12 @@ std::vector<Grad> matmulGrad(GradContext& c, bool batched) {
 }
 
 Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
-  return detail::addOp1(a.graph(), op, {a, b}, {{"transpose_a", ta}, {"transpose_b", tb}});
+  return detail::inComputePrecision({a, b}, [&](const std::vector<Output>& x) {
+    return detail::addOp1(a.graph(), op, x, {{"transpose_a", ta}, {"transpose_b", tb}});
+  });
 }
+
+void matmulAnyPrecision(KernelContext& ctx) { detail::runInFloat32(ctx, matmulKernel); }
 
 std::atomic<bool> tf32{false};
 
@@ -146,13 +151,13 @@ void detail::registerMatMulOps(OpRegistry& r) {
   r.add(OpDef("MatMul")
             .inputs(2)
             .infer([](const InferContext& c) { return matmulInfer(c, false); })
-            .cpu(matmulKernel)
+            .cpu(matmulAnyPrecision)
             .cuda(WEFT_CUDA_KERNEL(matmul))
             .grad([](GradContext& c) { return matmulGrad(c, false); }));
   r.add(OpDef("BatchMatMul")
             .inputs(2)
             .infer([](const InferContext& c) { return matmulInfer(c, true); })
-            .cpu(matmulKernel)
+            .cpu(matmulAnyPrecision)
             .cuda(WEFT_CUDA_KERNEL(matmul))
             .grad([](GradContext& c) { return matmulGrad(c, true); }));
 }

@@ -54,6 +54,61 @@ bool broadcastShapes(const Shape& a, const Shape& b, Shape& out) {
 
 std::vector<TensorType> sameAsInput(const InferContext& c) { return {c.inputs[0]}; }
 
+Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build) {
+  const DType low = inputs[0].graph().computeDType();
+  const bool allF32 = std::all_of(inputs.begin(), inputs.end(), [](const Output& x) { return x.dtype() == f32; });
+  if (low == f32 || !allF32) return build(inputs);
+  for (Output& x : inputs) x = cast(x, low);
+  return cast(build(inputs), f32);
+}
+
+void castElements(const KernelContext& ctx, const Tensor& from, Tensor& to) {
+  WEFT_CHECK(from.numel() == to.numel(), "castElements: {} elements into {}", from.numel(), to.numel());
+  dispatchStorage(from.dtype(), [&](auto zs) {
+    using S = decltype(zs);
+    dispatchStorage(to.dtype(), [&](auto zd) {
+      using D = decltype(zd);
+      const S* src = static_cast<const S*>(from.raw());
+      D* dst = static_cast<D*>(to.raw());
+      ctx.parallelFor(from.numel(), 1, [&](int64_t lo, int64_t hi) {
+        if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Float16>) {
+          floatsToFloat16(src + lo, dst + lo, hi - lo);
+        } else if constexpr (std::is_same_v<S, Float16> && std::is_same_v<D, float>) {
+          float16ToFloats(src + lo, dst + lo, hi - lo);
+        } else {
+          for (int64_t i = lo; i < hi; ++i) dst[i] = convertElement<D>(src[i]);
+        }
+      });
+    });
+  });
+}
+
+void runInFloat32(KernelContext& ctx, Kernel kernel) {
+  auto isHalfTensor = [](const Tensor* t) { return isHalfPrecision(t->dtype()); };
+  if (std::none_of(ctx.inputs.begin(), ctx.inputs.end(), isHalfTensor) &&
+      std::none_of(ctx.outputs.begin(), ctx.outputs.end(), isHalfTensor)) {
+    return kernel(ctx);
+  }
+  KernelContext wide = ctx;
+  std::vector<Tensor> inputs(ctx.inputs.size()), outputs(ctx.outputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = *ctx.inputs[i];
+    if (!isHalfPrecision(x.dtype())) continue;
+    inputs[i] = Tensor(f32, x.shape());
+    castElements(ctx, x, inputs[i]);
+    wide.inputs[i] = &inputs[i];
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!isHalfPrecision(ctx.outputs[i]->dtype())) continue;
+    outputs[i] = Tensor(f32, ctx.outputs[i]->shape());
+    wide.outputs[i] = &outputs[i];
+  }
+  kernel(wide);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (isHalfPrecision(ctx.outputs[i]->dtype())) castElements(ctx, outputs[i], *ctx.outputs[i]);
+  }
+}
+
 void requireFloat(const InferContext& c, int i) {
   c.check(isFloating(c.dtype(i)), "input {} must be floating point, got {}", i, dtypeName(c.dtype(i)));
 }

@@ -4,6 +4,7 @@
 #include "core/OpRegistry.h"
 #include "ops/Ops.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,20 @@ std::vector<TensorType> sameAsInput(const InferContext& c);
 void requireFloat(const InferContext& c, int i);
 /// Checks that inputs i and j have the same dtype.
 void requireSameDType(const InferContext& c, int i, int j);
+
+/// Builds a matrix product or convolution in the graph's compute precision (Graph::mixedPrecision):
+/// when that is bf16/f16 and every input is f32, `build` gets the inputs cast down and its result
+/// is cast back to f32; otherwise `build` gets the inputs as they are.
+Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build);
+
+/// Converts every element of `from` into `to` (same element count, any two dtypes), across the
+/// kernel's pool.
+void castElements(const KernelContext& ctx, const Tensor& from, Tensor& to);
+
+/// Runs a float kernel on bf16/f16 values: those inputs are widened to f32, the kernel computes
+/// in f32, and its f32 results are rounded into the 16-bit outputs. Other dtypes pass straight
+/// through. The CPU side of mixed precision; the GPU computes in 16 bits natively.
+void runInFloat32(KernelContext& ctx, Kernel kernel);
 
 /// The axis list of a reduction normalised to [0, rank), sorted, all axes when empty.
 std::vector<int> normaliseAxes(const InferContext& c, const std::vector<int64_t>& axes, int rank);

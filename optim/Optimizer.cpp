@@ -53,16 +53,57 @@ Node* Optimizer::minimize(Output loss, const MinimizeOptions& options) {
     for (Node* v : loss.graph().trainableVariables()) vars.push_back(v->output());
   }
   WEFT_CHECK(!vars.empty(), "{}::minimize: the graph has no trainable variables", name_);
-  std::vector<Grad> grads = gradients(loss, vars);
+  Output finite;
+  std::vector<Grad> grads = options.lossScaling ? scaledGradients(loss, vars, *options.lossScaling, finite)
+                                                : gradients(loss, vars);
   if (options.clipGlobalNorm > 0) grads = clipByGlobalNorm(grads, options.clipGlobalNorm).first;
   std::vector<std::pair<Grad, Output>> pairs;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (grads[i].valid()) pairs.emplace_back(grads[i], vars[i]);
   }
-  return applyGradients(pairs);
+  Node* step = applyGradients(pairs, finite);
+  if (!options.lossScaling) return step;
+  std::vector<Node*> all = updateLossScale(*options.lossScaling, finite);
+  all.push_back(step);
+  return loss.graph().group(all, "train_step_scaled");
 }
 
-Node* Optimizer::applyGradients(const std::vector<std::pair<Grad, Output>>& gradsAndVariables) {
+std::vector<Grad> Optimizer::scaledGradients(Output loss, const std::vector<Output>& vars, const LossScaling& scaling,
+                                             Output& finite) {
+  WEFT_CHECK(scaling.initial >= 1 && scaling.growthInterval >= 1,
+             "{}: loss scaling needs an initial scale >= 1 and a growth interval >= 1, got {} and {}", name_,
+             scaling.initial, scaling.growthInterval);
+  Graph& g = loss.graph();
+  WEFT_CHECK(!g.find("loss_scale"), "{}: the graph already has a loss scale (one minimize() per graph scales)", name_);
+  lossScale_ = g.variable("loss_scale", f32, {}, Initializer::constant(scaling.initial), false);
+  goodSteps_ = g.variable("loss_scale/good_steps", f32, {}, Initializer::zeros(), false);
+  std::vector<Grad> grads = gradients(loss * cast(lossScale_, loss.dtype()), vars);
+  const Output inverse = 1.0 / lossScale_;
+  std::vector<Output> values;
+  for (Grad& grad : grads) {
+    if (!grad.valid()) continue;
+    Output& v = grad.isSparse() ? grad.values : grad.dense;
+    v = v * cast(inverse, v.dtype());
+    values.push_back(v);
+  }
+  finite = allFinite(values);
+  return grads;
+}
+
+std::vector<Node*> Optimizer::updateLossScale(const LossScaling& scaling, Output finite) {
+  Graph& g = finite.graph();
+  auto scope = g.scope("loss_scale");
+  if (!scaling.dynamic) return {};
+  const Output zero = g.scalar(0.0), one = g.scalar(1.0);
+  const Output counted = goodSteps_ + 1.0;
+  const Output grow = greaterEqual(counted, g.scalar(static_cast<double>(scaling.growthInterval)));
+  const Output afterGood = where(grow, lossScale_ * 2.0, lossScale_);
+  const Output afterOverflow = maximum(lossScale_ * 0.5, one);
+  return {assign(lossScale_, where(finite, afterGood, afterOverflow)),
+          assign(goodSteps_, where(finite, where(grow, zero, counted), zero))};
+}
+
+Node* Optimizer::applyGradients(const std::vector<std::pair<Grad, Output>>& gradsAndVariables, Output condition) {
   WEFT_CHECK(!gradsAndVariables.empty(), "{}: no gradients to apply", name_);
   Graph& g = gradsAndVariables[0].second.graph();
   registerAllOps();
@@ -73,8 +114,12 @@ Node* Optimizer::applyGradients(const std::vector<std::pair<Grad, Output>>& grad
   for (const auto& [grad, var] : gradsAndVariables) {
     updates.push_back(applyOne(grad, var, cast(lrOutput_, var.dtype()), step));
   }
-  for (Node* u : g.collection("update_ops")) updates.push_back(u);
   updates.push_back(assignAdd(step, g.scalar(1, i64)));
+  if (condition.valid()) {
+    for (Node* u : updates) g.runOnlyIf(u, condition);
+  }
+  // Side effects of the forward pass (batch-norm statistics) happened whatever the gradients.
+  for (Node* u : g.collection("update_ops")) updates.push_back(u);
   return g.group(updates, "train_step");
 }
 

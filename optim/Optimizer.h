@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,11 +36,25 @@ LearningRate cosineDecay(double lr, double totalSteps, double minLr = 0.0);
 /// Linear ramp from 0 to the schedule's value over warmupSteps.
 LearningRate warmup(LearningRate after, double warmupSteps);
 
+/// Loss scaling for float16 training: the loss is multiplied by a scale before differentiation
+/// and the gradients divided by it afterwards, so small gradients survive f16's narrow range. A
+/// step whose gradients overflow (any NaN or infinity) updates nothing, not even the global step.
+/// A dynamic scale halves after such a step (down to 1) and doubles after `growthInterval` good
+/// steps in a row. The scale and the count of good steps are variables ("loss_scale",
+/// "loss_scale/good_steps"), so checkpoints carry them.
+struct LossScaling {
+  double initial = 65536;
+  bool dynamic = true;
+  int64_t growthInterval = 2000;
+};
+
 struct MinimizeOptions {
   /// Clip all gradients together to this global norm (0: no clipping).
   double clipGlobalNorm = 0.0;
   /// Variables to train; empty means every trainable variable.
   std::vector<Output> variables;
+  /// Scale the loss (for f16 mixed precision); unset: no scaling.
+  std::optional<LossScaling> lossScaling;
 };
 
 class Optimizer {
@@ -48,8 +63,9 @@ class Optimizer {
 
   /// Builds gradients and updates; returns the node to run as a training step.
   Node* minimize(Output loss, const MinimizeOptions& options = {});
-  /// Updates each variable with its gradient (dense or sparse); returns the step node.
-  Node* applyGradients(const std::vector<std::pair<Grad, Output>>& gradsAndVariables);
+  /// Updates each variable with its gradient (dense or sparse); returns the step node. With a
+  /// `condition` (a scalar), the updates and the step increment run only when it is nonzero.
+  Node* applyGradients(const std::vector<std::pair<Grad, Output>>& gradsAndVariables, Output condition = {});
 
   /// The graph's i64 step counter ("global_step"), created on first use.
   static Output globalStep(Graph& graph);
@@ -57,6 +73,8 @@ class Optimizer {
   Output slot(Output variable, const std::string& name) const;
   /// The learning rate at the current step, as built into the graph by the last minimize().
   Output learningRate() const { return lrOutput_; }
+  /// The loss scale variable of the last minimize() with loss scaling (invalid without).
+  Output lossScale() const { return lossScale_; }
 
  protected:
   Optimizer(LearningRate lr, double weightDecay, std::string name)
@@ -69,12 +87,18 @@ class Optimizer {
 
  private:
   Node* applyOne(const Grad& grad, Output variable, Output lr, Output step);
+  /// Gradients of loss * scale, divided by the scale; `finite` says whether all of them are.
+  std::vector<Grad> scaledGradients(Output loss, const std::vector<Output>& vars, const LossScaling& scaling,
+                                    Output& finite);
+  /// The ops that halve or grow the loss scale after a step (`finite`: the step's verdict).
+  std::vector<Node*> updateLossScale(const LossScaling& scaling, Output finite);
 
   LearningRate lr_;
   double weightDecay_;
   std::string name_;
   std::map<std::pair<Node*, std::string>, Output> slots_;
   Output lrOutput_;
+  Output lossScale_, goodSteps_;
 };
 
 /// w -= lr (g + wd w)

@@ -50,9 +50,11 @@ std::string compare(const Tensor& actual, const std::vector<double>& expected, d
   const std::vector<double> values = actual.toDoubles();  // one copy when the tensor is on a GPU
   for (size_t i = 0; i < expected.size(); ++i) {
     const double got = values[i];
-    const double err = std::abs(got - expected[i]) / (1 + std::abs(expected[i]));
-    const bool bad = !(err <= tol) || std::isnan(got) != std::isnan(expected[i]);
-    if (bad && err > worst) {
+    // Equal infinities and NaN against NaN match; any other NaN error is the worst kind.
+    const bool same = got == expected[i] || (std::isnan(got) && std::isnan(expected[i]));
+    const double err = same ? 0.0 : std::abs(got - expected[i]) / (1 + std::abs(expected[i]));
+    const bool bad = !(err <= tol);
+    if (bad && (detail.empty() || std::isnan(err) || err > worst)) {
       worst = err;
       detail = fmt::format("element {} of {}: got {}, reference {} (error {:.3g} > {:.3g})", i,
                            actual.shape().str(), got, expected[i], err, tol);

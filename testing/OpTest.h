@@ -19,8 +19,9 @@ Tensor randomTensor(DType dtype, const Shape& shape, uint64_t seed, double lo = 
 /// Integers uniform in [lo, hi).
 Tensor randomInts(DType dtype, const Shape& shape, int64_t lo, int64_t hi, uint64_t seed);
 
-/// "" when every |actual - expected| <= tol * (1 + |expected|) and shapes agree in element count;
-/// otherwise a description of the worst element.
+/// "" when every |actual - expected| <= tol * (1 + |expected|) (equal infinities and NaN against
+/// NaN count as equal) and shapes agree in element count; otherwise a description of the worst
+/// element, a NaN where a number was expected (or the reverse) being the worst.
 std::string compare(const Tensor& actual, const std::vector<double>& expected, double tol);
 
 /// Runs `y` once in a fresh session.

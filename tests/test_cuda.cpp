@@ -1,7 +1,8 @@
 // The CUDA backend against the CPU: every op with a CUDA kernel gives the CPU's values on random
 // inputs (within a tolerance by dtype), gradients pass finite-difference checks on the GPU, data
 // errors found by kernels name their op, the caching allocator stops reaching the device after
-// the first step, and a training step on the GPU matches the same step on the CPU.
+// the first step, a training step on the GPU matches the same step on the CPU, and mixed
+// precision (16-bit casts, products, convolutions, loss scaling) follows the CPU.
 // These need a GPU: without one the binary reports why and exits as skipped (see gpu_main.cpp).
 #include "tests/TestUtil.h"
 
@@ -569,5 +570,115 @@ TEST_CASE("training an MLP on the GPU follows the CPU step for step") {
   for (const char* name : {"l1/weight", "l2/bias", "l3/weight"}) {
     CAPTURE(name);
     CHECK_CLOSE(gpuSession.variable(name), cpuSession.variable(name).toDoubles(), 1e-4);
+  }
+}
+
+TEST_CASE("casts to and from bf16 and f16 match the CPU bit for bit") {
+  checkParity([](Graph& g) {
+    Computation c;
+    Output x = input(g, c.feeds, "x", f32, {1000}, 71, -70000, 70000);  // beyond f16's range too
+    Output small = input(g, c.feeds, "small", f32, {1000}, 72, -1e-6, 1e-6);  // f16 subnormals
+    Output d = input(g, c.feeds, "d", f64, {100}, 73);
+    Output ids = input(g, c.feeds, "ids", i32, {100}, 74, -3000, 3000);
+    c.outputs = {cast(x, bf16), cast(x, f16), cast(small, f16), cast(d, bf16), cast(ids, f16),
+                 cast(cast(x, bf16), f32), cast(cast(small, f16), f64), cast(cast(x, f16), bf16)};
+    return c;
+  }, 0.0);
+}
+
+TEST_CASE("16-bit matrix products (cuBLAS, f32 accumulation) match the CPU within one rounding") {
+  for (DType low : {bf16, f16}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        CAPTURE(dtypeName(low));
+        CAPTURE(ta);
+        CAPTURE(tb);
+        checkParity([&](Graph& g) {
+          Computation c;
+          const int64_t m = 37, k = 96, n = 45;
+          Output a = cast(input(g, c.feeds, "a", f32, ta ? Shape{k, m} : Shape{m, k}, 75), low);
+          Output b = cast(input(g, c.feeds, "b", f32, tb ? Shape{n, k} : Shape{k, n}, 76), low);
+          Output ba = cast(input(g, c.feeds, "ba", f32, ta ? Shape{3, k, m} : Shape{3, m, k}, 77), low);
+          Output bb = cast(input(g, c.feeds, "bb", f32, tb ? Shape{3, n, k} : Shape{3, k, n}, 78), low);
+          c.outputs = {matmul(a, b, ta, tb), batchMatmul(ba, bb, ta, tb)};
+          return c;
+        }, low == bf16 ? 1.0 / 128 : 1.0 / 512);
+      }
+    }
+  }
+}
+
+TEST_CASE("16-bit convolutions (cuDNN) and their gradients match the CPU") {
+  for (DType low : {bf16, f16}) {
+    CAPTURE(dtypeName(low));
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output x = input(g, c.feeds, "x", f32, {4, 8, 12, 12}, 79);
+      Output f = input(g, c.feeds, "f", f32, {16, 8, 3, 3}, 80);
+      Output y;
+      {
+        auto mixed = g.mixedPrecision(low);
+        y = conv2d(x, f, {{1, 1}, {1, 1}, {1, 1}});
+      }
+      const std::vector<Grad> grads = gradients(sum(square(y)), {x, f});
+      c.outputs = {y, grads[0].dense, grads[1].dense};
+      return c;
+    }, low == bf16 ? 4.0 / 128 : 4.0 / 512);
+  }
+}
+
+TEST_CASE("AllFinite and an update it gates run on the GPU as on the CPU") {
+  for (const float poison : {1.0f, INFINITY, NAN}) {
+    CAPTURE(poison);
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output x = g.placeholder("x", f32, {5000});
+      std::vector<float> values(5000, 0.5f);
+      values[4321] = poison;
+      c.feeds.emplace_back(x, Tensor::fromVector(values, {5000}));
+      const Output counter = g.variable("counter", f32, {}, Initializer::zeros(), false);
+      Node* add = assignAdd(counter, g.scalar(1.0));
+      g.runOnlyIf(add, allFinite({x}));
+      c.outputs = {allFinite({x}), counter};
+      c.targets = {add};
+      return c;
+    }, 0.0);
+  }
+}
+
+TEST_CASE("an MLP trains on the GPU in bf16, and in f16 with loss scaling, as on the CPU") {
+  for (DType low : {bf16, f16}) {
+    CAPTURE(dtypeName(low));
+    auto build = [&](Graph& g, Output& loss, Node*& step, Output& x, Output& labels) {
+      x = g.placeholder("x", f32, {64, 20});
+      labels = g.placeholder("labels", i64, {64});
+      auto mixed = g.mixedPrecision(low);
+      nn::Linear l1(g, "l1", 20, 128), l2(g, "l2", 128, 5);
+      loss = nn::meanSparseCrossEntropy(l2(relu(l1(x))), labels);
+      optim::MinimizeOptions options;
+      if (low == f16) options.lossScaling = optim::LossScaling{};
+      step = optim::Momentum(0.05, 0.9).minimize(loss, options);
+    };
+    Graph onCpu, onGpu;
+    Output lossC, lossG, xC, xG, yC, yG;
+    Node *stepC = nullptr, *stepG = nullptr;
+    build(onCpu, lossC, stepC, xC, yC);
+    {
+      auto placed = onGpu.onDevice("cuda:0");
+      build(onGpu, lossG, stepG, xG, yG);
+    }
+    Session cpuSession(onCpu), gpuSession(onGpu);
+    const Tensor xv = randomTensor(f32, {64, 20}, 300);
+    const Tensor yv = randomInts(i64, {64}, 0, 5, 301);
+    double first = 0, last = 0;
+    for (int i = 0; i < 30; ++i) {
+      const double a = cpuSession.run({lossC}, {{xC, xv}, {yC, yv}}, {stepC})[0].item();
+      last = gpuSession.run({lossG}, {{xG, xv}, {yG, yv}}, {stepG})[0].item();
+      if (i == 0) first = last;
+      CAPTURE(i);
+      CHECK(last == doctest::Approx(a).epsilon(0.02));  // 16-bit rounding differs in summation order
+    }
+    CHECK(last < first / 2);  // one fixed batch: memorised
+    if (low == f16) CHECK(gpuSession.variable("loss_scale").item() == cpuSession.variable("loss_scale").item());
   }
 }

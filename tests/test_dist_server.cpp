@@ -26,7 +26,7 @@ struct Model {
     const Output ids = g.placeholder("ids", i32, {4});
     emb = g.variable("emb", f32, {kRows, kWidth}, Initializer::normal(0, 1));
     w = g.variable("w", f32, {kWidth, 2}, Initializer::normal(0, 1));
-    optim::SGD(kLearningRate).minimize(sum(square(matmul(gather(emb, ids), w))), {clip, {}});
+    optim::SGD(kLearningRate).minimize(sum(square(matmul(gather(emb, ids), w))), {clip, {}, std::nullopt});
   }
 };
 

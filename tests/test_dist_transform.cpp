@@ -22,7 +22,7 @@ struct Model {
     w = g.variable("w", f32, {3, 2}, Initializer::normal(0, 1));
     b = g.variable("b", f32, {4, 2}, Initializer::zeros());  // same shape as y: b's gradient is dy itself
     const Output y = matmul(gather(emb, ids), w) + b;
-    optim::SGD(0.1).minimize(sum(square(y)), {1.0, {}});
+    optim::SGD(0.1).minimize(sum(square(y)), {1.0, {}, std::nullopt});
   }
   std::vector<Node*> nodesOf(const std::string& op) const {
     std::vector<Node*> out;

@@ -694,3 +694,12 @@ TEST_CASE("checkNumerics passes the gradient") {
   Output x = g.placeholder("x", f64, {2, 3});
   CHECK_GRADIENTS(checkGradients(g, checkNumerics(x * x, "m"), {x}, {{x, randomTensor(f64, {2, 3}, 53)}}));
 }
+
+TEST_CASE("the reference comparison flags NaN where a number is due and accepts equal infinities") {
+  const double inf = INFINITY, nan = std::nan("");
+  const Tensor t = Tensor::fromVector<double>({1, nan, inf}, {3});
+  CHECK(contains(testing::compare(t, {1, 2, inf}, 1e-6), "element 1"));
+  CHECK(contains(testing::compare(t, {1, nan, -inf}, 1e-6), "element 2"));
+  CHECK(testing::compare(t, {1, nan, inf}, 0.0).empty());
+  CHECK(contains(testing::compare(Tensor::fromVector<double>({nan, 5}, {2}), {1, 9}, 1e-6), "element 0"));
+}

@@ -161,7 +161,7 @@ TEST_CASE("GGSNN learns the reachability task") {
   setOption<int64_t>(*model, "test-size", 200);
   model->build(g, {});
   const OptimizerSpec spec = model->defaultOptimizer();
-  Node* step = optim::Adam(spec.lr).minimize(model->loss(), {spec.clipNorm, {}});
+  Node* step = optim::Adam(spec.lr).minimize(model->loss(), {spec.clipNorm, {}, std::nullopt});
   Session s(g, {2});
   for (int i = 0; i < 250; ++i) s.run({}, feedsFor(g, model->trainData().next()), {step});
   CHECK(model->evaluate(s, 0).at("accuracy") > 0.9);

@@ -208,7 +208,7 @@ TEST_CASE("one training step on a fixed batch lowers the loss (full and sampled 
     config.sampled = sampled;
     config.projection = 5;
     TinyLm lm(config);
-    Node* step = optim::Adam(0.01).minimize(lm.model.loss(), {1.0, {}});
+    Node* step = optim::Adam(0.01).minimize(lm.model.loss(), {1.0, {}, std::nullopt});
     Session s(lm.g, {1});
     const data::Batch b = lm.model.trainData().next();
     const double before = run(s, lm.model.loss(), b);

@@ -193,7 +193,7 @@ TEST_CASE("nmt: the zoo model trains on the synthetic task and reports bleu and 
   CHECK(model->targetMetric() == "bleu");
   CHECK(model->higherIsBetter());
   const OptimizerSpec spec = model->defaultOptimizer();
-  Node* step = optim::Adam(spec.lr).minimize(model->loss(), {spec.clipNorm, {}});
+  Node* step = optim::Adam(spec.lr).minimize(model->loss(), {spec.clipNorm, {}, std::nullopt});
   Session s(g, {1});
   const data::Batch batch = model->trainData().next();
   CHECK(batch.at("source").shape()[0] == 16);

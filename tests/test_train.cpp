@@ -91,3 +91,30 @@ TEST_CASE("bad flags are reported") {
   CHECK(contains(r.output, "--steps"));
   CHECK(weftCli("train nosuchmodel").status != 0);
 }
+
+TEST_CASE("--precision f16 trains with a loss scale that the checkpoint carries and a resume continues") {
+  TempDir dir;
+  const std::string common = "train mlp --precision f16 --train-size 2000 --test-size 500 --batch 32 --eval-every 40 --seed 5";
+  const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
+  const CliRun run = weftCli(common + " --steps 80 --out " + whole);
+  REQUIRE_MESSAGE(run.status == 0, run.output);
+  REQUIRE(weftCli(common + " --steps 40 --out " + parts).status == 0);
+  REQUIRE(weftCli(common + " --steps 80 --resume --out " + parts).status == 0);
+  const weft::TensorFile a = weft::readSafetensors(whole + "/checkpoint.safetensors");
+  const weft::TensorFile b = weft::readSafetensors(parts + "/checkpoint.safetensors");
+  CHECK(a.tensors.at("loss_scale").item() == 65536);
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    CHECK(b.tensors.at(name).toDoubles() == t.toDoubles());
+  }
+}
+
+TEST_CASE("--precision takes f32, bf16 or f16, and f16 only in one process") {
+  CHECK(weftCli("train mlp --precision bf16 --steps 5 --train-size 500 --test-size 100 --out " + TempDir().file("o")).status == 0);
+  const CliRun f8 = weftCli("train mlp --precision f8");
+  CHECK(f8.status != 0);
+  CHECK(contains(f8.output, "--precision"));
+  const CliRun distributed = weftCli("train mlp --precision f16 --workers 2");
+  CHECK(distributed.status != 0);
+  CHECK(contains(distributed.output, "use --precision bf16 with --workers"));
+}

@@ -27,6 +27,7 @@ struct TrainFlags {
   double lr = 0, momentum = -1, weightDecay = -1, clip = -1;  // negative / 0 / "": the model's default
   int threads = 2;
   std::string device = "cpu";
+  std::string precision = "f32";
   uint64_t seed = 1;
   std::string data;
   std::string out;
@@ -89,6 +90,10 @@ class Trainer {
   void run() {
     const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(std::max(flags_.workers, 1), flags_.servers)
                                                                 : dist::ResourceSpec::load(flags_.cluster);
+    const DType precision = parseDType(flags_.precision);
+    WEFT_CHECK(precision != f16 || !flags_.distributed(),
+               "--precision f16 scales the loss and skips overflowing steps, which distributed training does not "
+               "do yet; use --precision bf16 with --workers");
     if (flags_.distributed() && !dist::launchIdentityFromEnvironment()) {
       // This process is the launcher: the same command line runs as every worker and server.
       WEFT_CHECK(dist::launch(resources, commandLine_) == 0, "the distributed job failed (see the messages above)");
@@ -107,10 +112,14 @@ class Trainer {
       // The whole model, its gradients and its updates run on the device; batches are fed from
       // the host and copied there by the executor.
       auto placed = graph_.onDevice(device.type == DeviceType::CPU ? "" : device.str());
-      model_->build(graph_, common);
+      {
+        auto mixed = graph_.mixedPrecision(precision);
+        model_->build(graph_, common);
+      }
       spec = optimizerSpec(*model_, flags_);
       optim::MinimizeOptions minimize;
       minimize.clipGlobalNorm = spec.clipNorm;
+      if (precision == f16) minimize.lossScaling = optim::LossScaling{};
       trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
     }
     dist::Config config;
@@ -290,6 +299,11 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--threads", f.threads, "intra-op threads")->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--device", f.device, "cpu or cuda:N (the GPU runs ops that have CUDA kernels; see README)")
       ->capture_default_str();
+  cmd.add_option("--precision", f.precision,
+                 "f32, or mixed precision: bf16 or f16 matrix products and convolutions with f32 weights "
+                 "(f16 adds dynamic loss scaling)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   cmd.add_option("--seed", f.seed, "seed of weights, data order and dropout")->capture_default_str();
   cmd.add_option("--data", f.data, "real data (file or directory, see README); default: the built-in generator");
   cmd.add_option("--out", f.out, "output directory for metrics.jsonl and checkpoint.safetensors (default: runs/MODEL)");

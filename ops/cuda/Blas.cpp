@@ -67,6 +67,29 @@ void gemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int6
             "cublas<t>gemmStridedBatched");
 }
 
+void gemmHalf(const KernelContext& ctx, DType type, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
+              int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc, int64_t batch, int64_t strideA,
+              int64_t strideB, int64_t strideC) {
+  WEFT_CHECK(type == bf16 || type == f16, "gemmHalf takes bf16 or f16, got {}", dtypeName(type));
+  if (m == 0 || n == 0 || batch == 0) return;
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  if (k == 0) {
+    WEFT_CHECK(ldc == n && (batch == 1 || strideC == m * n), "an empty GEMM into a strided C");
+    WEFT_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(batch * m * n) * 2, stream));  // +0.0 in both
+    return;
+  }
+  cublasHandle_t h = handleFor(ctx.device.index);
+  checkBlas(cublasSetStream(h, stream), "cublasSetStream");
+  checkBlas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  const cudaDataType element = type == bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float one = 1, zero = 0;
+  checkBlas(cublasGemmStridedBatchedEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, asInt(n, "n"),
+                                       asInt(m, "m"), asInt(k, "k"), &one, b, element, asInt(ldb, "ldb"), strideB, a,
+                                       element, asInt(lda, "lda"), strideA, &zero, c, element, asInt(ldc, "ldc"),
+                                       strideC, asInt(batch, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+}
+
 template void gemm<float>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t,
                           const float*, int64_t, float, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 template void gemm<double>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,

@@ -13,4 +13,10 @@ void gemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int6
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc, int64_t batch = 1, int64_t strideA = 0,
           int64_t strideB = 0, int64_t strideC = 0);
 
+/// The same product of bf16 or f16 matrices (`type`), accumulated in f32 on tensor cores and
+/// rounded once into C.
+void gemmHalf(const KernelContext& ctx, DType type, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
+              int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc, int64_t batch, int64_t strideA,
+              int64_t strideB, int64_t strideC);
+
 }  // namespace weft::cudaops

@@ -1,5 +1,5 @@
-// The CUDA kernels of the squared norms behind global-norm clipping (ops/Clip.cpp defines the
-// ops; device code in ops/cuda/Clip.cu).
+// The CUDA kernels of the gradient checks: squared norms behind global-norm clipping and
+// AllFinite (ops/Clip.cpp defines the ops; device code in ops/cuda/Clip.cu).
 #include "ops/cuda/Host.h"
 #include "ops/cuda/Kernels.h"
 
@@ -29,6 +29,17 @@ void sparseSquaredNorm(KernelContext& ctx) {
                                                       partials.data<double>(), workspace.raw(), streamOf(ctx)));
     });
   });
+}
+
+void allFinite(KernelContext& ctx) {
+  float* flag = ctx.output(0).data<float>();
+  WEFT_CUDA_CHECK(launch::setFlag(flag, 1.0f, streamOf(ctx)));
+  for (const Tensor* x : ctx.inputs) {
+    dispatchFloating(x->dtype(), [&](auto z) {
+      using T = decltype(z);
+      WEFT_CUDA_CHECK(launch::clearUnlessFinite<T>(x->data<T>(), x->numel(), flag, streamOf(ctx)));
+    });
+  }
 }
 
 }  // namespace weft::cudaops

@@ -52,9 +52,33 @@ __global__ void groupSquares(IdSort<I> sorted, const T* values, int64_t n, int64
   }
 }
 
+/// Every thread that meets a NaN or infinity writes the same 0, so the race is harmless.
+template <class T>
+__global__ void clearUnlessFiniteKernel(const T* x, int64_t n, float* flag) {
+  WEFT_GRID_STRIDE(i, n) {
+    if (!isfinite(x[i])) *flag = 0.0f;
+  }
+}
+
+__global__ void setFlagKernel(float* flag, float value) { *flag = value; }
+
 }  // namespace
 
 namespace launch {
+
+template <class T>
+cudaError_t clearUnlessFinite(const T* x, int64_t n, float* flag, cudaStream_t stream) {
+  if (n > 0) clearUnlessFiniteKernel<T><<<blocksFor(n), kThreads, 0, stream>>>(x, n, flag);
+  return cudaGetLastError();
+}
+
+cudaError_t setFlag(float* flag, float value, cudaStream_t stream) {
+  setFlagKernel<<<1, 1, 0, stream>>>(flag, value);
+  return cudaGetLastError();
+}
+
+template cudaError_t clearUnlessFinite<float>(const float*, int64_t, float*, cudaStream_t);
+template cudaError_t clearUnlessFinite<double>(const double*, int64_t, float*, cudaStream_t);
 
 int64_t squaredNormPartials(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;

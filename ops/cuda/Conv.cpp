@@ -83,7 +83,12 @@ const ConvPlan& planFor(const KernelContext& ctx, const Shape& x, const Shape& f
   if (slot) return *slot;
   auto p = std::make_unique<ConvPlan>();
   const auto i = [](int64_t v) { return static_cast<int>(v); };
-  const cudnnDataType_t type = dtype == f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  const cudnnDataType_t type = dtype == f64    ? CUDNN_DATA_DOUBLE
+                               : dtype == bf16 ? CUDNN_DATA_BFLOAT16
+                               : dtype == f16  ? CUDNN_DATA_HALF
+                                               : CUDNN_DATA_FLOAT;
+  // 16-bit data accumulates in f32 (cuDNN's "pseudo-half" configurations).
+  const cudnnDataType_t accumulate = isHalfPrecision(dtype) ? CUDNN_DATA_FLOAT : type;
   checkDnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
   checkDnn(cudnnCreateTensorDescriptor(&p->y), "cudnnCreateTensorDescriptor");
   checkDnn(cudnnCreateFilterDescriptor(&p->filter), "cudnnCreateFilterDescriptor");
@@ -94,10 +99,14 @@ const ConvPlan& planFor(const KernelContext& ctx, const Shape& x, const Shape& f
                                       i(filter[3])),
            "cudnnSetFilter4dDescriptor");
   checkDnn(cudnnSetConvolution2dDescriptor(p->conv, i(padding[0]), i(padding[1]), i(strides[0]), i(strides[1]),
-                                           i(dilation[0]), i(dilation[1]), CUDNN_CROSS_CORRELATION, type),
+                                           i(dilation[0]), i(dilation[1]), CUDNN_CROSS_CORRELATION, accumulate),
            "cudnnSetConvolution2dDescriptor");
-  // FMA math keeps f32 exact to f32; the default lets tensor cores use TF32.
-  checkDnn(cudnnSetConvolutionMathType(p->conv, dtype == f32 && !tf32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
+  // FMA math keeps f32 exact to f32; the default lets tensor cores use TF32; 16-bit data runs
+  // on tensor cores.
+  const cudnnMathType_t math = isHalfPrecision(dtype) ? CUDNN_TENSOR_OP_MATH
+                               : dtype == f32 && !tf32 ? CUDNN_FMA_MATH
+                                                       : CUDNN_DEFAULT_MATH;
+  checkDnn(cudnnSetConvolutionMathType(p->conv, math),
            "cudnnSetConvolutionMathType");
   int n = 0, c = 0, h = 0, w = 0;
   checkDnn(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->filter, &n, &c, &h, &w),
@@ -134,7 +143,7 @@ Tensor workspace(const KernelContext& ctx, size_t bytes) {
   return Tensor(i64, {static_cast<int64_t>((bytes + 7) / 8) + 1}, ctx.device);
 }
 
-/// cuDNN's alpha and beta: doubles for f64 data, floats otherwise.
+/// cuDNN's alpha and beta: doubles for f64 data, floats otherwise (16-bit data included).
 struct Scalars {
   float f[2] = {1, 0};
   double d[2] = {1, 0};
@@ -149,7 +158,8 @@ cudnnHandle_t boundHandle(const KernelContext& ctx) {
 }
 
 void requireFloating(const KernelContext& ctx, DType t) {
-  WEFT_CHECK(t == f32 || t == f64, "{}: cuDNN convolutions take f32 or f64, got {}", ctx.node->describe(), dtypeName(t));
+  WEFT_CHECK(isFloating(t), "{}: cuDNN convolutions take f32, f64, bf16 or f16, got {}", ctx.node->describe(),
+             dtypeName(t));
 }
 
 }  // namespace

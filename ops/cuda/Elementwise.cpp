@@ -129,9 +129,9 @@ void where(KernelContext& ctx) {
 void cast(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   if (x.numel() == 0) return;
-  dispatchAll(x.dtype(), [&](auto zs) {
+  dispatchStorage(x.dtype(), [&](auto zs) {
     using S = decltype(zs);
-    dispatchAll(ctx.output(0).dtype(), [&](auto zd) {
+    dispatchStorage(ctx.output(0).dtype(), [&](auto zd) {
       using D = decltype(zd);
       WEFT_CUDA_CHECK(launch::cast<S, D>(x.data<S>(), ctx.output(0).data<D>(), x.numel(), streamOf(ctx)));
     });

@@ -1,5 +1,6 @@
 // CUDA kernels of the elementwise ops (ops/Elementwise.cpp defines the ops; ops/cuda/Elementwise.cpp
 // launches these).
+#include "core/Half.h"
 #include "ops/ElementwiseFunctors.h"
 #include "ops/cuda/Device.cuh"
 
@@ -65,7 +66,7 @@ __global__ void whereKernel(const C* c, const T* a, const T* b, T* out, int64_t 
 
 template <class S, class D>
 __global__ void castKernel(const S* x, D* out, int64_t n) {
-  WEFT_GRID_STRIDE(i, n) out[i] = static_cast<D>(x[i]);
+  WEFT_GRID_STRIDE(i, n) out[i] = convertElement<D>(x[i]);
 }
 
 template <class T>
@@ -208,16 +209,29 @@ WEFT_FLOATING(double)
   template cudaError_t where<int32_t, T>(const int32_t*, const T*, const T*, T*, int64_t, const BroadcastMap&, \
                                          const BroadcastMap&, const BroadcastMap&, cudaStream_t);             \
   template cudaError_t where<int64_t, T>(const int64_t*, const T*, const T*, T*, int64_t, const BroadcastMap&, \
-                                         const BroadcastMap&, const BroadcastMap&, cudaStream_t);             \
-  template cudaError_t cast<T, float>(const T*, float*, int64_t, cudaStream_t);                               \
-  template cudaError_t cast<T, double>(const T*, double*, int64_t, cudaStream_t);                             \
-  template cudaError_t cast<T, int32_t>(const T*, int32_t*, int64_t, cudaStream_t);                           \
-  template cudaError_t cast<T, int64_t>(const T*, int64_t*, int64_t, cudaStream_t);
+                                         const BroadcastMap&, const BroadcastMap&, cudaStream_t);
 WEFT_ANY(float)
 WEFT_ANY(double)
 WEFT_ANY(int32_t)
 WEFT_ANY(int64_t)
 #undef WEFT_ANY
+
+#define WEFT_CAST_TO(S, D) template cudaError_t cast<S, D>(const S*, D*, int64_t, cudaStream_t);
+#define WEFT_CAST(S)            \
+  WEFT_CAST_TO(S, float)        \
+  WEFT_CAST_TO(S, double)       \
+  WEFT_CAST_TO(S, int32_t)      \
+  WEFT_CAST_TO(S, int64_t)      \
+  WEFT_CAST_TO(S, BFloat16)     \
+  WEFT_CAST_TO(S, Float16)
+WEFT_CAST(float)
+WEFT_CAST(double)
+WEFT_CAST(int32_t)
+WEFT_CAST(int64_t)
+WEFT_CAST(BFloat16)
+WEFT_CAST(Float16)
+#undef WEFT_CAST
+#undef WEFT_CAST_TO
 
 }  // namespace launch
 }  // namespace weft::cudaops

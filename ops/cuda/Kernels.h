@@ -82,6 +82,7 @@ void gruCellGrad(KernelContext& ctx);
 void dropout(KernelContext& ctx);
 void squaredNorm(KernelContext& ctx);
 void sparseSquaredNorm(KernelContext& ctx);
+void allFinite(KernelContext& ctx);
 
 // ops/cuda/Norm.cpp
 void batchNormTrain(KernelContext& ctx);

@@ -160,6 +160,11 @@ template <class T>
 cudaError_t squaredNorm(const T* x, int64_t n, T* out, double* partials, cudaStream_t stream);
 /// Partial sums squaredNorm needs (its `partials` workspace).
 int64_t squaredNormPartials(int64_t n);
+/// *flag = 0 when some x[i] is NaN or infinite; otherwise *flag is left as it is.
+template <class T>
+cudaError_t clearUnlessFinite(const T* x, int64_t n, float* flag, cudaStream_t stream);
+/// *flag = value, on the stream.
+cudaError_t setFlag(float* flag, float value, cudaStream_t stream);
 /// out = sum over unique ids u of |the sum of the value rows with id u|^2; partials has n doubles.
 template <class T, class I>
 cudaError_t sparseSquaredNorm(const I* ids, const T* values, int64_t n, int64_t width, T* out, double* partials,

@@ -1,4 +1,5 @@
-// The CUDA kernel of MatMul and BatchMatMul (ops/MatMul.cpp): one strided-batched cuBLAS GEMM.
+// The CUDA kernel of MatMul and BatchMatMul (ops/MatMul.cpp): one strided-batched cuBLAS GEMM
+// (f32 accumulation for bf16 and f16).
 #include "ops/cuda/Blas.h"
 #include "ops/cuda/Host.h"
 #include "ops/cuda/Kernels.h"
@@ -15,6 +16,10 @@ void matmul(KernelContext& ctx) {
   const int64_t n = tb ? b.shape()[r - 2] : b.shape()[r - 1];
   int64_t batch = 1;
   for (int i = 0; i < r - 2; ++i) batch *= a.shape()[i];
+  if (isHalfPrecision(a.dtype())) {
+    return gemmHalf(ctx, a.dtype(), ta, tb, m, n, k, a.raw(), ta ? m : k, b.raw(), tb ? k : n, c.raw(), n, batch, m * k,
+                    k * n, m * n);
+  }
   dispatchFloating(a.dtype(), [&](auto z) {
     using T = decltype(z);
     gemm<T>(ctx, ta, tb, m, n, k, a.data<T>(), ta ? m : k, b.data<T>(), tb ? k : n, T(0), c.data<T>(), n, batch, m * k,

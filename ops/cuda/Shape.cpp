@@ -33,12 +33,6 @@ View viewOf(const std::vector<int64_t>& dims, const std::vector<int64_t>& stride
   return v;
 }
 
-int64_t count(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
 void copyBox(const KernelContext& ctx, DType dtype, const void* src, const View& from, void* dst, const View& to,
              int64_t n) {
   if (n == 0) return;
