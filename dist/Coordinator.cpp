@@ -1,6 +1,7 @@
 // The rendezvous server and client. The coordinator's serve thread accepts connections and
 // decides the outcome (roster or abort); each connection is admitted (handshake, then JOIN) on
-// its own short-lived thread, so a silent or slow peer delays nobody else.
+// its own short-lived thread, so a silent or slow peer delays nobody else. After the rosters the
+// serve thread watches the members' heartbeats.
 #include "dist/Coordinator.h"
 
 #include "core/Error.h"
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -226,11 +228,22 @@ struct Coordinator::State {
     JoinRequest request;
     FileDescriptor fd;
   };
+  // A member after the rendezvous: its connection (closed once it fails) and when it was last
+  // heard from.
+  struct Watched {
+    MemberId id;
+    FileDescriptor fd;
+    Deadline lastHeard;
+  };
 
   State(const ResourceSpec& spec, const Secret& secret, const JobId& job, std::vector<MemberId> expected,
         std::chrono::milliseconds timeout, std::chrono::milliseconds handshakeTimeout);
 
   void serve();
+  /// Reads heartbeats until the coordinator stops.
+  void watch();
+  void decide();
+  bool stopping();
   void acceptOne();
   void admit(Admission* self, FileDescriptor fd, const std::string& peer);
   /// Admits the joining member, or logs why not and tells it.
@@ -254,8 +267,12 @@ struct Coordinator::State {
   std::map<MemberId, Joined> joined_;  // guarded by mutex_
   std::list<Admission> admissions_;    // guarded; a list, so each thread's record stays put
   bool over_ = false;                  // guarded; set once the outcome is decided or on stop
+  bool stop_ = false;                  // guarded; the destructor's request
+  bool decided_ = false;               // guarded; members_ or failure_ is final
+  std::condition_variable decidedChanged_;
+  std::vector<Watched> watched_;       // lastHeard guarded; the rest is the serve thread's
 
-  std::vector<Member> members_;  // the outcome, written by the serve thread before it ends
+  std::vector<Member> members_;  // the outcome, written by the serve thread before decided_
   std::string failure_;
   std::thread thread_;
 };
@@ -306,6 +323,19 @@ bool Coordinator::State::markOverIfComplete() {
   return over_;
 }
 
+void Coordinator::State::decide() {
+  {
+    std::lock_guard lock(mutex_);
+    decided_ = true;
+  }
+  decidedChanged_.notify_all();
+}
+
+bool Coordinator::State::stopping() {
+  std::lock_guard lock(mutex_);
+  return stop_;
+}
+
 void Coordinator::State::serve() {
   for (;;) {
     if (markOverIfComplete()) {
@@ -326,6 +356,35 @@ void Coordinator::State::serve() {
     reapAdmissions(false);
   }
   reapAdmissions(true);
+  decide();
+  if (!members_.empty()) watch();
+}
+
+void Coordinator::State::watch() {
+  while (!stopping()) {
+    std::vector<pollfd> fds{{wakeRead_.get(), POLLIN, 0}};
+    std::vector<Watched*> polled;
+    for (Watched& w : watched_) {
+      if (!w.fd.valid()) continue;
+      fds.push_back({w.fd.get(), POLLIN, 0});
+      polled.push_back(&w);
+    }
+    if (::poll(fds.data(), fds.size(), 1000) <= 0) continue;
+    char drain[64];
+    while (::read(wakeRead_.get(), drain, sizeof drain) > 0) {
+    }
+    for (size_t i = 0; i < polled.size(); ++i) {
+      if (!fds[i + 1].revents) continue;
+      Watched& w = *polled[i];
+      try {
+        expectType(readFrame(w.fd.get(), Clock::now() + std::chrono::seconds(1), job_, 0), MessageType::Heartbeat);
+        std::lock_guard lock(mutex_);
+        w.lastHeard = Clock::now();
+      } catch (const Error&) {
+        w.fd.reset();  // closed (the member ended) or broken: silent from now on
+      }
+    }
+  }
 }
 
 void Coordinator::State::acceptOne() {
@@ -394,14 +453,18 @@ void Coordinator::State::sendRosters() {
   const Joined& first = joined_.at(expected_[0]);
   const std::vector<uint8_t> ncclId = expected_[0].role == Role::Worker ? first.request.ncclId : std::vector<uint8_t>{};
   for (const Member& m : members) {
+    FileDescriptor& fd = joined_.at(m.id).fd;
     try {
       const std::vector<uint8_t> payload = encodeRoster(m.rank, members, ncclId);
-      writeFrame(joined_.at(m.id).fd.get(), MessageType::Roster, job_, payload, Clock::now() + handshakeTimeout_);
+      writeFrame(fd.get(), MessageType::Roster, job_, payload, Clock::now() + handshakeTimeout_);
     } catch (const Error& e) {
       // The member died after joining; the others still get the roster and will see it gone.
       std::fputs(fmt::format("weft coordinator: cannot send the roster to {}: {}\n", describe(m.id), e.what()).c_str(),
                  stderr);
+      fd.reset();
     }
+    std::lock_guard lock(mutex_);
+    watched_.push_back({m.id, std::move(fd), Clock::now()});
   }
   joined_.clear();
   members_ = std::move(members);
@@ -455,6 +518,7 @@ Coordinator::~Coordinator() {
   {
     std::lock_guard lock(state_->mutex_);
     state_->over_ = true;
+    state_->stop_ = true;
   }
   state_->wake();
   if (state_->thread_.joinable()) state_->thread_.join();
@@ -463,24 +527,80 @@ Coordinator::~Coordinator() {
 uint16_t Coordinator::port() const { return state_->port_; }
 
 std::vector<Member> Coordinator::wait() {
-  if (state_->thread_.joinable()) state_->thread_.join();
+  std::unique_lock lock(state_->mutex_);
+  state_->decidedChanged_.wait(lock, [&] { return state_->decided_; });
   WEFT_CHECK(state_->failure_.empty(), "{}", state_->failure_);
   return state_->members_;
+}
+
+std::map<MemberId, std::chrono::milliseconds> Coordinator::silences() const {
+  std::lock_guard lock(state_->mutex_);
+  std::map<MemberId, std::chrono::milliseconds> out;
+  const Deadline now = Clock::now();
+  for (const State::Watched& w : state_->watched_) {
+    out[w.id] = std::chrono::duration_cast<std::chrono::milliseconds>(now - w.lastHeard);
+  }
+  return out;
+}
+
+// ---- heartbeats ----
+
+struct Heartbeat::State {
+  FileDescriptor fd;
+  JobId job;
+  std::chrono::milliseconds interval;
+  std::mutex mutex;
+  std::condition_variable stopRequested;
+  bool stop = false;
+  std::thread thread;
+
+  void beat() {
+    std::unique_lock lock(mutex);
+    while (!stopRequested.wait_for(lock, interval, [&] { return stop; })) {
+      lock.unlock();
+      try {
+        writeFrame(fd.get(), MessageType::Heartbeat, job, {}, Clock::now() + interval);
+      } catch (const Error&) {
+        return;  // the coordinator is gone: so is the launcher, which stops the job
+      }
+      lock.lock();
+    }
+  }
+};
+
+Heartbeat::Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval)
+    : state_(std::make_unique<State>()) {
+  state_->fd.reset(fd);
+  state_->job = job;
+  state_->interval = interval;
+  state_->thread = std::thread(&State::beat, state_.get());
+}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->stopRequested.notify_all();
+  state_->thread.join();
 }
 
 // ---- the member side ----
 
 Roster rendezvous(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
-                  const JoinRequest& request, std::chrono::milliseconds timeout) {
+                  const JoinRequest& request, std::chrono::milliseconds timeout,
+                  std::chrono::milliseconds heartbeatInterval) {
   const Deadline deadline = Clock::now() + timeout;
   try {
-    const FileDescriptor fd = connectTcp(address, port, deadline);
+    FileDescriptor fd = connectTcp(address, port, deadline);
     clientHandshake(fd.get(), secret, job, deadline);
     writeFrame(fd.get(), MessageType::Join, job, encodeJoin(request), deadline);
     const Frame reply = readFrame(fd.get(), deadline, job);
     WEFT_CHECK(reply.type != MessageType::Abort, "aborted by the coordinator: {}", readReason(reply));
     expectType(reply, MessageType::Roster);
-    return decodeRoster(reply, request.id);
+    Roster roster = decodeRoster(reply, request.id);
+    roster.heartbeat = std::make_shared<Heartbeat>(fd.release(), job, heartbeatInterval);
+    return roster;
   } catch (const Error& e) {
     WEFT_THROW("rendezvous of {} with the coordinator at {}:{} failed: {}", describe(request.id), address, port, e.what());
   }

@@ -10,6 +10,11 @@
 //   ROSTER {rank u32, world_size u32, members: count u32 x {role u8, rank u32, host u32, slot u32,
 //           transport_address bytes}, nccl_id bytes}
 //   ABORT  {reason string}
+//   HEARTBEAT {} (member -> coordinator, every second from the roster on)
+//
+// After the rendezvous each member keeps its connection and sends heartbeats on it from a
+// background thread; the coordinator records when it last heard from each, so the launcher can
+// tell a member that froze (stopped, or cut off by the network) from one that is merely slow.
 #pragma once
 
 #include "dist/Auth.h"
@@ -18,6 +23,7 @@
 #include <chrono>
 #include <compare>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,12 +61,15 @@ struct Member {
   std::vector<uint8_t> address;
 };
 
+class Heartbeat;
+
 /// What every member receives.
 struct Roster {
   int rank = 0;
   int worldSize = 0;
   std::vector<Member> members;  ///< indexed by rank
   std::vector<uint8_t> ncclId;  ///< empty when worker rank 0 sent none
+  std::shared_ptr<Heartbeat> heartbeat;  ///< beats while a copy of the roster holds it
 };
 
 /// Serves one rendezvous in a background thread from construction on. Bad connections (no or a
@@ -83,15 +92,34 @@ class Coordinator {
   /// Blocks until every member got its roster and returns the members by rank; throws the
   /// message the members got in ABORT when the rendezvous timed out.
   std::vector<Member> wait();
+  /// Once the rosters went out: how long ago each member's last heartbeat (or its roster)
+  /// arrived; a member whose connection closed is silent from then on. Empty before.
+  std::map<MemberId, std::chrono::milliseconds> silences() const;
 
  private:
   struct State;
   std::unique_ptr<State> state_;
 };
 
-/// The member side: connects to the coordinator, authenticates, joins, and returns the roster.
-/// Throws with the reason: refused (and why), timed out, or aborted (the coordinator's message).
+/// A member's heartbeats: a background thread sends one every `interval` on the member's
+/// coordinator connection until destroyed (or until the coordinator is gone).
+class Heartbeat {
+ public:
+  Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval);  // owns fd
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+/// The member side: connects to the coordinator, authenticates, joins, and returns the roster,
+/// whose `heartbeat` keeps the connection and beats every `heartbeatInterval`. Throws with the
+/// reason: refused (and why), timed out, or aborted (the coordinator's message).
 Roster rendezvous(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
-                  const JoinRequest& request, std::chrono::milliseconds timeout);
+                  const JoinRequest& request, std::chrono::milliseconds timeout,
+                  std::chrono::milliseconds heartbeatInterval = std::chrono::seconds(1));
 
 }  // namespace weft::dist

@@ -145,8 +145,9 @@ class Job {
 
   void add(Child child) { children_.push_back(child); }
 
-  /// Waits for the job to end; returns the exit status.
-  int supervise() {
+  /// Waits for the job to end; returns the exit status. Stops the job when a process fails,
+  /// on a stop signal, or when a running process has been silent past `silenceLimit`.
+  int supervise(const Coordinator& coordinator, std::chrono::milliseconds silenceLimit) {
     int failures = 0;
     while (anyWorkerRunning()) {
       if (stopSignal != 0) {
@@ -155,21 +156,27 @@ class Job {
         return 1;
       }
       int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, 0);
-      if (pid < 0) {
-        if (errno == EINTR) continue;
-        break;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid < 0 && errno != EINTR) break;
+      if (pid > 0) {
+        Child* child = find(pid);
+        if (child == nullptr) continue;
+        child->running = false;
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+          std::cerr << fmt::format("weft launch: {} (pid {}) {}; stopping the job\n", describe(child->id), pid,
+                                   howItEnded(status));
+          ++failures;
+          stopAll();
+          return 1;
+        }
+        continue;
       }
-      Child* child = find(pid);
-      if (child == nullptr) continue;
-      child->running = false;
-      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        std::cerr << fmt::format("weft launch: {} (pid {}) {}; stopping the job\n", describe(child->id), pid,
-                                 howItEnded(status));
-        ++failures;
+      if (const std::string silent = silentMember(coordinator, silenceLimit); !silent.empty()) {
+        std::cerr << fmt::format("weft launch: {}; stopping the job\n", silent);
         stopAll();
         return 1;
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     // Every worker succeeded: the servers leave once they have every worker's goodbye.
     const auto deadline = std::chrono::steady_clock::now() + grace_;
@@ -193,6 +200,23 @@ class Job {
     for (Child& c : children_)
       if (c.pid == pid) return &c;
     return nullptr;
+  }
+  /// "worker 1 of host 0 (pid N) sent no heartbeat for 20.4 s ..." for the running process silent
+  /// longest past the limit, or "".
+  std::string silentMember(const Coordinator& coordinator, std::chrono::milliseconds limit) const {
+    const auto silences = coordinator.silences();
+    const Child* worst = nullptr;
+    std::chrono::milliseconds longest{0};
+    for (const Child& c : children_) {
+      const auto it = silences.find(c.id);
+      if (!c.running || it == silences.end() || it->second <= limit || it->second <= longest) continue;
+      worst = &c;
+      longest = it->second;
+    }
+    if (worst == nullptr) return "";
+    return fmt::format("{} (pid {}) sent no heartbeat for {:.1f} s: it is stopped, hung in the kernel or cut off "
+                       "from the network",
+                       describe(worst->id), worst->pid, static_cast<double>(longest.count()) / 1000.0);
   }
   bool anyRunning() const {
     for (const Child& c : children_)
@@ -257,7 +281,7 @@ int launch(const ResourceSpec& spec, const std::vector<std::string>& command, co
     };
     running.add({id, start(spec.hosts()[static_cast<size_t>(id.host)], id, command, environment, secretFile, secret)});
   }
-  return running.supervise();
+  return running.supervise(coordinator, options.silenceLimit);
 }
 
 }  // namespace weft::dist

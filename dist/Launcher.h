@@ -23,6 +23,10 @@ struct LaunchOptions {
   std::chrono::milliseconds rendezvousTimeout{60000};
   /// How long the processes get between SIGTERM and SIGKILL, and the servers to leave.
   std::chrono::milliseconds grace{5000};
+  /// A process that sends no heartbeat for this long (it froze, or the network cut it off)
+  /// stops the job, named. Heartbeats come every second from a thread of their own, so a long
+  /// step or evaluation never looks silent.
+  std::chrono::milliseconds silenceLimit{20000};
 };
 
 /// Runs the job and returns the launcher's exit status: 0 when every worker succeeded, else 1

@@ -67,6 +67,7 @@ struct Runner::State {
   int rank = 0;
   int workers = 1;
   std::chrono::milliseconds timeout{0};
+  std::shared_ptr<Heartbeat> heartbeat;  // tells the launcher this process is alive
 
   ~State() {
     if (!communicator) return;
@@ -257,6 +258,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   }
 
   state->rank = roster.rank;
+  state->heartbeat = roster.heartbeat;
   state->workers = workers;
   state->timeout = config.timeout;
   state->ring = std::make_unique<Ring>(*state->transport, state->rank, workerPeers, config.timeout);

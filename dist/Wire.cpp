@@ -32,6 +32,7 @@ std::string messageTypeName(uint16_t type) {
     case MessageType::Join: return "JOIN";
     case MessageType::Roster: return "ROSTER";
     case MessageType::Abort: return "ABORT";
+    case MessageType::Heartbeat: return "HEARTBEAT";
   }
   return fmt::format("type {}", type);
 }
@@ -195,7 +196,7 @@ void sendAll(int fd, std::span<const uint8_t> bytes, Deadline deadline, const st
 }
 
 bool isMessageType(uint16_t type) {
-  return type >= static_cast<uint16_t>(MessageType::Challenge) && type <= static_cast<uint16_t>(MessageType::Abort);
+  return type >= static_cast<uint16_t>(MessageType::Challenge) && type <= static_cast<uint16_t>(MessageType::Heartbeat);
 }
 
 }  // namespace

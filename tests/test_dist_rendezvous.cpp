@@ -343,3 +343,25 @@ TEST_CASE("coordinator: the expected members must fit the specification") {
         "coordinator: cannot listen on 10.255.255.1:0: Cannot assign requested address");
   CHECK(expectedMembers(spec) == std::vector<MemberId>{{Role::Worker, 0, 0}, {Role::Worker, 0, 1}, {Role::Server, 0, 0}});
 }
+
+TEST_CASE("after the rendezvous the coordinator hears each member's heartbeat, and notices one stop") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  Coordinator coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 0}, {Role::Worker, 0, 1}}, 5s);
+  CHECK(coordinator.silences().empty());
+  const uint16_t port = coordinator.port();
+  auto join = [&](int slot) { return rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, slot), 5s, 100ms); };
+  std::future<Roster> first = std::async(std::launch::async, join, 0);
+  Roster second = join(1);
+  Roster zero = first.get();
+  REQUIRE(coordinator.wait().size() == 2);
+  std::this_thread::sleep_for(700ms);
+  auto silences = coordinator.silences();
+  REQUIRE(silences.size() == 2);
+  CHECK(silences.at({Role::Worker, 0, 0}) < 400ms);
+  CHECK(silences.at({Role::Worker, 0, 1}) < 400ms);
+  second.heartbeat.reset();  // worker 1 stops beating and closes its connection
+  std::this_thread::sleep_for(900ms);
+  silences = coordinator.silences();
+  CHECK(silences.at({Role::Worker, 0, 0}) < 400ms);
+  CHECK(silences.at({Role::Worker, 0, 1}) > 700ms);
+}

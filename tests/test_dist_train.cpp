@@ -2,7 +2,7 @@
 // rendezvous, UCX ring AllReduce and AllGather between real processes on loopback): N workers
 // with a part each of a total batch end with the variables of one process trained on the total
 // batch, for a dense model (MLP) and for the LM (sparse embedding, Adam, global-norm clipping);
-// a killed worker stops the whole job with a message naming it; misuse gets clear errors.
+// a killed or frozen worker stops the whole job with a message naming it; misuse gets clear errors.
 #include "tests/TestUtil.h"
 
 #include "core/Checkpoint.h"
@@ -160,10 +160,12 @@ std::string environmentOf(pid_t pid) {
   return env;
 }
 
-/// Starts `weft train <args>` (a long run), SIGKILLs the member whose environment has `role` and
-/// `slot` once training runs, and checks that the launcher stops the job within a bounded time,
-/// naming the member as `name`, with no process left behind.
-void checkKilledMemberStopsJob(const std::string& args, const std::string& role, int slot, const std::string& name) {
+/// Starts `weft train <args>` (a long run), sends `signal` to the member whose environment has
+/// `role` and `slot` once training runs, and checks that the launcher stops the job within a
+/// bounded time, reporting `name` and then `how` (the victim's pid goes between them), with no
+/// process left behind.
+void checkMemberStopsJob(const std::string& args, const std::string& role, int slot, int signal,
+                         const std::string& name, const std::string& how) {
   TempDir dir;
   const fs::path log = dir.path / "log";
   const pid_t launcher = ::fork();
@@ -190,7 +192,7 @@ void checkKilledMemberStopsJob(const std::string& args, const std::string& role,
   }
   REQUIRE(victim > 0);
   REQUIRE(members.size() == 3);  // two workers and a server
-  ::kill(victim, SIGKILL);
+  ::kill(victim, signal);
   int status = 0;
   pid_t done = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -204,19 +206,25 @@ void checkKilledMemberStopsJob(const std::string& args, const std::string& role,
   std::ifstream in(log);
   const std::string text(std::istreambuf_iterator<char>(in), {});
   CAPTURE(text);
-  CHECK(contains(text, name + " (pid " + std::to_string(victim) + ") was killed by signal 9"));
+  CHECK(contains(text, name + " (pid " + std::to_string(victim) + ") " + how));
   for (pid_t p : members) CHECK(::kill(p, 0) != 0);  // every member is gone (and reaped)
 }
 
 }  // namespace
 
 TEST_CASE("a worker killed mid-run stops the whole job, naming it, and leaves no process behind") {
-  checkKilledMemberStopsJob("mlp --workers 2", "worker", 1, "worker 1 of host 0");
+  checkMemberStopsJob("mlp --workers 2", "worker", 1, SIGKILL, "worker 1 of host 0", "was killed by signal 9");
 }
 
 TEST_CASE("a parameter server killed mid-run stops the whole job, naming it") {
-  checkKilledMemberStopsJob("lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --batch 16 --workers 2",
-                            "server", 0, "server of host 0");
+  checkMemberStopsJob("lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --batch 16 --workers 2",
+                      "server", 0, SIGKILL, "server of host 0", "was killed by signal 9");
+}
+
+TEST_CASE("a frozen worker is named by its missing heartbeats before any collective times out") {
+  // --timeout 18: a step waits up to 18 s; a member silent for 6 s stops the job first.
+  checkMemberStopsJob("mlp --workers 2 --timeout 18", "worker", 1, SIGSTOP, "worker 1 of host 0",
+                      "sent no heartbeat for");
 }
 
 TEST_CASE("a multi-worker specification outside the launcher is refused") {

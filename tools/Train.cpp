@@ -96,7 +96,11 @@ class Trainer {
                "do yet; use --precision bf16 with --workers");
     if (flags_.distributed() && !dist::launchIdentityFromEnvironment()) {
       // This process is the launcher: the same command line runs as every worker and server.
-      WEFT_CHECK(dist::launch(resources, commandLine_) == 0, "the distributed job failed (see the messages above)");
+      dist::LaunchOptions launch;
+      // A frozen process is named well before the collectives' own timeout would fire.
+      launch.silenceLimit = std::max(std::chrono::milliseconds(3000),
+                                     std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000 / 3)));
+      WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
       return;
     }
     models::CommonOptions common;
@@ -328,7 +332,7 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--partition-bytes", f.partitionBytes,
                  "a sparse variable on the servers of at least this many bytes is split into one row partition per server")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops")
+  cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops; a process silent for a third of it (at least 3 s) stops the job at once")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_flag("--report-comm", f.reportComm, "print each worker's bytes sent and received per step");
 }
