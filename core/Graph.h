@@ -66,7 +66,7 @@ struct Node {
   std::string name;  // unique within the graph, scope included
   std::vector<Output> inputs;
   std::vector<Node*> controlInputs;  // must run before this node; carry no data
-  Output condition;  // when set (a scalar), the node runs only in steps where it is nonzero
+  Output condition;  // when set (a scalar), the node runs only in steps where it is nonzero, not NaN
   Attrs attrs;
   std::vector<TensorType> outputs;
   std::string device;  // requested placement ("" = default device)
@@ -191,7 +191,7 @@ class Graph {
   DType computeDType() const { return precisions_.empty() ? DType::F32 : precisions_.back(); }
 
   /// Makes `node` (an op without outputs, such as an update) run only in steps where the scalar
-  /// `condition` is nonzero; the condition is computed first.
+  /// `condition` is nonzero (NaN counts as zero); the condition is computed first.
   void runOnlyIf(Node* node, Output condition);
 
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }

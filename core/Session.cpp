@@ -274,10 +274,10 @@ Tensor Session::initialValue(Node* v) {
   const uint64_t key = streamKey(graph_.seed(), v->name);
   const auto [fanIn, fanOut] = fans(shape);
   auto fillWith = [&](auto draw) {
-    dispatchDType(dtype, [&](auto z) {
+    dispatchStorage(dtype, [&](auto z) {
       using T = decltype(z);
       T* d = t.data<T>();
-      for (int64_t i = 0, n = t.numel(); i < n; ++i) d[i] = static_cast<T>(draw(static_cast<uint64_t>(i)));
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) d[i] = convertElement<T>(draw(static_cast<uint64_t>(i)));
     });
   };
   switch (kind) {
@@ -653,7 +653,8 @@ void Session::runSteps(Plan& plan) {
     }
     // A condition on a GPU is read after the work queued before it: the step's one wait.
     const Tensor host = condition->device().type == DeviceType::CPU ? *condition : condition->to(cpu());
-    const bool value = dispatchDType(host.dtype(), [&](auto z) { return *host.data<decltype(z)>() != decltype(z)(0); });
+    const double v = host.item();
+    const bool value = v != 0 && !std::isnan(v);
     conditions.emplace_back(condition, value);
     return value;
   };

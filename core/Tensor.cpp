@@ -41,9 +41,9 @@ double Tensor::at(int64_t i) const {
   WEFT_CHECK(i >= 0 && i < numel(), "element {} is out of range for a tensor of shape {}", i,
              shape_.str());
   if (device().type != DeviceType::CPU) return to(cpu()).at(i);
-  return dispatchDType(dtype_, [&](auto t) {
+  return dispatchStorage(dtype_, [&](auto t) {
     using T = decltype(t);
-    return static_cast<double>(static_cast<const T*>(raw())[i]);
+    return convertElement<double>(static_cast<const T*>(raw())[i]);
   });
 }
 
@@ -87,10 +87,10 @@ void Tensor::fill(double value) {
     copyFrom(Tensor::full(dtype_, shape_, value));
     return;
   }
-  dispatchDType(dtype_, [&](auto t) {
+  dispatchStorage(dtype_, [&](auto t) {
     using T = decltype(t);
     T* p = static_cast<T*>(raw());
-    const T v = static_cast<T>(value);
+    const T v = convertElement<T>(value);
     for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = v;
   });
 }
@@ -98,13 +98,13 @@ void Tensor::fill(double value) {
 Tensor Tensor::cast(DType to) const {
   if (device().type != DeviceType::CPU) return this->to(cpu()).cast(to).to(device());
   Tensor out(to, shape_);
-  dispatchDType(dtype_, [&](auto s) {
+  dispatchStorage(dtype_, [&](auto s) {
     using S = decltype(s);
-    dispatchDType(to, [&](auto d) {
+    dispatchStorage(to, [&](auto d) {
       using D = decltype(d);
       const S* src = static_cast<const S*>(raw());
       D* dst = static_cast<D*>(out.raw());
-      for (int64_t i = 0, n = numel(); i < n; ++i) dst[i] = static_cast<D>(src[i]);
+      for (int64_t i = 0, n = numel(); i < n; ++i) dst[i] = convertElement<D>(src[i]);
     });
   });
   return out;

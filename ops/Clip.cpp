@@ -175,7 +175,10 @@ void detail::registerClipOps(OpRegistry& r) {
   r.add(OpDef("AllFinite")
             .inputs(1, -1)
             .infer([](const InferContext& c) -> std::vector<TensorType> {
-              for (int i = 0; i < c.numInputs(); ++i) detail::requireFloat(c, i);
+              for (int i = 0; i < c.numInputs(); ++i) {
+                c.check(c.dtype(i) == f32 || c.dtype(i) == f64, "input {} must be f32 or f64 (gradients), got {}", i,
+                        dtypeName(c.dtype(i)));
+              }
               return {{f32, Shape{}}};
             })
             .cpu(allFiniteKernel).cuda(WEFT_CUDA_KERNEL(allFinite))

@@ -187,7 +187,8 @@ Output sparseSquaredNorm(Output indices, Output values);
 /// Scales every gradient by clipNorm / max(globalNorm, clipNorm); sparse gradients count by their
 /// dense value. Returns the scaled gradients and the global norm (before clipping).
 std::pair<std::vector<Grad>, Output> clipByGlobalNorm(const std::vector<Grad>& grads, double clipNorm);
-/// An f32 scalar: 1 when every element of every input is finite, else 0 (any NaN or infinity).
+/// An f32 scalar: 1 when every element of every input (f32 or f64) is finite, else 0 (any NaN or
+/// infinity).
 Output allFinite(const std::vector<Output>& xs);
 
 // ---- State.cpp: variables -----------------------------------------------------------------

@@ -7,6 +7,9 @@ namespace {
 
 Output stepAsFloat(Output step) { return cast(step, f64); }
 
+// Far above what f16 gradients need, and far from f32's overflow.
+constexpr double kMaxLossScale = 16777216.0;  // 2^24
+
 }  // namespace
 
 LearningRate::LearningRate(double constant)
@@ -74,8 +77,12 @@ std::vector<Grad> Optimizer::scaledGradients(Output loss, const std::vector<Outp
              "{}: loss scaling needs an initial scale >= 1 and a growth interval >= 1, got {} and {}", name_,
              scaling.initial, scaling.growthInterval);
   Graph& g = loss.graph();
-  WEFT_CHECK(!g.find("loss_scale"), "{}: the graph already has a loss scale (one minimize() per graph scales)", name_);
+  WEFT_CHECK(g.collection("loss_scale").empty(), "{}: the graph already has a loss scale (one minimize() per graph scales)",
+             name_);
+  WEFT_CHECK(scaling.initial <= kMaxLossScale, "{}: the initial loss scale {} is above the largest, 2^24", name_,
+             scaling.initial);
   lossScale_ = g.variable("loss_scale", f32, {}, Initializer::constant(scaling.initial), false);
+  g.addToCollection("loss_scale", lossScale_.node());
   goodSteps_ = g.variable("loss_scale/good_steps", f32, {}, Initializer::zeros(), false);
   std::vector<Grad> grads = gradients(loss * cast(lossScale_, loss.dtype()), vars);
   const Output inverse = 1.0 / lossScale_;
@@ -97,7 +104,7 @@ std::vector<Node*> Optimizer::updateLossScale(const LossScaling& scaling, Output
   const Output zero = g.scalar(0.0), one = g.scalar(1.0);
   const Output counted = goodSteps_ + 1.0;
   const Output grow = greaterEqual(counted, g.scalar(static_cast<double>(scaling.growthInterval)));
-  const Output afterGood = where(grow, lossScale_ * 2.0, lossScale_);
+  const Output afterGood = where(grow, minimum(lossScale_ * 2.0, g.scalar(kMaxLossScale)), lossScale_);
   const Output afterOverflow = maximum(lossScale_ * 0.5, one);
   return {assign(lossScale_, where(finite, afterGood, afterOverflow)),
           assign(goodSteps_, where(finite, where(grow, zero, counted), zero))};

@@ -38,10 +38,12 @@ LearningRate warmup(LearningRate after, double warmupSteps);
 
 /// Loss scaling for float16 training: the loss is multiplied by a scale before differentiation
 /// and the gradients divided by it afterwards, so small gradients survive f16's narrow range. A
-/// step whose gradients overflow (any NaN or infinity) updates nothing, not even the global step.
-/// A dynamic scale halves after such a step (down to 1) and doubles after `growthInterval` good
-/// steps in a row. The scale and the count of good steps are variables ("loss_scale",
-/// "loss_scale/good_steps"), so checkpoints carry them.
+/// step whose gradients overflow (any NaN or infinity) applies no update and does not count
+/// (global_step, and so learning-rate schedules, stay put); the forward pass's update_ops
+/// (batch-norm statistics) still run. A dynamic scale halves after such a step (down to 1) and
+/// doubles after `growthInterval` good steps in a row (up to 2^24). The scale and the count of
+/// good steps are variables ("loss_scale", "loss_scale/good_steps"), so checkpoints carry them.
+/// Session's checkNumerics stops at the first overflowing gradient, before a step can be skipped.
 struct LossScaling {
   double initial = 65536;
   bool dynamic = true;

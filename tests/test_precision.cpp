@@ -323,9 +323,10 @@ TEST_CASE("AllFinite is 1 for finite tensors and 0 when any element is NaN or in
   CHECK(check({1, 2}, {std::nan("")}) == 0.0);
   CHECK(check({-INFINITY}, {0}) == 0.0);
   CHECK_THROWS_AS(allFinite({g.placeholder("ids", i64, {3})}), Error);
+  CHECK(contains(errorOf([&] { allFinite({g.placeholder("h", bf16, {3})}); }), "must be f32 or f64"));
 }
 
-TEST_CASE("an op made conditional runs only in steps where its condition is nonzero") {
+TEST_CASE("an op made conditional runs only in steps where its condition is nonzero and not NaN") {
   Graph g;
   const Output counter = g.variable("counter", f32, {}, Initializer::zeros(), false);
   const Output condition = g.placeholder("condition", f32, {});
@@ -333,7 +334,7 @@ TEST_CASE("an op made conditional runs only in steps where its condition is nonz
   g.runOnlyIf(add, condition);
   CHECK(contains(g.dump(), "if condition:0"));
   Session s(g);
-  for (const float c : {1.0f, 0.0f, 2.0f, 0.0f}) s.run({}, {{condition, Tensor::scalar(f32, c)}}, {add});
+  for (const float c : {1.0f, 0.0f, 2.0f, 0.0f, NAN}) s.run({}, {{condition, Tensor::scalar(f32, c)}}, {add});
   CHECK(s.variable("counter").item() == 2.0);
 }
 
@@ -414,15 +415,39 @@ TEST_CASE("a fixed loss scale still skips overflowing steps but keeps its value"
   CHECK(s.variable("w").toDoubles() == std::vector<double>{0.5, 0});
 }
 
-TEST_CASE("loss scaling rejects a scale below 1 and a second scaled minimize") {
+TEST_CASE("loss scaling rejects a scale outside [1, 2^24] and a second scaled minimize") {
   Graph g;
   const Output w = g.variable("w", f32, {2}, Initializer::constant(1.0));
   optim::MinimizeOptions options;
   options.lossScaling = optim::LossScaling{0.5, true, 10};
   CHECK(contains(errorOf([&] { optim::SGD(0.1).minimize(sum(w), options); }), "initial scale >= 1"));
+  options.lossScaling = optim::LossScaling{std::ldexp(1.0, 25), true, 10};
+  CHECK(contains(errorOf([&] { optim::SGD(0.1).minimize(sum(w), options); }), "above the largest"));
   options.lossScaling = optim::LossScaling{};
   optim::SGD(0.1).minimize(sum(w), options);
+  auto scoped = g.scope("again");
   CHECK(contains(errorOf([&] { optim::SGD(0.1).minimize(sum(w), options); }), "already has a loss scale"));
+}
+
+TEST_CASE("a dynamic loss scale stops growing at 2^24") {
+  Graph g;
+  const Output w = g.variable("w", f32, {2}, Initializer::constant(1.0));
+  optim::MinimizeOptions options;
+  options.lossScaling = optim::LossScaling{std::ldexp(1.0, 23), true, 1};
+  Node* train = optim::SGD(0.1).minimize(sum(w), options);
+  Session s(g);
+  for (int i = 0; i < 3; ++i) s.run(train);
+  CHECK(s.variable("loss_scale").item() == std::ldexp(1.0, 24));
+}
+
+TEST_CASE("16-bit tensors read, fill and convert like the others") {
+  CHECK(Tensor::scalar(bf16, 1.5).item() == 1.5);
+  CHECK(Tensor::full(f16, {3}, 0.1).toDoubles()[2] == static_cast<float>(Float16(0.1f)));
+  CHECK(Tensor::fromVector<float>({1, 1001}, {2}).cast(bf16).toDoubles() == std::vector<double>{1, 1000});
+  Graph g;
+  const Output v = g.variable("v", bf16, {4}, Initializer::constant(0.25));
+  Session s(g);
+  CHECK(s.run({v})[0].toDoubles() == std::vector<double>{0.25, 0.25, 0.25, 0.25});
 }
 
 TEST_CASE("the MLP trains in bf16 and in f16 with loss scaling as well as in f32") {

@@ -80,7 +80,10 @@ void gemmHalf(const KernelContext& ctx, DType type, bool ta, bool tb, int64_t m,
   }
   cublasHandle_t h = handleFor(ctx.device.index);
   checkBlas(cublasSetStream(h, stream), "cublasSetStream");
-  checkBlas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  // Split-K partial sums stay in f32, so the result is rounded to 16 bits once.
+  checkBlas(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+            "cublasSetMathMode");
   const cudaDataType element = type == bf16 ? CUDA_R_16BF : CUDA_R_16F;
   const float one = 1, zero = 0;
   checkBlas(cublasGemmStridedBatchedEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, asInt(n, "n"),
