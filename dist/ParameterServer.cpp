@@ -393,13 +393,10 @@ void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out)
 void serve(ParameterServer& server, UcxTransport& transport, const std::vector<int>& workerPeers,
            const std::string& who) {
   using namespace std::chrono_literals;
-  // Requests come in bursts (pulls as a step starts, pushes as it ends), so an idle server naps
-  // longer the longer it has been idle, up to a limit that bounds the latency a nap adds: polling
-  // without naps would take a core from the workers. A server that holds nothing (AUTO with no
-  // sparse variables) only waits for goodbyes, so its limit is higher.
-  const std::chrono::microseconds longestNap = server.partitions().empty() ? 5ms : 1ms;
-  std::chrono::microseconds nap = 50us;
-  int idle = 0;
+  // Between requests the server blocks in UCX's wakeup (without it: yields), so it leaves the
+  // CPU to the workers yet answers as soon as a request lands. A server that holds nothing (AUTO
+  // with no sparse variables) only waits for goodbyes.
+  const std::chrono::microseconds longestWait = server.partitions().empty() ? 5ms : 1ms;
   while (!server.finished()) {
     const std::vector<UcxTransport::Message> messages = transport.takeMessages(Clock::now() + 60s);
     for (const UcxTransport::Message& m : messages) {
@@ -418,15 +415,7 @@ void serve(ParameterServer& server, UcxTransport& transport, const std::vector<i
       WEFT_CHECK(server.hasLeft(static_cast<int>(w)) || !transport.hasFailed(peer), "worker {} failed: {}", w,
                  transport.failureOf(peer));
     }
-    if (!messages.empty()) {
-      idle = 0;
-      nap = 50us;
-    } else if (++idle < 1000) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(nap);
-      nap = std::min(longestNap, nap * 2);
-    }
+    if (messages.empty()) transport.waitForActivity(Clock::now() + longestWait, longestWait);
   }
   transport.closeAll(Clock::now() + 5s);
 }

@@ -6,9 +6,12 @@
 
 #include <ucp/api/ucp.h>
 
+#include <poll.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace weft::dist {
 
@@ -22,10 +25,14 @@ ucp_context_h createContext() {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");  // UCX_* from the environment
   // UCX 1.13's shared-memory transports cannot report a dead peer, so TCP unless the user chose.
-  if (std::getenv("UCX_TLS") == nullptr) check(ucp_config_modify(config, "TLS", "tcp"), "ucp_config_modify(TLS)");
+  const char* chosen = std::getenv("UCX_TLS");
+  if (chosen == nullptr) check(ucp_config_modify(config, "TLS", "tcp"), "ucp_config_modify(TLS)");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM;
+  // TCP can wake a blocked waiter (its sockets are file descriptors); asking for wakeups with
+  // transports that cannot would leave UCX nothing to select.
+  if (chosen == nullptr || std::string(chosen) == "tcp") params.features |= UCP_FEATURE_WAKEUP;
   params.name = "weft";
   ucp_context_h context = nullptr;
   const ucs_status_t status = ucp_init(&params, config, &context);
@@ -73,6 +80,7 @@ UcxTransport::UcxTransport() : context_(createContext()) {
     handler.cb = &UcxTransport::onMessage;
     handler.arg = this;
     check(ucp_worker_set_am_recv_handler(worker_, &handler), "ucp_worker_set_am_recv_handler");
+    if (ucp_worker_get_efd(worker_, &eventFd_) != UCS_OK) eventFd_ = -1;  // no wakeups: waits yield
   } catch (...) {
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
@@ -294,10 +302,28 @@ void UcxTransport::progressUntil(std::initializer_list<void*> requests, Deadline
       if (statusOf(r) == UCS_INPROGRESS) return true;
     return false;
   };
+  int idle = 0;
   while (pending()) {
-    ucp_worker_progress(worker_);
+    if (ucp_worker_progress(worker_) != 0) {
+      idle = 0;
+    } else if (++idle > kSpinsBeforeWaiting) {
+      waitForActivity(deadline, std::chrono::milliseconds(1));
+    }
     if (Clock::now() >= deadline || firstFailedPeer(watch) != nullptr) return;
   }
+}
+
+void UcxTransport::waitForActivity(Deadline deadline, std::chrono::microseconds longest) {
+  if (eventFd_ < 0) return std::this_thread::yield();
+  if (ucp_worker_progress(worker_) != 0) return;
+  const ucs_status_t armed = ucp_worker_arm(worker_);
+  if (armed == UCS_ERR_BUSY) return;  // events came in meanwhile: the caller progresses them
+  if (armed != UCS_OK) return std::this_thread::yield();
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+  const auto wait = std::clamp(left, std::chrono::microseconds(0), longest);
+  timespec timeout{static_cast<time_t>(wait.count() / 1000000), static_cast<long>(wait.count() % 1000000 * 1000)};
+  pollfd fd{eventFd_, POLLIN, 0};
+  ::ppoll(&fd, 1, &timeout, nullptr);
 }
 
 void UcxTransport::completeAndFree(void* request) {

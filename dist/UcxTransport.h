@@ -71,6 +71,10 @@ class UcxTransport {
   /// arrival order (UCX does not order active messages between two peers; requests carry ids).
   /// Large payloads travel by rendezvous: they are fetched here, before the deadline.
   std::vector<Message> takeMessages(Deadline deadline);
+  /// The idle side of a wait loop: blocks until UCX has events to progress, `longest` has
+  /// passed, or the deadline has, without using the CPU (it yields where UCX offers no wakeups:
+  /// transports other than TCP).
+  void waitForActivity(Deadline deadline, std::chrono::microseconds longest);
   /// Whether peer `peer` has failed, and what UCX reported for it.
   bool hasFailed(int peer) const;
   std::string failureOf(int peer) const;
@@ -121,8 +125,12 @@ class UcxTransport {
   void completeAndFree(void* request);
   const Peer* firstFailedPeer(const Watch& watch) const;
 
+  // Progress calls that find nothing before a wait blocks: a reply often lands within them.
+  static constexpr int kSpinsBeforeWaiting = 200;
+
   ucp_context* context_ = nullptr;
   ucp_worker* worker_ = nullptr;
+  int eventFd_ = -1;  // the worker's wakeup descriptor, or -1
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<Arrival> arrivals_;
   uint64_t bytesSent_ = 0;
