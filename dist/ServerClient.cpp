@@ -5,7 +5,6 @@
 
 #include "dist/Registry.h"
 
-#include <cstring>
 #include <thread>
 
 namespace weft::dist {
@@ -23,52 +22,11 @@ ServerClient::~ServerClient() { Registry<ServerClient>::instance().remove(id_); 
 
 ServerClient* ServerClient::find(int64_t id) { return Registry<ServerClient>::instance().find(id); }
 
-namespace {
-
-// The replies of one exchange travel back through the communicator's buffer as
-// u64 count, then u64 size and bytes per reply.
-std::vector<uint8_t> pack(const std::vector<std::vector<uint8_t>>& replies) {
-  std::vector<uint8_t> out;
-  auto put = [&](uint64_t v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    out.insert(out.end(), p, p + sizeof v);
-  };
-  put(replies.size());
-  for (const std::vector<uint8_t>& r : replies) {
-    put(r.size());
-    out.insert(out.end(), r.begin(), r.end());
-  }
-  return out;
-}
-
-std::vector<std::vector<uint8_t>> unpack(const std::vector<uint8_t>& packed) {
-  size_t at = 0;
-  auto get = [&] {
-    uint64_t v = 0;
-    WEFT_CHECK(at + sizeof v <= packed.size(), "server replies: a packed buffer of {} bytes ends early", packed.size());
-    std::memcpy(&v, packed.data() + at, sizeof v);
-    at += sizeof v;
-    return v;
-  };
-  std::vector<std::vector<uint8_t>> replies(get());
-  for (std::vector<uint8_t>& r : replies) {
-    const uint64_t size = get();
-    WEFT_CHECK(size <= packed.size() - at, "server replies: a reply of {} bytes overruns the buffer", size);
-    r.assign(packed.begin() + static_cast<std::ptrdiff_t>(at), packed.begin() + static_cast<std::ptrdiff_t>(at + size));
-    at += size;
-  }
+std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls, TrafficKind kind) {
+  std::vector<std::vector<uint8_t>> replies;
+  communicator_.run({}, [&](Ring&, std::vector<uint8_t>&) { replies = exchange(calls); }, kind);
   return replies;
 }
-
-}  // namespace
-
-uint64_t ServerClient::submit(std::vector<Call> calls, TrafficKind kind) {
-  return communicator_.submit(
-      {}, [this, calls = std::move(calls)](Ring&, std::vector<uint8_t>& buffer) { buffer = pack(exchange(calls)); },
-      kind);
-}
-
-std::vector<std::vector<uint8_t>> ServerClient::collect(uint64_t ticket) { return unpack(communicator_.wait(ticket)); }
 
 void ServerClient::goodbye() {
   std::vector<Call> calls;

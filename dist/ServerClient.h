@@ -33,14 +33,7 @@ class ServerClient {
   /// Sends every call and waits for every reply; returns the reply payloads in call order.
   /// Throws the server's error message, or names the request, the partition and its variable
   /// when its server fails or does not answer within the timeout.
-  std::vector<std::vector<uint8_t>> request(std::vector<Call> calls, TrafficKind kind) {
-    return collect(submit(std::move(calls), kind));
-  }
-  /// request() in two halves, so the step computes while the requests travel: submit() queues
-  /// the calls on the communication thread (in order with the collectives) and returns a
-  /// ticket; collect() waits for its replies.
-  uint64_t submit(std::vector<Call> calls, TrafficKind kind);
-  std::vector<std::vector<uint8_t>> collect(uint64_t ticket);
+  std::vector<std::vector<uint8_t>> request(std::vector<Call> calls, TrafficKind kind);
   /// Tells every server that this worker leaves the job, and waits until each has heard it (so
   /// that closing the connections afterwards is not taken for a failure).
   void goodbye();

@@ -80,63 +80,29 @@ std::vector<TensorType> pullRowsInfer(const InferContext& c) {
   return {{c.dtype(0), Shape(std::move(out))}};
 }
 
-/// The rows a lookup needs from each of the variable's partitions: unique local ids, sorted.
-std::vector<std::vector<int64_t>> wantedRows(const Target& t, const std::vector<int64_t>& rows) {
-  std::vector<std::vector<int64_t>> wanted(t.variable->partitions.size());
+void pullRowsKernel(KernelContext& ctx) {
+  const Target t = targetOf(ctx, true);
+  if (t.client == nullptr) return OpRegistry::global().get("Gather").kernelFor(DeviceType::CPU)(ctx);
+  const std::vector<int64_t> rows = checkedRows(ctx, ctx.input(1), t.variable->rows(), t.variable->variable->name);
+  const size_t parts = t.variable->partitions.size();
+  std::vector<std::vector<int64_t>> wanted(parts);  // unique local row ids per partition
   for (int64_t r : rows) {
     const size_t k = partitionOfRow(t, r);
     wanted[k].push_back(r - partitionAt(t, k).rowBegin);
   }
-  for (std::vector<int64_t>& w : wanted) {
-    std::sort(w.begin(), w.end());
-    w.erase(std::unique(w.begin(), w.end()), w.end());
-  }
-  return wanted;
-}
-
-std::vector<int64_t> lookupRows(const KernelContext& ctx, const Target& t, const Tensor& ids) {
-  return checkedRows(ctx, ids, t.variable->rows(), t.variable->variable->name);
-}
-
-std::vector<TensorType> ticketType(const InferContext&) { return {{DType::I64, Shape{}}}; }
-
-void writeTicket(KernelContext& ctx, int64_t ticket) { ctx.output(0).data<int64_t>()[0] = ticket; }
-
-/// The ticket input of a wait op; -1 when its start sent nothing.
-int64_t ticketOf(const KernelContext& ctx, int input) { return ctx.input(input).data<int64_t>()[0]; }
-
-// Sends the requests for the rows of input 0's ids, one call per partition that has any, and
-// outputs the ticket (-1: the worker's own copy is current and serves the lookup).
-void pullRowsStartKernel(KernelContext& ctx) {
-  const Target t = targetOf(ctx, true);
-  if (t.client == nullptr) return writeTicket(ctx, -1);
-  const std::vector<std::vector<int64_t>> wanted = wantedRows(t, lookupRows(ctx, t, ctx.input(0)));
   std::vector<ServerClient::Call> calls;
-  for (size_t k = 0; k < wanted.size(); ++k) {
+  std::vector<size_t> callOf(parts, 0);
+  for (size_t k = 0; k < parts; ++k) {
+    std::sort(wanted[k].begin(), wanted[k].end());
+    wanted[k].erase(std::unique(wanted[k].begin(), wanted[k].end()), wanted[k].end());
     if (wanted[k].empty()) continue;
+    callOf[k] = calls.size();
     const auto* ids = reinterpret_cast<const uint8_t*>(wanted[k].data());
     calls.push_back({t.variable->partitions[k], RequestKind::PullRows, {ids, ids + wanted[k].size() * sizeof(int64_t)}});
   }
-  writeTicket(ctx, static_cast<int64_t>(t.client->submit(std::move(calls), trafficOf(*t.variable))));
-}
-
-void pullRowsKernel(KernelContext& ctx) {
-  const int64_t ticket = ticketOf(ctx, 2);
-  if (ticket < 0) return OpRegistry::global().get("Gather").kernelFor(DeviceType::CPU)(ctx);
-  const Target t = targetOf(ctx);
-  WEFT_CHECK(t.client != nullptr, "{}: the worker left the job while its rows were on their way", ctx.node->describe());
-  const std::vector<std::vector<uint8_t>> replies = t.client->collect(static_cast<uint64_t>(ticket));
-  const std::vector<int64_t> rows = lookupRows(ctx, t, ctx.input(1));
-  const std::vector<std::vector<int64_t>> wanted = wantedRows(t, rows);
-  std::vector<size_t> callOf(wanted.size(), 0);
-  size_t calls = 0;
-  for (size_t k = 0; k < wanted.size(); ++k) {
-    if (wanted[k].empty()) continue;
-    callOf[k] = calls++;
-  }
-  if (replies.size() != calls) ctx.fail("{} replies to {} row requests", replies.size(), calls);
+  const std::vector<std::vector<uint8_t>> replies = t.client->request(std::move(calls), trafficOf(*t.variable));
   const size_t rowBytes = t.variable->rowBytes();
-  for (size_t k = 0; k < wanted.size(); ++k)
+  for (size_t k = 0; k < parts; ++k)
     if (!wanted[k].empty()) checkReply(ctx, replies[callOf[k]], wanted[k].size() * rowBytes);
   auto* out = static_cast<uint8_t*>(ctx.output(0).raw());
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -167,14 +133,9 @@ void pullVariableKernel(KernelContext& ctx) {
 
 // ---- PushGradient --------------------------------------------------------------------------
 
-std::vector<TensorType> pushGradientStartInfer(const InferContext& c) {
+std::vector<TensorType> pushGradientInfer(const InferContext& c) {
   c.check(c.numInputs() == 1 || isInteger(c.dtype(0)), "a sparse gradient's indices must be integers, got {}",
           dtypeName(c.dtype(0)));
-  return ticketType(c);
-}
-
-std::vector<TensorType> pushGradientInfer(const InferContext& c) {
-  c.check(c.dtype(0) == DType::I64, "input 0 must be the ticket of a PushGradientStart");
   return {{c.dtype(c.numInputs() - 1), Shape{}}};
 }
 
@@ -241,22 +202,14 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
   return calls;
 }
 
-// Sends this worker's gradient (inputs: dense, or indices and values) to the partitions.
-void pushGradientStartKernel(KernelContext& ctx) {
+void pushGradientKernel(KernelContext& ctx) {
   const Target t = targetOf(ctx);
   if (t.client == nullptr) ctx.fail("this worker has left the job: gradients can no longer be pushed");
   t.client->setLocalCopyCurrent(false);
   std::vector<ServerClient::Call> calls =
       ctx.numInputs() == 1 ? denseShares(t, ctx.input(0)) : sparseShares(ctx, t, ctx.input(0), ctx.input(1));
-  writeTicket(ctx, static_cast<int64_t>(t.client->submit(std::move(calls), trafficOf(*t.variable))));
-}
-
-// Waits for the partitions' answers: the aggregated gradient's squared norm, in parts.
-void pushGradientKernel(KernelContext& ctx) {
-  const Target t = targetOf(ctx);
-  if (t.client == nullptr) ctx.fail("this worker has left the job: gradients can no longer be pushed");
   double squaredNorm = 0;
-  for (const std::vector<uint8_t>& reply : t.client->collect(static_cast<uint64_t>(ticketOf(ctx, 0)))) {
+  for (const std::vector<uint8_t>& reply : t.client->request(std::move(calls), trafficOf(*t.variable))) {
     checkReply(ctx, reply, sizeof(double));
     double part = 0;
     std::memcpy(&part, reply.data(), sizeof part);
@@ -294,14 +247,9 @@ void registerServerOps() {
   static std::once_flag once;
   std::call_once(once, [] {
     OpRegistry& r = OpRegistry::global();
-    // The starts launch asynchronous work, so the schedule puts them as early as their inputs
-    // allow; the waits stay where the value is needed.
-    r.add(OpDef("PullRowsStart").inputs(1).infer(ticketType).cpu(pullRowsStartKernel).launchAsync().noGradient());
-    r.add(OpDef("PullRows").inputs(3).infer(pullRowsInfer).cpu(pullRowsKernel).noGradient());
+    r.add(OpDef("PullRows").inputs(2).infer(pullRowsInfer).cpu(pullRowsKernel).noGradient());
     r.add(OpDef("PullVariable").inputs(1).infer(sameAsVariable).cpu(pullVariableKernel).noGradient());
-    r.add(OpDef("PushGradientStart").inputs(1, 2).infer(pushGradientStartInfer).cpu(pushGradientStartKernel)
-              .launchAsync().noGradient());
-    r.add(OpDef("PushGradient").inputs(2, 3).infer(pushGradientInfer).cpu(pushGradientKernel).noGradient());
+    r.add(OpDef("PushGradient").inputs(1, 2).infer(pushGradientInfer).cpu(pushGradientKernel).noGradient());
     r.add(OpDef("ApplyRemote").inputs(0, -1).infer(noOutputs).cpu(applyRemoteKernel).noGradient());
   });
 }
@@ -311,22 +259,9 @@ Output pullVariable(Output variable, int64_t client, int index) {
   return variable.graph().addNode("PullVariable", {variable}, targetAttrs(client, index))->output();
 }
 
-namespace {
-
-/// The PushGradientStart of `gradient`, then its wait's inputs: the ticket and the gradient (whose
-/// dtype the norm takes).
-std::vector<Output> pushInputs(const std::vector<Output>& gradient, int64_t client, int index) {
-  Node* start = gradient.at(0).graph().addNode("PushGradientStart", gradient, targetAttrs(client, index));
-  std::vector<Output> inputs{start->output()};
-  inputs.insert(inputs.end(), gradient.begin(), gradient.end());
-  return inputs;
-}
-
-}  // namespace
-
 Node* pushGradient(const std::vector<Output>& gradient, int64_t client, int index) {
   registerServerOps();
-  return gradient.at(0).graph().addNode("PushGradient", pushInputs(gradient, client, index), targetAttrs(client, index));
+  return gradient.at(0).graph().addNode("PushGradient", gradient, targetAttrs(client, index));
 }
 
 Node* applyRemote(Graph& graph, const std::vector<Output>& extras, int64_t client, int index) {
@@ -337,18 +272,15 @@ Node* applyRemote(Graph& graph, const std::vector<Output>& extras, int64_t clien
 void turnIntoPull(Node* gather, int64_t client, int index) {
   registerServerOps();
   WEFT_CHECK(gather->op == "Gather", "{} is not a Gather", gather->describe());
-  Node* start = gather->graph->addNode("PullRowsStart", {gather->inputs.at(1)}, targetAttrs(client, index));
   gather->op = "PullRows";
   gather->def = &OpRegistry::global().get("PullRows");
   gather->attrs = targetAttrs(client, index);
-  gather->inputs.push_back(start->output());
 }
 
 void turnIntoPush(Node* squaredNorm, int64_t client, int index) {
   registerServerOps();
   WEFT_CHECK(squaredNorm->op == "SquaredNorm" || squaredNorm->op == "SparseSquaredNorm", "{} is not a squared norm",
              squaredNorm->describe());
-  squaredNorm->inputs = pushInputs(squaredNorm->inputs, client, index);
   squaredNorm->op = "PushGradient";
   squaredNorm->def = &OpRegistry::global().get("PushGradient");
   squaredNorm->attrs = targetAttrs(client, index);

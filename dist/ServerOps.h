@@ -2,22 +2,14 @@
 // finds its ServerClient by the "client" attribute and its variable by "variable" (the index in
 // the client's plan).
 //
-//   PullRowsStart(ids) -> ticket          an embedding lookup (Gather) served by the servers:
-//   PullRows(variable, ids, ticket) -> rows  the start sends the requests as soon as the ids
-//                                         exist, the wait assembles the rows where the lookup
-//                                         was; only the rows the ids name travel, once each
+//   PullRows(variable, ids) -> rows       an embedding lookup (Gather) served by the servers:
+//                                         only the rows the ids name travel, once each
 //   PullVariable(variable) -> value       the whole variable, for every other reader
-//   PushGradientStart(dense) | PushGradientStart(indices, values) -> ticket
-//   PushGradient(ticket, gradient...) -> squared norm
-//                                         the start sends this worker's gradient to the
-//                                         partitions as soon as it exists; the wait's result is
-//                                         the aggregated gradient's squared norm (the servers
-//                                         answer once every worker has pushed), which takes the
-//                                         place of the squared-norm op of clipping
-//
-// Starts launch asynchronous work (the communication thread carries the requests in order with
-// the collectives), so a pull of the softmax rows travels while the LSTM runs forward, and a
-// push of them while the LSTM runs backward.
+//   PushGradient(dense) | PushGradient(indices, values) -> squared norm
+//                                         sends this worker's gradient to the partitions; the
+//                                         result is the aggregated gradient's squared norm (the
+//                                         servers answer once every worker has pushed), which
+//                                         takes the place of the squared-norm op of clipping
 //   ApplyRemote(extras...)                worker 0 sends the update's other inputs (learning
 //                                         rate, step, clipping scale); the servers apply
 //
@@ -39,7 +31,7 @@ void registerServerOps();
 Output pullVariable(Output variable, int64_t client, int index);
 Node* pushGradient(const std::vector<Output>& gradient, int64_t client, int index);
 Node* applyRemote(Graph& graph, const std::vector<Output>& extras, int64_t client, int index);
-/// Rewrites a Gather of a served variable into a PullRows (same output; its start added), in place.
+/// Rewrites a Gather of a served variable into a PullRows (same inputs and output), in place.
 void turnIntoPull(Node* gather, int64_t client, int index);
 /// Rewrites the squared norm of a served variable's gradient (clipping) into its PushGradient.
 void turnIntoPush(Node* squaredNorm, int64_t client, int index);
