@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# `weft train --cluster` with a remote host reached over ssh: host 1 of the job is a network
-# namespace joined to this one by a veth pair, running its own sshd (keys made here). The job
-# trains on both hosts; then a remote worker is killed mid-run and the launcher must stop the job
-# naming it, with nothing left running on either host. Needs root (ip netns) and sshd; without
-# them it reports why and exits 77 (ctest: skipped).
+# `weft train --cluster` with a remote host reached over ssh: the two hosts of the job are
+# network namespaces joined by a veth pair; the launcher and host 0 run in the first, host 1 in
+# the second with its own sshd (keys made here), reached only over ssh. The job trains on both
+# hosts; then a remote worker is killed mid-run and the launcher must stop the job naming it,
+# with nothing left running on either host. Nothing is added to this machine's own network, where
+# other tests' UCX processes would see (and try) the test's addresses. Needs root (ip netns) and
+# sshd; without them it reports why and exits 77 (ctest: skipped).
 #
 #   tests/test_ssh_launch.sh WEFT_BINARY
 set -euo pipefail
@@ -15,27 +17,30 @@ skip() { echo "skipped: $1"; exit 77; }
 command -v ssh >/dev/null || skip "needs ssh (Debian package openssh-client)"
 
 tag="wss$$"
-ns="${tag}h1"
+here="${tag}h0" ns="${tag}h1"
 local_ip=10.79.0.1 remote_ip=10.79.0.2
 work="$(mktemp -d)"
 cleanup() {
   [[ -f "$work/sshd.pid" ]] && kill "$(cat "$work/sshd.pid")" 2>/dev/null || true
   ip netns del "$ns" 2>/dev/null || true
-  ip link del "${tag}a" 2>/dev/null || true
+  ip netns del "$here" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 fail() { echo "FAILED: $1"; [[ -f "$work/log" ]] && cat "$work/log"; exit 1; }
 
+ip netns add "$here"
 ip netns add "$ns"
-ip link add "${tag}a" type veth peer name "${tag}b"
-ip link set "${tag}b" netns "$ns"
-ip addr add "$local_ip/24" dev "${tag}a"
-ip link set "${tag}a" up
+ip link add "${tag}a" netns "$here" type veth peer name "${tag}b" netns "$ns"
+ip netns exec "$here" ip addr add "$local_ip/24" dev "${tag}a"
 ip netns exec "$ns" ip addr add "$remote_ip/24" dev "${tag}b"
+for n in "$here" "$ns"; do
+  ip netns exec "$n" ip link set lo up
+done
+ip netns exec "$here" ip link set "${tag}a" up
 ip netns exec "$ns" ip link set "${tag}b" up
-ip netns exec "$ns" ip link set lo up
+at_host0() { ip netns exec "$here" "$@"; }
 
 ssh-keygen -q -t ed25519 -N "" -f "$work/client_key"
 ssh-keygen -q -t ed25519 -N "" -f "$work/host_key"
@@ -57,8 +62,8 @@ EOF
 printf '#!/bin/sh\nexec %s -F %s "$@"\n' "$(command -v ssh)" "$work/ssh_config" >"$work/bin/ssh"
 chmod +x "$work/bin/ssh"
 export PATH="$work/bin:$PATH"
-for _ in $(seq 50); do ssh -o BatchMode=yes -o ConnectTimeout=1 "$remote_ip" true 2>/dev/null && break; sleep 0.2; done
-ssh -o BatchMode=yes "$remote_ip" true || fail "sshd in the namespace does not answer"
+for _ in $(seq 50); do at_host0 ssh -o BatchMode=yes -o ConnectTimeout=1 "$remote_ip" true 2>/dev/null && break; sleep 0.2; done
+at_host0 ssh -o BatchMode=yes "$remote_ip" true || fail "sshd in the namespace does not answer"
 
 # Host 0 runs its processes here (a launch prefix marks a host local); host 1 only over ssh.
 cat >"$work/cluster.json" <<EOF
@@ -69,14 +74,14 @@ EOF
 cd "$work"
 
 # 1. A job across both hosts trains and ends cleanly.
-"$weft" train mlp --cluster cluster.json --steps 60 --eval-every 60 --threads 1 --out "$work/run" >"$work/log" 2>&1 \
+at_host0 "$weft" train mlp --cluster cluster.json --steps 60 --eval-every 60 --threads 1 --out "$work/run" >"$work/log" 2>&1 \
   || fail "the two-host job failed"
 grep -q '"workers":2' "$work/log" || fail "the job did not report 2 workers"
 accepted=$(grep -c "Accepted publickey" "$work/sshd.log" || true)
 [[ "$accepted" -ge 2 ]] || fail "host 1's worker and server did not both come through ssh ($accepted sessions)"
 
 # 2. Killing host 1's worker stops the job, naming it, and leaves nothing running.
-"$weft" train mlp --cluster cluster.json --steps 1000000 --eval-every 1000000 --threads 1 --timeout 20 \
+at_host0 "$weft" train mlp --cluster cluster.json --steps 1000000 --eval-every 1000000 --threads 1 --timeout 20 \
   --out "$work/long" >"$work/log" 2>&1 &
 launcher=$!
 victim=""
