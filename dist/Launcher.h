@@ -18,9 +18,12 @@
 
 namespace weft::dist {
 
+/// How long a job's processes have to join the rendezvous (the launcher's default).
+inline constexpr std::chrono::milliseconds kRendezvousTimeout{60000};
+
 struct LaunchOptions {
   /// How long the processes have to join the rendezvous.
-  std::chrono::milliseconds rendezvousTimeout{60000};
+  std::chrono::milliseconds rendezvousTimeout = kRendezvousTimeout;
   /// How long the processes get between SIGTERM and SIGKILL, and the servers to leave.
   std::chrono::milliseconds grace{5000};
   /// A process that sends no heartbeat for this long (it froze, or the network cut it off)

@@ -2,12 +2,14 @@
 #include "dist/Runner.h"
 
 #include "core/Error.h"
+#include "dist/Launcher.h"
 #include "dist/ParameterServer.h"
 #include "dist/ServerClient.h"
 #include "dist/UcxTransport.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -228,8 +230,11 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   }
   state->transport = std::make_unique<UcxTransport>();
   JoinRequest request{identity->id, state->transport->address(), {}};
+  // A member waits past the coordinator's own deadline, so that a member that never came is
+  // reported by the coordinator's ABORT, which names it, not by every member's silent timeout.
+  const auto joinTimeout = std::max(config.timeout, kRendezvousTimeout + std::chrono::seconds(15));
   const Roster roster = rendezvous(identity->coordinatorHost, identity->coordinatorPort, identity->secret,
-                                   identity->job, request, config.timeout);
+                                   identity->job, request, joinTimeout);
   std::vector<int> workerPeers, serverPeers;
   int serverIndex = -1;
   for (const Member& m : roster.members) {

@@ -13,6 +13,8 @@
 #include "optim/Optimizer.h"
 
 #include <functional>
+#include <memory>
+#include <utility>
 
 using namespace weft;
 using testing::randomInts;
@@ -59,6 +61,35 @@ Output input(Graph& g, FeedMap& feeds, const std::string& name, DType dtype, con
 }
 
 double tolFor(DType dt) { return isFloating(dt) ? testing::toleranceFor(dt) : 0; }
+
+/// A classifier's training step, as a builder makes it.
+struct Classifier {
+  Output x, labels, loss;
+  Node* step = nullptr;
+};
+
+/// A classifier built twice, on the CPU and on cuda:0, trained side by side on the same batches.
+struct SideBySide {
+  Graph onCpu, onGpu;
+  Classifier cpuModel, gpuModel;
+  std::unique_ptr<Session> cpuSession, gpuSession;
+
+  explicit SideBySide(const std::function<Classifier(Graph&)>& build) : cpuModel(build(onCpu)) {
+    {
+      auto placed = onGpu.onDevice("cuda:0");
+      gpuModel = build(onGpu);
+    }
+    cpuSession = std::make_unique<Session>(onCpu);
+    gpuSession = std::make_unique<Session>(onGpu);
+  }
+  /// One training step on each device; returns the (CPU, GPU) losses.
+  std::pair<double, double> step(const Tensor& x, const Tensor& labels) {
+    auto run = [&](Session& s, const Classifier& m) {
+      return s.run({m.loss}, {{m.x, x}, {m.labels, labels}}, {m.step})[0].item();
+    };
+    return {run(*cpuSession, cpuModel), run(*gpuSession, gpuModel)};
+  }
+};
 
 }  // namespace
 
@@ -547,35 +578,24 @@ TEST_CASE("optimizer updates on the GPU match the CPU") {
 }
 
 TEST_CASE("training an MLP on the GPU follows the CPU step for step") {
-  auto build = [](Graph& g, Output& loss, Node*& step, Output& x, Output& labels) {
-    x = g.placeholder("x", f32, {32, 20});
-    labels = g.placeholder("labels", i64, {32});
+  SideBySide mlp([](Graph& g) {
+    Classifier m{g.placeholder("x", f32, {32, 20}), g.placeholder("labels", i64, {32}), {}, nullptr};
     nn::Linear l1(g, "l1", 20, 64), l2(g, "l2", 64, 64), l3(g, "l3", 64, 5);
-    loss = nn::meanSparseCrossEntropy(l3(relu(l2(relu(l1(x))))), labels);
+    m.loss = nn::meanSparseCrossEntropy(l3(relu(l2(relu(l1(m.x))))), m.labels);
     // Momentum rather than Adam: Adam's normalised steps would magnify rounding differences in
     // near-zero gradients into whole learning-rate steps.
-    step = optim::Momentum(0.05, 0.9).minimize(loss);
-  };
-  Graph onCpu, onGpu;
-  Output lossC, lossG, xC, xG, yC, yG;
-  Node *stepC = nullptr, *stepG = nullptr;
-  build(onCpu, lossC, stepC, xC, yC);
-  {
-    auto placed = onGpu.onDevice("cuda:0");
-    build(onGpu, lossG, stepG, xG, yG);
-  }
-  Session cpuSession(onCpu), gpuSession(onGpu);
+    m.step = optim::Momentum(0.05, 0.9).minimize(m.loss);
+    return m;
+  });
   for (int i = 0; i < 10; ++i) {
-    const Tensor xv = randomTensor(f32, {32, 20}, 100 + static_cast<uint64_t>(i));
-    const Tensor yv = randomInts(i64, {32}, 0, 5, 200 + static_cast<uint64_t>(i));
-    const double a = cpuSession.run({lossC}, {{xC, xv}, {yC, yv}}, {stepC})[0].item();
-    const double b = gpuSession.run({lossG}, {{xG, xv}, {yG, yv}}, {stepG})[0].item();
+    const auto [a, b] = mlp.step(randomTensor(f32, {32, 20}, 100 + static_cast<uint64_t>(i)),
+                                 randomInts(i64, {32}, 0, 5, 200 + static_cast<uint64_t>(i)));
     CAPTURE(i);
     CHECK(b == doctest::Approx(a).epsilon(1e-4));
   }
   for (const char* name : {"l1/weight", "l2/bias", "l3/weight"}) {
     CAPTURE(name);
-    CHECK_CLOSE(gpuSession.variable(name), cpuSession.variable(name).toDoubles(), 1e-4);
+    CHECK_CLOSE(mlp.gpuSession->variable(name), mlp.cpuSession->variable(name).toDoubles(), 1e-4);
   }
 }
 
@@ -633,36 +653,29 @@ TEST_CASE("AllFinite and an update it gates run on the GPU as on the CPU") {
 TEST_CASE("an MLP trains on the GPU in bf16, and in f16 with loss scaling, as on the CPU") {
   for (DType low : {bf16, f16}) {
     CAPTURE(dtypeName(low));
-    auto build = [&](Graph& g, Output& loss, Node*& step, Output& x, Output& labels) {
-      x = g.placeholder("x", f32, {64, 20});
-      labels = g.placeholder("labels", i64, {64});
+    SideBySide mlp([&](Graph& g) {
+      Classifier m{g.placeholder("x", f32, {64, 20}), g.placeholder("labels", i64, {64}), {}, nullptr};
       auto mixed = g.mixedPrecision(low);
       nn::Linear l1(g, "l1", 20, 128), l2(g, "l2", 128, 5);
-      loss = nn::meanSparseCrossEntropy(l2(relu(l1(x))), labels);
+      m.loss = nn::meanSparseCrossEntropy(l2(relu(l1(m.x))), m.labels);
       optim::MinimizeOptions options;
       if (low == f16) options.lossScaling = optim::LossScaling{};
-      step = optim::Momentum(0.05, 0.9).minimize(loss, options);
-    };
-    Graph onCpu, onGpu;
-    Output lossC, lossG, xC, xG, yC, yG;
-    Node *stepC = nullptr, *stepG = nullptr;
-    build(onCpu, lossC, stepC, xC, yC);
-    {
-      auto placed = onGpu.onDevice("cuda:0");
-      build(onGpu, lossG, stepG, xG, yG);
-    }
-    Session cpuSession(onCpu), gpuSession(onGpu);
+      m.step = optim::Momentum(0.05, 0.9).minimize(m.loss, options);
+      return m;
+    });
     const Tensor xv = randomTensor(f32, {64, 20}, 300);
     const Tensor yv = randomInts(i64, {64}, 0, 5, 301);
     double first = 0, last = 0;
     for (int i = 0; i < 30; ++i) {
-      const double a = cpuSession.run({lossC}, {{xC, xv}, {yC, yv}}, {stepC})[0].item();
-      last = gpuSession.run({lossG}, {{xG, xv}, {yG, yv}}, {stepG})[0].item();
-      if (i == 0) first = last;
+      const auto [a, b] = mlp.step(xv, yv);
+      last = b;
+      if (i == 0) first = b;
       CAPTURE(i);
-      CHECK(last == doctest::Approx(a).epsilon(0.02));  // 16-bit rounding differs in summation order
+      CHECK(b == doctest::Approx(a).epsilon(0.02));  // 16-bit rounding differs in summation order
     }
     CHECK(last < first / 2);  // one fixed batch: memorised
-    if (low == f16) CHECK(gpuSession.variable("loss_scale").item() == cpuSession.variable("loss_scale").item());
+    if (low == f16) {
+      CHECK(mlp.gpuSession->variable("loss_scale").item() == mlp.cpuSession->variable("loss_scale").item());
+    }
   }
 }
