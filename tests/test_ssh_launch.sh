@@ -30,7 +30,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 fail() { echo "FAILED: $1"; [[ -f "$work/log" ]] && cat "$work/log"; exit 1; }
 
-ip netns add "$here"
+ip netns add "$here" 2>/dev/null || skip "cannot create network namespaces here (ip netns add failed)"
 ip netns add "$ns"
 ip link add "${tag}a" netns "$here" type veth peer name "${tag}b" netns "$ns"
 ip netns exec "$here" ip addr add "$local_ip/24" dev "${tag}a"
