@@ -37,17 +37,6 @@ void copyBytes(void* to, const void* from, size_t n) {
   if (n > 0) std::memcpy(to, from, n);
 }
 
-/// Local row ids from `count` i64 values at `offset`, each checked against the partition's rows.
-std::vector<int64_t> readRowIds(const Payload& bytes, size_t offset, size_t count, int64_t rows) {
-  std::vector<int64_t> ids(count);
-  copyBytes(ids.data(), bytes.data() + offset, count * sizeof(int64_t));
-  for (size_t i = 0; i < count; ++i) {
-    WEFT_CHECK(ids[i] >= 0 && ids[i] < rows, "row id {} at position {} is outside the partition's [0, {})", ids[i], i,
-               rows);
-  }
-  return ids;
-}
-
 }  // namespace
 
 struct ParameterServer::PartitionState {
@@ -67,9 +56,9 @@ struct ParameterServer::PartitionState {
   Node* update = nullptr;
 
   uint64_t version = 0;                       // updates applied
-  std::vector<std::optional<Payload>> pushes;  // this version's gradient of each worker
+  std::vector<std::optional<Payload>> pushes;  // this version's gradient of each sender
   std::vector<RequestHeader> pushers;          // waiting for the squared norm
-  FeedMap aggregate;                           // set once every worker has pushed
+  FeedMap aggregate;                           // set once every sender has pushed
   double squaredNorm = 0;
   std::optional<std::pair<RequestHeader, Payload>> pendingApply;
   std::vector<std::pair<RequestHeader, Payload>> waiting;  // pulls for a later version
@@ -131,7 +120,7 @@ Payload ParameterServer::PartitionState::answer(const RequestHeader& h, const Pa
   const auto* base = static_cast<const uint8_t*>(value.raw());
   switch (h.kind) {
     case RequestKind::PullRows: {
-      const std::vector<int64_t> ids = readRowIds(payload, 0, payload.size() / 8, rows);
+      const std::vector<int64_t> ids = pullRowIds(payload, rows);
       Payload out(ids.size() * rowBytes);
       for (size_t i = 0; i < ids.size(); ++i)
         std::memcpy(out.data() + i * rowBytes, base + static_cast<size_t>(ids[i]) * rowBytes, rowBytes);
@@ -169,8 +158,8 @@ void ParameterServer::PartitionState::aggregateGradients(double denseScale, doub
     std::vector<int64_t> allIds;
     size_t at = 0;
     for (const std::optional<Payload>& p : pushes) {
-      const size_t n = readU64(*p, 0);
-      const std::vector<int64_t> local = readRowIds(*p, 8, n, rows);
+      const std::vector<int64_t> local = sparsePushRowIds(*p, rows, rowBytes);
+      const size_t n = local.size();
       allIds.insert(allIds.end(), local.begin(), local.end());
       copyBytes(static_cast<uint8_t*>(rowsOut.raw()) + at * rowBytes, p->data() + 8 + n * 8, n * rowBytes);
       at += n;
@@ -237,13 +226,17 @@ void ParameterServer::PartitionState::runUpdate(const Payload& extrasBytes) {
 }
 
 ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options options)
-    : plan_(plan), server_(server), options_(std::move(options)), leftJob_(static_cast<size_t>(options_.workers), false) {
+    : plan_(plan), server_(server), options_(std::move(options)) {
+  if (options_.groups.members.empty()) options_.groups = SenderGroups::separate(options_.workers);
+  WEFT_CHECK(static_cast<int>(options_.groups.groupOfWorker.size()) == options_.workers,
+             "the sender groups cover {} workers, the job has {}", options_.groups.groupOfWorker.size(), options_.workers);
+  leftJob_.assign(static_cast<size_t>(options_.groups.groups()), false);
   states_.resize(plan.partitions.size());
   for (size_t i = 0; i < plan.partitions.size(); ++i) {
     if (plan.partitions[i].server != server) continue;
     auto state = std::make_unique<PartitionState>();
     state->build(plan, static_cast<int>(i), options_.session);
-    state->pushes.resize(static_cast<size_t>(options_.workers));
+    state->pushes.resize(static_cast<size_t>(options_.groups.groups()));
     states_[i] = std::move(state);
   }
 }
@@ -254,7 +247,9 @@ bool ParameterServer::finished() const {
   return std::all_of(leftJob_.begin(), leftJob_.end(), [](bool left) { return left; });
 }
 
-bool ParameterServer::hasLeft(int worker) const { return leftJob_.at(static_cast<size_t>(worker)); }
+bool ParameterServer::hasLeft(int worker) const {
+  return leftJob_.at(static_cast<size_t>(options_.groups.groupOfWorker.at(static_cast<size_t>(worker))));
+}
 
 std::vector<int> ParameterServer::partitions() const {
   std::vector<int> out;
@@ -266,7 +261,7 @@ std::vector<int> ParameterServer::partitions() const {
 namespace {
 
 ParameterServer::Reply replyTo(const RequestHeader& h, Payload payload, uint32_t status = 0) {
-  return {static_cast<int>(h.worker), encode(ReplyHeader{h.id, status}), std::move(payload)};
+  return {static_cast<int>(h.worker), h.kind, encode(ReplyHeader{h.id, status}), std::move(payload)};
 }
 
 Payload normBytes(double squaredNorm) {
@@ -281,8 +276,12 @@ std::vector<ParameterServer::Reply> ParameterServer::handle(const UcxTransport::
   const RequestHeader h = decodeRequest(message.header);
   WEFT_CHECK(h.worker < static_cast<uint32_t>(options_.workers), "{} request from worker {}: the job has {} workers",
              requestKindName(h.kind), h.worker, options_.workers);
+  const int group = options_.groups.groupOfWorker[h.worker];
+  WEFT_CHECK(options_.groups.leader(group) == static_cast<int>(h.worker),
+             "{} request from worker {}, whose machine's local aggregator speaks for it as worker {}",
+             requestKindName(h.kind), h.worker, options_.groups.leader(group));
   if (h.kind == RequestKind::Goodbye) {
-    leftJob_[h.worker] = true;
+    leftJob_[static_cast<size_t>(group)] = true;
     return {replyTo(h, {})};
   }
   try {
@@ -305,8 +304,7 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
                                                            const Payload& payload) {
   switch (h.kind) {
     case RequestKind::PullRows:
-      WEFT_CHECK(payload.size() % 8 == 0, "PULL_ROWS carries {} bytes, not a whole number of i64 ids", payload.size());
-      readRowIds(payload, 0, payload.size() / 8, p.rows);  // validate now, not when the version arrives
+      pullRowIds(payload, p.rows);  // validate now, not when the version arrives
       [[fallthrough]];
     case RequestKind::PullAll:
     case RequestKind::Fetch:
@@ -329,20 +327,17 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
 
 std::vector<ParameterServer::Reply> ParameterServer::push(PartitionState& p, const RequestHeader& h,
                                                           const Payload& payload) {
-  WEFT_CHECK(h.clock == p.version, "PUSH for clock {} while the partition is at version {}: BSP takes one push per worker "
+  WEFT_CHECK(h.clock == p.version, "PUSH for clock {} while the partition is at version {}: BSP takes one push per sender "
              "per version", h.clock, p.version);
-  WEFT_CHECK(!p.pushes[h.worker], "worker {} pushed twice for version {}", h.worker, p.version);
+  const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
+  WEFT_CHECK(!p.pushes[group], "worker {} pushed twice for version {}", h.worker, p.version);
   if (p.served->sparse) {
-    WEFT_CHECK(payload.size() >= 8, "a sparse PUSH needs a row count, got {} bytes", payload.size());
-    const uint64_t n = readU64(payload, 0);
-    WEFT_CHECK(n <= (payload.size() - 8) / (8 + p.rowBytes) && payload.size() == 8 + n * (8 + p.rowBytes),
-               "a sparse PUSH of {} rows of {} bytes carries {} bytes", n, p.rowBytes, payload.size());
-    readRowIds(payload, 8, n, p.rows);
+    sparsePushRowIds(payload, p.rows, p.rowBytes);
   } else {
     WEFT_CHECK(payload.size() == p.bytes(), "a dense PUSH carries {} bytes, the partition takes {}", payload.size(),
                p.bytes());
   }
-  p.pushes[h.worker] = payload;
+  p.pushes[group] = payload;
   p.pushers.push_back(h);
   if (!std::all_of(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); })) return {};
 
@@ -368,7 +363,7 @@ std::vector<ParameterServer::Reply> ParameterServer::apply(PartitionState& p, co
   for (const Output& e : p.extras) expected += static_cast<size_t>(e.shape().numel()) * dtypeSize(e.dtype());
   WEFT_CHECK(payload.size() == expected, "APPLY carries {} bytes, the update's {} extra inputs take {}", payload.size(),
              p.extras.size(), expected);
-  if (p.aggregate.empty()) {  // some worker has not pushed yet
+  if (p.aggregate.empty()) {  // some sender has not pushed yet
     p.pendingApply.emplace(h, payload);
     return {};
   }
@@ -390,34 +385,162 @@ void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out)
   p.waiting = std::move(still);
 }
 
-void serve(ParameterServer& server, UcxTransport& transport, const std::vector<int>& workerPeers,
-           const std::string& who) {
-  using namespace std::chrono_literals;
-  // Between requests the server blocks in UCX's wakeup (without it: yields), so it leaves the
-  // CPU to the workers yet answers as soon as a request lands. A server that holds nothing (AUTO
-  // with no sparse variables) only waits for goodbyes.
-  const std::chrono::microseconds longestWait = server.partitions().empty() ? 5ms : 1ms;
-  while (!server.finished()) {
-    const std::vector<UcxTransport::Message> messages = transport.takeMessages(Clock::now() + 60s);
-    for (const UcxTransport::Message& m : messages) {
-      std::vector<ParameterServer::Reply> replies;
-      try {
-        replies = server.handle(m);
-      } catch (const std::exception& e) {
-        std::cerr << fmt::format("weft: {} rejected a message: {}\n", who, e.what());
+int64_t ParameterServer::steps() const {
+  int64_t most = 0;
+  for (const auto& s : states_)
+    if (s) most = std::max(most, static_cast<int64_t>(s->version));
+  return most;
+}
+
+namespace {
+
+/// Moves one server process's messages between the network, its ParameterServer (the owner of
+/// partitions) and its LocalAggregator (the machine's workers' sender), counting the pushes and
+/// pulls that cross between machines.
+class ServerRouter {
+ public:
+  ServerRouter(ParameterServer& server, LocalAggregator* aggregator, UcxTransport& transport, const ServerRoutes& routes)
+      : server_(server), aggregator_(aggregator), transport_(transport), routes_(routes),
+        groups_(server.groups()), host_(routes.serverHosts.at(static_cast<size_t>(routes.self))) {}
+
+  /// Takes one message in; what it releases waits in the outbox. Throws, having released
+  /// nothing more, when the message is not a valid request or reply.
+  void handle(const UcxTransport::Message& m) {
+    if (!isRequest(m.header)) {
+      WEFT_CHECK(aggregator_ != nullptr, "a reply arrived, but this server forwards no requests");
+      const auto [server, kind] = aggregator_->destinationOf(decodeReply(m.header).id);
+      count(traffic_.received, routes_.serverHosts[static_cast<size_t>(server)], m, kind);
+      deliver(aggregator_->fromServer(m));
+      return;
+    }
+    const RequestHeader h = decodeRequest(m.header);
+    if (aggregator_ != nullptr && aggregator_->isMember(static_cast<int>(h.worker))) {
+      deliver(aggregator_->fromMember(m));
+      return;
+    }
+    for (ParameterServer::Reply& r : server_.handle(m)) {
+      if (r.worker == static_cast<int>(h.worker)) count(traffic_.received, senderHost(r.worker), m, h.kind);
+      route(std::move(r));
+    }
+  }
+
+  /// Throws when a worker or server this process still depends on has failed.
+  void checkPeers() const {
+    for (size_t w = 0; w < routes_.workerPeers.size(); ++w) {
+      const int worker = static_cast<int>(w), peer = routes_.workerPeers[w];
+      const bool member = aggregator_ != nullptr && aggregator_->isMember(worker);
+      const bool direct = groups_.relay[static_cast<size_t>(groups_.groupOfWorker[w])] < 0;
+      const bool gone = member ? aggregator_->hasLeft(worker) : !direct || server_.hasLeft(worker);
+      WEFT_CHECK(gone || !transport_.hasFailed(peer), "worker {} failed: {}", w, transport_.failureOf(peer));
+    }
+    for (size_t s = 0; s < routes_.serverPeers.size(); ++s) {
+      const int peer = routes_.serverPeers[s];
+      if (peer < 0 || !transport_.hasFailed(peer)) continue;
+      bool needed = aggregator_ != nullptr && !aggregator_->saidGoodbye();
+      for (int g = 0; g < groups_.groups(); ++g)
+        needed = needed || (groups_.relay[static_cast<size_t>(g)] == static_cast<int>(s) && !server_.hasLeft(groups_.leader(g)));
+      WEFT_CHECK(!needed, "server {} failed: {}", s, transport_.failureOf(peer));
+    }
+  }
+
+  /// Sends what the messages released; throws when a send fails.
+  void flush() {
+    for (const Outgoing& o : outbox_) transport_.sendMessage(o.peer, o.header, o.payload, Clock::now() + std::chrono::seconds(60));
+    outbox_.clear();
+  }
+
+  bool finished() const { return server_.finished() && (aggregator_ == nullptr || aggregator_->finished()); }
+
+  ServerTraffic traffic() const {
+    ServerTraffic t = traffic_;
+    t.steps = std::max(server_.steps(), aggregator_ != nullptr ? aggregator_->steps() : int64_t{0});
+    if (aggregator_ != nullptr) t.aggregatedRows = aggregator_->sparseRows();
+    return t;
+  }
+
+ private:
+  /// The machine a request of worker `worker`'s group comes from: its aggregator's or its own.
+  int senderHost(int worker) const {
+    const int relay = groups_.relay[static_cast<size_t>(groups_.groupOfWorker[static_cast<size_t>(worker)])];
+    return relay >= 0 ? routes_.serverHosts[static_cast<size_t>(relay)] : routes_.workerHosts[static_cast<size_t>(worker)];
+  }
+
+  template <class Bytes>
+  void count(uint64_t& counter, int host, const Bytes& m, RequestKind kind) {
+    const bool training = kind == RequestKind::Push || kind == RequestKind::PullRows || kind == RequestKind::PullAll;
+    if (training && host != host_) counter += m.header.size() + m.payload.size();
+  }
+
+  void send(int peer, std::vector<uint8_t> header, std::vector<uint8_t> payload) {
+    outbox_.push_back({peer, std::move(header), std::move(payload)});
+  }
+
+  /// What the local aggregator released: replies to the machine's workers, requests for servers
+  /// (this one in process).
+  void deliver(LocalAggregator::Released released) {
+    for (auto& [worker, e] : released.replies)
+      send(routes_.workerPeers[static_cast<size_t>(worker)], std::move(e.header), std::move(e.payload));
+    for (auto& [server, e] : released.forwards) {
+      if (server == routes_.self) {
+        for (ParameterServer::Reply& r : server_.handle({std::move(e.header), std::move(e.payload)})) route(std::move(r));
         continue;
       }
-      for (const ParameterServer::Reply& r : replies)
-        transport.sendMessage(workerPeers[static_cast<size_t>(r.worker)], r.header, r.payload, Clock::now() + 60s);
+      count(traffic_.sent, routes_.serverHosts[static_cast<size_t>(server)], e, decodeRequest(e.header).kind);
+      send(routes_.serverPeers[static_cast<size_t>(server)], std::move(e.header), std::move(e.payload));
     }
-    for (size_t w = 0; w < workerPeers.size(); ++w) {
-      const int peer = workerPeers[w];
-      WEFT_CHECK(server.hasLeft(static_cast<int>(w)) || !transport.hasFailed(peer), "worker {} failed: {}", w,
-                 transport.failureOf(peer));
+  }
+
+  /// An owner's reply: to this process's aggregator, another machine's, or a worker on its own.
+  void route(ParameterServer::Reply r) {
+    const int relay = groups_.relay[static_cast<size_t>(groups_.groupOfWorker[static_cast<size_t>(r.worker)])];
+    if (relay == routes_.self) {
+      deliver(aggregator_->fromServer({std::move(r.header), std::move(r.payload)}));
+      return;
     }
+    count(traffic_.sent, senderHost(r.worker), r, r.kind);
+    send(relay >= 0 ? routes_.serverPeers[static_cast<size_t>(relay)] : routes_.workerPeers[static_cast<size_t>(r.worker)],
+         std::move(r.header), std::move(r.payload));
+  }
+
+  ParameterServer& server_;
+  LocalAggregator* aggregator_;
+  UcxTransport& transport_;
+  const ServerRoutes& routes_;
+  const SenderGroups& groups_;
+  int host_;
+  ServerTraffic traffic_;
+  struct Outgoing {
+    int peer;
+    std::vector<uint8_t> header, payload;
+  };
+  std::vector<Outgoing> outbox_;
+};
+
+}  // namespace
+
+ServerTraffic serve(ParameterServer& server, LocalAggregator* aggregator, UcxTransport& transport,
+                    const ServerRoutes& routes, const std::string& who) {
+  using namespace std::chrono_literals;
+  ServerRouter router(server, aggregator, transport, routes);
+  // Between requests the server blocks in UCX's wakeup (without it: yields), so it leaves the
+  // CPU to the workers yet answers as soon as a request lands. A server that holds nothing and
+  // aggregates for no machine (AUTO with no sparse variables) only waits for goodbyes.
+  const std::chrono::microseconds longestWait = server.partitions().empty() && aggregator == nullptr ? 5ms : 1ms;
+  while (!router.finished()) {
+    const std::vector<UcxTransport::Message> messages = transport.takeMessages(Clock::now() + 60s);
+    for (const UcxTransport::Message& m : messages) {
+      try {
+        router.handle(m);
+      } catch (const std::exception& e) {
+        std::cerr << fmt::format("weft: {} rejected a message: {}\n", who, e.what());
+      }
+      router.flush();
+    }
+    router.checkPeers();
     if (messages.empty()) transport.waitForActivity(Clock::now() + longestWait, longestWait);
   }
   transport.closeAll(Clock::now() + 5s);
+  return router.traffic();
 }
 
 }  // namespace weft::dist

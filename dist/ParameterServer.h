@@ -1,7 +1,8 @@
 // A parameter server: holds the partitions the placement plan gives it, with their optimizer
-// slots, and answers workers' requests (dist/ServerProtocol.h). Synchronisation is BSP: a push
-// for step t is accepted while the partition is at version t; when every worker has pushed, the
-// gradients are aggregated in worker order (sparse rows concatenated, as one worker with the
+// slots, and answers workers' requests (dist/ServerProtocol.h). The workers of a machine may
+// reach it as one sender, through their machine's local aggregator (dist/LocalAggregator.h).
+// Synchronisation is BSP: a push for step t is accepted while the partition is at version t;
+// when every sender has pushed, the gradients are aggregated in sender order (sparse rows concatenated, as one worker with the
 // total batch would have them; dense gradients summed) and scaled, their squared norm goes back
 // to the pushers (clipping by global norm needs it), and worker 0's APPLY runs the update chain
 // — the same ops the single-device graph would run — on the server's own copy of the variable
@@ -12,10 +13,12 @@
 #pragma once
 
 #include "core/Session.h"
+#include "dist/LocalAggregator.h"
 #include "dist/Placement.h"
 #include "dist/ServerProtocol.h"
 #include "dist/UcxTransport.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +32,8 @@ class ParameterServer {
     double denseScale = 1.0;   ///< applied to the summed dense gradients (1 / workers to average)
     double sparseScale = 1.0;  ///< likewise for sparse rows
     SessionOptions session;
+    /// Who sends: empty means every worker on its own.
+    SenderGroups groups;
   };
   /// The partitions of `plan` assigned to server `server`.
   ParameterServer(const ServerPlan& plan, int server, Options options);
@@ -36,9 +41,10 @@ class ParameterServer {
   ParameterServer(const ParameterServer&) = delete;
   ParameterServer& operator=(const ParameterServer&) = delete;
 
-  /// A reply for worker `worker`.
+  /// A reply for worker `worker` (for a group's request, its first worker: the group's sender).
   struct Reply {
     int worker = 0;
+    RequestKind kind = RequestKind::PullAll;  ///< of the request it answers
     std::vector<uint8_t> header;
     std::vector<uint8_t> payload;
   };
@@ -47,11 +53,14 @@ class ParameterServer {
   /// out of range, out-of-order clock) gets an error reply and changes nothing; a message whose
   /// header is not a valid request from a worker of the job throws, and changes nothing.
   std::vector<Reply> handle(const UcxTransport::Message& message);
-  /// Whether every worker has said goodbye, and whether worker `worker` has.
+  /// Whether every sender has said goodbye, and whether the sender of worker `worker` has.
   bool finished() const;
   bool hasLeft(int worker) const;
+  const SenderGroups& groups() const { return options_.groups; }
   /// The partitions this server holds (indices into the plan).
   std::vector<int> partitions() const;
+  /// The most updates applied to any partition it holds.
+  int64_t steps() const;
 
  private:
   struct PartitionState;
@@ -66,13 +75,31 @@ class ParameterServer {
   int server_;
   Options options_;
   std::vector<std::unique_ptr<PartitionState>> states_;  // by plan partition index (null: another server's)
-  std::vector<bool> leftJob_;
+  std::vector<bool> leftJob_;  // by sender group
 };
 
-/// Serves on `transport` until every worker has said goodbye, then closes the connections. A
-/// message that is not a valid request is logged (naming `who`) and dropped; a dead worker or a
-/// failed send throws. `workerPeers[r]` is the transport's peer index of worker rank r.
-void serve(ParameterServer& server, UcxTransport& transport, const std::vector<int>& workerPeers,
-           const std::string& who);
+/// Where a server process's peers are: transport peer indices of worker ranks and server
+/// indices (-1 for itself), and the machine of each.
+struct ServerRoutes {
+  int self = 0;  ///< this server's index
+  std::vector<int> workerPeers, serverPeers;
+  std::vector<int> workerHosts, serverHosts;
+};
+
+/// Pushes and pulls that crossed between machines through one server process (as owner or as
+/// local aggregator): payload and header bytes, and the steps they span.
+struct ServerTraffic {
+  uint64_t sent = 0, received = 0;
+  int64_t steps = 0;
+  std::map<std::string, SparseRows> aggregatedRows;  ///< what the local aggregator merged
+};
+
+/// Serves on `transport` until every sender has said goodbye and the local aggregator (null
+/// when this server aggregates for no machine) has taken its workers' goodbyes to every server,
+/// then closes the connections. A message that is not a valid request (or reply to a forwarded
+/// one) is logged, naming `who`, and dropped; a dead worker or server it still depends on, or a
+/// failed send, throws.
+ServerTraffic serve(ParameterServer& server, LocalAggregator* aggregator, UcxTransport& transport,
+                    const ServerRoutes& routes, const std::string& who);
 
 }  // namespace weft::dist

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <numeric>
 
 namespace weft::dist {
 
@@ -30,6 +32,54 @@ int intVariable(const char* name) {
   const long v = std::strtol(text.c_str(), &end, 10);
   WEFT_CHECK(*end == '\0' && v >= 0 && v < (1 << 20), "{}='{}' is not a valid index", name, text);
   return static_cast<int>(v);
+}
+
+/// Who reaches the servers together: with local aggregation, the workers of a machine that runs
+/// a server and more than one worker go through its first server; every other worker alone.
+SenderGroups senderGroups(const Roster& roster, bool localAggregation) {
+  std::map<int, std::vector<int>> workersOf;  // by host; ranks ascending
+  std::map<int, int> firstServerOf;
+  int servers = 0;
+  for (const Member& m : roster.members) {
+    if (m.id.role == Role::Worker) {
+      workersOf[m.id.host].push_back(m.rank);
+    } else {
+      firstServerOf.emplace(m.id.host, servers++);
+    }
+  }
+  SenderGroups g;
+  for (const auto& [host, ranks] : workersOf) {
+    const auto server = firstServerOf.find(host);
+    const bool together = localAggregation && ranks.size() > 1 && server != firstServerOf.end();
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (together && i > 0) {
+        g.members.back().push_back(ranks[i]);
+      } else {
+        g.members.push_back({ranks[i]});
+        g.relay.push_back(together ? server->second : -1);
+      }
+    }
+  }
+  g.groupOfWorker.resize(static_cast<size_t>(std::accumulate(
+      g.members.begin(), g.members.end(), size_t{0}, [](size_t n, const std::vector<int>& m) { return n + m.size(); })));
+  for (int group = 0; group < g.groups(); ++group)
+    for (int w : g.members[static_cast<size_t>(group)]) g.groupOfWorker.at(static_cast<size_t>(w)) = group;
+  return g;
+}
+
+void printServerTraffic(const std::string& who, const ServerTraffic& t) {
+  const double steps = static_cast<double>(std::max<int64_t>(t.steps, 1));
+  std::string text = fmt::format("communication of {}: per step {:.0f} bytes sent to other machines, {:.0f} received "
+                                 "from them (pushes and pulls over {} steps)\n",
+                                 who, static_cast<double>(t.sent) / steps, static_cast<double>(t.received) / steps, t.steps);
+  for (const auto& [name, rows] : t.aggregatedRows) {
+    // Each worker sends its distinct rows, so the rows that reach the aggregator add up the
+    // workers' own alphas.
+    text += fmt::format("local aggregation of {} by {}: alpha {:.5f} (distinct rows per step / {} rows), its "
+                        "workers' alphas add up to {:.5f}\n",
+                        name, who, rows.alpha(), rows.rows, rows.lookupFraction());
+  }
+  std::cout << text << std::flush;
 }
 
 }  // namespace
@@ -235,15 +285,16 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   const auto joinTimeout = std::max(config.timeout, kRendezvousTimeout + std::chrono::seconds(15));
   const Roster roster = rendezvous(identity->coordinatorHost, identity->coordinatorPort, identity->secret,
                                    identity->job, request, joinTimeout);
-  std::vector<int> workerPeers, serverPeers;
-  int serverIndex = -1;
+  ServerRoutes routes;
   for (const Member& m : roster.members) {
     const int peer = m.rank == roster.rank ? -1 : state->transport->connect(m.address);
-    if (m.id.role == Role::Server && m.rank == roster.rank) serverIndex = static_cast<int>(serverPeers.size());
-    (m.id.role == Role::Worker ? workerPeers : serverPeers).push_back(peer);
+    if (m.id.role == Role::Server && m.rank == roster.rank) routes.self = static_cast<int>(routes.serverPeers.size());
+    (m.id.role == Role::Worker ? routes.workerPeers : routes.serverPeers).push_back(peer);
+    (m.id.role == Role::Worker ? routes.workerHosts : routes.serverHosts).push_back(m.id.host);
   }
-  const int workers = static_cast<int>(workerPeers.size());
-  state->plan = planServers(graph, config.architecture, static_cast<int>(serverPeers.size()), config.partitionBytes);
+  const int workers = static_cast<int>(routes.workerPeers.size()), servers = static_cast<int>(routes.serverPeers.size());
+  state->plan = planServers(graph, config.architecture, servers, config.partitionBytes);
+  const SenderGroups groups = senderGroups(roster, config.localAggregation);
   if (identity->id.role == Role::Server) {
     const std::string who = describe(identity->id);
     try {
@@ -252,8 +303,15 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
       options.denseScale = config.averageDense ? 1.0 / workers : 1.0;
       options.sparseScale = config.averageSparse ? 1.0 / workers : 1.0;
       options.session = config.session;
-      ParameterServer server(state->plan, serverIndex, options);
-      serve(server, *state->transport, workerPeers, who);
+      options.groups = groups;
+      ParameterServer server(state->plan, routes.self, options);
+      std::unique_ptr<LocalAggregator> aggregator;
+      for (int g = 0; g < groups.groups(); ++g) {
+        if (groups.relay[static_cast<size_t>(g)] == routes.self)
+          aggregator = std::make_unique<LocalAggregator>(state->plan, groups.members[static_cast<size_t>(g)], servers);
+      }
+      const ServerTraffic traffic = serve(server, aggregator.get(), *state->transport, routes, who);
+      if (config.reportTraffic) printServerTraffic(who, traffic);
     } catch (const std::exception& e) {
       std::cerr << fmt::format("weft: {} stops: {}\n", who, e.what());
       std::_Exit(1);
@@ -266,7 +324,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   state->heartbeat = roster.heartbeat;
   state->workers = workers;
   state->timeout = config.timeout;
-  state->ring = std::make_unique<Ring>(*state->transport, state->rank, workerPeers, config.timeout);
+  state->ring = std::make_unique<Ring>(*state->transport, state->rank, routes.workerPeers, config.timeout);
   state->communicator = std::make_unique<Communicator>(*state->ring);
 
   TransformOptions options;
@@ -277,9 +335,10 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   options.bucketBytes = config.bucketBytes;
   for (const ServedVariable& v : state->plan.variables) options.served.push_back(v.variable);
   state->distribution = distributeAllReduce(graph, options);
-  if (!serverPeers.empty()) {
-    state->client = std::make_unique<ServerClient>(*state->communicator, *state->transport, state->rank, serverPeers,
-                                                   state->plan, config.timeout);
+  if (servers > 0) {
+    const int relay = groups.relay[static_cast<size_t>(groups.groupOfWorker[static_cast<size_t>(state->rank)])];
+    state->client = std::make_unique<ServerClient>(*state->communicator, *state->transport, state->rank,
+                                                   routes.serverPeers, state->plan, config.timeout, relay);
     distributeParameterServers(graph, state->plan, state->client->id());
   }
   if (state->workers > 1) synchronizeBatchNorm(graph, state->communicator->id());

@@ -36,6 +36,11 @@ struct Config {
   /// Bounds the rendezvous and every collective: a stall this long is reported as an error
   /// naming the ranks involved, and the job stops.
   std::chrono::milliseconds timeout{60000};
+  /// The workers of a machine with a server reach the servers through it, as one (their pushes
+  /// summed, their pulls merged): see dist/LocalAggregator.h.
+  bool localAggregation = true;
+  /// Servers print the pushes and pulls that crossed between machines when the job ends.
+  bool reportTraffic = false;
   SessionOptions session;
 };
 

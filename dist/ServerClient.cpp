@@ -10,9 +10,9 @@
 namespace weft::dist {
 
 ServerClient::ServerClient(Communicator& communicator, UcxTransport& transport, int rank, std::vector<int> serverPeers,
-                           const ServerPlan& plan, std::chrono::milliseconds timeout)
+                           const ServerPlan& plan, std::chrono::milliseconds timeout, int relay)
     : communicator_(communicator), transport_(transport), rank_(rank), serverPeers_(std::move(serverPeers)), plan_(plan),
-      timeout_(timeout), pushes_(plan.partitions.size(), 0) {
+      timeout_(timeout), relay_(relay), pushes_(plan.partitions.size(), 0) {
   WEFT_CHECK(static_cast<int>(serverPeers_.size()) >= plan.servers, "the plan spreads variables over {} servers, the job has {}",
              plan.servers, serverPeers_.size());
   id_ = Registry<ServerClient>::instance().add(this);  // only once nothing can throw
@@ -30,7 +30,11 @@ std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls,
 
 void ServerClient::goodbye() {
   std::vector<Call> calls;
-  for (int s = 0; s < static_cast<int>(serverPeers_.size()); ++s) calls.push_back({-1 - s, RequestKind::Goodbye, {}});
+  if (relay_ >= 0) {
+    calls.push_back({-1 - relay_, RequestKind::Goodbye, {}});
+  } else {
+    for (int s = 0; s < static_cast<int>(serverPeers_.size()); ++s) calls.push_back({-1 - s, RequestKind::Goodbye, {}});
+  }
   request(std::move(calls), TrafficKind::Control);
 }
 
@@ -38,9 +42,12 @@ std::string ServerClient::describe(const Call& call) const {
   if (call.kind == RequestKind::Goodbye) return fmt::format("GOODBYE to server {}", serverOf(call));
   const Partition& p = plan_.partitions[static_cast<size_t>(call.partition)];
   const ServedVariable& v = plan_.variables[static_cast<size_t>(p.variable)];
-  return fmt::format("{} for partition {} (rows {}..{} of '{}') on server {}", requestKindName(call.kind), call.partition,
-                     p.rowBegin, p.rowEnd, v.variable->name, p.server);
+  const std::string via = relay_ >= 0 ? fmt::format(" through server {}, this machine's local aggregator", relay_) : "";
+  return fmt::format("{} for partition {} (rows {}..{} of '{}') on server {}{}", requestKindName(call.kind),
+                     call.partition, p.rowBegin, p.rowEnd, v.variable->name, p.server, via);
 }
+
+int ServerClient::destinationOf(const Call& call) const { return relay_ >= 0 ? relay_ : serverOf(call); }
 
 int ServerClient::serverOf(const Call& call) const {
   // A goodbye names server s as partition -1 - s.
@@ -57,7 +64,7 @@ std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>
     h.kind = c.kind;
     h.worker = static_cast<uint32_t>(rank_);
     h.id = nextRequest_++;
-    const int server = serverOf(c);
+    const int server = destinationOf(c);
     if (c.kind != RequestKind::Goodbye) {
       const auto p = static_cast<size_t>(c.partition);
       h.partition = static_cast<uint32_t>(c.partition);
@@ -81,7 +88,7 @@ std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>
       pending.erase(it);
     }
     for (const auto& [id, i] : pending) {
-      const int peer = serverPeers_[static_cast<size_t>(serverOf(calls[i]))];
+      const int peer = serverPeers_[static_cast<size_t>(destinationOf(calls[i]))];
       WEFT_CHECK(!transport_.hasFailed(peer), "worker {}: {} failed: the server failed: {}", rank_, describe(calls[i]),
                  transport_.failureOf(peer));
       WEFT_CHECK(Clock::now() < deadline, "worker {}: {} got no reply within {} ms", rank_, describe(calls[i]),

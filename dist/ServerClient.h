@@ -18,9 +18,10 @@ namespace weft::dist {
 
 class ServerClient {
  public:
-  /// `serverPeers[s]` is the transport's peer index of server s.
+  /// `serverPeers[s]` is the transport's peer index of server s. With `relay` (a server index,
+  /// or -1) every request goes to that server, the local aggregator of this worker's machine.
   ServerClient(Communicator& communicator, UcxTransport& transport, int rank, std::vector<int> serverPeers,
-               const ServerPlan& plan, std::chrono::milliseconds timeout);
+               const ServerPlan& plan, std::chrono::milliseconds timeout, int relay = -1);
   ~ServerClient();
   ServerClient(const ServerClient&) = delete;
   ServerClient& operator=(const ServerClient&) = delete;
@@ -34,8 +35,8 @@ class ServerClient {
   /// Throws the server's error message, or names the request, the partition and its variable
   /// when its server fails or does not answer within the timeout.
   std::vector<std::vector<uint8_t>> request(std::vector<Call> calls, TrafficKind kind);
-  /// Tells every server that this worker leaves the job, and waits until each has heard it (so
-  /// that closing the connections afterwards is not taken for a failure).
+  /// Tells every server (or the relay) that this worker leaves the job, and waits until each has
+  /// heard it (so that closing the connections afterwards is not taken for a failure).
   void goodbye();
 
   /// Whether the worker's session holds the servers' current values of every served variable
@@ -52,6 +53,8 @@ class ServerClient {
   static ServerClient* find(int64_t id);
 
  private:
+  /// The server a call goes to: the partition's, or the relay.
+  int destinationOf(const Call& call) const;
   /// request() on the communication thread.
   std::vector<std::vector<uint8_t>> exchange(const std::vector<Call>& calls);
   std::string describe(const Call& call) const;
@@ -63,6 +66,7 @@ class ServerClient {
   std::vector<int> serverPeers_;
   const ServerPlan& plan_;
   std::chrono::milliseconds timeout_;
+  int relay_;
   int64_t id_;
   std::vector<uint64_t> pushes_;  // per partition; touched on the communication thread only
   uint64_t nextRequest_ = 1;

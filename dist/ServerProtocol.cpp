@@ -4,6 +4,8 @@
 #include "core/Error.h"
 #include "dist/Wire.h"
 
+#include <cstring>
+
 namespace weft::dist {
 
 namespace {
@@ -23,7 +25,32 @@ void checkHeader(std::span<const uint8_t> bytes, size_t expected, uint32_t magic
   WEFT_CHECK(magicOf(bytes) == magic, "{}: bad magic {:#x}", what, magicOf(bytes));
 }
 
+/// `count` i64 row ids at `offset`, each checked against the partition's rows.
+std::vector<int64_t> readRowIds(std::span<const uint8_t> bytes, size_t offset, size_t count, int64_t rows) {
+  std::vector<int64_t> ids(count);
+  if (count > 0) std::memcpy(ids.data(), bytes.data() + offset, count * sizeof(int64_t));
+  for (size_t i = 0; i < count; ++i) {
+    WEFT_CHECK(ids[i] >= 0 && ids[i] < rows, "row id {} at position {} is outside the partition's [0, {})", ids[i], i,
+               rows);
+  }
+  return ids;
+}
+
 }  // namespace
+
+std::vector<int64_t> pullRowIds(std::span<const uint8_t> payload, int64_t rows) {
+  WEFT_CHECK(payload.size() % 8 == 0, "PULL_ROWS carries {} bytes, not a whole number of i64 ids", payload.size());
+  return readRowIds(payload, 0, payload.size() / 8, rows);
+}
+
+std::vector<int64_t> sparsePushRowIds(std::span<const uint8_t> payload, int64_t rows, size_t rowBytes) {
+  WEFT_CHECK(payload.size() >= 8, "a sparse PUSH needs a row count, got {} bytes", payload.size());
+  uint64_t n = 0;
+  std::memcpy(&n, payload.data(), sizeof n);
+  WEFT_CHECK(n <= (payload.size() - 8) / (8 + rowBytes) && payload.size() == 8 + n * (8 + rowBytes),
+             "a sparse PUSH of {} rows of {} bytes carries {} bytes", n, rowBytes, payload.size());
+  return readRowIds(payload, 8, n, rows);
+}
 
 const char* requestKindName(RequestKind kind) {
   switch (kind) {

@@ -51,4 +51,10 @@ ReplyHeader decodeReply(std::span<const uint8_t> bytes);
 /// Whether the bytes start like a request (or else like a reply).
 bool isRequest(std::span<const uint8_t> bytes);
 
+/// The row ids of a PULL_ROWS payload, each checked against the partition's `rows`; throws
+/// naming the bad size or id.
+std::vector<int64_t> pullRowIds(std::span<const uint8_t> payload, int64_t rows);
+/// Checks a sparse PUSH payload (count, ids within `rows`, rows of `rowBytes`); returns its ids.
+std::vector<int64_t> sparsePushRowIds(std::span<const uint8_t> payload, int64_t rows, size_t rowBytes);
+
 }  // namespace weft::dist

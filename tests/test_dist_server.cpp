@@ -1,6 +1,7 @@
-// The parameter-server placement plan and the server's rules, in one process: requests are
-// handed to ParameterServer::handle as they would arrive over UCX, and the replies it releases
-// are checked against values computed here by plain loops.
+// The parameter-server placement plan, the server's rules and the local aggregator's, in one
+// process: requests are handed to ParameterServer::handle and LocalAggregator::fromMember as they
+// would arrive over UCX, and what they release is checked against values computed here by plain
+// loops.
 #include "tests/TestUtil.h"
 
 #include "dist/ParameterServer.h"
@@ -68,7 +69,7 @@ std::string errorIn(const ParameterServer::Reply& r) {
 struct Server {
   Model model;
   ServerPlan plan = planServers(model.g, Architecture::Auto, 1, size_t{1} << 20);
-  ParameterServer server{plan, 0, {2, 0.5, 0.5, {1, false}}};
+  ParameterServer server{plan, 0, {.workers = 2, .denseScale = 0.5, .sparseScale = 0.5, .session = {1, false}, .groups = {}}};
   std::vector<float> initial = std::vector<float>(kRows * kWidth);
   Server() {
     for (size_t i = 0; i < initial.size(); ++i) initial[i] = static_cast<float>(i);
@@ -204,4 +205,228 @@ TEST_CASE("the server has left the job when every worker has said goodbye") {
   CHECK_FALSE(s.server.finished());
   s.server.handle(request(RequestKind::Goodbye, 0, 0));
   CHECK(s.server.finished());
+}
+
+namespace {
+
+/// The local aggregator of workers 1, 2 and 3 (worker 1 speaks for them) in front of the
+/// embedding's server (AUTO, one server) or of both variables' (PS, two servers).
+struct Aggregation {
+  Model model;
+  ServerPlan plan;
+  LocalAggregator aggregator;
+  explicit Aggregation(Architecture architecture = Architecture::Auto, int servers = 1)
+      : plan(planServers(model.g, architecture, servers, size_t{1} << 20)), aggregator(plan, {1, 2, 3}, servers) {}
+  uint32_t partitionOf(const Output& variable) const {
+    return static_cast<uint32_t>(plan.find(variable.node())->partitions.at(0));
+  }
+};
+
+RequestHeader forwardedHeader(const LocalAggregator::Released& r, size_t i = 0) {
+  return decodeRequest(r.forwards.at(i).second.header);
+}
+
+UcxTransport::Message answer(const RequestHeader& forwarded, std::vector<uint8_t> payload, uint32_t status = 0) {
+  return {encode(ReplyHeader{forwarded.id, status}), std::move(payload)};
+}
+
+/// The rows of `ids` from a table whose element (row, k) is 10 row + k.
+std::vector<float> tableRows(const std::vector<int64_t>& ids) {
+  std::vector<float> out;
+  for (int64_t id : ids)
+    for (int k = 0; k < kWidth; ++k) out.push_back(static_cast<float>(10 * id + k));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("local aggregation: a machine's sparse pushes go out once, rows of one id summed") {
+  Aggregation a;
+  CHECK(a.aggregator.fromMember(request(RequestKind::Push, 2, 0, sparseRows({4, 1}, {1, 1, 1, 2, 2, 2}))).forwards.empty());
+  CHECK(a.aggregator.fromMember(request(RequestKind::Push, 3, 0, sparseRows({}, {}))).forwards.empty());
+  const auto released = a.aggregator.fromMember(request(RequestKind::Push, 1, 0, sparseRows({4}, {0.5f, 0, -1})));
+  REQUIRE(released.forwards.size() == 1);
+  CHECK(released.replies.empty());
+  const RequestHeader h = forwardedHeader(released);
+  CHECK(h.kind == RequestKind::Push);
+  CHECK(h.worker == 1);  // the machine's first worker speaks for it
+  CHECK(h.clock == 0);
+  CHECK(released.forwards[0].first == 0);  // the embedding's server
+  // Ids sorted, each once: row 1 from worker 2; row 4 = worker 1's (0.5, 0, -1) + worker 2's (1, 1, 1).
+  CHECK(released.forwards[0].second.payload == sparseRows({1, 4}, {2, 2, 2, 1.5f, 1, 0}));
+
+  // The server's answer (the squared norm) reaches every worker, each under its own request id.
+  const auto answered = a.aggregator.fromServer(answer(h, bytesOf(std::vector<double>{7.5})));
+  REQUIRE(answered.replies.size() == 3);
+  std::vector<int> workers;
+  for (const auto& [worker, e] : answered.replies) {
+    workers.push_back(worker);
+    CHECK(decodeReply(e.header).status == 0);
+    CHECK(valuesOf<double>(e.payload) == std::vector<double>{7.5});
+  }
+  CHECK(workers == std::vector<int>{1, 2, 3});
+  const SparseRows rows = a.aggregator.sparseRows().at("emb");
+  CHECK(rows.steps == 1);
+  CHECK(rows.lookups == 3);  // the rows that came in
+  CHECK(rows.touched == 2);  // the rows that went out
+}
+
+TEST_CASE("local aggregation: dense pushes are summed element by element") {
+  Aggregation a(Architecture::ParameterServer, 2);
+  const uint32_t w = a.partitionOf(a.model.w);
+  for (uint32_t worker : {1u, 2u})
+    a.aggregator.fromMember(request(RequestKind::Push, worker, 0, bytesOf(std::vector<float>(6, float(worker))), w));
+  const auto released = a.aggregator.fromMember(
+      request(RequestKind::Push, 3, 0, bytesOf(std::vector<float>{0, 1, 2, 3, 4, 5}), w));
+  REQUIRE(released.forwards.size() == 1);
+  CHECK(released.forwards[0].first == a.plan.partitions[w].server);
+  CHECK(valuesOf<float>(released.forwards[0].second.payload) == std::vector<float>{3, 4, 5, 6, 7, 8});
+}
+
+TEST_CASE("local aggregation: a row crosses once per version, however many workers read it") {
+  Aggregation a;
+  // Worker 2 asks first: its rows are fetched.
+  const auto first = a.aggregator.fromMember(request(RequestKind::PullRows, 2, 0, bytesOf(std::vector<int64_t>{5, 3})));
+  REQUIRE(first.forwards.size() == 1);
+  const RequestHeader h1 = forwardedHeader(first);
+  CHECK(valuesOf<int64_t>(first.forwards[0].second.payload) == std::vector<int64_t>{3, 5});
+  // Workers 1 and 3 ask while that fetch is on its way: they wait.
+  const auto waiting1 = a.aggregator.fromMember(request(RequestKind::PullRows, 1, 0, bytesOf(std::vector<int64_t>{3, 8, 3})));
+  const auto waiting3 = a.aggregator.fromMember(request(RequestKind::PullRows, 3, 0, bytesOf(std::vector<int64_t>{9, 5})));
+  CHECK(waiting1.forwards.empty());
+  CHECK(waiting3.forwards.empty());
+  CHECK(waiting1.replies.empty());
+  // The answer serves worker 2 and fetches only what is still missing, 8 and 9, in one request.
+  const auto second = a.aggregator.fromServer(answer(h1, bytesOf(tableRows({3, 5}))));
+  REQUIRE(second.replies.size() == 1);
+  CHECK(second.replies[0].first == 2);
+  CHECK(valuesOf<float>(second.replies[0].second.payload) == tableRows({5, 3}));
+  REQUIRE(second.forwards.size() == 1);
+  const RequestHeader h2 = forwardedHeader(second);
+  CHECK(valuesOf<int64_t>(second.forwards[0].second.payload) == std::vector<int64_t>{8, 9});
+  const auto third = a.aggregator.fromServer(answer(h2, bytesOf(tableRows({8, 9}))));
+  REQUIRE(third.replies.size() == 2);
+  CHECK(third.forwards.empty());
+  for (const auto& [worker, e] : third.replies)
+    CHECK(valuesOf<float>(e.payload) == (worker == 1 ? tableRows({3, 8, 3}) : tableRows({9, 5})));
+  // Another read of version 0 is answered at once; version 1 is fetched anew.
+  CHECK(a.aggregator.fromMember(request(RequestKind::PullRows, 3, 0, bytesOf(std::vector<int64_t>{8}))).replies.size() == 1);
+  CHECK(a.aggregator.fromMember(request(RequestKind::PullRows, 3, 1, bytesOf(std::vector<int64_t>{8}))).forwards.size() == 1);
+}
+
+TEST_CASE("local aggregation: a whole partition is pulled once per version") {
+  Aggregation a(Architecture::ParameterServer, 2);
+  const uint32_t w = a.partitionOf(a.model.w);
+  const auto first = a.aggregator.fromMember(request(RequestKind::PullAll, 3, 0, {}, w));
+  REQUIRE(first.forwards.size() == 1);
+  CHECK(a.aggregator.fromMember(request(RequestKind::PullAll, 1, 0, {}, w)).forwards.empty());
+  const std::vector<float> value{1, 2, 3, 4, 5, 6};
+  const auto answered = a.aggregator.fromServer(answer(forwardedHeader(first), bytesOf(value)));
+  REQUIRE(answered.replies.size() == 2);
+  for (const auto& [worker, e] : answered.replies) CHECK(valuesOf<float>(e.payload) == value);
+  const auto late = a.aggregator.fromMember(request(RequestKind::PullAll, 2, 0, {}, w));
+  CHECK(late.forwards.empty());
+  REQUIRE(late.replies.size() == 1);
+  CHECK(valuesOf<float>(late.replies[0].second.payload) == value);
+}
+
+TEST_CASE("local aggregation: a server's error reaches every worker waiting on the request") {
+  Aggregation a;
+  const auto first = a.aggregator.fromMember(request(RequestKind::PullRows, 1, 0, bytesOf(std::vector<int64_t>{2})));
+  a.aggregator.fromMember(request(RequestKind::PullRows, 2, 0, bytesOf(std::vector<int64_t>{2})));
+  const std::string text = "server 0: no such version";
+  const auto failed = a.aggregator.fromServer(
+      answer(forwardedHeader(first), std::vector<uint8_t>(text.begin(), text.end()), 1));
+  REQUIRE(failed.replies.size() == 2);
+  for (const auto& [worker, e] : failed.replies) {
+    CHECK(decodeReply(e.header).status != 0);
+    CHECK(std::string(e.payload.begin(), e.payload.end()) == text);
+  }
+  // A reply of the wrong size is an error too, naming the sizes.
+  const auto again = a.aggregator.fromMember(request(RequestKind::PullRows, 3, 0, bytesOf(std::vector<int64_t>{2, 4})));
+  const auto wrong = a.aggregator.fromServer(answer(forwardedHeader(again), bytesOf(tableRows({2}))));
+  REQUIRE(wrong.replies.size() == 1);
+  CHECK(contains(std::string(wrong.replies[0].second.payload.begin(), wrong.replies[0].second.payload.end()),
+                 "answered a PULL_ROWS with 12 bytes, expected 24"));
+}
+
+TEST_CASE("local aggregation: what one worker asks alone goes out as it comes") {
+  Aggregation a;
+  const auto fetch = a.aggregator.fromMember(request(RequestKind::Fetch, 2, 0));
+  REQUIRE(fetch.forwards.size() == 1);
+  CHECK(forwardedHeader(fetch).kind == RequestKind::Fetch);
+  const auto back = a.aggregator.fromServer(answer(forwardedHeader(fetch), bytesOf(std::vector<float>{1, 2})));
+  REQUIRE(back.replies.size() == 1);
+  CHECK(back.replies[0].first == 2);
+  // APPLY and LOAD come from worker 0 alone, so a machine without it refuses them.
+  const auto apply = a.aggregator.fromMember(request(RequestKind::Apply, 1, 0, bytesOf(std::vector<float>{0.5f})));
+  REQUIRE(apply.replies.size() == 1);
+  CHECK(contains(std::string(apply.replies[0].second.payload.begin(), apply.replies[0].second.payload.end()),
+                 "APPLY comes from worker 0 alone"));
+}
+
+TEST_CASE("local aggregation: malformed requests are refused and change nothing") {
+  Aggregation a;
+  auto refusal = [&](UcxTransport::Message m) {
+    const auto released = a.aggregator.fromMember(m);
+    REQUIRE(released.replies.size() == 1);
+    CHECK(released.forwards.empty());
+    return std::string(released.replies[0].second.payload.begin(), released.replies[0].second.payload.end());
+  };
+  CHECK(contains(errorOf([&] { a.aggregator.fromMember(request(RequestKind::Push, 0, 0)); }),
+                 "from worker 0, which is not one of this machine's workers"));
+  CHECK(contains(errorOf([&] { a.aggregator.fromServer(answer(RequestHeader{RequestKind::Push, 0, 1, 77, 0}, {})); }),
+                 "reply to request 77, which is not in flight"));
+  CHECK(contains(refusal(request(RequestKind::PullAll, 1, 0, {}, 4)), "the plan has 1 partitions"));
+  CHECK(contains(refusal(request(RequestKind::PullRows, 1, 0, bytesOf(std::vector<int64_t>{10}))), "row id 10"));
+  CHECK(contains(refusal(request(RequestKind::Push, 1, 0, {1, 2, 3})), "a sparse PUSH needs a row count"));
+  a.aggregator.fromMember(request(RequestKind::Push, 1, 0, sparseRows({}, {})));
+  CHECK(contains(refusal(request(RequestKind::Push, 1, 0, sparseRows({}, {}))), "a second PUSH for clock 0"));
+  // The step still completes with one push from each.
+  a.aggregator.fromMember(request(RequestKind::Push, 2, 0, sparseRows({}, {})));
+  CHECK(a.aggregator.fromMember(request(RequestKind::Push, 3, 0, sparseRows({}, {}))).forwards.size() == 1);
+}
+
+TEST_CASE("local aggregation: when its workers have left, the machine says goodbye to every server") {
+  Aggregation a(Architecture::ParameterServer, 2);
+  for (uint32_t worker : {3u, 1u}) CHECK(a.aggregator.fromMember(request(RequestKind::Goodbye, worker, 0)).forwards.empty());
+  CHECK(a.aggregator.hasLeft(1));
+  CHECK_FALSE(a.aggregator.saidGoodbye());
+  const auto last = a.aggregator.fromMember(request(RequestKind::Goodbye, 2, 0));
+  REQUIRE(last.replies.size() == 1);
+  REQUIRE(last.forwards.size() == 2);
+  CHECK(a.aggregator.saidGoodbye());
+  CHECK_FALSE(a.aggregator.finished());
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(last.forwards[i].first == static_cast<int>(i));
+    CHECK(forwardedHeader(last, i).kind == RequestKind::Goodbye);
+    CHECK(a.aggregator.fromServer(answer(forwardedHeader(last, i), {})).replies.empty());
+  }
+  CHECK(a.aggregator.finished());
+}
+
+TEST_CASE("a server counts a machine's workers as one sender: it takes their pushes from the first alone") {
+  Model model;
+  const ServerPlan plan = planServers(model.g, Architecture::Auto, 1, size_t{1} << 20);
+  SenderGroups groups;
+  groups.groupOfWorker = {0, 1, 1};
+  groups.members = {{0}, {1, 2}};
+  groups.relay = {-1, 0};
+  ParameterServer server{plan, 0, {.workers = 3, .denseScale = 1, .sparseScale = 1, .session = {1, false}, .groups = groups}};
+  auto single = [&](UcxTransport::Message m) {
+    const auto replies = server.handle(m);
+    REQUIRE(replies.size() == 1);
+    return errorIn(replies[0]);
+  };
+  CHECK(contains(errorOf([&] { server.handle(request(RequestKind::Push, 2, 0, sparseRows({}, {}))); }),
+                 "whose machine's local aggregator speaks for it as worker 1"));
+  CHECK(server.handle(request(RequestKind::Push, 1, 0, sparseRows({1}, {1, 1, 1}))).empty());
+  CHECK(contains(single(request(RequestKind::Push, 1, 0, sparseRows({}, {}))), "pushed twice for version 0"));
+  // Two senders: worker 0's push completes the version.
+  CHECK(server.handle(request(RequestKind::Push, 0, 0, sparseRows({}, {}))).size() == 2);
+  server.handle(request(RequestKind::Goodbye, 0, 0));
+  CHECK_FALSE(server.finished());
+  server.handle(request(RequestKind::Goodbye, 1, 0));
+  CHECK(server.hasLeft(2));
+  CHECK(server.finished());
 }

@@ -45,6 +45,7 @@ struct TrainFlags {
   int64_t partitionBytes = int64_t{1} << 20;
   double timeout = 60;
   bool reportComm = false;
+  std::string localAggregation = "on";
 
   bool distributed() const { return workers > 0 || !cluster.empty(); }
 };
@@ -131,6 +132,8 @@ class Trainer {
     config.partitionBytes = static_cast<size_t>(flags_.partitionBytes);
     config.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000));
     config.session = SessionOptions{flags_.threads, false};
+    config.localAggregation = flags_.localAggregation == "on";
+    config.reportTraffic = flags_.reportComm;
     runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here, then exits
     session_ = &runner_->session();
     leader_ = runner_->rank() == 0;
@@ -334,7 +337,12 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops; a process silent for a third of it (at least 3 s) stops the job at once")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_flag("--report-comm", f.reportComm, "print each worker's bytes sent and received per step");
+  cmd.add_flag("--report-comm", f.reportComm,
+               "print each worker's bytes sent and received per step, and each server's bytes to and from other machines");
+  cmd.add_option("--local-aggregation", f.localAggregation,
+                 "on: the workers of a machine reach the parameter servers through its server, as one (pushes summed, "
+                 "pulls merged); off: each worker on its own")
+      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
 }
 
 void addModelFlags(CLI::App& cmd, const std::string& name, models::ZooModel& model) {
