@@ -237,7 +237,7 @@ LocalAggregator::Released LocalAggregator::forward(std::vector<Request> requests
   const RequestHeader h{first.kind, first.partition, static_cast<uint32_t>(members_.front()), nextId_++, first.clock};
   const int server = plan_.partitions[h.partition].server;
   if (h.kind == RequestKind::Push) ++pushesForwarded_[h.partition];
-  inFlight_[h.id] = InFlight{server, h.kind, std::move(requests)};
+  inFlight_[h.id] = InFlight{server, h.kind, std::move(requests), {}, {}};
   Released out;
   out.forwards.emplace_back(server, Envelope{encode(h), std::move(payload)});
   return out;
@@ -307,7 +307,7 @@ LocalAggregator::Released LocalAggregator::sayGoodbye() {
   Released out;
   for (int s = 0; s < serverCount_; ++s) {
     const RequestHeader h{RequestKind::Goodbye, 0, static_cast<uint32_t>(members_.front()), nextId_++, 0};
-    inFlight_[h.id] = InFlight{s, RequestKind::Goodbye, {}};
+    inFlight_[h.id] = InFlight{s, RequestKind::Goodbye, {}, {}, {}};
     out.forwards.emplace_back(s, Envelope{encode(h), {}});
   }
   return out;

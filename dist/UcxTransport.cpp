@@ -90,8 +90,11 @@ UcxTransport::UcxTransport() : context_(createContext()) {
 
 UcxTransport::~UcxTransport() {
   for (const std::unique_ptr<Peer>& p : peers_) closeEndpoint(*p);
-  for (const Arrival& a : arrivals_)
+  for (const Arrival& a : arrivals_) {
     if (a.rendezvous != nullptr) ucp_am_data_release(worker_, a.rendezvous);
+    if (statusOf(a.fetch) == UCS_INPROGRESS) ucp_request_cancel(worker_, a.fetch);
+    completeAndFree(a.fetch);
+  }
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -237,26 +240,36 @@ void UcxTransport::sendMessage(int index, std::span<const uint8_t> header, std::
   finishSend(request, index, kMessageId, header.size() + payload.size());
 }
 
+void UcxTransport::startFetches() {
+  for (Arrival& a : arrivals_) {
+    if (a.rendezvous == nullptr) continue;
+    // The payload's buffer stays put when arrivals_ grows: moving a vector keeps its storage.
+    a.message.payload.resize(a.length);
+    ucp_request_param_t params = byteParams();
+    a.fetch = ucp_am_recv_data_nbx(worker_, a.rendezvous, a.message.payload.data(), a.length, &params);
+    a.rendezvous = nullptr;  // UCX owns the descriptor from here on
+  }
+}
+
 std::vector<UcxTransport::Message> UcxTransport::takeMessages(Deadline deadline) {
   while (ucp_worker_progress(worker_) != 0) {
   }
+  startFetches();
   std::vector<Arrival> arrived = std::move(arrivals_);
   arrivals_.clear();
   std::vector<Message> out;
   for (size_t i = 0; i < arrived.size(); ++i) {
     Arrival& a = arrived[i];
-    if (a.rendezvous != nullptr) {
-      a.message.payload.resize(a.length);
-      ucp_request_param_t params = byteParams();
-      void* request = ucp_am_recv_data_nbx(worker_, a.rendezvous, a.message.payload.data(), a.length, &params);
-      a.rendezvous = nullptr;  // UCX owns the descriptor from here on
-      progressUntil({request}, deadline, Watch{});  // the sender is unknown here; UCX fails the fetch if it dies
-      const ucs_status_t status = statusOf(request);
-      if (status == UCS_INPROGRESS) ucp_request_cancel(worker_, request);
-      completeAndFree(request);
+    if (a.fetch != nullptr) {
+      progressUntil({a.fetch}, deadline, Watch{});  // the sender is unknown here; UCX fails the fetch if it dies
+      const ucs_status_t status = statusOf(a.fetch);
+      if (status == UCS_INPROGRESS) ucp_request_cancel(worker_, a.fetch);
+      completeAndFree(a.fetch);
       if (status != UCS_OK) {
-        for (size_t j = i + 1; j < arrived.size(); ++j)
-          if (arrived[j].rendezvous != nullptr) ucp_am_data_release(worker_, arrived[j].rendezvous);
+        for (size_t j = i + 1; j < arrived.size(); ++j) {
+          if (statusOf(arrived[j].fetch) == UCS_INPROGRESS) ucp_request_cancel(worker_, arrived[j].fetch);
+          completeAndFree(arrived[j].fetch);
+        }
         WEFT_THROW("UCX: fetching a {}-byte message failed: {}", a.length,
                    status == UCS_INPROGRESS ? "the deadline passed" : ucs_status_string(status));
       }
@@ -305,6 +318,7 @@ void UcxTransport::progressUntil(std::initializer_list<void*> requests, Deadline
   int idle = 0;
   while (pending()) {
     if (ucp_worker_progress(worker_) != 0) {
+      startFetches();
       idle = 0;
     } else if (++idle > kSpinsBeforeWaiting) {
       waitForActivity(deadline, std::chrono::milliseconds(1));

@@ -65,7 +65,8 @@ class UcxTransport {
     std::vector<uint8_t> header;
     std::vector<uint8_t> payload;
   };
-  /// Sends an active message to `peer` and waits until its buffers may be reused.
+  /// Sends an active message to `peer` and waits until its buffers may be reused (meanwhile
+  /// fetching large messages that arrive, so two processes may send each other one at once).
   void sendMessage(int peer, std::span<const uint8_t> header, std::span<const uint8_t> payload, Deadline deadline);
   /// Progresses the worker and returns the active messages that arrived since the last call, in
   /// arrival order (UCX does not order active messages between two peers; requests carry ids).
@@ -97,12 +98,18 @@ class UcxTransport {
     static Watch all() { return {true, {}}; }
   };
   static void onPeerError(void* arg, ucp_ep* endpoint, ucs_status_t status);
-  /// An arrived active message; `rendezvous` is UCX's descriptor when its payload is still remote.
+  /// An arrived active message; `rendezvous` is UCX's descriptor when its payload is still remote,
+  /// `fetch` the request that brings it once started.
   struct Arrival {
     Message message;
     void* rendezvous = nullptr;
+    void* fetch = nullptr;
     size_t length = 0;
   };
+  /// Starts fetching the payloads still remote. Every wait does, so that a peer that is sending
+  /// this process a large message while this process sends it one is not left waiting: each
+  /// send completes only once its receiver fetches.
+  void startFetches();
   static ucs_status_t onMessage(void* arg, const void* header, size_t headerLength, void* data, size_t length,
                                 const ucp_am_recv_param_t* param);
 

@@ -7,6 +7,8 @@
 
 #include "core/Checkpoint.h"
 
+#include <fmt/format.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,17 +37,16 @@ double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
   return diff / (scale > 0 ? scale : 1.0);
 }
 
-/// Trains once on one process and once on `workers` processes (with `distFlags`: architecture,
-/// servers); checks every variable (optimizer slots and the step counter included) agrees within
-/// `tolerance`.
-void checkSameVariables(const std::string& model, const std::string& flags, int workers, double tolerance,
-                        const std::string& distFlags = "") {
+/// Trains once on one process and once distributed as `distFlags` say (workers or cluster,
+/// architecture, servers); checks every variable (optimizer slots and the step counter included)
+/// agrees within `tolerance`.
+void checkSameVariablesAs(const std::string& model, const std::string& flags, const std::string& distFlags,
+                          double tolerance) {
   TempDir dir;
   const std::string single = (dir.path / "single").string(), parallel = (dir.path / "parallel").string();
   const CliRun one = weftCli("train " + model + " " + flags + " --out " + single);
   REQUIRE_MESSAGE(one.status == 0, one.output);
-  const CliRun many = weftCli("train " + model + " " + flags + " --workers " + std::to_string(workers) + " " + distFlags +
-                              " --out " + parallel);
+  const CliRun many = weftCli("train " + model + " " + flags + " " + distFlags + " --out " + parallel);
   REQUIRE_MESSAGE(many.status == 0, many.output);
   const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
   const weft::TensorFile b = weft::readSafetensors(parallel + "/checkpoint.safetensors");
@@ -54,6 +55,24 @@ void checkSameVariables(const std::string& model, const std::string& flags, int 
     CAPTURE(name);
     CHECK(relativeDifference(b.tensors.at(name), t) <= tolerance);
   }
+}
+
+/// The same on `workers` local processes.
+void checkSameVariables(const std::string& model, const std::string& flags, int workers, double tolerance,
+                        const std::string& distFlags = "") {
+  checkSameVariablesAs(model, flags, "--workers " + std::to_string(workers) + " " + distFlags, tolerance);
+}
+
+/// A resource specification of `machines` hosts on loopback with `workers` workers and
+/// `servers` servers each, written into `dir`.
+std::string loopbackCluster(const fs::path& dir, int machines, int workers, int servers) {
+  std::string hosts;
+  for (int m = 0; m < machines; ++m)
+    hosts += fmt::format("{}{{\"address\": \"127.0.0.1\", \"cpu_workers\": {}, \"servers\": {}}}", m ? ", " : "",
+                         workers, servers);
+  const fs::path spec = dir / "cluster.json";
+  std::ofstream(spec) << "{\"hosts\": [" << hosts << "]}";
+  return spec.string();
 }
 
 }  // namespace
@@ -111,6 +130,22 @@ TEST_CASE("LM: embeddings split into row partitions over 2 servers train like on
   // 4 KiB makes the 500 x 16 embedding and the softmax weights two partitions each.
   checkSameVariables("lm", lmFlags, 2, 1e-5, "--servers 2 --partition-bytes 4096");
   checkSameVariables("lm", lmFlags, 4, 1e-5, "--servers 2 --partition-bytes 4096 --arch ps");
+}
+
+TEST_CASE("two machines of two workers, each machine's pushes and pulls aggregated, train like one process") {
+  TempDir dir;
+  const std::string cluster = "--cluster " + loopbackCluster(dir.path, 2, 2, 1);
+  SUBCASE("LM, hybrid: the sparse embedding and softmax weights on the servers, rows summed per machine") {
+    checkSameVariablesAs("lm", lmFlags, cluster + " --arch auto", 1e-5);
+  }
+  SUBCASE("LM, every variable on the servers, split into partitions on both machines") {
+    checkSameVariablesAs("lm", lmFlags, cluster + " --arch ps --partition-bytes 4096", 1e-5);
+  }
+  SUBCASE("ResNet, every variable on the servers (batch-norm statistics, momentum)") {
+    const std::string flags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 4 "
+                              "--eval-every 2 --threads 1 --timeout 30";
+    checkSameVariablesAs("resnet", flags, cluster + " --arch ps", 1e-5);
+  }
 }
 
 TEST_CASE("MLP: every variable on 2 parameter servers (PS) trains like one process") {
