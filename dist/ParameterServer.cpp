@@ -418,10 +418,9 @@ class ServerRouter {
       deliver(aggregator_->fromMember(m));
       return;
     }
-    for (ParameterServer::Reply& r : server_.handle(m)) {
-      if (r.worker == static_cast<int>(h.worker)) count(traffic_.received, senderHost(r.worker), m, h.kind);
-      route(std::move(r));
-    }
+    std::vector<ParameterServer::Reply> replies = server_.handle(m);  // throws for a worker outside the job
+    count(traffic_.received, senderHost(static_cast<int>(h.worker)), m, h.kind);
+    for (ParameterServer::Reply& r : replies) route(std::move(r));
   }
 
   /// Throws when a worker or server this process still depends on has failed.

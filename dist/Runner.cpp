@@ -68,7 +68,8 @@ SenderGroups senderGroups(const Roster& roster, bool localAggregation) {
 }
 
 void printServerTraffic(const std::string& who, const ServerTraffic& t) {
-  const double steps = static_cast<double>(std::max<int64_t>(t.steps, 1));
+  if (t.steps == 0) return;  // it holds nothing and aggregates for no machine
+  const double steps = static_cast<double>(t.steps);
   std::string text = fmt::format("communication of {}: per step {:.0f} bytes sent to other machines, {:.0f} received "
                                  "from them (pushes and pulls over {} steps)\n",
                                  who, static_cast<double>(t.sent) / steps, static_cast<double>(t.received) / steps, t.steps);

@@ -367,3 +367,73 @@ TEST_CASE("dense bytes per step match the sparsity-aware paper's Table 3 (MLP, w
     CHECK(psReceived == doctest::Approx(w).epsilon(0.1));
   }
 }
+
+namespace {
+
+/// A server's bytes to and from other machines per step, from `--report-comm`.
+std::pair<double, double> serverBytesPerStep(const std::string& output, const std::string& server) {
+  const std::string marker = "communication of " + server + ": per step ";
+  const size_t at = output.find(marker);
+  REQUIRE_MESSAGE(at != std::string::npos, output);
+  std::istringstream in(output.substr(at + marker.size()));
+  double sent = 0, received = 0;
+  std::string word;
+  in >> sent >> word >> word >> word >> word >> word >> received;  // "X bytes sent to other machines, Y"
+  return {sent, received};
+}
+
+/// A local aggregator's alpha of a variable (the machine's distinct rows per step) and the sum of
+/// its workers' own alphas.
+std::pair<double, double> aggregatedAlpha(const std::string& output, const std::string& variable,
+                                          const std::string& server) {
+  const std::string marker = "local aggregation of " + variable + " by " + server + ": alpha ";
+  const size_t at = output.find(marker);
+  REQUIRE_MESSAGE(at != std::string::npos, output);
+  std::istringstream in(output.substr(at + marker.size()));
+  double machine = 0, workers = 0;
+  std::string word;
+  in >> machine;
+  for (int i = 0; i < 13; ++i) in >> word;  // "(distinct rows per step / 5004 rows), its workers' alphas add up to"
+  in >> workers;
+  return {machine, workers};
+}
+
+}  // namespace
+
+TEST_CASE("with two workers per machine, local aggregation keeps a machine's sparse bytes at Table 3's 2 alpha w (N-1)") {
+  // Two machines of two workers; the embedding (w = 2,562,048 bytes) whole on the server of
+  // machine 0. Machine 1's server aggregates its workers: it pushes the machine's distinct rows
+  // and pulls each of them once, alpha w each way with alpha the machine's.
+  const double w = 5004.0 * 128 * 4;
+  TempDir dir;
+  const CliRun run = weftCli("train lm --sampled 0 --vocab 5000 --hidden 64 --embed 128 --batch 64 --steps 6 "
+                             "--threads 1 --report-comm --partition-bytes 1000000000 --cluster " +
+                             loopbackCluster(dir.path, 2, 2, 1) + " --out " + (dir.path / "out").string());
+  REQUIRE_MESSAGE(run.status == 0, run.output);
+  const auto [alpha, workersAlpha] = aggregatedAlpha(run.output, "embedding/table", "server of host 1");
+  CHECK(alpha > 0.005);
+  // The workers share frequent words: the machine moves less than its workers would alone.
+  CHECK(alpha < 0.95 * workersAlpha);
+  const auto [sent, received] = serverBytesPerStep(run.output, "server of host 1");
+  CHECK(sent == doctest::Approx(alpha * w).epsilon(0.1));
+  CHECK(received == doctest::Approx(alpha * w).epsilon(0.1));
+  // The machine holding the embedding moves the same bytes the other way.
+  const auto [ownerSent, ownerReceived] = serverBytesPerStep(run.output, "server of host 0");
+  CHECK(ownerSent == doctest::Approx(received).epsilon(0.01));
+  CHECK(ownerReceived == doctest::Approx(sent).epsilon(0.01));
+}
+
+TEST_CASE("with two workers per machine, local aggregation keeps a machine's dense PS bytes at Table 3's 4wm(N-1)/N") {
+  // The MLP's variables spread by bytes over the servers of two machines; each machine's server
+  // pushes and pulls the other machine's share once for both its workers.
+  const double w = 307240;
+  TempDir dir;
+  const CliRun run = weftCli("train mlp --steps 10 --threads 1 --report-comm --arch ps --cluster " +
+                             loopbackCluster(dir.path, 2, 2, 1) + " --out " + (dir.path / "out").string());
+  REQUIRE_MESSAGE(run.status == 0, run.output);
+  for (const char* server : {"server of host 0", "server of host 1"}) {
+    CAPTURE(server);
+    const auto [sent, received] = serverBytesPerStep(run.output, server);
+    CHECK(sent + received == doctest::Approx(4 * w * (2 - 1) / 2).epsilon(0.1));
+  }
+}
