@@ -409,8 +409,10 @@ void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::st
     serverHandshake(fd.get(), secret_, job_, deadline);
     join(self, fd, deadline, peer);
   } catch (const Error& e) {
+    // The handshake has told the peer already, so the rendezvous may be over by now for another
+    // reason: the log keeps what went wrong either way.
     std::lock_guard lock(mutex_);
-    logRefusal(peer, over_ ? "the rendezvous ended before its handshake completed" : e.what());
+    logRefusal(peer, over_ ? fmt::format("the rendezvous ended before its handshake completed ({})", e.what()) : e.what());
   }
   std::lock_guard lock(mutex_);
   self->fd = -1;  // before `fd` closes, so the number is never shut down after reuse
