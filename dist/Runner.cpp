@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <numeric>
+#include <set>
 
 namespace weft::dist {
 
@@ -236,9 +237,18 @@ Traffic Runner::traffic() const {
 
 namespace {
 
-/// Copies worker rank 0's value of every variable to this worker, in one broadcast.
-void broadcastVariables(Session& session, Communicator& communicator) {
-  std::vector<Node*> variables = session.graph().variables();
+/// Copies worker rank 0's value of every variable the workers keep to this worker, in one
+/// broadcast. The servers' variables and slots are not sent: worker 0 loads them into the
+/// servers, and a worker reads them from there until it pulls them all.
+void broadcastVariables(Session& session, Communicator& communicator, const ServerPlan& plan) {
+  std::set<const Node*> served;
+  for (const ServedVariable& v : plan.variables) {
+    served.insert(v.variable);
+    served.insert(v.slots.begin(), v.slots.end());
+  }
+  std::vector<Node*> variables;
+  for (Node* v : session.graph().variables())
+    if (!served.count(v)) variables.push_back(v);
   size_t total = 0;
   for (Node* v : variables) total += session.variable(v).bytes();
   std::vector<uint8_t> buffer(total);
@@ -346,7 +356,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   for (const ServedVariable& v : state->plan.variables)
     state->distribution.variables.push_back({v.variable, v.sparse, static_cast<size_t>(v.rows()) * v.rowBytes(), -1, true});
   state->session = std::make_unique<Session>(graph, config.session);
-  broadcastVariables(*state->session, *state->communicator);
+  broadcastVariables(*state->session, *state->communicator, state->plan);
   if (!state->plan.empty()) state->publishVariables();
   return Runner(std::move(state));
 }
