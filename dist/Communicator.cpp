@@ -74,6 +74,7 @@ void Communicator::loop() {
     if (!failure_) {
       lock.unlock();
       const uint64_t sentBefore = ring_.transport().bytesSent(), receivedBefore = ring_.transport().bytesReceived();
+      const uint64_t acrossBefore[2] = {ring_.bytesSentAcross(), ring_.bytesReceivedAcross()};
       std::exception_ptr error;
       try {
         job.collective(ring_, job.buffer);
@@ -84,6 +85,8 @@ void Communicator::loop() {
       lock.lock();
       traffic_.sent[kind] += ring_.transport().bytesSent() - sentBefore;
       traffic_.received[kind] += ring_.transport().bytesReceived() - receivedBefore;
+      traffic_.sentAcross[kind] += ring_.bytesSentAcross() - acrossBefore[0];
+      traffic_.receivedAcross[kind] += ring_.bytesReceivedAcross() - acrossBefore[1];
       if (error) failure_ = error;
     }
     job.done = true;

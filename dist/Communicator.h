@@ -37,10 +37,13 @@ struct SparseRows {
   double lookupFraction() const { return steps > 0 && rows > 0 ? double(lookups) / double(steps * rows) : 0.0; }
 };
 
-/// Payload bytes sent and received, per kind, and the rows of each sparse variable's gradients.
+/// Payload bytes sent and received, per kind, those of the ring's collectives that crossed to
+/// other machines, and the rows of each sparse variable's gradients.
 struct Traffic {
   uint64_t sent[3] = {0, 0, 0};
   uint64_t received[3] = {0, 0, 0};
+  uint64_t sentAcross[3] = {0, 0, 0};
+  uint64_t receivedAcross[3] = {0, 0, 0};
   std::map<std::string, SparseRows> sparseRows;  // by variable name
 };
 

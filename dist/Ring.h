@@ -5,6 +5,12 @@
 // can never be taken for another's. Every step has the collective's deadline; a failure names
 // the collective, the step and the neighbouring ranks. Every rank ends a collective with the
 // same bytes, so replicas updated from them stay identical.
+//
+// Given the machine of every rank, AllReduce between machines is hierarchical: the ranks of a
+// machine send their buffers to its first rank, which sums them in rank order; the first ranks
+// run the ring among themselves; each hands the sum back to its machine. A machine then moves
+// 4w(N-1)/N bytes across the network for N machines and w bytes, as if it had one rank, where
+// a flat ring through all ranks would move about twice w per machine.
 #pragma once
 
 #include "core/DType.h"
@@ -26,6 +32,15 @@ class Ring {
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(peers_.size()); }
 
+  /// `machineOfRank[r]` is rank r's machine; ranks of one machine must be consecutive. With
+  /// `hierarchical`, AllReduce becomes hierarchical when there are several machines and one of
+  /// them has several ranks.
+  void setMachines(std::vector<int> machineOfRank, bool hierarchical);
+  /// Bytes this rank sent to and received from ranks on other machines (all of them without
+  /// machines set).
+  uint64_t bytesSentAcross() const { return sentAcross_; }
+  uint64_t bytesReceivedAcross() const { return receivedAcross_; }
+
   /// Replaces `count` elements of `dtype` (f32, f64, i64) at `data` by their sum over all ranks.
   void allReduceSum(DType dtype, void* data, int64_t count);
   /// Every rank's block, concatenated in rank order; blocks may differ in size.
@@ -38,20 +53,34 @@ class Ring {
   const UcxTransport& transport() const { return transport_; }
 
  private:
-  int left() const { return (rank_ + size() - 1) % size(); }
-  int right() const { return (rank_ + 1) % size(); }
+  /// A ring through some of the ranks (all of them, or one per machine), and this rank's place.
+  struct Circle {
+    std::vector<int> ranks;
+    int position = 0;
+    int size() const { return static_cast<int>(ranks.size()); }
+    int left() const { return ranks[static_cast<size_t>((position + size() - 1) % size())]; }
+    int right() const { return ranks[static_cast<size_t>((position + 1) % size())]; }
+  };
+  Circle everyone() const;
   /// Sends `out` to the right neighbour while receiving `into` from the left one.
-  void shift(const char* collective, uint64_t sequence, int phase, int step, std::span<const uint8_t> out,
-             std::span<uint8_t> into, Deadline deadline);
-  /// The ring pass that gives every rank every block; `blocks[i]` is rank i's block.
-  void circulate(const char* collective, uint64_t sequence, int phase, std::vector<std::span<uint8_t>> blocks,
-                 int firstOwnedShift, Deadline deadline);
+  void shift(const Circle& circle, const char* collective, uint64_t sequence, int phase, int step,
+             std::span<const uint8_t> out, std::span<uint8_t> into, Deadline deadline);
+  /// The ring pass that gives every rank every block; `blocks[i]` is the i-th rank's block.
+  void circulate(const Circle& circle, const char* collective, uint64_t sequence, int phase,
+                 std::vector<std::span<uint8_t>> blocks, int firstOwnedShift, Deadline deadline);
+  void ringAllReduce(const Circle& circle, uint64_t sequence, DType dtype, void* data, int64_t count,
+                     Deadline deadline);
+  void hierarchicalAllReduce(uint64_t sequence, DType dtype, void* data, int64_t count, Deadline deadline);
+  void countBytes(int peerRank, size_t sent, size_t received);
 
   UcxTransport& transport_;
   int rank_;
   std::vector<int> peers_;
   std::chrono::milliseconds timeout_;
   uint64_t sequence_ = 0;
+  std::vector<int> machineOf_;  // empty: one machine per rank
+  bool hierarchical_ = false;
+  uint64_t sentAcross_ = 0, receivedAcross_ = 0;
 };
 
 }  // namespace weft::dist

@@ -336,6 +336,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   state->workers = workers;
   state->timeout = config.timeout;
   state->ring = std::make_unique<Ring>(*state->transport, state->rank, routes.workerPeers, config.timeout);
+  state->ring->setMachines(routes.workerHosts, config.localAggregation);
   state->communicator = std::make_unique<Communicator>(*state->ring);
 
   TransformOptions options;

@@ -63,16 +63,21 @@ void checkSameVariables(const std::string& model, const std::string& flags, int 
   checkSameVariablesAs(model, flags, "--workers " + std::to_string(workers) + " " + distFlags, tolerance);
 }
 
-/// A resource specification of `machines` hosts on loopback with `workers` workers and
-/// `servers` servers each, written into `dir`.
-std::string loopbackCluster(const fs::path& dir, int machines, int workers, int servers) {
+/// A resource specification of hosts on loopback with `workers[m]` workers and `servers`
+/// servers each, written into `dir`.
+std::string loopbackCluster(const fs::path& dir, const std::vector<int>& workers, int servers) {
   std::string hosts;
-  for (int m = 0; m < machines; ++m)
+  for (size_t m = 0; m < workers.size(); ++m)
     hosts += fmt::format("{}{{\"address\": \"127.0.0.1\", \"cpu_workers\": {}, \"servers\": {}}}", m ? ", " : "",
-                         workers, servers);
+                         workers[m], servers);
   const fs::path spec = dir / "cluster.json";
   std::ofstream(spec) << "{\"hosts\": [" << hosts << "]}";
   return spec.string();
+}
+
+/// `machines` hosts with `workers` workers each.
+std::string loopbackCluster(const fs::path& dir, int machines, int workers, int servers) {
+  return loopbackCluster(dir, std::vector<int>(static_cast<size_t>(machines), workers), servers);
 }
 
 }  // namespace
@@ -146,6 +151,19 @@ TEST_CASE("two machines of two workers, each machine's pushes and pulls aggregat
                               "--eval-every 2 --threads 1 --timeout 30";
     checkSameVariablesAs("resnet", flags, cluster + " --arch ps", 1e-5);
   }
+  SUBCASE("ResNet, dense AllReduce reduced within each machine first (batch-norm statistics too)") {
+    const std::string flags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 4 "
+                              "--eval-every 2 --threads 1 --timeout 30";
+    checkSameVariablesAs("resnet", flags, cluster + " --arch ar", 1e-5);
+  }
+}
+
+TEST_CASE("machines of unequal size (three workers and one) train like one process") {
+  TempDir dir;
+  const std::string cluster = "--cluster " + loopbackCluster(dir.path, std::vector<int>{3, 1}, 1);
+  const std::string flags = "--train-size 1024 --test-size 64 --batch 48 --steps 8 --eval-every 8 --threads 1 --timeout 30";
+  checkSameVariablesAs("mlp", flags, cluster + " --arch ar", 1e-5);
+  checkSameVariablesAs("lm", lmFlags, cluster + " --arch auto", 1e-5);
 }
 
 TEST_CASE("MLP: every variable on 2 parameter servers (PS) trains like one process") {
@@ -436,4 +454,46 @@ TEST_CASE("with two workers per machine, local aggregation keeps a machine's den
     const auto [sent, received] = serverBytesPerStep(run.output, server);
     CHECK(sent + received == doctest::Approx(4 * w * (2 - 1) / 2).epsilon(0.1));
   }
+}
+
+namespace {
+
+/// A worker's dense bytes per step sent to and received from other machines by its collectives.
+std::pair<double, double> denseBytesAcross(const std::string& output, int worker) {
+  const std::string marker = fmt::format("collectives of worker {} with other machines: per step ", worker);
+  const size_t at = output.find(marker);
+  REQUIRE_MESSAGE(at != std::string::npos, output);
+  std::istringstream in(output.substr(at + marker.size()));
+  double sent = 0, received = 0;
+  std::string word;
+  in >> sent >> word >> word >> word >> word >> word >> word >> received;  // "X dense + Y sparse bytes sent, Z"
+  return {sent, received};
+}
+
+}  // namespace
+
+TEST_CASE("with two workers per machine, the dense AllReduce keeps a machine's bytes at Table 3's 4w(N-1)/N") {
+  // Each machine's workers reduce into its first worker, and only the first workers' ring
+  // crosses machines: w each way for N = 2. A flat ring through all four workers would move
+  // 3w (2w(NK-1)/(NK) out of one worker and into another, K = 2 workers per machine).
+  const double w = 307240;
+  TempDir dir;
+  const std::string command = "train mlp --steps 10 --threads 1 --report-comm --arch ar --cluster " +
+                              loopbackCluster(dir.path, 2, 2, 1) + " --out ";
+  const CliRun hierarchical = weftCli(command + (dir.path / "on").string());
+  REQUIRE_MESSAGE(hierarchical.status == 0, hierarchical.output);
+  for (int first : {0, 2}) {
+    CAPTURE(first);
+    const auto [sent, received] = denseBytesAcross(hierarchical.output, first);
+    CHECK(sent == doctest::Approx(w).epsilon(0.1));
+    CHECK(received == doctest::Approx(w).epsilon(0.1));
+    const auto [otherSent, otherReceived] = denseBytesAcross(hierarchical.output, first + 1);
+    CHECK(otherSent + otherReceived == 0);
+  }
+  const CliRun flat = weftCli(command + (dir.path / "off").string() + " --local-aggregation off");
+  REQUIRE_MESSAGE(flat.status == 0, flat.output);
+  const auto [sent1, received1] = denseBytesAcross(flat.output, 1);  // the ring 0 1 | 2 3 leaves machine 0 at 1
+  const auto [sent0, received0] = denseBytesAcross(flat.output, 0);  // and enters it at 0
+  CHECK(sent1 + received0 == doctest::Approx(2 * w * 3 / 4 * 2).epsilon(0.1));
+  CHECK(received1 + sent0 == 0);
 }

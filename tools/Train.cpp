@@ -228,6 +228,9 @@ class Trainer {
     fmt::print(stderr, "communication of worker {}: per step {:.0f} dense + {:.0f} sparse bytes sent, {:.0f} dense + {:.0f} "
                "sparse received; setup and control {} bytes sent\n",
                runner_->rank(), t.sent[0] / n, t.sent[1] / n, t.received[0] / n, t.received[1] / n, t.sent[2]);
+    fmt::print(stderr, "collectives of worker {} with other machines: per step {:.0f} dense + {:.0f} sparse bytes sent, "
+               "{:.0f} dense + {:.0f} sparse received\n",
+               runner_->rank(), t.sentAcross[0] / n, t.sentAcross[1] / n, t.receivedAcross[0] / n, t.receivedAcross[1] / n);
     for (const auto& [variable, rows] : t.sparseRows) {
       fmt::print(stderr, "sparse gradient of {} on worker {}: alpha {:.6f} (distinct rows per step / {} rows), {:.6f} "
                  "with repeats\n",
