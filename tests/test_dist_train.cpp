@@ -213,12 +213,12 @@ std::string environmentOf(pid_t pid) {
   return env;
 }
 
-/// Starts `weft train <args>` (a long run), sends `signal` to the member whose environment has
-/// `role` and `slot` once training runs, and checks that the launcher stops the job within a
-/// bounded time, reporting `name` and then `how` (the victim's pid goes between them), with no
-/// process left behind.
+/// Starts `weft train <args>` (a long run of `memberCount` processes), sends `signal` to the
+/// member whose environment has `role`, `slot` and `host` once training runs, and checks that the
+/// launcher stops the job within a bounded time, reporting `name` and then `how` (the victim's
+/// pid goes between them), with no process left behind.
 void checkMemberStopsJob(const std::string& args, const std::string& role, int slot, int signal,
-                         const std::string& name, const std::string& how) {
+                         const std::string& name, const std::string& how, int host = 0, size_t memberCount = 3) {
   TempDir dir;
   const fs::path log = dir.path / "log";
   const pid_t launcher = ::fork();
@@ -240,11 +240,13 @@ void checkMemberStopsJob(const std::string& args, const std::string& role, int s
     members = childrenOf(launcher);
     for (pid_t p : members) {
       const std::string env = environmentOf(p);
-      if (contains(env, "WEFT_ROLE=" + role + "\n") && contains(env, "WEFT_SLOT=" + std::to_string(slot) + "\n")) victim = p;
+      if (contains(env, "WEFT_ROLE=" + role + "\n") && contains(env, "WEFT_SLOT=" + std::to_string(slot) + "\n") &&
+          contains(env, "WEFT_HOST=" + std::to_string(host) + "\n"))
+        victim = p;
     }
   }
   REQUIRE(victim > 0);
-  REQUIRE(members.size() == 3);  // two workers and a server
+  REQUIRE(members.size() == memberCount);
   ::kill(victim, signal);
   int status = 0;
   pid_t done = 0;
@@ -272,6 +274,13 @@ TEST_CASE("a worker killed mid-run stops the whole job, naming it, and leaves no
 TEST_CASE("a parameter server killed mid-run stops the whole job, naming it") {
   checkMemberStopsJob("lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --batch 16 --workers 2",
                       "server", 0, SIGKILL, "server of host 0", "was killed by signal 9");
+}
+
+TEST_CASE("the server of one machine killed mid-run (its workers' aggregator, the other's owner) stops the job") {
+  TempDir dir;
+  checkMemberStopsJob("lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --batch 16 --cluster " +
+                          loopbackCluster(dir.path, 2, 2, 1),
+                      "server", 0, SIGKILL, "server of host 1", "was killed by signal 9", 1, 6);
 }
 
 TEST_CASE("a frozen worker is named by its missing heartbeats before any collective times out") {
