@@ -3,12 +3,12 @@
 
 #include "core/Error.h"
 #include "core/Tensor.h"
+#include "dist/RowSums.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 namespace weft::dist {
 
@@ -248,7 +248,7 @@ std::vector<uint8_t> LocalAggregator::sumPushes(const std::vector<Request>& push
   const Partition& part = plan_.partitions[partition];
   const ServedVariable& v = plan_.variables[static_cast<size_t>(part.variable)];
   const DType dtype = v.variable->outputs[0].dtype;
-  const size_t rowBytes = v.rowBytes(), width = rowBytes / dtypeSize(dtype);
+  const size_t rowBytes = v.rowBytes();
   std::vector<uint8_t> out;
   if (!v.sparse) {
     dispatchFloat(dtype, [&](auto z) {
@@ -273,31 +273,15 @@ std::vector<uint8_t> LocalAggregator::sumPushes(const std::vector<Request>& push
       rowsAt.push_back(first + i * rowBytes);
     }
   }
-  std::vector<size_t> order(ids.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a] < ids[b]; });
-  std::vector<int64_t> unique;
-  dispatchFloat(dtype, [&](auto z) {
-    using T = decltype(z);
-    std::vector<T> sums;
-    for (size_t i : order) {
-      if (unique.empty() || unique.back() != ids[i]) {
-        unique.push_back(ids[i]);
-        sums.resize(sums.size() + width, T(0));
-      }
-      T* dst = sums.data() + sums.size() - width;
-      const T* src = reinterpret_cast<const T*>(rowsAt[i]);
-      for (size_t k = 0; k < width; ++k) dst[k] += src[k];
-    }
-    const uint64_t count = unique.size();
-    appendBytes(out, &count, 1);
-    appendBytes(out, unique.data(), unique.size());
-    appendBytes(out, sums.data(), sums.size());
-  });
+  const RowSums sums = sumRowsById(dtype, rowBytes, ids, rowsAt);
+  const uint64_t count = sums.ids.size();
+  appendBytes(out, &count, 1);
+  appendBytes(out, sums.ids.data(), sums.ids.size());
+  out.insert(out.end(), sums.rows.begin(), sums.rows.end());
   SparseRows& rows = sparseRows_[v.variable->name];
   if (static_cast<int>(partition) == v.partitions.front()) ++rows.steps;
   rows.lookups += static_cast<int64_t>(ids.size());
-  rows.touched += static_cast<int64_t>(unique.size());
+  rows.touched += static_cast<int64_t>(sums.ids.size());
   rows.rows = v.rows();
   return out;
 }

@@ -4,12 +4,12 @@
 #include "core/Error.h"
 #include "core/OpRegistry.h"
 #include "core/Tensor.h"
+#include "dist/RowSums.h"
 #include "dist/ServerClient.h"
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <numeric>
 
 namespace weft::dist {
 
@@ -162,27 +162,11 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
   if (values.bytes() != rows.size() * rowBytes)
     ctx.fail("{} gradient rows of {} bytes for {} indices", values.bytes() / std::max<size_t>(rowBytes, 1), rowBytes,
              rows.size());
-  std::vector<size_t> order(rows.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
-  std::vector<int64_t> unique;
-  std::vector<uint8_t> summed;  // one row per unique id
-  dispatchFloat(values.dtype(), [&](auto z) {
-    using T = decltype(z);
-    const size_t width = rowBytes / sizeof(T);
-    const T* in = values.data<T>();
-    std::vector<T> sums;
-    for (size_t i : order) {
-      if (unique.empty() || unique.back() != rows[i]) {
-        unique.push_back(rows[i]);
-        sums.resize(sums.size() + width, T(0));
-      }
-      T* dst = sums.data() + sums.size() - width;
-      for (size_t k = 0; k < width; ++k) dst[k] += in[i * width + k];
-    }
-    const auto* p = reinterpret_cast<const uint8_t*>(sums.data());
-    summed.assign(p, p + sums.size() * sizeof(T));
-  });
+  std::vector<const uint8_t*> rowsAt(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) rowsAt[i] = static_cast<const uint8_t*>(values.raw()) + i * rowBytes;
+  const RowSums sums = sumRowsById(values.dtype(), rowBytes, rows, rowsAt);
+  const std::vector<int64_t>& unique = sums.ids;
+  const std::vector<uint8_t>& summed = sums.rows;
   t.client->communicator().recordSparseRows(t.variable->variable->name, static_cast<int64_t>(rows.size()),
                                             static_cast<int64_t>(unique.size()), t.variable->rows());
   std::vector<ServerClient::Call> calls;
