@@ -123,22 +123,20 @@ LocalAggregator::Released LocalAggregator::fromMember(const UcxTransport::Messag
 
   if (h.kind == RequestKind::PullRows || h.kind == RequestKind::PullAll) return pull(Request{h, message.payload});
 
-  const Key key{h.kind, h.partition, h.clock};
-  std::vector<std::deque<Request>>& queues = gathering_[key];
-  queues.resize(members_.size());
-  if (h.kind == RequestKind::Push && !queues[static_cast<size_t>(k)].empty()) {
+  // A push: held until every member has pushed the partition for this clock.
+  const auto key = std::make_pair(h.partition, h.clock);
+  std::vector<std::optional<Request>>& pushes = pushes_[key];
+  pushes.resize(members_.size());
+  if (pushes[static_cast<size_t>(k)]) {
     out.replies.emplace_back(h.worker, errorTo(h, fmt::format("a second PUSH for clock {}", h.clock)));
     return out;
   }
-  queues[static_cast<size_t>(k)].push_back(Request{h, message.payload});
-  if (!std::all_of(queues.begin(), queues.end(), [](const auto& q) { return !q.empty(); })) return out;
+  pushes[static_cast<size_t>(k)] = Request{h, message.payload};
+  if (!std::all_of(pushes.begin(), pushes.end(), [](const auto& p) { return p.has_value(); })) return out;
 
   std::vector<Request> requests;
-  for (std::deque<Request>& q : queues) {
-    requests.push_back(std::move(q.front()));
-    q.pop_front();
-  }
-  if (std::all_of(queues.begin(), queues.end(), [](const auto& q) { return q.empty(); })) gathering_.erase(key);
+  for (std::optional<Request>& p : pushes) requests.push_back(std::move(*p));
+  pushes_.erase(key);
   std::vector<uint8_t> payload = sumPushes(requests);
   return forward(std::move(requests), std::move(payload));
 }

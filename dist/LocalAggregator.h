@@ -24,7 +24,6 @@
 #include "dist/UcxTransport.h"
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -121,7 +120,7 @@ class LocalAggregator {
   const ServerPlan& plan_;
   std::vector<int> members_;
   int serverCount_;
-  std::map<Key, std::vector<std::deque<Request>>> gathering_;  // pushes not yet forwarded, per member
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<std::optional<Request>>> pushes_;  // by (partition, clock), per member
   std::map<Key, Pulled> pulled_;
   std::map<uint64_t, InFlight> inFlight_;
   std::vector<bool> left_;
