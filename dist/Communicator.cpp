@@ -63,6 +63,12 @@ void Communicator::recordSparseRows(const std::string& variable, int64_t lookups
   r.rows = rows;
 }
 
+void Communicator::recordTraffic(TrafficKind kind, uint64_t sent, uint64_t received) {
+  std::lock_guard lock(mutex_);
+  traffic_.sent[static_cast<size_t>(kind)] += sent;
+  traffic_.received[static_cast<size_t>(kind)] += received;
+}
+
 void Communicator::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {

@@ -75,6 +75,8 @@ class Communicator {
   /// Records one step's gradient of a sparse variable: `lookups` rows, `touched` of them
   /// distinct, out of the variable's `rows`.
   void recordSparseRows(const std::string& variable, int64_t lookups, int64_t touched, int64_t rows);
+  /// Counts bytes that moved outside the ring (the worker's requests to parameter servers).
+  void recordTraffic(TrafficKind kind, uint64_t sent, uint64_t received);
 
   /// Communicators are found by the kernels of the collective ops through this id.
   int64_t id() const { return id_; }

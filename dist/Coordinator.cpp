@@ -28,9 +28,9 @@ namespace weft::dist {
 namespace {
 
 constexpr uint32_t kMaxAddressBytes = 64u << 10;  // a UCX worker address is ~200 bytes
-constexpr uint32_t kMaxJoinPayload = kMaxAddressBytes + kNcclIdBytes + 64;
+constexpr uint32_t kMaxJoinPayload = 2 * kMaxAddressBytes + kNcclIdBytes + 64;
 constexpr size_t kMaxPendingAdmissions = 64;      // bounds the threads a connection flood can start
-constexpr size_t kMemberMinBytes = 1 + 4 + 4 + 4 + 4;  // a roster entry with an empty address
+constexpr size_t kMemberMinBytes = 1 + 4 + 4 + 4 + 4 + 4;  // a roster entry with empty addresses
 constexpr size_t kMissingListed = 10;             // an ABORT names at most this many members
 
 // ---- sockets ----
@@ -126,6 +126,7 @@ std::vector<uint8_t> encodeJoin(const JoinRequest& request) {
   encodeId(w, request.id);
   w.putBytes(request.address);
   w.putBytes(request.ncclId);
+  w.putBytes(request.clientAddress);
   return w.take();
 }
 
@@ -135,6 +136,7 @@ JoinRequest decodeJoin(const Frame& frame) {
   request.id = decodeId(r, "JOIN");
   request.address = r.getBytes("transport_address", kMaxAddressBytes);
   request.ncclId = r.getBytes("nccl_id", kNcclIdBytes);
+  request.clientAddress = r.getBytes("client_address", kMaxAddressBytes);
   r.finish();
   WEFT_CHECK(request.ncclId.empty() || request.ncclId.size() == kNcclIdBytes,
              "message JOIN: field 'nccl_id' has {} bytes; it must be empty or {}", request.ncclId.size(), kNcclIdBytes);
@@ -150,6 +152,7 @@ std::vector<uint8_t> encodeRoster(int rank, const std::vector<Member>& members, 
     encodeId(w, m.id);
     w.putU32(static_cast<uint32_t>(m.rank));
     w.putBytes(m.address);
+    w.putBytes(m.clientAddress);
   }
   w.putBytes(ncclId);
   return w.take();
@@ -168,6 +171,7 @@ Roster decodeRoster(const Frame& frame, const MemberId& self) {
     m.id = decodeId(r, "ROSTER");
     m.rank = static_cast<int>(r.getU32("member_rank"));
     m.address = r.getBytes("transport_address", kMaxAddressBytes);
+    m.clientAddress = r.getBytes("client_address", kMaxAddressBytes);
     WEFT_CHECK(m.rank == static_cast<int>(i), "message ROSTER: member {} has rank {}", i, m.rank);
     roster.members.push_back(std::move(m));
   }
@@ -450,7 +454,8 @@ void Coordinator::State::sendRosters() {
   if (joined_.size() != expected_.size()) return;
   std::vector<Member> members;
   for (size_t rank = 0; rank < expected_.size(); ++rank) {
-    members.push_back({expected_[rank], static_cast<int>(rank), joined_.at(expected_[rank]).request.address});
+    const JoinRequest& joined = joined_.at(expected_[rank]).request;
+    members.push_back({expected_[rank], static_cast<int>(rank), joined.address, joined.clientAddress});
   }
   const Joined& first = joined_.at(expected_[0]);
   const std::vector<uint8_t> ncclId = expected_[0].role == Role::Worker ? first.request.ncclId : std::vector<uint8_t>{};

@@ -6,9 +6,10 @@
 // workers first, ordered by (host, slot), then servers ordered by host. If the members are not
 // all there before the timeout, the ones that joined get ABORT naming the missing ones.
 //
-//   JOIN   {role u8, host u32, slot u32, transport_address bytes, nccl_id bytes (0 or 128)}
+//   JOIN   {role u8, host u32, slot u32, transport_address bytes, nccl_id bytes (0 or 128),
+//           client_address bytes}
 //   ROSTER {rank u32, world_size u32, members: count u32 x {role u8, rank u32, host u32, slot u32,
-//           transport_address bytes}, nccl_id bytes}
+//           transport_address bytes, client_address bytes}, nccl_id bytes}
 //   ABORT  {reason string}
 //   HEARTBEAT {} (member -> coordinator, every second from the roster on)
 //
@@ -52,6 +53,9 @@ struct JoinRequest {
   MemberId id;
   std::vector<uint8_t> address;  ///< its transport address (e.g. a UCX worker address)
   std::vector<uint8_t> ncclId;   ///< worker rank 0's NCCL unique id, or empty
+  /// A worker's second transport address, the one its requests to parameter servers come from
+  /// (a UCX worker of its own, so they never queue behind collectives); empty for servers.
+  std::vector<uint8_t> clientAddress;
 };
 
 /// One member as the roster lists it.
@@ -59,6 +63,7 @@ struct Member {
   MemberId id;
   int rank = 0;
   std::vector<uint8_t> address;
+  std::vector<uint8_t> clientAddress;  ///< see JoinRequest
 };
 
 class Heartbeat;

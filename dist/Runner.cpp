@@ -111,6 +111,7 @@ std::optional<LaunchIdentity> launchIdentityFromEnvironment() {
 
 struct Runner::State {
   std::unique_ptr<UcxTransport> transport;
+  std::unique_ptr<UcxTransport> clientTransport;  // a worker's requests to the servers
   std::unique_ptr<Ring> ring;
   std::unique_ptr<Communicator> communicator;
   ServerPlan plan;
@@ -190,7 +191,9 @@ struct Runner::State {
     // Reset first: whatever happens below, this worker is no longer in the job.
     client.reset();
     communicator.reset();
-    transport->closeAll(Clock::now() + timeout);
+    const Deadline deadline = Clock::now() + timeout;
+    transport->closeAll(deadline);
+    if (clientTransport) clientTransport->closeAll(deadline);
   }
 };
 
@@ -290,15 +293,32 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
                n->describe(), n->condition.name());
   }
   state->transport = std::make_unique<UcxTransport>();
-  JoinRequest request{identity->id, state->transport->address(), {}};
+  JoinRequest request{identity->id, state->transport->address(), {}, {}};
+  if (identity->id.role == Role::Worker && resources.serverCount() > 0) {
+    state->clientTransport = std::make_unique<UcxTransport>();
+    request.clientAddress = state->clientTransport->address();
+  }
   // A member waits past the coordinator's own deadline, so that a member that never came is
   // reported by the coordinator's ABORT, which names it, not by every member's silent timeout.
   const auto joinTimeout = std::max(config.timeout, kRendezvousTimeout + std::chrono::seconds(15));
   const Roster roster = rendezvous(identity->coordinatorHost, identity->coordinatorPort, identity->secret,
                                    identity->job, request, joinTimeout);
   ServerRoutes routes;
+  // A server reaches a worker's client transport; a worker reaches other workers through its
+  // ring's transport and servers through its client's.
+  const bool isServer = identity->id.role == Role::Server;
   for (const Member& m : roster.members) {
-    const int peer = m.rank == roster.rank ? -1 : state->transport->connect(m.address);
+    const bool toWorker = m.id.role == Role::Worker;
+    int peer = -1;
+    if (m.rank != roster.rank) {
+      WEFT_CHECK(!(isServer && toWorker && m.clientAddress.empty()) && (isServer || toWorker || state->clientTransport),
+                 "the roster lists {}, but {} has no transport for requests to parameter servers (the "
+                 "resource specifications of the job's processes differ)",
+                 describe(m.id), describe(isServer ? m.id : identity->id));
+      if (isServer) peer = state->transport->connect(toWorker ? m.clientAddress : m.address);
+      else if (toWorker) peer = state->transport->connect(m.address);
+      else peer = state->clientTransport->connect(m.address);
+    }
     if (m.id.role == Role::Server && m.rank == roster.rank) routes.self = static_cast<int>(routes.serverPeers.size());
     (m.id.role == Role::Worker ? routes.workerPeers : routes.serverPeers).push_back(peer);
     (m.id.role == Role::Worker ? routes.workerHosts : routes.serverHosts).push_back(m.id.host);
@@ -306,7 +326,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   const int workers = static_cast<int>(routes.workerPeers.size()), servers = static_cast<int>(routes.serverPeers.size());
   state->plan = planServers(graph, config.architecture, servers, config.partitionBytes);
   const SenderGroups groups = senderGroups(roster, config.localAggregation);
-  if (identity->id.role == Role::Server) {
+  if (isServer) {
     const std::string who = describe(identity->id);
     try {
       ParameterServer::Options options;
@@ -349,7 +369,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   state->distribution = distributeAllReduce(graph, options);
   if (servers > 0) {
     const int relay = groups.relay[static_cast<size_t>(groups.groupOfWorker[static_cast<size_t>(state->rank)])];
-    state->client = std::make_unique<ServerClient>(*state->communicator, *state->transport, state->rank,
+    state->client = std::make_unique<ServerClient>(*state->communicator, *state->clientTransport, state->rank,
                                                    routes.serverPeers, state->plan, config.timeout, relay);
     distributeParameterServers(graph, state->plan, state->client->id());
   }

@@ -5,7 +5,6 @@
 
 #include "dist/Registry.h"
 
-#include <thread>
 
 namespace weft::dist {
 
@@ -22,11 +21,6 @@ ServerClient::~ServerClient() { Registry<ServerClient>::instance().remove(id_); 
 
 ServerClient* ServerClient::find(int64_t id) { return Registry<ServerClient>::instance().find(id); }
 
-std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls, TrafficKind kind) {
-  std::vector<std::vector<uint8_t>> replies;
-  communicator_.run({}, [&](Ring&, std::vector<uint8_t>&) { replies = exchange(calls); }, kind);
-  return replies;
-}
 
 void ServerClient::goodbye() {
   std::vector<Call> calls;
@@ -55,7 +49,8 @@ int ServerClient::serverOf(const Call& call) const {
                                            : plan_.partitions.at(static_cast<size_t>(call.partition)).server;
 }
 
-std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>& calls) {
+std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls, TrafficKind kind) {
+  const uint64_t sentBefore = transport_.bytesSent(), receivedBefore = transport_.bytesReceived();
   const Deadline deadline = Clock::now() + timeout_;
   std::map<uint64_t, size_t> pending;  // request id -> call
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -96,6 +91,7 @@ std::vector<std::vector<uint8_t>> ServerClient::exchange(const std::vector<Call>
     }
     if (!pending.empty()) transport_.waitForActivity(deadline, std::chrono::milliseconds(1));
   }
+  communicator_.recordTraffic(kind, transport_.bytesSent() - sentBefore, transport_.bytesReceived() - receivedBefore);
   return replies;
 }
 

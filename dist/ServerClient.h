@@ -1,8 +1,10 @@
 // A worker's side of the parameter servers: sends requests (dist/ServerProtocol.h) as UCX
-// active messages from the worker's communication thread (the one thread that drives its UCX
-// worker) and waits for the replies. It keeps the worker's clock per partition (gradients
-// pushed so far), which every request carries. The graph ops that pull rows and push gradients
-// find their client by id, like the collective ops find their Communicator.
+// active messages and waits for the replies, on the thread that calls it (the executor's) and
+// over a transport of its own. Requests therefore never wait behind the collectives queued on
+// the communication thread: a push made while the dense AllReduce runs travels beside it. It
+// keeps the worker's clock per partition (gradients pushed so far), which every request carries.
+// The graph ops that pull rows and push gradients find their client by id, like the collective
+// ops find their Communicator.
 #pragma once
 
 #include "dist/Communicator.h"
@@ -20,6 +22,7 @@ class ServerClient {
  public:
   /// `serverPeers[s]` is the transport's peer index of server s. With `relay` (a server index,
   /// or -1) every request goes to that server, the local aggregator of this worker's machine.
+  /// `transport` is used by this client alone; its bytes count in the communicator's traffic.
   ServerClient(Communicator& communicator, UcxTransport& transport, int rank, std::vector<int> serverPeers,
                const ServerPlan& plan, std::chrono::milliseconds timeout, int relay = -1);
   ~ServerClient();
@@ -55,8 +58,6 @@ class ServerClient {
  private:
   /// The server a call goes to: the partition's, or the relay.
   int destinationOf(const Call& call) const;
-  /// request() on the communication thread.
-  std::vector<std::vector<uint8_t>> exchange(const std::vector<Call>& calls);
   std::string describe(const Call& call) const;
   int serverOf(const Call& call) const;
 
@@ -68,7 +69,7 @@ class ServerClient {
   std::chrono::milliseconds timeout_;
   int relay_;
   int64_t id_;
-  std::vector<uint64_t> pushes_;  // per partition; touched on the communication thread only
+  std::vector<uint64_t> pushes_;  // per partition
   uint64_t nextRequest_ = 1;
   std::atomic<bool> localCopyCurrent_{false};
 };

@@ -40,7 +40,7 @@ std::vector<uint8_t> ncclIdPattern() {
 }
 
 JoinRequest request(Role role, int host, int slot) {
-  JoinRequest r{{role, host, slot}, bytesOf(fmt::format("addr-{}", describe({role, host, slot}))), {}};
+  JoinRequest r{{role, host, slot}, bytesOf(fmt::format("addr-{}", describe({role, host, slot}))), {}, {}};
   if (role == Role::Worker && host == 0 && slot == 0) r.ncclId = ncclIdPattern();
   return r;
 }

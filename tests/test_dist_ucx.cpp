@@ -3,9 +3,14 @@
 // pipes, connect, run the test's body and write a report to the parent. Checks a 1 MiB ping-pong
 // with distinct tags and the byte counters, matching by tag rather than arrival order, a receive
 // whose deadline passes, and that a peer killed with SIGKILL fails the survivor's pending receive
-// well before its deadline. Every child has an alarm() so that no failure can hang the suite.
+// well before its deadline. With two transports per side: a worker's request to a server does not
+// wait behind the AllReduce its communication thread is blocked in. Every child has an alarm() so
+// that no failure can hang the suite.
 #include "tests/TestUtil.h"
 
+#include "core/Graph.h"
+#include "dist/Communicator.h"
+#include "dist/ServerClient.h"
 #include "dist/UcxTransport.h"
 
 #include <signal.h>
@@ -13,7 +18,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <memory>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -29,6 +36,9 @@ constexpr size_t kMiB = size_t{1} << 20;
 
 /// One side's work once connected: its transport, its rank (0 or 1), the other side's peer index.
 using Body = std::function<std::string(UcxTransport&, int rank, int peer)>;
+/// The same with several transports per side, the k-th connected to the other side's k-th.
+using Transports = std::vector<std::unique_ptr<UcxTransport>>;
+using MultiBody = std::function<std::string(Transports&, int rank, const std::vector<int>& peers)>;
 
 struct Pipe {
   FileDescriptor read, write;
@@ -87,16 +97,20 @@ std::vector<uint8_t> pattern(size_t size, uint8_t seed) {
   return bytes;
 }
 
-/// Builds the transport, swaps addresses with the other child, runs the body; returns the report.
-std::string runSide(int rank, int toPeer, int fromPeer, const Body& body) {
+/// Builds the transports, swaps addresses with the other child, runs the body; returns the report.
+std::string runSide(int rank, int toPeer, int fromPeer, size_t count, const MultiBody& body) {
   ::setenv("UCX_TLS", "tcp", 1);  // shm transports refuse peer error handling in UCX 1.13
   ::setenv("UCX_NET_DEVICES", "lo", 1);
   std::string report;
   try {
-    UcxTransport transport;
-    sendBlob(toPeer, transport.address());
-    const int peer = transport.connect(receiveBlob(fromPeer));
-    report = body(transport, rank, peer);
+    Transports transports;
+    for (size_t k = 0; k < count; ++k) {
+      transports.push_back(std::make_unique<UcxTransport>());
+      sendBlob(toPeer, transports.back()->address());
+    }
+    std::vector<int> peers;
+    for (const auto& t : transports) peers.push_back(t->connect(receiveBlob(fromPeer)));
+    report = body(transports, rank, peers);
   } catch (const std::exception& e) {
     report = std::string("unexpected error: ") + e.what();
   }
@@ -113,7 +127,7 @@ struct SideResult {
 };
 
 /// Forks both sides, collects their reports (read until the child closes its end) and statuses.
-std::array<SideResult, 2> runPair(const Body& body) {
+std::array<SideResult, 2> runPair(size_t transports, const MultiBody& body) {
   std::array<Pipe, 2> toRank = {makePipe(), makePipe()};
   std::array<Pipe, 2> reports = {makePipe(), makePipe()};
   std::array<pid_t, 2> pids{};
@@ -124,7 +138,8 @@ std::array<SideResult, 2> runPair(const Body& body) {
       ::alarm(20);  // the safety net: a hung child dies and the parent sees it
       reports[1 - rank].read.reset();
       reports[1 - rank].write.reset();
-      const std::string report = runSide(rank, toRank[1 - rank].write.get(), toRank[rank].read.get(), body);
+      const std::string report =
+          runSide(rank, toRank[1 - rank].write.get(), toRank[rank].read.get(), transports, body);
       writeAll(reports[rank].write.get(), report.data(), report.size());
       ::_exit(0);
     }
@@ -139,7 +154,18 @@ std::array<SideResult, 2> runPair(const Body& body) {
   return results;
 }
 
+std::array<SideResult, 2> runPair(const Body& body) {
+  return runPair(1, [&](Transports& t, int rank, const std::vector<int>& peers) { return body(*t[0], rank, peers[0]); });
+}
+
 bool exitedCleanly(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+template <class T>
+std::vector<uint8_t> bytesOf(const std::vector<T>& values) {
+  std::vector<uint8_t> out(values.size() * sizeof(T));
+  std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
 
 std::string expectBytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const char* what) {
   return got == want ? "" : fmt::format("{}: content differs; ", what);
@@ -244,4 +270,56 @@ TEST_CASE("UcxTransport: a peer killed with SIGKILL fails the pending receive in
   CHECK(contains(results[0].report, "UCX receive of tag 0x34 failed: peer 0 failed: "));
   CHECK(exitedCleanly(results[0].status));
   CHECK((WIFSIGNALED(results[1].status) && WTERMSIG(results[1].status) == SIGKILL));
+}
+
+TEST_CASE("ServerClient: a request goes out while the communication thread waits in an AllReduce") {
+  // Rank 0 is a worker: it starts an AllReduce with rank 1 on its ring's transport, then pulls a
+  // row over its client's. Rank 1 answers the pull first and joins the AllReduce only after, so
+  // a pull queued behind the AllReduce would never be answered.
+  constexpr int64_t kRows = 8, kWidth = 4;
+  const auto results = runPair(2, [](Transports& t, int rank, const std::vector<int>& peers) {
+    Ring ring(*t[0], rank, rank == 0 ? std::vector<int>{-1, peers[0]} : std::vector<int>{peers[0], -1}, 5000ms);
+    Communicator communicator(ring);
+    const std::vector<float> own = rank == 0 ? std::vector<float>{1, 2, 3, 4} : std::vector<float>{10, 20, 30, 40};
+    auto sumAll = [](Ring& r, std::vector<uint8_t>& b) { r.allReduceSum(DType::F32, b.data(), 4); };
+    const std::vector<uint8_t> row = pattern(kWidth * sizeof(float), 7);
+    std::string problems;
+    if (rank == 0) {
+      const uint64_t ticket = communicator.submit(bytesOf(own), sumAll, TrafficKind::Dense);
+      Graph g;
+      ServerPlan plan;
+      plan.servers = 1;
+      ServedVariable embedding;
+      embedding.variable = g.variable("emb", f32, {kRows, kWidth}, Initializer::zeros()).node();
+      embedding.sparse = true;
+      plan.variables.push_back(embedding);
+      plan.partitions.push_back({0, 0, kRows, 0, kRows * kWidth * sizeof(float)});
+      ServerClient client(communicator, *t[1], 0, {peers[1]}, plan, 5000ms);
+      const std::vector<std::vector<uint8_t>> replies =
+          client.request({{0, RequestKind::PullRows, bytesOf(std::vector<int64_t>{3})}}, TrafficKind::Sparse);
+      problems += expectBytes(replies.at(0), row, "pulled row");
+      const std::vector<uint8_t> sum = communicator.wait(ticket);
+      if (sum != bytesOf(std::vector<float>{11, 22, 33, 44})) problems += "the AllReduce's sum differs; ";
+      if (communicator.traffic().sent[static_cast<size_t>(TrafficKind::Sparse)] == 0)
+        problems += "the pull's bytes were not counted; ";
+    } else {
+      std::vector<UcxTransport::Message> arrived;
+      const Deadline deadline = Clock::now() + 5s;
+      while (arrived.empty() && Clock::now() < deadline) {
+        arrived = t[1]->takeMessages(deadline);
+        if (arrived.empty()) t[1]->waitForActivity(deadline, 1ms);
+      }
+      if (arrived.size() != 1 || !isRequest(arrived[0].header)) return std::string("no single request arrived");
+      const RequestHeader request = decodeRequest(arrived[0].header);
+      if (request.kind != RequestKind::PullRows) problems += "not a pull; ";
+      t[1]->sendMessage(peers[1], encode(ReplyHeader{request.id, 0}), row, deadline);
+      if (communicator.run(bytesOf(own), sumAll, TrafficKind::Dense) != bytesOf(std::vector<float>{11, 22, 33, 44}))
+        problems += "the AllReduce's sum differs; ";
+    }
+    return problems.empty() ? std::string("ok") : problems;
+  });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
 }
