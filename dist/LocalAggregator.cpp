@@ -73,7 +73,7 @@ void LocalAggregator::check(const RequestHeader& h, const std::vector<uint8_t>& 
   WEFT_CHECK(h.partition < plan_.partitions.size(), "the plan has {} partitions", plan_.partitions.size());
   const Partition& part = plan_.partitions[h.partition];
   const ServedVariable& v = plan_.variables[static_cast<size_t>(part.variable)];
-  const int64_t rows = part.rowEnd - part.rowBegin;
+  const int64_t rows = part.rows;
   switch (h.kind) {
     case RequestKind::PullRows: pullRowIds(payload, rows); break;
     case RequestKind::PullAll:
@@ -170,7 +170,7 @@ LocalAggregator::Released LocalAggregator::servePulls(const Key& key) {
       }
       continue;
     }
-    const std::vector<int64_t> ids = pullRowIds(r.payload, part.rowEnd - part.rowBegin);
+    const std::vector<int64_t> ids = pullRowIds(r.payload, part.rows);
     const size_t before = missing.size();
     for (int64_t id : ids)
       if (!p.slotOf.count(id)) missing.push_back(id);
@@ -264,7 +264,7 @@ std::vector<uint8_t> LocalAggregator::sumPushes(const std::vector<Request>& push
   std::vector<int64_t> ids;
   std::vector<const uint8_t*> rowsAt;
   for (const Request& r : pushes) {
-    const std::vector<int64_t> own = sparsePushRowIds(r.payload, part.rowEnd - part.rowBegin, rowBytes);
+    const std::vector<int64_t> own = sparsePushRowIds(r.payload, part.rows, rowBytes);
     const uint8_t* first = r.payload.data() + 8 + own.size() * 8;
     for (size_t i = 0; i < own.size(); ++i) {
       ids.push_back(own[i]);

@@ -75,7 +75,7 @@ void ParameterServer::PartitionState::build(const ServerPlan& plan, int partitio
   const Partition& part = plan.partitions[static_cast<size_t>(partition)];
   served = &plan.variables[static_cast<size_t>(part.variable)];
   const ServedVariable& v = *served;
-  rows = part.rowEnd - part.rowBegin;
+  rows = part.rows;
   rowBytes = v.rowBytes();
   const Shape shape = withRows(v.variable->outputs[0].shape, rows);
   std::map<Output, Output> mapped;

@@ -5,6 +5,7 @@
 #include "core/OpRegistry.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <set>
@@ -142,9 +143,10 @@ void partition(ServerPlan& plan, size_t partitionBytes) {
     for (int64_t k = 0; k < parts; ++k) {
       Partition p;
       p.variable = static_cast<int>(i);
-      p.rowBegin = rows * k / parts;
-      p.rowEnd = rows * (k + 1) / parts;
-      p.bytes = static_cast<size_t>(p.rowEnd - p.rowBegin) * v.rowBytes();
+      p.first = k;
+      p.stride = parts;
+      p.rows = (rows - k + parts - 1) / parts;
+      p.bytes = static_cast<size_t>(p.rows) * v.rowBytes();
       v.partitions.push_back(static_cast<int>(plan.partitions.size()));
       plan.partitions.push_back(p);
     }
@@ -162,6 +164,20 @@ void partition(ServerPlan& plan, size_t partitionBytes) {
 }
 
 }  // namespace
+
+void packRows(const Partition& p, size_t rowBytes, const uint8_t* whole, uint8_t* packed) {
+  if (p.stride == 1) return (void)std::memcpy(packed, whole + static_cast<size_t>(p.first) * rowBytes, p.bytes);
+  for (int64_t i = 0; i < p.rows; ++i)
+    std::memcpy(packed + static_cast<size_t>(i) * rowBytes, whole + static_cast<size_t>(p.first + i * p.stride) * rowBytes,
+                rowBytes);
+}
+
+void unpackRows(const Partition& p, size_t rowBytes, const uint8_t* packed, uint8_t* whole) {
+  if (p.stride == 1) return (void)std::memcpy(whole + static_cast<size_t>(p.first) * rowBytes, packed, p.bytes);
+  for (int64_t i = 0; i < p.rows; ++i)
+    std::memcpy(whole + static_cast<size_t>(p.first + i * p.stride) * rowBytes, packed + static_cast<size_t>(i) * rowBytes,
+                rowBytes);
+}
 
 size_t ServedVariable::rowBytes() const {
   const Shape& s = variable->outputs[0].shape;

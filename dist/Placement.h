@@ -24,13 +24,23 @@
 
 namespace weft::dist {
 
-/// A block of rows of a variable, held by one server.
+/// Rows of a variable held by one server. A variable in P partitions is dealt out row by row:
+/// row r goes to partition r mod P as its row r / P. The frequent ids of a Zipfian vocabulary
+/// are the low ones, so blocks of consecutive rows would put most of a step's rows, and most of
+/// the traffic, on the server of the first block.
 struct Partition {
   int variable = 0;  ///< index into ServerPlan::variables
-  int64_t rowBegin = 0, rowEnd = 0;
+  int64_t first = 0;   ///< the variable's row held as this partition's row 0
+  int64_t stride = 1;  ///< the partition's row i is the variable's row first + i * stride
+  int64_t rows = 0;
   int server = 0;
   size_t bytes = 0;
 };
+
+/// Copies partition `p`'s rows (of `rowBytes` each) out of the whole variable's bytes into
+/// `packed` (p.bytes), or back.
+void packRows(const Partition& p, size_t rowBytes, const uint8_t* whole, uint8_t* packed);
+void unpackRows(const Partition& p, size_t rowBytes, const uint8_t* packed, uint8_t* whole);
 
 /// A variable held by the servers.
 struct ServedVariable {
@@ -42,8 +52,11 @@ struct ServedVariable {
   std::vector<Node*> chain;        ///< from the gradient to the update (included), in graph order
   std::vector<Output> extras;      ///< what the chain reads besides gradient, variable and slots
   Node* squaredNorm = nullptr;     ///< SquaredNorm / SparseSquaredNorm of the gradient, if clipped
-  std::vector<int> partitions;     ///< indices into ServerPlan::partitions, in row order
+  std::vector<int> partitions;     ///< indices into ServerPlan::partitions, by first row
   int64_t rows() const { return variable->outputs[0].shape[0]; }
+  /// Which of `partitions` (a position in it) holds `row`, and as which of its rows.
+  size_t partitionOfRow(int64_t row) const { return static_cast<size_t>(row) % partitions.size(); }
+  int64_t localRow(int64_t row) const { return row / static_cast<int64_t>(partitions.size()); }
   /// Bytes of one row of the variable.
   size_t rowBytes() const;
 };

@@ -153,9 +153,9 @@ struct Runner::State {
       const std::vector<Tensor*> tensors = stateOf(plan.variables[static_cast<size_t>(part.variable)]);
       WEFT_CHECK(replies[p].size() == part.bytes * tensors.size(), "FETCH of partition {} returned {} bytes, expected {}", p,
                  replies[p].size(), part.bytes * tensors.size());
-      const size_t offset = static_cast<size_t>(part.rowBegin) * plan.variables[static_cast<size_t>(part.variable)].rowBytes();
+      const size_t rowBytes = plan.variables[static_cast<size_t>(part.variable)].rowBytes();
       for (size_t i = 0; i < tensors.size(); ++i)
-        std::memcpy(static_cast<uint8_t*>(tensors[i]->raw()) + offset, replies[p].data() + i * part.bytes, part.bytes);
+        unpackRows(part, rowBytes, replies[p].data() + i * part.bytes, static_cast<uint8_t*>(tensors[i]->raw()));
     }
     client->setLocalCopyCurrent(true);
   }
@@ -166,12 +166,10 @@ struct Runner::State {
       for (size_t p = 0; p < plan.partitions.size(); ++p) {
         const Partition& part = plan.partitions[p];
         const ServedVariable& v = plan.variables[static_cast<size_t>(part.variable)];
-        const size_t offset = static_cast<size_t>(part.rowBegin) * v.rowBytes();
-        std::vector<uint8_t> payload;
-        for (Tensor* t : stateOf(v)) {
-          const auto* begin = static_cast<const uint8_t*>(t->raw()) + offset;
-          payload.insert(payload.end(), begin, begin + part.bytes);
-        }
+        const std::vector<Tensor*> tensors = stateOf(v);
+        std::vector<uint8_t> payload(part.bytes * tensors.size());
+        for (size_t i = 0; i < tensors.size(); ++i)
+          packRows(part, v.rowBytes(), static_cast<const uint8_t*>(tensors[i]->raw()), payload.data() + i * part.bytes);
         calls.push_back({static_cast<int>(p), RequestKind::Load, std::move(payload)});
       }
       client->request(std::move(calls), TrafficKind::Control);

@@ -37,8 +37,10 @@ std::string ServerClient::describe(const Call& call) const {
   const Partition& p = plan_.partitions[static_cast<size_t>(call.partition)];
   const ServedVariable& v = plan_.variables[static_cast<size_t>(p.variable)];
   const std::string via = relay_ >= 0 ? fmt::format(" through server {}, this machine's local aggregator", relay_) : "";
-  return fmt::format("{} for partition {} (rows {}..{} of '{}') on server {}{}", requestKindName(call.kind),
-                     call.partition, p.rowBegin, p.rowEnd, v.variable->name, p.server, via);
+  const std::string rows = p.stride == 1 ? fmt::format("rows {}..{}", p.first, p.first + p.rows)
+                                         : fmt::format("rows {} mod {}", p.first, p.stride);
+  return fmt::format("{} for partition {} ({} of '{}') on server {}{}", requestKindName(call.kind), call.partition, rows,
+                     v.variable->name, p.server, via);
 }
 
 int ServerClient::destinationOf(const Call& call) const { return relay_ >= 0 ? relay_ : serverOf(call); }

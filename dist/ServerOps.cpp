@@ -37,14 +37,6 @@ const Partition& partitionAt(const Target& t, size_t k) {
   return t.client->plan().partitions[static_cast<size_t>(t.variable->partitions[k])];
 }
 
-/// Which of the variable's partitions (position in ServedVariable::partitions) holds `row`.
-size_t partitionOfRow(const Target& t, int64_t row) {
-  const std::vector<int>& parts = t.variable->partitions;
-  size_t k = 0;
-  while (k + 1 < parts.size() && row >= partitionAt(t, k).rowEnd) ++k;
-  return k;
-}
-
 /// Reads integer ids as int64, failing on the first outside [0, rows).
 std::vector<int64_t> checkedRows(const KernelContext& ctx, const Tensor& ids, int64_t rows, const std::string& variable) {
   std::vector<int64_t> out(static_cast<size_t>(ids.numel()));
@@ -86,10 +78,7 @@ void pullRowsKernel(KernelContext& ctx) {
   const std::vector<int64_t> rows = checkedRows(ctx, ctx.input(1), t.variable->rows(), t.variable->variable->name);
   const size_t parts = t.variable->partitions.size();
   std::vector<std::vector<int64_t>> wanted(parts);  // unique local row ids per partition
-  for (int64_t r : rows) {
-    const size_t k = partitionOfRow(t, r);
-    wanted[k].push_back(r - partitionAt(t, k).rowBegin);
-  }
+  for (int64_t r : rows) wanted[t.variable->partitionOfRow(r)].push_back(t.variable->localRow(r));
   std::vector<ServerClient::Call> calls;
   std::vector<size_t> callOf(parts, 0);
   for (size_t k = 0; k < parts; ++k) {
@@ -106,8 +95,8 @@ void pullRowsKernel(KernelContext& ctx) {
     if (!wanted[k].empty()) checkReply(ctx, replies[callOf[k]], wanted[k].size() * rowBytes);
   auto* out = static_cast<uint8_t*>(ctx.output(0).raw());
   for (size_t i = 0; i < rows.size(); ++i) {
-    const size_t k = partitionOfRow(t, rows[i]);
-    const int64_t local = rows[i] - partitionAt(t, k).rowBegin;
+    const size_t k = t.variable->partitionOfRow(rows[i]);
+    const int64_t local = t.variable->localRow(rows[i]);
     const auto at = static_cast<size_t>(std::lower_bound(wanted[k].begin(), wanted[k].end(), local) - wanted[k].begin());
     std::memcpy(out + i * rowBytes, replies[callOf[k]].data() + at * rowBytes, rowBytes);
   }
@@ -126,8 +115,7 @@ void pullVariableKernel(KernelContext& ctx) {
   auto* out = static_cast<uint8_t*>(ctx.output(0).raw());
   for (size_t k = 0; k < replies.size(); ++k) {
     checkReply(ctx, replies[k], partitionAt(t, k).bytes);
-    std::memcpy(out + static_cast<size_t>(partitionAt(t, k).rowBegin) * t.variable->rowBytes(), replies[k].data(),
-                replies[k].size());
+    unpackRows(partitionAt(t, k), t.variable->rowBytes(), replies[k].data(), out);
   }
 }
 
@@ -146,8 +134,9 @@ std::vector<ServerClient::Call> denseShares(const Target& t, const Tensor& gradi
   const size_t rowBytes = t.variable->rowBytes();
   for (size_t k = 0; k < t.variable->partitions.size(); ++k) {
     const Partition& p = partitionAt(t, k);
-    const uint8_t* begin = base + static_cast<size_t>(p.rowBegin) * rowBytes;
-    calls.push_back({t.variable->partitions[k], RequestKind::Push, {begin, begin + p.bytes}});
+    std::vector<uint8_t> share(p.bytes);
+    packRows(p, rowBytes, base, share.data());
+    calls.push_back({t.variable->partitions[k], RequestKind::Push, std::move(share)});
   }
   return calls;
 }
@@ -169,18 +158,17 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
   const std::vector<uint8_t>& summed = sums.rows;
   t.client->communicator().recordSparseRows(t.variable->variable->name, static_cast<int64_t>(rows.size()),
                                             static_cast<int64_t>(unique.size()), t.variable->rows());
+  std::vector<std::vector<size_t>> ofPartition(parts);  // positions in `unique`, ascending
+  for (size_t i = 0; i < unique.size(); ++i) ofPartition[t.variable->partitionOfRow(unique[i])].push_back(i);
   std::vector<ServerClient::Call> calls;
-  size_t next = 0;  // unique ids are sorted, so each partition's are a run
   for (size_t k = 0; k < parts; ++k) {
-    const Partition& p = partitionAt(t, k);
-    const size_t first = next;
-    while (next < unique.size() && unique[next] < p.rowEnd) ++next;
+    const std::vector<size_t>& mine = ofPartition[k];
     std::vector<uint8_t> payload;
-    payload.reserve(8 + (next - first) * (8 + rowBytes));
-    append(payload, static_cast<uint64_t>(next - first));
-    for (size_t i = first; i < next; ++i) append(payload, unique[i] - p.rowBegin);
-    payload.insert(payload.end(), summed.begin() + static_cast<std::ptrdiff_t>(first * rowBytes),
-                   summed.begin() + static_cast<std::ptrdiff_t>(next * rowBytes));
+    payload.reserve(8 + mine.size() * (8 + rowBytes));
+    append(payload, static_cast<uint64_t>(mine.size()));
+    for (size_t i : mine) append(payload, t.variable->localRow(unique[i]));
+    for (size_t i : mine) payload.insert(payload.end(), summed.begin() + static_cast<std::ptrdiff_t>(i * rowBytes),
+                                         summed.begin() + static_cast<std::ptrdiff_t>((i + 1) * rowBytes));
     calls.push_back({t.variable->partitions[k], RequestKind::Push, std::move(payload)});
   }
   return calls;
