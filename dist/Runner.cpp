@@ -202,6 +202,9 @@ Runner::~Runner() = default;
 
 std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMap& feeds,
                                 const std::vector<Node*>& targets) {
+  // Steps that make no server request (all of them under `ar`) still answer the servers'
+  // connection setup to the client's transport.
+  if (state_->clientTransport) state_->clientTransport->progress();
   return state_->session->run(fetches, feeds, targets);
 }
 

@@ -251,10 +251,14 @@ void UcxTransport::startFetches() {
   }
 }
 
-std::vector<UcxTransport::Message> UcxTransport::takeMessages(Deadline deadline) {
+void UcxTransport::progress() {
   while (ucp_worker_progress(worker_) != 0) {
   }
   startFetches();
+}
+
+std::vector<UcxTransport::Message> UcxTransport::takeMessages(Deadline deadline) {
+  progress();
   std::vector<Arrival> arrived = std::move(arrivals_);
   arrivals_.clear();
   std::vector<Message> out;

@@ -72,6 +72,10 @@ class UcxTransport {
   /// arrival order (UCX does not order active messages between two peers; requests carry ids).
   /// Large payloads travel by rendezvous: they are fetched here, before the deadline.
   std::vector<Message> takeMessages(Deadline deadline);
+  /// Progresses the worker without waiting; what arrives is kept for takeMessages. A transport
+  /// that nobody waits on is still progressed now and then with it, so that its peers' connection
+  /// setup completes (peers of an unprogressed UCX worker keep retrying, spinning their CPU).
+  void progress();
   /// The idle side of a wait loop: blocks until UCX has events to progress, `longest` has
   /// passed, or the deadline has, without using the CPU (it yields where UCX offers no wakeups:
   /// transports other than TCP).
