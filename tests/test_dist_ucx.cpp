@@ -293,7 +293,10 @@ TEST_CASE("ServerClient: a request goes out while the communication thread waits
       embedding.variable = g.variable("emb", f32, {kRows, kWidth}, Initializer::zeros()).node();
       embedding.sparse = true;
       plan.variables.push_back(embedding);
-      plan.partitions.push_back({0, 0, kRows, 0, kRows * kWidth * sizeof(float)});
+      Partition whole;
+      whole.rows = kRows;
+      whole.bytes = kRows * kWidth * sizeof(float);
+      plan.partitions.push_back(whole);
       ServerClient client(communicator, *t[1], 0, {peers[1]}, plan, 5000ms);
       const std::vector<std::vector<uint8_t>> replies =
           client.request({{0, RequestKind::PullRows, bytesOf(std::vector<int64_t>{3})}}, TrafficKind::Sparse);
