@@ -195,6 +195,16 @@ TEST_CASE("a batch that does not divide among the workers is refused naming the 
   CHECK(contains(r.output, "the distributed job failed"));
 }
 
+TEST_CASE("a specification with GPU hosts is refused naming the host, not trained on its CPUs") {
+  TempDir dir;
+  const fs::path spec = dir.path / "gpus.json";
+  std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 1}, {"address": "127.0.0.1", "gpus": [3]}]})";
+  const CliRun r = weftCli("train mlp --cluster " + spec.string() + " --steps 1 --out " + (dir.path / "x").string());
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "host 1 lists GPUs (cuda:3 for its worker 0)"));
+  CHECK_FALSE(fs::exists(dir.path / "x" / "checkpoint.safetensors"));
+}
+
 namespace {
 
 std::vector<pid_t> childrenOf(pid_t parent) {

@@ -91,6 +91,11 @@ class Trainer {
   void run() {
     const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(std::max(flags_.workers, 1), flags_.servers)
                                                                 : dist::ResourceSpec::load(flags_.cluster);
+    for (const dist::WorkerSlot& w : resources.workers())
+      WEFT_CHECK(w.device == "cpu",
+                 "{}: host {} lists GPUs ({} for its worker {}); distributed training runs on CPU workers in this "
+                 "version (GPU workers with NCCL are not built yet): give the host cpu_workers",
+                 flags_.cluster, w.host, w.device, w.slot);
     const DType precision = parseDType(flags_.precision);
     WEFT_CHECK(precision != f16 || !flags_.distributed(),
                "--precision f16 scales the loss and skips overflowing steps, which distributed training does not "
