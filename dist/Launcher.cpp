@@ -20,6 +20,7 @@
 #include <iostream>
 #include <map>
 #include <thread>
+#include <utility>
 
 namespace weft::dist {
 
@@ -163,8 +164,9 @@ class Job {
         if (child == nullptr) continue;
         child->running = false;
         if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-          std::cerr << fmt::format("weft launch: {} (pid {}) {}; stopping the job\n", describe(child->id), pid,
-                                   howItEnded(status));
+          const auto [cause, how] = firstCause(*child, status);
+          std::cerr << fmt::format("weft launch: {} (pid {}) {}; stopping the job\n", describe(cause->id), cause->pid,
+                                   howItEnded(how));
           ++failures;
           stopAll();
           return 1;
@@ -217,6 +219,20 @@ class Job {
     return fmt::format("{} (pid {}) sent no heartbeat for {:.1f} s: it is stopped, hung in the kernel or cut off "
                        "from the network",
                        describe(worst->id), worst->pid, static_cast<double>(longest.count()) / 1000.0);
+  }
+  /// The process to name for a failure first seen as `failed` ending with `status`. Its peers
+  /// stop with an error as soon as they notice a process die, so a process already ended by a
+  /// signal (which is reaped here with every other that has ended) is named before them.
+  std::pair<const Child*, int> firstCause(const Child& failed, int status) {
+    std::pair<const Child*, int> cause{&failed, status};
+    int other = 0;
+    for (pid_t pid; (pid = ::waitpid(-1, &other, WNOHANG)) > 0;) {
+      Child* child = find(pid);
+      if (child == nullptr) continue;
+      child->running = false;
+      if (WIFSIGNALED(other) && !WIFSIGNALED(cause.second)) cause = {child, other};
+    }
+    return cause;
   }
   bool anyRunning() const {
     for (const Child& c : children_)
