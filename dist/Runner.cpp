@@ -311,14 +311,17 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   for (const Member& m : roster.members) {
     const bool toWorker = m.id.role == Role::Worker;
     int peer = -1;
-    if (m.rank != roster.rank) {
-      WEFT_CHECK(!(isServer && toWorker && m.clientAddress.empty()) && (isServer || toWorker || state->clientTransport),
-                 "the roster lists {}, but {} has no transport for requests to parameter servers (the "
-                 "resource specifications of the job's processes differ)",
-                 describe(m.id), describe(isServer ? m.id : identity->id));
-      if (isServer) peer = state->transport->connect(toWorker ? m.clientAddress : m.address);
-      else if (toWorker) peer = state->transport->connect(m.address);
-      else peer = state->clientTransport->connect(m.address);
+    if (m.rank != roster.rank && isServer) {
+      WEFT_CHECK(!toWorker || !m.clientAddress.empty(),
+                 "{} joined without an address for server requests (its resource specification lists no servers)",
+                 describe(m.id));
+      peer = state->transport->connect(toWorker ? m.clientAddress : m.address);
+    } else if (m.rank != roster.rank && toWorker) {
+      peer = state->transport->connect(m.address);
+    } else if (m.rank != roster.rank) {
+      WEFT_CHECK(state->clientTransport != nullptr,
+                 "the roster lists {}, but this worker's resource specification lists no servers", describe(m.id));
+      peer = state->clientTransport->connect(m.address);
     }
     if (m.id.role == Role::Server && m.rank == roster.rank) routes.self = static_cast<int>(routes.serverPeers.size());
     (m.id.role == Role::Worker ? routes.workerPeers : routes.serverPeers).push_back(peer);
