@@ -1,7 +1,8 @@
 // The LibTorch peers of the model zoo's training-step benchmark (`weft train MODEL --bench N`):
 // the same architectures, sizes, initial-value scales and optimizers, in LibTorch eager mode at
-// the same thread count, timed the same way (5 warm-up steps, then N timed steps; median, p10,
-// p90, and throughput = items of the timed steps / their total time).
+// the same thread count, timed in the steady state as weft is (5 warm-up steps on the peer's one
+// batch shape, then N timed steps; weft runs its N batches once untimed, then times them again;
+// median, p10, p90, and throughput = items of the timed steps / their total time).
 //
 //     bench_zoo_torch MODEL STEPS [THREADS]      MODEL: lm nmt resnet gnn list_reduction
 //
