@@ -1,9 +1,10 @@
 // NCHW 2-D convolution with its fused backward ops, and max / average pooling with theirs.
-// 3x3 convolutions at stride 1 or 2 run on the direct kernels of ops/ConvDirect; every other
-// window runs as im2col + OpenBLAS GEMM per image. Images (convolution) or (image, channel) planes
+// Float 3x3 convolutions at stride 1 with channels in 16s run on the Winograd kernels of
+// ops/ConvWinograd, other 3x3 convolutions at stride 1 or 2 on the direct kernels of
+// ops/ConvDirect; every other window runs as im2col + OpenBLAS GEMM per image. Images (convolution) or (image, channel) planes
 // (pooling) are independent, so the kernels split them across the session's pool and call BLAS
 // single-threaded.
-#include "ops/ConvDirect.h"
+#include "ops/ConvWinograd.h"
 #include "ops/OpUtil.h"
 #include "ops/cuda/Kernels.h"
 
@@ -97,6 +98,7 @@ struct ConvGeometry {
   }
   bool direct() const { return detail::directConvApplies(win.kh, win.kw, win.sh, win.sw, win.dh, win.dw, win.ph, win.pw); }
   detail::DirectConv directShape() const { return {n, c, h, w, o, win.ph, win.pw, win.sh}; }
+  bool winograd() const { return direct() && detail::winogradConvApplies(directShape()); }
 };
 
 ConvGeometry convGeometry(const Shape& x, const Shape& filter, const Attrs& attrs) {
@@ -187,6 +189,9 @@ void conv2dKernel(KernelContext& ctx) {
     const T* px = x.data<T>();
     const T* pf = filter.data<T>();
     T* po = ctx.output(0).data<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (g.winograd()) return detail::winogradConvForward(ctx, g.directShape(), px, pf, po);
+    }
     if (g.direct()) return detail::directConvForward(ctx, g.directShape(), px, pf, po);
     ctx.parallelFor(g.n, g.o * k * p, [&](int64_t lo, int64_t hi) {
       std::vector<T> scratch;
@@ -209,6 +214,9 @@ void conv2dBackpropInputKernel(KernelContext& ctx) {
     const T* pdy = dy.data<T>();
     const T* pf = filter.data<T>();
     T* pdx = dx.data<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (g.winograd()) return detail::winogradConvBackpropInput(ctx, g.directShape(), pdy, pf, pdx);
+    }
     if (g.direct()) return detail::directConvBackpropInput(ctx, g.directShape(), pdy, pf, pdx);
     ctx.parallelFor(g.n, g.o * k * p, [&](int64_t lo, int64_t hi) {
       std::vector<T> dcol(g.pointwise() ? 0 : static_cast<size_t>(k * p));
@@ -236,6 +244,9 @@ void conv2dBackpropFilterKernel(KernelContext& ctx) {
     using T = decltype(z);
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (g.winograd()) return detail::winogradConvBackpropFilter(ctx, g.directShape(), px, pdy, df.data<T>());
+    }
     if (g.direct()) return detail::directConvBackpropFilter(ctx, g.directShape(), px, pdy, df.data<T>());
     std::vector<T> partials(static_cast<size_t>(blocks * filterSize), T(0));
     ctx.parallelFor(blocks, perBlock * filterSize * p, [&](int64_t lo, int64_t hi) {

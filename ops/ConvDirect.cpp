@@ -1,8 +1,9 @@
 #include "ops/ConvDirect.h"
 
+#include "ops/Simd.h"
+
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -11,33 +12,10 @@ namespace {
 
 constexpr int64_t kTaps = 9;
 
-// 64-byte vectors: one AVX-512 register, or two or four narrower ones where the target has
-// no AVX-512; the compiler maps the arithmetic onto whatever the build targets.
-template <class T>
-struct Simd;
-template <>
-struct Simd<float> {
-  typedef float V __attribute__((vector_size(64)));
-};
-template <>
-struct Simd<double> {
-  typedef double V __attribute__((vector_size(64)));
-};
-template <class T>
-using Vec = typename Simd<T>::V;
-template <class T>
-constexpr int64_t kLanes = static_cast<int64_t>(64 / sizeof(T));
-
-template <class T>
-Vec<T> load(const T* p) {
-  Vec<T> v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <class T>
-void store(T* p, const Vec<T>& v) {
-  std::memcpy(p, &v, sizeof v);
-}
+using simd::kLanes;
+using simd::load;
+using simd::store;
+using simd::Vec;
 
 int64_t roundUp(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
 
@@ -359,25 +337,6 @@ void accumulateImage(const FlatPlane& p, int64_t inChannels, int64_t outStride, 
   }
 }
 
-/// Transposes the 16 x 16 block whose row r is v[r]: at each stage the off-diagonal sub-blocks
-/// of size b within every 2b x 2b block swap places, for b = 8, 4, 2, 1.
-void transpose16(Vec<float> v[16]) {
-  typedef int32_t Mask __attribute__((vector_size(64)));
-  for (int b : {8, 4, 2, 1}) {
-    Mask keepLow, takeHigh;  // lanes of the new rows i and i + b, from (row i, row i + b)
-    for (int l = 0; l < 16; ++l) {
-      keepLow[l] = (l & b) ? 16 + l - b : l;
-      takeHigh[l] = (l & b) ? 16 + l : l + b;
-    }
-    for (int i = 0; i < 16; ++i) {
-      if (i & b) continue;
-      const Vec<float> low = __builtin_shuffle(v[i], v[i + b], keepLow);
-      v[i + b] = __builtin_shuffle(v[i], v[i + b], takeHigh);
-      v[i] = low;
-    }
-  }
-}
-
 /// dyT[q][o] = dy[o][q's row][q's column] at output positions. Only those are written: dyT is
 /// zeroed once when allocated, and its other positions stay zero. In float, blocks of 16
 /// channels x 16 positions are transposed in registers; the rest goes value by value.
@@ -397,7 +356,7 @@ void transposeGradient(const FlatPlane& p, int64_t outChannels, int64_t outStrid
       for (; at + 16 <= plane; at += 16) {
         Vec<float> v[16];
         for (int r = 0; r < 16; ++r) v[r] = load(dy + (o0 + r) * plane + at);
-        transpose16(v);
+        simd::transpose16(v);
         for (int l = 0; l < 16; ++l) store(dyT + flatIndex(at + l) * outStride + o0, v[l]);
       }
       copyValues(o0, o0 + 16, at, plane);

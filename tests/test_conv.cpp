@@ -105,6 +105,12 @@ const std::vector<ConvCase>& convCases() {
       {{1, 3, 6, 5}, {19, 3, 3, 3}, {{1, 1}, {2, 0}, {1, 1}}},  // uneven padding, 2 and 0
       {{2, 5, 9, 10}, {11, 5, 3, 3}, {{2, 2}, {1, 1}, {1, 1}}},  // stride 2: odd and even sizes
       {{1, 2, 8, 7}, {3, 2, 3, 3}, {{2, 2}, {0, 2}, {1, 1}}},
+      // Winograd (float, channels in 16s): odd output sizes end in half tiles; 32 and 64 filters
+      // take the wider product tiles; a batch of 8x8 planes fills groups of images and a rest.
+      {{2, 16, 9, 7}, {32, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},
+      {{3, 32, 6, 6}, {64, 32, 3, 3}, {{1, 1}, {0, 2}, {1, 1}}},
+      {{1, 16, 5, 4}, {16, 16, 3, 3}, {{1, 1}, {2, 1}, {1, 1}}},
+      {{6, 16, 8, 8}, {16, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},
   };
   return cases;
 }
@@ -350,14 +356,21 @@ TEST_CASE("globalAvgPool averages each plane") {
 }
 
 TEST_CASE("convolution gradients do not depend on the thread count") {
-  for (const std::vector<int64_t>& stride : {std::vector<int64_t>{2, 1}, std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 2}}) {
-    SUBCASE(stride[0] != stride[1] ? "im2col" : stride[0] == 1 ? "direct 3x3" : "direct 3x3, stride 2") {
+  struct Case {
+    const char* name;
+    std::vector<int64_t> stride;
+    int64_t channels;
+  };
+  for (const Case& c : {Case{"im2col", {2, 1}, 3}, Case{"direct 3x3", {1, 1}, 3}, Case{"direct 3x3, stride 2", {2, 2}, 3},
+                        Case{"Winograd", {1, 1}, 16}}) {
+    SUBCASE(c.name) {
+      const Shape xs{12, c.channels, 9, 9}, fs{16, c.channels, 3, 3};
       Graph g;
-      Output x = g.placeholder("x", f32, {12, 3, 9, 9});
-      Output f = g.placeholder("f", f32, {4, 3, 3, 3});
-      Output y = conv2d(x, f, options(stride, {1, 1}, {1, 1}));
+      Output x = g.placeholder("x", f32, xs);
+      Output f = g.placeholder("f", f32, fs);
+      Output y = conv2d(x, f, options(c.stride, {1, 1}, {1, 1}));
       const std::vector<Grad> grads = gradients(sum(y * y), {x, f});
-      const FeedMap feeds{{x, randomTensor(f32, {12, 3, 9, 9}, 1)}, {f, randomTensor(f32, {4, 3, 3, 3}, 2)}};
+      const FeedMap feeds{{x, randomTensor(f32, xs, 1)}, {f, randomTensor(f32, fs, 2)}};
       Session one(g, {1, false}), two(g, {2, false});
       const auto a = one.run({grads[0].dense, grads[1].dense}, feeds);
       const auto b = two.run({grads[0].dense, grads[1].dense}, feeds);
@@ -369,16 +382,23 @@ TEST_CASE("convolution gradients do not depend on the thread count") {
 
 TEST_CASE("conv2d float gradients match the double computation") {
   // The direct kernels transpose float gradients in 16 x 16 register blocks: 19 filters and 63
-  // positions per plane leave both a full block and ragged edges.
-  for (const std::vector<int64_t>& stride : {std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 2}}) {
-    SUBCASE(stride[0] == 1 ? "stride 1" : "stride 2") {
-      const Shape xs{3, 5, 9, 7}, fs{19, 5, 3, 3};
-      const Tensor x64 = randomTensor(f64, xs, 21), f64v = randomTensor(f64, fs, 22);
+  // positions per plane leave both a full block and ragged edges. Float convolutions with
+  // channels in 16s run on the Winograd kernels, double ones on the direct kernels.
+  struct Case {
+    const char* name;
+    Shape x, filter;
+    std::vector<int64_t> stride;
+  };
+  for (const Case& c : {Case{"stride 1", {3, 5, 9, 7}, {19, 5, 3, 3}, {1, 1}},
+                        Case{"stride 2", {3, 5, 9, 7}, {19, 5, 3, 3}, {2, 2}},
+                        Case{"Winograd", {3, 16, 9, 7}, {32, 16, 3, 3}, {1, 1}}}) {
+    SUBCASE(c.name) {
+      const Tensor x64 = randomTensor(f64, c.x, 21), f64v = randomTensor(f64, c.filter, 22);
       std::vector<std::vector<double>> results;
       for (DType dtype : {f32, f64}) {
         Graph g;
-        Output x = g.placeholder("x", dtype, xs), f = g.placeholder("f", dtype, fs);
-        Output y = conv2d(x, f, options(stride, {1, 1}, {1, 1}));
+        Output x = g.placeholder("x", dtype, c.x), f = g.placeholder("f", dtype, c.filter);
+        Output y = conv2d(x, f, options(c.stride, {1, 1}, {1, 1}));
         const std::vector<Grad> grads = gradients(sum(y * y), {x, f});
         const FeedMap feeds{{x, x64.cast(dtype)}, {f, f64v.cast(dtype)}};
         for (const Grad& grad : grads) results.push_back(evaluate(g, grad.dense, feeds, 2).toDoubles());

@@ -1,0 +1,507 @@
+#include "ops/ConvWinograd.h"
+
+#include "ops/Simd.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace weft::detail {
+namespace {
+
+using simd::load;
+using simd::store;
+using V = simd::Vec<float>;
+
+constexpr int64_t kLanes = simd::kLanes<float>;
+constexpr int kPoints = 16;  // positions of a transformed 4x4 tile
+
+/// One sweep of a 3x3 window at stride 1 over images of `inC` (h, w) planes padded by (ph, pw),
+/// to `outC` planes of (h + 2 ph - 2, w + 2 pw - 2). Images are laid out channels-last so that the
+/// transforms run on vectors of 16 channels, and processed in groups whose tiles together fill
+/// the matrix products' rows.
+struct Sweep {
+  int64_t inC, outC, h, w, ph, pw;
+  int64_t outH, outW, tilesH, tilesW, tiles;  // tiles per image: (tilesH, tilesW) of 2x2 outputs
+  int64_t paddedH, paddedW;                   // the channels-last copy: 4x4 inputs for every tile
+  int64_t groupSize;                          // images per group
+
+  Sweep(int64_t inC_, int64_t outC_, int64_t h_, int64_t w_, int64_t ph_, int64_t pw_)
+      : inC(inC_), outC(outC_), h(h_), w(w_), ph(ph_), pw(pw_) {
+    outH = h + 2 * ph - 2;
+    outW = w + 2 * pw - 2;
+    tilesH = (outH + 1) / 2;
+    tilesW = (outW + 1) / 2;
+    tiles = tilesH * tilesW;
+    paddedH = 2 * tilesH + 2;
+    paddedW = 2 * tilesW + 2;
+    // Small planes (8x8 has 16 tiles) are grouped so a product has at least 64 rows.
+    groupSize = std::clamp<int64_t>((64 + tiles - 1) / tiles, 1, 8);
+  }
+};
+
+// ---- transforms (Lavin and Gray's F(2x2, 3x3)) -------------------------------------------------
+
+constexpr double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+
+/// U[point][in][out] = (G g G^T)[point] of the 3x3 filter g = tap(out, in, .). Computed in double:
+/// it runs once per call.
+template <class Tap>
+std::vector<float> transformFilter(int64_t inC, int64_t outC, Tap tap) {
+  std::vector<float> u(static_cast<size_t>(kPoints * inC * outC));
+  for (int64_t o = 0; o < outC; ++o) {
+    for (int64_t c = 0; c < inC; ++c) {
+      double gg[4][3];  // G g
+      for (int a = 0; a < 4; ++a) {
+        for (int j = 0; j < 3; ++j) {
+          gg[a][j] = 0;
+          for (int i = 0; i < 3; ++i) gg[a][j] += G[a][i] * tap(o, c, i * 3 + j);
+        }
+      }
+      for (int a = 0; a < 4; ++a) {
+        for (int b = 0; b < 4; ++b) {
+          double v = 0;
+          for (int j = 0; j < 3; ++j) v += gg[a][j] * G[b][j];
+          u[static_cast<size_t>(((a * 4 + b) * inC + c) * outC + o)] = static_cast<float>(v);
+        }
+      }
+    }
+  }
+  return u;
+}
+
+/// The filter gradient from the gradient of U: dg = G^T dU G, summed in double.
+void untransformFilterGradient(const float* du, int64_t inC, int64_t outC, float* dfilter) {
+  for (int64_t o = 0; o < outC; ++o) {
+    for (int64_t c = 0; c < inC; ++c) {
+      for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) {
+          double v = 0;
+          for (int p = 0; p < kPoints; ++p) v += G[p / 4][i] * du[(p * inC + c) * outC + o] * G[p % 4][j];
+          dfilter[(o * inC + c) * 9 + i * 3 + j] = static_cast<float>(v);
+        }
+      }
+    }
+  }
+}
+
+/// v[point] = (B^T d B)[point] for the 4x4 input block d, with
+/// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]: rows of d first, then columns.
+void transformInput(const V d[4][4], V v[kPoints]) {
+  V t[4][4];
+  for (int b = 0; b < 4; ++b) {
+    t[0][b] = d[0][b] - d[2][b];
+    t[1][b] = d[1][b] + d[2][b];
+    t[2][b] = d[2][b] - d[1][b];
+    t[3][b] = d[1][b] - d[3][b];
+  }
+  for (int a = 0; a < 4; ++a) {
+    v[a * 4 + 0] = t[a][0] - t[a][2];
+    v[a * 4 + 1] = t[a][1] + t[a][2];
+    v[a * 4 + 2] = t[a][2] - t[a][1];
+    v[a * 4 + 3] = t[a][1] - t[a][3];
+  }
+}
+
+/// y = A^T m A, the 2x2 outputs of a tile from its 16 products, with A^T = [1 1 1 0; 0 1 -1 -1].
+void transformOutput(const V m[kPoints], V y[2][2]) {
+  V s[2][4];
+  for (int b = 0; b < 4; ++b) {
+    s[0][b] = m[b] + m[4 + b] + m[8 + b];
+    s[1][b] = m[4 + b] - m[8 + b] - m[12 + b];
+  }
+  for (int a = 0; a < 2; ++a) {
+    y[a][0] = s[a][0] + s[a][1] + s[a][2];
+    y[a][1] = s[a][1] - s[a][2] - s[a][3];
+  }
+}
+
+/// z = A dy A^T, the gradient of a tile's 16 products from the gradient of its 2x2 outputs
+/// (the transpose of transformOutput), with A = [1 0; 1 1; 1 -1; 0 -1].
+void transformGradient(const V dy[2][2], V z[kPoints]) {
+  V t[4][2];
+  for (int b = 0; b < 2; ++b) {
+    t[0][b] = dy[0][b];
+    t[1][b] = dy[0][b] + dy[1][b];
+    t[2][b] = dy[0][b] - dy[1][b];
+    t[3][b] = -dy[1][b];
+  }
+  for (int a = 0; a < 4; ++a) {
+    z[a * 4 + 0] = t[a][0];
+    z[a * 4 + 1] = t[a][0] + t[a][1];
+    z[a * 4 + 2] = t[a][0] - t[a][1];
+    z[a * 4 + 3] = -t[a][1];
+  }
+}
+
+// ---- layouts ---------------------------------------------------------------------------------
+
+/// Where the positions of an (h, w) plane lie in a channels-last array: position (y, x) at
+/// first + (y * rowStride + x) * channels, the index of its first channel.
+struct PixelLayout {
+  int64_t w, rowStride, channels, first;
+
+  /// The indices of `count` positions from p, stepping along rows without a division per value.
+  template <int64_t count>
+  void indices(int64_t p, int64_t out[count]) const {
+    int64_t y = p / w, x = p % w;
+    for (int64_t l = 0; l < count; ++l) {
+      out[l] = first + (y * rowStride + x) * channels;
+      if (++x == w) x = 0, ++y;
+    }
+  }
+};
+
+/// Copies `channels` (multiple of 16) planes of `positions` values from channels-first `planes`
+/// to a channels-last array (kToChannelsLast), or back, in 16 x 16 blocks transposed in
+/// registers; a ragged end of the positions goes value by value.
+template <bool kToChannelsLast, class Planes, class Last>
+void transposeChannels(Planes* planes, int64_t channels, int64_t positions, Last* last, const PixelLayout& at) {
+  int64_t p0 = 0;
+  for (; p0 + kLanes <= positions; p0 += kLanes) {
+    int64_t index[kLanes];
+    at.indices<kLanes>(p0, index);
+    for (int64_t c0 = 0; c0 < channels; c0 += kLanes) {
+      V v[kLanes];
+      if constexpr (kToChannelsLast) {
+        for (int r = 0; r < kLanes; ++r) v[r] = load(planes + (c0 + r) * positions + p0);
+        simd::transpose16(v);
+        for (int l = 0; l < kLanes; ++l) store(last + index[l] + c0, v[l]);
+      } else {
+        for (int l = 0; l < kLanes; ++l) v[l] = load(last + index[l] + c0);
+        simd::transpose16(v);
+        for (int r = 0; r < kLanes; ++r) store(planes + (c0 + r) * positions + p0, v[r]);
+      }
+    }
+  }
+  for (int64_t p = p0; p < positions; ++p) {
+    int64_t index[1];
+    at.indices<1>(p, index);
+    for (int64_t c = 0; c < channels; ++c) {
+      Planes& plane = planes[c * positions + p];
+      Last& channel = last[index[0] + c];
+      if constexpr (kToChannelsLast) {
+        channel = plane;
+      } else {
+        plane = channel;
+      }
+    }
+  }
+}
+
+// ---- the products ----------------------------------------------------------------------------
+
+// A group's transformed inputs and products keep a tile's 16 points side by side, so that the
+// transforms read and write them as contiguous runs of vectors:
+//   transformed: chunk q of 16 input channels, row k (a tile), point p, at ((q rows + k) 16 + p) 16
+//   products:    row k, point p, output channel o, at (k 16 + p) outC + o
+constexpr int64_t kRowStride = kPoints * kLanes;  // between rows of one point in `transformed`
+
+/// acc[r][j] += sum over `steps` steps s of a[r kRowStep + s kStep] b[s bStep + 16 j ..]: R rows
+/// by NV vectors, accumulated in registers; each value of a is splat across a vector of b. The
+/// strides of a are constants, so the inner loop reads every row through one pointer.
+template <int R, int NV, int64_t kRowStep, int64_t kStep>
+void multiplyAdd(const float* a, int64_t steps, const float* b, int64_t bStep, V (&acc)[R][NV]) {
+  for (int64_t step = 0; step < steps; ++step, a += kStep, b += bStep) {
+    V row[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) row[j] = load(b + j * kLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float x = a[r * kRowStep];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[r][j] += row[j] * x;
+    }
+  }
+}
+
+/// m[r][o0 ..) = sum over c of v[r][c] u[c][o0 ..] for R rows of one point and NV vectors of
+/// outputs. The rows are kRowStride apart within a chunk of 16 channels; chunks are
+/// `chunkStride` apart.
+template <int R, int NV>
+void productTile(const float* v, int64_t chunks, int64_t chunkStride, const float* u, int64_t outC, float* m,
+                 int64_t mRowStride) {
+  V acc[R][NV] = {};
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    multiplyAdd<R, NV, kRowStride, 1>(v + chunk * chunkStride, kLanes, u + chunk * kLanes * outC, outC, acc);
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NV; ++j) store(m + r * mRowStride + j * kLanes, acc[r][j]);
+  }
+}
+
+/// One point's product: m (rows, outC) = v (rows, inC) x u (inC, outC), from the point's first
+/// values in `transformed` and `products`, in tiles of R rows x NV vectors of outputs.
+template <int R, int NV>
+void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t outC, float* m) {
+  const int64_t chunks = inC / kLanes, chunkStride = rows * kRowStride, mRowStride = kPoints * outC;
+  for (int64_t o0 = 0; o0 < outC; o0 += NV * kLanes) {
+    int64_t r0 = 0;
+    for (; r0 + R <= rows; r0 += R) {
+      productTile<R, NV>(v + r0 * kRowStride, chunks, chunkStride, u + o0, outC, m + r0 * mRowStride + o0, mRowStride);
+    }
+    for (; r0 < rows; ++r0) {
+      productTile<1, NV>(v + r0 * kRowStride, chunks, chunkStride, u + o0, outC, m + r0 * mRowStride + o0, mRowStride);
+    }
+  }
+}
+
+/// Picks the widest output tile that divides outC, with 16 accumulators in each case: enough to
+/// hide the multiply-add latency, and the row counts of even planes (tiles in 16s) leave no rest.
+void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t outC, float* m) {
+  if (outC % (4 * kLanes) == 0) return product<4, 4>(v, rows, inC, u, outC, m);
+  if (outC % (2 * kLanes) == 0) return product<8, 2>(v, rows, inC, u, outC, m);
+  product<16, 1>(v, rows, inC, u, outC, m);
+}
+
+/// acc[c0 + r][o0 + 16 j ..] += sum over rows k of v[k][c0 + r] z[k][o0 + 16 j ..] for R channels
+/// (within one chunk of 16) by NV vectors of outputs: the filter gradient's product, summed over
+/// tiles.
+template <int R, int NV>
+void accumulateTile(const float* v, int64_t rows, const float* z, int64_t zRowStride, float* acc, int64_t outC) {
+  V sum[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NV; ++j) sum[r][j] = load(acc + r * outC + j * kLanes);
+  }
+  multiplyAdd<R, NV, 1, kRowStride>(v, rows, z, zRowStride, sum);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NV; ++j) store(acc + r * outC + j * kLanes, sum[r][j]);
+  }
+}
+
+/// One point's gradient product: acc (inC, outC) += v (rows, inC)^T x z (rows, outC), from the
+/// point's first values in `transformed` and the transformed gradients (laid out as products).
+template <int R, int NV>
+void accumulate(const float* v, int64_t rows, int64_t inC, const float* z, int64_t outC,
+                                          float* acc) {
+  const int64_t chunkStride = rows * kRowStride, zRowStride = kPoints * outC;
+  for (int64_t c0 = 0; c0 < inC; c0 += R) {
+    for (int64_t o0 = 0; o0 < outC; o0 += NV * kLanes) {
+      accumulateTile<R, NV>(v + c0 / kLanes * chunkStride + c0 % kLanes, rows, z + o0, zRowStride, acc + c0 * outC + o0,
+                            outC);
+    }
+  }
+}
+
+/// The same tiles as product() picks (R divides 16, so a tile stays within a chunk).
+void accumulate(const float* v, int64_t rows, int64_t inC, const float* z, int64_t outC, float* acc) {
+  if (outC % (4 * kLanes) == 0) return accumulate<4, 4>(v, rows, inC, z, outC, acc);
+  if (outC % (2 * kLanes) == 0) return accumulate<8, 2>(v, rows, inC, z, outC, acc);
+  accumulate<16, 1>(v, rows, inC, z, outC, acc);
+}
+
+// ---- one group of images -----------------------------------------------------------------------
+
+/// A thread's buffers for one sweep, 64-byte aligned so that rows of whole vectors are aligned
+/// vectors. They are kept from call to call: they take hundreds of kilobytes, and fresh ones would
+/// cost page faults and zeroing on every call.
+struct Workspace {
+  float *padded, *transformed, *products, *outputs;
+
+  explicit Workspace(const Sweep& s) {
+    const int64_t paddedSize = s.groupSize * s.paddedH * s.paddedW * s.inC;
+    const int64_t sizes[4] = {paddedSize, kPoints * s.groupSize * s.tiles * s.inC,
+                              kPoints * s.groupSize * s.tiles * s.outC, s.groupSize * 4 * s.tiles * s.outC};
+    thread_local std::vector<float> storage;
+    int64_t total = kLanes;
+    for (int64_t size : sizes) total += (size + kLanes - 1) / kLanes * kLanes;
+    if (static_cast<int64_t>(storage.size()) < total) storage.resize(static_cast<size_t>(total));
+    const auto address = reinterpret_cast<uintptr_t>(storage.data());
+    float* next = storage.data() + (64 - address % 64) % 64 / sizeof(float);
+    float** parts[4] = {&padded, &transformed, &products, &outputs};
+    for (int i = 0; i < 4; ++i) {
+      *parts[i] = next;
+      next += (sizes[i] + kLanes - 1) / kLanes * kLanes;
+    }
+  }
+};
+
+/// Zeroes what lies outside the image in a padded channels-last copy: the rows above and below
+/// it, and the columns left and right of it in its rows.
+void zeroBorder(const Sweep& s, float* image) {
+  const int64_t row = s.paddedW * s.inC, left = s.pw * s.inC, right = (s.paddedW - s.pw - s.w) * s.inC;
+  std::fill(image, image + s.ph * row, 0.0f);
+  std::fill(image + (s.ph + s.h) * row, image + s.paddedH * row, 0.0f);
+  for (int64_t y = s.ph; y < s.ph + s.h; ++y) {
+    std::fill(image + y * row, image + y * row + left, 0.0f);
+    std::fill(image + (y + 1) * row - right, image + (y + 1) * row, 0.0f);
+  }
+}
+
+/// One group's images, channels-last and padded: (count, paddedH, paddedW, inC).
+void loadImages(const Sweep& s, const float* in, int64_t count, float* padded) {
+  const int64_t paddedImage = s.paddedH * s.paddedW * s.inC;
+  for (int64_t img = 0; img < count; ++img) {
+    zeroBorder(s, padded + img * paddedImage);
+    const PixelLayout at{s.w, s.paddedW, s.inC, img * paddedImage + (s.ph * s.paddedW + s.pw) * s.inC};
+    transposeChannels<true>(in + img * s.inC * s.h * s.w, s.inC, s.h * s.w, padded, at);
+  }
+}
+
+/// transformed[point] (rows, inC; in chunks of 16 channels) from the padded images, one row per
+/// tile.
+void transformInputs(const Sweep& s, const float* padded, int64_t count, float* transformed) {
+  const int64_t rows = count * s.tiles;
+  for (int64_t img = 0; img < count; ++img) {
+    for (int64_t ty = 0; ty < s.tilesH; ++ty) {
+      for (int64_t tx = 0; tx < s.tilesW; ++tx) {
+        const int64_t row = img * s.tiles + ty * s.tilesW + tx;
+        const float* corner = padded + ((img * s.paddedH + 2 * ty) * s.paddedW + 2 * tx) * s.inC;
+        for (int64_t c = 0; c < s.inC; c += kLanes) {
+          V d[4][4], v[kPoints];
+          for (int a = 0; a < 4; ++a) {
+            for (int b = 0; b < 4; ++b) d[a][b] = load(corner + (a * s.paddedW + b) * s.inC + c);
+          }
+          transformInput(d, v);
+          float* tile = transformed + (c / kLanes * rows + row) * kRowStride;
+          for (int p = 0; p < kPoints; ++p) store(tile + p * kLanes, v[p]);
+        }
+      }
+    }
+  }
+}
+
+/// Outputs channels-last in whole tiles, (2 tilesH, 2 tilesW, outC) per image, from the products.
+void transformOutputs(const Sweep& s, const float* products, int64_t count, float* outputs) {
+  const int64_t rows = count * s.tiles, outRow = 2 * s.tilesW;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t img = row / s.tiles, ty = row % s.tiles / s.tilesW, tx = row % s.tilesW;
+    float* corner = outputs + ((img * 2 * s.tilesH + 2 * ty) * outRow + 2 * tx) * s.outC;
+    for (int64_t o = 0; o < s.outC; o += kLanes) {
+      V m[kPoints], y[2][2];
+      for (int p = 0; p < kPoints; ++p) m[p] = load(products + (row * kPoints + p) * s.outC + o);
+      transformOutput(m, y);
+      for (int a = 0; a < 2; ++a) {
+        for (int b = 0; b < 2; ++b) store(corner + (a * outRow + b) * s.outC + o, y[a][b]);
+      }
+    }
+  }
+}
+
+/// out (count, outC, outH, outW) from the channels-last outputs; rows and columns past (outH,
+/// outW), the rest of half tiles, are dropped.
+void storeImages(const Sweep& s, const float* outputs, int64_t count, float* out) {
+  const int64_t outRow = 2 * s.tilesW, outImage = 4 * s.tiles * s.outC;
+  for (int64_t img = 0; img < count; ++img) {
+    const PixelLayout at{s.outW, outRow, s.outC, img * outImage};
+    transposeChannels<false>(out + img * s.outC * s.outH * s.outW, s.outC, s.outH * s.outW, outputs, at);
+  }
+}
+
+/// A group's output gradient channels-last in whole tiles, as transformOutputs lays out outputs,
+/// with zeros past (outH, outW), where half tiles have no outputs.
+void loadGradients(const Sweep& s, const float* dy, int64_t count, float* last) {
+  const int64_t outRow = 2 * s.tilesW, outImage = 4 * s.tiles * s.outC;
+  for (int64_t img = 0; img < count; ++img) {
+    float* image = last + img * outImage;
+    if (s.outH % 2) std::fill(image + (2 * s.tilesH - 1) * outRow * s.outC, image + outImage, 0.0f);
+    for (int64_t y = 0; y < s.outH && s.outW % 2; ++y) {
+      std::fill(image + ((y + 1) * outRow - 1) * s.outC, image + (y + 1) * outRow * s.outC, 0.0f);
+    }
+    const PixelLayout at{s.outW, outRow, s.outC, img * outImage};
+    transposeChannels<true>(dy + img * s.outC * s.outH * s.outW, s.outC, s.outH * s.outW, last, at);
+  }
+}
+
+/// z (rows, 16 points, outC; laid out as products) from the channels-last output gradient.
+void transformGradients(const Sweep& s, const float* last, int64_t count, float* z) {
+  const int64_t rows = count * s.tiles, outRow = 2 * s.tilesW;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t img = row / s.tiles, ty = row % s.tiles / s.tilesW, tx = row % s.tilesW;
+    const float* corner = last + ((img * 2 * s.tilesH + 2 * ty) * outRow + 2 * tx) * s.outC;
+    for (int64_t o = 0; o < s.outC; o += kLanes) {
+      V dy[2][2], t[kPoints];
+      for (int a = 0; a < 2; ++a) {
+        for (int b = 0; b < 2; ++b) dy[a][b] = load(corner + (a * outRow + b) * s.outC + o);
+      }
+      transformGradient(dy, t);
+      for (int p = 0; p < kPoints; ++p) store(z + (row * kPoints + p) * s.outC + o, t[p]);
+    }
+  }
+}
+
+/// Runs `count` images from `in` (count, inC, h, w) to `out` (count, outC, outH, outW).
+void sweepGroup(const Sweep& s, const std::vector<float>& u, const float* in, int64_t count, float* out,
+                Workspace& ws) {
+  const int64_t rows = count * s.tiles;  // rows of each product: one per tile of the group
+  loadImages(s, in, count, ws.padded);
+  transformInputs(s, ws.padded, count, ws.transformed);
+  for (int p = 0; p < kPoints; ++p) {
+    product(ws.transformed + p * kLanes, rows, s.inC, u.data() + p * s.inC * s.outC, s.outC, ws.products + p * s.outC);
+  }
+  transformOutputs(s, ws.products, count, ws.outputs);
+  storeImages(s, ws.outputs, count, out);
+}
+
+/// out (n, outC, ...) = in (n, inC, ...) swept by the transformed filter u, groups of images
+/// split across the session's threads. Each output is summed in the same order whatever the
+/// grouping, so results do not depend on the thread count.
+void sweep(const KernelContext& ctx, int64_t n, const Sweep& s, const std::vector<float>& u, const float* in,
+           float* out) {
+  const int64_t groups = (n + s.groupSize - 1) / s.groupSize;
+  const int64_t inSize = s.inC * s.h * s.w, outSize = s.outC * s.outH * s.outW;
+  ctx.parallelFor(groups, s.groupSize * s.tiles * kPoints * s.inC * s.outC, [&](int64_t lo, int64_t hi) {
+    Workspace ws(s);
+    for (int64_t g = lo; g < hi; ++g) {
+      const int64_t first = g * s.groupSize, count = std::min(s.groupSize, n - first);
+      sweepGroup(s, u, in + first * inSize, count, out + first * outSize, ws);
+    }
+  });
+}
+
+}  // namespace
+
+bool winogradConvApplies(const DirectConv& s) {
+  return s.stride == 1 && s.c > 0 && s.o > 0 && s.c % kLanes == 0 && s.o % kLanes == 0 && s.n > 0 && s.outH() > 0 &&
+         s.outW() > 0;
+}
+
+void winogradConvForward(const KernelContext& ctx, const DirectConv& s, const float* x, const float* filter, float* y) {
+  const Sweep sw(s.c, s.o, s.h, s.w, s.ph, s.pw);
+  const auto u = transformFilter(s.c, s.o, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * 9 + t]; });
+  sweep(ctx, s.n, sw, u, x, y);
+}
+
+// dx[c][y][x] = sum over o, (i, j) of w[o][c][i][j] dy[o][y + ph - i][x + pw - j]: a sweep of dy
+// padded by (2 - ph, 2 - pw) with the filter w'[c][o][2 - i][2 - j].
+void winogradConvBackpropInput(const KernelContext& ctx, const DirectConv& s, const float* dy, const float* filter,
+                               float* dx) {
+  const Sweep sw(s.o, s.c, s.outH(), s.outW(), 2 - s.ph, 2 - s.pw);
+  const auto u =
+      transformFilter(s.o, s.c, [&](int64_t c, int64_t o, int64_t t) { return filter[(o * s.c + c) * 9 + (8 - t)]; });
+  sweep(ctx, s.n, sw, u, dy, dx);
+}
+
+// dfilter = G^T dU G, where dU[point] (c, o) = sum over tiles of (B^T d B)[point] (A dy A^T)[point]:
+// the forward product's gradient with respect to the transformed filter. Images are summed in
+// blocks fixed by the batch size alone, so the result does not depend on the thread count.
+void winogradConvBackpropFilter(const KernelContext& ctx, const DirectConv& s, const float* x, const float* dy,
+                                float* dfilter) {
+  const Sweep sw(s.c, s.o, s.h, s.w, s.ph, s.pw);
+  const int64_t inSize = s.c * s.h * s.w, dySize = s.o * s.outH() * s.outW(), accSize = kPoints * s.c * s.o;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(8, s.n)), perBlock = (s.n + blocks - 1) / blocks;
+  std::vector<float> partials(static_cast<size_t>(blocks * accSize), 0.0f);
+  ctx.parallelFor(blocks, perBlock * sw.tiles * accSize, [&](int64_t lo, int64_t hi) {
+    Workspace ws(sw);
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      float* acc = partials.data() + blk * accSize;
+      const int64_t end = std::min(s.n, (blk + 1) * perBlock);
+      for (int64_t first = blk * perBlock; first < end; first += sw.groupSize) {
+        const int64_t count = std::min(sw.groupSize, end - first), rows = count * sw.tiles;
+        loadImages(sw, x + first * inSize, count, ws.padded);
+        transformInputs(sw, ws.padded, count, ws.transformed);
+        loadGradients(sw, dy + first * dySize, count, ws.outputs);
+        transformGradients(sw, ws.outputs, count, ws.products);
+        for (int p = 0; p < kPoints; ++p) {
+          accumulate(ws.transformed + p * kLanes, rows, s.c, ws.products + p * s.o, s.o, acc + p * s.c * s.o);
+        }
+      }
+    }
+  });
+  for (int64_t blk = 1; blk < blocks; ++blk) {
+    for (int64_t i = 0; i < accSize; ++i) partials[static_cast<size_t>(i)] += partials[static_cast<size_t>(blk * accSize + i)];
+  }
+  untransformFilterGradient(partials.data(), s.c, s.o, dfilter);
+}
+
+}  // namespace weft::detail
