@@ -25,6 +25,7 @@ struct Sweep {
   int64_t outH, outW, tilesH, tilesW, tiles;  // tiles per image: (tilesH, tilesW) of 2x2 outputs
   int64_t paddedH, paddedW;                   // the channels-last copy: 4x4 inputs for every tile
   int64_t groupSize;                          // images per group
+  int64_t bandRows;                           // tiles transformed and multiplied at a time
 
   Sweep(int64_t inC_, int64_t outC_, int64_t h_, int64_t w_, int64_t ph_, int64_t pw_)
       : inC(inC_), outC(outC_), h(h_), w(w_), ph(ph_), pw(pw_) {
@@ -37,6 +38,11 @@ struct Sweep {
     paddedW = 2 * tilesW + 2;
     // Small planes (8x8 has 16 tiles) are grouped so a product has at least 64 rows.
     groupSize = std::clamp<int64_t>((64 + tiles - 1) / tiles, 1, 8);
+    // Large planes (56x56 has 784 tiles) are cut into bands of tiles whose transformed inputs
+    // and products (16 x rows x (inC + outC) floats) stay within about 512 KiB of cache; a band
+    // keeps at least 64 rows, so that each filter value read is used 64 times.
+    const int64_t cached = (512 << 10) / (kPoints * (inC + outC) * int64_t(sizeof(float)));
+    bandRows = std::min(groupSize * tiles, std::max<int64_t>(64, cached / 16 * 16));
   }
 };
 
@@ -44,45 +50,51 @@ struct Sweep {
 
 constexpr double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
 
-/// U[point][in][out] = (G g G^T)[point] of the 3x3 filter g = tap(out, in, .). Computed in double:
-/// it runs once per call.
+/// U[point][in][out] = (G g G^T)[point] of the 3x3 filter g = tap(out, in, .), in double, split
+/// across the session's threads by input channel: a filter of 512 x 512 channels is 4M values of
+/// U, which would otherwise cost as much as a small batch's products.
 template <class Tap>
-std::vector<float> transformFilter(int64_t inC, int64_t outC, Tap tap) {
+std::vector<float> transformFilter(const KernelContext& ctx, int64_t inC, int64_t outC, Tap tap) {
   std::vector<float> u(static_cast<size_t>(kPoints * inC * outC));
-  for (int64_t o = 0; o < outC; ++o) {
-    for (int64_t c = 0; c < inC; ++c) {
-      double gg[4][3];  // G g
-      for (int a = 0; a < 4; ++a) {
-        for (int j = 0; j < 3; ++j) {
-          gg[a][j] = 0;
-          for (int i = 0; i < 3; ++i) gg[a][j] += G[a][i] * tap(o, c, i * 3 + j);
+  ctx.parallelFor(inC, outC * kPoints * 12, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      for (int64_t o = 0; o < outC; ++o) {  // innermost, so the writes run along U's rows
+        double gg[4][3];                     // G g
+        for (int a = 0; a < 4; ++a) {
+          for (int j = 0; j < 3; ++j) {
+            gg[a][j] = 0;
+            for (int i = 0; i < 3; ++i) gg[a][j] += G[a][i] * tap(o, c, i * 3 + j);
+          }
         }
-      }
-      for (int a = 0; a < 4; ++a) {
-        for (int b = 0; b < 4; ++b) {
-          double v = 0;
-          for (int j = 0; j < 3; ++j) v += gg[a][j] * G[b][j];
-          u[static_cast<size_t>(((a * 4 + b) * inC + c) * outC + o)] = static_cast<float>(v);
+        for (int a = 0; a < 4; ++a) {
+          for (int b = 0; b < 4; ++b) {
+            double v = 0;
+            for (int j = 0; j < 3; ++j) v += gg[a][j] * G[b][j];
+            u[static_cast<size_t>(((a * 4 + b) * inC + c) * outC + o)] = static_cast<float>(v);
+          }
         }
       }
     }
-  }
+  });
   return u;
 }
 
-/// The filter gradient from the gradient of U: dg = G^T dU G, summed in double.
-void untransformFilterGradient(const float* du, int64_t inC, int64_t outC, float* dfilter) {
-  for (int64_t o = 0; o < outC; ++o) {
-    for (int64_t c = 0; c < inC; ++c) {
-      for (int i = 0; i < 3; ++i) {
-        for (int j = 0; j < 3; ++j) {
-          double v = 0;
-          for (int p = 0; p < kPoints; ++p) v += G[p / 4][i] * du[(p * inC + c) * outC + o] * G[p % 4][j];
-          dfilter[(o * inC + c) * 9 + i * 3 + j] = static_cast<float>(v);
+/// The filter gradient from the gradient of U: dg = G^T dU G, in double, split across the
+/// session's threads by input channel.
+void untransformFilterGradient(const KernelContext& ctx, const float* du, int64_t inC, int64_t outC, float* dfilter) {
+  ctx.parallelFor(inC, outC * kPoints * 10, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      for (int64_t o = 0; o < outC; ++o) {  // innermost, so the reads run along dU's rows
+        for (int i = 0; i < 3; ++i) {
+          for (int j = 0; j < 3; ++j) {
+            double v = 0;
+            for (int p = 0; p < kPoints; ++p) v += G[p / 4][i] * du[(p * inC + c) * outC + o] * G[p % 4][j];
+            dfilter[(o * inC + c) * 9 + i * 3 + j] = static_cast<float>(v);
+          }
         }
       }
     }
-  }
+  });
 }
 
 /// v[point] = (B^T d B)[point] for the 4x4 input block d, with
@@ -300,8 +312,8 @@ struct Workspace {
 
   explicit Workspace(const Sweep& s) {
     const int64_t paddedSize = s.groupSize * s.paddedH * s.paddedW * s.inC;
-    const int64_t sizes[4] = {paddedSize, kPoints * s.groupSize * s.tiles * s.inC,
-                              kPoints * s.groupSize * s.tiles * s.outC, s.groupSize * 4 * s.tiles * s.outC};
+    const int64_t sizes[4] = {paddedSize, kPoints * s.bandRows * s.inC, kPoints * s.bandRows * s.outC,
+                              s.groupSize * 4 * s.tiles * s.outC};
     thread_local std::vector<float> storage;
     int64_t total = kLanes;
     for (int64_t size : sizes) total += (size + kLanes - 1) / kLanes * kLanes;
@@ -338,38 +350,44 @@ void loadImages(const Sweep& s, const float* in, int64_t count, float* padded) {
   }
 }
 
-/// transformed[point] (rows, inC; in chunks of 16 channels) from the padded images, one row per
-/// tile.
-void transformInputs(const Sweep& s, const float* padded, int64_t count, float* transformed) {
-  const int64_t rows = count * s.tiles;
-  for (int64_t img = 0; img < count; ++img) {
-    for (int64_t ty = 0; ty < s.tilesH; ++ty) {
-      for (int64_t tx = 0; tx < s.tilesW; ++tx) {
-        const int64_t row = img * s.tiles + ty * s.tilesW + tx;
-        const float* corner = padded + ((img * s.paddedH + 2 * ty) * s.paddedW + 2 * tx) * s.inC;
-        for (int64_t c = 0; c < s.inC; c += kLanes) {
-          V d[4][4], v[kPoints];
-          for (int a = 0; a < 4; ++a) {
-            for (int b = 0; b < 4; ++b) d[a][b] = load(corner + (a * s.paddedW + b) * s.inC + c);
-          }
-          transformInput(d, v);
-          float* tile = transformed + (c / kLanes * rows + row) * kRowStride;
-          for (int p = 0; p < kPoints; ++p) store(tile + p * kLanes, v[p]);
-        }
+/// Rows [first, first + rows) of a group: its tiles, image after image, each by rows of tiles.
+struct Band {
+  int64_t first, rows;
+};
+
+/// Where a tile lies: its image in the group and its tile row and column.
+struct TilePosition {
+  int64_t img, ty, tx;
+};
+TilePosition tileAt(const Sweep& s, int64_t row) { return {row / s.tiles, row % s.tiles / s.tilesW, row % s.tilesW}; }
+
+/// transformed (a band's rows, 16 points, inC; in chunks of 16 channels) from the padded images.
+void transformInputs(const Sweep& s, const float* padded, const Band& band, float* transformed) {
+  for (int64_t k = 0; k < band.rows; ++k) {
+    const TilePosition t = tileAt(s, band.first + k);
+    const float* corner = padded + ((t.img * s.paddedH + 2 * t.ty) * s.paddedW + 2 * t.tx) * s.inC;
+    for (int64_t c = 0; c < s.inC; c += kLanes) {
+      V d[4][4], v[kPoints];
+      for (int a = 0; a < 4; ++a) {
+        for (int b = 0; b < 4; ++b) d[a][b] = load(corner + (a * s.paddedW + b) * s.inC + c);
       }
+      transformInput(d, v);
+      float* tile = transformed + (c / kLanes * band.rows + k) * kRowStride;
+      for (int p = 0; p < kPoints; ++p) store(tile + p * kLanes, v[p]);
     }
   }
 }
 
-/// Outputs channels-last in whole tiles, (2 tilesH, 2 tilesW, outC) per image, from the products.
-void transformOutputs(const Sweep& s, const float* products, int64_t count, float* outputs) {
-  const int64_t rows = count * s.tiles, outRow = 2 * s.tilesW;
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t img = row / s.tiles, ty = row % s.tiles / s.tilesW, tx = row % s.tilesW;
-    float* corner = outputs + ((img * 2 * s.tilesH + 2 * ty) * outRow + 2 * tx) * s.outC;
+/// A band's outputs, channels-last in whole tiles, (2 tilesH, 2 tilesW, outC) per image, from its
+/// products.
+void transformOutputs(const Sweep& s, const float* products, const Band& band, float* outputs) {
+  const int64_t outRow = 2 * s.tilesW;
+  for (int64_t k = 0; k < band.rows; ++k) {
+    const TilePosition t = tileAt(s, band.first + k);
+    float* corner = outputs + ((t.img * 2 * s.tilesH + 2 * t.ty) * outRow + 2 * t.tx) * s.outC;
     for (int64_t o = 0; o < s.outC; o += kLanes) {
       V m[kPoints], y[2][2];
-      for (int p = 0; p < kPoints; ++p) m[p] = load(products + (row * kPoints + p) * s.outC + o);
+      for (int p = 0; p < kPoints; ++p) m[p] = load(products + (k * kPoints + p) * s.outC + o);
       transformOutput(m, y);
       for (int a = 0; a < 2; ++a) {
         for (int b = 0; b < 2; ++b) store(corner + (a * outRow + b) * s.outC + o, y[a][b]);
@@ -403,33 +421,43 @@ void loadGradients(const Sweep& s, const float* dy, int64_t count, float* last) 
   }
 }
 
-/// z (rows, 16 points, outC; laid out as products) from the channels-last output gradient.
-void transformGradients(const Sweep& s, const float* last, int64_t count, float* z) {
-  const int64_t rows = count * s.tiles, outRow = 2 * s.tilesW;
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t img = row / s.tiles, ty = row % s.tiles / s.tilesW, tx = row % s.tilesW;
-    const float* corner = last + ((img * 2 * s.tilesH + 2 * ty) * outRow + 2 * tx) * s.outC;
+/// z (a band's rows, 16 points, outC; laid out as products) from the channels-last output
+/// gradient.
+void transformGradients(const Sweep& s, const float* last, const Band& band, float* z) {
+  const int64_t outRow = 2 * s.tilesW;
+  for (int64_t k = 0; k < band.rows; ++k) {
+    const TilePosition t = tileAt(s, band.first + k);
+    const float* corner = last + ((t.img * 2 * s.tilesH + 2 * t.ty) * outRow + 2 * t.tx) * s.outC;
     for (int64_t o = 0; o < s.outC; o += kLanes) {
-      V dy[2][2], t[kPoints];
+      V dy[2][2], g[kPoints];
       for (int a = 0; a < 2; ++a) {
         for (int b = 0; b < 2; ++b) dy[a][b] = load(corner + (a * outRow + b) * s.outC + o);
       }
-      transformGradient(dy, t);
-      for (int p = 0; p < kPoints; ++p) store(z + (row * kPoints + p) * s.outC + o, t[p]);
+      transformGradient(dy, g);
+      for (int p = 0; p < kPoints; ++p) store(z + (k * kPoints + p) * s.outC + o, g[p]);
     }
   }
+}
+
+/// Calls f(band) for the bands of a group of `count` images, in order.
+template <class F>
+void forEachBand(const Sweep& s, int64_t count, F f) {
+  const int64_t total = count * s.tiles;
+  for (int64_t first = 0; first < total; first += s.bandRows) f(Band{first, std::min(s.bandRows, total - first)});
 }
 
 /// Runs `count` images from `in` (count, inC, h, w) to `out` (count, outC, outH, outW).
 void sweepGroup(const Sweep& s, const std::vector<float>& u, const float* in, int64_t count, float* out,
                 Workspace& ws) {
-  const int64_t rows = count * s.tiles;  // rows of each product: one per tile of the group
   loadImages(s, in, count, ws.padded);
-  transformInputs(s, ws.padded, count, ws.transformed);
-  for (int p = 0; p < kPoints; ++p) {
-    product(ws.transformed + p * kLanes, rows, s.inC, u.data() + p * s.inC * s.outC, s.outC, ws.products + p * s.outC);
-  }
-  transformOutputs(s, ws.products, count, ws.outputs);
+  forEachBand(s, count, [&](const Band& band) {
+    transformInputs(s, ws.padded, band, ws.transformed);
+    for (int p = 0; p < kPoints; ++p) {
+      product(ws.transformed + p * kLanes, band.rows, s.inC, u.data() + p * s.inC * s.outC, s.outC,
+              ws.products + p * s.outC);
+    }
+    transformOutputs(s, ws.products, band, ws.outputs);
+  });
   storeImages(s, ws.outputs, count, out);
 }
 
@@ -451,14 +479,17 @@ void sweep(const KernelContext& ctx, int64_t n, const Sweep& s, const std::vecto
 
 }  // namespace
 
+// Above 128 x 128 channels the transformed filter (16 c o floats, 1 MiB at 128 x 128) no longer
+// stays in the second-level cache across a band's products, and the kernels measured no faster
+// than the direct ones (docs/architecture.md, "Convolution").
 bool winogradConvApplies(const DirectConv& s) {
-  return s.stride == 1 && s.c > 0 && s.o > 0 && s.c % kLanes == 0 && s.o % kLanes == 0 && s.n > 0 && s.outH() > 0 &&
-         s.outW() > 0;
+  return s.stride == 1 && s.c > 0 && s.o > 0 && s.c % kLanes == 0 && s.o % kLanes == 0 && s.c * s.o <= 128 * 128 &&
+         s.n > 0 && s.outH() > 0 && s.outW() > 0;
 }
 
 void winogradConvForward(const KernelContext& ctx, const DirectConv& s, const float* x, const float* filter, float* y) {
   const Sweep sw(s.c, s.o, s.h, s.w, s.ph, s.pw);
-  const auto u = transformFilter(s.c, s.o, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * 9 + t]; });
+  const auto u = transformFilter(ctx, s.c, s.o, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * 9 + t]; });
   sweep(ctx, s.n, sw, u, x, y);
 }
 
@@ -468,7 +499,7 @@ void winogradConvBackpropInput(const KernelContext& ctx, const DirectConv& s, co
                                float* dx) {
   const Sweep sw(s.o, s.c, s.outH(), s.outW(), 2 - s.ph, 2 - s.pw);
   const auto u =
-      transformFilter(s.o, s.c, [&](int64_t c, int64_t o, int64_t t) { return filter[(o * s.c + c) * 9 + (8 - t)]; });
+      transformFilter(ctx, s.o, s.c, [&](int64_t c, int64_t o, int64_t t) { return filter[(o * s.c + c) * 9 + (8 - t)]; });
   sweep(ctx, s.n, sw, u, dy, dx);
 }
 
@@ -487,21 +518,28 @@ void winogradConvBackpropFilter(const KernelContext& ctx, const DirectConv& s, c
       float* acc = partials.data() + blk * accSize;
       const int64_t end = std::min(s.n, (blk + 1) * perBlock);
       for (int64_t first = blk * perBlock; first < end; first += sw.groupSize) {
-        const int64_t count = std::min(sw.groupSize, end - first), rows = count * sw.tiles;
+        const int64_t count = std::min(sw.groupSize, end - first);
         loadImages(sw, x + first * inSize, count, ws.padded);
-        transformInputs(sw, ws.padded, count, ws.transformed);
         loadGradients(sw, dy + first * dySize, count, ws.outputs);
-        transformGradients(sw, ws.outputs, count, ws.products);
-        for (int p = 0; p < kPoints; ++p) {
-          accumulate(ws.transformed + p * kLanes, rows, s.c, ws.products + p * s.o, s.o, acc + p * s.c * s.o);
-        }
+        forEachBand(sw, count, [&](const Band& band) {
+          transformInputs(sw, ws.padded, band, ws.transformed);
+          transformGradients(sw, ws.outputs, band, ws.products);
+          for (int p = 0; p < kPoints; ++p) {
+            accumulate(ws.transformed + p * kLanes, band.rows, s.c, ws.products + p * s.o, s.o, acc + p * s.c * s.o);
+          }
+        });
       }
     }
   });
-  for (int64_t blk = 1; blk < blocks; ++blk) {
-    for (int64_t i = 0; i < accSize; ++i) partials[static_cast<size_t>(i)] += partials[static_cast<size_t>(blk * accSize + i)];
-  }
-  untransformFilterGradient(partials.data(), s.c, s.o, dfilter);
+  // The blocks' sums are added in block order, a vector at a time.
+  ctx.parallelFor(accSize / kLanes, blocks * kLanes, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo * kLanes; i < hi * kLanes; i += kLanes) {
+      V total = load(partials.data() + i);
+      for (int64_t blk = 1; blk < blocks; ++blk) total += load(partials.data() + blk * accSize + i);
+      store(partials.data() + i, total);
+    }
+  });
+  untransformFilterGradient(ctx, partials.data(), s.c, s.o, dfilter);
 }
 
 }  // namespace weft::detail

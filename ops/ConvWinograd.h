@@ -1,9 +1,9 @@
 // Winograd F(2x2, 3x3) kernels for float 3x3 convolutions at stride 1 whose channel counts are
-// multiples of 16: the bulk of a ResNet after its first layer. Each 2x2 block of outputs is
-// computed from the 4x4 block of inputs under it through transforms that turn the 36 multiplies
-// of 9 taps x 4 outputs into 16, so the work left is 16 small matrix products (one per transform
-// position, over channels) with 2.25x fewer multiply-adds than the direct sweep. Conv.cpp
-// prefers them over the direct kernels where they apply.
+// multiples of 16, up to 128: the bulk of a ResNet-20 after its first layer. Each 2x2 block of
+// outputs is computed from the 4x4 block of inputs under it through transforms that turn the 36
+// multiplies of 9 taps x 4 outputs into 16, so the work left is 16 small matrix products (one per
+// transform position, over channels) with 2.25x fewer multiply-adds than the direct sweep.
+// Conv.cpp prefers them over the direct kernels where they apply.
 #pragma once
 
 #include "ops/ConvDirect.h"
@@ -11,7 +11,8 @@
 namespace weft::detail {
 
 /// Whether the Winograd kernels handle a convolution the direct kernels handle (see
-/// directConvApplies): stride 1 and both channel counts multiples of 16.
+/// directConvApplies): stride 1, both channel counts multiples of 16, and at most 128 x 128
+/// channels.
 bool winogradConvApplies(const DirectConv& s);
 
 /// y (n, o, outH, outW) = x conv filter.
