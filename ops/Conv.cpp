@@ -229,17 +229,14 @@ void conv2dBackpropInputKernel(KernelContext& ctx) {
   });
 }
 
-// dfilter (O, K) = sum_n dy[n] (O, P) x col(x[n])^T (P, K). Each block of images sums into its
-// own partial product, and the partials are added at the end.
+// dfilter (O, K) = sum_n dy[n] (O, P) x col(x[n])^T (P, K). Each block of images (ImageBlocks)
+// sums into its own partial product, and the partials are added at the end.
 void conv2dBackpropFilterKernel(KernelContext& ctx) {
   const Tensor &x = ctx.input(0), &dy = ctx.input(1);
   Tensor& df = ctx.output(0);
   const ConvGeometry g = convGeometry(x.shape(), df.shape(), ctx.attrs());
   const int64_t k = g.colRows(), p = g.colCols(), filterSize = g.o * k;
-  // The blocks (and so the order of the final sum) depend on the batch only, never on the thread
-  // count, so results do not change with the number of threads.
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(8, g.n));
-  const int64_t perBlock = (g.n + blocks - 1) / blocks;
+  const detail::ImageBlocks blocks(g.n);
   dispatchFloat(x.dtype(), [&](auto z) {
     using T = decltype(z);
     const T* px = x.data<T>();
@@ -248,11 +245,11 @@ void conv2dBackpropFilterKernel(KernelContext& ctx) {
       if (g.winograd()) return detail::winogradConvBackpropFilter(ctx, g.directShape(), px, pdy, df.data<T>());
     }
     if (g.direct()) return detail::directConvBackpropFilter(ctx, g.directShape(), px, pdy, df.data<T>());
-    std::vector<T> partials(static_cast<size_t>(blocks * filterSize), T(0));
-    ctx.parallelFor(blocks, perBlock * filterSize * p, [&](int64_t lo, int64_t hi) {
+    std::vector<T> partials(static_cast<size_t>(blocks.count * filterSize), T(0));
+    ctx.parallelFor(blocks.count, blocks.perBlock * filterSize * p, [&](int64_t lo, int64_t hi) {
       std::vector<T> scratch;
       for (int64_t blk = lo; blk < hi; ++blk) {
-        for (int64_t img = blk * perBlock; img < std::min(g.n, (blk + 1) * perBlock); ++img) {
+        for (int64_t img = blocks.begin(blk); img < blocks.end(blk); ++img) {
           const T* col = columns(g, px + img * g.c * g.h * g.w, scratch);
           gemm(false, true, g.o, k, p, pdy + img * g.o * p, p, col, p, T(1), partials.data() + blk * filterSize, k);
         }
@@ -260,7 +257,7 @@ void conv2dBackpropFilterKernel(KernelContext& ctx) {
     });
     T* out = df.data<T>();
     std::copy(partials.begin(), partials.begin() + filterSize, out);
-    for (int64_t blk = 1; blk < blocks; ++blk) {
+    for (int64_t blk = 1; blk < blocks.count; ++blk) {
       const T* part = partials.data() + blk * filterSize;
       for (int64_t i = 0; i < filterSize; ++i) out[i] += part[i];
     }

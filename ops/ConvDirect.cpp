@@ -398,14 +398,13 @@ void directConvBackpropFilter(const KernelContext& ctx, const DirectConv& s, con
   const FlatPlane p(s.h, s.w, s.ph, s.pw, s.stride, 1);
   const int64_t outStride = roundUp(s.o, kLanes<T>), accSize = s.c * kTaps * outStride;
   const int64_t inSize = s.c * s.h * s.w, dySize = s.o * s.outH() * s.outW();
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(8, s.n));
-  const int64_t perBlock = (s.n + blocks - 1) / blocks;
-  std::vector<T> partials(static_cast<size_t>(blocks * accSize), T(0));
-  ctx.parallelFor(blocks, perBlock * accSize * p.outLen, [&](int64_t lo, int64_t hi) {
+  const ImageBlocks blocks(s.n);
+  std::vector<T> partials(static_cast<size_t>(blocks.count * accSize), T(0));
+  ctx.parallelFor(blocks.count, blocks.perBlock * accSize * p.outLen, [&](int64_t lo, int64_t hi) {
     std::vector<T> padded(static_cast<size_t>(s.c * p.channelStride));
     std::vector<T> dyT(static_cast<size_t>(p.outLen * outStride));
     for (int64_t blk = lo; blk < hi; ++blk) {
-      for (int64_t img = blk * perBlock; img < std::min(s.n, (blk + 1) * perBlock); ++img) {
+      for (int64_t img = blocks.begin(blk); img < blocks.end(blk); ++img) {
         p.pad(x + img * inSize, s.c, padded.data());
         transposeGradient(p, s.o, outStride, dy + img * dySize, dyT.data());
         accumulateImage(p, s.c, outStride, padded.data(), dyT.data(), partials.data() + blk * accSize);
@@ -416,7 +415,9 @@ void directConvBackpropFilter(const KernelContext& ctx, const DirectConv& s, con
   for (int64_t o = 0; o < s.o; ++o) {
     for (int64_t ct = 0; ct < s.c * kTaps; ++ct) {
       T total = partials[static_cast<size_t>(ct * outStride + o)];
-      for (int64_t blk = 1; blk < blocks; ++blk) total += partials[static_cast<size_t>(blk * accSize + ct * outStride + o)];
+      for (int64_t blk = 1; blk < blocks.count; ++blk) {
+        total += partials[static_cast<size_t>(blk * accSize + ct * outStride + o)];
+      }
       dfilter[o * s.c * kTaps + ct] = total;
     }
   }

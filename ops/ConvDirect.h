@@ -6,6 +6,8 @@
 
 #include "core/OpRegistry.h"
 
+#include <algorithm>
+
 namespace weft::detail {
 
 /// A convolution of x (n, c, h, w) with a filter (o, c, 3, 3), stride 1 or 2 in both axes,
@@ -15,6 +17,19 @@ struct DirectConv {
 
   int64_t outH() const { return (h + 2 * ph - 3) / stride + 1; }
   int64_t outW() const { return (w + 2 * pw - 3) / stride + 1; }
+};
+
+/// How the filter gradients split a batch: into at most 8 blocks of consecutive images, each
+/// summed into a partial sum of its own, the partials then added in block order. The blocks depend
+/// on the batch size alone, never on the thread count, so results do not change with the number
+/// of threads.
+struct ImageBlocks {
+  int64_t n, count, perBlock;
+
+  explicit ImageBlocks(int64_t images)
+      : n(images), count(std::clamp<int64_t>(images, 1, 8)), perBlock((images + count - 1) / count) {}
+  int64_t begin(int64_t block) const { return std::min(n, block * perBlock); }
+  int64_t end(int64_t block) const { return std::min(n, (block + 1) * perBlock); }
 };
 
 /// Whether the direct kernels handle a window: 3x3, stride 1 or 2 in both axes, unit dilation,

@@ -39,8 +39,9 @@ struct Sweep {
     // Small planes (8x8 has 16 tiles) are grouped so a product has at least 64 rows.
     groupSize = std::clamp<int64_t>((64 + tiles - 1) / tiles, 1, 8);
     // Large planes (56x56 has 784 tiles) are cut into bands of tiles whose transformed inputs
-    // and products (16 x rows x (inC + outC) floats) stay within about 512 KiB of cache; a band
-    // keeps at least 64 rows, so that each filter value read is used 64 times.
+    // and products (16 x rows x (inC + outC) floats) take about 512 KiB of cache. A band keeps at
+    // least 64 rows, so that each filter value read is used 64 times: with 128 channels in and
+    // out, 64 rows take 1 MiB.
     const int64_t cached = (512 << 10) / (kPoints * (inC + outC) * int64_t(sizeof(float)));
     bandRows = std::min(groupSize * tiles, std::max<int64_t>(64, cached / 16 * 16));
   }
@@ -59,7 +60,7 @@ std::vector<float> transformFilter(const KernelContext& ctx, int64_t inC, int64_
   ctx.parallelFor(inC, outC * kPoints * 12, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       for (int64_t o = 0; o < outC; ++o) {  // innermost, so the writes run along U's rows
-        double gg[4][3];                     // G g
+        double gg[4][3];                    // G g
         for (int a = 0; a < 4; ++a) {
           for (int j = 0; j < 3; ++j) {
             gg[a][j] = 0;
@@ -284,8 +285,7 @@ void accumulateTile(const float* v, int64_t rows, const float* z, int64_t zRowSt
 /// One point's gradient product: acc (inC, outC) += v (rows, inC)^T x z (rows, outC), from the
 /// point's first values in `transformed` and the transformed gradients (laid out as products).
 template <int R, int NV>
-void accumulate(const float* v, int64_t rows, int64_t inC, const float* z, int64_t outC,
-                                          float* acc) {
+void accumulate(const float* v, int64_t rows, int64_t inC, const float* z, int64_t outC, float* acc) {
   const int64_t chunkStride = rows * kRowStride, zRowStride = kPoints * outC;
   for (int64_t c0 = 0; c0 < inC; c0 += R) {
     for (int64_t o0 = 0; o0 < outC; o0 += NV * kLanes) {
@@ -413,8 +413,10 @@ void loadGradients(const Sweep& s, const float* dy, int64_t count, float* last) 
   for (int64_t img = 0; img < count; ++img) {
     float* image = last + img * outImage;
     if (s.outH % 2) std::fill(image + (2 * s.tilesH - 1) * outRow * s.outC, image + outImage, 0.0f);
-    for (int64_t y = 0; y < s.outH && s.outW % 2; ++y) {
-      std::fill(image + ((y + 1) * outRow - 1) * s.outC, image + (y + 1) * outRow * s.outC, 0.0f);
+    if (s.outW % 2) {
+      for (int64_t y = 0; y < s.outH; ++y) {
+        std::fill(image + ((y + 1) * outRow - 1) * s.outC, image + (y + 1) * outRow * s.outC, 0.0f);
+      }
     }
     const PixelLayout at{s.outW, outRow, s.outC, img * outImage};
     transposeChannels<true>(dy + img * s.outC * s.outH * s.outW, s.outC, s.outH * s.outW, last, at);
@@ -477,68 +479,79 @@ void sweep(const KernelContext& ctx, int64_t n, const Sweep& s, const std::vecto
   });
 }
 
+/// Adds the gradient of U from images [first, end) to acc (16, c, o), group by group, band by band.
+void accumulateImages(const Sweep& s, const float* x, const float* dy, int64_t first, int64_t end, Workspace& ws,
+                      float* acc) {
+  const int64_t inSize = s.inC * s.h * s.w, dySize = s.outC * s.outH * s.outW;
+  for (; first < end; first += s.groupSize) {
+    const int64_t count = std::min(s.groupSize, end - first);
+    loadImages(s, x + first * inSize, count, ws.padded);
+    loadGradients(s, dy + first * dySize, count, ws.outputs);
+    forEachBand(s, count, [&](const Band& band) {
+      transformInputs(s, ws.padded, band, ws.transformed);
+      transformGradients(s, ws.outputs, band, ws.products);
+      for (int p = 0; p < kPoints; ++p) {
+        accumulate(ws.transformed + p * kLanes, band.rows, s.inC, ws.products + p * s.outC, s.outC,
+                   acc + p * s.inC * s.outC);
+      }
+    });
+  }
+}
+
+/// partials[0 .. size) = the sum of `blocks` partial sums `size` apart, added in block order, a
+/// vector at a time.
+void sumBlocks(const KernelContext& ctx, float* partials, int64_t blocks, int64_t size) {
+  ctx.parallelFor(size / kLanes, blocks * kLanes, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo * kLanes; i < hi * kLanes; i += kLanes) {
+      V total = load(partials + i);
+      for (int64_t blk = 1; blk < blocks; ++blk) total += load(partials + blk * size + i);
+      store(partials + i, total);
+    }
+  });
+}
+
 }  // namespace
 
-// Above 128 x 128 channels the transformed filter (16 c o floats, 1 MiB at 128 x 128) no longer
+// Above 128 channels in or out the transformed filter (16 c o floats, 1 MiB at 128 x 128) no longer
 // stays in the second-level cache across a band's products, and the kernels measured no faster
-// than the direct ones (docs/architecture.md, "Convolution").
+// than the direct ones (docs/benchmarks.md).
 bool winogradConvApplies(const DirectConv& s) {
-  return s.stride == 1 && s.c > 0 && s.o > 0 && s.c % kLanes == 0 && s.o % kLanes == 0 && s.c * s.o <= 128 * 128 &&
+  return s.stride == 1 && s.c > 0 && s.o > 0 && s.c % kLanes == 0 && s.o % kLanes == 0 && s.c <= 128 && s.o <= 128 &&
          s.n > 0 && s.outH() > 0 && s.outW() > 0;
 }
 
 void winogradConvForward(const KernelContext& ctx, const DirectConv& s, const float* x, const float* filter, float* y) {
-  const Sweep sw(s.c, s.o, s.h, s.w, s.ph, s.pw);
-  const auto u = transformFilter(ctx, s.c, s.o, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * 9 + t]; });
-  sweep(ctx, s.n, sw, u, x, y);
+  const Sweep plan(s.c, s.o, s.h, s.w, s.ph, s.pw);
+  const auto u =
+      transformFilter(ctx, s.c, s.o, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * 9 + t]; });
+  sweep(ctx, s.n, plan, u, x, y);
 }
 
 // dx[c][y][x] = sum over o, (i, j) of w[o][c][i][j] dy[o][y + ph - i][x + pw - j]: a sweep of dy
 // padded by (2 - ph, 2 - pw) with the filter w'[c][o][2 - i][2 - j].
 void winogradConvBackpropInput(const KernelContext& ctx, const DirectConv& s, const float* dy, const float* filter,
                                float* dx) {
-  const Sweep sw(s.o, s.c, s.outH(), s.outW(), 2 - s.ph, 2 - s.pw);
-  const auto u =
-      transformFilter(ctx, s.o, s.c, [&](int64_t c, int64_t o, int64_t t) { return filter[(o * s.c + c) * 9 + (8 - t)]; });
-  sweep(ctx, s.n, sw, u, dy, dx);
+  const Sweep plan(s.o, s.c, s.outH(), s.outW(), 2 - s.ph, 2 - s.pw);
+  const auto u = transformFilter(ctx, s.o, s.c,
+                                 [&](int64_t c, int64_t o, int64_t t) { return filter[(o * s.c + c) * 9 + (8 - t)]; });
+  sweep(ctx, s.n, plan, u, dy, dx);
 }
 
 // dfilter = G^T dU G, where dU[point] (c, o) = sum over tiles of (B^T d B)[point] (A dy A^T)[point]:
-// the forward product's gradient with respect to the transformed filter. Images are summed in
-// blocks fixed by the batch size alone, so the result does not depend on the thread count.
+// the forward product's gradient with respect to the transformed filter.
 void winogradConvBackpropFilter(const KernelContext& ctx, const DirectConv& s, const float* x, const float* dy,
                                 float* dfilter) {
-  const Sweep sw(s.c, s.o, s.h, s.w, s.ph, s.pw);
-  const int64_t inSize = s.c * s.h * s.w, dySize = s.o * s.outH() * s.outW(), accSize = kPoints * s.c * s.o;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(8, s.n)), perBlock = (s.n + blocks - 1) / blocks;
-  std::vector<float> partials(static_cast<size_t>(blocks * accSize), 0.0f);
-  ctx.parallelFor(blocks, perBlock * sw.tiles * accSize, [&](int64_t lo, int64_t hi) {
-    Workspace ws(sw);
+  const Sweep plan(s.c, s.o, s.h, s.w, s.ph, s.pw);
+  const ImageBlocks blocks(s.n);
+  const int64_t accSize = kPoints * s.c * s.o;
+  std::vector<float> partials(static_cast<size_t>(blocks.count * accSize), 0.0f);
+  ctx.parallelFor(blocks.count, blocks.perBlock * plan.tiles * accSize, [&](int64_t lo, int64_t hi) {
+    Workspace ws(plan);
     for (int64_t blk = lo; blk < hi; ++blk) {
-      float* acc = partials.data() + blk * accSize;
-      const int64_t end = std::min(s.n, (blk + 1) * perBlock);
-      for (int64_t first = blk * perBlock; first < end; first += sw.groupSize) {
-        const int64_t count = std::min(sw.groupSize, end - first);
-        loadImages(sw, x + first * inSize, count, ws.padded);
-        loadGradients(sw, dy + first * dySize, count, ws.outputs);
-        forEachBand(sw, count, [&](const Band& band) {
-          transformInputs(sw, ws.padded, band, ws.transformed);
-          transformGradients(sw, ws.outputs, band, ws.products);
-          for (int p = 0; p < kPoints; ++p) {
-            accumulate(ws.transformed + p * kLanes, band.rows, s.c, ws.products + p * s.o, s.o, acc + p * s.c * s.o);
-          }
-        });
-      }
+      accumulateImages(plan, x, dy, blocks.begin(blk), blocks.end(blk), ws, partials.data() + blk * accSize);
     }
   });
-  // The blocks' sums are added in block order, a vector at a time.
-  ctx.parallelFor(accSize / kLanes, blocks * kLanes, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo * kLanes; i < hi * kLanes; i += kLanes) {
-      V total = load(partials.data() + i);
-      for (int64_t blk = 1; blk < blocks; ++blk) total += load(partials.data() + blk * accSize + i);
-      store(partials.data() + i, total);
-    }
-  });
+  sumBlocks(ctx, partials.data(), blocks.count, accSize);
   untransformFilterGradient(ctx, partials.data(), s.c, s.o, dfilter);
 }
 

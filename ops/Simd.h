@@ -38,8 +38,9 @@ inline void store(T* p, const Vec<T>& v) {
 namespace transpose_detail {
 typedef int32_t Mask __attribute__((vector_size(64)));
 
-/// Lane l of row i, for the rows i and i + B of one stage: rows i and i + B exchange their
-/// off-diagonal B-lane sub-blocks (lanes 0-15 index row i, 16-31 row i + B).
+/// The shuffle indices of one stage, into the pair (row i, row i + B) as lanes 0-15 and 16-31:
+/// lane l of the new row i (keepLow) and of the new row i + B (takeHigh). The two rows exchange
+/// their off-diagonal sub-blocks of B lanes.
 template <int B>
 constexpr int32_t keepLow(int l) {
   return (l & B) ? 16 + l - B : l;

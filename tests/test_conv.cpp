@@ -386,22 +386,28 @@ TEST_CASE("conv2d float gradients match the double computation") {
   // The direct kernels transpose float gradients in 16 x 16 register blocks: 19 filters and 63
   // positions per plane leave both a full block and ragged edges. Float convolutions with
   // channels in 16s run on the Winograd kernels, double ones on the direct kernels.
+  // The Winograd cases: 25 images of 20 tiles run in groups of 4 (the last group alone), each
+  // group in bands of 64 and 16 tiles that cross images, with padding (0, 2), which the input
+  // gradient sweeps with (2, 0); one image of 90 tiles in bands of 64 and 26; uneven padding with
+  // half tiles.
   struct Case {
     const char* name;
     Shape x, filter;
-    std::vector<int64_t> stride;
+    std::vector<int64_t> stride, padding;
   };
-  for (const Case& c : {Case{"stride 1", {3, 5, 9, 7}, {19, 5, 3, 3}, {1, 1}},
-                        Case{"stride 2", {3, 5, 9, 7}, {19, 5, 3, 3}, {2, 2}},
-                        Case{"Winograd", {3, 16, 9, 7}, {32, 16, 3, 3}, {1, 1}},
-                        Case{"Winograd in bands", {2, 64, 17, 19}, {64, 64, 3, 3}, {1, 1}}}) {
+  for (const Case& c : {Case{"stride 1", {3, 5, 9, 7}, {19, 5, 3, 3}, {1, 1}, {1, 1}},
+                        Case{"stride 2", {3, 5, 9, 7}, {19, 5, 3, 3}, {2, 2}, {1, 1}},
+                        Case{"Winograd", {3, 16, 9, 7}, {32, 16, 3, 3}, {1, 1}, {1, 1}},
+                        Case{"Winograd, groups and bands", {25, 64, 9, 7}, {64, 64, 3, 3}, {1, 1}, {0, 2}},
+                        Case{"Winograd, bands", {2, 64, 17, 19}, {64, 64, 3, 3}, {1, 1}, {1, 1}},
+                        Case{"Winograd, uneven padding", {2, 16, 6, 5}, {16, 16, 3, 3}, {1, 1}, {2, 0}}}) {
     SUBCASE(c.name) {
       const Tensor x64 = randomTensor(f64, c.x, 21), f64v = randomTensor(f64, c.filter, 22);
       std::vector<std::vector<double>> results;
       for (DType dtype : {f32, f64}) {
         Graph g;
         Output x = g.placeholder("x", dtype, c.x), f = g.placeholder("f", dtype, c.filter);
-        Output y = conv2d(x, f, options(c.stride, {1, 1}, {1, 1}));
+        Output y = conv2d(x, f, options(c.stride, c.padding, {1, 1}));
         const std::vector<Grad> grads = gradients(sum(y * y), {x, f});
         const FeedMap feeds{{x, x64.cast(dtype)}, {f, f64v.cast(dtype)}};
         for (const Grad& grad : grads) results.push_back(evaluate(g, grad.dense, feeds, 2).toDoubles());
