@@ -1,9 +1,9 @@
 // NCHW 2-D convolution with its fused backward ops, and max / average pooling with theirs.
-// Float 3x3 convolutions at stride 1 with channels in 16s run on the Winograd kernels of
-// ops/ConvWinograd, other 3x3 convolutions at stride 1 or 2 on the direct kernels of
-// ops/ConvDirect; every other window runs as im2col + OpenBLAS GEMM per image. Images (convolution) or (image, channel) planes
-// (pooling) are independent, so the kernels split them across the session's pool and call BLAS
-// single-threaded.
+// Float 3x3 convolutions at stride 1 with channels in 16s (up to 128) run on the Winograd kernels
+// of ops/ConvWinograd, other 3x3 convolutions at stride 1 or 2 on the direct kernels of
+// ops/ConvDirect; every other window runs as im2col + OpenBLAS GEMM per image. Images
+// (convolution) or (image, channel) planes (pooling) are independent, so the kernels split them
+// across the session's pool and call BLAS single-threaded.
 #include "ops/ConvWinograd.h"
 #include "ops/OpUtil.h"
 #include "ops/cuda/Kernels.h"
