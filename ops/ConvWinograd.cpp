@@ -259,12 +259,19 @@ void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t 
   }
 }
 
-/// Picks the widest output tile that divides outC, with 16 accumulators in each case: enough to
-/// hide the multiply-add latency, and the row counts of even planes (tiles in 16s) leave no rest.
+/// Calls f.template operator()<R, NV>() with the widest tile of outputs that divides outC, NV
+/// vectors, and R rows: 16 accumulators in each case, enough to hide the multiply-add latency;
+/// the row counts of even planes (tiles in 16s) leave no rest, and R divides 16, so a tile of
+/// channels stays within a chunk.
+template <class F>
+void withOutputTile(int64_t outC, F f) {
+  if (outC % (4 * kLanes) == 0) return f.template operator()<4, 4>();
+  if (outC % (2 * kLanes) == 0) return f.template operator()<8, 2>();
+  f.template operator()<16, 1>();
+}
+
 void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t outC, float* m) {
-  if (outC % (4 * kLanes) == 0) return product<4, 4>(v, rows, inC, u, outC, m);
-  if (outC % (2 * kLanes) == 0) return product<8, 2>(v, rows, inC, u, outC, m);
-  product<16, 1>(v, rows, inC, u, outC, m);
+  withOutputTile(outC, [&]<int R, int NV>() { product<R, NV>(v, rows, inC, u, outC, m); });
 }
 
 /// acc[c0 + r][o0 + 16 j ..] += sum over rows k of v[k][c0 + r] z[k][o0 + 16 j ..] for R channels
@@ -295,11 +302,8 @@ void accumulate(const float* v, int64_t rows, int64_t inC, const float* z, int64
   }
 }
 
-/// The same tiles as product() picks (R divides 16, so a tile stays within a chunk).
 void accumulate(const float* v, int64_t rows, int64_t inC, const float* z, int64_t outC, float* acc) {
-  if (outC % (4 * kLanes) == 0) return accumulate<4, 4>(v, rows, inC, z, outC, acc);
-  if (outC % (2 * kLanes) == 0) return accumulate<8, 2>(v, rows, inC, z, outC, acc);
-  accumulate<16, 1>(v, rows, inC, z, outC, acc);
+  withOutputTile(outC, [&]<int R, int NV>() { accumulate<R, NV>(v, rows, inC, z, outC, acc); });
 }
 
 // ---- one group of images -----------------------------------------------------------------------
