@@ -5,6 +5,7 @@
 #include "core/OpRegistry.h"
 #include "core/Tensor.h"
 #include "dist/Communicator.h"
+#include "dist/Nccl.h"
 
 #include <algorithm>
 #include <cstring>
@@ -159,8 +160,9 @@ void registerCollectiveOps() {
   std::call_once(once, [] {
     OpRegistry& r = OpRegistry::global();
     r.add(OpDef("AllReduceStart").inputs(1, -1).infer(allReduceStartInfer).cpu(allReduceStartKernel)
-              .launchAsync().noGradient());
-    r.add(OpDef("AllReduceWait").inputs(2, -1).infer(allReduceWaitInfer).cpu(allReduceWaitKernel).noGradient());
+              .cuda(WEFT_NCCL_KERNEL(allReduceStart)).launchAsync().noGradient());
+    r.add(OpDef("AllReduceWait").inputs(2, -1).infer(allReduceWaitInfer).cpu(allReduceWaitKernel)
+              .cuda(WEFT_NCCL_KERNEL(allReduceWait)).noGradient());
     r.add(OpDef("AllGatherStart").inputs(2).infer(allGatherStartInfer).cpu(allGatherStartKernel)
               .launchAsync().noGradient());
     r.add(OpDef("AllGatherWait").inputs(3).infer(allGatherWaitInfer).cpu(allGatherWaitKernel).noGradient());
@@ -170,6 +172,9 @@ void registerCollectiveOps() {
 std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t communicator, double scale) {
   registerCollectiveOps();
   Graph& g = xs.at(0).graph();
+  // Sums of GPU tensors run on their GPU through NCCL when weft has it, else on the host's ring.
+  const std::string& device = xs[0].node()->device;
+  auto placed = g.onDevice(kNcclBuilt && device.rfind("cuda", 0) == 0 ? device : "");
   Node* start = g.addNode("AllReduceStart", xs, {{"communicator", communicator}});
   std::vector<Output> waitInputs{start->output()};
   waitInputs.insert(waitInputs.end(), xs.begin(), xs.end());

@@ -8,6 +8,10 @@
 //   AllGatherWait(ticket, indices, values) -> (every rank's indices, scale * every rank's values)
 //
 // Attributes: "communicator" (Communicator::id()), "scale" (Wait ops), "world_size" (AllGather).
+//
+// An AllReduce of GPU tensors runs on their GPU through the job's NCCL group (dist/Nccl.h) in
+// builds with NCCL; its ticket is then only a place in the GPU's memory that pairs Start and
+// Wait, and neither op blocks the host.
 #pragma once
 
 #include "core/Graph.h"

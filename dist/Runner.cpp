@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "dist/Launcher.h"
+#include "dist/Nccl.h"
 #include "dist/ParameterServer.h"
 #include "dist/ServerClient.h"
 #include "dist/UcxTransport.h"
@@ -114,6 +115,9 @@ struct Runner::State {
   std::unique_ptr<UcxTransport> clientTransport;  // a worker's requests to the servers
   std::unique_ptr<Ring> ring;
   std::unique_ptr<Communicator> communicator;
+#ifdef WEFT_HAVE_NCCL
+  std::unique_ptr<NcclGroup> nccl;  // GPU workers' dense sums
+#endif
   ServerPlan plan;
   std::unique_ptr<ServerClient> client;  // with servers in the job
   std::unique_ptr<Session> session;
@@ -154,8 +158,11 @@ struct Runner::State {
       WEFT_CHECK(replies[p].size() == part.bytes * tensors.size(), "FETCH of partition {} returned {} bytes, expected {}", p,
                  replies[p].size(), part.bytes * tensors.size());
       const size_t rowBytes = plan.variables[static_cast<size_t>(part.variable)].rowBytes();
-      for (size_t i = 0; i < tensors.size(); ++i)
-        unpackRows(part, rowBytes, replies[p].data() + i * part.bytes, static_cast<uint8_t*>(tensors[i]->raw()));
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        Tensor host = tensors[i]->to(cpu());
+        unpackRows(part, rowBytes, replies[p].data() + i * part.bytes, static_cast<uint8_t*>(host.raw()));
+        if (host.raw() != tensors[i]->raw()) tensors[i]->copyFrom(host);
+      }
     }
     client->setLocalCopyCurrent(true);
   }
@@ -169,7 +176,8 @@ struct Runner::State {
         const std::vector<Tensor*> tensors = stateOf(v);
         std::vector<uint8_t> payload(part.bytes * tensors.size());
         for (size_t i = 0; i < tensors.size(); ++i)
-          packRows(part, v.rowBytes(), static_cast<const uint8_t*>(tensors[i]->raw()), payload.data() + i * part.bytes);
+          packRows(part, v.rowBytes(), static_cast<const uint8_t*>(tensors[i]->to(cpu()).raw()),
+                   payload.data() + i * part.bytes);
         calls.push_back({static_cast<int>(p), RequestKind::Load, std::move(payload)});
       }
       client->request(std::move(calls), TrafficKind::Control);
@@ -185,6 +193,9 @@ struct Runner::State {
       if (!plan.empty()) pullVariables();
       client->goodbye();
     }
+#ifdef WEFT_HAVE_NCCL
+    nccl.reset();  // after the barrier: every GPU worker closes the communicator together
+#endif
     trafficAtLeave = communicator->traffic();
     // Reset first: whatever happens below, this worker is no longer in the job.
     client.reset();
@@ -205,7 +216,12 @@ std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMa
   // Steps that make no server request (all of them under `ar`) still answer the servers'
   // connection setup to the client's transport.
   if (state_->clientTransport) state_->clientTransport->progress();
-  return state_->session->run(fetches, feeds, targets);
+  std::vector<Tensor> out = state_->session->run(fetches, feeds, targets);
+#ifdef WEFT_HAVE_NCCL
+  // A sum the watchdog aborted leaves the GPU's results of this step unfinished: say why.
+  if (state_->nccl) state_->nccl->throwIfFailed();
+#endif
+  return out;
 }
 
 double Runner::meanOverWorkers(double value) {
@@ -258,7 +274,7 @@ void broadcastVariables(Session& session, Communicator& communicator, const Serv
   std::vector<uint8_t> buffer(total);
   size_t offset = 0;
   for (Node* v : variables) {
-    const Tensor& t = session.variable(v);
+    const Tensor t = session.variable(v).to(cpu());
     std::memcpy(buffer.data() + offset, t.raw(), t.bytes());
     offset += t.bytes();
   }
@@ -267,12 +283,40 @@ void broadcastVariables(Session& session, Communicator& communicator, const Serv
   offset = 0;
   for (Node* v : variables) {
     Tensor& t = session.variable(v);
-    std::memcpy(t.raw(), buffer.data() + offset, t.bytes());
+    Tensor host = t.to(cpu());
+    std::memcpy(host.raw(), buffer.data() + offset, t.bytes());
+    if (host.raw() != t.raw()) t.copyFrom(host);
     offset += t.bytes();
   }
 }
 
+/// Whether the job's workers are GPUs; throws when it mixes GPU and CPU workers, or lists GPUs
+/// to a build without NCCL.
+bool requireOneKindOfWorker(const std::vector<WorkerSlot>& slots) {
+  const auto onGpu = [](const WorkerSlot& w) { return w.device != "cpu"; };
+  if (std::none_of(slots.begin(), slots.end(), onGpu)) return false;
+  const auto cpuWorker = std::find_if_not(slots.begin(), slots.end(), onGpu);
+  WEFT_CHECK(cpuWorker == slots.end(),
+             "the resource specification has GPU workers and CPU workers (host {} lists cpu_workers): the workers "
+             "of one job are all GPUs, summing through NCCL, or all CPUs, summing through the UCX ring",
+             cpuWorker == slots.end() ? -1 : cpuWorker->host);
+  WEFT_CHECK(kNcclBuilt,
+             "the resource specification lists GPU workers, but this weft was built without NCCL, which GPU workers "
+             "sum their gradients through (install NCCL, or set WEFT_NCCL_ROOT to it, and rebuild)");
+  return true;
+}
+
 }  // namespace
+
+std::string processDevice(const ResourceSpec& resources) {
+  const std::vector<WorkerSlot> slots = resources.workers();
+  const std::optional<LaunchIdentity> identity = launchIdentityFromEnvironment();
+  if (!identity) return slots.size() == 1 ? slots[0].device : "cpu";
+  if (identity->id.role != Role::Worker) return "cpu";
+  for (const WorkerSlot& w : slots)
+    if (w.host == identity->id.host && w.slot == identity->id.slot) return w.device;
+  WEFT_THROW("this process is {}, which the resource specification does not list", describe(identity->id));
+}
 
 Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& config) {
   auto state = std::make_unique<Runner::State>();
@@ -293,8 +337,20 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
                "scale's skipped steps) yet",
                n->describe(), n->condition.name());
   }
+  const std::vector<WorkerSlot> slots = resources.workers();
+  [[maybe_unused]] const bool gpuWorkers = requireOneKindOfWorker(slots);
+  if (identity->id.role == Role::Worker) {
+    const Device own = Device::parse(processDevice(resources));
+    const int gpus = cudaDeviceCount();
+    WEFT_CHECK(own.type == DeviceType::CPU || own.index < gpus, "{} is to compute on {}, which this machine lacks: {}",
+               describe(identity->id), own.str(),
+               gpus > 0 ? fmt::format("it has {} GPU(s)", gpus) : cudaUnavailableReason());
+  }
   state->transport = std::make_unique<UcxTransport>();
   JoinRequest request{identity->id, state->transport->address(), {}, {}};
+#ifdef WEFT_HAVE_NCCL
+  if (gpuWorkers && identity->id == MemberId{Role::Worker, slots[0].host, slots[0].slot}) request.ncclId = newNcclId();
+#endif
   if (identity->id.role == Role::Worker && resources.serverCount() > 0) {
     state->clientTransport = std::make_unique<UcxTransport>();
     request.clientAddress = state->clientTransport->address();
@@ -362,6 +418,13 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   state->ring = std::make_unique<Ring>(*state->transport, state->rank, routes.workerPeers, config.timeout);
   state->ring->setMachines(routes.workerHosts, config.localAggregation);
   state->communicator = std::make_unique<Communicator>(*state->ring);
+#ifdef WEFT_HAVE_NCCL
+  if (gpuWorkers) {
+    const int gpu = Device::parse(slots[static_cast<size_t>(state->rank)].device).index;
+    state->nccl = std::make_unique<NcclGroup>(roster.ncclId, workers, state->rank, gpu, state->communicator->id(),
+                                              config.timeout);
+  }
+#endif
 
   TransformOptions options;
   options.communicator = state->communicator->id();

@@ -56,6 +56,12 @@ struct LaunchIdentity {
 /// Throws naming the variable when one is missing or malformed.
 std::optional<LaunchIdentity> launchIdentityFromEnvironment();
 
+/// The device the calling process computes on in the job `resources` describes: a launched
+/// worker's GPU ("cuda:N") when its host lists gpus, else "cpu" (servers, CPU workers). A process
+/// started without the launcher is the specification's only worker. A GPU worker builds its
+/// model under `graph.onDevice(processDevice(spec))`, so its dense gradients sum through NCCL.
+std::string processDevice(const ResourceSpec& resources);
+
 /// Runs one worker's replica of the distributed graph.
 class Runner {
  public:

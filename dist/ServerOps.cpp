@@ -247,6 +247,7 @@ void turnIntoPull(Node* gather, int64_t client, int index) {
   gather->op = "PullRows";
   gather->def = &OpRegistry::global().get("PullRows");
   gather->attrs = targetAttrs(client, index);
+  gather->device.clear();  // requests to the servers run on the host
 }
 
 void turnIntoPush(Node* squaredNorm, int64_t client, int index) {
@@ -256,6 +257,7 @@ void turnIntoPush(Node* squaredNorm, int64_t client, int index) {
   squaredNorm->op = "PushGradient";
   squaredNorm->def = &OpRegistry::global().get("PushGradient");
   squaredNorm->attrs = targetAttrs(client, index);
+  squaredNorm->device.clear();  // requests to the servers run on the host
 }
 
 }  // namespace weft::dist

@@ -3,9 +3,9 @@
 // with a part each of a total batch end with the variables of one process trained on the total
 // batch, for a dense model (MLP) and for the LM (sparse embedding, Adam, global-norm clipping);
 // a killed or frozen worker stops the whole job with a message naming it; misuse gets clear errors.
-#include "tests/TestUtil.h"
+#include "tests/TrainerCompare.h"
 
-#include "core/Checkpoint.h"
+#include "dist/Nccl.h"
 
 #include <fmt/format.h>
 
@@ -25,37 +25,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-
-/// Largest |a - b| of a tensor relative to its largest |b| (1 when b is all zeros).
-double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
-  const std::vector<double> x = a.toDoubles(), y = b.toDoubles();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / (scale > 0 ? scale : 1.0);
-}
-
-/// Trains once on one process and once distributed as `distFlags` say (workers or cluster,
-/// architecture, servers); checks every variable (optimizer slots and the step counter included)
-/// agrees within `tolerance`.
-void checkSameVariablesAs(const std::string& model, const std::string& flags, const std::string& distFlags,
-                          double tolerance) {
-  TempDir dir;
-  const std::string single = (dir.path / "single").string(), parallel = (dir.path / "parallel").string();
-  const CliRun one = weftCli("train " + model + " " + flags + " --out " + single);
-  REQUIRE_MESSAGE(one.status == 0, one.output);
-  const CliRun many = weftCli("train " + model + " " + flags + " " + distFlags + " --out " + parallel);
-  REQUIRE_MESSAGE(many.status == 0, many.output);
-  const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
-  const weft::TensorFile b = weft::readSafetensors(parallel + "/checkpoint.safetensors");
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (const auto& [name, t] : a.tensors) {
-    CAPTURE(name);
-    CHECK(relativeDifference(b.tensors.at(name), t) <= tolerance);
-  }
-}
 
 /// The same on `workers` local processes.
 void checkSameVariables(const std::string& model, const std::string& flags, int workers, double tolerance,
@@ -195,13 +164,38 @@ TEST_CASE("a batch that does not divide among the workers is refused naming the 
   CHECK(contains(r.output, "the distributed job failed"));
 }
 
-TEST_CASE("a specification with GPU hosts is refused naming the host, not trained on its CPUs") {
+TEST_CASE("a specification that mixes GPU and CPU workers is refused naming the host, not trained on its CPUs") {
   TempDir dir;
   const fs::path spec = dir.path / "gpus.json";
   std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 1}, {"address": "127.0.0.1", "gpus": [3]}]})";
   const CliRun r = weftCli("train mlp --cluster " + spec.string() + " --steps 1 --out " + (dir.path / "x").string());
   CHECK(r.status != 0);
-  CHECK(contains(r.output, "host 1 lists GPUs (cuda:3 for its worker 0)"));
+  CHECK(contains(r.output, "has GPU workers and CPU workers (host 0 lists cpu_workers)"));
+  CHECK_FALSE(fs::exists(dir.path / "x" / "checkpoint.safetensors"));
+}
+
+TEST_CASE("--device with --workers is refused before any process starts: the specification places workers") {
+  TempDir dir;
+  const CliRun r = weftCli("train mlp --workers 2 --device cuda:0 --steps 1 --out " + (dir.path / "x").string());
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "--device cuda:0 trains in one process; a distributed job's workers compute where its "
+                           "resource specification says"));
+  CHECK_FALSE(contains(r.output, "weft launch"));
+}
+
+TEST_CASE("a GPU worker whose GPU the machine lacks stops the job naming the worker and the device") {
+  TempDir dir;
+  const fs::path spec = dir.path / "gpus.json";
+  std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "gpus": [63]}]})";
+  const CliRun r = weftCli("train mlp --cluster " + spec.string() + " --steps 1 --timeout 30 --out " +
+                           (dir.path / "x").string());
+  CHECK(r.status != 0);
+  if (weft::dist::kNcclBuilt) {
+    CHECK(contains(r.output, "worker 0 of host 0 is to compute on cuda:63, which this machine lacks"));
+  } else {
+    CHECK(contains(r.output, "lists GPU workers, but this weft was built without NCCL"));
+  }
+  CHECK(contains(r.output, "the distributed job failed"));
   CHECK_FALSE(fs::exists(dir.path / "x" / "checkpoint.safetensors"));
 }
 

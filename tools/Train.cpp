@@ -91,11 +91,10 @@ class Trainer {
   void run() {
     const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(std::max(flags_.workers, 1), flags_.servers)
                                                                 : dist::ResourceSpec::load(flags_.cluster);
-    for (const dist::WorkerSlot& w : resources.workers())
-      WEFT_CHECK(w.device == "cpu",
-                 "{}: host {} lists GPUs ({} for its worker {}); distributed training runs on CPU workers in this "
-                 "version (GPU workers with NCCL are not built yet): give the host cpu_workers",
-                 flags_.cluster, w.host, w.device, w.slot);
+    WEFT_CHECK(Device::parse(flags_.device).type == DeviceType::CPU || !flags_.distributed(),
+               "--device {} trains in one process; a distributed job's workers compute where its resource "
+               "specification says (a host's \"gpus\", or its \"cpu_workers\")",
+               flags_.device);
     const DType precision = parseDType(flags_.precision);
     WEFT_CHECK(precision != f16 || !flags_.distributed(),
                "--precision f16 scales the loss and skips overflowing steps, which distributed training does not "
@@ -114,9 +113,7 @@ class Trainer {
     common.seed = flags_.seed;
     common.data = flags_.data;
     graph_.setSeed(flags_.seed);
-    const Device device = Device::parse(flags_.device);
-    WEFT_CHECK(device.type == DeviceType::CPU || !flags_.distributed(),
-               "--device {} trains in one process; distributed training runs on CPU workers", device.str());
+    const Device device = Device::parse(flags_.distributed() ? dist::processDevice(resources) : flags_.device);
     models::OptimizerSpec spec;
     {
       // The whole model, its gradients and its updates run on the device; batches are fed from

@@ -1,0 +1,42 @@
+// Trains a zoo model twice through the real `weft train` and compares the checkpoints: the
+// equivalence check of distributed training (tests that define WEFT_CLI).
+#pragma once
+
+#include "tests/TestUtil.h"
+
+#include "core/Checkpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+/// Largest |a - b| of a tensor relative to its largest |b| (1 when b is all zeros).
+inline double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
+  const std::vector<double> x = a.toDoubles(), y = b.toDoubles();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / (scale > 0 ? scale : 1.0);
+}
+
+/// Trains `model` once with `flags` and `singleFlags` (such as its device) and once with `flags`
+/// and `distFlags` (workers or cluster, architecture, servers); checks every variable (optimizer
+/// slots and the step counter included) agrees within `tolerance`.
+inline void checkSameVariablesAs(const std::string& model, const std::string& flags, const std::string& distFlags,
+                                 double tolerance, const std::string& singleFlags = "") {
+  TempDir dir;
+  const std::string single = (dir.path / "single").string(), parallel = (dir.path / "parallel").string();
+  const CliRun one = weftCli("train " + model + " " + flags + " " + singleFlags + " --out " + single);
+  REQUIRE_MESSAGE(one.status == 0, one.output);
+  const CliRun many = weftCli("train " + model + " " + flags + " " + distFlags + " --out " + parallel);
+  REQUIRE_MESSAGE(many.status == 0, many.output);
+  const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
+  const weft::TensorFile b = weft::readSafetensors(parallel + "/checkpoint.safetensors");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    CHECK(relativeDifference(b.tensors.at(name), t) <= tolerance);
+  }
+}

@@ -1,0 +1,62 @@
+// Distributed training on GPU workers, through the real `weft train --cluster` with a host that
+// lists GPUs: each worker computes on its GPU and sums its dense gradients through NCCL, while
+// sparse embeddings stay on parameter servers reached over UCX. One GPU runs a job of one worker
+// (an NCCL communicator of one rank, and every op of the GPU path: the sums' Start and Wait on
+// the GPU, pulls and pushes copied through the host, variables broadcast and fetched through it);
+// jobs of several GPU workers need as many GPUs, since NCCL refuses two ranks on one device.
+// These need a GPU: without one the binary reports why and exits as skipped (see gpu_main.cpp).
+#include "tests/TrainerCompare.h"
+
+#include "core/Device.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A resource specification of one loopback host with GPUs 0 .. gpus-1 and one server.
+std::string gpuCluster(const fs::path& dir, int gpus) {
+  std::string ids;
+  for (int g = 0; g < gpus; ++g) ids += fmt::format("{}{}", g ? ", " : "", g);
+  const fs::path spec = dir / "gpus.json";
+  std::ofstream(spec) << fmt::format(R"({{"hosts": [{{"address": "127.0.0.1", "gpus": [{}], "servers": 1}}]}})", ids);
+  return spec.string();
+}
+
+const std::string mlpFlags = "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 "
+                             "--timeout 60";
+const std::string lmFlags = "--vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
+                            "--heldout-sentences 20 --batch 16 --steps 10 --clip 1 --eval-every 10 --threads 1 "
+                            "--timeout 60";
+
+const std::string onGpu = "--device cuda:0";  // the one process the job is compared with
+const bool fewerThanTwoGpus = weft::cudaDeviceCount() < 2;
+
+}  // namespace
+
+TEST_CASE("MLP: one GPU worker under ar (dense sums through NCCL) trains like one process on that GPU") {
+  TempDir dir;
+  // The one rank's sum is its own gradient, copied: nothing may differ.
+  checkSameVariablesAs("mlp", mlpFlags, "--cluster " + gpuCluster(dir.path, 1) + " --arch ar", 1e-6, onGpu);
+}
+
+TEST_CASE("LM: one GPU worker trains like one process on that GPU under each architecture") {
+  // auto and ps keep the embedding (and under ps everything) on a CPU server, whose Adam steps
+  // round differently from the GPU's.
+  for (const char* arch : {"auto", "ar", "ps"}) {
+    CAPTURE(arch);
+    TempDir dir;
+    checkSameVariablesAs("lm", lmFlags, "--cluster " + gpuCluster(dir.path, 1) + " --arch " + arch, 1e-4, onGpu);
+  }
+}
+
+TEST_CASE("two GPU workers with a part each train like one process on one GPU with the total batch" *
+          doctest::skip(fewerThanTwoGpus)) {
+  TempDir dir;
+  const std::string cluster = "--cluster " + gpuCluster(dir.path, 2);
+  checkSameVariablesAs("mlp", mlpFlags, cluster + " --arch ar", 1e-5, onGpu);
+  checkSameVariablesAs("lm", lmFlags, cluster + " --arch auto", 1e-4, onGpu);
+}
