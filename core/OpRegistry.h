@@ -134,6 +134,9 @@ struct OpDef {
   /// The kernel starts work that completes in the background (a collective): the executor runs
   /// it as soon as its inputs are ready.
   OpDef& launchAsync() { launchesAsync = true; return *this; }
+  /// The kernel seldom reads these inputs and copies what it reads itself: the executor hands
+  /// them over from whichever device holds them instead of copying them every run.
+  OpDef& uncopiedInputs(std::vector<int> inputs) { inputsNotCopied = std::move(inputs); return *this; }
 
   std::string name;
   int minInputs = 0, maxInputs = 0;
@@ -145,6 +148,7 @@ struct OpDef {
   std::vector<int> mutatedInputs;
   SourceKind sourceKind = SourceKind::None;
   bool launchesAsync = false;
+  std::vector<int> inputsNotCopied;
 
   Kernel kernelFor(DeviceType t) const { return kernels[static_cast<size_t>(t)]; }
 };

@@ -411,7 +411,8 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
       for (size_t i = 0; i < n->inputs.size(); ++i) {
         const int s = slotOf.at(n->inputs[i]);
         const Device from = plan->slotDevices[static_cast<size_t>(s)];
-        if (from == device) {
+        const std::vector<int>& uncopied = n->def->inputsNotCopied;
+        if (from == device || std::find(uncopied.begin(), uncopied.end(), static_cast<int>(i)) != uncopied.end()) {
           item.in.push_back(s);
           continue;
         }

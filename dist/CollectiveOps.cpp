@@ -169,12 +169,11 @@ void registerCollectiveOps() {
   });
 }
 
-std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t communicator, double scale) {
+std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t communicator, double scale, bool onGpu) {
   registerCollectiveOps();
   Graph& g = xs.at(0).graph();
-  // Sums of GPU tensors run on their GPU through NCCL when weft has it, else on the host's ring.
   const std::string& device = xs[0].node()->device;
-  auto placed = g.onDevice(kNcclBuilt && device.rfind("cuda", 0) == 0 ? device : "");
+  auto placed = g.onDevice(onGpu && device.rfind("cuda", 0) == 0 ? device : "");
   Node* start = g.addNode("AllReduceStart", xs, {{"communicator", communicator}});
   std::vector<Output> waitInputs{start->output()};
   waitInputs.insert(waitInputs.end(), xs.begin(), xs.end());

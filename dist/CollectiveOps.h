@@ -25,7 +25,8 @@ namespace weft::dist {
 void registerCollectiveOps();
 
 /// Sums tensors of one dtype over every rank, times `scale`; one fused transfer for all of them.
-std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t communicator, double scale);
+/// On the host's ring, or with `onGpu` on the GPU the tensors live on, through the job's NCCL group.
+std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t communicator, double scale, bool onGpu = false);
 /// Concatenates every rank's sparse rows in rank order (every rank must have as many), values
 /// times `scale`. The rows are the gradient of `variable`, of `variableRows` rows: each step's
 /// rows are counted in the communicator's traffic.

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace weft {
@@ -48,6 +49,9 @@ class NcclGroup {
 
   /// Throws the error that made the watchdog abort the communicator, if one did.
   void throwIfFailed() const;
+  /// Aborts the communicator (the sums of every worker then fail): for a step that stopped
+  /// half-way, after which this worker's sums no longer match the others'.
+  void abort(const std::string& why);
 
   struct Impl;
 

@@ -148,21 +148,40 @@ struct Runner::State {
     return out;
   }
 
+  /// Every served variable's state on the host, indexed like plan.variables: the session's own
+  /// tensors when they live there, else copies (`fill`: of their values; else uninitialised).
+  std::vector<std::vector<Tensor>> hostStates(bool fill) {
+    std::vector<std::vector<Tensor>> states;
+    for (const ServedVariable& v : plan.variables) {
+      std::vector<Tensor> state;
+      for (Tensor* t : stateOf(v)) {
+        const bool onHost = t->device().type == DeviceType::CPU;
+        state.push_back(onHost || fill ? t->to(cpu()) : Tensor(t->dtype(), t->shape(), cpu()));
+      }
+      states.push_back(std::move(state));
+    }
+    return states;
+  }
+
   void pullVariables() {
     std::vector<ServerClient::Call> calls;
     for (size_t p = 0; p < plan.partitions.size(); ++p) calls.push_back({static_cast<int>(p), RequestKind::Fetch, {}});
     const std::vector<std::vector<uint8_t>> replies = client->request(std::move(calls), TrafficKind::Control);
+    // The partitions of a variable cover all its rows: every byte of the host copies is written.
+    std::vector<std::vector<Tensor>> states = hostStates(false);
     for (size_t p = 0; p < plan.partitions.size(); ++p) {
       const Partition& part = plan.partitions[p];
-      const std::vector<Tensor*> tensors = stateOf(plan.variables[static_cast<size_t>(part.variable)]);
+      std::vector<Tensor>& tensors = states[static_cast<size_t>(part.variable)];
       WEFT_CHECK(replies[p].size() == part.bytes * tensors.size(), "FETCH of partition {} returned {} bytes, expected {}", p,
                  replies[p].size(), part.bytes * tensors.size());
       const size_t rowBytes = plan.variables[static_cast<size_t>(part.variable)].rowBytes();
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        Tensor host = tensors[i]->to(cpu());
-        unpackRows(part, rowBytes, replies[p].data() + i * part.bytes, static_cast<uint8_t*>(host.raw()));
-        if (host.raw() != tensors[i]->raw()) tensors[i]->copyFrom(host);
-      }
+      for (size_t i = 0; i < tensors.size(); ++i)
+        unpackRows(part, rowBytes, replies[p].data() + i * part.bytes, static_cast<uint8_t*>(tensors[i].raw()));
+    }
+    for (size_t v = 0; v < plan.variables.size(); ++v) {
+      const std::vector<Tensor*> live = stateOf(plan.variables[v]);
+      for (size_t i = 0; i < live.size(); ++i)
+        if (live[i]->raw() != states[v][i].raw()) live[i]->copyFrom(states[v][i]);
     }
     client->setLocalCopyCurrent(true);
   }
@@ -170,14 +189,14 @@ struct Runner::State {
   void publishVariables() {
     if (rank == 0) {
       std::vector<ServerClient::Call> calls;
+      const std::vector<std::vector<Tensor>> states = hostStates(true);
       for (size_t p = 0; p < plan.partitions.size(); ++p) {
         const Partition& part = plan.partitions[p];
         const ServedVariable& v = plan.variables[static_cast<size_t>(part.variable)];
-        const std::vector<Tensor*> tensors = stateOf(v);
+        const std::vector<Tensor>& tensors = states[static_cast<size_t>(part.variable)];
         std::vector<uint8_t> payload(part.bytes * tensors.size());
         for (size_t i = 0; i < tensors.size(); ++i)
-          packRows(part, v.rowBytes(), static_cast<const uint8_t*>(tensors[i]->to(cpu()).raw()),
-                   payload.data() + i * part.bytes);
+          packRows(part, v.rowBytes(), static_cast<const uint8_t*>(tensors[i].raw()), payload.data() + i * part.bytes);
         calls.push_back({static_cast<int>(p), RequestKind::Load, std::move(payload)});
       }
       client->request(std::move(calls), TrafficKind::Control);
@@ -216,12 +235,22 @@ std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMa
   // Steps that make no server request (all of them under `ar`) still answer the servers'
   // connection setup to the client's transport.
   if (state_->clientTransport) state_->clientTransport->progress();
-  std::vector<Tensor> out = state_->session->run(fetches, feeds, targets);
 #ifdef WEFT_HAVE_NCCL
-  // A sum the watchdog aborted leaves the GPU's results of this step unfinished: say why.
-  if (state_->nccl) state_->nccl->throwIfFailed();
+  if (state_->nccl) {
+    try {
+      std::vector<Tensor> out = state_->session->run(fetches, feeds, targets);
+      // A sum the watchdog aborted leaves the GPU's results of this step unfinished: say why.
+      state_->nccl->throwIfFailed();
+      return out;
+    } catch (const std::exception& e) {
+      // A step that stopped between a sum's Start and its Wait has left this worker's sums out
+      // of step with the other workers': no later sum could match theirs.
+      state_->nccl->abort(fmt::format("a step failed on this worker ({})", e.what()));
+      throw;
+    }
+  }
 #endif
-  return out;
+  return state_->session->run(fetches, feeds, targets);
 }
 
 double Runner::meanOverWorkers(double value) {
@@ -420,7 +449,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   state->communicator = std::make_unique<Communicator>(*state->ring);
 #ifdef WEFT_HAVE_NCCL
   if (gpuWorkers) {
-    const int gpu = Device::parse(slots[static_cast<size_t>(state->rank)].device).index;
+    const int gpu = Device::parse(processDevice(resources)).index;
     state->nccl = std::make_unique<NcclGroup>(roster.ncclId, workers, state->rank, gpu, state->communicator->id(),
                                               config.timeout);
   }
@@ -432,6 +461,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   options.averageDense = config.averageDense;
   options.averageSparse = config.averageSparse;
   options.bucketBytes = config.bucketBytes;
+  options.gpuCollectives = gpuWorkers;
   for (const ServedVariable& v : state->plan.variables) options.served.push_back(v.variable);
   state->distribution = distributeAllReduce(graph, options);
   if (servers > 0) {

@@ -72,9 +72,19 @@ std::vector<TensorType> pullRowsInfer(const InferContext& c) {
   return {{c.dtype(0), Shape(std::move(out))}};
 }
 
+/// The rows of the worker's own copy of the variable (input 0, which may live on a GPU).
+void gatherFromLocalCopy(KernelContext& ctx) {
+  const Kernel gather = OpRegistry::global().get("Gather").kernelFor(DeviceType::CPU);
+  if (ctx.input(0).device().type == DeviceType::CPU) return gather(ctx);
+  const Tensor variable = ctx.input(0).to(cpu());
+  KernelContext onHost = ctx;
+  onHost.inputs[0] = &variable;
+  gather(onHost);
+}
+
 void pullRowsKernel(KernelContext& ctx) {
   const Target t = targetOf(ctx, true);
-  if (t.client == nullptr) return OpRegistry::global().get("Gather").kernelFor(DeviceType::CPU)(ctx);
+  if (t.client == nullptr) return gatherFromLocalCopy(ctx);
   const std::vector<int64_t> rows = checkedRows(ctx, ctx.input(1), t.variable->rows(), t.variable->variable->name);
   const size_t parts = t.variable->partitions.size();
   std::vector<std::vector<int64_t>> wanted(parts);  // unique local row ids per partition
@@ -219,8 +229,10 @@ void registerServerOps() {
   static std::once_flag once;
   std::call_once(once, [] {
     OpRegistry& r = OpRegistry::global();
-    r.add(OpDef("PullRows").inputs(2).infer(pullRowsInfer).cpu(pullRowsKernel).noGradient());
-    r.add(OpDef("PullVariable").inputs(1).infer(sameAsVariable).cpu(pullVariableKernel).noGradient());
+    // The variable is read only once the worker's own copy is current (after the job).
+    r.add(OpDef("PullRows").inputs(2).infer(pullRowsInfer).cpu(pullRowsKernel).uncopiedInputs({0}).noGradient());
+    r.add(OpDef("PullVariable").inputs(1).infer(sameAsVariable).cpu(pullVariableKernel).uncopiedInputs({0})
+              .noGradient());
     r.add(OpDef("PushGradient").inputs(1, 2).infer(pushGradientInfer).cpu(pushGradientKernel).noGradient());
     r.add(OpDef("ApplyRemote").inputs(0, -1).infer(noOutputs).cpu(applyRemoteKernel).noGradient());
   });

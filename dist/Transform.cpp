@@ -158,7 +158,7 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     if (bucket.empty()) return;
     std::vector<Output> grads;
     for (const GradientLink* l : bucket) grads.push_back(l->dense);
-    const std::vector<Output> reduced = allReduce(grads, options.communicator, denseScale);
+    const std::vector<Output> reduced = allReduce(grads, options.communicator, denseScale, options.gpuCollectives);
     for (size_t i = 0; i < bucket.size(); ++i) {
       rewirer.redirect(bucket[i]->dense, reduced[i]);
       result.variables.push_back({bucket[i]->variable, false, byteSize(bucket[i]->dense), result.buckets});

@@ -38,6 +38,8 @@ struct TransformOptions {
   size_t bucketBytes = size_t{4} << 20;
   /// Variables the parameter servers hold: the AllReduce pass leaves their gradients alone.
   std::vector<const Node*> served;
+  /// Dense gradients on a GPU are summed there, through the job's NCCL group (GPU workers).
+  bool gpuCollectives = false;
 };
 
 /// One synchronised variable.

@@ -8,6 +8,7 @@
 #include "tests/TrainerCompare.h"
 
 #include "core/Device.h"
+#include "dist/Nccl.h"
 
 #include <fmt/format.h>
 
@@ -33,17 +34,20 @@ const std::string lmFlags = "--vocab 500 --classes 10 --embed 16 --hidden 32 --s
                             "--timeout 60";
 
 const std::string onGpu = "--device cuda:0";  // the one process the job is compared with
-const bool fewerThanTwoGpus = weft::cudaDeviceCount() < 2;
+// GPU workers need NCCL: a CUDA build without it refuses them (tests/test_dist_train.cpp checks how).
+const bool noNccl = !weft::dist::kNcclBuilt;
+const bool fewerThanTwoGpus = noNccl || weft::cudaDeviceCount() < 2;
 
 }  // namespace
 
-TEST_CASE("MLP: one GPU worker under ar (dense sums through NCCL) trains like one process on that GPU") {
+TEST_CASE("MLP: one GPU worker under ar (dense sums through NCCL) trains like one process on that GPU" *
+          doctest::skip(noNccl)) {
   TempDir dir;
   // The one rank's sum is its own gradient, copied: nothing may differ.
   checkSameVariablesAs("mlp", mlpFlags, "--cluster " + gpuCluster(dir.path, 1) + " --arch ar", 1e-6, onGpu);
 }
 
-TEST_CASE("LM: one GPU worker trains like one process on that GPU under each architecture") {
+TEST_CASE("LM: one GPU worker trains like one process on that GPU under each architecture" * doctest::skip(noNccl)) {
   // auto and ps keep the embedding (and under ps everything) on a CPU server, whose Adam steps
   // round differently from the GPU's.
   for (const char* arch : {"auto", "ar", "ps"}) {

@@ -75,6 +75,7 @@ struct NcclGroup::Impl {
   Pending take(const void* ticket, const Node& op);
   void recycle(cudaEvent_t event);
   void throwIfFailed() const;
+  void abort(const std::string& why);
 
  private:
   /// Polls a non-blocking call that answered ncclInProgress until it settles or `deadline` passes.
@@ -144,7 +145,7 @@ NcclGroup::Impl::Impl(const std::vector<uint8_t>& uniqueId, int ranks, int rank,
 }
 
 NcclGroup::Impl::~Impl() {
-  cuda::setCurrent(gpu_);
+  cudaSetDevice(gpu_);  // not checked: a destructor has no one to tell
   {
     std::lock_guard lock(registryMutex);
     registry().erase(communicator_);
@@ -156,6 +157,9 @@ NcclGroup::Impl::~Impl() {
   }
   wake_.notify_all();
   watchdog_.join();
+  // An aborted or finalised communicator lets its kernels end: only then may their buffers go.
+  cudaStreamSynchronize(stream_);
+  for (auto& [ticket, sum] : pending_) cudaEventDestroy(sum.done);
   pending_.clear();
   for (cudaEvent_t e : spareEvents_) cudaEventDestroy(e);
   cudaStreamDestroy(stream_);
@@ -183,8 +187,9 @@ NcclGroup::Impl& NcclGroup::Impl::of(const KernelContext& ctx) {
   std::lock_guard lock(registryMutex);
   const auto it = registry().find(id);
   WEFT_CHECK(it != registry().end(),
-             "{}: communicator {} has no NCCL group on this GPU (a distributed job's GPU workers make one)",
-             ctx.node->describe(), id);
+             "{}: communicator {} has no NCCL group (a distributed job's GPU workers make one)", ctx.node->describe(), id);
+  WEFT_CHECK(it->second->gpu_ == ctx.device.index, "{} runs on {}, but this worker's NCCL group is on cuda:{}",
+             ctx.node->describe(), ctx.device.str(), it->second->gpu_);
   return *it->second;
 }
 
@@ -231,12 +236,21 @@ void NcclGroup::Impl::throwIfFailed() const {
   if (!failure_.empty()) throw Error(failure_);
 }
 
+void NcclGroup::Impl::abort(const std::string& why) {
+  std::lock_guard lock(mutex_);
+  abortLocked(why);
+}
+
 void NcclGroup::Impl::start(Tensor fused, cudaStream_t compute, const void* ticket, const Node& op) {
   const int64_t count = fused.numel();
   const ncclDataType_t type = ncclTypeOf(fused.dtype());
   const uint64_t bytes = fused.bytes();
   std::unique_lock lock(mutex_);
   if (!failure_.empty()) throw Error(fmt::format("{}: {}", op.describe(), failure_));
+  if (pending_.count(ticket)) {
+    abortLocked(fmt::format("{} started a sum while its last one was never waited for", op.describe()));
+    throw Error(failure_);
+  }
   cudaEvent_t packed = eventLocked(), done = eventLocked();
   WEFT_CUDA_CHECK(cudaEventRecord(packed, compute));
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(stream_, packed, 0));
@@ -249,8 +263,14 @@ void NcclGroup::Impl::start(Tensor fused, cudaStream_t compute, const void* tick
                                     : ncclError(r, "ncclAllReduce"));
     throw Error(fmt::format("{}: {}", op.describe(), failure_));
   }
-  WEFT_CUDA_CHECK(cudaEventRecord(done, stream_));
-  WEFT_CUDA_CHECK(cudaLaunchHostFunc(stream_, countFinished, &finished_));
+  // The sum is queued: from here a failure must not leave it running untracked.
+  const cudaError_t recorded = cudaEventRecord(done, stream_);
+  const cudaError_t counted = recorded == cudaSuccess ? cudaLaunchHostFunc(stream_, countFinished, &finished_) : recorded;
+  if (counted != cudaSuccess) {
+    abortLocked(fmt::format("tracking a queued sum failed: {}", cudaGetErrorString(counted)));
+    throw Error(fmt::format("{}: {}", op.describe(), failure_));
+  }
+  // Its deadline counts from now, so it covers the GPU work queued before it.
   deadlines_.emplace_back(++started_, Clock::now() + timeout_);
   pending_[ticket] = Pending{std::move(fused), done};
   lock.unlock();
@@ -270,6 +290,7 @@ NcclGroup::Impl::Pending NcclGroup::Impl::take(const void* ticket, const Node& o
 }
 
 void NcclGroup::Impl::watch() {
+  cudaSetDevice(gpu_);  // for NCCL's calls below; they fail by their own result if it did not take
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, kWatchInterval);
@@ -294,6 +315,7 @@ NcclGroup::NcclGroup(const std::vector<uint8_t>& uniqueId, int ranks, int rank, 
     : impl_(std::make_unique<Impl>(uniqueId, ranks, rank, gpu, communicator, timeout)) {}
 NcclGroup::~NcclGroup() = default;
 void NcclGroup::throwIfFailed() const { impl_->throwIfFailed(); }
+void NcclGroup::abort(const std::string& why) { impl_->abort(why); }
 
 namespace nccl {
 
@@ -331,7 +353,8 @@ void allReduceWait(KernelContext& ctx) {
     }
     cudaops::dispatchFloating(out.dtype(), [&](auto z) {
       using T = decltype(z);
-      const cudaops::BroadcastMap same = cudaops::broadcastMap(out.shape(), out.shape());
+      const Shape flat{out.numel()};
+      const cudaops::BroadcastMap same = cudaops::broadcastMap(flat, flat);
       WEFT_CUDA_CHECK(cudaops::launch::spread<T>(static_cast<const T*>(part), out.data<T>(), out.numel(), same,
                                                  static_cast<T>(scale), compute));
     });
