@@ -368,12 +368,11 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   }
   const std::vector<WorkerSlot> slots = resources.workers();
   [[maybe_unused]] const bool gpuWorkers = requireOneKindOfWorker(slots);
-  if (identity->id.role == Role::Worker) {
-    const Device own = Device::parse(processDevice(resources));
+  const Device own = Device::parse(processDevice(resources));
+  if (own.type == DeviceType::CUDA) {
     const int gpus = cudaDeviceCount();
-    WEFT_CHECK(own.type == DeviceType::CPU || own.index < gpus, "{} is to compute on {}, which this machine lacks: {}",
-               describe(identity->id), own.str(),
-               gpus > 0 ? fmt::format("it has {} GPU(s)", gpus) : cudaUnavailableReason());
+    WEFT_CHECK(own.index < gpus, "{} is to compute on {}, which this machine lacks: {}", describe(identity->id),
+               own.str(), gpus > 0 ? fmt::format("it has {} GPU(s)", gpus) : cudaUnavailableReason());
   }
   state->transport = std::make_unique<UcxTransport>();
   JoinRequest request{identity->id, state->transport->address(), {}, {}};
@@ -449,9 +448,8 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   state->communicator = std::make_unique<Communicator>(*state->ring);
 #ifdef WEFT_HAVE_NCCL
   if (gpuWorkers) {
-    const int gpu = Device::parse(processDevice(resources)).index;
-    state->nccl = std::make_unique<NcclGroup>(roster.ncclId, workers, state->rank, gpu, state->communicator->id(),
-                                              config.timeout);
+    state->nccl = std::make_unique<NcclGroup>(roster.ncclId, workers, state->rank, own.index,
+                                              state->communicator->id(), config.timeout);
   }
 #endif
 
