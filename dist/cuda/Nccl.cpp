@@ -82,6 +82,8 @@ struct NcclGroup::Impl {
   ncclResult_t settle(Clock::time_point deadline);
   cudaEvent_t eventLocked();
   void abortLocked(std::string why);
+  /// Throws the failure, naming the op that met it (the mutex is held).
+  [[noreturn]] void failedAt(const Node& op) const { throw Error(fmt::format("{}: {}", op.describe(), failure_)); }
   void watch();
   void finishOrAbort();
 
@@ -246,10 +248,10 @@ void NcclGroup::Impl::start(Tensor fused, cudaStream_t compute, const void* tick
   const ncclDataType_t type = ncclTypeOf(fused.dtype());
   const uint64_t bytes = fused.bytes();
   std::unique_lock lock(mutex_);
-  if (!failure_.empty()) throw Error(fmt::format("{}: {}", op.describe(), failure_));
+  if (!failure_.empty()) failedAt(op);
   if (pending_.count(ticket)) {
     abortLocked(fmt::format("{} started a sum while its last one was never waited for", op.describe()));
-    throw Error(failure_);
+    failedAt(op);
   }
   cudaEvent_t packed = eventLocked(), done = eventLocked();
   WEFT_CUDA_CHECK(cudaEventRecord(packed, compute));
@@ -261,14 +263,14 @@ void NcclGroup::Impl::start(Tensor fused, cudaStream_t compute, const void* tick
     spareEvents_.push_back(done);
     abortLocked(r == ncclInProgress ? fmt::format("queueing a sum of {} bytes took over {} ms", bytes, timeout_.count())
                                     : ncclError(r, "ncclAllReduce"));
-    throw Error(fmt::format("{}: {}", op.describe(), failure_));
+    failedAt(op);
   }
   // The sum is queued: from here a failure must not leave it running untracked.
   const cudaError_t recorded = cudaEventRecord(done, stream_);
   const cudaError_t counted = recorded == cudaSuccess ? cudaLaunchHostFunc(stream_, countFinished, &finished_) : recorded;
   if (counted != cudaSuccess) {
     abortLocked(fmt::format("tracking a queued sum failed: {}", cudaGetErrorString(counted)));
-    throw Error(fmt::format("{}: {}", op.describe(), failure_));
+    failedAt(op);
   }
   // Its deadline counts from now, so it covers the GPU work queued before it.
   deadlines_.emplace_back(++started_, Clock::now() + timeout_);
@@ -281,7 +283,7 @@ void NcclGroup::Impl::start(Tensor fused, cudaStream_t compute, const void* tick
 
 NcclGroup::Impl::Pending NcclGroup::Impl::take(const void* ticket, const Node& op) {
   std::lock_guard lock(mutex_);
-  if (!failure_.empty()) throw Error(fmt::format("{}: {}", op.describe(), failure_));
+  if (!failure_.empty()) failedAt(op);
   const auto it = pending_.find(ticket);
   WEFT_CHECK(it != pending_.end(), "{}: no NCCL sum was started for its ticket", op.describe());
   Pending p = std::move(it->second);
