@@ -59,6 +59,10 @@ struct OutputHash {
   }
 };
 
+/// The nodes whose NaN or Inf a loss-scaled step handles by skipping its update (the scaled
+/// backward pass), so a Session's checkNumerics does not stop on them.
+inline constexpr char kLossScaledCollection[] = "loss_scaled";
+
 /// One op instance.
 struct Node {
   int id = 0;
@@ -211,7 +215,8 @@ class Graph {
   const std::vector<GradientLink>& gradientLinks() const { return gradientLinks_; }
 
   /// Named lists of nodes; layers add their side-effect ops (batch-norm moving statistics) to
-  /// "update_ops", which optimizers run with every step.
+  /// "update_ops", which optimizers run with every step, and loss scaling names the nodes of its
+  /// scaled backward pass in kLossScaledCollection.
   void addToCollection(const std::string& key, Node* node) { collections_[key].push_back(node); }
   const std::vector<Node*>& collection(const std::string& key) const;
 

@@ -20,6 +20,7 @@ struct Session::Plan {
     Kernel kernel;
     KernelContext ctx;
     const Tensor* condition = nullptr;  // run only when this scalar is nonzero
+    bool checkFinite = false;           // checkNumerics applies to this step's outputs
   };
   struct FeedSlot {
     Output output;
@@ -532,6 +533,8 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
   for (const auto& [out, value] : feedValue) plan->feeds.push_back({out, slotOf.at(out)});
 
   // Steps: one per item, contexts pointing at the slots.
+  const std::vector<Node*>& lossScaled = graph_.collection(kLossScaledCollection);
+  const std::set<const Node*> numericsLeftToLossScaling(lossScaled.begin(), lossScaled.end());
   for (const Item& item : items) {
     Plan::Step step{item.copy ? copyKernel : item.node->def->kernelFor(item.device.type), {}};
     step.ctx.node = item.node;
@@ -547,6 +550,7 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
     for (int in : item.in) step.ctx.inputs.push_back(&plan->slots[static_cast<size_t>(in)]);
     for (int out : item.out) step.ctx.outputs.push_back(&plan->slots[static_cast<size_t>(out)]);
     if (item.condition >= 0) step.condition = &plan->slots[static_cast<size_t>(item.condition)];
+    step.checkFinite = options_.checkNumerics && !numericsLeftToLossScaling.count(item.node);
     plan->steps.push_back(std::move(step));
   }
   for (const Output& f : fetches) {
@@ -674,7 +678,7 @@ void Session::runSteps(Plan& plan) {
     } catch (const std::exception& e) {
       WEFT_THROW("{}: {}", s.ctx.node->describe(), e.what());
     }
-    if (options_.checkNumerics) {
+    if (s.checkFinite) {
       for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
     }
   }

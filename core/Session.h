@@ -22,7 +22,9 @@ using FeedMap = std::vector<std::pair<Output, Tensor>>;
 struct SessionOptions {
   /// Intra-op threads; <= 0 means one per hardware thread.
   int threads = 0;
-  /// After every op, fail with the op's name if a floating output holds NaN or Inf.
+  /// After every op, fail with the op's name if a floating output holds NaN or Inf; except for
+  /// the nodes of a loss-scaled backward pass (kLossScaledCollection), whose overflow skips the
+  /// step's update instead.
   bool checkNumerics = false;
 };
 

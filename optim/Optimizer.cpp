@@ -56,10 +56,15 @@ Node* Optimizer::minimize(Output loss, const MinimizeOptions& options) {
     for (Node* v : loss.graph().trainableVariables()) vars.push_back(v->output());
   }
   WEFT_CHECK(!vars.empty(), "{}::minimize: the graph has no trainable variables", name_);
+  Graph& g = loss.graph();
+  const size_t firstBackwardNode = g.nodes().size();
   Output finite;
   std::vector<Grad> grads = options.lossScaling ? scaledGradients(loss, vars, *options.lossScaling, finite)
                                                 : gradients(loss, vars);
   if (options.clipGlobalNorm > 0) grads = clipByGlobalNorm(grads, options.clipGlobalNorm).first;
+  if (options.lossScaling) {
+    for (size_t i = firstBackwardNode; i < g.nodes().size(); ++i) g.addToCollection(kLossScaledCollection, g.nodes()[i].get());
+  }
   std::vector<std::pair<Grad, Output>> pairs;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (grads[i].valid()) pairs.emplace_back(grads[i], vars[i]);
@@ -68,7 +73,7 @@ Node* Optimizer::minimize(Output loss, const MinimizeOptions& options) {
   if (!options.lossScaling) return step;
   std::vector<Node*> all = updateLossScale(*options.lossScaling, finite);
   all.push_back(step);
-  return loss.graph().group(all, "train_step_scaled");
+  return g.group(all, "train_step_scaled");
 }
 
 std::vector<Grad> Optimizer::scaledGradients(Output loss, const std::vector<Output>& vars, const LossScaling& scaling,

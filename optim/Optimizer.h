@@ -43,7 +43,8 @@ LearningRate warmup(LearningRate after, double warmupSteps);
 /// (batch-norm statistics) still run. A dynamic scale halves after such a step (down to 1) and
 /// doubles after `growthInterval` good steps in a row (up to 2^24). The scale and the count of
 /// good steps are variables ("loss_scale", "loss_scale/good_steps"), so checkpoints carry them.
-/// Session's checkNumerics stops at the first overflowing gradient, before a step can be skipped.
+/// A Session's checkNumerics leaves the scaled backward pass to this skipping and still checks the
+/// forward pass and the updates.
 struct LossScaling {
   double initial = 65536;
   bool dynamic = true;

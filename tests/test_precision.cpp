@@ -415,6 +415,24 @@ TEST_CASE("a fixed loss scale still skips overflowing steps but keeps its value"
   CHECK(s.variable("w").toDoubles() == std::vector<double>{0.5, 0});
 }
 
+TEST_CASE("a session checking numerics leaves an overflowing scaled gradient to the loss scale") {
+  Graph g;
+  const Output w = g.variable("w", f32, {2}, Initializer::constant(1.0));
+  const Output x = g.placeholder("x", f32, {2});
+  optim::MinimizeOptions options;
+  options.lossScaling = optim::LossScaling{65536, true, 1};
+  Node* train = optim::SGD(0.5).minimize(sum(w * x), options);
+  SessionOptions checking;
+  checking.checkNumerics = true;
+  Session s(g, checking);
+  s.run({}, {{x, Tensor::fromVector<float>({1e36f, 1}, {2})}}, {train});  // 1e36 x 65536 overflows
+  CHECK(s.variable("w").toDoubles() == std::vector<double>{1, 1});
+  CHECK(s.variable("loss_scale").item() == 32768);
+  const std::string forward = errorOf([&] { s.run({}, {{x, Tensor::fromVector<float>({INFINITY, 1}, {2})}}, {train}); });
+  CHECK(contains(forward, "numerics check"));
+  CHECK(contains(forward, "'Mul'"));
+}
+
 TEST_CASE("loss scaling rejects a scale outside [1, 2^24] and a second scaled minimize") {
   Graph g;
   const Output w = g.variable("w", f32, {2}, Initializer::constant(1.0));
