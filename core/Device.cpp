@@ -55,7 +55,15 @@ Allocator& cudaAllocator(int index);
 MemoryStats cudaMemoryStats(int index);
 void cudaCopy(void* dst, const Device& dstDevice, const void* src, const Device& srcDevice, size_t bytes);
 void cudaSynchronize(int index);
+Allocator& cudaPinnedAllocator();
+MemoryStats cudaPinnedStats();
 }  // namespace detail
+
+bool hostMemoryPinnable() { return cudaDeviceCount() > 0; }
+
+Allocator& pinnedHostAllocator() { return hostMemoryPinnable() ? detail::cudaPinnedAllocator() : cpuAllocator(); }
+
+MemoryStats pinnedMemoryStats() { return hostMemoryPinnable() ? detail::cudaPinnedStats() : MemoryStats{}; }
 
 Allocator& allocatorFor(const Device& device) {
   return device.type == DeviceType::CPU ? cpuAllocator() : detail::cudaAllocator(device.index);
@@ -97,6 +105,12 @@ void copyBytes(void* dst, const Device& dstDevice, const void* src, const Device
 }
 
 void synchronize(const Device&) {}
+
+bool hostMemoryPinnable() { return false; }
+
+Allocator& pinnedHostAllocator() { return cpuAllocator(); }
+
+MemoryStats pinnedMemoryStats() { return {}; }
 
 int cudaDeviceCount() { return 0; }
 

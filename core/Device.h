@@ -45,6 +45,15 @@ void copyBytes(void* dst, const Device& dstDevice, const void* src, const Device
 /// Waits for the work queued on `device` (nothing to wait for on the CPU).
 void synchronize(const Device& device);
 
+/// Page-locked host memory where a GPU is visible, which the GPU's copy engines read and write
+/// directly (a copy from it runs asynchronously, overlapping compute); ordinary host memory
+/// otherwise. Blocks are cached and reused like GPU memory (pinning is slow).
+Allocator& pinnedHostAllocator();
+/// Whether pinnedHostAllocator() hands out page-locked memory on this machine.
+bool hostMemoryPinnable();
+/// The page-locked cache's statistics (all zero where host memory is not pinned).
+MemoryStats pinnedMemoryStats();
+
 /// GPUs this process can use: 0 when weft was built without CUDA or the machine has no GPU.
 int cudaDeviceCount();
 /// Why cudaDeviceCount() is 0 ("" when it is not).

@@ -2,10 +2,12 @@
 
 namespace weft {
 
-Buffer::Buffer(size_t bytes, Device device)
-    : data_(allocatorFor(device).allocate(bytes)), bytes_(bytes), device_(device) {}
+Buffer::Buffer(size_t bytes, Device device) : Buffer(bytes, device, allocatorFor(device)) {}
 
-Buffer::~Buffer() { allocatorFor(device_).deallocate(data_, bytes_); }
+Buffer::Buffer(size_t bytes, Device device, Allocator& allocator)
+    : allocator_(&allocator), data_(allocator.allocate(bytes)), bytes_(bytes), device_(device) {}
+
+Buffer::~Buffer() { allocator_->deallocate(data_, bytes_); }
 
 Tensor::Tensor(DType dtype, Shape shape, Device device) : dtype_(dtype), shape_(std::move(shape)) {
   WEFT_CHECK(shape_.isFullyDefined(), "cannot allocate a tensor of partially known shape {}",
@@ -18,6 +20,12 @@ Tensor::Tensor(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape
   WEFT_CHECK(offset_ + bytes() <= buffer_->bytes(),
              "tensor view of {} bytes at offset {} overruns a buffer of {} bytes", bytes(), offset_,
              buffer_->bytes());
+}
+
+Tensor Tensor::pinned(DType dtype, Shape shape) {
+  WEFT_CHECK(shape.isFullyDefined(), "cannot allocate a tensor of partially known shape {}", shape.str());
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtypeSize(dtype);
+  return Tensor(std::make_shared<Buffer>(bytes, cpu(), pinnedHostAllocator()), 0, dtype, std::move(shape));
 }
 
 Tensor Tensor::zeros(DType dtype, Shape shape) { return full(dtype, std::move(shape), 0.0); }
@@ -93,6 +101,33 @@ void Tensor::fill(double value) {
     const T v = convertElement<T>(value);
     for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = v;
   });
+}
+
+#ifdef WEFT_HAVE_CUDA
+namespace detail {
+// core/cuda/Runtime.cpp
+std::vector<Tensor> cudaUpload(const std::vector<Tensor>& tensors, int index);
+}  // namespace detail
+#endif
+
+std::vector<Tensor> uploadTo(const std::vector<Tensor>& tensors, const Device& device) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    WEFT_CHECK(t.defined(), "uploadTo {}: tensor {} is empty", device.str(), i);
+    WEFT_CHECK(device.type == DeviceType::CPU || t.device().type == DeviceType::CPU || t.device() == device,
+               "uploadTo {}: tensor {} ({}{}) is on {}; only host tensors are uploaded", device.str(), i,
+               dtypeName(t.dtype()), t.shape().str(), t.device().str());
+  }
+  if (device.type == DeviceType::CPU) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : tensors) out.push_back(t.to(cpu()));
+    return out;
+  }
+#ifdef WEFT_HAVE_CUDA
+  return detail::cudaUpload(tensors, device.index);
+#else
+  WEFT_THROW("device {} is not available: {}", device.str(), cudaUnavailableReason());
+#endif
 }
 
 Tensor Tensor::cast(DType to) const {

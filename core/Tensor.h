@@ -16,7 +16,10 @@ namespace weft {
 /// A block of device memory, freed when the last tensor that views it goes away.
 class Buffer {
  public:
+  /// From the device's own allocator.
   Buffer(size_t bytes, Device device);
+  /// From `allocator`, which must serve `device` and outlive the buffer.
+  Buffer(size_t bytes, Device device, Allocator& allocator);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -24,8 +27,10 @@ class Buffer {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   const Device& device() const { return device_; }
+  Allocator& allocator() const { return *allocator_; }
 
  private:
+  Allocator* allocator_;
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
@@ -44,6 +49,8 @@ class Tensor {
   /// A view of `bytes` within an existing buffer, starting at `offset`.
   Tensor(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape shape);
 
+  /// An uninitialised host tensor in pinned memory (pinnedHostAllocator()).
+  static Tensor pinned(DType dtype, Shape shape);
   static Tensor zeros(DType dtype, Shape shape);
   /// A tensor filled with `value` converted to `dtype`.
   static Tensor full(DType dtype, Shape shape, double value);
@@ -112,6 +119,13 @@ Tensor Tensor::fromVector(const std::vector<T>& values, Shape shape) {
   if (!values.empty()) std::memcpy(t.raw(), values.data(), values.size() * sizeof(T));
   return t;
 }
+
+/// `tensors` on `device`, returned once they are there, without waiting for the device's compute
+/// stream: host tensors go through pinned staging buffers onto a stream of the GPU's own for
+/// uploads, so a loader thread calling this overlaps the copies with the step being computed.
+/// The results may be fed to any Session on that device. Tensors already on `device`, and every
+/// tensor when `device` is the CPU, come back as they are; one on another GPU is an error.
+std::vector<Tensor> uploadTo(const std::vector<Tensor>& tensors, const Device& device);
 
 /// Calls `f(T{})` with T the C++ type of a computing dtype (F32, F64, I32, I64).
 template <class F>

@@ -175,11 +175,24 @@ void Batcher::seek(int64_t position) {
   position_ = position;
 }
 
-Prefetcher::Prefetcher(BatchSource& source, size_t depth) : source_(source), depth_(depth) {
-  WEFT_CHECK(depth_ > 0, "prefetch depth must be positive");
+Batch uploadBatch(const Batch& batch, const Device& device) {
+  if (device.type == DeviceType::CPU) return batch;
+  std::vector<Tensor> fields;
+  for (const auto& [name, t] : batch) fields.push_back(t);
+  fields = uploadTo(fields, device);
+  Batch out;
+  size_t i = 0;
+  for (const auto& [name, t] : batch) out[name] = std::move(fields[i++]);
+  return out;
+}
+
+Prefetcher::Prefetcher(BatchSource& source, PrefetchOptions options) : source_(source), options_(std::move(options)) {
+  WEFT_CHECK(options_.depth > 0, "prefetch depth must be positive");
   consumed_ = source_.position();
   start();
 }
+
+Prefetcher::Prefetcher(BatchSource& source, size_t depth) : Prefetcher(source, PrefetchOptions{depth, {}, cpu()}) {}
 
 Prefetcher::~Prefetcher() { stop(); }
 
@@ -201,11 +214,11 @@ void Prefetcher::run() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait(lock, [&] { return stopping_ || ready_.size() < depth_; });
+      changed_.wait(lock, [&] { return stopping_ || ready_.size() < options_.depth; });
       if (stopping_ || error_) return;
     }
     try {
-      Batch b = source_.next();
+      Prefetched b = prepare(source_.next());
       std::lock_guard<std::mutex> lock(mutex_);
       ready_.push_back(std::move(b));
     } catch (...) {
@@ -216,11 +229,16 @@ void Prefetcher::run() {
   }
 }
 
-Batch Prefetcher::next() {
+Prefetched Prefetcher::prepare(Batch batch) const {
+  Batch prepared = options_.transform ? options_.transform(batch) : batch;
+  return {std::move(batch), uploadBatch(prepared, options_.device)};
+}
+
+Prefetched Prefetcher::nextPrefetched() {
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return !ready_.empty() || error_; });
   if (ready_.empty()) std::rethrow_exception(error_);
-  Batch b = std::move(ready_.front());
+  Prefetched b = std::move(ready_.front());
   ready_.pop_front();
   ++consumed_;
   lock.unlock();

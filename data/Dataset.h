@@ -11,6 +11,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -108,15 +109,41 @@ class Batcher : public BatchSource {
   std::vector<std::vector<size_t>> batches_;  // example indices of each batch of the epoch
 };
 
-/// Runs a source `depth` batches ahead on a background thread, overlapping loading with
-/// training. Errors from the source surface on the next call to next(). The source must
-/// outlive the prefetcher and must not be used directly while it runs.
+/// Every field of `batch` on `device` (see uploadTo: through pinned buffers, on the GPU's upload
+/// stream); on the CPU, the batch itself.
+Batch uploadBatch(const Batch& batch, const Device& device);
+
+struct PrefetchOptions {
+  /// Batches prepared ahead of the one being trained on.
+  size_t depth = 2;
+  /// Applied to each batch on the prefetch thread, before the copy to `device` (a data-parallel
+  /// worker's part of a total batch, say); unset: the batch as it is.
+  std::function<Batch(const Batch&)> transform;
+  /// Where next() hands batches out. A GPU's are uploaded on the prefetch thread, so the copies
+  /// overlap the step being computed and the step finds its inputs already there.
+  Device device = cpu();
+};
+
+/// A batch as the source made it (on the host) and as the prefetcher hands it out.
+struct Prefetched {
+  Batch source;
+  Batch prepared;
+};
+
+/// Runs a source ahead on a background thread, overlapping loading (and the transform and the
+/// upload of PrefetchOptions) with training. Errors from the source or the transform surface on
+/// the next call to next(). position() counts the batches handed out, not those prepared ahead.
+/// The source must outlive the prefetcher and must not be used directly while it runs.
 class Prefetcher : public BatchSource {
  public:
-  explicit Prefetcher(BatchSource& source, size_t depth = 2);
+  explicit Prefetcher(BatchSource& source, PrefetchOptions options = {});
+  Prefetcher(BatchSource& source, size_t depth);
   ~Prefetcher() override;
 
-  Batch next() override;
+  /// The next prepared batch.
+  Batch next() override { return nextPrefetched().prepared; }
+  /// The next batch, prepared and as the source made it.
+  Prefetched nextPrefetched();
   int64_t position() const override;
   void seek(int64_t position) override;
   int64_t batchesPerEpoch() const override { return source_.batchesPerEpoch(); }
@@ -125,12 +152,13 @@ class Prefetcher : public BatchSource {
   void stop();
   void start();
   void run();
+  Prefetched prepare(Batch batch) const;
 
   BatchSource& source_;
-  size_t depth_;
+  PrefetchOptions options_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<Batch> ready_;
+  std::deque<Prefetched> ready_;
   std::exception_ptr error_;
   bool stopping_ = false;
   int64_t consumed_ = 0;

@@ -7,6 +7,7 @@
 #include "tests/TestUtil.h"
 
 #include "autodiff/Gradients.h"
+#include "data/Dataset.h"
 #include "models/ZooModel.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"
@@ -553,6 +554,82 @@ TEST_CASE("the caching allocator serves every step after the first from its cach
   CHECK(after.allocations > warm.allocations);
   CHECK(after.reservedBytes >= after.allocatedBytes);
   CHECK(after.peakAllocatedBytes >= after.allocatedBytes);
+}
+
+TEST_CASE("uploads land on the GPU intact, staged through reused pinned buffers") {
+  const Device gpu = Device::parse("cuda:0");
+  CHECK(hostMemoryPinnable());
+  const Tensor a = randomTensor(f32, {1000, 33}, 30), ids = randomInts(i64, {77}, 0, 1000, 31);
+  Tensor pinned = Tensor::pinned(f32, {5});
+  pinned.fill(3);
+  const std::vector<Tensor> up = uploadTo({a, ids, pinned}, gpu);
+  REQUIRE(up.size() == 3);
+  for (size_t i = 0; i < up.size(); ++i) CHECK(up[i].device() == gpu);
+  CHECK(up[0].toDoubles() == a.toDoubles());
+  CHECK(up[1].toDoubles() == ids.toDoubles());
+  CHECK(up[2].toDoubles() == std::vector<double>(5, 3.0));
+  const MemoryStats warm = pinnedMemoryStats();
+  CHECK(uploadTo({a, ids}, gpu)[0].toDoubles() == a.toDoubles());
+  const MemoryStats after = pinnedMemoryStats();
+  CHECK(after.deviceAllocations == warm.deviceAllocations);
+  CHECK(after.cacheHits >= warm.cacheHits + 2);
+}
+
+TEST_CASE("a pinned tensor may be overwritten once its copy to the GPU returns") {
+  const int64_t n = int64_t{1} << 24;
+  Tensor host = Tensor::pinned(f32, {n});
+  host.fill(1);
+  const Tensor onGpu = host.to(Device::parse("cuda:0"));
+  host.fill(2);
+  CHECK(onGpu.toDoubles() == std::vector<double>(static_cast<size_t>(n), 1.0));
+}
+
+TEST_CASE("a freed upload is written again only after the compute stream has read it") {
+  const Device gpu = Device::parse("cuda:0");
+  const int64_t n = int64_t{1} << 20;
+  const Tensor first = Tensor::full(f32, {n}, 1.0), second = Tensor::full(f32, {n}, 2.0);
+  const Tensor busy = Tensor::zeros(f32, {int64_t{1} << 26}).to(gpu);
+  Tensor copy;
+  {
+    const Tensor up = uploadTo({first}, gpu)[0];
+    for (int i = 0; i < 40; ++i) busy.clone();  // keeps the compute stream busy for milliseconds
+    copy = up.clone();                          // queued behind them, reading `up`
+  }
+  const Tensor again = uploadTo({second}, gpu)[0];  // the same size: the freed block's cache
+  CHECK(copy.toDoubles() == std::vector<double>(static_cast<size_t>(n), 1.0));
+  CHECK(again.toDoubles() == std::vector<double>(static_cast<size_t>(n), 2.0));
+}
+
+TEST_CASE("an MLP fed by a prefetcher uploading to the GPU trains as when fed from the host") {
+  std::vector<data::Example> examples;
+  for (int64_t i = 0; i < 256; ++i) {
+    examples.push_back({{"x", randomTensor(f32, {20}, 300 + static_cast<uint64_t>(i))},
+                        {"labels", Tensor::scalar(i64, static_cast<double>(i % 5))}});
+  }
+  const data::Dataset dataset(std::move(examples));
+  Graph g;
+  Output loss;
+  Node* step = nullptr;
+  {
+    auto placed = g.onDevice("cuda:0");
+    const Output x = g.placeholder("x", f32, {32, 20}), labels = g.placeholder("labels", i64, {32});
+    nn::Linear l1(g, "l1", 20, 64), l2(g, "l2", 64, 5);
+    loss = nn::meanSparseCrossEntropy(l2(relu(l1(x))), labels);
+    step = optim::Momentum(0.05, 0.9).minimize(loss);
+  }
+  Session fromHost(g), fromGpu(g);
+  data::Batcher hostBatches(dataset, {32, true, 7, {}, 0, 0, {}}), gpuSource(dataset, {32, true, 7, {}, 0, 0, {}});
+  data::PrefetchOptions options;
+  options.device = Device::parse("cuda:0");
+  data::Prefetcher gpuBatches(gpuSource, options);
+  for (int i = 0; i < 20; ++i) {
+    CAPTURE(i);
+    const data::Batch onGpu = gpuBatches.next();
+    CHECK(onGpu.at("x").device() == Device::parse("cuda:0"));
+    const double a = fromHost.run({loss}, models::feedsFor(g, hostBatches.next()), {step})[0].item();
+    const double b = fromGpu.run({loss}, models::feedsFor(g, onGpu), {step})[0].item();
+    CHECK(b == doctest::Approx(a).epsilon(1e-6));
+  }
 }
 
 TEST_CASE("optimizer updates on the GPU match the CPU") {

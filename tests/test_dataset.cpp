@@ -122,6 +122,33 @@ TEST_CASE("the prefetcher yields the source's batches in order, and seeks") {
   CHECK(p.position() == 9);
 }
 
+TEST_CASE("the prefetcher transforms batches ahead and keeps the source's batch beside each") {
+  data::Batcher reference(numbered(30), {5, true, 9, {"seq"}, 0, 0, {}});
+  data::Batcher source(numbered(30), {5, true, 9, {"seq"}, 0, 0, {}});
+  data::PrefetchOptions options;
+  options.depth = 2;
+  options.transform = [](const Batch& b) { return data::sliceBatch(b, 1, 5); };  // the second example
+  data::Prefetcher p(source, options);
+  for (int i = 0; i < 4; ++i) {
+    const Batch expected = reference.next();
+    const data::Prefetched got = p.nextPrefetched();
+    CHECK(ids(got.source) == ids(expected));
+    CHECK(ids(got.prepared) == std::vector<double>{ids(expected)[1]});
+  }
+  CHECK(p.position() == 4);
+  p.seek(7);
+  for (int i = 4; i < 7; ++i) reference.next();
+  CHECK(ids(p.next()) == std::vector<double>{ids(reference.next())[1]});
+}
+
+TEST_CASE("an error in the transform surfaces from the prefetcher") {
+  data::Batcher source(numbered(30), {5, true, 9, {"seq"}, 0, 0, {}});
+  data::PrefetchOptions options;
+  options.transform = [](const Batch& b) { return data::sliceBatch(b, 0, 3); };
+  data::Prefetcher p(source, options);
+  CHECK(contains(errorOf([&] { p.next(); }), "cannot be cut into 3 equal parts"));
+}
+
 TEST_CASE("an error in the source surfaces from the prefetcher") {
   struct Failing : data::BatchSource {
     Batch next() override { WEFT_THROW("source broke at batch {}", n++); }

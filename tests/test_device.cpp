@@ -99,3 +99,26 @@ TEST_CASE("moving a tensor to the device it is on returns the tensor itself") {
   const Tensor same = t.to(cpu());
   CHECK(same.raw() == t.raw());
 }
+
+TEST_CASE("a pinned tensor is a host tensor, page-locked only where a GPU is visible") {
+  Tensor t = Tensor::pinned(f32, {3});
+  CHECK(t.device() == cpu());
+  t.fill(2.5);
+  CHECK(t.toDoubles() == std::vector<double>{2.5, 2.5, 2.5});
+  CHECK(hostMemoryPinnable() == (cudaDeviceCount() > 0));
+  if (!hostMemoryPinnable()) CHECK(pinnedMemoryStats().allocations == 0);
+}
+
+TEST_CASE("uploading to the CPU hands back host tensors") {
+  const Tensor t = Tensor::fromVector<float>({1, 2}, {2});
+  const std::vector<Tensor> up = uploadTo({t}, cpu());
+  REQUIRE(up.size() == 1);
+  CHECK(up[0].raw() == t.raw());
+}
+
+TEST_CASE("uploading to an absent GPU, or an empty tensor, is refused naming it") {
+  CHECK(contains(errorOf([] { uploadTo({Tensor()}, cpu()); }), "tensor 0 is empty"));
+  if (cudaDeviceCount() > 3) return;
+  CHECK(contains(errorOf([] { uploadTo({Tensor::zeros(f32, {2})}, Device::parse("cuda:3")); }),
+                 "cuda:3 is not available"));
+}

@@ -114,10 +114,12 @@ class Trainer {
     common.data = flags_.data;
     graph_.setSeed(flags_.seed);
     const Device device = Device::parse(flags_.distributed() ? dist::processDevice(resources) : flags_.device);
+    // One process on a GPU is fed from there; a distributed worker's feeds stay on the host, where
+    // its requests to the servers read the ids.
+    feedDevice_ = flags_.distributed() ? cpu() : device;
     models::OptimizerSpec spec;
     {
-      // The whole model, its gradients and its updates run on the device; batches are fed from
-      // the host and copied there by the executor.
+      // The whole model, its gradients and its updates run on the device.
       auto placed = graph_.onDevice(device.type == DeviceType::CPU ? "" : device.str());
       {
         auto mixed = graph_.mixedPrecision(precision);
@@ -147,7 +149,10 @@ class Trainer {
     const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
     if (leader_) std::filesystem::create_directories(out);
     checkpointPath_ = out + "/checkpoint.safetensors";
-    data::Prefetcher batches(model_->trainData());
+    data::PrefetchOptions prefetch;
+    prefetch.transform = [this](const data::Batch& batch) { return myPart(batch); };
+    prefetch.device = feedDevice_;
+    data::Prefetcher batches(model_->trainData(), prefetch);
     int64_t step = 0;
     if (flags_.resume) step = resume(batches);
     std::optional<MetricsLog> metrics;
@@ -165,11 +170,11 @@ class Trainer {
     int64_t lossCount = 0;
     std::string unit = "items";
     while (step < steps_) {
-      const data::Batch batch = batches.next();
-      const auto [what, count] = model_->itemsIn(batch);
+      const data::Prefetched batch = batches.nextPrefetched();
+      const auto [what, count] = model_->itemsIn(batch.source);
       unit = what;
       items += count;
-      const double loss = runner_->run({model_->loss()}, models::feedsFor(graph_, myPart(batch)), {trainStep_})[0].item();
+      const double loss = runner_->run({model_->loss()}, models::feedsFor(graph_, batch.prepared), {trainStep_})[0].item();
       WEFT_CHECK(std::isfinite(loss), "{}: the loss became {} at step {}", name_, loss, step + 1);
       lossSum += loss;
       ++lossCount;
@@ -262,7 +267,7 @@ class Trainer {
     std::string unit;
     for (int64_t i = 0; i < flags_.bench; ++i) {
       const data::Batch batch = source.next();
-      feeds.push_back(models::feedsFor(graph_, myPart(batch)));
+      feeds.push_back(models::feedsFor(graph_, data::uploadBatch(myPart(batch), feedDevice_)));
       const auto [what, count] = model_->itemsIn(batch);
       unit = what;
       items += count;
@@ -288,6 +293,7 @@ class Trainer {
   }
 
   std::string name_;
+  Device feedDevice_;  // where batches are fed from
   models::ZooModel* model_;
   TrainFlags flags_;
   std::vector<std::string> commandLine_;

@@ -1,7 +1,9 @@
 #include "core/cuda/Runtime.h"
 
 #include "core/Device.h"
+#include "core/Tensor.h"
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -37,17 +39,92 @@ class GpuMemory final : public CachingAllocator::Device {
   int index_;
 };
 
+CachingAllocator::Stream streamKey(cudaStream_t stream) { return reinterpret_cast<CachingAllocator::Stream>(stream); }
+
 /// Serves Tensor buffers of one GPU from its caching allocator, on its compute stream.
 class GpuAllocator final : public Allocator {
  public:
   explicit GpuAllocator(DeviceState& state) : state_(state) {}
-  void* allocate(size_t bytes) override {
-    return state_.allocator->allocate(bytes, reinterpret_cast<CachingAllocator::Stream>(state_.compute));
-  }
+  void* allocate(size_t bytes) override { return state_.allocator->allocate(bytes, streamKey(state_.compute)); }
   void deallocate(void* ptr, size_t) override { state_.allocator->deallocate(ptr); }
 
  private:
   DeviceState& state_;
+};
+
+/// Serves uploadTo()'s buffers, written on the upload stream and read on the compute stream. A
+/// freed buffer may still be read by compute work queued before its free, so it returns to the
+/// upload stream's cache only once an event recorded on the compute stream at the free has passed.
+class UploadAllocator final : public Allocator {
+ public:
+  explicit UploadAllocator(DeviceState& state) : state_(state) {}
+  ~UploadAllocator() override {
+    for (const Pending& p : pending_) cudaEventDestroy(p.computePassed);
+    for (cudaEvent_t e : spareEvents_) cudaEventDestroy(e);
+  }
+
+  void* allocate(size_t bytes) override {
+    std::lock_guard lock(mutex_);
+    reclaim(false);
+    try {
+      return state_.allocator->allocate(bytes, streamKey(state_.upload));
+    } catch (const Error&) {
+      reclaim(true);  // the compute stream may still hold enough
+      return state_.allocator->allocate(bytes, streamKey(state_.upload));
+    }
+  }
+
+  // Called from destructors: never throws. Without an event it waits for the compute stream.
+  void deallocate(void* ptr, size_t) override {
+    std::lock_guard lock(mutex_);
+    setCurrent(state_.index);
+    cudaEvent_t event = nullptr;
+    if (!spareEvents_.empty()) {
+      event = spareEvents_.back();
+      spareEvents_.pop_back();
+    } else if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      event = nullptr;
+    }
+    if (event && cudaEventRecord(event, state_.compute) == cudaSuccess) {
+      pending_.push_back({ptr, event});
+      return;
+    }
+    cudaGetLastError();
+    if (event) cudaEventDestroy(event);
+    cudaStreamSynchronize(state_.compute);
+    state_.allocator->deallocate(ptr);
+  }
+
+ private:
+  struct Pending {
+    void* ptr;
+    cudaEvent_t computePassed;
+  };
+
+  /// Returns the freed buffers whose compute work has finished (all of them, waiting, when `wait`).
+  void reclaim(bool wait) {
+    setCurrent(state_.index);
+    std::vector<Pending> still;
+    for (const Pending& p : pending_) {
+      const cudaError_t e = wait ? cudaEventSynchronize(p.computePassed) : cudaEventQuery(p.computePassed);
+      if (e == cudaErrorNotReady) {
+        still.push_back(p);
+        continue;
+      }
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaStreamSynchronize(state_.compute);
+      }
+      state_.allocator->deallocate(p.ptr);
+      spareEvents_.push_back(p.computePassed);
+    }
+    pending_ = std::move(still);
+  }
+
+  DeviceState& state_;
+  std::mutex mutex_;
+  std::vector<Pending> pending_;
+  std::vector<cudaEvent_t> spareEvents_;
 };
 
 struct Gpu {
@@ -55,7 +132,55 @@ struct Gpu {
   std::unique_ptr<GpuMemory> memory;
   std::unique_ptr<CachingAllocator> allocator;
   std::unique_ptr<GpuAllocator> tensorAllocator;
+  std::unique_ptr<UploadAllocator> uploadAllocator;
 };
+
+/// cudaHostAlloc / cudaFreeHost: page-locked host memory, usable by every GPU's copies.
+class PinnedMemory final : public CachingAllocator::Device {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    WEFT_CUDA_CHECK(e);
+    return p;
+  }
+  void free(void* ptr) override { WEFT_CUDA_CHECK(cudaFreeHost(ptr)); }
+  // Every copy from or to a pinned block has finished before the block is freed: uploads and
+  // copies wait for theirs (see cudaUpload and cudaCopy).
+  void synchronize() override {}
+};
+
+/// Host tensors' buffers from the pinned cache.
+class PinnedAllocator final : public Allocator {
+ public:
+  PinnedAllocator() : cache_(memory_, "pinned host memory") {}
+  void* allocate(size_t bytes) override { return cache_.allocate(bytes); }
+  void deallocate(void* ptr, size_t) override { cache_.deallocate(ptr); }
+  MemoryStats stats() const { return cache_.stats(); }
+
+ private:
+  PinnedMemory memory_;
+  CachingAllocator cache_;
+};
+
+// Never destroyed, like the GPUs' state: pinned tensors in static storage may free into it at exit.
+PinnedAllocator& pinnedAllocator() {
+  static auto* allocator = new PinnedAllocator();
+  return *allocator;
+}
+
+bool isPinned(const void* host) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, host) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
 
 std::mutex& gpusMutex() {
   static std::mutex m;
@@ -105,6 +230,7 @@ Gpu& gpu(int index) {
     setCurrent(index);
     g->state.index = index;
     WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->state.compute, cudaStreamNonBlocking));
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->state.upload, cudaStreamNonBlocking));
     WEFT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&g->state.hostError), sizeof(KernelError)));
     *g->state.hostError = {};
     WEFT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&g->state.deviceError), sizeof(KernelError)));
@@ -113,6 +239,7 @@ Gpu& gpu(int index) {
     g->allocator = std::make_unique<CachingAllocator>(*g->memory, fmt::format("cuda:{}", index));
     g->state.allocator = g->allocator.get();
     g->tensorAllocator = std::make_unique<GpuAllocator>(g->state);
+    g->uploadAllocator = std::make_unique<UploadAllocator>(g->state);
     slot = std::move(g);
   }
   return *slot;
@@ -152,10 +279,10 @@ void cudaCopy(void* dst, const Device& dstDevice, const void* src, const Device&
   const bool toGpu = dstDevice.type == DeviceType::CUDA, fromGpu = srcDevice.type == DeviceType::CUDA;
   const cuda::DeviceState& d = cuda::device(toGpu ? dstDevice.index : srcDevice.index);
   cuda::setCurrent(d.index);
-  // Queued after the kernels on the compute stream. Host tensors live in pageable memory: the
-  // runtime returns from an asynchronous copy from pageable memory once the source has been
-  // staged, and from one to pageable memory once the data has landed (CUDA's "API
-  // synchronization behavior"), so host memory may be reused at once.
+  // Queued after the kernels on the compute stream. The runtime returns from an asynchronous copy
+  // from pageable memory once the source has been staged, and from one to pageable memory once
+  // the data has landed (CUDA's "API synchronization behavior"), so host memory may be reused at
+  // once; a copy from pinned memory is waited for below, a copy to the host always.
   if (toGpu && fromGpu && dstDevice.index != srcDevice.index) {
     cudaSynchronize(srcDevice.index);
     WEFT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dstDevice.index, src, srcDevice.index, bytes, d.compute));
@@ -167,7 +294,41 @@ void cudaCopy(void* dst, const Device& dstDevice, const void* src, const Device&
                               : toGpu         ? cudaMemcpyHostToDevice
                                               : cudaMemcpyDeviceToHost;
   WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, d.compute));
-  if (!toGpu) WEFT_CUDA_CHECK(cudaStreamSynchronize(d.compute));
+  if (!toGpu || (!fromGpu && cuda::isPinned(src))) WEFT_CUDA_CHECK(cudaStreamSynchronize(d.compute));
+}
+
+Allocator& cudaPinnedAllocator() { return cuda::pinnedAllocator(); }
+
+MemoryStats cudaPinnedStats() { return cuda::pinnedAllocator().stats(); }
+
+std::vector<Tensor> cudaUpload(const std::vector<Tensor>& tensors, int index) {
+  cuda::Gpu& g = cuda::gpu(index);
+  cuda::setCurrent(index);
+  const Device device{DeviceType::CUDA, index};
+  std::vector<Tensor> staging, out;
+  try {
+    for (const Tensor& t : tensors) {
+      if (t.device() == device) {
+        out.push_back(t);
+        continue;
+      }
+      Tensor host = t;
+      if (&t.buffer()->allocator() != &pinnedHostAllocator()) {
+        host = Tensor::pinned(t.dtype(), t.shape());
+        std::memcpy(host.raw(), t.raw(), t.bytes());
+      }
+      Tensor onGpu(std::make_shared<Buffer>(t.bytes(), device, *g.uploadAllocator), 0, t.dtype(), t.shape());
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(onGpu.raw(), host.raw(), t.bytes(), cudaMemcpyHostToDevice, g.state.upload));
+      staging.push_back(std::move(host));
+      out.push_back(std::move(onGpu));
+    }
+    // The copies have landed before the results are handed out and the staging buffers reused.
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(g.state.upload));
+  } catch (...) {
+    cudaStreamSynchronize(g.state.upload);
+    throw;
+  }
+  return out;
 }
 
 }  // namespace detail

@@ -28,6 +28,7 @@ namespace weft::cuda {
 struct DeviceState {
   int index = 0;
   cudaStream_t compute = nullptr;  // every kernel of the executor runs here, in plan order
+  cudaStream_t upload = nullptr;   // uploadTo()'s copies, beside the compute stream's work
   CachingAllocator* allocator = nullptr;
   KernelError* deviceError = nullptr;  // where kernels record data errors...
   KernelError* hostError = nullptr;    // ...and its pinned host copy, read once per step
