@@ -46,8 +46,8 @@ void copyBytes(void* dst, const Device& dstDevice, const void* src, const Device
 void synchronize(const Device& device);
 
 /// Page-locked host memory where a GPU is visible, which the GPU's copy engines read and write
-/// directly (a copy from it runs asynchronously, overlapping compute); ordinary host memory
-/// otherwise. Blocks are cached and reused like GPU memory (pinning is slow).
+/// directly (uploadTo() copies from it on its own stream, overlapping compute); ordinary host
+/// memory otherwise. Blocks are cached and reused like GPU memory (pinning is slow).
 Allocator& pinnedHostAllocator();
 /// Whether pinnedHostAllocator() hands out page-locked memory on this machine.
 bool hostMemoryPinnable();

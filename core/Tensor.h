@@ -123,8 +123,9 @@ Tensor Tensor::fromVector(const std::vector<T>& values, Shape shape) {
 /// `tensors` on `device`, returned once they are there, without waiting for the device's compute
 /// stream: host tensors go through pinned staging buffers onto a stream of the GPU's own for
 /// uploads, so a loader thread calling this overlaps the copies with the step being computed.
-/// The results may be fed to any Session on that device. Tensors already on `device`, and every
-/// tensor when `device` is the CPU, come back as they are; one on another GPU is an error.
+/// The results may be fed to any Session on that device. Tensors already on `device` come back
+/// as they are; to the CPU, each tensor's host copy. Uploading a tensor that is on another GPU
+/// is an error.
 std::vector<Tensor> uploadTo(const std::vector<Tensor>& tensors, const Device& device);
 
 /// Calls `f(T{})` with T the C++ type of a computing dtype (F32, F64, I32, I64).

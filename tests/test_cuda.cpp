@@ -576,10 +576,13 @@ TEST_CASE("uploads land on the GPU intact, staged through reused pinned buffers"
 }
 
 TEST_CASE("a pinned tensor may be overwritten once its copy to the GPU returns") {
+  const Device gpu = Device::parse("cuda:0");
   const int64_t n = int64_t{1} << 24;
   Tensor host = Tensor::pinned(f32, {n});
   host.fill(1);
-  const Tensor onGpu = host.to(Device::parse("cuda:0"));
+  const Tensor busy = Tensor::zeros(f32, {int64_t{1} << 26}).to(gpu);
+  for (int i = 0; i < 40; ++i) busy.clone();  // the copy below waits milliseconds behind these
+  const Tensor onGpu = host.to(gpu);
   host.fill(2);
   CHECK(onGpu.toDoubles() == std::vector<double>(static_cast<size_t>(n), 1.0));
 }

@@ -260,6 +260,7 @@ class Trainer {
   /// Runs `bench` batches once untimed, then the same batches again timed; one JSON line with
   /// percentiles and throughput. The first pass pays what a training run pays once per batch
   /// shape (compiling a plan, growing the memory arenas), so the timed pass is the steady state.
+  /// The batches are uploaded first, as the prefetcher of a training run does ahead of each step.
   void bench() {
     data::BatchSource& source = model_->trainData();
     std::vector<FeedMap> feeds;

@@ -65,6 +65,7 @@ class UploadAllocator final : public Allocator {
 
   void* allocate(size_t bytes) override {
     std::lock_guard lock(mutex_);
+    setCurrent(state_.index);
     reclaim(false);
     try {
       return state_.allocator->allocate(bytes, streamKey(state_.upload));
@@ -74,10 +75,14 @@ class UploadAllocator final : public Allocator {
     }
   }
 
-  // Called from destructors: never throws. Without an event it waits for the compute stream.
+  // Called from destructors, also during unwinding after a CUDA error and at exit: never throws,
+  // and leaves the caller's current device as it was. Without an event it waits for the compute
+  // stream instead.
   void deallocate(void* ptr, size_t) override {
     std::lock_guard lock(mutex_);
-    setCurrent(state_.index);
+    int callersDevice = -1;
+    if (cudaGetDevice(&callersDevice) != cudaSuccess) callersDevice = -1;
+    cudaSetDevice(state_.index);
     cudaEvent_t event = nullptr;
     if (!spareEvents_.empty()) {
       event = spareEvents_.back();
@@ -87,12 +92,14 @@ class UploadAllocator final : public Allocator {
     }
     if (event && cudaEventRecord(event, state_.compute) == cudaSuccess) {
       pending_.push_back({ptr, event});
-      return;
+    } else {
+      if (event) cudaEventDestroy(event);
+      cudaStreamSynchronize(state_.compute);
+      state_.allocator->deallocate(ptr);
     }
+    reclaim(false);  // so blocks do not wait for the next upload to be counted free
     cudaGetLastError();
-    if (event) cudaEventDestroy(event);
-    cudaStreamSynchronize(state_.compute);
-    state_.allocator->deallocate(ptr);
+    if (callersDevice >= 0) cudaSetDevice(callersDevice);
   }
 
  private:
@@ -101,9 +108,9 @@ class UploadAllocator final : public Allocator {
     cudaEvent_t computePassed;
   };
 
-  /// Returns the freed buffers whose compute work has finished (all of them, waiting, when `wait`).
+  /// Returns the freed buffers whose compute work has finished (all of them, waiting, when
+  /// `wait`). Needs the GPU current; never throws.
   void reclaim(bool wait) {
-    setCurrent(state_.index);
     std::vector<Pending> still;
     for (const Pending& p : pending_) {
       const cudaError_t e = wait ? cudaEventSynchronize(p.computePassed) : cudaEventQuery(p.computePassed);
@@ -111,10 +118,7 @@ class UploadAllocator final : public Allocator {
         still.push_back(p);
         continue;
       }
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        cudaStreamSynchronize(state_.compute);
-      }
+      if (e != cudaSuccess) cudaStreamSynchronize(state_.compute);
       state_.allocator->deallocate(p.ptr);
       spareEvents_.push_back(p.computePassed);
     }
@@ -179,7 +183,7 @@ bool isPinned(const void* host) {
     cudaGetLastError();
     return false;
   }
-  return attributes.type == cudaMemoryTypeHost;
+  return attributes.type == cudaMemoryTypeHost || attributes.type == cudaMemoryTypeManaged;
 }
 
 std::mutex& gpusMutex() {
@@ -282,7 +286,9 @@ void cudaCopy(void* dst, const Device& dstDevice, const void* src, const Device&
   // Queued after the kernels on the compute stream. The runtime returns from an asynchronous copy
   // from pageable memory once the source has been staged, and from one to pageable memory once
   // the data has landed (CUDA's "API synchronization behavior"), so host memory may be reused at
-  // once; a copy from pinned memory is waited for below, a copy to the host always.
+  // once. A copy from pinned (or managed) memory would still be reading it, so it is waited for
+  // below, after the compute stream's queued work: uploadTo() is the asynchronous way in. A copy
+  // to the host is always waited for.
   if (toGpu && fromGpu && dstDevice.index != srcDevice.index) {
     cudaSynchronize(srcDevice.index);
     WEFT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dstDevice.index, src, srcDevice.index, bytes, d.compute));
