@@ -134,6 +134,7 @@ std::vector<ModelOption> ResNetModel::options() {
   return {
       {"depth", "6n+2 (CIFAR layout: 20, 56, ...) or 50 (ImageNet layout)", &config_.depth},
       {"width", "channels of the first stage (0: 16, or 64 for depth 50)", &config_.width},
+      {"image-size", "side of the synthetic images, in pixels (CIFAR-10 files: 32)", &imageSize_},
       {"train-images", "synthetic training images", &trainImages_},
       {"test-images", "synthetic held-out images", &testImages_},
       {"eval-batch", "batch size of evaluation", &evalBatch_},
@@ -156,13 +157,16 @@ void ResNetModel::build(Graph& g, const CommonOptions& common) {
   config_.dtype = common.dtype == "f64" ? f64 : f32;
   if (common.batchSize > 0) batchSize_ = common.batchSize;
   data::Dataset train;
+  WEFT_CHECK(imageSize_ >= 8, "resnet: image-size {} is below 8 pixels", imageSize_);
   if (common.data.empty()) {
-    const data::SyntheticImagesSpec spec;
+    data::SyntheticImagesSpec spec;
+    spec.size = imageSize_;
     config_.classes = data::kSyntheticClasses;
     // Distinct sample seeds: the held-out images are other draws of the same task.
     train = data::syntheticImages(spec, trainImages_, common.seed * 2 + 100);
     test_ = data::syntheticImages(spec, testImages_, common.seed * 2 + 101);
   } else {
+    WEFT_CHECK(imageSize_ == 32, "resnet: CIFAR-10 images are 32 pixels wide, not the {} of --image-size", imageSize_);
     config_.classes = 10;
     train = data::loadCifar10Split(common.data, true);
     test_ = data::loadCifar10Split(common.data, false);

@@ -55,6 +55,7 @@ class ResNetModel : public ZooModel {
  private:
   ResNetConfig config_;
   int64_t batchSize_ = 128;
+  int64_t imageSize_ = 32;
   int64_t trainImages_ = 40000;  // synthetic task only
   int64_t testImages_ = 2000;
   int64_t evalBatch_ = 250;

@@ -207,3 +207,26 @@ TEST_CASE("the resnet zoo model reports a missing CIFAR-10 directory by file") {
   common.data = "/nonexistent/cifar";
   CHECK(contains(errorOf([&] { model->build(g, common); }), "data_batch_1.bin"));
 }
+
+TEST_CASE("the resnet zoo model draws synthetic images of the size asked, and refuses it for CIFAR-10") {
+  auto withSize = [](int64_t size) {
+    std::unique_ptr<models::ZooModel> model = models::makeResNetModel();
+    for (const models::ModelOption& o : model->options()) {
+      if (o.name == "depth") *std::get<int64_t*>(o.target) = 8;
+      if (o.name == "image-size") *std::get<int64_t*>(o.target) = size;
+      if (o.name == "train-images") *std::get<int64_t*>(o.target) = 8;
+      if (o.name == "test-images") *std::get<int64_t*>(o.target) = 4;
+    }
+    return model;
+  };
+  Graph g;
+  models::CommonOptions common;
+  common.batchSize = 4;
+  std::unique_ptr<models::ZooModel> model = withSize(48);
+  model->build(g, common);
+  CHECK(model->trainData().next().at("images").shape() == Shape{4, 3, 48, 48});
+  Graph tiny, cifar;
+  CHECK(contains(errorOf([&] { withSize(4)->build(tiny, common); }), "image-size 4"));
+  common.data = "/nonexistent/cifar";
+  CHECK(contains(errorOf([&] { withSize(48)->build(cifar, common); }), "not the 48 of --image-size"));
+}
