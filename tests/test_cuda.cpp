@@ -495,6 +495,53 @@ TEST_CASE("an out-of-range label found on the GPU fails the run, naming the op a
   CHECK(ok.numel() == 3);
 }
 
+TEST_CASE("a training step that fails on a bad label on the GPU changes no variable") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  const Output x = g.placeholder("x", f32, {3, 5}), labels = g.placeholder("labels", i64, {3});
+  nn::Linear layer(g, "fc", 5, 4);
+  nn::Embedding embedding(g, "embedding", 6, 5);
+  const Output ids = g.placeholder("ids", i64, {3});
+  const Output logits = layer(x + embedding(ids));
+  Node* step = optim::Adam(0.1).minimize(mean(sparseSoftmaxCrossEntropy(logits, labels)));
+  Session s(g);
+  const Tensor xv = randomTensor(f32, {3, 5}, 26), idv = Tensor::fromVector<int64_t>({0, 2, 5}, {3});
+  s.run({}, {{x, xv}, {ids, idv}, {labels, Tensor::fromVector<int64_t>({0, 1, 2}, {3})}}, {step});
+  std::vector<std::vector<double>> before;
+  // The updates read the loss's gradient, so they run after the op that found the bad label.
+  const std::vector<std::string> names{"fc/weight", "fc/bias", "embedding/table", "Adam/fc/weight/m",
+                                       "Adam/embedding/table/v"};
+  for (const std::string& n : names) before.push_back(s.variable(n).toDoubles());
+  const std::string e = errorOf([&] {
+    s.run({}, {{x, xv}, {ids, idv}, {labels, Tensor::fromVector<int64_t>({0, 9, 2}, {3})}}, {step});
+  });
+  CHECK(contains(e, "id 9 at position 1 is outside [0, 4)"));
+  for (size_t i = 0; i < names.size(); ++i) {
+    CAPTURE(names[i]);
+    CHECK(s.variable(names[i]).toDoubles() == before[i]);
+  }
+}
+
+TEST_CASE("ops with ids but nothing to move still check the ids on the GPU") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  const Output table = g.placeholder("table", f32, {5, 0}), ids = g.placeholder("ids", i64, {2});
+  Session s(g);
+  CHECK(contains(errorOf([&] {
+          s.run({gather(table, ids)}, {{table, Tensor::zeros(f32, {5, 0})}, {ids, Tensor::fromVector<int64_t>({1, 7}, {2})}});
+        }),
+        "id 7 at position 1 is outside [0, 5)"));
+}
+
+TEST_CASE("ones and padding fill 16-bit tensors on the GPU") {
+  checkParity([](Graph& g) {
+    Computation c;
+    const Output x = cast(input(g, c.feeds, "x", f32, {2, 3}, 27), bf16);
+    c.outputs = {cast(pad(x, {1, 0, 0, 2}, 0.5), f32), cast(onesLike(x), f32)};
+    return c;
+  }, 0.0);
+}
+
 TEST_CASE("integer division by zero on the GPU fails the run") {
   Graph g;
   auto placed = g.onDevice("cuda:0");

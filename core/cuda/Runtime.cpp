@@ -238,7 +238,9 @@ Gpu& gpu(int index) {
     WEFT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&g->state.hostError), sizeof(KernelError)));
     *g->state.hostError = {};
     WEFT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&g->state.deviceError), sizeof(KernelError)));
-    WEFT_CUDA_CHECK(cudaMemset(g->state.deviceError, 0, sizeof(KernelError)));
+    // On the compute stream, which does not wait for the legacy default stream's work.
+    WEFT_CUDA_CHECK(cudaMemsetAsync(g->state.deviceError, 0, sizeof(KernelError), g->state.compute));
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(g->state.compute));
     g->memory = std::make_unique<GpuMemory>(index);
     g->allocator = std::make_unique<CachingAllocator>(*g->memory, fmt::format("cuda:{}", index));
     g->state.allocator = g->allocator.get();

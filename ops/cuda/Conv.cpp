@@ -45,24 +45,37 @@ struct ConvPlan {
   size_t forwardBytes = 0, backwardDataBytes = 0, backwardFilterBytes = 0;
 };
 
-/// The first algorithm cuDNN's heuristics rank that works, deterministic ones first.
-template <class Perf, class Get>
-const Perf& pickAlgorithm(Get get, const char* what) {
+/// An algorithm and the workspace it needs with the plan's descriptors.
+template <class Algo>
+struct Chosen {
+  Algo algo;
+  size_t bytes;
+};
+
+/// The first algorithm cuDNN's heuristics rank that works: those of the descriptor's math type
+/// before others (the heuristics list both tensor-op and plain versions, and an algorithm runs
+/// under the descriptor's type), deterministic ones first within each. The workspace is asked of
+/// cuDNN for the descriptors as set, not taken from the ranking; an algorithm whose size query
+/// fails is passed over.
+template <class Perf, class Get, class WorkspaceOf>
+Chosen<decltype(Perf::algo)> pickAlgorithm(Get get, WorkspaceOf workspaceOf, cudnnMathType_t math, const char* what) {
   static thread_local std::vector<Perf> perfs(16);
   int count = 0;
   checkDnn(get(static_cast<int>(perfs.size()), &count, perfs.data()), what);
-  const Perf* chosen = nullptr;
-  for (int i = 0; i < count && !chosen; ++i) {
-    if (perfs[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS &&
-        perfs[static_cast<size_t>(i)].determinism == CUDNN_DETERMINISTIC) {
-      chosen = &perfs[static_cast<size_t>(i)];
+  for (const bool sameMath : {true, false}) {
+    for (const bool deterministic : {true, false}) {
+      for (int i = 0; i < count; ++i) {
+        const Perf& perf = perfs[static_cast<size_t>(i)];
+        if (perf.status != CUDNN_STATUS_SUCCESS || (sameMath && perf.mathType != math) ||
+            (deterministic && perf.determinism != CUDNN_DETERMINISTIC)) {
+          continue;
+        }
+        size_t bytes = 0;
+        if (workspaceOf(perf.algo, &bytes) == CUDNN_STATUS_SUCCESS) return {perf.algo, bytes};
+      }
     }
   }
-  for (int i = 0; i < count && !chosen; ++i) {
-    if (perfs[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS) chosen = &perfs[static_cast<size_t>(i)];
-  }
-  WEFT_CHECK(chosen != nullptr, "cuDNN offers no algorithm for {}", what);
-  return *chosen;
+  WEFT_THROW("cuDNN offers no algorithm for {}", what);
 }
 
 const ConvPlan& planFor(const KernelContext& ctx, const Shape& x, const Shape& filter) {
@@ -113,27 +126,36 @@ const ConvPlan& planFor(const KernelContext& ctx, const Shape& x, const Shape& f
            "cudnnGetConvolution2dForwardOutputDim");
   checkDnn(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, type, n, c, h, w), "cudnnSetTensor4dDescriptor");
   cudnnHandle_t handle = handleFor(ctx.device.index);
-  const auto& fwd = pickAlgorithm<cudnnConvolutionFwdAlgoPerf_t>(
+  const auto fwd = pickAlgorithm<cudnnConvolutionFwdAlgoPerf_t>(
       [&](int want, int* got, cudnnConvolutionFwdAlgoPerf_t* out) {
         return cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->filter, p->conv, p->y, want, got, out);
       },
-      "the forward convolution");
+      [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(handle, p->x, p->filter, p->conv, p->y, algo, bytes);
+      },
+      math, "the forward convolution");
   p->forward = fwd.algo;
-  p->forwardBytes = fwd.memory;
-  const auto& data = pickAlgorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
+  p->forwardBytes = fwd.bytes;
+  const auto data = pickAlgorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
       [&](int want, int* got, cudnnConvolutionBwdDataAlgoPerf_t* out) {
         return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->filter, p->y, p->conv, p->x, want, got, out);
       },
-      "the input gradient");
+      [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, p->filter, p->y, p->conv, p->x, algo, bytes);
+      },
+      math, "the input gradient");
   p->backwardData = data.algo;
-  p->backwardDataBytes = data.memory;
-  const auto& filterAlgo = pickAlgorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
+  p->backwardDataBytes = data.bytes;
+  const auto filterAlgo = pickAlgorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
       [&](int want, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* out) {
         return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, p->x, p->y, p->conv, p->filter, want, got, out);
       },
-      "the filter gradient");
+      [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p->x, p->y, p->conv, p->filter, algo, bytes);
+      },
+      math, "the filter gradient");
   p->backwardFilter = filterAlgo.algo;
-  p->backwardFilterBytes = filterAlgo.memory;
+  p->backwardFilterBytes = filterAlgo.bytes;
   slot = std::move(p);
   return *slot;
 }
@@ -169,7 +191,11 @@ void conv2d(KernelContext& ctx) {
   const Tensor &x = ctx.input(0), &filter = ctx.input(1);
   Tensor& y = ctx.output(0);
   requireFloating(ctx, x.dtype());
-  if (y.numel() == 0 || x.numel() == 0) return;
+  if (y.numel() == 0) return;
+  if (x.numel() == 0 || filter.numel() == 0) {  // sums over nothing (cuDNN takes no empty shapes)
+    WEFT_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.bytes(), streamOf(ctx)));
+    return;
+  }
   const ConvPlan& p = planFor(ctx, x.shape(), filter.shape());
   const Tensor space = workspace(ctx, p.forwardBytes);
   const Scalars s;

@@ -158,14 +158,7 @@ void zeros(KernelContext& ctx) {
   if (out.bytes()) WEFT_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.bytes(), streamOf(ctx)));
 }
 
-void ones(KernelContext& ctx) {
-  Tensor& out = ctx.output(0);
-  if (out.numel() == 0) return;
-  dispatchAll(out.dtype(), [&](auto z) {
-    using T = decltype(z);
-    WEFT_CUDA_CHECK(launch::fill<T>(out.data<T>(), T(1), out.numel(), streamOf(ctx)));
-  });
-}
+void ones(KernelContext& ctx) { fillOnDevice(ctx, ctx.output(0), 1.0); }
 
 void broadcastLike(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);

@@ -80,11 +80,6 @@ __global__ void fillKernel(T* out, T value, int64_t n) {
 }
 
 template <class T>
-__global__ void blendKernel(const T* x, T* out, T a, T b, int64_t n) {
-  WEFT_GRID_STRIDE(i, n) out[i] = a * out[i] + b * x[i];
-}
-
-template <class T>
 __global__ void spreadKernel(const T* x, T* out, int64_t n, BroadcastMap m, T scale) {
   WEFT_GRID_STRIDE(i, n) out[i] = x[m.offset(i)] * scale;
 }
@@ -146,12 +141,6 @@ cudaError_t fill(T* out, T value, int64_t n, cudaStream_t stream) {
 }
 
 template <class T>
-cudaError_t blend(const T* x, T* out, T a, T b, int64_t n, cudaStream_t stream) {
-  blendKernel<T><<<blocksFor(n), kThreads, 0, stream>>>(x, out, a, b, n);
-  return cudaGetLastError();
-}
-
-template <class T>
 cudaError_t spread(const T* x, T* out, int64_t n, const BroadcastMap& m, T scale, cudaStream_t stream) {
   spreadKernel<T><<<blocksFor(n), kThreads, 0, stream>>>(x, out, n, m, scale);
   return cudaGetLastError();
@@ -191,8 +180,7 @@ WEFT_BINARY(NotEqual)
 
 #define WEFT_FLOATING(T)                                                                                      \
   template cudaError_t unary<T>(Unary, const T*, T*, int64_t, cudaStream_t);                                  \
-  template cudaError_t activationGrad<T>(ActivationGrad, const T*, const T*, T*, int64_t, cudaStream_t);      \
-  template cudaError_t blend<T>(const T*, T*, T, T, int64_t, cudaStream_t);
+  template cudaError_t activationGrad<T>(ActivationGrad, const T*, const T*, T*, int64_t, cudaStream_t);
 WEFT_FLOATING(float)
 WEFT_FLOATING(double)
 #undef WEFT_FLOATING
@@ -215,6 +203,7 @@ WEFT_ANY(double)
 WEFT_ANY(int32_t)
 WEFT_ANY(int64_t)
 #undef WEFT_ANY
+template cudaError_t fill<uint16_t>(uint16_t*, uint16_t, int64_t, cudaStream_t);  // 16-bit floats, as bits
 
 #define WEFT_CAST_TO(S, D) template cudaError_t cast<S, D>(const S*, D*, int64_t, cudaStream_t);
 #define WEFT_CAST(S)            \

@@ -15,7 +15,7 @@ int64_t rowSize(const Shape& s) {
 /// out = (init or 0) + the rows of `data` summed by id into `out`'s rows.
 void sumRowsById(const KernelContext& ctx, const Tensor& data, const Tensor& ids, const Tensor* init, Tensor& out) {
   const int64_t n = ids.numel(), width = rowSize(out.shape()), segments = out.shape()[0];
-  if (out.numel() == 0) return;
+  if (out.numel() == 0) return checkIdsOnly(ctx, ids, segments);
   dispatchIds(ids.dtype(), [&](auto zi) {
     using I = decltype(zi);
     const auto bytes = static_cast<int64_t>(launch::idSortWorkspaceBytes<I>(n));
@@ -34,7 +34,7 @@ void sumRowsById(const KernelContext& ctx, const Tensor& data, const Tensor& ids
 void gather(KernelContext& ctx) {
   const Tensor &params = ctx.input(0), &ids = ctx.input(1);
   const int64_t width = rowSize(params.shape());
-  if (ids.numel() * width == 0) return;
+  if (ids.numel() * width == 0) return checkIdsOnly(ctx, ids, params.shape()[0]);
   dispatchIds(ids.dtype(), [&](auto zi) {
     using I = decltype(zi);
     WEFT_CUDA_CHECK(launch::gatherRows<I>(dtypeSize(params.dtype()), params.raw(), params.shape()[0], width,

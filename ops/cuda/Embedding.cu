@@ -58,6 +58,13 @@ cudaError_t gatherRows(size_t elementBytes, const void* params, int64_t rows, in
 }
 
 template <class I>
+cudaError_t checkIds(const I* ids, int64_t n, int64_t limit, ErrorSink errors, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  checkIdsKernel<I><<<blocksFor(n), kThreads, 0, stream>>>(ids, n, limit, errors);
+  return cudaGetLastError();
+}
+
+template <class I>
 size_t idSortWorkspaceBytes(int64_t n) {
   return IdSort<I>::workspaceBytes(n);
 }
@@ -75,6 +82,8 @@ cudaError_t segmentSum(const T* data, const I* ids, int64_t n, int64_t width, co
   return cudaGetLastError();
 }
 
+template cudaError_t checkIds<int32_t>(const int32_t*, int64_t, int64_t, ErrorSink, cudaStream_t);
+template cudaError_t checkIds<int64_t>(const int64_t*, int64_t, int64_t, ErrorSink, cudaStream_t);
 template size_t idSortWorkspaceBytes<int32_t>(int64_t);
 template size_t idSortWorkspaceBytes<int64_t>(int64_t);
 template cudaError_t gatherRows<int32_t>(size_t, const void*, int64_t, int64_t, const int32_t*, int64_t, void*,

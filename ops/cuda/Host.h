@@ -75,4 +75,33 @@ void dispatchIds(DType t, F&& f) {
   }
 }
 
+/// Sets every element of `out` to `value` converted to its dtype (16-bit types included).
+inline void fillOnDevice(const KernelContext& ctx, Tensor& out, double value) {
+  if (out.numel() == 0) return;
+  switch (out.dtype()) {
+    case DType::BF16:
+      WEFT_CUDA_CHECK(launch::fill<uint16_t>(static_cast<uint16_t*>(out.raw()), BFloat16(static_cast<float>(value)).bits,
+                                             out.numel(), streamOf(ctx)));
+      break;
+    case DType::F16:
+      WEFT_CUDA_CHECK(launch::fill<uint16_t>(static_cast<uint16_t*>(out.raw()), Float16(static_cast<float>(value)).bits,
+                                             out.numel(), streamOf(ctx)));
+      break;
+    default:
+      dispatchAll(out.dtype(), [&](auto z) {
+        using T = decltype(z);
+        WEFT_CUDA_CHECK(launch::fill<T>(out.data<T>(), static_cast<T>(value), out.numel(), streamOf(ctx)));
+      });
+  }
+}
+
+/// For an op with ids but no data to move: still fails the step on an id outside [0, limit), as
+/// the CPU kernel does.
+inline void checkIdsOnly(const KernelContext& ctx, const Tensor& ids, int64_t limit) {
+  dispatchIds(ids.dtype(), [&](auto zi) {
+    using I = decltype(zi);
+    WEFT_CUDA_CHECK(launch::checkIds<I>(ids.data<I>(), ids.numel(), limit, errorSink(ctx), streamOf(ctx)));
+  });
+}
+
 }  // namespace weft::cudaops

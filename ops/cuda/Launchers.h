@@ -77,13 +77,10 @@ template <class T>
 cudaError_t accumulate(const T* x, T* out, int64_t n, cudaStream_t stream);
 template <class T>
 cudaError_t fill(T* out, T value, int64_t n, cudaStream_t stream);
-/// out[i] = a * out[i] + b * x[i]
-template <class T>
-cudaError_t blend(const T* x, T* out, T a, T b, int64_t n, cudaStream_t stream);
 /// out[i] = x[m.offset(i)] * scale
 template <class T>
 cudaError_t spread(const T* x, T* out, int64_t n, const BroadcastMap& m, T scale, cudaStream_t stream);
-/// Records an integer division by zero for the first zero divisor.
+/// Records an integer division by zero, naming a zero divisor (the first to reach the record).
 template <class T>
 cudaError_t checkDivisors(const T* b, int64_t n, ErrorSink errors, cudaStream_t stream);
 
@@ -121,6 +118,9 @@ cudaError_t reverseSequence(size_t elementBytes, const void* x, void* out, int64
 template <class I>
 cudaError_t gatherRows(size_t elementBytes, const void* params, int64_t rows, int64_t width, const I* ids, int64_t n,
                        void* out, ErrorSink errors, cudaStream_t stream);
+/// Records the first of n ids outside [0, limit): the check of ops whose data is empty.
+template <class I>
+cudaError_t checkIds(const I* ids, int64_t n, int64_t limit, ErrorSink errors, cudaStream_t stream);
 /// Bytes of device workspace that sorting n ids needs (segmentSum, sparseUpdate).
 template <class I>
 size_t idSortWorkspaceBytes(int64_t n);
@@ -202,16 +202,25 @@ template <class T>
 cudaError_t avgPoolGrad(const T* dy, T* dx, const PoolShape& p, cudaStream_t stream);
 
 // ---- Optimizers.cu ----
-/// One dense update of rule R; lr (and for Adam the step count) are read on the device.
+// Every kernel that writes a variable leaves it as it was when the step has already recorded a
+// data error: a failed step changes no variable on the GPU either (the CPU stops at the op).
+
 /// The sparse update of rule R: repeated ids are summed first (in position order), so each
 /// touched row is updated once, as on the CPU.
 template <rules::Rule R, class T, class I>
 cudaError_t sparseUpdate(const rules::Hyper& h, T* w, T* s1, T* s2, int64_t rows, int64_t width, const I* ids,
                          const T* values, int64_t n, const T* lr, const int64_t* step, void* workspace,
                          ErrorSink errors, cudaStream_t stream);
+/// One dense update of rule R; lr (and for Adam the step count) are read on the device.
 template <rules::Rule R, class T>
 cudaError_t denseUpdate(const rules::Hyper& h, T* w, T* s1, T* s2, const T* g, const T* lr, const int64_t* step,
-                        int64_t n, cudaStream_t stream);
+                        int64_t n, ErrorSink errors, cudaStream_t stream);
+/// Assign: out = x, n elements of `elementBytes` bytes each.
+cudaError_t assignVariable(const void* x, void* out, int64_t n, size_t elementBytes, ErrorSink errors,
+                           cudaStream_t stream);
+/// AssignAdd (a = 1, b = 1) and AssignMovingAverage: out[i] = a * out[i] + b * x[i].
+template <class T>
+cudaError_t blendVariable(const T* x, T* out, T a, T b, int64_t n, ErrorSink errors, cudaStream_t stream);
 
 }  // namespace launch
 }  // namespace weft::cudaops

@@ -1,5 +1,6 @@
-// The CUDA kernels of the dense optimizer updates (ops/Optimizers.cpp) and of the variable
-// updates (ops/State.cpp); device code in ops/cuda/Optimizers.cu and ops/cuda/Elementwise.cu.
+// The CUDA kernels of the optimizer updates (ops/Optimizers.cpp) and of the variable updates
+// (ops/State.cpp); device code in ops/cuda/Optimizers.cu. None writes in a step that has already
+// recorded a data error.
 #include "ops/cuda/Host.h"
 #include "ops/cuda/Kernels.h"
 
@@ -25,7 +26,8 @@ void denseOp(KernelContext& ctx) {
     T* s2 = slots > 1 ? static_cast<T*>(ctx.input(2).raw()) : nullptr;
     const int64_t* step = R == Rule::Adam ? ctx.input(slots + 3).data<int64_t>() : nullptr;
     WEFT_CUDA_CHECK(launch::denseUpdate<R, T>(h, static_cast<T*>(var.raw()), s1, s2, ctx.input(slots + 1).data<T>(),
-                                              ctx.input(slots + 2).data<T>(), step, var.numel(), streamOf(ctx)));
+                                              ctx.input(slots + 2).data<T>(), step, var.numel(), errorSink(ctx),
+                                              streamOf(ctx)));
   });
 }
 
@@ -36,7 +38,7 @@ void sparseOp(KernelContext& ctx) {
   const Tensor& var = ctx.input(0);
   const Tensor &ids = ctx.input(slots + 1), &values = ctx.input(slots + 2);
   const int64_t rows = var.shape()[0], width = rows ? var.numel() / rows : 0;
-  if (ids.numel() == 0 || width == 0) return;
+  if (ids.numel() == 0 || width == 0) return checkIdsOnly(ctx, ids, rows);
   dispatchIds(ids.dtype(), [&](auto zi) {
     using I = decltype(zi);
     const auto bytes = static_cast<int64_t>(launch::idSortWorkspaceBytes<I>(ids.numel()));
@@ -66,28 +68,29 @@ void sparseApplyAdam(KernelContext& ctx) { sparseOp<Rule::Adam>(ctx); }
 void sparseApplyAdagrad(KernelContext& ctx) { sparseOp<Rule::Adagrad>(ctx); }
 
 void assign(KernelContext& ctx) {
-  Tensor var = ctx.input(0);
-  copyOnDevice(ctx, ctx.input(1), var);
+  const Tensor &var = ctx.input(0), &value = ctx.input(1);
+  if (var.raw() == value.raw()) return;
+  WEFT_CUDA_CHECK(launch::assignVariable(value.raw(), var.raw(), var.numel(), dtypeSize(var.dtype()), errorSink(ctx),
+                                         streamOf(ctx)));
 }
 
 void assignAdd(KernelContext& ctx) {
   const Tensor& var = ctx.input(0);
-  if (var.numel() == 0) return;
   dispatchAll(var.dtype(), [&](auto z) {
     using T = decltype(z);
-    WEFT_CUDA_CHECK(launch::accumulate<T>(ctx.input(1).data<T>(), static_cast<T*>(var.raw()), var.numel(), streamOf(ctx)));
+    WEFT_CUDA_CHECK(launch::blendVariable<T>(ctx.input(1).data<T>(), static_cast<T*>(var.raw()), T(1), T(1),
+                                             var.numel(), errorSink(ctx), streamOf(ctx)));
   });
 }
 
 // var = decay * var + (1 - decay) * value
 void assignMovingAverage(KernelContext& ctx) {
   const Tensor& var = ctx.input(0);
-  if (var.numel() == 0) return;
   const double decay = ctx.attrs().getFloat("decay");
   dispatchFloating(var.dtype(), [&](auto z) {
     using T = decltype(z);
-    WEFT_CUDA_CHECK(launch::blend<T>(ctx.input(1).data<T>(), static_cast<T*>(var.raw()), static_cast<T>(decay),
-                                     static_cast<T>(1 - decay), var.numel(), streamOf(ctx)));
+    WEFT_CUDA_CHECK(launch::blendVariable<T>(ctx.input(1).data<T>(), static_cast<T*>(var.raw()), static_cast<T>(decay),
+                                             static_cast<T>(1 - decay), var.numel(), errorSink(ctx), streamOf(ctx)));
   });
 }
 

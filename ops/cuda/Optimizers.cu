@@ -1,5 +1,5 @@
-// CUDA kernels of the dense optimizer updates (ops/Optimizers.cpp defines the ops; the rules are
-// shared with the CPU through ops/OptimizerRules.h). The learning rate and the step count stay
+// CUDA kernels of the optimizer and variable updates (ops/Optimizers.cpp and ops/State.cpp define
+// the ops; the rules are shared with the CPU through ops/OptimizerRules.h). The learning rate and the step count stay
 // on the device: each thread reads them, so an update never waits for the host.
 #include "ops/cuda/SortIds.cuh"
 
@@ -19,7 +19,8 @@ __device__ void readScalars(rules::Hyper& h, const T* lr, const int64_t* step) {
 
 template <rules::Rule R, class T>
 __global__ void denseUpdateKernel(rules::Hyper h, T* w, T* s1, T* s2, const T* g, const T* lr, const int64_t* step,
-                                  int64_t n) {
+                                  int64_t n, ErrorSink errors) {
+  if (errors.slot->kind != 0) return;
   readScalars<R>(h, lr, step);
   T unused{};
   WEFT_GRID_STRIDE(i, n) rules::apply<R, T>(h, w[i], s1 ? s1[i] : unused, s2 ? s2[i] : unused, g[i]);
@@ -49,9 +50,52 @@ __global__ void sparseUpdateKernel(rules::Hyper h, T* w, T* s1, T* s2, int64_t r
   }
 }
 
+template <class U>
+__global__ void assignKernel(const U* x, U* out, int64_t n, ErrorSink errors) {
+  if (errors.slot->kind != 0) return;
+  WEFT_GRID_STRIDE(i, n) out[i] = x[i];
+}
+
+template <class T>
+__global__ void blendVariableKernel(const T* x, T* out, T a, T b, int64_t n, ErrorSink errors) {
+  if (errors.slot->kind != 0) return;
+  WEFT_GRID_STRIDE(i, n) out[i] = a * out[i] + b * x[i];
+}
+
+template <class U>
+cudaError_t assignAs(const void* x, void* out, int64_t n, ErrorSink errors, cudaStream_t stream) {
+  assignKernel<U><<<blocksFor(n), kThreads, 0, stream>>>(static_cast<const U*>(x), static_cast<U*>(out), n, errors);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 namespace launch {
+
+cudaError_t assignVariable(const void* x, void* out, int64_t n, size_t elementBytes, ErrorSink errors,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (elementBytes) {
+    case 8: return assignAs<uint64_t>(x, out, n, errors, stream);
+    case 4: return assignAs<uint32_t>(x, out, n, errors, stream);
+    case 2: return assignAs<uint16_t>(x, out, n, errors, stream);
+    default: return assignAs<uint8_t>(x, out, n * static_cast<int64_t>(elementBytes), errors, stream);
+  }
+}
+
+template <class T>
+cudaError_t blendVariable(const T* x, T* out, T a, T b, int64_t n, ErrorSink errors, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  blendVariableKernel<T><<<blocksFor(n), kThreads, 0, stream>>>(x, out, a, b, n, errors);
+  return cudaGetLastError();
+}
+
+template cudaError_t blendVariable<float>(const float*, float*, float, float, int64_t, ErrorSink, cudaStream_t);
+template cudaError_t blendVariable<double>(const double*, double*, double, double, int64_t, ErrorSink, cudaStream_t);
+template cudaError_t blendVariable<int32_t>(const int32_t*, int32_t*, int32_t, int32_t, int64_t, ErrorSink,
+                                            cudaStream_t);
+template cudaError_t blendVariable<int64_t>(const int64_t*, int64_t*, int64_t, int64_t, int64_t, ErrorSink,
+                                            cudaStream_t);
 
 template <rules::Rule R, class T, class I>
 cudaError_t sparseUpdate(const rules::Hyper& h, T* w, T* s1, T* s2, int64_t rows, int64_t width, const I* ids,
@@ -69,14 +113,14 @@ cudaError_t sparseUpdate(const rules::Hyper& h, T* w, T* s1, T* s2, int64_t rows
 
 template <rules::Rule R, class T>
 cudaError_t denseUpdate(const rules::Hyper& h, T* w, T* s1, T* s2, const T* g, const T* lr, const int64_t* step,
-                        int64_t n, cudaStream_t stream) {
-  denseUpdateKernel<R, T><<<blocksFor(n), kThreads, 0, stream>>>(h, w, s1, s2, g, lr, step, n);
+                        int64_t n, ErrorSink errors, cudaStream_t stream) {
+  denseUpdateKernel<R, T><<<blocksFor(n), kThreads, 0, stream>>>(h, w, s1, s2, g, lr, step, n, errors);
   return cudaGetLastError();
 }
 
 #define WEFT_UPDATE(R, T)                                                                                     \
   template cudaError_t denseUpdate<rules::Rule::R, T>(const rules::Hyper&, T*, T*, T*, const T*, const T*,    \
-                                                      const int64_t*, int64_t, cudaStream_t);                 \
+                                                      const int64_t*, int64_t, ErrorSink, cudaStream_t);      \
   template cudaError_t sparseUpdate<rules::Rule::R, T, int32_t>(const rules::Hyper&, T*, T*, T*, int64_t,     \
                                                                 int64_t, const int32_t*, const T*, int64_t,   \
                                                                 const T*, const int64_t*, void*, ErrorSink,   \

@@ -49,14 +49,6 @@ void boxBetween(const KernelContext& ctx, const Tensor& large, const Tensor& sma
   else copyBox(ctx, large.dtype(), small.raw(), inSmall, large.raw(), inLarge, small.numel());
 }
 
-void fillValue(const KernelContext& ctx, Tensor& out, double value) {
-  if (out.numel() == 0) return;
-  dispatchAll(out.dtype(), [&](auto z) {
-    using T = decltype(z);
-    WEFT_CUDA_CHECK(launch::fill<T>(out.data<T>(), static_cast<T>(value), out.numel(), streamOf(ctx)));
-  });
-}
-
 /// Offsets of each piece along `axis` when tensors are cut into or joined from `pieces`.
 void forEachPiece(const std::vector<const Tensor*>& pieces, int axis,
                   const std::function<void(const Tensor&, std::vector<int64_t>)>& f) {
@@ -120,7 +112,7 @@ void sliceGrad(KernelContext& ctx) {
 
 void pad(KernelContext& ctx) {
   Tensor& out = ctx.output(0);
-  fillValue(ctx, out, ctx.attrs().getFloat("value"));
+  fillOnDevice(ctx, out, ctx.attrs().getFloat("value"));
   boxBetween(ctx, out, ctx.input(0), padBefore(ctx), false);
 }
 
