@@ -109,12 +109,31 @@ struct DTypeOf<Float16> {
 template <class T>
 inline constexpr bool kIsHalf = std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
 
+/// A floating value truncated to the signed integer type D, saturating at D's limits, NaN to 0:
+/// what the GPU's conversion instructions do, given to the CPU too, where C++ leaves the
+/// out-of-range cases undefined.
+template <class D, class F>
+WEFT_HOST_DEVICE inline D truncateSaturating(F value) {
+  static_assert(std::is_signed_v<D> && (sizeof(D) == 4 || sizeof(D) == 8), "a 32- or 64-bit signed integer");
+  constexpr D largest = static_cast<D>(~std::make_unsigned_t<D>(0) >> 1);
+  constexpr F bound = sizeof(D) == 4 ? F(2147483648.0) : F(9223372036854775808.0);  // 2^31, 2^63: exact
+  if (value != value) return D(0);
+  if (value >= bound) return largest;
+  if (value < -bound) return -largest - 1;
+  return static_cast<D>(value);
+}
+
 /// One element converted between any two element types: through float when a 16-bit type is
-/// involved, directly otherwise (so i64 -> f64 keeps 53 bits).
+/// involved, directly otherwise (so i64 -> f64 keeps 53 bits); floating to integer truncates and
+/// saturates (truncateSaturating).
 template <class D, class S>
 WEFT_HOST_DEVICE inline D convertElement(S value) {
-  if constexpr (kIsHalf<S> || kIsHalf<D>) {
+  if constexpr (kIsHalf<S>) {
+    return convertElement<D>(static_cast<float>(value));
+  } else if constexpr (kIsHalf<D>) {
     return static_cast<D>(static_cast<float>(value));
+  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
+    return truncateSaturating<D>(value);
   } else {
     return static_cast<D>(value);
   }

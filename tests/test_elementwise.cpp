@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -477,6 +478,25 @@ TEST_CASE("cast converts between dtypes, truncating toward zero for integers") {
       for (double v : tx.toDoubles()) expected.push_back(isInteger(to) ? std::trunc(v) : v);
       CHECK_CLOSE(evaluate(g, y, {{x, tx}}), expected, toleranceFor(f32));
     }
+  }
+}
+
+TEST_CASE("cast to integers saturates out-of-range values and turns NaN into 0, as the GPU does") {
+  const std::vector<float> values{NAN, 3e9f, -3e9f, 1e30f, -INFINITY, -2.7f};
+  const int32_t max32 = std::numeric_limits<int32_t>::max(), min32 = std::numeric_limits<int32_t>::min();
+  for (DType from : {f32, f64, bf16, f16}) {
+    CAPTURE(std::string(dtypeName(from)));
+    Graph g;
+    const Output x = g.placeholder("x", from, {6});
+    const Tensor tx = Tensor::fromVector<float>(values, {6}).cast(from);
+    const std::vector<Tensor> out = Session(g).run({cast(x, i32), cast(x, i64)}, {{x, tx}});
+    CHECK(out[0].toVector<int32_t>() == std::vector<int32_t>{0, max32, min32, max32, min32, -2});
+    const std::vector<int64_t> wide = out[1].toVector<int64_t>();
+    CHECK(wide[0] == 0);
+    if (from == f32 || from == f64) CHECK(wide[1] == 3000000000);  // 16-bit types round or overflow 3e9
+    CHECK(wide[3] == std::numeric_limits<int64_t>::max());
+    CHECK(wide[4] == std::numeric_limits<int64_t>::min());
+    CHECK(wide[5] == -2);
   }
 }
 
