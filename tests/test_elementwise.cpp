@@ -182,6 +182,16 @@ TEST_CASE("binary arithmetic gradients match finite differences under broadcasti
   }
 }
 
+TEST_CASE("integer pow is exact and takes negative exponents as truncated reciprocals") {
+  Graph g;
+  const Output a = g.placeholder("a", i64, {9}), b = g.placeholder("b", i64, {9});
+  const Tensor ta = Tensor::fromVector<int64_t>({3, -2, 2, 1, -1, -1, 0, 7, 3}, {9});
+  const Tensor tb = Tensor::fromVector<int64_t>({4, 3, -1, -5, -3, -2, -1, 0, 39}, {9});
+  // 3^39 = 4052555153018976267 needs 62 bits: a double holds 53.
+  CHECK(Session(g).run({pow(a, b)}, {{a, ta}, {b, tb}})[0].toVector<int64_t>() ==
+        std::vector<int64_t>{81, -8, 0, 1, -1, 1, 0, 1, 4052555153018976267});
+}
+
 TEST_CASE("pow gradient with respect to a negative exponent") {
   Graph g;
   Output a = g.placeholder("a", f64, {2, 3}), b = g.placeholder("b", f64, {2, 3});
