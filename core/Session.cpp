@@ -92,6 +92,9 @@ std::string finishGpuStep(int gpu, const Steps& steps) {
   if (e.kind == cuda::KernelError::IntegerDivisionByZero) {
     return fmt::format("{}: integer division by zero (divisor element {})", op, e.position);
   }
+  if (e.kind == cuda::KernelError::LengthOutOfRange) {
+    return fmt::format("{}: length {} of sequence {} is outside [0, {}]", op, e.value, e.position, e.limit);
+  }
   return fmt::format("{}: id {} at position {} is outside [0, {})", op, e.value, e.position, e.limit);
 #else
   return {};

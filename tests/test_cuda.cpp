@@ -542,6 +542,19 @@ TEST_CASE("ones and padding fill 16-bit tensors on the GPU") {
   }, 0.0);
 }
 
+TEST_CASE("a sequence length beyond the sequence fails a GPU run in the CPU's words") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  const Output x = g.placeholder("x", f32, {4, 2}), lengths = g.placeholder("lengths", i64, {2});
+  Session s(g);
+  const std::string e = errorOf([&] {
+    s.run({reverseSequence(x, lengths, 0, 1)},
+          {{x, Tensor::zeros(f32, {4, 2})}, {lengths, Tensor::fromVector<int64_t>({2, 5}, {2})}});
+  });
+  CHECK(contains(e, "op 'ReverseSequence'"));
+  CHECK(contains(e, "length 5 of sequence 1 is outside [0, 4]"));
+}
+
 TEST_CASE("integer division by zero on the GPU fails the run") {
   Graph g;
   auto placed = g.onDevice("cuda:0");

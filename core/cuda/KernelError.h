@@ -10,12 +10,12 @@
 namespace weft::cuda {
 
 struct KernelError {
-  enum Kind : int32_t { IndexOutOfRange = 1, IntegerDivisionByZero = 2 };
+  enum Kind : int32_t { IndexOutOfRange = 1, IntegerDivisionByZero = 2, LengthOutOfRange = 3 };
   int32_t kind;      // 0 until a kernel records an error
   int32_t step;      // the plan step that raised it
   int64_t value;     // the offending value
   int64_t position;  // its flat position in its tensor
-  int64_t limit;     // IndexOutOfRange: the valid range is [0, limit)
+  int64_t limit;     // IndexOutOfRange: the valid range is [0, limit); LengthOutOfRange: [0, limit]
 };
 
 }  // namespace weft::cuda

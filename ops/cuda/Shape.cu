@@ -26,7 +26,7 @@ __global__ void reverseSequenceKernel(const Bits* x, Bits* out, int64_t n, int64
     const int64_t t = (i / seqStride) % seqLen, b = (i / batchStride) % batch;
     int64_t len = static_cast<int64_t>(lengths[b]);
     if (len < 0 || len > seqLen) {
-      if (t == 0) raiseError(errors, cuda::KernelError::IndexOutOfRange, len, b, seqLen + 1);
+      if (t == 0) raiseError(errors, cuda::KernelError::LengthOutOfRange, len, b, seqLen);
       len = 0;
     }
     out[i] = x[t < len ? i + (len - 1 - 2 * t) * seqStride : i];
