@@ -133,8 +133,18 @@ pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::str
   return pid;
 }
 
+// What a process that met an instruction its CPU lacks was told; a remote one's shell reports it
+// as status 128 + SIGILL.
+constexpr char kBuiltForAnotherCpu[] =
+    ": this weft was built for a CPU with instructions this host lacks (the build machine's, by default); build "
+    "one binary for every host with WEFT_MARCH=x86-64-v3 (AVX2) or the oldest host's -march, see README";
+
 std::string howItEnded(int status) {
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGILL)
+    return fmt::format("exited with status {} (illegal instruction){}", WEXITSTATUS(status), kBuiltForAnotherCpu);
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGILL)
+    return fmt::format("was killed by signal {} ({}){}", SIGILL, strsignal(SIGILL), kBuiltForAnotherCpu);
   if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   return "ended";
 }
