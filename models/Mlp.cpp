@@ -9,7 +9,7 @@ namespace weft::models {
 MlpModel buildMlp(Graph& g, const MlpConfig& config) {
   g.setSeed(config.seed);
   MlpModel m;
-  m.features = g.placeholder("features", config.dtype, {-1, config.inputs});
+  m.features = g.placeholder("features", f32, {-1, config.inputs});
   m.labels = g.placeholder("labels", i64, {-1});
   std::vector<nn::Linear> layers;
   int64_t width = config.inputs;
@@ -19,7 +19,7 @@ MlpModel buildMlp(Graph& g, const MlpConfig& config) {
   }
   nn::Linear out(g, "logits", width, config.classes, true, config.dtype);
   auto forward = [&](bool training) {
-    Output h = m.features;
+    Output h = config.dtype == f32 ? m.features : cast(m.features, config.dtype);
     for (size_t i = 0; i < layers.size(); ++i) h = nn::Dropout(config.dropout, config.seed + i)(relu(layers[i](h)), training);
     return out(h);
   };
@@ -55,8 +55,10 @@ class MlpZooModel : public ZooModel {
 
   void build(Graph& g, const CommonOptions& common) override {
     WEFT_CHECK(common.data.empty(), "mlp trains on its built-in generated task only; --data is not supported");
+    WEFT_CHECK(common.dtype == "f32" || common.dtype == "f64", "mlp: dtype '{}' is not f32 or f64", common.dtype);
     config_.hidden = {width_, width_};
     config_.seed = common.seed;
+    config_.dtype = common.dtype == "f64" ? f64 : f32;
     model_ = buildMlp(g, config_);
     const int64_t batch = common.batchSize > 0 ? common.batchSize : 128;
     data::BatchOptions train{batch, true, common.seed, {}, 0, 0, {}};

@@ -19,7 +19,7 @@ struct MlpConfig {
 };
 
 struct MlpModel {
-  Output features;  // placeholder (batch, inputs)
+  Output features;  // placeholder (batch, inputs) f32; the layers compute in the config's dtype
   Output labels;    // placeholder (batch) i64
   Output loss;      // mean cross-entropy, dropout active (train on this)
   Output logits;    // (batch, classes), dropout off (evaluate on this)

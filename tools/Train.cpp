@@ -28,6 +28,7 @@ struct TrainFlags {
   int threads = 2;
   std::string device = "cpu";
   std::string precision = "f32";
+  std::string dtype = "f32";
   uint64_t seed = 1;
   std::string data;
   std::string out;
@@ -96,6 +97,9 @@ class Trainer {
                "specification says (a host's \"gpus\", or its \"cpu_workers\")",
                flags_.device);
     const DType precision = parseDType(flags_.precision);
+    WEFT_CHECK(flags_.dtype == "f32" || precision == f32,
+               "--dtype {} computes everything in {}; mixed precision (--precision {}) needs f32", flags_.dtype,
+               flags_.dtype, flags_.precision);
     WEFT_CHECK(precision != f16 || !flags_.distributed(),
                "--precision f16 scales the loss and skips overflowing steps, which distributed training does not "
                "do yet; use --precision bf16 with --workers");
@@ -112,6 +116,7 @@ class Trainer {
     common.batchSize = flags_.batch;
     common.seed = flags_.seed;
     common.data = flags_.data;
+    common.dtype = flags_.dtype;
     graph_.setSeed(flags_.seed);
     const Device device = Device::parse(flags_.distributed() ? dist::processDevice(resources) : flags_.device);
     // One process on a GPU is fed from there; a distributed worker's feeds stay on the host, where
@@ -327,6 +332,9 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                  "(f16 adds dynamic loss scaling)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  cmd.add_option("--dtype", f.dtype, "f32, or f64 for every variable and computation (to check numerics)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "f64"}));
   cmd.add_option("--seed", f.seed, "seed of weights, data order and dropout")->capture_default_str();
   cmd.add_option("--data", f.data, "real data (file or directory, see README); default: the built-in generator");
   cmd.add_option("--out", f.out, "output directory for metrics.jsonl and checkpoint.safetensors (default: runs/MODEL)");
