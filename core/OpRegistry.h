@@ -39,14 +39,15 @@ struct InferContext {
 };
 
 /// What a kernel sees: its node, input tensors, preallocated output tensors (shapes inferred),
-/// the intra-op thread pool, the session's step counter (for reproducible random ops), and the
-/// device it runs on.
+/// the intra-op thread pool, the session's step counter and replica (for reproducible random
+/// ops), and the device it runs on.
 struct KernelContext {
   const Node* node = nullptr;
   std::vector<const Tensor*> inputs;
   std::vector<Tensor*> outputs;
   const ThreadPool* pool = nullptr;
   uint64_t step = 0;
+  int replica = 0;          // SessionOptions::replica: which equal part of the total batch the inputs are
   Device device;            // where the kernel runs; its inputs and outputs live there
   void* stream = nullptr;   // CUDA kernels: the cudaStream_t to launch on
   int planStep = 0;         // position in the plan (CUDA kernels report data errors with it)

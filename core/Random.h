@@ -26,6 +26,9 @@ inline uint64_t streamKey(uint64_t seed, const std::string& label) {
   return mix64(seed ^ mix64(h));
 }
 
+/// The stream of a random op's draws in session step `step`: a fresh one every run.
+inline uint64_t stepKey(uint64_t key, uint64_t step) { return mix64(key ^ mix64(step)); }
+
 /// Uniform in [0, 1) with 53 random bits.
 WEFT_HOST_DEVICE inline double uniformAt(uint64_t key, uint64_t i) {
   return static_cast<double>(mix64(key ^ mix64(i)) >> 11) * (1.0 / 9007199254740992.0);

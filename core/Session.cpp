@@ -542,6 +542,7 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
     Plan::Step step{item.copy ? copyKernel : item.node->def->kernelFor(item.device.type), {}};
     step.ctx.node = item.node;
     step.ctx.pool = pool_.get();
+    step.ctx.replica = options_.replica;
     step.ctx.device = item.device;
     step.ctx.planStep = static_cast<int>(plan->steps.size());
     if (item.device.type == DeviceType::CUDA) {

@@ -26,6 +26,10 @@ struct SessionOptions {
   /// the nodes of a loss-scaled backward pass (kLossScaledCollection), whose overflow skips the
   /// step's update instead.
   bool checkNumerics = false;
+  /// This session's place among data-parallel replicas that each feed an equal part of the total
+  /// batch, in order: random ops (dropout) draw for the examples it holds what one session fed
+  /// the total batch draws for them. 0 for a session that sees the whole batch.
+  int replica = 0;
 };
 
 /// What a compiled plan costs.

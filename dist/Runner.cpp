@@ -471,7 +471,9 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
   if (state->workers > 1) synchronizeBatchNorm(graph, state->communicator->id());
   for (const ServedVariable& v : state->plan.variables)
     state->distribution.variables.push_back({v.variable, v.sparse, static_cast<size_t>(v.rows()) * v.rowBytes(), -1, true});
-  state->session = std::make_unique<Session>(graph, config.session);
+  SessionOptions session = config.session;
+  session.replica = state->rank;  // each worker feeds the rank-th part of the total batch
+  state->session = std::make_unique<Session>(graph, session);
   broadcastVariables(*state->session, *state->communicator, state->plan);
   if (!state->plan.empty()) state->publishVariables();
   return Runner(std::move(state));

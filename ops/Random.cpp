@@ -1,6 +1,8 @@
-// Random ops. Draws come from counter-based streams (core/Random.h) keyed by the op's seed and
-// node name and indexed by (session step, element), so a run's result does not depend on the
-// thread count, successive runs draw afresh, and a new session replays the same sequence.
+// Random ops. Draws come from counter-based streams (core/Random.h) keyed by the op's seed, node
+// name and session step, and indexed by the element's place in the total batch, so a run's
+// result does not depend on the thread count, successive runs draw afresh, a new session replays
+// the same sequence, and data-parallel replicas (SessionOptions::replica) draw for their part of
+// the batch what one session draws for the whole.
 #include "ops/OpUtil.h"
 #include "ops/cuda/Kernels.h"
 
@@ -19,13 +21,14 @@ std::vector<TensorType> dropoutInfer(const InferContext& c) {
   return {c.inputs[0], c.inputs[0]};
 }
 
-// mask[i] = 1/(1 - rate) where u(step * numel + i) >= rate, else 0;  y = x * mask
+// mask[i] = 1/(1 - rate) where u_step(replica * numel + i) >= rate, else 0;  y = x * mask
+// (a replica holds an equal part of the total batch along the first axis, after those before it)
 void dropoutKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const double rate = ctx.attrs().getFloat("rate");
-  const uint64_t key = streamKey(static_cast<uint64_t>(ctx.attrs().getInt("seed")), ctx.node->name);
+  const uint64_t key = stepKey(streamKey(static_cast<uint64_t>(ctx.attrs().getInt("seed")), ctx.node->name), ctx.step);
   const int64_t n = x.numel();
-  const uint64_t base = ctx.step * static_cast<uint64_t>(n);
+  const uint64_t base = static_cast<uint64_t>(ctx.replica) * static_cast<uint64_t>(n);
   dispatchFloat(x.dtype(), [&](auto z) {
     using T = decltype(z);
     const T* px = x.data<T>();

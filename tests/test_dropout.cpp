@@ -1,5 +1,6 @@
 // Dropout: drop rate, exact scaling of kept values, reproducibility across sessions, fresh masks
-// on successive runs, the mask gradient and the rate check.
+// on successive runs, data-parallel replicas drawing their part of the whole batch's mask, the
+// mask gradient and the rate check.
 #include "tests/TestUtil.h"
 
 #include "autodiff/Gradients.h"
@@ -68,6 +69,28 @@ TEST_CASE("dropout is reproducible from the seed and draws a new mask every run"
   CHECK(second.toDoubles() == replaySecond.toDoubles());
   CHECK(first.toDoubles() != second.toDoubles());
   CHECK(first.toDoubles() != otherSeed.toDoubles());
+}
+
+TEST_CASE("each data-parallel replica draws its part of the mask one session draws for the total batch") {
+  const int64_t rows = 12, cols = 7, parts = 3, part = rows / parts;
+  Tensor whole = randomTensor(f32, {rows, cols}, 4, 0.5, 1);
+  auto maskOf = [&](const Tensor& x, int replica) {
+    Graph g;
+    auto in = g.placeholder("x", f32, {-1, cols});
+    Output mask(dropout(in, 0.5, 9).node(), 1);
+    Session s(g, {1, false, replica});
+    s.run({mask}, {{in, x}});  // the second run's mask: steps are keyed too
+    return s.run({mask}, {{in, x}})[0].toDoubles();
+  };
+  const std::vector<double> total = maskOf(whole, 0);
+  for (int r = 0; r < parts; ++r) {
+    CAPTURE(r);
+    Tensor mine(f32, {part, cols});
+    const std::vector<double> all = whole.toDoubles();
+    for (int64_t i = 0; i < part * cols; ++i) mine.data<float>()[i] = static_cast<float>(all[static_cast<size_t>(r * part * cols + i)]);
+    const std::vector<double> expected(total.begin() + r * part * cols, total.begin() + (r + 1) * part * cols);
+    CHECK(maskOf(mine, r) == expected);
+  }
 }
 
 TEST_CASE("two dropout ops with the same seed draw different masks") {

@@ -10,11 +10,11 @@ void dropout(KernelContext& ctx) {
   const int64_t n = x.numel();
   if (n == 0) return;
   const double rate = ctx.attrs().getFloat("rate");
-  const uint64_t key = streamKey(static_cast<uint64_t>(ctx.attrs().getInt("seed")), ctx.node->name);
+  const uint64_t key = stepKey(streamKey(static_cast<uint64_t>(ctx.attrs().getInt("seed")), ctx.node->name), ctx.step);
   dispatchFloating(x.dtype(), [&](auto z) {
     using T = decltype(z);
     WEFT_CUDA_CHECK(launch::dropout<T>(x.data<T>(), ctx.output(0).data<T>(), ctx.output(1).data<T>(), n, key,
-                                       ctx.step * static_cast<uint64_t>(n), rate, static_cast<T>(1.0 / (1.0 - rate)),
+                                       static_cast<uint64_t>(ctx.replica) * static_cast<uint64_t>(n), rate, static_cast<T>(1.0 / (1.0 - rate)),
                                        streamOf(ctx)));
   });
 }
