@@ -51,11 +51,29 @@ std::string loopbackCluster(const fs::path& dir, int machines, int workers, int 
 
 }  // namespace
 
+// The MLP runs in float64, where the workers' results differ from one process's only by the
+// order of summation, so the tolerance is a bound rather than a figure seen on one machine: a sum
+// of n terms reordered moves by at most 2(n-1)u times the sum of their magnitudes (u = 2^-53);
+// Adam turns a gradient change d into an update change of at most lr d / eps. With n = 64
+// examples, gradient terms below 1, lr = 1e-3, eps = 1e-8 and 12 steps, a weight moves by at most
+// 12 * 1e5 * 2 * 63 * 1.1e-16 = 1.7e-9, under 1e-8 of the weights' scale (0.1 and more). In float32
+// the same bound is 1e-2, which is why a float32 comparison cannot be both tight and reliable.
+// Measured: 3e-15. A wrong scale, order or mask moves the weights by 1e-3 and more.
+const double kMlpF64Tolerance = 1e-8;
+const std::string mlpF64Flags =
+    "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 --timeout 30 --dtype f64";
+
 TEST_CASE("MLP: 1, 2 and 4 workers with a part each train like one process with the total batch") {
-  const std::string flags = "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 --timeout 30";
   for (int workers : {1, 2, 4}) {
     CAPTURE(workers);
-    checkSameVariables("mlp", flags, workers, 1e-5);
+    checkSameVariables("mlp", mlpF64Flags, workers, kMlpF64Tolerance);
+  }
+}
+
+TEST_CASE("MLP with dropout: each worker drops what one process drops for its part of the batch") {
+  for (int workers : {2, 4}) {
+    CAPTURE(workers);
+    checkSameVariables("mlp", mlpF64Flags + " --dropout 0.3", workers, kMlpF64Tolerance);
   }
 }
 
@@ -273,6 +291,12 @@ void checkMemberStopsJob(const std::string& args, const std::string& role, int s
 
 TEST_CASE("a worker killed mid-run stops the whole job, naming it, and leaves no process behind") {
   checkMemberStopsJob("mlp --workers 2", "worker", 1, SIGKILL, "worker 1 of host 0", "was killed by signal 9");
+}
+
+TEST_CASE("a worker that meets an instruction its CPU lacks is reported as running a binary built for another CPU") {
+  checkMemberStopsJob("mlp --workers 2", "worker", 1, SIGILL, "worker 1 of host 0",
+                      "was killed by signal 4 (Illegal instruction): this weft was built for a CPU with instructions "
+                      "this host lacks");
 }
 
 TEST_CASE("a parameter server killed mid-run stops the whole job, naming it") {
