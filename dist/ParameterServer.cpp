@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "core/Tensor.h"
+#include "ops/RowIds.h"
 
 #include <fmt/format.h>
 
@@ -10,7 +11,6 @@
 #include <cstring>
 #include <iostream>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -169,9 +169,7 @@ void ParameterServer::PartitionState::aggregateGradients(double denseScale, doub
       for (size_t i = 0; i < total; ++i) ids.data<I>()[i] = static_cast<I>(allIds[i]);
     });
     // The squared norm of the dense gradient these rows stand for: rows of one id add up first.
-    std::vector<size_t> order(total);
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return allIds[a] < allIds[b]; });
+    const RowGroups groups = groupRowsById(allIds);
     const size_t width = rowBytes / dtypeSize(dtype);
     squaredNorm = 0;
     dispatchFloat(dtype, [&](auto z) {
@@ -179,13 +177,13 @@ void ParameterServer::PartitionState::aggregateGradients(double denseScale, doub
       T* data = rowsOut.data<T>();
       for (size_t i = 0; i < total * width; ++i) data[i] = static_cast<T>(data[i] * sparseScale);
       std::vector<double> row(width);
-      for (size_t i = 0; i < total;) {
+      for (int64_t g = 0; g < groups.count(); ++g) {
         std::fill(row.begin(), row.end(), 0.0);
-        size_t j = i;
-        for (; j < total && allIds[order[j]] == allIds[order[i]]; ++j)
-          for (size_t k = 0; k < width; ++k) row[k] += static_cast<double>(data[order[j] * width + k]);
+        for (int64_t j = groups.begin(g); j < groups.end(g); ++j) {
+          const T* src = data + static_cast<size_t>(groups.order[static_cast<size_t>(j)]) * width;
+          for (size_t k = 0; k < width; ++k) row[k] += static_cast<double>(src[k]);
+        }
         for (double x : row) squaredNorm += x * x;
-        i = j;
       }
     });
     aggregate = {{indices, ids}, {values, rowsOut}};

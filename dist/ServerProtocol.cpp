@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "dist/Wire.h"
+#include "ops/RowIds.h"
 
 #include <cstring>
 
@@ -29,11 +30,7 @@ void checkHeader(std::span<const uint8_t> bytes, size_t expected, uint32_t magic
 std::vector<int64_t> readRowIds(std::span<const uint8_t> bytes, size_t offset, size_t count, int64_t rows) {
   std::vector<int64_t> ids(count);
   if (count > 0) std::memcpy(ids.data(), bytes.data() + offset, count * sizeof(int64_t));
-  for (size_t i = 0; i < count; ++i) {
-    WEFT_CHECK(ids[i] >= 0 && ids[i] < rows, "row id {} at position {} is outside the partition's [0, {})", ids[i], i,
-               rows);
-  }
-  return ids;
+  return checkedRowIds(ids, rows, "partition row id");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // uses to skip a step whose gradients overflowed. Sums are taken in double over
 // fixed blocks, so a norm does not depend on the thread count.
 #include "ops/OpUtil.h"
+#include "ops/RowIds.h"
 #include "ops/cuda/Kernels.h"
 
 #include <algorithm>
@@ -75,21 +76,6 @@ void allFiniteKernel(KernelContext& ctx) {
   ctx.output(0).data<float>()[0] = finite ? 1.0f : 0.0f;
 }
 
-/// Positions of `ids` sorted by id (stable), and the start of each run of equal ids in that
-/// order, closed by ids.size().
-template <class I>
-std::pair<std::vector<int64_t>, std::vector<int64_t>> groupByIndex(const I* ids, int64_t n) {
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [ids](int64_t a, int64_t b) { return ids[a] < ids[b]; });
-  std::vector<int64_t> starts;
-  for (int64_t k = 0; k < n; ++k) {
-    if (k == 0 || ids[order[static_cast<size_t>(k)]] != ids[order[static_cast<size_t>(k - 1)]]) starts.push_back(k);
-  }
-  starts.push_back(n);
-  return {std::move(order), std::move(starts)};
-}
-
 // out = sum over unique ids u of |sum of the value rows with id u|^2
 void sparseSquaredNormKernel(KernelContext& ctx) {
   const Tensor &indices = ctx.input(0), &values = ctx.input(1);
@@ -99,27 +85,23 @@ void sparseSquaredNormKernel(KernelContext& ctx) {
     using T = decltype(z);
     const T* pv = values.data<T>();
     double total = 0;
-    dispatchIndex(indices.dtype(), [&](auto zi) {
-      using I = decltype(zi);
-      const auto [order, starts] = groupByIndex(indices.data<I>(), n);
-      const int64_t groups = static_cast<int64_t>(starts.size()) - 1;
-      const int64_t costPerGroup = groups == 0 ? 0 : width * n / groups;
-      std::vector<double> groupNorm(static_cast<size_t>(groups));
-      ctx.parallelFor(groups, costPerGroup, [&](int64_t lo, int64_t hi) {
-        std::vector<double> row(static_cast<size_t>(width));
-        for (int64_t g = lo; g < hi; ++g) {
-          std::fill(row.begin(), row.end(), 0.0);
-          for (int64_t k = starts[static_cast<size_t>(g)]; k < starts[static_cast<size_t>(g + 1)]; ++k) {
-            const T* src = pv + order[static_cast<size_t>(k)] * width;
-            for (int64_t j = 0; j < width; ++j) row[static_cast<size_t>(j)] += static_cast<double>(src[j]);
-          }
-          double s = 0;
-          for (double v : row) s += v * v;
-          groupNorm[static_cast<size_t>(g)] = s;
+    const RowGroups groups = groupRowsById(rowIds(indices));
+    const int64_t costPerGroup = groups.count() == 0 ? 0 : width * n / groups.count();
+    std::vector<double> groupNorm(static_cast<size_t>(groups.count()));
+    ctx.parallelFor(groups.count(), costPerGroup, [&](int64_t lo, int64_t hi) {
+      std::vector<double> row(static_cast<size_t>(width));
+      for (int64_t g = lo; g < hi; ++g) {
+        std::fill(row.begin(), row.end(), 0.0);
+        for (int64_t k = groups.begin(g); k < groups.end(g); ++k) {
+          const T* src = pv + groups.order[static_cast<size_t>(k)] * width;
+          for (int64_t j = 0; j < width; ++j) row[static_cast<size_t>(j)] += static_cast<double>(src[j]);
         }
-      });
-      total = std::accumulate(groupNorm.begin(), groupNorm.end(), 0.0);
+        double s = 0;
+        for (double v : row) s += v * v;
+        groupNorm[static_cast<size_t>(g)] = s;
+      }
     });
+    total = std::accumulate(groupNorm.begin(), groupNorm.end(), 0.0);
     ctx.output(0).data<T>()[0] = static_cast<T>(total);
   });
 }

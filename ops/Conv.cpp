@@ -4,11 +4,10 @@
 // ops/ConvDirect; every other window runs as im2col + OpenBLAS GEMM per image. Images
 // (convolution) or (image, channel) planes (pooling) are independent, so the kernels split them
 // across the session's pool and call BLAS single-threaded.
+#include "ops/Blas.h"
 #include "ops/ConvWinograd.h"
 #include "ops/OpUtil.h"
 #include "ops/cuda/Kernels.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <limits>
@@ -63,27 +62,7 @@ void requireRank4(const InferContext& c, int i, const char* what) {
   c.check(c.shape(i).rank() == 4, "{} must have rank 4, got {}", what, c.shape(i).str());
 }
 
-// ---- BLAS and im2col -----------------------------------------------------------------------
-
-/// C (m x n) = op(A) op(B) + beta C, row-major; tolerates empty extents, which BLAS rejects.
-template <class T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (beta == T(0)) {
-      for (int64_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, T(0));
-    }
-    return;
-  }
-  const auto opA = ta ? CblasTrans : CblasNoTrans, opB = tb ? CblasTrans : CblasNoTrans;
-  const auto i = [](int64_t v) { return static_cast<int>(v); };
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, opA, opB, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), beta, c, i(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, opA, opB, i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), beta, c, i(ldc));
-  }
-}
+// ---- im2col --------------------------------------------------------------------------------
 
 /// The per-image geometry shared by the three convolution kernels.
 struct ConvGeometry {
@@ -197,7 +176,7 @@ void conv2dKernel(KernelContext& ctx) {
       std::vector<T> scratch;
       for (int64_t img = lo; img < hi; ++img) {
         const T* col = columns(g, px + img * g.c * g.h * g.w, scratch);
-        gemm(false, false, g.o, p, k, pf, k, col, p, T(0), po + img * g.o * p, p);
+        blas::gemm(false, false, g.o, p, k, pf, k, col, p, T(0), po + img * g.o * p, p);
       }
     });
   });
@@ -222,7 +201,7 @@ void conv2dBackpropInputKernel(KernelContext& ctx) {
       std::vector<T> dcol(g.pointwise() ? 0 : static_cast<size_t>(k * p));
       for (int64_t img = lo; img < hi; ++img) {
         T* target = g.pointwise() ? pdx + img * imageSize : dcol.data();
-        gemm(true, false, k, p, g.o, pf, k, pdy + img * g.o * p, p, T(0), target, p);
+        blas::gemm(true, false, k, p, g.o, pf, k, pdy + img * g.o * p, p, T(0), target, p);
         if (!g.pointwise()) col2im(g, dcol.data(), pdx + img * imageSize);
       }
     });
@@ -251,7 +230,7 @@ void conv2dBackpropFilterKernel(KernelContext& ctx) {
       for (int64_t blk = lo; blk < hi; ++blk) {
         for (int64_t img = blocks.begin(blk); img < blocks.end(blk); ++img) {
           const T* col = columns(g, px + img * g.c * g.h * g.w, scratch);
-          gemm(false, true, g.o, k, p, pdy + img * g.o * p, p, col, p, T(1), partials.data() + blk * filterSize, k);
+          blas::gemm(false, true, g.o, k, p, pdy + img * g.o * p, p, col, p, T(1), partials.data() + blk * filterSize, k);
         }
       }
     });

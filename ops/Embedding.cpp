@@ -8,21 +8,6 @@
 namespace weft {
 namespace {
 
-/// Reads integer ids as int64, failing on the first outside [0, limit).
-std::vector<int64_t> checkedIds(const KernelContext& ctx, const Tensor& ids, int64_t limit, const char* what) {
-  std::vector<int64_t> out(static_cast<size_t>(ids.numel()));
-  dispatchIndex(ids.dtype(), [&](auto z) {
-    using I = decltype(z);
-    const I* p = ids.data<I>();
-    for (size_t i = 0; i < out.size(); ++i) {
-      const auto v = static_cast<int64_t>(p[i]);
-      if (v < 0 || v >= limit) ctx.fail("{} {} at position {} is outside [0, {})", what, v, i, limit);
-      out[i] = v;
-    }
-  });
-  return out;
-}
-
 /// Elements per row of a tensor whose first axis indexes rows.
 int64_t rowSize(const Shape& s) {
   int64_t n = 1;
@@ -43,7 +28,7 @@ std::vector<TensorType> gatherInfer(const InferContext& c) {
 // out[i, ...] = params[ids[i], ...]
 void gatherKernel(KernelContext& ctx) {
   const Tensor &params = ctx.input(0), &ids = ctx.input(1);
-  const std::vector<int64_t> rows = checkedIds(ctx, ids, params.shape()[0], "id");
+  const std::vector<int64_t> rows = detail::checkedRowIds(ctx, ids, params.shape()[0], "id");
   const size_t rowBytes = static_cast<size_t>(rowSize(params.shape())) * dtypeSize(params.dtype());
   const char* src = static_cast<const char*>(params.raw());
   char* dst = static_cast<char*>(ctx.output(0).raw());
@@ -92,7 +77,7 @@ std::vector<TensorType> scatterAddInfer(const InferContext& c) {
 void scatterAddKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& out = ctx.output(0);
-  const std::vector<int64_t> ids = checkedIds(ctx, ctx.input(1), x.shape()[0], "id");
+  const std::vector<int64_t> ids = detail::checkedRowIds(ctx, ctx.input(1), x.shape()[0], "id");
   out.copyFrom(x);
   dispatchDType(x.dtype(), [&](auto z) {
     using T = decltype(z);
@@ -118,7 +103,7 @@ std::vector<TensorType> segmentSumInfer(const InferContext& c) {
 void segmentSumKernel(KernelContext& ctx) {
   const Tensor &data = ctx.input(0), &idsT = ctx.input(1);
   Tensor& out = ctx.output(0);
-  const std::vector<int64_t> ids = checkedIds(ctx, idsT, out.shape()[0], "segment id");
+  const std::vector<int64_t> ids = detail::checkedRowIds(ctx, idsT, out.shape()[0], "segment id");
   out.fill(0);
   dispatchDType(data.dtype(), [&](auto z) {
     using T = decltype(z);

@@ -1,62 +1,15 @@
-// Matrix products through OpenBLAS's CBLAS. Calls are single-threaded; weft's pool runs the
-// row or column blocks of the output, so the thread count is the session's. bf16/f16 products
+// Matrix products through ops/Blas.h (OpenBLAS; weft's pool runs the blocks of the output, so
+// the thread count is the session's). bf16/f16 products
 // compute in f32 on the CPU (and in 16 bits with f32 accumulation on the GPU).
+#include "ops/Blas.h"
 #include "ops/OpUtil.h"
 
 #include "ops/cuda/Kernels.h"
 
-#include <cblas.h>
-
 #include <atomic>
-#include <mutex>
 
 namespace weft {
 namespace {
-
-/// C (m x n) = op(A) op(B), row-major, with lda/ldb the stored row lengths.
-template <class T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T* c, int64_t ldc) {
-  const auto opA = ta ? CblasTrans : CblasNoTrans, opB = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, opA, opB, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
-                static_cast<int>(lda), b, static_cast<int>(ldb), 0.0f, c, static_cast<int>(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, opA, opB, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0, a,
-                static_cast<int>(lda), b, static_cast<int>(ldb), 0.0, c, static_cast<int>(ldc));
-  }
-}
-
-/// One (m x k) x (k x n) product, split into blocks of rows or columns across the pool.
-template <class T>
-void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                  const T* a, const T* b, T* c) {
-  const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    std::fill(c, c + m * n, T(0));
-    return;
-  }
-  // Blocks depend on the shape only, never on the thread count: OpenBLAS may round differently
-  // for different block shapes, and results must not change with the number of threads.
-  const bool splitRows = m >= n;
-  const int64_t extent = splitRows ? m : n;
-  const int64_t per = std::max<int64_t>(128, (extent / 4 + 15) / 16 * 16);
-  const int64_t blocks = (extent + per - 1) / per;
-  ctx.parallelFor(blocks, m * n * k / blocks, [&](int64_t lo, int64_t hi) {
-    for (int64_t blk = lo; blk < hi; ++blk) {
-      const int64_t begin = blk * per, len = std::min(extent, begin + per) - begin;
-      if (len <= 0) continue;
-      if (splitRows) {
-        const T* aBlock = ta ? a + begin : a + begin * lda;
-        gemm(ta, tb, len, n, k, aBlock, lda, b, ldb, c + begin * n, n);
-      } else {
-        const T* bBlock = tb ? b + begin * ldb : b + begin;
-        gemm(ta, tb, m, len, k, a, lda, bBlock, ldb, c + begin, n);
-      }
-    }
-  });
-}
 
 struct MatDims {
   int64_t batch, m, n, k;
@@ -101,7 +54,8 @@ void matmulKernel(KernelContext& ctx) {
     const T* pb = b.data<T>();
     T* pc = ctx.output(0).data<T>();
     for (int64_t i = 0; i < d.batch; ++i) {
-      parallelGemm(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, pb + i * d.k * d.n, pc + i * d.m * d.n);
+      blas::parallelGemm(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, ta ? d.m : d.k, pb + i * d.k * d.n,
+                         tb ? d.k : d.n, T(0), pc + i * d.m * d.n, d.n);
     }
   });
 }
@@ -146,8 +100,6 @@ Output batchMatmul(Output a, Output b, bool transposeA, bool transposeB) {
 }
 
 void detail::registerMatMulOps(OpRegistry& r) {
-  static std::once_flag blasThreads;
-  std::call_once(blasThreads, [] { openblas_set_num_threads(1); });
   r.add(OpDef("MatMul")
             .inputs(2)
             .infer([](const InferContext& c) { return matmulInfer(c, false); })

@@ -6,11 +6,11 @@
 // weights directly (AdamW).
 #include "ops/OpUtil.h"
 #include "ops/OptimizerRules.h"
+#include "ops/RowIds.h"
 #include "ops/cuda/Kernels.h"
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <type_traits>
 
 namespace weft {
@@ -72,35 +72,20 @@ void sparseKernel(KernelContext& ctx) {
   const Tensor &idsT = ctx.input(slots + 1), &values = ctx.input(slots + 2);
   const Hyper h = hyper(ctx, rule, slots + 3);
   const int64_t rows = var.shape()[0], width = var.numel() / std::max<int64_t>(rows, 1);
-  std::vector<int64_t> ids(static_cast<size_t>(idsT.numel()));
-  dispatchIndex(idsT.dtype(), [&](auto zi) {
-    using I = decltype(zi);
-    const I* p = idsT.data<I>();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (p[i] < 0 || p[i] >= rows) ctx.fail("row id {} at position {} is outside [0, {})", static_cast<int64_t>(p[i]), i, rows);
-      ids[i] = static_cast<int64_t>(p[i]);
-    }
-  });
+  const std::vector<int64_t> ids = detail::checkedRowIds(ctx, idsT, rows, "row id");
   // Sum duplicate rows so each touched row is updated once.
-  std::vector<int64_t> order(ids.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[static_cast<size_t>(a)] < ids[static_cast<size_t>(b)]; });
-  std::vector<int64_t> starts;
-  for (size_t k = 0; k < order.size(); ++k) {
-    if (k == 0 || ids[static_cast<size_t>(order[k])] != ids[static_cast<size_t>(order[k - 1])]) starts.push_back(static_cast<int64_t>(k));
-  }
-  starts.push_back(static_cast<int64_t>(order.size()));
+  const RowGroups groups = groupRowsById(ids);
+  const std::vector<int64_t>& order = groups.order;
   dispatchFloat(var.dtype(), [&](auto z) {
     using T = decltype(z);
     T* w = static_cast<T*>(var.raw());
     T* s1 = slots > 0 ? static_cast<T*>(ctx.input(1).raw()) : nullptr;
     T* s2 = slots > 1 ? static_cast<T*>(ctx.input(2).raw()) : nullptr;
     const T* g = values.data<T>();
-    const int64_t unique = static_cast<int64_t>(starts.size()) - 1;
-    ctx.parallelFor(unique, width * 8, [&](int64_t lo, int64_t hi) {
+    ctx.parallelFor(groups.count(), width * 8, [&](int64_t lo, int64_t hi) {
       std::vector<T> sum(static_cast<size_t>(width));
       for (int64_t u = lo; u < hi; ++u) {
-        const auto begin = static_cast<size_t>(starts[static_cast<size_t>(u)]), end = static_cast<size_t>(starts[static_cast<size_t>(u) + 1]);
+        const auto begin = static_cast<size_t>(groups.begin(u)), end = static_cast<size_t>(groups.end(u));
         const T* first = g + order[begin] * width;
         std::copy(first, first + width, sum.begin());
         for (size_t k = begin + 1; k < end; ++k) {

@@ -2,12 +2,12 @@
 // outputs the activations its backward needs, plus one fused backward op (BPTT for the LSTM).
 // Matrix products go through OpenBLAS (single-threaded calls split across weft's pool); the
 // pointwise gate math runs on Eigen arrays so that sigmoid and tanh vectorise.
+#include "ops/Blas.h"
 #include "ops/OpUtil.h"
 #include "ops/RnnSequence.h"
 #include "ops/cuda/Kernels.h"
 
 #include <Eigen/Core>
-#include <cblas.h>
 
 #include <algorithm>
 
@@ -22,49 +22,6 @@ template <class T>
 using ConstVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
 
 // ---- matrix helpers ------------------------------------------------------------------------
-
-/// C (m x n) = op(A) op(B) + beta C, row-major, as one single-threaded BLAS call.
-template <class T>
-void blasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-              int64_t ldb, T beta, T* c, int64_t ldc) {
-  const auto opA = ta ? CblasTrans : CblasNoTrans, opB = tb ? CblasTrans : CblasNoTrans;
-  const auto i = [](int64_t v) { return static_cast<int>(v); };
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, opA, opB, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), beta, c, i(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, opA, opB, i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), beta, c, i(ldc));
-  }
-}
-
-/// The same product with C split into blocks of rows (or columns, when wider than tall) across
-/// the pool. A (m x k) is stored k x m when ta; B (k x n) is stored n x k when tb.
-template <class T>
-void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (beta == T(0)) {
-      for (int64_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, T(0));
-    }
-    return;
-  }
-  const bool splitRows = m >= n;
-  const int64_t extent = splitRows ? m : n;
-  const int64_t align = 16;  // keep blocks a multiple of the kernels' register tiles
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ctx.pool->numThreads(), extent / align));
-  const int64_t per = (extent + blocks - 1) / blocks;
-  ctx.parallelFor(blocks, m * n * k / blocks, [&](int64_t lo, int64_t hi) {
-    for (int64_t blk = lo; blk < hi; ++blk) {
-      const int64_t begin = blk * per, len = std::min(extent, begin + per) - begin;
-      if (len <= 0) continue;
-      if (splitRows) {
-        blasGemm(ta, tb, len, n, k, ta ? a + begin : a + begin * lda, lda, b, ldb, beta, c + begin * ldc, ldc);
-      } else {
-        blasGemm(ta, tb, m, len, k, a, lda, tb ? b + begin * ldb : b + begin, ldb, beta, c + begin, ldc);
-      }
-    }
-  });
-}
 
 /// out (cols) = sum over the rows of src (rows, cols), split by columns across the pool.
 template <class T>
@@ -304,7 +261,7 @@ struct CpuBackend {
 
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
             T beta, T* c, int64_t ldc) {
-    parallelGemm(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    blas::parallelGemm(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
   }
   void lstmStep(int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates, T* c, T* h) {
     lstmGateStep(ctx, batch, hidden, bias, cPrev, gates, c, h);

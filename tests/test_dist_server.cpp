@@ -184,7 +184,7 @@ TEST_CASE("malformed messages are rejected without changing the server") {
   std::memset(huge.data(), 0xff, 8);  // a row count that would overflow any size computation
   CHECK(contains(single(request(RequestKind::Push, 0, 0, huge)), "a sparse PUSH of 18446744073709551615 rows"));
   CHECK(contains(single(request(RequestKind::Push, 0, 0, sparseRows({10}, {1, 1, 1}))),
-                 "row id 10 at position 0 is outside the partition's [0, 10)"));
+                 "partition row id 10 at position 0 is outside [0, 10)"));
   CHECK(contains(single(request(RequestKind::PullRows, 0, 0, bytesOf(std::vector<int64_t>{-1}))), "row id -1"));
   CHECK(contains(single(request(RequestKind::Apply, 1, 0, bytesOf(std::vector<float>{1}))), "from worker 0 alone"));
   CHECK(contains(single(request(RequestKind::Load, 0, 0, {1, 2, 3})), "LOAD carries 3 bytes"));

@@ -152,16 +152,6 @@ TEST_CASE("initializers draw from the stated distributions") {
   CHECK(gl[1] == doctest::Approx(limit / std::sqrt(3.0)).epsilon(0.03));
 }
 
-TEST_CASE("results do not depend on the thread count") {
-  Graph g;
-  Output a = g.placeholder("a", f32, {64, 96});
-  Output b = g.placeholder("b", f32, {96, 80});
-  Output y = sum(tanh(matmul(a, b)), {1});
-  const FeedMap feeds{{a, testing::randomTensor(f32, {64, 96}, 1)}, {b, testing::randomTensor(f32, {96, 80}, 2)}};
-  Session one(g, {1, false}), two(g, {2, false});
-  CHECK(one.run({y}, feeds)[0].toDoubles() == two.run({y}, feeds)[0].toDoubles());
-}
-
 TEST_CASE("feed errors name the placeholder and the shapes") {
   Graph g;
   Output x = g.placeholder("images", f32, {-1, 3});

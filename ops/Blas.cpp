@@ -1,0 +1,61 @@
+// CPU matrix products (see the header).
+#include "ops/Blas.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+
+namespace weft::blas {
+
+template <class T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
+          T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == T(0) ? T(0) : beta * c[r * ldc + j];
+    return;
+  }
+  // OpenBLAS's own threads would compete with the pool's.
+  [[maybe_unused]] static const bool oneThread = (openblas_set_num_threads(1), true);
+  const auto opA = ta ? CblasTrans : CblasNoTrans, opB = tb ? CblasTrans : CblasNoTrans;
+  const auto i = [](int64_t v) { return static_cast<int>(v); };
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, opA, opB, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), beta, c, i(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, opA, opB, i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), beta, c, i(ldc));
+  }
+}
+
+template <class T>
+void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                  const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const bool splitRows = m >= n;
+  const int64_t extent = splitRows ? m : n;
+  // About four blocks, in 16s (the BLAS kernels' register tiles), and none below 128: smaller
+  // blocks cost BLAS more in packing than the pool gains.
+  const int64_t per = std::max<int64_t>(128, (extent / 4 + 15) / 16 * 16);
+  const int64_t blocks = (extent + per - 1) / per;
+  ctx.parallelFor(blocks, std::max<int64_t>(1, m * n * std::max<int64_t>(k, 1) / blocks), [&](int64_t lo, int64_t hi) {
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      const int64_t begin = blk * per, len = std::min(extent, begin + per) - begin;
+      if (splitRows) {
+        gemm(ta, tb, len, n, k, ta ? a + begin : a + begin * lda, lda, b, ldb, beta, c + begin * ldc, ldc);
+      } else {
+        gemm(ta, tb, m, len, k, a, lda, tb ? b + begin * ldb : b + begin, ldb, beta, c + begin, ldc);
+      }
+    }
+  });
+}
+
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float,
+                          float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*, int64_t,
+                           double, double*, int64_t);
+template void parallelGemm<float>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t,
+                                  const float*, int64_t, float, float*, int64_t);
+template void parallelGemm<double>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
+                                   const double*, int64_t, double, double*, int64_t);
+
+}  // namespace weft::blas

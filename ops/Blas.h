@@ -1,0 +1,25 @@
+// Row-major matrix products on the CPU through OpenBLAS's CBLAS, for the op kernels (the CPU twin
+// of ops/cuda/Blas.h); the one place weft calls CBLAS. Each call is single-threaded: weft's pool
+// spreads a product's blocks, so the thread count is the session's.
+#pragma once
+
+#include "core/OpRegistry.h"
+
+namespace weft::blas {
+
+/// C (m x n) = op(A) op(B) + beta C, row-major, as one single-threaded call. A is stored (k x m)
+/// when ta, B (n x k) when tb; lda, ldb, ldc are stored row lengths. Empty extents, which BLAS
+/// rejects, are fine (k = 0 gives beta C).
+template <class T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
+          T* c, int64_t ldc);
+
+/// The same product with C cut into blocks of rows (or of columns, when it is wider than tall)
+/// that the kernel's pool computes. The blocks follow from the shape alone, never from the
+/// thread count: BLAS may round a block of another shape differently, and results must not
+/// depend on the number of threads.
+template <class T>
+void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                  const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+}  // namespace weft::blas
