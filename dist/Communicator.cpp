@@ -2,14 +2,17 @@
 #include "dist/Communicator.h"
 
 #include "core/Error.h"
+#include "core/OpRegistry.h"
+#include "ops/RowIds.h"
 
-#include "dist/Registry.h"
+#include <algorithm>
+#include <cstring>
 
 namespace weft::dist {
 
-Communicator::Communicator(Ring& ring) : ring_(ring), rank_(ring.rank()), size_(ring.size()) {
+Communicator::Communicator(Ring& ring, TrafficLog& traffic)
+    : ring_(ring), traffic_(traffic), rank_(ring.rank()), size_(ring.size()) {
   thread_ = std::thread([this] { loop(); });
-  id_ = Registry<Communicator>::instance().add(this);  // only once nothing can throw
 }
 
 Communicator::~Communicator() {
@@ -19,13 +22,11 @@ Communicator::~Communicator() {
   }
   changed_.notify_all();
   thread_.join();
-  Registry<Communicator>::instance().remove(id_);
 }
 
 Communicator& Communicator::byId(int64_t id) {
-  Communicator* communicator = Registry<Communicator>::instance().find(id);
-  WEFT_CHECK(communicator != nullptr, "no communicator {} in this process (the graph's collective ops belong to a "
-             "runner that no longer exists)", id);
+  auto* communicator = dynamic_cast<Communicator*>(&CollectiveBackend::byId(id));
+  WEFT_CHECK(communicator != nullptr, "collective backend {} is not the host's ring, which this collective needs", id);
   return *communicator;
 }
 
@@ -49,24 +50,106 @@ std::vector<uint8_t> Communicator::wait(uint64_t ticket) {
   return buffer;
 }
 
-Traffic Communicator::traffic() const {
-  std::lock_guard lock(mutex_);
-  return traffic_;
+namespace {
+
+void writeTicket(KernelContext& ctx, uint64_t ticket) { ctx.output(0).data<int64_t>()[0] = static_cast<int64_t>(ticket); }
+
+uint64_t readTicket(const KernelContext& ctx) { return static_cast<uint64_t>(ctx.input(0).data<int64_t>()[0]); }
+
+/// Multiplies a floating tensor by `scale`.
+void scaleInPlace(Tensor& out, double scale) {
+  if (scale == 1.0) return;
+  dispatchFloat(out.dtype(), [&](auto z) {
+    using T = decltype(z);
+    T* p = out.data<T>();
+    const T s = static_cast<T>(scale);
+    for (int64_t i = 0, n = out.numel(); i < n; ++i) p[i] *= s;
+  });
 }
 
-void Communicator::recordSparseRows(const std::string& variable, int64_t lookups, int64_t touched, int64_t rows) {
-  std::lock_guard lock(mutex_);
-  SparseRows& r = traffic_.sparseRows[variable];
-  ++r.steps;
-  r.lookups += lookups;
-  r.touched += touched;
-  r.rows = rows;
+}  // namespace
+
+// The inputs are packed into one buffer, summed in place by the ring, and unpacked by the wait.
+void Communicator::startSum(KernelContext& ctx) {
+  size_t total = 0;
+  for (int i = 0; i < ctx.numInputs(); ++i) total += ctx.input(i).bytes();
+  std::vector<uint8_t> buffer(total);
+  size_t offset = 0;
+  for (int i = 0; i < ctx.numInputs(); ++i) {
+    std::memcpy(buffer.data() + offset, ctx.input(i).raw(), ctx.input(i).bytes());
+    offset += ctx.input(i).bytes();
+  }
+  const DType dtype = ctx.input(0).dtype();
+  const auto count = static_cast<int64_t>(total / dtypeSize(dtype));
+  const uint64_t ticket = submit(
+      std::move(buffer), [dtype, count](Ring& ring, std::vector<uint8_t>& b) { ring.allReduceSum(dtype, b.data(), count); },
+      TrafficKind::Dense);
+  writeTicket(ctx, ticket);
 }
 
-void Communicator::recordTraffic(TrafficKind kind, uint64_t sent, uint64_t received) {
+void Communicator::finishSum(KernelContext& ctx, double scale) {
+  const std::vector<uint8_t> buffer = wait(readTicket(ctx));
+  size_t offset = 0;
+  for (int i = 1; i < ctx.numInputs(); ++i) {
+    Tensor& out = ctx.output(i - 1);
+    WEFT_CHECK(offset + out.bytes() <= buffer.size(), "{}: the reduced buffer has {} bytes, fewer than the inputs",
+               ctx.node->describe(), buffer.size());
+    std::memcpy(out.raw(), buffer.data() + offset, out.bytes());
+    offset += out.bytes();
+    scaleInPlace(out, scale);
+  }
+}
+
+void Communicator::startGather(KernelContext& ctx) {
+  const Tensor& indices = ctx.input(0);
+  const Tensor& values = ctx.input(1);
+  traffic_.recordSparseRows(ctx.attrs().get<std::string>("variable"), indices.numel(),
+                            groupRowsById(rowIds(indices)).count(), ctx.attrs().getInt("variable_rows"));
+  std::vector<uint8_t> block(indices.bytes() + values.bytes());
+  std::memcpy(block.data(), indices.raw(), indices.bytes());
+  std::memcpy(block.data() + indices.bytes(), values.raw(), values.bytes());
+  const std::string name = ctx.node->describe();
+  const uint64_t ticket = submit(
+      std::move(block),
+      [name](Ring& ring, std::vector<uint8_t>& b) {
+        const std::vector<uint64_t> sizes = ring.allGatherSizes(b.size());
+        for (size_t r = 0; r < sizes.size(); ++r) {
+          WEFT_CHECK(sizes[r] == b.size(),
+                     "{}: rank {} gathers {} bytes of sparse rows but rank {} has {}: under the AR architecture every "
+                     "worker needs a batch of the same shape",
+                     name, r, sizes[r], ring.rank(), b.size());
+        }
+        b = ring.allGather(b);
+      },
+      TrafficKind::Sparse);
+  writeTicket(ctx, ticket);
+}
+
+void Communicator::finishGather(KernelContext& ctx, double scale) {
+  const std::vector<uint8_t> gathered = wait(readTicket(ctx));
+  const size_t indexBytes = ctx.input(1).bytes(), valueBytes = ctx.input(2).bytes();
+  const size_t world = gathered.size() / (indexBytes + valueBytes);
+  Tensor& indices = ctx.output(0);
+  Tensor& values = ctx.output(1);
+  WEFT_CHECK(indices.bytes() == world * indexBytes && values.bytes() == world * valueBytes,
+             "{}: gathered {} bytes, expected {} ranks of {} + {}", ctx.node->describe(), gathered.size(),
+             indices.bytes() / std::max<size_t>(indexBytes, 1), indexBytes, valueBytes);
+  for (size_t r = 0; r < world; ++r) {
+    const uint8_t* block = gathered.data() + r * (indexBytes + valueBytes);
+    std::memcpy(static_cast<uint8_t*>(indices.raw()) + r * indexBytes, block, indexBytes);
+    std::memcpy(static_cast<uint8_t*>(values.raw()) + r * valueBytes, block + indexBytes, valueBytes);
+  }
+  scaleInPlace(values, scale);
+}
+
+void Communicator::throwIfFailed() const {
   std::lock_guard lock(mutex_);
-  traffic_.sent[static_cast<size_t>(kind)] += sent;
-  traffic_.received[static_cast<size_t>(kind)] += received;
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+void Communicator::abort(const std::string& why) {
+  std::lock_guard lock(mutex_);
+  if (!failure_) failure_ = std::make_exception_ptr(Error(fmt::format("{} (rank {}): {}", name(), rank_, why)));
 }
 
 void Communicator::loop() {
@@ -79,7 +162,8 @@ void Communicator::loop() {
     Job& job = jobs_.at(ticket);  // std::map: the reference survives other submissions
     if (!failure_) {
       lock.unlock();
-      const uint64_t sentBefore = ring_.transport().bytesSent(), receivedBefore = ring_.transport().bytesReceived();
+      const Transport& transport = ring_.transport();
+      const uint64_t sentBefore = transport.bytesSent(), receivedBefore = transport.bytesReceived();
       const uint64_t acrossBefore[2] = {ring_.bytesSentAcross(), ring_.bytesReceivedAcross()};
       std::exception_ptr error;
       try {
@@ -87,13 +171,10 @@ void Communicator::loop() {
       } catch (...) {
         error = std::current_exception();
       }
-      const auto kind = static_cast<size_t>(job.kind);
+      traffic_.record(job.kind, transport.bytesSent() - sentBefore, transport.bytesReceived() - receivedBefore,
+                      ring_.bytesSentAcross() - acrossBefore[0], ring_.bytesReceivedAcross() - acrossBefore[1]);
       lock.lock();
-      traffic_.sent[kind] += ring_.transport().bytesSent() - sentBefore;
-      traffic_.received[kind] += ring_.transport().bytesReceived() - receivedBefore;
-      traffic_.sentAcross[kind] += ring_.bytesSentAcross() - acrossBefore[0];
-      traffic_.receivedAcross[kind] += ring_.bytesReceivedAcross() - acrossBefore[1];
-      if (error) failure_ = error;
+      if (error && !failure_) failure_ = error;
     }
     job.done = true;
     changed_.notify_all();

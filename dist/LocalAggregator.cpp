@@ -24,11 +24,11 @@ SenderGroups SenderGroups::separate(int workers) {
 
 namespace {
 
-Envelope replyTo(const RequestHeader& h, std::vector<uint8_t> payload, uint32_t status = 0) {
+Message replyTo(const RequestHeader& h, std::vector<uint8_t> payload, uint32_t status = 0) {
   return {encode(ReplyHeader{h.id, status}), std::move(payload)};
 }
 
-Envelope errorTo(const RequestHeader& h, const std::string& what) {
+Message errorTo(const RequestHeader& h, const std::string& what) {
   const std::string text = fmt::format("local aggregation: {} request {} of worker {} for partition {}: {}",
                                        requestKindName(h.kind), h.id, h.worker, h.partition, what);
   return replyTo(h, std::vector<uint8_t>(text.begin(), text.end()), 1);
@@ -42,8 +42,10 @@ void appendBytes(std::vector<uint8_t>& bytes, const T* values, size_t count) {
 
 }  // namespace
 
-LocalAggregator::LocalAggregator(const ServerPlan& plan, std::vector<int> members, int serverCount)
-    : plan_(plan), members_(std::move(members)), serverCount_(serverCount), left_(members_.size(), false),
+LocalAggregator::LocalAggregator(const ServerPlan& plan, std::vector<int> members, int serverCount,
+                                 std::shared_ptr<const SyncPolicy> sync)
+    : plan_(plan), members_(std::move(members)), serverCount_(serverCount), sync_(std::move(sync)),
+      left_(members_.size(), false),
       pushesForwarded_(plan.partitions.size(), 0) {
   WEFT_CHECK(!members_.empty() && std::is_sorted(members_.begin(), members_.end()),
              "local aggregation needs the machine's workers in rank order");
@@ -96,7 +98,7 @@ void LocalAggregator::check(const RequestHeader& h, const std::vector<uint8_t>& 
   }
 }
 
-LocalAggregator::Released LocalAggregator::fromMember(const UcxTransport::Message& message) {
+LocalAggregator::Released LocalAggregator::fromMember(const Message& message) {
   const RequestHeader h = decodeRequest(message.header);
   const int k = indexOf(static_cast<int>(h.worker));
   WEFT_CHECK(k >= 0, "{} request from worker {}, which is not one of this machine's workers", requestKindName(h.kind),
@@ -123,7 +125,7 @@ LocalAggregator::Released LocalAggregator::fromMember(const UcxTransport::Messag
 
   if (h.kind == RequestKind::PullRows || h.kind == RequestKind::PullAll) return pull(Request{h, message.payload});
 
-  // A push: held until every member has pushed the partition for this clock.
+  // A push: held until the members the policy waits for have pushed the partition for this clock.
   const auto key = std::make_pair(h.partition, h.clock);
   std::vector<std::optional<Request>>& pushes = pushes_[key];
   pushes.resize(members_.size());
@@ -132,10 +134,12 @@ LocalAggregator::Released LocalAggregator::fromMember(const UcxTransport::Messag
     return out;
   }
   pushes[static_cast<size_t>(k)] = Request{h, message.payload};
-  if (!std::all_of(pushes.begin(), pushes.end(), [](const auto& p) { return p.has_value(); })) return out;
+  const auto pushed = std::count_if(pushes.begin(), pushes.end(), [](const auto& p) { return p.has_value(); });
+  if (!sync_->machinePushReady(static_cast<int>(pushed), static_cast<int>(members_.size()))) return out;
 
   std::vector<Request> requests;
-  for (std::optional<Request>& p : pushes) requests.push_back(std::move(*p));
+  for (std::optional<Request>& p : pushes)
+    if (p) requests.push_back(std::move(*p));
   pushes_.erase(key);
   std::vector<uint8_t> payload = sumPushes(requests);
   return forward(std::move(requests), std::move(payload));
@@ -144,10 +148,10 @@ LocalAggregator::Released LocalAggregator::fromMember(const UcxTransport::Messag
 LocalAggregator::Released LocalAggregator::pull(const Request& request) {
   const RequestHeader& h = request.header;
   const Key key{h.kind, h.partition, h.clock};
-  // Under BSP the workers' clocks differ by at most one: older versions are read no more.
+  // Versions older than any worker may still read are read no more.
   for (auto it = pulled_.begin(); it != pulled_.end();) {
     const auto& [kind, partition, clock] = it->first;
-    const bool stale = kind == h.kind && partition == h.partition && clock + 1 < h.clock;
+    const bool stale = kind == h.kind && partition == h.partition && clock < sync_->oldestReadable(h.clock);
     it = stale && !it->second.fetching && it->second.waiting.empty() ? pulled_.erase(it) : std::next(it);
   }
   pulled_[key].waiting.push_back(request);
@@ -197,7 +201,7 @@ LocalAggregator::Released LocalAggregator::servePulls(const Key& key) {
   const RequestHeader h{first.kind, first.partition, static_cast<uint32_t>(members_.front()), nextId_++, first.clock};
   inFlight_[h.id] = InFlight{part.server, h.kind, {}, key, std::move(missing)};
   p.fetching = true;
-  out.forwards.emplace_back(part.server, Envelope{encode(h), std::move(payload)});
+  out.forwards.emplace_back(part.server, Message{encode(h), std::move(payload)});
   return out;
 }
 
@@ -237,7 +241,7 @@ LocalAggregator::Released LocalAggregator::forward(std::vector<Request> requests
   if (h.kind == RequestKind::Push) ++pushesForwarded_[h.partition];
   inFlight_[h.id] = InFlight{server, h.kind, std::move(requests), {}, {}};
   Released out;
-  out.forwards.emplace_back(server, Envelope{encode(h), std::move(payload)});
+  out.forwards.emplace_back(server, Message{encode(h), std::move(payload)});
   return out;
 }
 
@@ -290,12 +294,12 @@ LocalAggregator::Released LocalAggregator::sayGoodbye() {
   for (int s = 0; s < serverCount_; ++s) {
     const RequestHeader h{RequestKind::Goodbye, 0, static_cast<uint32_t>(members_.front()), nextId_++, 0};
     inFlight_[h.id] = InFlight{s, RequestKind::Goodbye, {}, {}, {}};
-    out.forwards.emplace_back(s, Envelope{encode(h), {}});
+    out.forwards.emplace_back(s, Message{encode(h), {}});
   }
   return out;
 }
 
-LocalAggregator::Released LocalAggregator::fromServer(const UcxTransport::Message& message) {
+LocalAggregator::Released LocalAggregator::fromServer(const Message& message) {
   const ReplyHeader r = decodeReply(message.header);
   auto it = inFlight_.find(r.id);
   WEFT_CHECK(it != inFlight_.end(), "a server's reply to request {}, which is not in flight", r.id);

@@ -1,7 +1,7 @@
 // Local aggregation: the workers of one machine reach the parameter servers as one. Their
 // requests go to their machine's first server, whose LocalAggregator
-// - waits until every worker of the machine has pushed a partition's gradient for a clock
-//   (under BSP each pushes each partition once per step), then forwards their sum (sparse rows
+// - waits until the workers of the machine have pushed a partition's gradient for a clock (its
+//   SyncPolicy says how many: under BSP every one, once per step), then forwards their sum (sparse rows
 //   of one id added up, so each row touched on the machine crosses the network once), and hands
 //   the owner's answer (the squared norm) back to each;
 // - keeps the rows and partitions pulled for each clock, so a row crosses the network once per
@@ -18,10 +18,11 @@
 // it releases, so every rule is testable in one process.
 #pragma once
 
-#include "dist/Communicator.h"
+#include "dist/Traffic.h"
 #include "dist/Placement.h"
 #include "dist/ServerProtocol.h"
-#include "dist/UcxTransport.h"
+#include "dist/SyncPolicy.h"
+#include "dist/Transport.h"
 
 #include <cstdint>
 #include <map>
@@ -47,29 +48,24 @@ struct SenderGroups {
   int groups() const { return static_cast<int>(members.size()); }
 };
 
-/// A request or a reply as it travels: header and payload bytes.
-struct Envelope {
-  std::vector<uint8_t> header;
-  std::vector<uint8_t> payload;
-};
-
 class LocalAggregator {
  public:
   /// Aggregates for `members` (worker ranks, ascending; the first speaks for them all).
-  LocalAggregator(const ServerPlan& plan, std::vector<int> members, int serverCount);
+  LocalAggregator(const ServerPlan& plan, std::vector<int> members, int serverCount,
+                  std::shared_ptr<const SyncPolicy> sync = bspPolicy());
 
   /// What a message releases: replies to members (by worker rank) and requests for servers (by
   /// server index).
   struct Released {
-    std::vector<std::pair<int, Envelope>> replies;
-    std::vector<std::pair<int, Envelope>> forwards;
+    std::vector<std::pair<int, Message>> replies;
+    std::vector<std::pair<int, Message>> forwards;
   };
   /// A member's request. A request that cannot be served (a partition outside the plan, a
   /// malformed payload, a second push for one clock) gets an error reply and changes nothing;
   /// a message that is not a request from a member throws.
-  Released fromMember(const UcxTransport::Message& message);
+  Released fromMember(const Message& message);
   /// A server's reply to a forwarded request; throws when it answers nothing in flight.
-  Released fromServer(const UcxTransport::Message& message);
+  Released fromServer(const Message& message);
 
   bool isMember(int worker) const;
   bool hasLeft(int worker) const;
@@ -120,6 +116,7 @@ class LocalAggregator {
   const ServerPlan& plan_;
   std::vector<int> members_;
   int serverCount_;
+  std::shared_ptr<const SyncPolicy> sync_;
   std::map<std::pair<uint32_t, uint64_t>, std::vector<std::optional<Request>>> pushes_;  // by (partition, clock), per member
   std::map<Key, Pulled> pulled_;
   std::map<uint64_t, InFlight> inFlight_;

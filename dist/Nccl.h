@@ -1,9 +1,9 @@
-// Dense AllReduce among GPU workers through NCCL: one communicator per job over every worker's
-// GPU (one worker per GPU: NCCL refuses two ranks on one device). The AllReduce ops placed on a
-// GPU run through it (see dist/CollectiveOps.h): AllReduceStart copies its inputs into one
-// buffer and queues their sum on the group's own stream behind the compute stream's work so far;
-// AllReduceWait makes the compute stream wait for that sum and copies it out, scaled. Neither
-// blocks the host, so the sums overlap the rest of the backward pass on the GPU.
+// Dense AllReduce among GPU workers through NCCL: the CollectiveBackend (dist/Collective.h) of a
+// job whose workers are GPUs, one communicator over every worker's GPU (one worker per GPU: NCCL
+// refuses two ranks on one device). AllReduceStart copies its inputs into one buffer and queues
+// their sum on the group's own stream behind the compute stream's work so far; AllReduceWait
+// makes the compute stream wait for that sum and copies it out, scaled. Neither blocks the host,
+// so the sums overlap the rest of the backward pass on the GPU.
 //
 // NCCL runs non-blocking (ncclConfig_t::blocking = 0), and a watchdog thread holds every queued
 // sum to the job's timeout and reads the communicator's asynchronous error; on either it aborts
@@ -11,15 +11,14 @@
 // the step fails with the reason instead of hanging. Built only with CUDA and NCCL.
 #pragma once
 
+#include "dist/Collective.h"
+#include "dist/Traffic.h"
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-namespace weft {
-struct KernelContext;
-}
 
 namespace weft::dist {
 
@@ -35,23 +34,26 @@ inline constexpr bool kNcclBuilt = false;
 /// A new NCCL unique id (worker rank 0 makes it; the coordinator hands it to the others).
 std::vector<uint8_t> newNcclId();
 
-class NcclGroup {
+class NcclGroup final : public CollectiveBackend {
  public:
-  /// Joins the job's communicator of `ranks` GPU workers as `rank` on GPU `gpu`; the AllReduce
-  /// ops of communicator `communicator` (Communicator::id()) placed on that GPU then run through
-  /// it. Throws naming NCCL's error, or after `timeout` when the other workers do not join.
-  NcclGroup(const std::vector<uint8_t>& uniqueId, int ranks, int rank, int gpu, int64_t communicator,
+  /// Joins the job's communicator of `ranks` GPU workers as `rank` on GPU `gpu`; the bytes its
+  /// sums move are estimated into `traffic`. Throws naming NCCL's error, or after `timeout` when
+  /// the other workers do not join.
+  NcclGroup(const std::vector<uint8_t>& uniqueId, int ranks, int rank, int gpu, TrafficLog& traffic,
             std::chrono::milliseconds timeout);
   /// Finishes the queued sums and frees the communicator (aborts it after a failure).
-  ~NcclGroup();
-  NcclGroup(const NcclGroup&) = delete;
-  NcclGroup& operator=(const NcclGroup&) = delete;
+  ~NcclGroup() override;
 
+  std::string name() const override { return "NCCL among the GPU workers"; }
+  int rank() const override;
+  int size() const override;
+  DeviceType device() const override { return DeviceType::CUDA; }
+  void startSum(KernelContext& ctx) override;
+  void finishSum(KernelContext& ctx, double scale) override;
   /// Throws the error that made the watchdog abort the communicator, if one did.
-  void throwIfFailed() const;
-  /// Aborts the communicator (the sums of every worker then fail): for a step that stopped
-  /// half-way, after which this worker's sums no longer match the others'.
-  void abort(const std::string& why);
+  void throwIfFailed() const override;
+  /// Aborts the communicator (the sums of every worker then fail).
+  void abort(const std::string& why) override;
 
   struct Impl;
 
@@ -59,14 +61,6 @@ class NcclGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-namespace nccl {
-void allReduceStart(KernelContext& ctx);
-void allReduceWait(KernelContext& ctx);
-}  // namespace nccl
-
-#define WEFT_NCCL_KERNEL(name) (&::weft::dist::nccl::name)
-#else
-#define WEFT_NCCL_KERNEL(name) (static_cast<::weft::Kernel>(nullptr))
 #endif
 
 }  // namespace weft::dist

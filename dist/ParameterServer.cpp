@@ -9,10 +9,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <iostream>
 #include <map>
 #include <optional>
-#include <thread>
 
 namespace weft::dist {
 
@@ -270,7 +268,7 @@ Payload normBytes(double squaredNorm) {
 
 }  // namespace
 
-std::vector<ParameterServer::Reply> ParameterServer::handle(const UcxTransport::Message& message) {
+std::vector<ParameterServer::Reply> ParameterServer::handle(const Message& message) {
   const RequestHeader h = decodeRequest(message.header);
   WEFT_CHECK(h.worker < static_cast<uint32_t>(options_.workers), "{} request from worker {}: the job has {} workers",
              requestKindName(h.kind), h.worker, options_.workers);
@@ -308,7 +306,7 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
     case RequestKind::Fetch:
       WEFT_CHECK(h.kind == RequestKind::PullRows || payload.empty(), "{} carries {} bytes, expected none",
                  requestKindName(h.kind), payload.size());
-      if (h.clock > p.version) {
+      if (!options_.sync->pullReady(h.clock, p.version)) {
         p.waiting.emplace_back(h, payload);
         return {};
       }
@@ -325,8 +323,7 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
 
 std::vector<ParameterServer::Reply> ParameterServer::push(PartitionState& p, const RequestHeader& h,
                                                           const Payload& payload) {
-  WEFT_CHECK(h.clock == p.version, "PUSH for clock {} while the partition is at version {}: BSP takes one push per sender "
-             "per version", h.clock, p.version);
+  options_.sync->checkPush(h.clock, p.version);
   const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
   WEFT_CHECK(!p.pushes[group], "worker {} pushed twice for version {}", h.worker, p.version);
   if (p.served->sparse) {
@@ -337,7 +334,8 @@ std::vector<ParameterServer::Reply> ParameterServer::push(PartitionState& p, con
   }
   p.pushes[group] = payload;
   p.pushers.push_back(h);
-  if (!std::all_of(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); })) return {};
+  const auto pushed = std::count_if(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); });
+  if (!options_.sync->pushesComplete(static_cast<int>(pushed), static_cast<int>(p.pushes.size()))) return {};
 
   p.aggregateGradients(options_.denseScale, options_.sparseScale);
   std::vector<Reply> out;
@@ -355,7 +353,7 @@ std::vector<ParameterServer::Reply> ParameterServer::push(PartitionState& p, con
 std::vector<ParameterServer::Reply> ParameterServer::apply(PartitionState& p, const RequestHeader& h,
                                                            const Payload& payload) {
   WEFT_CHECK(h.worker == 0, "APPLY comes from worker 0 alone, not worker {}", h.worker);
-  WEFT_CHECK(h.clock == p.version, "APPLY for clock {} while the partition is at version {}", h.clock, p.version);
+  options_.sync->checkApply(h.clock, p.version);
   WEFT_CHECK(!p.pendingApply, "a second APPLY for version {}", p.version);
   size_t expected = 0;
   for (const Output& e : p.extras) expected += static_cast<size_t>(e.shape().numel()) * dtypeSize(e.dtype());
@@ -374,7 +372,7 @@ std::vector<ParameterServer::Reply> ParameterServer::apply(PartitionState& p, co
 void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out) {
   std::vector<std::pair<RequestHeader, Payload>> still;
   for (auto& [h, payload] : p.waiting) {
-    if (h.clock <= p.version) {
+    if (options_.sync->pullReady(h.clock, p.version)) {
       out.push_back(replyTo(h, p.answer(h, payload)));
     } else {
       still.emplace_back(h, std::move(payload));
@@ -388,156 +386,6 @@ int64_t ParameterServer::steps() const {
   for (const auto& s : states_)
     if (s) most = std::max(most, static_cast<int64_t>(s->version));
   return most;
-}
-
-namespace {
-
-/// Moves one server process's messages between the network, its ParameterServer (the owner of
-/// partitions) and its LocalAggregator (the machine's workers' sender), counting the pushes and
-/// pulls that cross between machines.
-class ServerRouter {
- public:
-  ServerRouter(ParameterServer& server, LocalAggregator* aggregator, UcxTransport& transport, const ServerRoutes& routes)
-      : server_(server), aggregator_(aggregator), transport_(transport), routes_(routes),
-        groups_(server.groups()), host_(routes.serverHosts.at(static_cast<size_t>(routes.self))) {}
-
-  /// Takes one message in; what it releases waits in the outbox. Throws, having released
-  /// nothing more, when the message is not a valid request or reply.
-  void handle(const UcxTransport::Message& m) {
-    if (!isRequest(m.header)) {
-      WEFT_CHECK(aggregator_ != nullptr, "a reply arrived, but this server forwards no requests");
-      const auto [server, kind] = aggregator_->destinationOf(decodeReply(m.header).id);
-      count(traffic_.received, routes_.serverHosts[static_cast<size_t>(server)], m, kind);
-      deliver(aggregator_->fromServer(m));
-      return;
-    }
-    const RequestHeader h = decodeRequest(m.header);
-    if (aggregator_ != nullptr && aggregator_->isMember(static_cast<int>(h.worker))) {
-      deliver(aggregator_->fromMember(m));
-      return;
-    }
-    std::vector<ParameterServer::Reply> replies = server_.handle(m);  // throws for a worker outside the job
-    count(traffic_.received, senderHost(static_cast<int>(h.worker)), m, h.kind);
-    for (ParameterServer::Reply& r : replies) route(std::move(r));
-  }
-
-  /// Throws when a worker or server this process still depends on has failed.
-  void checkPeers() const {
-    for (size_t w = 0; w < routes_.workerPeers.size(); ++w) {
-      const int worker = static_cast<int>(w), peer = routes_.workerPeers[w];
-      const bool member = aggregator_ != nullptr && aggregator_->isMember(worker);
-      const bool direct = groups_.relay[static_cast<size_t>(groups_.groupOfWorker[w])] < 0;
-      const bool gone = member ? aggregator_->hasLeft(worker) : !direct || server_.hasLeft(worker);
-      WEFT_CHECK(gone || !transport_.hasFailed(peer), "worker {} failed: {}", w, transport_.failureOf(peer));
-    }
-    for (size_t s = 0; s < routes_.serverPeers.size(); ++s) {
-      const int peer = routes_.serverPeers[s];
-      if (peer < 0 || !transport_.hasFailed(peer)) continue;
-      bool needed = aggregator_ != nullptr && !aggregator_->saidGoodbye();
-      for (int g = 0; g < groups_.groups(); ++g)
-        needed = needed || (groups_.relay[static_cast<size_t>(g)] == static_cast<int>(s) && !server_.hasLeft(groups_.leader(g)));
-      WEFT_CHECK(!needed, "server {} failed: {}", s, transport_.failureOf(peer));
-    }
-  }
-
-  /// Sends what the messages released; throws when a send fails.
-  void flush() {
-    for (const Outgoing& o : outbox_) transport_.sendMessage(o.peer, o.header, o.payload, Clock::now() + std::chrono::seconds(60));
-    outbox_.clear();
-  }
-
-  bool finished() const { return server_.finished() && (aggregator_ == nullptr || aggregator_->finished()); }
-
-  ServerTraffic traffic() const {
-    ServerTraffic t = traffic_;
-    t.steps = std::max(server_.steps(), aggregator_ != nullptr ? aggregator_->steps() : int64_t{0});
-    if (aggregator_ != nullptr) t.aggregatedRows = aggregator_->sparseRows();
-    return t;
-  }
-
- private:
-  /// The machine a request of worker `worker`'s group comes from: its aggregator's or its own.
-  int senderHost(int worker) const {
-    const int relay = groups_.relay[static_cast<size_t>(groups_.groupOfWorker[static_cast<size_t>(worker)])];
-    return relay >= 0 ? routes_.serverHosts[static_cast<size_t>(relay)] : routes_.workerHosts[static_cast<size_t>(worker)];
-  }
-
-  template <class Bytes>
-  void count(uint64_t& counter, int host, const Bytes& m, RequestKind kind) {
-    const bool training = kind == RequestKind::Push || kind == RequestKind::PullRows || kind == RequestKind::PullAll;
-    if (training && host != host_) counter += m.header.size() + m.payload.size();
-  }
-
-  void send(int peer, std::vector<uint8_t> header, std::vector<uint8_t> payload) {
-    outbox_.push_back({peer, std::move(header), std::move(payload)});
-  }
-
-  /// What the local aggregator released: replies to the machine's workers, requests for servers
-  /// (this one in process).
-  void deliver(LocalAggregator::Released released) {
-    for (auto& [worker, e] : released.replies)
-      send(routes_.workerPeers[static_cast<size_t>(worker)], std::move(e.header), std::move(e.payload));
-    for (auto& [server, e] : released.forwards) {
-      if (server == routes_.self) {
-        for (ParameterServer::Reply& r : server_.handle({std::move(e.header), std::move(e.payload)})) route(std::move(r));
-        continue;
-      }
-      count(traffic_.sent, routes_.serverHosts[static_cast<size_t>(server)], e, decodeRequest(e.header).kind);
-      send(routes_.serverPeers[static_cast<size_t>(server)], std::move(e.header), std::move(e.payload));
-    }
-  }
-
-  /// An owner's reply: to this process's aggregator, another machine's, or a worker on its own.
-  void route(ParameterServer::Reply r) {
-    const int relay = groups_.relay[static_cast<size_t>(groups_.groupOfWorker[static_cast<size_t>(r.worker)])];
-    if (relay == routes_.self) {
-      deliver(aggregator_->fromServer({std::move(r.header), std::move(r.payload)}));
-      return;
-    }
-    count(traffic_.sent, senderHost(r.worker), r, r.kind);
-    send(relay >= 0 ? routes_.serverPeers[static_cast<size_t>(relay)] : routes_.workerPeers[static_cast<size_t>(r.worker)],
-         std::move(r.header), std::move(r.payload));
-  }
-
-  ParameterServer& server_;
-  LocalAggregator* aggregator_;
-  UcxTransport& transport_;
-  const ServerRoutes& routes_;
-  const SenderGroups& groups_;
-  int host_;
-  ServerTraffic traffic_;
-  struct Outgoing {
-    int peer;
-    std::vector<uint8_t> header, payload;
-  };
-  std::vector<Outgoing> outbox_;
-};
-
-}  // namespace
-
-ServerTraffic serve(ParameterServer& server, LocalAggregator* aggregator, UcxTransport& transport,
-                    const ServerRoutes& routes, const std::string& who) {
-  using namespace std::chrono_literals;
-  ServerRouter router(server, aggregator, transport, routes);
-  // Between requests the server blocks in UCX's wakeup (without it: yields), so it leaves the
-  // CPU to the workers yet answers as soon as a request lands. A server that holds nothing and
-  // aggregates for no machine (AUTO with no sparse variables) only waits for goodbyes.
-  const std::chrono::microseconds longestWait = server.partitions().empty() && aggregator == nullptr ? 5ms : 1ms;
-  while (!router.finished()) {
-    const std::vector<UcxTransport::Message> messages = transport.takeMessages(Clock::now() + 60s);
-    for (const UcxTransport::Message& m : messages) {
-      try {
-        router.handle(m);
-      } catch (const std::exception& e) {
-        std::cerr << fmt::format("weft: {} rejected a message: {}\n", who, e.what());
-      }
-      router.flush();
-    }
-    router.checkPeers();
-    if (messages.empty()) transport.waitForActivity(Clock::now() + longestWait, longestWait);
-  }
-  transport.closeAll(Clock::now() + 5s);
-  return router.traffic();
 }
 
 }  // namespace weft::dist

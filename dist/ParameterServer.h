@@ -1,22 +1,23 @@
 // A parameter server: holds the partitions the placement plan gives it, with their optimizer
 // slots, and answers workers' requests (dist/ServerProtocol.h). The workers of a machine may
 // reach it as one sender, through their machine's local aggregator (dist/LocalAggregator.h).
-// Synchronisation is BSP: a push for step t is accepted while the partition is at version t;
-// when every sender has pushed, the gradients are aggregated in sender order (sparse rows concatenated, as one worker with the
-// total batch would have them; dense gradients summed) and scaled, their squared norm goes back
-// to the pushers (clipping by global norm needs it), and worker 0's APPLY runs the update chain
-// — the same ops the single-device graph would run — on the server's own copy of the variable
-// and slots, making version t + 1. A pull for clock c waits until the version reaches c.
+// Its SyncPolicy (dist/SyncPolicy.h; BSP) says when a push is taken and when a pull is answered.
+// Once a version's pushes are complete, the gradients are aggregated in sender order (sparse
+// rows concatenated, as one worker with the total batch would have them; dense gradients summed)
+// and scaled, their squared norm goes back to the pushers (clipping by global norm needs it),
+// and worker 0's APPLY runs the update chain — the same ops the single-device graph would run —
+// on the server's own copy of the variable and slots, making the next version.
 //
 // handle() is a pure step from a message to the replies it releases, so every rule is testable
-// in one process; serve() is the loop around it over a UCX transport.
+// in one process; the loop around it (dist/ServerProcess.h) moves messages over a transport.
 #pragma once
 
 #include "core/Session.h"
 #include "dist/LocalAggregator.h"
+#include "dist/Message.h"
 #include "dist/Placement.h"
 #include "dist/ServerProtocol.h"
-#include "dist/UcxTransport.h"
+#include "dist/SyncPolicy.h"
 
 #include <map>
 #include <memory>
@@ -34,6 +35,7 @@ class ParameterServer {
     SessionOptions session;
     /// Who sends: empty means every worker on its own.
     SenderGroups groups;
+    std::shared_ptr<const SyncPolicy> sync = bspPolicy();
   };
   /// The partitions of `plan` assigned to server `server`.
   ParameterServer(const ServerPlan& plan, int server, Options options);
@@ -52,7 +54,7 @@ class ParameterServer {
   /// that were waiting for it). A request the server cannot serve (wrong partition, sizes, ids
   /// out of range, out-of-order clock) gets an error reply and changes nothing; a message whose
   /// header is not a valid request from a worker of the job throws, and changes nothing.
-  std::vector<Reply> handle(const UcxTransport::Message& message);
+  std::vector<Reply> handle(const Message& message);
   /// Whether every sender has said goodbye, and whether the sender of worker `worker` has.
   bool finished() const;
   bool hasLeft(int worker) const;
@@ -77,29 +79,5 @@ class ParameterServer {
   std::vector<std::unique_ptr<PartitionState>> states_;  // by plan partition index (null: another server's)
   std::vector<bool> leftJob_;  // by sender group
 };
-
-/// Where a server process's peers are: transport peer indices of worker ranks and server
-/// indices (-1 for itself), and the machine of each.
-struct ServerRoutes {
-  int self = 0;  ///< this server's index
-  std::vector<int> workerPeers, serverPeers;
-  std::vector<int> workerHosts, serverHosts;
-};
-
-/// Pushes and pulls that crossed between machines through one server process (as owner or as
-/// local aggregator): payload and header bytes, and the steps they span.
-struct ServerTraffic {
-  uint64_t sent = 0, received = 0;
-  int64_t steps = 0;
-  std::map<std::string, SparseRows> aggregatedRows;  ///< what the local aggregator merged
-};
-
-/// Serves on `transport` until every sender has said goodbye and the local aggregator (null
-/// when this server aggregates for no machine) has taken its workers' goodbyes to every server,
-/// then closes the connections. A message that is not a valid request (or reply to a forwarded
-/// one) is logged, naming `who`, and dropped; a dead worker or server it still depends on, or a
-/// failed send, throws.
-ServerTraffic serve(ParameterServer& server, LocalAggregator* aggregator, UcxTransport& transport,
-                    const ServerRoutes& routes, const std::string& who);
 
 }  // namespace weft::dist

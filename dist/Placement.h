@@ -16,7 +16,7 @@
 #pragma once
 
 #include "core/Graph.h"
-#include "dist/Transform.h"
+#include "dist/Config.h"
 
 #include <cstddef>
 #include <cstdint>

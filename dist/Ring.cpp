@@ -43,7 +43,7 @@ void addElements(DType dtype, void* into, const void* from, int64_t count) {
 
 }  // namespace
 
-Ring::Ring(UcxTransport& transport, int rank, std::vector<int> peers, std::chrono::milliseconds timeout)
+Ring::Ring(Transport& transport, int rank, std::vector<int> peers, std::chrono::milliseconds timeout)
     : transport_(transport), rank_(rank), peers_(std::move(peers)), timeout_(timeout) {
   WEFT_CHECK(rank_ >= 0 && rank_ < size(), "ring: rank {} out of range for {} ranks", rank_, size());
 }

@@ -1,4 +1,4 @@
-// Collectives over a ring of processes connected by a UcxTransport: the bandwidth-optimal ring
+// Collectives over a ring of processes connected by a Transport (UCX between processes): the bandwidth-optimal ring
 // AllReduce (reduce-scatter, then all-gather; each rank sends and receives 2(N-1)/N of the
 // buffer), an AllGather of blocks that may differ in size, and a Broadcast. Every collective
 // has a sequence number; tags are (sequence, phase, step), so a late message of one collective
@@ -14,7 +14,7 @@
 #pragma once
 
 #include "core/DType.h"
-#include "dist/UcxTransport.h"
+#include "dist/Transport.h"
 
 #include <chrono>
 #include <cstdint>
@@ -27,7 +27,7 @@ namespace weft::dist {
 class Ring {
  public:
   /// `peers[r]` is the transport's peer index of rank r (any value at this rank's own place).
-  Ring(UcxTransport& transport, int rank, std::vector<int> peers, std::chrono::milliseconds timeout);
+  Ring(Transport& transport, int rank, std::vector<int> peers, std::chrono::milliseconds timeout);
 
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(peers_.size()); }
@@ -50,7 +50,7 @@ class Ring {
   /// Copies rank `root`'s `data` into every other rank's `data` (same size on every rank).
   void broadcast(std::span<uint8_t> data, int root);
 
-  const UcxTransport& transport() const { return transport_; }
+  const Transport& transport() const { return transport_; }
 
  private:
   /// A ring through some of the ranks (all of them, or one per machine), and this rank's place.
@@ -73,7 +73,7 @@ class Ring {
   void hierarchicalAllReduce(uint64_t sequence, DType dtype, void* data, int64_t count, Deadline deadline);
   void countBytes(int peerRank, size_t sent, size_t received);
 
-  UcxTransport& transport_;
+  Transport& transport_;
   int rank_;
   std::vector<int> peers_;
   std::chrono::milliseconds timeout_;

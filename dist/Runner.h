@@ -3,64 +3,27 @@
 // beyond sharding its input (each worker feeds its own part of the total batch).
 //
 //     auto runner = weft::dist::get_runner(g, weft::dist::ResourceSpec::load("cluster.json"), cfg);
+//     if (runner.served()) return runner.serverStatus();   // this process was a parameter server
 //     for (...) runner.run({loss}, feedsFor(myShard), {step});
 //
-// Processes learn their place in a job from the environment the launcher (`weft launch`) sets:
-//   WEFT_COORDINATOR  host:port of the rendezvous      WEFT_ROLE  worker | server
-//   WEFT_HOST, WEFT_SLOT  the host's index in the specification and the slot among its workers (servers)
-//   WEFT_JOB_ID  32 hex digits    WEFT_JOB_SECRET_FILE (a 0600 file) or WEFT_JOB_SECRET (hex)
-// Without WEFT_COORDINATOR and with a one-worker specification, the runner trains locally.
+// A process learns its place in the job from the launcher's environment (dist/Job.h); without
+// it, and with a one-worker specification, the runner trains locally. get_runner is three steps
+// that other runtimes reuse: joinJob (dist/Job.h), serveJob in a server (dist/ServerProcess.h),
+// and makeWorker, which builds a worker's replica with an explicit list of graph passes
+// (dataParallelPasses, dist/Transform.h).
 #pragma once
 
 #include "core/Session.h"
-#include "dist/Communicator.h"
-#include "dist/Coordinator.h"
-#include "dist/Placement.h"
+#include "dist/Config.h"
+#include "dist/Job.h"
 #include "dist/ResourceSpec.h"
+#include "dist/Traffic.h"
 #include "dist/Transform.h"
 
-#include <chrono>
 #include <memory>
 #include <optional>
-#include <string>
 
 namespace weft::dist {
-
-struct Config {
-  Architecture architecture = Architecture::Auto;
-  bool averageDense = true;   ///< average (rather than sum) dense gradients over the workers
-  bool averageSparse = true;  ///< likewise for sparse gradients
-  size_t bucketBytes = size_t{4} << 20;  ///< dense gradients are fused into AllReduce buckets of this size
-  /// A served sparse variable of at least this many bytes is split into one row partition per server.
-  size_t partitionBytes = size_t{1} << 20;
-  /// Bounds the rendezvous and every collective: a stall this long is reported as an error
-  /// naming the ranks involved, and the job stops.
-  std::chrono::milliseconds timeout{60000};
-  /// The workers of a machine with a server reach the servers through it, as one (their pushes
-  /// summed, their pulls merged): see dist/LocalAggregator.h.
-  bool localAggregation = true;
-  /// Servers print the pushes and pulls that crossed between machines when the job ends.
-  bool reportTraffic = false;
-  SessionOptions session;
-};
-
-/// Where a launched process stands in its job.
-struct LaunchIdentity {
-  MemberId id;
-  std::string coordinatorHost;
-  uint16_t coordinatorPort = 0;
-  JobId job{};
-  Secret secret{};
-};
-/// The identity the launcher put in the environment; nullopt when WEFT_COORDINATOR is unset.
-/// Throws naming the variable when one is missing or malformed.
-std::optional<LaunchIdentity> launchIdentityFromEnvironment();
-
-/// The device the calling process computes on in the job `resources` describes: a launched
-/// worker's GPU ("cuda:N") when its host lists gpus, else "cpu" (servers, CPU workers). A process
-/// started without the launcher is the specification's only worker. A GPU worker builds its
-/// model under `graph.onDevice(processDevice(spec))`, so its dense gradients sum through NCCL.
-std::string processDevice(const ResourceSpec& resources);
 
 /// Runs one worker's replica of the distributed graph.
 class Runner {
@@ -93,6 +56,12 @@ class Runner {
   /// restoring a checkpoint). Every worker must call it at the same point.
   void publishVariables();
 
+  /// Whether this process was one of the job's servers: get_runner served until the workers
+  /// left, and serverStatus() is the exit status the program should end with (0, or 1 after an
+  /// error, which was printed). Such a runner has no session; run() throws.
+  bool served() const;
+  int serverStatus() const;
+
   /// This worker's rank (0 .. workers() - 1) and the number of workers.
   int rank() const;
   int workers() const;
@@ -105,14 +74,20 @@ class Runner {
  private:
   struct State;
   explicit Runner(std::unique_ptr<State> state);
+  friend Runner makeWorker(JobContext, Graph&, const Config&);
   friend Runner get_runner(Graph&, const ResourceSpec&, const Config&);
   std::unique_ptr<State> state_;
 };
 
-/// Distributes `graph` over the job's workers and returns this worker's runner. In a server
-/// process it serves until the workers leave and then exits the process (status 0, or 1 after
-/// an error, which it prints). Throws when the job cannot be joined (no launcher environment for
-/// a multi-worker specification, refused, timed out) or the graph cannot be distributed.
+/// This worker's replica of `graph` in the job it joined: rewrites the graph with
+/// dataParallelPasses, makes its ring (or NCCL group), its client of the servers and its
+/// session, and starts every worker from worker 0's variables.
+Runner makeWorker(JobContext job, Graph& graph, const Config& config);
+
+/// Distributes `graph` over the job's workers and returns this worker's runner; in a server
+/// process it serves until the workers leave and returns a runner that says so (served()).
+/// Throws when the job cannot be joined (no launcher environment for a multi-worker
+/// specification, refused, timed out) or the graph cannot be distributed.
 Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& config = {});
 
 }  // namespace weft::dist

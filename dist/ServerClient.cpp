@@ -8,10 +8,11 @@
 
 namespace weft::dist {
 
-ServerClient::ServerClient(Communicator& communicator, UcxTransport& transport, int rank, std::vector<int> serverPeers,
-                           const ServerPlan& plan, std::chrono::milliseconds timeout, int relay)
-    : communicator_(communicator), transport_(transport), rank_(rank), serverPeers_(std::move(serverPeers)), plan_(plan),
-      timeout_(timeout), relay_(relay), pushes_(plan.partitions.size(), 0) {
+ServerClient::ServerClient(TrafficLog& traffic, Transport& transport, int rank, std::vector<int> serverPeers,
+                           const ServerPlan& plan, std::chrono::milliseconds timeout, int relay,
+                           std::shared_ptr<const SyncPolicy> sync)
+    : traffic_(traffic), transport_(transport), rank_(rank), serverPeers_(std::move(serverPeers)), plan_(plan),
+      timeout_(timeout), relay_(relay), sync_(std::move(sync)), pushes_(plan.partitions.size(), 0) {
   WEFT_CHECK(static_cast<int>(serverPeers_.size()) >= plan.servers, "the plan spreads variables over {} servers, the job has {}",
              plan.servers, serverPeers_.size());
   id_ = Registry<ServerClient>::instance().add(this);  // only once nothing can throw
@@ -69,13 +70,17 @@ std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls,
       h.clock = c.kind == RequestKind::Apply ? pushes_[p] - 1 : pushes_[p];
       WEFT_CHECK(c.kind != RequestKind::Apply || pushes_[p] > 0, "{} before any push", describe(c));
     }
-    transport_.sendMessage(serverPeers_[static_cast<size_t>(server)], encode(h), c.payload, deadline);
+    try {
+      transport_.sendMessage(serverPeers_[static_cast<size_t>(server)], encode(h), c.payload, deadline);
+    } catch (const std::exception& e) {
+      WEFT_THROW("worker {}: {} failed: {}", rank_, describe(c), e.what());
+    }
     if (c.kind == RequestKind::Push) ++pushes_[static_cast<size_t>(c.partition)];
     pending[h.id] = i;
   }
   std::vector<std::vector<uint8_t>> replies(calls.size());
   while (!pending.empty()) {
-    for (UcxTransport::Message& m : transport_.takeMessages(deadline)) {
+    for (Message& m : transport_.takeMessages(deadline)) {
       if (isRequest(m.header)) continue;  // workers serve nothing
       const ReplyHeader r = decodeReply(m.header);
       auto it = pending.find(r.id);
@@ -93,7 +98,7 @@ std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls,
     }
     if (!pending.empty()) transport_.waitForActivity(deadline, std::chrono::milliseconds(1));
   }
-  communicator_.recordTraffic(kind, transport_.bytesSent() - sentBefore, transport_.bytesReceived() - receivedBefore);
+  traffic_.record(kind, transport_.bytesSent() - sentBefore, transport_.bytesReceived() - receivedBefore);
   return replies;
 }
 

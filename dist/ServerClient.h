@@ -7,9 +7,11 @@
 // ops find their Communicator.
 #pragma once
 
-#include "dist/Communicator.h"
 #include "dist/Placement.h"
 #include "dist/ServerProtocol.h"
+#include "dist/SyncPolicy.h"
+#include "dist/Traffic.h"
+#include "dist/Transport.h"
 
 #include <atomic>
 #include <chrono>
@@ -22,9 +24,10 @@ class ServerClient {
  public:
   /// `serverPeers[s]` is the transport's peer index of server s. With `relay` (a server index,
   /// or -1) every request goes to that server, the local aggregator of this worker's machine.
-  /// `transport` is used by this client alone; its bytes count in the communicator's traffic.
-  ServerClient(Communicator& communicator, UcxTransport& transport, int rank, std::vector<int> serverPeers,
-               const ServerPlan& plan, std::chrono::milliseconds timeout, int relay = -1);
+  /// `transport` is used by this client alone; its bytes count in `traffic`.
+  ServerClient(TrafficLog& traffic, Transport& transport, int rank, std::vector<int> serverPeers,
+               const ServerPlan& plan, std::chrono::milliseconds timeout, int relay = -1,
+               std::shared_ptr<const SyncPolicy> sync = bspPolicy());
   ~ServerClient();
   ServerClient(const ServerClient&) = delete;
   ServerClient& operator=(const ServerClient&) = delete;
@@ -43,13 +46,13 @@ class ServerClient {
   void goodbye();
 
   /// Whether the worker's session holds the servers' current values of every served variable
-  /// (set after Runner::pullVariables, cleared by this worker's next push: under BSP no update
-  /// can happen before every worker, this one included, has pushed): pulls then read it locally.
+  /// (set after Runner::pullVariables; cleared by this worker's next push when the sync policy
+  /// keeps values until then, and at once otherwise): pulls then read it locally.
   bool localCopyCurrent() const { return localCopyCurrent_; }
-  void setLocalCopyCurrent(bool current) { localCopyCurrent_ = current; }
+  void setLocalCopyCurrent(bool current) { localCopyCurrent_ = current && sync_->valuesWaitForOwnPush(); }
 
   int rank() const { return rank_; }
-  Communicator& communicator() const { return communicator_; }
+  TrafficLog& traffic() const { return traffic_; }
   const ServerPlan& plan() const { return plan_; }
   int64_t id() const { return id_; }
   /// The live client of this id, or nullptr once it is gone (the worker has left the job).
@@ -61,13 +64,14 @@ class ServerClient {
   std::string describe(const Call& call) const;
   int serverOf(const Call& call) const;
 
-  Communicator& communicator_;
-  UcxTransport& transport_;
+  TrafficLog& traffic_;
+  Transport& transport_;
   int rank_;
   std::vector<int> serverPeers_;
   const ServerPlan& plan_;
   std::chrono::milliseconds timeout_;
   int relay_;
+  std::shared_ptr<const SyncPolicy> sync_;
   int64_t id_;
   std::vector<uint64_t> pushes_;  // per partition
   uint64_t nextRequest_ = 1;

@@ -6,6 +6,7 @@
 #include "core/Tensor.h"
 #include "dist/RowSums.h"
 #include "dist/ServerClient.h"
+#include "ops/RowIds.h"
 
 #include <algorithm>
 #include <cstring>
@@ -37,19 +38,9 @@ const Partition& partitionAt(const Target& t, size_t k) {
   return t.client->plan().partitions[static_cast<size_t>(t.variable->partitions[k])];
 }
 
-/// Reads integer ids as int64, failing on the first outside [0, rows).
-std::vector<int64_t> checkedRows(const KernelContext& ctx, const Tensor& ids, int64_t rows, const std::string& variable) {
-  std::vector<int64_t> out(static_cast<size_t>(ids.numel()));
-  dispatchIndex(ids.dtype(), [&](auto z) {
-    using I = decltype(z);
-    const I* p = ids.data<I>();
-    for (size_t i = 0; i < out.size(); ++i) {
-      out[i] = static_cast<int64_t>(p[i]);
-      if (out[i] < 0 || out[i] >= rows)
-        ctx.fail("id {} at position {} is outside [0, {}) of variable '{}'", out[i], i, rows, variable);
-    }
-  });
-  return out;
+/// The ids as int64, each checked against the served variable's rows.
+std::vector<int64_t> checkedRows(const KernelContext& ctx, const Tensor& ids, const ServedVariable& variable) {
+  return checkedRowIds(ctx, ids, variable.rows(), fmt::format("id of variable '{}'", variable.variable->name));
 }
 
 template <class T>
@@ -85,7 +76,7 @@ void gatherFromLocalCopy(KernelContext& ctx) {
 void pullRowsKernel(KernelContext& ctx) {
   const Target t = targetOf(ctx, true);
   if (t.client == nullptr) return gatherFromLocalCopy(ctx);
-  const std::vector<int64_t> rows = checkedRows(ctx, ctx.input(1), t.variable->rows(), t.variable->variable->name);
+  const std::vector<int64_t> rows = checkedRows(ctx, ctx.input(1), *t.variable);
   const size_t parts = t.variable->partitions.size();
   std::vector<std::vector<int64_t>> wanted(parts);  // unique local row ids per partition
   for (int64_t r : rows) wanted[t.variable->partitionOfRow(r)].push_back(t.variable->localRow(r));
@@ -153,10 +144,10 @@ std::vector<ServerClient::Call> denseShares(const Target& t, const Tensor& gradi
 
 /// Each partition's share of sparse rows: u64 count, the local row ids, the rows. Rows of one id
 /// are summed here first (in the order they come), so each touched row travels once. The step's
-/// rows are counted in the communicator's traffic.
+/// rows are counted in the worker's traffic.
 std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Target& t, const Tensor& indices,
                                              const Tensor& values) {
-  const std::vector<int64_t> rows = checkedRows(ctx, indices, t.variable->rows(), t.variable->variable->name);
+  const std::vector<int64_t> rows = checkedRows(ctx, indices, *t.variable);
   const size_t parts = t.variable->partitions.size(), rowBytes = t.variable->rowBytes();
   if (values.bytes() != rows.size() * rowBytes)
     ctx.fail("{} gradient rows of {} bytes for {} indices", values.bytes() / std::max<size_t>(rowBytes, 1), rowBytes,
@@ -166,7 +157,7 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
   const RowSums sums = sumRowsById(values.dtype(), rowBytes, rows, rowsAt);
   const std::vector<int64_t>& unique = sums.ids;
   const std::vector<uint8_t>& summed = sums.rows;
-  t.client->communicator().recordSparseRows(t.variable->variable->name, static_cast<int64_t>(rows.size()),
+  t.client->traffic().recordSparseRows(t.variable->variable->name, static_cast<int64_t>(rows.size()),
                                             static_cast<int64_t>(unique.size()), t.variable->rows());
   std::vector<std::vector<size_t>> ofPartition(parts);  // positions in `unique`, ascending
   for (size_t i = 0; i < unique.size(); ++i) ofPartition[t.variable->partitionOfRow(unique[i])].push_back(i);

@@ -15,22 +15,6 @@
 
 namespace weft::dist {
 
-const char* architectureName(Architecture a) {
-  switch (a) {
-    case Architecture::Auto: return "auto";
-    case Architecture::AllReduce: return "ar";
-    case Architecture::ParameterServer: return "ps";
-  }
-  return "?";
-}
-
-Architecture parseArchitecture(const std::string& name) {
-  if (name == "auto") return Architecture::Auto;
-  if (name == "ar") return Architecture::AllReduce;
-  if (name == "ps") return Architecture::ParameterServer;
-  WEFT_THROW("unknown architecture '{}' (expected auto, ar or ps)", name);
-}
-
 namespace {
 
 /// Every node the gradient outputs depend on, themselves included: the backward pass.
@@ -95,7 +79,7 @@ void replaceUses(Graph& graph, const Output& from, const Output& to) {
 
 }  // namespace
 
-int synchronizeBatchNorm(Graph& graph, int64_t communicator) {
+int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
   std::vector<Node*> forward, backward;
   for (const auto& n : graph.nodes()) {
     if (n->op == "BatchNormTrain") forward.push_back(n.get());
@@ -105,7 +89,7 @@ int synchronizeBatchNorm(Graph& graph, int64_t communicator) {
   for (Node* n : forward) {
     auto scope = graph.scope(n->name + "/synchronized");
     const Output x = n->inputs[0];
-    const Output total = allReduce({batchNormMoments(x)}, communicator, 1.0)[0];
+    const Output total = allReduce({batchNormMoments(x)}, hostRing, 1.0)[0];
     Node* replacement = graph.addNode("BatchNormFromMoments", {x, n->inputs[1], n->inputs[2], total}, n->attrs);
     for (int i = 0; i < 4; ++i) replaceUses(graph, n->output(i), replacement->output(i));
     totalMomentsOf[replacement->output(3)] = total;
@@ -117,7 +101,7 @@ int synchronizeBatchNorm(Graph& graph, int64_t communicator) {
     std::vector<Output> gradInputs{n->inputs[0], n->inputs[1], n->inputs[3], n->inputs[4]};
     if (n->inputs.size() == 7) gradInputs.insert(gradInputs.end(), {n->inputs[5], n->inputs[6]});
     const Output local = graph.addNode("BatchNormGradMoments", gradInputs)->output(0);
-    const Output total = allReduce({local}, communicator, 1.0)[0];
+    const Output total = allReduce({local}, hostRing, 1.0)[0];
     Node* replacement = graph.addNode("BatchNormGradFromMoments", {n->inputs[0], n->inputs[1], n->inputs[2],
                                                                     n->inputs[3], n->inputs[4], local, total,
                                                                     moments->second});
@@ -139,7 +123,7 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     if (l.sparse) {
       if (!rewirer.consumed(l.indices) && !rewirer.consumed(l.values)) continue;
       auto [indices, values] =
-          allGatherRows(l.indices, l.values, options.communicator, options.workers, sparseScale, l.variable->name,
+          allGatherRows(l.indices, l.values, options.hostRing, options.workers, sparseScale, l.variable->name,
                         l.variable->output().shape()[0]);
       rewirer.redirect(l.indices, indices);
       rewirer.redirect(l.values, values);
@@ -158,7 +142,7 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     if (bucket.empty()) return;
     std::vector<Output> grads;
     for (const GradientLink* l : bucket) grads.push_back(l->dense);
-    const std::vector<Output> reduced = allReduce(grads, options.communicator, denseScale, options.gpuCollectives);
+    const std::vector<Output> reduced = allReduce(grads, options.denseBackend, denseScale, options.denseOnGpu);
     for (size_t i = 0; i < bucket.size(); ++i) {
       rewirer.redirect(bucket[i]->dense, reduced[i]);
       result.variables.push_back({bucket[i]->variable, false, byteSize(bucket[i]->dense), result.buckets});
@@ -223,6 +207,38 @@ void distributeParameterServers(Graph& graph, const ServerPlan& plan, int64_t cl
     for (const auto& n : graph.nodes())
       std::replace(n->controlInputs.begin(), n->controlInputs.end(), v.update, apply);
   }
+}
+
+std::vector<GraphPass> dataParallelPasses(const TransformOptions& options, const ServerPlan& plan, int64_t client) {
+  TransformOptions allReduced = options;
+  for (const ServedVariable& v : plan.variables) allReduced.served.push_back(v.variable);
+  std::vector<GraphPass> passes;
+  passes.push_back({"AllReduce", [allReduced](Graph& g, DistributedGraph& d) { d = distributeAllReduce(g, allReduced); }});
+  if (!plan.empty()) {
+    passes.push_back({"parameter servers", [&plan, client](Graph& g, DistributedGraph& d) {
+                        distributeParameterServers(g, plan, client);
+                        for (const ServedVariable& v : plan.variables)
+                          d.variables.push_back({v.variable, v.sparse, static_cast<size_t>(v.rows()) * v.rowBytes(), -1, true});
+                      }});
+  }
+  if (options.workers > 1) {
+    passes.push_back({"batch normalisation", [ring = options.hostRing](Graph& g, DistributedGraph&) {
+                        synchronizeBatchNorm(g, ring);
+                      }});
+  }
+  return passes;
+}
+
+DistributedGraph applyPasses(Graph& graph, const std::vector<GraphPass>& passes) {
+  DistributedGraph result;
+  for (const GraphPass& pass : passes) {
+    try {
+      pass.run(graph, result);
+    } catch (const Error& e) {
+      WEFT_THROW("the {} pass: {}", pass.name, e.what());
+    }
+  }
+  return result;
 }
 
 }  // namespace weft::dist

@@ -14,32 +14,24 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace weft::dist {
 
-/// How variables are synchronised.
-enum class Architecture {
-  Auto,             ///< AllReduce for dense variables, parameter servers for sparse ones (Parallax)
-  AllReduce,        ///< AllReduce for dense, AllGather for sparse (Horovod)
-  ParameterServer,  ///< every variable on the servers
-};
-/// "auto", "ar", "ps".
-const char* architectureName(Architecture a);
-/// Parses "auto", "ar", "ps" (the --arch flag); throws naming the value otherwise.
-Architecture parseArchitecture(const std::string& name);
-
 struct TransformOptions {
-  int64_t communicator = 0;  ///< the Communicator the collective ops use
+  int64_t hostRing = 0;      ///< the host's ring (Communicator::id()): AllGather, batch-norm moments
+  int64_t denseBackend = 0;  ///< the CollectiveBackend dense gradients are summed through
+  /// Dense gradients on a GPU are summed there (the dense backend is the job's NCCL group).
+  bool denseOnGpu = false;
   int workers = 1;
   bool averageDense = true;   ///< divide summed dense gradients by the worker count
   bool averageSparse = true;  ///< likewise for sparse rows
   size_t bucketBytes = size_t{4} << 20;
-  /// Variables the parameter servers hold: the AllReduce pass leaves their gradients alone.
+  /// Variables the parameter servers hold: the AllReduce pass leaves their gradients alone
+  /// (dataParallelPasses adds its plan's).
   std::vector<const Node*> served;
-  /// Dense gradients on a GPU are summed there, through the job's NCCL group (GPU workers).
-  bool gpuCollectives = false;
 };
 
 /// One synchronised variable.
@@ -75,6 +67,23 @@ void distributeParameterServers(Graph& graph, const ServerPlan& plan, int64_t cl
 /// are the worker's part, for the gradient AllReduce to add). Runs after the other passes: it
 /// redirects every reader of the replaced outputs, the collectives those passes added included.
 /// Returns how many batch norms it synchronised.
-int synchronizeBatchNorm(Graph& graph, int64_t communicator);
+int synchronizeBatchNorm(Graph& graph, int64_t hostRing);
+
+/// One graph-to-graph pass of a replica: its name (for errors) and the rewrite, which records
+/// what it did in the DistributedGraph.
+struct GraphPass {
+  std::string name;
+  std::function<void(Graph&, DistributedGraph&)> run;
+};
+
+/// The passes that turn a single-device training graph into one data-parallel worker's
+/// replica, in the order they must run: the AllReduce of dense gradients (and AllGather of sparse
+/// ones the servers do not hold), the servers' reads, pushes and updates (with servers, `client`
+/// being the ServerClient's id), then batch normalisation over the total batch, which redirects
+/// the readers the earlier passes added too. `plan` must outlive the passes.
+std::vector<GraphPass> dataParallelPasses(const TransformOptions& options, const ServerPlan& plan, int64_t client);
+
+/// Runs `passes` on `graph` in order; an error names the pass that failed.
+DistributedGraph applyPasses(Graph& graph, const std::vector<GraphPass>& passes);
 
 }  // namespace weft::dist

@@ -257,7 +257,7 @@ void UcxTransport::progress() {
   startFetches();
 }
 
-std::vector<UcxTransport::Message> UcxTransport::takeMessages(Deadline deadline) {
+std::vector<Message> UcxTransport::takeMessages(Deadline deadline) {
   progress();
   std::vector<Arrival> arrived = std::move(arrivals_);
   arrivals_.clear();

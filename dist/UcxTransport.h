@@ -1,6 +1,6 @@
-// Point-to-point data transport over UCX (1.13): tag matching for the ring's collectives, active
-// messages for requests to parameter servers (RPC-style traffic, where UCX recommends them over
-// tags). One process owns one UcxTransport: a ucp_context with UCP_FEATURE_TAG and
+// The Transport (dist/Transport.h) between processes, over UCX (1.13): tag matching for the ring's
+// collectives, active messages for requests to parameter servers (RPC-style traffic, where UCX
+// recommends them over tags). One process owns one UcxTransport: a ucp_context with UCP_FEATURE_TAG and
 // UCP_FEATURE_AM and a single worker progressed explicitly by
 // the calling thread (UCS_THREAD_MODE_SINGLE, so not thread-safe). Peers are found by worker
 // address: address() gives the blob to publish through the coordinator's ROSTER, connect() turns
@@ -11,7 +11,7 @@
 // error handling in UCX 1.13, so when UCX_TLS is unset the transport uses TCP.
 #pragma once
 
-#include "dist/Wire.h"
+#include "dist/Transport.h"
 
 #include <ucs/type/status.h>
 
@@ -30,63 +30,43 @@ typedef struct ucp_am_recv_param ucp_am_recv_param_t;
 
 namespace weft::dist {
 
-class UcxTransport {
+class UcxTransport final : public Transport {
  public:
   UcxTransport();
   /// Force-closes every endpoint, then releases the worker and the context.
-  ~UcxTransport();
+  ~UcxTransport() override;
   UcxTransport(const UcxTransport&) = delete;
   UcxTransport& operator=(const UcxTransport&) = delete;
 
-  /// This worker's address, to hand to the peers.
-  std::vector<uint8_t> address() const;
-  /// Creates an endpoint to the worker whose address is `peerAddress`; returns its peer index
-  /// (0, 1, ... in connection order).
-  int connect(std::span<const uint8_t> peerAddress);
+  std::vector<uint8_t> address() const override;
+  /// Creates an endpoint (with peer error handling) to the UCX worker of that address.
+  int connect(std::span<const uint8_t> peerAddress) override;
 
-  /// Sends `bytes` with `tag` to `peer` and waits until the buffer may be reused. When the
-  /// deadline passes the peer's endpoint is closed and the peer counts as failed from then on.
-  void send(int peer, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline);
-  /// Receives exactly into.size() bytes of the message with `tag` (from any peer). Fails when
-  /// the deadline passes, when the message has another size, or when peer `fromPeer` (any peer
-  /// when -1) has failed.
-  void receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer = -1);
-  /// Sends `bytes` to `sendPeer` while receiving the message with `receiveTag` (which
-  /// `receivePeer` sends) into `into`; the receive is posted first, so two peers may exchange
-  /// with each other at once (a ring step). Fails when either of the two peers fails.
+  /// When the deadline passes the peer's endpoint is closed and the peer counts as failed.
+  void send(int peer, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) override;
+  void receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer = -1) override;
+  /// The receive is posted first, so two peers may exchange with each other at once.
   void exchange(int sendPeer, uint64_t sendTag, std::span<const uint8_t> bytes, int receivePeer, uint64_t receiveTag,
-                std::span<uint8_t> into, Deadline deadline);
-  /// Closes every endpoint after flushing what is in flight to it (force-closing what is not
-  /// flushed by the deadline): the clean way to leave a job.
-  void closeAll(Deadline deadline);
+                std::span<uint8_t> into, Deadline deadline) override;
+  /// Flushes what is in flight to each endpoint, force-closing what is not flushed by the deadline.
+  void closeAll(Deadline deadline) override;
 
-  /// An active message as it arrived: its header and its payload.
-  struct Message {
-    std::vector<uint8_t> header;
-    std::vector<uint8_t> payload;
-  };
-  /// Sends an active message to `peer` and waits until its buffers may be reused (meanwhile
-  /// fetching large messages that arrive, so two processes may send each other one at once).
-  void sendMessage(int peer, std::span<const uint8_t> header, std::span<const uint8_t> payload, Deadline deadline);
-  /// Progresses the worker and returns the active messages that arrived since the last call, in
-  /// arrival order (UCX does not order active messages between two peers; requests carry ids).
+  /// Meanwhile fetches large messages that arrive, so two processes may send each other one at once.
+  void sendMessage(int peer, std::span<const uint8_t> header, std::span<const uint8_t> payload,
+                   Deadline deadline) override;
   /// Large payloads travel by rendezvous: they are fetched here, before the deadline.
-  std::vector<Message> takeMessages(Deadline deadline);
-  /// Progresses the worker without waiting; what arrives is kept for takeMessages. A transport
-  /// that nobody waits on is still progressed now and then with it, so that its peers' connection
-  /// setup completes (peers of an unprogressed UCX worker keep retrying, spinning their CPU).
-  void progress();
-  /// The idle side of a wait loop: blocks until UCX has events to progress, `longest` has
-  /// passed, or the deadline has, without using the CPU (it yields where UCX offers no wakeups:
-  /// transports other than TCP).
-  void waitForActivity(Deadline deadline, std::chrono::microseconds longest);
-  /// Whether peer `peer` has failed, and what UCX reported for it.
-  bool hasFailed(int peer) const;
-  std::string failureOf(int peer) const;
+  std::vector<Message> takeMessages(Deadline deadline) override;
+  /// Progresses the worker. A transport that nobody waits on is still progressed now and then,
+  /// so that its peers' connection setup completes (peers of an unprogressed UCX worker keep
+  /// retrying, spinning their CPU).
+  void progress() override;
+  /// Blocks in UCX's wakeup descriptor (it yields where UCX offers none: transports other than TCP).
+  void waitForActivity(Deadline deadline, std::chrono::microseconds longest) override;
+  bool hasFailed(int peer) const override;
+  std::string failureOf(int peer) const override;
 
-  /// Payload bytes of the sends and receives that completed (active messages: header included).
-  uint64_t bytesSent() const { return bytesSent_; }
-  uint64_t bytesReceived() const { return bytesReceived_; }
+  uint64_t bytesSent() const override { return bytesSent_; }
+  uint64_t bytesReceived() const override { return bytesReceived_; }
 
  private:
   /// One endpoint; heap-allocated so that UCX's error handler can keep a pointer to it.

@@ -8,19 +8,16 @@
 #pragma once
 
 #include "core/Shape.h"
+#include "dist/Deadline.h"
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 namespace weft::dist {
-
-using Clock = std::chrono::steady_clock;
-using Deadline = Clock::time_point;
 
 /// Identifies a job; every frame carries it, so frames of another job are refused.
 using JobId = std::array<uint8_t, 16>;

@@ -45,7 +45,7 @@ std::vector<T> valuesOf(const std::vector<uint8_t>& bytes) {
   return out;
 }
 
-UcxTransport::Message request(RequestKind kind, uint32_t worker, uint64_t clock, std::vector<uint8_t> payload = {},
+Message request(RequestKind kind, uint32_t worker, uint64_t clock, std::vector<uint8_t> payload = {},
                               uint32_t partition = 0) {
   static uint64_t id = 0;
   return {encode(RequestHeader{kind, partition, worker, ++id, clock}), std::move(payload)};
@@ -161,15 +161,15 @@ TEST_CASE("a pull for the next version waits until the update is applied") {
 
 TEST_CASE("malformed messages are rejected without changing the server") {
   Server s;
-  UcxTransport::Message shortHeader = request(RequestKind::Push, 0, 0);
+  Message shortHeader = request(RequestKind::Push, 0, 0);
   shortHeader.header.resize(10);
   CHECK(contains(errorOf([&] { s.server.handle(shortHeader); }), "the header has 10 bytes, expected 32"));
-  UcxTransport::Message unknownKind = request(RequestKind::Push, 0, 0);
+  Message unknownKind = request(RequestKind::Push, 0, 0);
   unknownKind.header[4] = 99;
   CHECK(contains(errorOf([&] { s.server.handle(unknownKind); }), "unknown kind 99"));
   CHECK(contains(errorOf([&] { s.server.handle(request(RequestKind::Push, 7, 0)); }), "from worker 7: the job has 2 workers"));
 
-  auto single = [&](UcxTransport::Message m) {
+  auto single = [&](Message m) {
     const auto replies = s.server.handle(m);
     REQUIRE(replies.size() == 1);
     return errorIn(replies[0]);
@@ -225,7 +225,7 @@ RequestHeader forwardedHeader(const LocalAggregator::Released& r, size_t i = 0) 
   return decodeRequest(r.forwards.at(i).second.header);
 }
 
-UcxTransport::Message answer(const RequestHeader& forwarded, std::vector<uint8_t> payload, uint32_t status = 0) {
+Message answer(const RequestHeader& forwarded, std::vector<uint8_t> payload, uint32_t status = 0) {
   return {encode(ReplyHeader{forwarded.id, status}), std::move(payload)};
 }
 
@@ -366,7 +366,7 @@ TEST_CASE("local aggregation: what one worker asks alone goes out as it comes") 
 
 TEST_CASE("local aggregation: malformed requests are refused and change nothing") {
   Aggregation a;
-  auto refusal = [&](UcxTransport::Message m) {
+  auto refusal = [&](Message m) {
     const auto released = a.aggregator.fromMember(m);
     REQUIRE(released.replies.size() == 1);
     CHECK(released.forwards.empty());
@@ -412,7 +412,7 @@ TEST_CASE("a server counts a machine's workers as one sender: it takes their pus
   groups.members = {{0}, {1, 2}};
   groups.relay = {-1, 0};
   ParameterServer server{plan, 0, {.workers = 3, .denseScale = 1, .sparseScale = 1, .session = {1, false}, .groups = groups}};
-  auto single = [&](UcxTransport::Message m) {
+  auto single = [&](Message m) {
     const auto replies = server.handle(m);
     REQUIRE(replies.size() == 1);
     return errorIn(replies[0]);

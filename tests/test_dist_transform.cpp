@@ -3,6 +3,7 @@
 // the backward pass (update ops, clipping) are redirected to the collectives.
 #include "tests/TestUtil.h"
 
+#include "dist/Config.h"
 #include "dist/Transform.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"

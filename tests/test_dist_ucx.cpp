@@ -12,6 +12,7 @@
 #include "dist/Communicator.h"
 #include "dist/ServerClient.h"
 #include "dist/UcxTransport.h"
+#include "dist/Wire.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -279,7 +280,8 @@ TEST_CASE("ServerClient: a request goes out while the communication thread waits
   constexpr int64_t kRows = 8, kWidth = 4;
   const auto results = runPair(2, [](Transports& t, int rank, const std::vector<int>& peers) {
     Ring ring(*t[0], rank, rank == 0 ? std::vector<int>{-1, peers[0]} : std::vector<int>{peers[0], -1}, 5000ms);
-    Communicator communicator(ring);
+    TrafficLog traffic;
+    Communicator communicator(ring, traffic);
     const std::vector<float> own = rank == 0 ? std::vector<float>{1, 2, 3, 4} : std::vector<float>{10, 20, 30, 40};
     auto sumAll = [](Ring& r, std::vector<uint8_t>& b) { r.allReduceSum(DType::F32, b.data(), 4); };
     const std::vector<uint8_t> row = pattern(kWidth * sizeof(float), 7);
@@ -297,16 +299,16 @@ TEST_CASE("ServerClient: a request goes out while the communication thread waits
       whole.rows = kRows;
       whole.bytes = kRows * kWidth * sizeof(float);
       plan.partitions.push_back(whole);
-      ServerClient client(communicator, *t[1], 0, {peers[1]}, plan, 5000ms);
+      ServerClient client(traffic, *t[1], 0, {peers[1]}, plan, 5000ms);
       const std::vector<std::vector<uint8_t>> replies =
           client.request({{0, RequestKind::PullRows, bytesOf(std::vector<int64_t>{3})}}, TrafficKind::Sparse);
       problems += expectBytes(replies.at(0), row, "pulled row");
       const std::vector<uint8_t> sum = communicator.wait(ticket);
       if (sum != bytesOf(std::vector<float>{11, 22, 33, 44})) problems += "the AllReduce's sum differs; ";
-      if (communicator.traffic().sent[static_cast<size_t>(TrafficKind::Sparse)] == 0)
+      if (traffic.snapshot().sent[static_cast<size_t>(TrafficKind::Sparse)] == 0)
         problems += "the pull's bytes were not counted; ";
     } else {
-      std::vector<UcxTransport::Message> arrived;
+      std::vector<Message> arrived;
       const Deadline deadline = Clock::now() + 5s;
       while (arrived.empty() && Clock::now() < deadline) {
         arrived = t[1]->takeMessages(deadline);

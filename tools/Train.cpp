@@ -89,7 +89,8 @@ class Trainer {
   Trainer(std::string name, models::ZooModel& model, const TrainFlags& flags, std::vector<std::string> commandLine)
       : name_(std::move(name)), model_(&model), flags_(flags), commandLine_(std::move(commandLine)) {}
 
-  void run() {
+  /// Trains; returns the process's exit status (a parameter server's, or 0).
+  int run() {
     const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(std::max(flags_.workers, 1), flags_.servers)
                                                                 : dist::ResourceSpec::load(flags_.cluster);
     WEFT_CHECK(Device::parse(flags_.device).type == DeviceType::CPU || !flags_.distributed(),
@@ -110,7 +111,7 @@ class Trainer {
       launch.silenceLimit = std::max(std::chrono::milliseconds(3000),
                                      std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000 / 3)));
       WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
-      return;
+      return 0;
     }
     models::CommonOptions common;
     common.batchSize = flags_.batch;
@@ -143,13 +144,17 @@ class Trainer {
     config.session = SessionOptions{flags_.threads, false};
     config.localAggregation = flags_.localAggregation == "on";
     config.reportTraffic = flags_.reportComm;
-    runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here, then exits
+    runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here
+    if (runner_->served()) return runner_->serverStatus();
     session_ = &runner_->session();
     leader_ = runner_->rank() == 0;
     steps_ = flags_.epochs > 0   ? flags_.epochs * model_->trainData().batchesPerEpoch()
              : flags_.steps > 0 ? flags_.steps
                                 : model_->defaultSteps();
-    if (flags_.bench > 0) return bench();
+    if (flags_.bench > 0) {
+      bench();
+      return 0;
+    }
 
     const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
     if (leader_) std::filesystem::create_directories(out);
@@ -219,12 +224,13 @@ class Trainer {
     }
     runner_->finish();  // every worker is done with its last step: the final evaluation is rank 0's alone
     if (flags_.reportComm) reportCommunication(step);
-    if (!leader_) return;
+    if (!leader_) return 0;
     const std::map<std::string, double> result = model_->evaluate(*session_, 0);
     nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
     if (runner_->workers() > 1) summary["workers"] = runner_->workers();
     metrics->write(summary);
     fmt::print("{}\n", summary.dump());
+    return 0;
   }
 
  private:
@@ -389,7 +395,7 @@ void addModelFlags(CLI::App& cmd, const std::string& name, models::ZooModel& mod
 
 }  // namespace
 
-void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine) {
+void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine, int& status) {
   for (const std::string& name : models::zooModelNames()) {
     // The model lives as long as the command line: its options are bound to its fields.
     std::shared_ptr<models::ZooModel> model = models::makeZooModel(name);
@@ -397,7 +403,9 @@ void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLi
     CLI::App* cmd = train.add_subcommand(name, "train the " + name + " model");
     addCommonFlags(*cmd, *flags);
     addModelFlags(*cmd, name, *model);
-    cmd->callback([name, model, flags, commandLine] { Trainer(name, *model, *flags, commandLine).run(); });
+    cmd->callback([name, model, flags, commandLine, &status] {
+      status = Trainer(name, *model, *flags, commandLine).run();
+    });
   }
 }
 

@@ -11,7 +11,8 @@
 namespace weft::tools {
 
 /// Adds one subcommand per zoo model to `train`. `commandLine` (this process's executable and
-/// arguments) is what a distributed run starts as each of its worker and server processes.
-void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine);
+/// arguments) is what a distributed run starts as each of its worker and server processes. A
+/// training run sets `status` to the process's exit status (a parameter server's own).
+void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine, int& status);
 
 }  // namespace weft::tools

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   std::error_code noPath;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", noPath);
   if (!noPath) commandLine[0] = self.string();
-  weft::tools::addTrainCommands(*train, commandLine);
+  int status = 0;
+  weft::tools::addTrainCommands(*train, commandLine, status);
 
   CLI::App* graph = app.add_subcommand("graph", "print a model's training graph with its gradient links (text, or Graphviz DOT with --dot)");
   std::string model = "mlp";
@@ -43,5 +44,5 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "weft: error: {}\n", e.what());
     return 1;
   }
-  return 0;
+  return status;
 }

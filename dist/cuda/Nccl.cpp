@@ -7,7 +7,6 @@
 #include "core/OpRegistry.h"
 #include "core/Tensor.h"
 #include "core/cuda/Runtime.h"
-#include "dist/Communicator.h"
 #include "ops/cuda/Host.h"
 
 #include <fmt/format.h>
@@ -64,13 +63,17 @@ struct NcclGroup::Impl {
     cudaEvent_t done = nullptr;
   };
 
-  Impl(const std::vector<uint8_t>& uniqueId, int ranks, int rank, int gpu, int64_t communicator,
+  Impl(const std::vector<uint8_t>& uniqueId, int ranks, int rank, int gpu, TrafficLog& traffic,
        std::chrono::milliseconds timeout);
   ~Impl();
 
-  /// The group of the AllReduce op being run; throws when there is none.
-  static Impl& of(const KernelContext& ctx);
-
+  int rank() const { return rank_; }
+  int size() const { return ranks_; }
+  /// Throws unless the op runs on this group's GPU.
+  void checkDevice(const KernelContext& ctx) const {
+    WEFT_CHECK(ctx.device.index == gpu_, "{} runs on {}, but this worker's NCCL group is on cuda:{}",
+               ctx.node->describe(), ctx.device.str(), gpu_);
+  }
   void start(Tensor fused, cudaStream_t compute, const void* ticket, const Node& op);
   Pending take(const void* ticket, const Node& op);
   void recycle(cudaEvent_t event);
@@ -88,7 +91,7 @@ struct NcclGroup::Impl {
   void finishOrAbort();
 
   const int ranks_, rank_, gpu_;
-  const int64_t communicator_;
+  TrafficLog& traffic_;
   const std::chrono::milliseconds timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;  // the sums run here, beside the compute stream
@@ -107,19 +110,13 @@ struct NcclGroup::Impl {
 
 namespace {
 
-std::mutex registryMutex;
-std::map<int64_t, NcclGroup::Impl*>& registry() {
-  static std::map<int64_t, NcclGroup::Impl*> groups;
-  return groups;
-}
-
 void countFinished(void* counter) { static_cast<std::atomic<uint64_t>*>(counter)->fetch_add(1); }
 
 }  // namespace
 
-NcclGroup::Impl::Impl(const std::vector<uint8_t>& uniqueId, int ranks, int rank, int gpu, int64_t communicator,
+NcclGroup::Impl::Impl(const std::vector<uint8_t>& uniqueId, int ranks, int rank, int gpu, TrafficLog& traffic,
                       std::chrono::milliseconds timeout)
-    : ranks_(ranks), rank_(rank), gpu_(gpu), communicator_(communicator), timeout_(timeout) {
+    : ranks_(ranks), rank_(rank), gpu_(gpu), traffic_(traffic), timeout_(timeout) {
   WEFT_CHECK(uniqueId.size() == NCCL_UNIQUE_ID_BYTES,
              "the roster's NCCL unique id has {} bytes, expected {} (worker rank 0 is not on a GPU?)", uniqueId.size(),
              NCCL_UNIQUE_ID_BYTES);
@@ -139,19 +136,11 @@ NcclGroup::Impl::Impl(const std::vector<uint8_t>& uniqueId, int ranks, int rank,
                r == ncclInProgress ? fmt::format("the other workers did not join within {} ms", timeout.count())
                                    : ncclError(r, "ncclCommInitRankConfig"));
   }
-  {
-    std::lock_guard lock(registryMutex);
-    registry()[communicator] = this;
-  }
   watchdog_ = std::thread([this] { watch(); });
 }
 
 NcclGroup::Impl::~Impl() {
   cudaSetDevice(gpu_);  // not checked: a destructor has no one to tell
-  {
-    std::lock_guard lock(registryMutex);
-    registry().erase(communicator_);
-  }
   finishOrAbort();
   {
     std::lock_guard lock(mutex_);
@@ -182,17 +171,6 @@ void NcclGroup::Impl::finishOrAbort() {
   }
   comm_ = nullptr;
   failure_ = "the NCCL communicator is closed";
-}
-
-NcclGroup::Impl& NcclGroup::Impl::of(const KernelContext& ctx) {
-  const int64_t id = ctx.attrs().getInt("communicator");
-  std::lock_guard lock(registryMutex);
-  const auto it = registry().find(id);
-  WEFT_CHECK(it != registry().end(),
-             "{}: communicator {} has no NCCL group (a distributed job's GPU workers make one)", ctx.node->describe(), id);
-  WEFT_CHECK(it->second->gpu_ == ctx.device.index, "{} runs on {}, but this worker's NCCL group is on cuda:{}",
-             ctx.node->describe(), ctx.device.str(), it->second->gpu_);
-  return *it->second;
 }
 
 ncclResult_t NcclGroup::Impl::settle(Clock::time_point deadline) {
@@ -278,7 +256,7 @@ void NcclGroup::Impl::start(Tensor fused, cudaStream_t compute, const void* tick
   lock.unlock();
   // What a ring moves per rank; NCCL picks ring or tree, which move about as much for large sums.
   const uint64_t estimate = ranks_ > 1 ? 2 * bytes * static_cast<uint64_t>(ranks_ - 1) / static_cast<uint64_t>(ranks_) : 0;
-  Communicator::byId(communicator_).recordTraffic(TrafficKind::Dense, estimate, estimate);
+  traffic_.record(TrafficKind::Dense, estimate, estimate);
 }
 
 NcclGroup::Impl::Pending NcclGroup::Impl::take(const void* ticket, const Node& op) {
@@ -312,17 +290,17 @@ void NcclGroup::Impl::watch() {
   }
 }
 
-NcclGroup::NcclGroup(const std::vector<uint8_t>& uniqueId, int ranks, int rank, int gpu, int64_t communicator,
+NcclGroup::NcclGroup(const std::vector<uint8_t>& uniqueId, int ranks, int rank, int gpu, TrafficLog& traffic,
                      std::chrono::milliseconds timeout)
-    : impl_(std::make_unique<Impl>(uniqueId, ranks, rank, gpu, communicator, timeout)) {}
+    : impl_(std::make_unique<Impl>(uniqueId, ranks, rank, gpu, traffic, timeout)) {}
 NcclGroup::~NcclGroup() = default;
+int NcclGroup::rank() const { return impl_->rank(); }
+int NcclGroup::size() const { return impl_->size(); }
 void NcclGroup::throwIfFailed() const { impl_->throwIfFailed(); }
 void NcclGroup::abort(const std::string& why) { impl_->abort(why); }
 
-namespace nccl {
-
-void allReduceStart(KernelContext& ctx) {
-  NcclGroup::Impl& group = NcclGroup::Impl::of(ctx);
+void NcclGroup::startSum(KernelContext& ctx) {
+  impl_->checkDevice(ctx);
   int64_t count = 0;
   for (int i = 0; i < ctx.numInputs(); ++i) count += ctx.input(i).numel();
   Tensor fused(ctx.input(0).dtype(), Shape{std::max<int64_t>(count, 1)}, ctx.device);
@@ -334,16 +312,15 @@ void allReduceStart(KernelContext& ctx) {
                                     cudaMemcpyDeviceToDevice, compute));
     offset += x.bytes();
   }
-  group.start(std::move(fused), compute, ctx.output(0).raw(), *ctx.node);
+  impl_->start(std::move(fused), compute, ctx.output(0).raw(), *ctx.node);
 }
 
-void allReduceWait(KernelContext& ctx) {
-  NcclGroup::Impl& group = NcclGroup::Impl::of(ctx);
-  NcclGroup::Impl::Pending sum = group.take(ctx.input(0).raw(), *ctx.node);
+void NcclGroup::finishSum(KernelContext& ctx, double scale) {
+  impl_->checkDevice(ctx);
+  Impl::Pending sum = impl_->take(ctx.input(0).raw(), *ctx.node);
   const cudaStream_t compute = cudaops::streamOf(ctx);
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(compute, sum.done, 0));
-  group.recycle(sum.done);
-  const double scale = ctx.attrs().getFloat("scale");
+  impl_->recycle(sum.done);
   size_t offset = 0;
   for (size_t i = 0; i < ctx.outputs.size(); ++i) {
     Tensor& out = *ctx.outputs[i];
@@ -363,8 +340,6 @@ void allReduceWait(KernelContext& ctx) {
   }
   // The buffer goes back to the compute stream's cache: work queued there later runs after the copies above.
 }
-
-}  // namespace nccl
 
 }  // namespace weft::dist
 

@@ -1,0 +1,47 @@
+// How a job distributes a model: the architecture that synchronises its variables, and the
+// settings of the runtime (dist::get_runner takes a Config).
+#pragma once
+
+#include "core/Session.h"
+#include "dist/SyncPolicy.h"
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace weft::dist {
+
+/// How variables are synchronised.
+enum class Architecture {
+  Auto,             ///< AllReduce for dense variables, parameter servers for sparse ones (Parallax)
+  AllReduce,        ///< AllReduce for dense, AllGather for sparse (Horovod)
+  ParameterServer,  ///< every variable on the servers
+};
+/// "auto", "ar", "ps".
+const char* architectureName(Architecture a);
+/// Parses "auto", "ar", "ps" (the --arch flag); throws naming the value otherwise.
+Architecture parseArchitecture(const std::string& name);
+
+struct Config {
+  Architecture architecture = Architecture::Auto;
+  bool averageDense = true;   ///< average (rather than sum) dense gradients over the workers
+  bool averageSparse = true;  ///< likewise for sparse gradients
+  size_t bucketBytes = size_t{4} << 20;  ///< dense gradients are fused into AllReduce buckets of this size
+  /// A served sparse variable of at least this many bytes is split into one row partition per server.
+  size_t partitionBytes = size_t{1} << 20;
+  /// Bounds the rendezvous and every wait for another process (collectives, requests to the
+  /// servers, the servers' replies): a stall this long is reported as an error naming the
+  /// processes involved, and the job stops.
+  std::chrono::milliseconds timeout{60000};
+  /// The workers of a machine with a server reach the servers through it, as one (their pushes
+  /// summed, their pulls merged): see dist/LocalAggregator.h.
+  bool localAggregation = true;
+  /// Servers print the pushes and pulls that crossed between machines when the job ends.
+  bool reportTraffic = false;
+  /// When the parameter servers take pushes and answer pulls (dist/SyncPolicy.h).
+  std::shared_ptr<const SyncPolicy> sync = bspPolicy();
+  SessionOptions session;
+};
+
+}  // namespace weft::dist

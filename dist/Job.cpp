@@ -1,0 +1,186 @@
+// Joining a job (see the header).
+#include "dist/Job.h"
+
+#include "core/Error.h"
+#include "dist/Launcher.h"
+#include "dist/Nccl.h"
+#include "dist/UcxTransport.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <numeric>
+
+namespace weft::dist {
+
+namespace {
+
+std::string requiredVariable(const char* name) {
+  const char* value = std::getenv(name);
+  WEFT_CHECK(value != nullptr && *value, "{} is not set: the launcher sets it for every process of a job", name);
+  return value;
+}
+
+int intVariable(const char* name) {
+  const std::string text = requiredVariable(name);
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  WEFT_CHECK(*end == '\0' && v >= 0 && v < (1 << 20), "{}='{}' is not a valid index", name, text);
+  return static_cast<int>(v);
+}
+
+/// Who reaches the servers together: with local aggregation, the workers of a machine that runs
+/// a server and more than one worker go through its first server; every other worker alone.
+SenderGroups senderGroups(const Roster& roster, bool localAggregation) {
+  std::map<int, std::vector<int>> workersOf;  // by host; ranks ascending
+  std::map<int, int> firstServerOf;
+  int servers = 0;
+  for (const Member& m : roster.members) {
+    if (m.id.role == Role::Worker) {
+      workersOf[m.id.host].push_back(m.rank);
+    } else {
+      firstServerOf.emplace(m.id.host, servers++);
+    }
+  }
+  SenderGroups g;
+  for (const auto& [host, ranks] : workersOf) {
+    const auto server = firstServerOf.find(host);
+    const bool together = localAggregation && ranks.size() > 1 && server != firstServerOf.end();
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (together && i > 0) {
+        g.members.back().push_back(ranks[i]);
+      } else {
+        g.members.push_back({ranks[i]});
+        g.relay.push_back(together ? server->second : -1);
+      }
+    }
+  }
+  g.groupOfWorker.resize(static_cast<size_t>(std::accumulate(
+      g.members.begin(), g.members.end(), size_t{0}, [](size_t n, const std::vector<int>& m) { return n + m.size(); })));
+  for (int group = 0; group < g.groups(); ++group)
+    for (int w : g.members[static_cast<size_t>(group)]) g.groupOfWorker.at(static_cast<size_t>(w)) = group;
+  return g;
+}
+
+/// Whether the job's workers are GPUs; throws when it mixes GPU and CPU workers, or lists GPUs
+/// to a build without NCCL.
+bool requireOneKindOfWorker(const std::vector<WorkerSlot>& slots) {
+  const auto onGpu = [](const WorkerSlot& w) { return w.device != "cpu"; };
+  if (std::none_of(slots.begin(), slots.end(), onGpu)) return false;
+  const auto cpuWorker = std::find_if_not(slots.begin(), slots.end(), onGpu);
+  WEFT_CHECK(cpuWorker == slots.end(),
+             "the resource specification has GPU workers and CPU workers (host {} lists cpu_workers): the workers "
+             "of one job are all GPUs, summing through NCCL, or all CPUs, summing through the UCX ring",
+             cpuWorker == slots.end() ? -1 : cpuWorker->host);
+  WEFT_CHECK(kNcclBuilt,
+             "the resource specification lists GPU workers, but this weft was built without NCCL, which GPU workers "
+             "sum their gradients through (install NCCL, or set WEFT_NCCL_ROOT to it, and rebuild)");
+  return true;
+}
+
+/// Connects to the members this process talks to: a server reaches every worker's client
+/// transport and every other server; a worker reaches the other workers through its transport
+/// and the servers through its client's.
+PeerRoutes connectPeers(JobContext& job) {
+  PeerRoutes routes;
+  const bool isServer = job.isServer();
+  for (const Member& m : job.roster.members) {
+    const bool toWorker = m.id.role == Role::Worker;
+    const bool self = m.rank == job.roster.rank;  // ranks count the workers, then the servers
+    int peer = -1;
+    if (!self && isServer) {
+      WEFT_CHECK(!toWorker || !m.clientAddress.empty(),
+                 "{} joined without an address for server requests (its resource specification lists no servers)",
+                 describe(m.id));
+      peer = job.transport->connect(toWorker ? m.clientAddress : m.address);
+    } else if (!self && toWorker) {
+      peer = job.transport->connect(m.address);
+    } else if (!self) {
+      WEFT_CHECK(job.clientTransport != nullptr,
+                 "the roster lists {}, but this worker's resource specification lists no servers", describe(m.id));
+      peer = job.clientTransport->connect(m.address);
+    }
+    if (self && isServer) routes.self = static_cast<int>(routes.serverPeers.size());
+    (toWorker ? routes.workerPeers : routes.serverPeers).push_back(peer);
+    (toWorker ? routes.workerHosts : routes.serverHosts).push_back(m.id.host);
+  }
+  return routes;
+}
+
+}  // namespace
+
+std::optional<LaunchIdentity> launchIdentityFromEnvironment() {
+  const char* coordinator = std::getenv("WEFT_COORDINATOR");
+  if (coordinator == nullptr || !*coordinator) return std::nullopt;
+  LaunchIdentity identity;
+  const std::string address = coordinator;
+  const size_t colon = address.rfind(':');
+  WEFT_CHECK(colon != std::string::npos && colon > 0, "WEFT_COORDINATOR='{}' is not host:port", address);
+  identity.coordinatorHost = address.substr(0, colon);
+  char* end = nullptr;
+  const long port = std::strtol(address.c_str() + colon + 1, &end, 10);
+  WEFT_CHECK(*end == '\0' && port > 0 && port < 65536, "WEFT_COORDINATOR='{}' has no valid port", address);
+  identity.coordinatorPort = static_cast<uint16_t>(port);
+  const std::string role = requiredVariable("WEFT_ROLE");
+  WEFT_CHECK(role == "worker" || role == "server", "WEFT_ROLE='{}' is neither worker nor server", role);
+  identity.id.role = role == "worker" ? Role::Worker : Role::Server;
+  identity.id.host = intVariable("WEFT_HOST");
+  identity.id.slot = intVariable("WEFT_SLOT");
+  identity.job = jobIdFromHex(requiredVariable("WEFT_JOB_ID"), "WEFT_JOB_ID");
+  const char* secretFile = std::getenv("WEFT_JOB_SECRET_FILE");
+  identity.secret = secretFile && *secretFile ? loadSecret(secretFile) : secretFromEnvironment();
+  return identity;
+}
+
+std::string processDevice(const ResourceSpec& resources) {
+  const std::vector<WorkerSlot> slots = resources.workers();
+  const std::optional<LaunchIdentity> identity = launchIdentityFromEnvironment();
+  if (!identity) return slots.size() == 1 ? slots[0].device : "cpu";
+  if (identity->id.role != Role::Worker) return "cpu";
+  for (const WorkerSlot& w : slots)
+    if (w.host == identity->id.host && w.slot == identity->id.slot) return w.device;
+  WEFT_THROW("this process is {}, which the resource specification does not list", describe(identity->id));
+}
+
+int JobContext::relay() const { return groups.relay[static_cast<size_t>(groups.groupOfWorker[static_cast<size_t>(rank())])]; }
+
+std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& config) {
+  std::optional<LaunchIdentity> identity = launchIdentityFromEnvironment();
+  if (!identity) return std::nullopt;
+  JobContext job;
+  job.identity = std::move(*identity);
+  const std::vector<WorkerSlot> slots = resources.workers();
+  job.gpuWorkers = requireOneKindOfWorker(slots);
+  job.device = Device::parse(processDevice(resources));
+  if (job.device.type == DeviceType::CUDA) {
+    const int gpus = cudaDeviceCount();
+    WEFT_CHECK(job.device.index < gpus, "{} is to compute on {}, which this machine lacks: {}",
+               describe(job.identity.id), job.device.str(),
+               gpus > 0 ? fmt::format("it has {} GPU(s)", gpus) : cudaUnavailableReason());
+  }
+  job.transport = std::make_unique<UcxTransport>();
+  JoinRequest request{job.identity.id, job.transport->address(), {}, {}};
+#ifdef WEFT_HAVE_NCCL
+  if (job.gpuWorkers && job.identity.id == MemberId{Role::Worker, slots[0].host, slots[0].slot}) request.ncclId = newNcclId();
+#endif
+  if (!job.isServer() && resources.serverCount() > 0) {
+    job.clientTransport = std::make_unique<UcxTransport>();
+    request.clientAddress = job.clientTransport->address();
+  }
+  // A member waits past the coordinator's own deadline, so that a member that never came is
+  // reported by the coordinator's ABORT, which names it, not by every member's silent timeout.
+  const auto joinTimeout = std::max(config.timeout, kRendezvousTimeout + std::chrono::seconds(15));
+  job.roster = rendezvous(job.identity.coordinatorHost, job.identity.coordinatorPort, job.identity.secret,
+                          job.identity.job, request, joinTimeout);
+  connectJob(job, config);
+  return job;
+}
+
+void connectJob(JobContext& job, const Config& config) {
+  job.routes = connectPeers(job);
+  job.groups = senderGroups(job.roster, config.localAggregation);
+}
+
+}  // namespace weft::dist

@@ -1,0 +1,49 @@
+// The parameter servers' synchronisation rule, in one object that ParameterServer,
+// LocalAggregator and ServerClient consult instead of each writing it inline. A sender's clock
+// for a partition counts the gradients it has pushed there; a partition's version counts the
+// updates applied to it. The rule says when a server takes a push, when the pushes of a version
+// are complete, when a pull may be answered, what a machine's aggregator may keep and forward,
+// and what a worker may assume about values it has pulled.
+//
+// BSP (bulk synchronous parallel, the sparsity-aware Parallax paper's mode) is the rule here:
+// every sender pushes each partition once per version, the update waits for all of them, and a
+// pull for clock c waits for version c, so every worker reads what one process would.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+namespace weft::dist {
+
+class SyncPolicy {
+ public:
+  virtual ~SyncPolicy() = default;
+  /// "BSP", for messages.
+  virtual const char* name() const = 0;
+
+  /// Server: throws, saying why, when a push for `clock` cannot be taken at `version`.
+  virtual void checkPush(uint64_t clock, uint64_t version) const = 0;
+  /// Server: whether `pushed` of the `senders` pushes of a version are all the update waits for.
+  virtual bool pushesComplete(int pushed, int senders) const = 0;
+  /// Server: throws, saying why, when worker 0's APPLY for `clock` cannot run at `version`.
+  virtual void checkApply(uint64_t clock, uint64_t version) const = 0;
+  /// Server: whether a pull for `clock` may be answered at `version` (otherwise it waits).
+  virtual bool pullReady(uint64_t clock, uint64_t version) const = 0;
+
+  /// Aggregator: whether a machine's pushes for a clock go out once `pushed` of its `members`
+  /// workers have pushed.
+  virtual bool machinePushReady(int pushed, int members) const = 0;
+  /// Aggregator: the oldest clock whose pulled values a pull for `clock` may still read; what it
+  /// keeps of older ones is dropped.
+  virtual uint64_t oldestReadable(uint64_t clock) const = 0;
+
+  /// Client: whether the servers' values stay as a worker last pulled them until that worker
+  /// pushes again (so a worker that pulled every variable may read its local copy till then).
+  virtual bool valuesWaitForOwnPush() const = 0;
+};
+
+/// Bulk synchronous parallel: every sender pushes once per version, and pulls for clock c see
+/// version c exactly.
+std::shared_ptr<const SyncPolicy> bspPolicy();
+
+}  // namespace weft::dist

@@ -1,0 +1,270 @@
+// The distribution runtime's logic in one process: the ring's collectives over in-process
+// transports, and whole jobs — every worker and server a thread, joined through connectJob as
+// joinJob joins them after the rendezvous — training like one session on the total batch, with
+// the parameter servers, local aggregation and the BSP policy in the loop. A member that dies
+// stops the others with an error, not a hang.
+#include "tests/TestUtil.h"
+
+#include "dist/Job.h"
+#include "dist/LoopbackTransport.h"
+#include "dist/Ring.h"
+#include "dist/Runner.h"
+#include "dist/ServerProcess.h"
+#include "ops/Ops.h"
+#include "optim/Optimizer.h"
+
+#include <functional>
+#include <thread>
+
+using namespace weft;
+using namespace weft::dist;
+using namespace std::chrono_literals;
+using weft::testing::randomTensor;
+
+namespace {
+
+Config jobConfig(Architecture architecture) {
+  Config c;
+  c.architecture = architecture;
+  c.timeout = 60s;
+  c.session = SessionOptions{1, false};
+  return c;
+}
+
+/// Every member of a job on `hosts` (workers per host, one server per host when `servers`) as
+/// joinJob would leave it, over one loopback network: workers first, then servers, in rank order.
+std::vector<JobContext> loopbackJob(const std::shared_ptr<LoopbackNetwork>& network, const std::vector<int>& hosts,
+                                    bool servers, const Config& config) {
+  std::vector<JobContext> members;
+  for (Role role : {Role::Worker, Role::Server}) {
+    if (role == Role::Server && !servers) break;
+    for (int host = 0; host < static_cast<int>(hosts.size()); ++host) {
+      const int slots = role == Role::Worker ? hosts[static_cast<size_t>(host)] : 1;
+      for (int slot = 0; slot < slots; ++slot) {
+        JobContext m;
+        m.identity.id = {role, host, slot};
+        m.device = cpu();
+        m.transport = std::make_unique<LoopbackTransport>(network);
+        if (role == Role::Worker && servers) m.clientTransport = std::make_unique<LoopbackTransport>(network);
+        members.push_back(std::move(m));
+      }
+    }
+  }
+  Roster roster;
+  roster.worldSize = static_cast<int>(members.size());
+  for (size_t r = 0; r < members.size(); ++r) {
+    const JobContext& m = members[r];
+    roster.members.push_back({m.identity.id, static_cast<int>(r), m.transport->address(),
+                              m.clientTransport ? m.clientTransport->address() : std::vector<uint8_t>{}});
+  }
+  for (size_t r = 0; r < members.size(); ++r) {
+    members[r].roster = roster;
+    members[r].roster.rank = static_cast<int>(r);
+    connectJob(members[r], config);
+  }
+  return members;
+}
+
+/// Runs `body(i)` on a thread per i < n; returns what each threw ("" when nothing).
+std::vector<std::string> onThreads(size_t n, const std::function<void(size_t)>& body) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        body(i);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+/// A regression model with an embedding (sparse gradient) and a dense layer, in float64.
+struct Model {
+  Graph g;
+  Output ids, x, y, loss;
+  Node* step = nullptr;
+
+  Model() {
+    g.setSeed(3);
+    ids = g.placeholder("ids", i64, {-1});
+    x = g.placeholder("x", f64, {-1, 6});
+    y = g.placeholder("y", f64, {-1, 1});
+    const Output table = g.variable("embedding", f64, {40, 6}, Initializer::normal(0, 0.5));
+    const Output w = g.variable("w", f64, {6, 1}, Initializer::glorotUniform());
+    const Output prediction = matmul(gather(table, ids) * x, w);
+    loss = mean(square(prediction - y));
+    step = optim::Adam(0.05).minimize(loss);
+  }
+};
+
+struct Batch {
+  Tensor ids, x, y;
+  /// Examples [begin, end) of the batch.
+  Batch part(int64_t begin, int64_t end) const {
+    auto rows = [&](const Tensor& t) {
+      const int64_t width = t.numel() / t.shape()[0];
+      Shape s = t.shape();
+      s[0] = end - begin;
+      Tensor out(t.dtype(), s);
+      std::memcpy(out.raw(), static_cast<const uint8_t*>(t.raw()) + begin * width * dtypeSize(t.dtype()), out.bytes());
+      return out;
+    };
+    return {rows(ids), rows(x), rows(y)};
+  }
+};
+
+Batch batchOf(int64_t step, int64_t size) {
+  Batch b{Tensor(i64, {size}), randomTensor(f64, {size, 6}, 100 + static_cast<uint64_t>(step)),
+          randomTensor(f64, {size, 1}, 200 + static_cast<uint64_t>(step))};
+  // Few ids, so that the workers' rows overlap and local aggregation has rows to sum.
+  for (int64_t i = 0; i < size; ++i) b.ids.data<int64_t>()[i] = (i * 7 + step * 3) % 13;
+  return b;
+}
+
+constexpr int64_t kBatch = 16, kSteps = 5;
+
+FeedMap feedsOf(const Model& m, const Batch& b) { return {{m.ids, b.ids}, {m.x, b.x}, {m.y, b.y}}; }
+
+std::map<std::string, std::vector<double>> variablesOf(Session& s) {
+  std::map<std::string, std::vector<double>> out;
+  for (Node* v : s.graph().variables()) out[v->name] = s.variable(v).toDoubles();
+  return out;
+}
+
+/// The variables one session reaches on the total batches.
+std::map<std::string, std::vector<double>> trainedAlone() {
+  Model m;
+  Session s(m.g, {1, false});
+  for (int64_t step = 0; step < kSteps; ++step) s.run({m.loss}, feedsOf(m, batchOf(step, kBatch)), {m.step});
+  return variablesOf(s);
+}
+
+/// The variables worker 0 holds after training the same batches as a job on `hosts`.
+std::map<std::string, std::vector<double>> trainedAsJob(const std::vector<int>& hosts, Architecture architecture,
+                                                        bool localAggregation = true) {
+  auto network = std::make_shared<LoopbackNetwork>();
+  Config config = jobConfig(architecture);
+  config.localAggregation = localAggregation;
+  std::vector<JobContext> members = loopbackJob(network, hosts, true, config);
+  int workers = 0;
+  for (int h : hosts) workers += h;
+  std::map<std::string, std::vector<double>> result;
+  const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
+    Model m;
+    if (members[i].isServer()) {
+      REQUIRE(serveJob(members[i], m.g, config) == 0);
+      return;
+    }
+    Runner runner = makeWorker(std::move(members[i]), m.g, config);
+    const int64_t part = kBatch / workers, rank = runner.rank();
+    for (int64_t step = 0; step < kSteps; ++step)
+      runner.run({m.loss}, feedsOf(m, batchOf(step, kBatch).part(rank * part, (rank + 1) * part)), {m.step});
+    runner.finish();
+    if (rank == 0) result = variablesOf(runner.session());
+  });
+  for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  return result;
+}
+
+void checkSame(const std::map<std::string, std::vector<double>>& a, const std::map<std::string, std::vector<double>>& b) {
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, values] : a) {
+    CAPTURE(name);
+    const std::vector<double>& other = b.at(name);
+    REQUIRE(values.size() == other.size());
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      diff = std::max(diff, std::abs(values[i] - other[i]));
+      scale = std::max(scale, std::abs(values[i]));
+    }
+    // float64, 5 steps: only the order of summation differs (see test_dist_train's bound).
+    CHECK(diff <= 1e-10 * std::max(scale, 1.0));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the ring's AllReduce, AllGather and Broadcast over in-process transports") {
+  auto network = std::make_shared<LoopbackNetwork>();
+  const int ranks = 4;
+  std::vector<std::unique_ptr<LoopbackTransport>> transports;
+  for (int r = 0; r < ranks; ++r) transports.push_back(std::make_unique<LoopbackTransport>(network));
+  std::vector<std::vector<int>> peers(ranks, std::vector<int>(ranks, -1));
+  for (int r = 0; r < ranks; ++r)
+    for (int q = 0; q < ranks; ++q)
+      if (q != r) peers[r][q] = transports[r]->connect(transports[q]->address());
+  for (bool twoMachines : {false, true}) {
+    CAPTURE(twoMachines);
+    std::vector<std::vector<double>> sums(ranks), gathered(ranks), broadcasts(ranks);
+    const std::vector<std::string> errors = onThreads(ranks, [&](size_t r) {
+      Ring ring(*transports[r], static_cast<int>(r), peers[r], 30s);
+      if (twoMachines) ring.setMachines({0, 0, 1, 1}, true);
+      std::vector<double> own(1000);
+      for (size_t i = 0; i < own.size(); ++i) own[i] = static_cast<double>(r * 1000 + i);
+      ring.allReduceSum(f64, own.data(), static_cast<int64_t>(own.size()));
+      sums[r] = own;
+      const double mine[2] = {static_cast<double>(r), static_cast<double>(r * r)};
+      const std::vector<uint8_t> all = ring.allGather({reinterpret_cast<const uint8_t*>(mine), sizeof mine});
+      gathered[r].assign(reinterpret_cast<const double*>(all.data()), reinterpret_cast<const double*>(all.data()) + 2 * ranks);
+      std::vector<double> value{r == 2 ? 42.0 : -1.0};
+      ring.broadcast({reinterpret_cast<uint8_t*>(value.data()), sizeof(double)}, 2);
+      broadcasts[r] = value;
+    });
+    for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      for (size_t i = 0; i < 1000; i += 97) CHECK(sums[r][i] == static_cast<double>(6000 + 4 * i));
+      CHECK(gathered[r] == std::vector<double>{0, 0, 1, 1, 2, 4, 3, 9});
+      CHECK(broadcasts[r] == std::vector<double>{42.0});
+    }
+  }
+}
+
+TEST_CASE("a job of threads trains like one session on the total batch, under each architecture") {
+  const auto alone = trainedAlone();
+  for (Architecture a : {Architecture::Auto, Architecture::AllReduce, Architecture::ParameterServer}) {
+    CAPTURE(architectureName(a));
+    checkSame(trainedAsJob({2}, a), alone);
+  }
+}
+
+TEST_CASE("two machines of two workers: each machine's pushes and pulls go through its aggregator") {
+  const auto alone = trainedAlone();
+  checkSame(trainedAsJob({2, 2}, Architecture::Auto), alone);
+  checkSame(trainedAsJob({2, 2}, Architecture::ParameterServer), alone);
+  checkSame(trainedAsJob({2, 2}, Architecture::Auto, false), alone);
+}
+
+TEST_CASE("a worker that dies mid-job stops the other worker and the server with an error, not a hang") {
+  auto network = std::make_shared<LoopbackNetwork>();
+  const Config config = jobConfig(Architecture::Auto);
+  std::vector<JobContext> members = loopbackJob(network, {2}, true, config);
+  const int deadRing = dynamic_cast<LoopbackTransport&>(*members[1].transport).endpoint();
+  const int deadClient = dynamic_cast<LoopbackTransport&>(*members[1].clientTransport).endpoint();
+  int serverStatus = -1;
+  const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
+    Model m;
+    if (members[i].isServer()) {
+      serverStatus = serveJob(members[i], m.g, config);
+      return;
+    }
+    Runner runner = makeWorker(std::move(members[i]), m.g, config);
+    const Batch b = batchOf(0, kBatch).part(runner.rank() * 8, runner.rank() * 8 + 8);
+    runner.run({m.loss}, feedsOf(m, b), {m.step});
+    if (runner.rank() == 1) {
+      network->fail(deadRing, "killed by the test");
+      network->fail(deadClient, "killed by the test");
+      throw Error("worker 1 died");
+    }
+    for (int step = 0; step < 3; ++step) runner.run({m.loss}, feedsOf(m, b), {m.step});
+  });
+  CHECK(errors[1] == "worker 1 died");
+  // Worker 0 learns it from its ring or from the server, which stops on worker 1's death.
+  CAPTURE(errors[0]);
+  CHECK((contains(errors[0], "killed by the test") || contains(errors[0], "on server 0")));
+  CHECK(serverStatus == 1);
+}
