@@ -1,6 +1,7 @@
 // Row gathers and scatters: Gather (embedding lookup, with a sparse gradient for its table),
 // ScatterAdd and UnsortedSegmentSum (the dense form of a sparse gradient).
 #include "ops/OpUtil.h"
+#include "ops/RowIds.h"
 #include "ops/cuda/Kernels.h"
 
 #include <cstring>
@@ -28,7 +29,7 @@ std::vector<TensorType> gatherInfer(const InferContext& c) {
 // out[i, ...] = params[ids[i], ...]
 void gatherKernel(KernelContext& ctx) {
   const Tensor &params = ctx.input(0), &ids = ctx.input(1);
-  const std::vector<int64_t> rows = detail::checkedRowIds(ctx, ids, params.shape()[0], "id");
+  const std::vector<int64_t> rows = checkedRowIds(ctx, ids, params.shape()[0], "id");
   const size_t rowBytes = static_cast<size_t>(rowSize(params.shape())) * dtypeSize(params.dtype());
   const char* src = static_cast<const char*>(params.raw());
   char* dst = static_cast<char*>(ctx.output(0).raw());
@@ -77,7 +78,7 @@ std::vector<TensorType> scatterAddInfer(const InferContext& c) {
 void scatterAddKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& out = ctx.output(0);
-  const std::vector<int64_t> ids = detail::checkedRowIds(ctx, ctx.input(1), x.shape()[0], "id");
+  const std::vector<int64_t> ids = checkedRowIds(ctx, ctx.input(1), x.shape()[0], "id");
   out.copyFrom(x);
   dispatchDType(x.dtype(), [&](auto z) {
     using T = decltype(z);
@@ -103,7 +104,7 @@ std::vector<TensorType> segmentSumInfer(const InferContext& c) {
 void segmentSumKernel(KernelContext& ctx) {
   const Tensor &data = ctx.input(0), &idsT = ctx.input(1);
   Tensor& out = ctx.output(0);
-  const std::vector<int64_t> ids = detail::checkedRowIds(ctx, idsT, out.shape()[0], "segment id");
+  const std::vector<int64_t> ids = checkedRowIds(ctx, idsT, out.shape()[0], "segment id");
   out.fill(0);
   dispatchDType(data.dtype(), [&](auto z) {
     using T = decltype(z);

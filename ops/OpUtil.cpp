@@ -1,7 +1,5 @@
 #include "ops/OpUtil.h"
 
-#include "ops/RowIds.h"
-
 #include <algorithm>
 #include <mutex>
 
@@ -62,14 +60,6 @@ Output inComputePrecision(std::vector<Output> inputs, const std::function<Output
   if (low == f32 || !allF32) return build(inputs);
   for (Output& x : inputs) x = cast(x, low);
   return cast(build(inputs), f32);
-}
-
-std::vector<int64_t> checkedRowIds(const KernelContext& ctx, const Tensor& ids, int64_t rows, std::string_view what) {
-  try {
-    return weft::checkedRowIds(ids, rows, what);
-  } catch (const Error& e) {
-    ctx.failMessage(e.what());
-  }
 }
 
 void castElements(const KernelContext& ctx, const Tensor& from, Tensor& to) {

@@ -42,9 +42,6 @@ void castElements(const KernelContext& ctx, const Tensor& from, Tensor& to);
 /// through. The CPU side of mixed precision; the GPU computes in 16 bits natively.
 void runInFloat32(KernelContext& ctx, Kernel kernel);
 
-/// checkedRowIds (ops/RowIds.h) in a kernel: the error names the op.
-std::vector<int64_t> checkedRowIds(const KernelContext& ctx, const Tensor& ids, int64_t rows, std::string_view what);
-
 /// The axis list of a reduction normalised to [0, rank), sorted, all axes when empty.
 std::vector<int> normaliseAxes(const InferContext& c, const std::vector<int64_t>& axes, int rank);
 

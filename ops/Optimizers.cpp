@@ -72,7 +72,7 @@ void sparseKernel(KernelContext& ctx) {
   const Tensor &idsT = ctx.input(slots + 1), &values = ctx.input(slots + 2);
   const Hyper h = hyper(ctx, rule, slots + 3);
   const int64_t rows = var.shape()[0], width = var.numel() / std::max<int64_t>(rows, 1);
-  const std::vector<int64_t> ids = detail::checkedRowIds(ctx, idsT, rows, "row id");
+  const std::vector<int64_t> ids = checkedRowIds(ctx, idsT, rows, "row id");
   // Sum duplicate rows so each touched row is updated once.
   const RowGroups groups = groupRowsById(ids);
   const std::vector<int64_t>& order = groups.order;

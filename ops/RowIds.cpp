@@ -38,6 +38,14 @@ std::vector<int64_t> checkedRowIds(const Tensor& ids, int64_t rows, std::string_
   return out;
 }
 
+std::vector<int64_t> checkedRowIds(const KernelContext& ctx, const Tensor& ids, int64_t rows, std::string_view what) {
+  try {
+    return checkedRowIds(ids, rows, what);
+  } catch (const Error& e) {
+    ctx.failMessage(e.what());
+  }
+}
+
 RowGroups groupRowsById(std::span<const int64_t> ids) {
   RowGroups g;
   g.order.resize(ids.size());

@@ -3,6 +3,7 @@
 // the order they came, the same way on every run and every machine.
 #pragma once
 
+#include "core/OpRegistry.h"
 #include "core/Tensor.h"
 
 #include <cstdint>
@@ -18,6 +19,8 @@ std::vector<int64_t> rowIds(const Tensor& ids);
 /// [0, <rows>)" for the first one outside [0, rows).
 std::vector<int64_t> checkedRowIds(const Tensor& ids, int64_t rows, std::string_view what = "row id");
 std::vector<int64_t> checkedRowIds(std::span<const int64_t> ids, int64_t rows, std::string_view what = "row id");
+/// The same in a kernel: the error names the op.
+std::vector<int64_t> checkedRowIds(const KernelContext& ctx, const Tensor& ids, int64_t rows, std::string_view what);
 
 /// Positions grouped by id: `order` holds the positions sorted by id, stably, and group g (the
 /// g-th smallest id) is order[starts[g]] .. order[starts[g + 1] - 1].
