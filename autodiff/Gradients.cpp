@@ -2,6 +2,7 @@
 
 #include "ops/Ops.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -42,29 +43,34 @@ std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
   Graph& g = loss.graph();
   WEFT_CHECK(isFloating(loss.dtype()) && loss.shape().numel() == 1,
              "gradients: the loss {} must be a floating scalar, got {}", loss.name(), loss.type().str());
-  const size_t n = static_cast<size_t>(loss.node()->id) + 1;
+  // The graph's nodes up to the loss in topological order (taken before the backward nodes are
+  // added); flags are indexed by node id.
+  std::vector<Node*> order = g.topologicalOrder();
+  order.resize(static_cast<size_t>(std::find(order.begin(), order.end(), loss.node()) - order.begin()) + 1);
+  const size_t n = g.size();
 
   // Nodes on a path from some x to the loss.
   std::set<Output> targets(xs.begin(), xs.end());
   std::vector<char> fromX(n, 0), toLoss(n, 0);
-  for (size_t id = 0; id < n; ++id) {
-    const Node* node = g.node(static_cast<int>(id));
-    for (size_t i = 0; i < node->outputs.size() && !fromX[id]; ++i) {
-      fromX[id] = targets.count(Output(const_cast<Node*>(node), static_cast<int>(i))) != 0;
+  for (const Node* node : order) {
+    char& reached = fromX[static_cast<size_t>(node->id)];
+    for (size_t i = 0; i < node->outputs.size() && !reached; ++i) {
+      reached = targets.count(Output(const_cast<Node*>(node), static_cast<int>(i))) != 0;
     }
-    for (const Output& in : node->inputs) fromX[id] = fromX[id] || fromX[static_cast<size_t>(in.node()->id)];
+    for (const Output& in : node->inputs) reached = reached || fromX[static_cast<size_t>(in.node()->id)];
   }
-  toLoss[n - 1] = 1;
-  for (size_t id = n; id-- > 0;) {
-    if (!toLoss[id]) continue;
-    for (const Output& in : g.node(static_cast<int>(id))->inputs) toLoss[static_cast<size_t>(in.node()->id)] = 1;
+  toLoss[static_cast<size_t>(loss.node()->id)] = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (!toLoss[static_cast<size_t>((*it)->id)]) continue;
+    for (const Output& in : (*it)->inputs) toLoss[static_cast<size_t>(in.node()->id)] = 1;
   }
 
   std::map<Output, std::vector<Grad>> contributions;
   contributions[loss].push_back(onesLike(loss));
-  for (size_t id = n; id-- > 0;) {
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* node = *it;
+    const auto id = static_cast<size_t>(node->id);
     if (!fromX[id] || !toLoss[id]) continue;
-    Node* node = g.node(static_cast<int>(id));
     bool anyInputFromX = false;
     for (const Output& in : node->inputs) anyInputFromX = anyInputFromX || fromX[static_cast<size_t>(in.node()->id)];
     if (!anyInputFromX) continue;

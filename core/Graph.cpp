@@ -6,6 +6,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <functional>
+#include <queue>
+#include <set>
 
 namespace weft {
 
@@ -182,6 +185,200 @@ void Graph::runOnlyIf(Node* node, Output condition) {
   WEFT_CHECK(&condition.graph() == this && condition.node() != node,
              "the condition of {} must be another node of the same graph", node->describe());
   node->condition = condition;
+}
+
+namespace {
+
+/// Whether a value of type `now` may stand where one of type `before` was read.
+bool fits(const TensorType& now, const TensorType& before) {
+  return now.dtype == before.dtype && now.shape.compatibleWith(before.shape);
+}
+
+void checkReplacement(const Output& from, const Output& to, const char* what) {
+  WEFT_CHECK(from.valid() && to.valid(), "{}: an empty output", what);
+  WEFT_CHECK(&from.graph() == &to.graph(), "{}: {} and {} belong to different graphs", what, from.name(), to.name());
+  WEFT_CHECK(to.dtype() == from.dtype(), "{}: {} is {}, the value it replaces ({}) is {}", what, to.name(),
+             to.type().str(), from.name(), from.type().str());
+}
+
+}  // namespace
+
+int Graph::replaceUses(Output from, Output to) {
+  std::vector<Node*> all;
+  for (const auto& n : nodes_) all.push_back(n.get());
+  return replaceUses(from, to, all);
+}
+
+int Graph::replaceUses(Output from, Output to, const std::vector<Node*>& consumers) {
+  return replaceUses({{from, to}}, consumers);
+}
+
+int Graph::replaceUses(const std::vector<std::pair<Output, Output>>& replacements, const std::vector<Node*>& consumers) {
+  bool reshaped = false;
+  std::vector<std::pair<Output*, Output>> changes;  // (input, old value), to undo on failure
+  for (const auto& [from, to] : replacements) {
+    checkReplacement(from, to, "replaceUses");
+    reshaped = reshaped || to.shape() != from.shape();
+    for (Node* n : consumers) {
+      for (Output& in : n->inputs) {
+        if (in != from) continue;
+        WEFT_CHECK(to.node() != n, "replaceUses: {} would read its own output {}", n->describe(), to.name());
+        changes.emplace_back(&in, in);
+      }
+    }
+  }
+  for (auto& [input, old] : changes) {
+    for (const auto& [from, to] : replacements)
+      if (old == from) *input = to;
+  }
+  try {
+    if (reshaped) reinferDownstream(consumers);
+  } catch (...) {
+    for (auto& [input, old] : changes) *input = old;
+    throw;
+  }
+  return static_cast<int>(changes.size());
+}
+
+void Graph::setInput(Node* node, int i, Output value) {
+  WEFT_CHECK(node && node->graph == this && i >= 0 && i < static_cast<int>(node->inputs.size()),
+             "setInput: {} has no input {}", node ? node->describe() : std::string("a null node"), i);
+  Output& input = node->inputs[static_cast<size_t>(i)];
+  checkReplacement(input, value, "setInput");
+  WEFT_CHECK(value.node() != node, "setInput: {} would read its own output", node->describe());
+  const Output old = input;
+  input = value;
+  try {
+    if (value.shape() != old.shape()) reinferDownstream({node});
+  } catch (...) {
+    input = old;
+    throw;
+  }
+}
+
+void Graph::reinferDownstream(const std::vector<Node*>& changed) {
+  std::map<const Node*, std::vector<Node*>> consumers;
+  for (const auto& n : nodes_)
+    for (const Output& in : n->inputs) consumers[in.node()].push_back(n.get());
+  std::set<const Node*> dirty(changed.begin(), changed.end());
+  std::vector<std::pair<Node*, std::vector<TensorType>>> previous;  // to undo on failure
+  try {
+    for (Node* n : topologicalOrder()) {
+      if (!dirty.count(n) || n->def->sourceKind != SourceKind::None) continue;
+      std::vector<TensorType> inputTypes;
+      for (const Output& in : n->inputs) inputTypes.push_back(in.type());
+      std::vector<TensorType> outputs = n->def->inferFn(InferContext{*n, inputTypes});
+      bool same = outputs.size() == n->outputs.size();
+      for (size_t i = 0; same && i < outputs.size(); ++i)
+        same = outputs[i].dtype == n->outputs[i].dtype && outputs[i].shape == n->outputs[i].shape;
+      if (same) continue;
+      for (size_t i = 0; i < std::min(outputs.size(), n->outputs.size()); ++i)
+        WEFT_CHECK(outputs[i].dtype == n->outputs[i].dtype, "{}: output {} would become {}, its consumers read {}",
+                   n->describe(), i, outputs[i].str(), n->outputs[i].str());
+      previous.emplace_back(n, n->outputs);
+      n->outputs = std::move(outputs);
+      for (Node* c : consumers[n]) dirty.insert(c);
+    }
+  } catch (...) {
+    for (auto& [n, outputs] : previous) n->outputs = std::move(outputs);
+    throw;
+  }
+}
+
+void Graph::retarget(Node* node, const std::string& op, Attrs attrs, const std::string& device) {
+  WEFT_CHECK(node && node->graph == this, "retarget: the node belongs to another graph");
+  const OpDef& def = OpRegistry::global().get(op);
+  Node changed = *node;
+  changed.op = op;
+  changed.def = &def;
+  changed.attrs = std::move(attrs);
+  const int n = static_cast<int>(changed.inputs.size());
+  WEFT_CHECK(n >= def.minInputs && (def.maxInputs < 0 || n <= def.maxInputs), "retarget {} to '{}': it takes {} inputs",
+             node->describe(), op, n);
+  std::vector<TensorType> inputTypes;
+  for (const Output& in : changed.inputs) inputTypes.push_back(in.type());
+  const std::vector<TensorType> outputs = def.inferFn(InferContext{changed, inputTypes});
+  WEFT_CHECK(outputs.size() >= node->outputs.size(), "retarget {} to '{}': it has {} outputs, the node's consumers "
+             "may read {}", node->describe(), op, outputs.size(), node->outputs.size());
+  for (size_t i = 0; i < node->outputs.size(); ++i) {
+    WEFT_CHECK(fits(outputs[i], node->outputs[i]), "retarget {} to '{}': output {} would be {}, its consumers read {}",
+               node->describe(), op, i, outputs[i].str(), node->outputs[i].str());
+  }
+  node->op = op;
+  node->def = &def;
+  node->attrs = std::move(changed.attrs);
+  node->outputs = outputs;
+  node->device = device;
+}
+
+void Graph::addControlInput(Node* node, Node* before) {
+  WEFT_CHECK(node && before && node->graph == this && before->graph == this && node != before,
+             "addControlInput: both nodes must be distinct nodes of this graph");
+  node->controlInputs.push_back(before);
+}
+
+void Graph::replaceControlInputs(Node* from, Node* to) {
+  WEFT_CHECK(from && to && from->graph == this && to->graph == this, "replaceControlInputs: nodes of another graph");
+  const bool selfWait = std::find(to->controlInputs.begin(), to->controlInputs.end(), from) != to->controlInputs.end();
+  WEFT_CHECK(!selfWait, "replaceControlInputs: {} would wait for itself", to->describe());
+  for (const auto& n : nodes_) std::replace(n->controlInputs.begin(), n->controlInputs.end(), from, to);
+}
+
+std::vector<Node*> Graph::topologicalOrder() const {
+  const size_t count = nodes_.size();
+  std::vector<std::vector<int>> successors(count);
+  std::vector<int> waitingFor(count, 0);
+  auto edge = [&](const Node* from, const Node* to) {
+    successors[static_cast<size_t>(from->id)].push_back(to->id);
+    ++waitingFor[static_cast<size_t>(to->id)];
+  };
+  for (const auto& n : nodes_) {
+    for (const Output& in : n->inputs) edge(in.node(), n.get());
+    for (const Node* c : n->controlInputs) edge(c, n.get());
+    if (n->condition.valid()) edge(n->condition.node(), n.get());
+  }
+  std::priority_queue<int, std::vector<int>, std::greater<>> ready;  // earliest created first
+  for (size_t i = 0; i < count; ++i)
+    if (waitingFor[i] == 0) ready.push(static_cast<int>(i));
+  std::vector<Node*> order;
+  order.reserve(count);
+  while (!ready.empty()) {
+    const int id = ready.top();
+    ready.pop();
+    order.push_back(nodes_[static_cast<size_t>(id)].get());
+    for (int next : successors[static_cast<size_t>(id)])
+      if (--waitingFor[static_cast<size_t>(next)] == 0) ready.push(next);
+  }
+  if (order.size() != count) {
+    const auto stuck = std::find_if(waitingFor.begin(), waitingFor.end(), [](int w) { return w > 0; });
+    WEFT_THROW("the graph has a cycle through {}", nodes_[static_cast<size_t>(stuck - waitingFor.begin())]->describe());
+  }
+  return order;
+}
+
+void Graph::verify() const {
+  for (const auto& n : nodes_) {
+    WEFT_CHECK(n->def != nullptr && n->graph == this, "verify: {} has no op record or belongs to another graph",
+               n->describe());
+    std::vector<TensorType> inputTypes;
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      const Output& in = n->inputs[i];
+      WEFT_CHECK(in.valid() && in.node()->graph == this && in.index() >= 0 &&
+                     in.index() < static_cast<int>(in.node()->outputs.size()),
+                 "verify: input {} of {} is not an output of this graph", i, n->describe());
+      inputTypes.push_back(in.type());
+    }
+    for (const Node* c : n->controlInputs)
+      WEFT_CHECK(c != nullptr && c->graph == this, "verify: a control input of {} is not a node of this graph",
+                 n->describe());
+    WEFT_CHECK(!n->condition.valid() || n->condition.node()->graph == this,
+               "verify: the condition of {} is not an output of this graph", n->describe());
+    const std::vector<TensorType> inferred = n->def->inferFn(InferContext{*n, inputTypes});
+    bool same = inferred.size() == n->outputs.size();
+    for (size_t i = 0; same && i < inferred.size(); ++i) same = fits(inferred[i], n->outputs[i]);
+    WEFT_CHECK(same, "verify: {} records outputs that its op no longer infers from its inputs", n->describe());
+  }
+  topologicalOrder();
 }
 
 Node* Graph::find(const std::string& name) const {

@@ -120,8 +120,9 @@ struct GradientLink {
   Shape denseShape;
 };
 
-/// A define-and-run dataflow graph. Nodes are appended and never removed; inputs always precede
-/// their consumers, so creation order is a topological order.
+/// A define-and-run dataflow graph. Nodes are appended and never removed. Building a graph
+/// creates inputs before their consumers, but a rewrite (replaceUses, setInput) may make a node
+/// read one created after it: topologicalOrder() is the order to walk it in.
 ///
 ///     Graph g;
 ///     auto x = g.placeholder("x", f32, {-1, 4});
@@ -198,6 +199,38 @@ class Graph {
   /// `condition` is nonzero (NaN counts as zero); the condition is computed first.
   void runOnlyIf(Node* node, Output condition);
 
+  // ---- Rewriting: graph-to-graph passes change nodes through these, never field by field ----
+
+  /// Points every input that reads `from` at `to`, in every node, or only in `consumers`;
+  /// returns how many inputs changed. `to` must have from's dtype, and no node may come to read
+  /// itself. When the shapes differ (an AllGather's rows for one worker's), the output types of
+  /// every node downstream are inferred again; a shape function that refuses the new shapes
+  /// undoes the change and throws.
+  int replaceUses(Output from, Output to);
+  int replaceUses(Output from, Output to, const std::vector<Node*>& consumers);
+  /// Several (from, to) replacements at once, inferred again together (a sparse gradient's
+  /// indices and values, which only fit each other).
+  int replaceUses(const std::vector<std::pair<Output, Output>>& replacements, const std::vector<Node*>& consumers);
+  /// Points input `i` of `node` at `value` (the old input's dtype), as replaceUses does.
+  void setInput(Node* node, int i, Output value);
+  /// Makes `node` an instance of `op` with `attrs` on the same inputs, placed on `device`, with
+  /// its output types inferred again. Throws, changing nothing, when the op refuses the inputs or
+  /// its outputs would not fit what its consumers read (count, dtypes, shapes).
+  void retarget(Node* node, const std::string& op, Attrs attrs, const std::string& device);
+  /// Makes `node` run after `before`.
+  void addControlInput(Node* node, Node* before);
+  /// Every node that ran after `from` runs after `to` instead.
+  void replaceControlInputs(Node* from, Node* to);
+
+  /// Every node once, each after its inputs, control inputs and condition; among the nodes that
+  /// are ready, the earliest created first, so a graph no rewrite has touched comes back in
+  /// creation order. Throws naming a node of the cycle when there is one.
+  std::vector<Node*> topologicalOrder() const;
+  /// Checks that the graph is well formed: every input, control input and condition is an
+  /// existing output of this graph, every node's output types are what its op infers from its
+  /// inputs now, and the edges have no cycle. Throws naming the first node that is not.
+  void verify() const;
+
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   size_t size() const { return nodes_.size(); }
   Node* node(int id) const { return nodes_.at(static_cast<size_t>(id)).get(); }
@@ -227,6 +260,9 @@ class Graph {
 
  private:
   std::string uniqueName(const std::string& base);
+  /// Infers the outputs of `changed` and of everything downstream again (after their inputs
+  /// changed); undoes what it changed and throws when a shape function refuses.
+  void reinferDownstream(const std::vector<Node*>& changed);
 
   std::vector<std::unique_ptr<Node>> nodes_;
   std::map<std::string, Node*> byName_;

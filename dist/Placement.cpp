@@ -83,7 +83,7 @@ std::set<const Node*> ancestors(const Node* node) {
 }
 
 /// Fills update, slots, chain, extras and squaredNorm; false when no update op writes the variable.
-bool describeUpdate(ServedVariable& v, const Consumers& consumers) {
+bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::map<const Node*, size_t>& position) {
   const std::set<const Node*> fromGradient = descendants(v.gradient, consumers);
   v.update = updateOf(v.variable, fromGradient, consumers);
   if (v.update == nullptr) return false;
@@ -101,7 +101,8 @@ bool describeUpdate(ServedVariable& v, const Consumers& consumers) {
   for (const Node* n : fromGradient)
     if (feedsUpdate.count(n)) v.chain.push_back(const_cast<Node*>(n));
   v.chain.push_back(v.update);
-  std::sort(v.chain.begin(), v.chain.end(), [](const Node* a, const Node* b) { return a->id < b->id; });
+  std::sort(v.chain.begin(), v.chain.end(),
+            [&](const Node* a, const Node* b) { return position.at(a) < position.at(b); });
 
   const std::vector<Output> grad = gradientOutputs(v.gradient);
   for (const Output& o : grad) {
@@ -197,6 +198,8 @@ ServerPlan planServers(const Graph& graph, Architecture architecture, int server
   plan.servers = servers;
   if (architecture == Architecture::AllReduce) return plan;
   const Consumers consumers = consumersOf(graph);
+  std::map<const Node*, size_t> position;  // in topological order, which the chain is copied in
+  for (const Node* n : graph.topologicalOrder()) position.emplace(n, position.size());
   for (const GradientLink& link : graph.gradientLinks()) {
     if (architecture == Architecture::Auto && !link.sparse) continue;
     ServedVariable v;
@@ -207,7 +210,7 @@ ServerPlan planServers(const Graph& graph, Architecture architecture, int server
     WEFT_CHECK(shape.rank() >= 1 && shape.isFullyDefined(),
                "variable '{}' of shape {} cannot be served: a served variable needs rows and a static shape",
                v.variable->name, shape.str());
-    if (describeUpdate(v, consumers)) plan.variables.push_back(std::move(v));
+    if (describeUpdate(v, consumers, position)) plan.variables.push_back(std::move(v));
   }
   WEFT_CHECK(plan.empty() || servers > 0,
              "architecture '{}' puts {} variables on parameter servers, but the job has no server", architectureName(architecture),

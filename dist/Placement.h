@@ -49,7 +49,7 @@ struct ServedVariable {
   GradientLink gradient;
   Node* update = nullptr;          ///< the optimizer's update op
   std::vector<Node*> slots;        ///< the other variables the update writes (momentum, Adam's m and v)
-  std::vector<Node*> chain;        ///< from the gradient to the update (included), in graph order
+  std::vector<Node*> chain;        ///< from the gradient to the update (included), in topological order
   std::vector<Output> extras;      ///< what the chain reads besides gradient, variable and slots
   Node* squaredNorm = nullptr;     ///< SquaredNorm / SparseSquaredNorm of the gradient, if clipped
   std::vector<int> partitions;     ///< indices into ServerPlan::partitions, by first row

@@ -247,20 +247,16 @@ Node* applyRemote(Graph& graph, const std::vector<Output>& extras, int64_t clien
 void turnIntoPull(Node* gather, int64_t client, int index) {
   registerServerOps();
   WEFT_CHECK(gather->op == "Gather", "{} is not a Gather", gather->describe());
-  gather->op = "PullRows";
-  gather->def = &OpRegistry::global().get("PullRows");
-  gather->attrs = targetAttrs(client, index);
-  gather->device.clear();  // requests to the servers run on the host
+  // Requests to the servers run on the host.
+  gather->graph->retarget(gather, "PullRows", targetAttrs(client, index), "");
 }
 
 void turnIntoPush(Node* squaredNorm, int64_t client, int index) {
   registerServerOps();
   WEFT_CHECK(squaredNorm->op == "SquaredNorm" || squaredNorm->op == "SparseSquaredNorm", "{} is not a squared norm",
              squaredNorm->describe());
-  squaredNorm->op = "PushGradient";
-  squaredNorm->def = &OpRegistry::global().get("PushGradient");
-  squaredNorm->attrs = targetAttrs(client, index);
-  squaredNorm->device.clear();  // requests to the servers run on the host
+  // Requests to the servers run on the host.
+  squaredNorm->graph->retarget(squaredNorm, "PushGradient", targetAttrs(client, index), "");
 }
 
 }  // namespace weft::dist

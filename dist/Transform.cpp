@@ -48,10 +48,8 @@ class Rewirer {
       return std::find(n->inputs.begin(), n->inputs.end(), o) != n->inputs.end();
     });
   }
-  void redirect(const Output& from, const Output& to) {
-    for (Node* n : after_)
-      for (Output& in : n->inputs)
-        if (in == from) in = to;
+  void redirect(const std::vector<std::pair<Output, Output>>& replacements) {
+    replacements.at(0).first.graph().replaceUses(replacements, after_);
   }
 
  private:
@@ -68,17 +66,6 @@ size_t byteSize(const Output& o) {
 
 }  // namespace
 
-namespace {
-
-/// Points every input that reads `from` at `to`.
-void replaceUses(Graph& graph, const Output& from, const Output& to) {
-  for (const auto& n : graph.nodes())
-    for (Output& in : n->inputs)
-      if (in == from) in = to;
-}
-
-}  // namespace
-
 int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
   std::vector<Node*> forward, backward;
   for (const auto& n : graph.nodes()) {
@@ -91,7 +78,7 @@ int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
     const Output x = n->inputs[0];
     const Output total = allReduce({batchNormMoments(x)}, hostRing, 1.0)[0];
     Node* replacement = graph.addNode("BatchNormFromMoments", {x, n->inputs[1], n->inputs[2], total}, n->attrs);
-    for (int i = 0; i < 4; ++i) replaceUses(graph, n->output(i), replacement->output(i));
+    for (int i = 0; i < 4; ++i) graph.replaceUses(n->output(i), replacement->output(i));
     totalMomentsOf[replacement->output(3)] = total;
   }
   for (Node* n : backward) {
@@ -105,7 +92,7 @@ int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
     Node* replacement = graph.addNode("BatchNormGradFromMoments", {n->inputs[0], n->inputs[1], n->inputs[2],
                                                                     n->inputs[3], n->inputs[4], local, total,
                                                                     moments->second});
-    for (int i = 0; i < 3; ++i) replaceUses(graph, n->output(i), replacement->output(i));
+    for (int i = 0; i < 3; ++i) graph.replaceUses(n->output(i), replacement->output(i));
   }
   return static_cast<int>(forward.size());
 }
@@ -125,8 +112,7 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
       auto [indices, values] =
           allGatherRows(l.indices, l.values, options.hostRing, options.workers, sparseScale, l.variable->name,
                         l.variable->output().shape()[0]);
-      rewirer.redirect(l.indices, indices);
-      rewirer.redirect(l.values, values);
+      rewirer.redirect({{l.indices, indices}, {l.values, values}});
       result.variables.push_back({l.variable, true, byteSize(l.variable->output()), -1});
     } else if (rewirer.consumed(l.dense)) {
       dense.push_back(&l);
@@ -144,7 +130,7 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     for (const GradientLink* l : bucket) grads.push_back(l->dense);
     const std::vector<Output> reduced = allReduce(grads, options.denseBackend, denseScale, options.denseOnGpu);
     for (size_t i = 0; i < bucket.size(); ++i) {
-      rewirer.redirect(bucket[i]->dense, reduced[i]);
+      rewirer.redirect({{bucket[i]->dense, reduced[i]}});
       result.variables.push_back({bucket[i]->variable, false, byteSize(bucket[i]->dense), result.buckets});
     }
     ++result.buckets;
@@ -182,7 +168,7 @@ void redirectReads(Graph& graph, const ServedVariable& v, int64_t client, int in
         break;
       }
       if (!pulled.valid()) pulled = pullVariable(value, client, index);
-      n->inputs[j] = pulled;
+      graph.setInput(n, static_cast<int>(j), pulled);
     }
   }
 }
@@ -203,9 +189,8 @@ void distributeParameterServers(Graph& graph, const ServerPlan& plan, int64_t cl
                           client, index);
     }
     Node* apply = applyRemote(graph, v.extras, client, index);
-    apply->controlInputs.push_back(push);
-    for (const auto& n : graph.nodes())
-      std::replace(n->controlInputs.begin(), n->controlInputs.end(), v.update, apply);
+    graph.addControlInput(apply, push);
+    graph.replaceControlInputs(v.update, apply);
   }
 }
 
@@ -234,6 +219,7 @@ DistributedGraph applyPasses(Graph& graph, const std::vector<GraphPass>& passes)
   for (const GraphPass& pass : passes) {
     try {
       pass.run(graph, result);
+      graph.verify();
     } catch (const Error& e) {
       WEFT_THROW("the {} pass: {}", pass.name, e.what());
     }

@@ -83,7 +83,8 @@ struct GraphPass {
 /// the readers the earlier passes added too. `plan` must outlive the passes.
 std::vector<GraphPass> dataParallelPasses(const TransformOptions& options, const ServerPlan& plan, int64_t client);
 
-/// Runs `passes` on `graph` in order; an error names the pass that failed.
+/// Runs `passes` on `graph` in order, verifying the graph after each (Graph::verify); an error
+/// names the pass that failed or left the graph malformed.
 DistributedGraph applyPasses(Graph& graph, const std::vector<GraphPass>& passes);
 
 }  // namespace weft::dist

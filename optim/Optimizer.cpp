@@ -174,7 +174,7 @@ Node* ExponentialMovingAverage::apply(const std::vector<Output>& variables, Node
       it = shadows_.emplace(v.node(), shadow).first;
     }
     Node* update = assignMovingAverage(it->second, v, decay_);
-    if (after) update->controlInputs.push_back(after);
+    if (after) g.addControlInput(update, after);
     updates.push_back(update);
   }
   return g.group(updates, "moving_average");
