@@ -2,6 +2,8 @@
 
 #include "core/Device.h"
 
+#include <algorithm>
+
 namespace weft {
 
 MemoryPlanner::Block MemoryPlanner::allocate(size_t bytes) {
@@ -50,6 +52,51 @@ void MemoryPlanner::release(const Block& block) {
       free_.erase(it);
     }
   }
+}
+
+ArenaPlan planArenas(const std::vector<PlannedItem>& items, const std::vector<PlannedValue>& values, int arenas) {
+  // Lifetimes: the item that writes a value and the last that reads it.
+  std::vector<int> producer(values.size(), -1), lastUse(values.size(), -1);
+  for (size_t k = 0; k < items.size(); ++k) {
+    for (int v : items[k].reads) lastUse[static_cast<size_t>(v)] = static_cast<int>(k);
+    for (int v : items[k].writes) producer[static_cast<size_t>(v)] = static_cast<int>(k);
+  }
+  std::vector<std::vector<int>> dying(items.size());
+  for (size_t v = 0; v < values.size(); ++v) {
+    if (values[v].planned) dying[static_cast<size_t>(std::max(lastUse[v], producer[v]))].push_back(static_cast<int>(v));
+  }
+
+  ArenaPlan plan;
+  plan.offsets.assign(values.size(), 0);
+  std::vector<MemoryPlanner> planners(static_cast<size_t>(arenas));
+  std::vector<MemoryPlanner::Block> blockOf(values.size());
+  std::vector<bool> takenOver(values.size(), false);
+  for (size_t k = 0; k < items.size(); ++k) {
+    const PlannedItem& item = items[k];
+    for (size_t i = 0; i < item.writes.size(); ++i) {
+      const auto v = static_cast<size_t>(item.writes[i]);
+      if (!values[v].planned) continue;
+      plan.unplannedBytes += values[v].bytes;
+      if (i == 0 && item.inplaceInput >= 0) {
+        const auto in = static_cast<size_t>(item.inplaceInput);
+        if (values[in].planned && !takenOver[in] && lastUse[in] == static_cast<int>(k) &&
+            values[in].bytes == values[v].bytes && values[in].dtype == values[v].dtype) {
+          blockOf[v] = blockOf[in];
+          takenOver[in] = true;
+          ++plan.inplaceOps;
+          continue;
+        }
+      }
+      blockOf[v] = planners[static_cast<size_t>(values[v].arena)].allocate(values[v].bytes);
+    }
+    for (int v : dying[k]) {
+      const auto u = static_cast<size_t>(v);
+      if (!takenOver[u]) planners[static_cast<size_t>(values[u].arena)].release(blockOf[u]);
+    }
+  }
+  for (size_t v = 0; v < values.size(); ++v) plan.offsets[v] = blockOf[v].offset;
+  for (const MemoryPlanner& p : planners) plan.arenaBytes.push_back(p.arenaBytes());
+  return plan;
 }
 
 }  // namespace weft

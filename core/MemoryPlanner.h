@@ -1,9 +1,14 @@
-// Offsets within one arena for values with known lifetimes: best-fit reuse of released blocks,
-// coalescing neighbours, growing the arena only when nothing fits.
+// The static memory plan of a compiled step: every intermediate value gets an offset in its
+// device's arena, reused by liveness. Two levels: MemoryPlanner hands out offsets in one arena
+// (best-fit reuse of released blocks, coalescing neighbours, growing only when nothing fits),
+// and planArenas applies the executor's liveness and in-place rules over a whole step.
 #pragma once
+
+#include "core/DType.h"
 
 #include <cstddef>
 #include <map>
+#include <vector>
 
 namespace weft {
 
@@ -23,5 +28,36 @@ class MemoryPlanner {
   std::map<size_t, size_t> free_;  // offset -> size, coalesced
   size_t end_ = 0;
 };
+
+/// A value of a step, numbered as the executor numbers its slots.
+struct PlannedValue {
+  size_t bytes = 0;
+  DType dtype = DType::F32;
+  int arena = 0;         ///< the arena of the device it lives on
+  bool planned = false;  ///< placed in the arena (not a variable, feed, constant or fetched value)
+};
+
+/// One work item of a step, in plan order: the values it reads (inputs, and a run condition)
+/// and writes, and the input its first output may overwrite (-1: none).
+struct PlannedItem {
+  std::vector<int> reads;
+  std::vector<int> writes;
+  int inplaceInput = -1;
+};
+
+/// Where each planned value goes, and what that costs.
+struct ArenaPlan {
+  std::vector<size_t> offsets;     ///< per value (meaningful where planned)
+  std::vector<size_t> arenaBytes;  ///< per arena
+  size_t unplannedBytes = 0;       ///< what the planned values would take without reuse
+  size_t inplaceOps = 0;           ///< items whose output took over a dying input's block
+};
+
+/// The arena plan of a step whose `arenas` arenas hold `values`, written and read by `items` in
+/// order. A value lives from the item that writes it to the last that reads it. An item's
+/// outputs are placed before its dying inputs are released, so an output never overlaps an input,
+/// except that its first output takes over the block of `inplaceInput` when that input is planned,
+/// dies at this item, has the same size and dtype, and was not itself taken over.
+ArenaPlan planArenas(const std::vector<PlannedItem>& items, const std::vector<PlannedValue>& values, int arenas);
 
 }  // namespace weft

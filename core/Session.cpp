@@ -1,21 +1,20 @@
 #include "core/Session.h"
 
+#include "core/GpuStep.h"
+#include "core/Initializers.h"
 #include "core/MemoryPlanner.h"
 #include "core/OpRegistry.h"
-#include "core/Random.h"
-#ifdef WEFT_HAVE_CUDA
-#include "core/cuda/Runtime.h"
-#endif
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <queue>
 #include <set>
 #include <string_view>
 
 namespace weft {
 
-struct Session::Plan {
+struct detail::Plan {
   struct Step {
     Kernel kernel;
     KernelContext ctx;
@@ -55,51 +54,6 @@ namespace {
 
 /// Where a node runs: its requested device, or the CPU.
 Device placement(const Node* n) { return n->device.empty() ? cpu() : Device::parse(n->device); }
-
-/// The stream a GPU's kernels are queued on.
-void* streamOf(const Device& d) {
-#ifdef WEFT_HAVE_CUDA
-  return cuda::device(d.index).compute;
-#else
-  WEFT_THROW("device {} is not available: {}", d.str(), cudaUnavailableReason());
-#endif
-}
-
-/// Makes a GPU the calling thread's current device (the CUDA runtime's is per thread).
-void makeCurrent(int gpu) {
-#ifdef WEFT_HAVE_CUDA
-  cuda::setCurrent(gpu);
-#else
-  WEFT_THROW("device cuda:{} is not available: {}", gpu, cudaUnavailableReason());
-#endif
-}
-
-/// Waits for a GPU's work in this step and returns the data error its kernels recorded, if any,
-/// as a message naming the op (kernels cannot throw); clears the record.
-template <class Steps>
-std::string finishGpuStep(int gpu, const Steps& steps) {
-#ifdef WEFT_HAVE_CUDA
-  cuda::DeviceState& d = cuda::device(gpu);
-  cuda::setCurrent(gpu);
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(d.hostError, d.deviceError, sizeof(cuda::KernelError), cudaMemcpyDeviceToHost, d.compute));
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(d.compute));
-  const cuda::KernelError e = *d.hostError;
-  if (!e.kind) return {};
-  WEFT_CUDA_CHECK(cudaMemsetAsync(d.deviceError, 0, sizeof(cuda::KernelError), d.compute));
-  const std::string op = e.step >= 0 && static_cast<size_t>(e.step) < steps.size()
-                             ? steps[static_cast<size_t>(e.step)].ctx.node->describe()
-                             : fmt::format("a kernel on cuda:{}", gpu);
-  if (e.kind == cuda::KernelError::IntegerDivisionByZero) {
-    return fmt::format("{}: integer division by zero (divisor element {})", op, e.position);
-  }
-  if (e.kind == cuda::KernelError::LengthOutOfRange) {
-    return fmt::format("{}: length {} of sequence {} is outside [0, {}]", op, e.value, e.position, e.limit);
-  }
-  return fmt::format("{}: id {} at position {} is outside [0, {})", op, e.value, e.position, e.limit);
-#else
-  return {};
-#endif
-}
 
 /// Key of a plan: fetches, targets, and the dtype and shape of every feed (sorted).
 std::vector<int64_t> planKey(const std::vector<Output>& fetches, const FeedMap& feeds,
@@ -268,53 +222,8 @@ Session::Session(Graph& graph, SessionOptions options)
 
 Session::~Session() = default;
 
-Tensor Session::initialValue(Node* v) {
-  const Attrs& a = v->attrs;
-  const DType dtype = a.get<DType>("dtype");
-  const Shape& shape = a.get<Shape>("shape");
-  const Initializer::Kind kind = Initializer::parseKind(a.get<std::string>("init"));
-  const double p = a.getFloat("init_a"), q = a.getFloat("init_b");
-  Tensor t(dtype, shape);  // made on the host, then moved to the variable's device
-  const uint64_t key = streamKey(graph_.seed(), v->name);
-  const auto [fanIn, fanOut] = fans(shape);
-  auto fillWith = [&](auto draw) {
-    dispatchStorage(dtype, [&](auto z) {
-      using T = decltype(z);
-      T* d = t.data<T>();
-      for (int64_t i = 0, n = t.numel(); i < n; ++i) d[i] = convertElement<T>(draw(static_cast<uint64_t>(i)));
-    });
-  };
-  switch (kind) {
-    case Initializer::Kind::Zeros: t.fill(0); break;
-    case Initializer::Kind::Constant: t.fill(p); break;
-    case Initializer::Kind::Uniform: fillWith([&](uint64_t i) { return p + (q - p) * uniformAt(key, i); }); break;
-    case Initializer::Kind::Normal: fillWith([&](uint64_t i) { return p + q * normalAt(key, i); }); break;
-    case Initializer::Kind::TruncatedNormal:
-      fillWith([&](uint64_t i) {
-        for (uint64_t attempt = 0;; ++attempt) {
-          const double z = normalAt(key, i + attempt * 0x100000000ULL);
-          if (std::abs(z) <= 2.0) return q * z;
-        }
-      });
-      break;
-    case Initializer::Kind::GlorotUniform: {
-      const double limit = std::sqrt(6.0 / (fanIn + fanOut));
-      fillWith([&](uint64_t i) { return -limit + 2 * limit * uniformAt(key, i); });
-      break;
-    }
-    case Initializer::Kind::HeNormal: {
-      const double stddev = std::sqrt(2.0 / fanIn);
-      fillWith([&](uint64_t i) { return stddev * normalAt(key, i); });
-      break;
-    }
-    case Initializer::Kind::Value: t.copyFrom(a.get<Tensor>("value")); break;
-    case Initializer::Kind::CopyOf: t.copyFrom(initialValue(graph_.find(a.get<std::string>("source")))); break;
-  }
-  return t;
-}
-
 void Session::initializeVariable(Node* v) {
-  if (!variables_.count(v)) variables_.emplace(v, initialValue(v).to(placement(v)));
+  if (!variables_.count(v)) variables_.emplace(v, initialValue(graph_, *v).to(placement(v)));
 }
 
 Tensor& Session::variable(Node* v) {
@@ -340,10 +249,10 @@ void Session::setVariable(const std::string& name, const Tensor& value) {
 
 void Session::resetVariables() {
   // Values are overwritten in place so that compiled plans keep pointing at them.
-  for (auto& [node, tensor] : variables_) tensor.copyFrom(initialValue(const_cast<Node*>(node)));
+  for (auto& [node, tensor] : variables_) tensor.copyFrom(initialValue(graph_, *node));
 }
 
-Session::Plan& Session::planFor(const std::vector<Output>& fetches, const FeedMap& feeds,
+detail::Plan& Session::planFor(const std::vector<Output>& fetches, const FeedMap& feeds,
                                 const std::vector<Node*>& targets) {
   std::vector<int64_t> key = planKey(fetches, feeds, targets);
   auto it = plans_.find(key);
@@ -365,9 +274,173 @@ struct Item {
 
 void copyKernel(KernelContext& ctx) { ctx.output(0).copyFrom(ctx.input(0)); }
 
+/// What phase 2 gives: the work items in plan order and every value's slot, with its concrete
+/// type and the device it lives on.
+struct Slots {
+  std::vector<Item> items;
+  std::map<Output, int> slotOf;
+  std::vector<TensorType> types;
+  std::vector<Device> devices;
+
+  int add(TensorType t, Device d) {
+    types.push_back(std::move(t));
+    devices.push_back(d);
+    return static_cast<int>(types.size()) - 1;
+  }
+  size_t bytes(int slot) const {
+    const TensorType& t = types[static_cast<size_t>(slot)];
+    return static_cast<size_t>(t.shape.numel()) * dtypeSize(t.dtype);
+  }
+};
+
+/// Phase 2, slots and device copies: concrete types flow through the ordered nodes (feeds give
+/// the batch size); a value lives on its producer's device (a feed: where the caller's tensor
+/// is); where a node reads a value that lives on another device, a copy item is added before it
+/// (one per value and device, shared by its consumers there).
+Slots assignSlots(const std::vector<Node*>& order, const std::map<Output, const Tensor*>& feedValue,
+                  const std::set<Output>& fed) {
+  Slots s;
+  for (const auto& [out, value] : feedValue) {
+    const TensorType& declared = out.type();
+    WEFT_CHECK(value->dtype() == declared.dtype && value->shape().compatibleWith(declared.shape),
+               "feed for {} is {}{}, expected {}", out.name(), dtypeName(value->dtype()),
+               value->shape().str(), declared.str());
+    s.slotOf[out] = s.add({value->dtype(), value->shape()}, value->device());
+  }
+  std::map<std::pair<int, std::string>, int> copyOf;  // (slot, device) -> the copied slot
+  for (Node* n : order) {
+    WEFT_CHECK(n->def->sourceKind != SourceKind::Placeholder,
+               "placeholder '{}' ({}) is needed but was not fed", n->name, n->outputs[0].str());
+    const Device device = placement(n);
+    WEFT_CHECK(device.type == DeviceType::CPU || device.index < cudaDeviceCount(),
+               "{} is placed on {}, which is not available: {}", n->describe(), device.str(),
+               cudaDeviceCount() ? fmt::format("this machine has {} GPU(s)", cudaDeviceCount()) : cudaUnavailableReason());
+    std::vector<TensorType> inputTypes;
+    for (const Output& in : n->inputs) inputTypes.push_back(s.types[static_cast<size_t>(s.slotOf.at(in))]);
+    const bool kernel = n->def->sourceKind == SourceKind::None;
+    const std::vector<TensorType> outTypes = kernel ? n->def->inferFn(InferContext{*n, inputTypes}) : n->outputs;
+    Item item{n, false, device, {}, {}};
+    if (n->condition.valid()) item.condition = s.slotOf.at(n->condition);
+    if (kernel) {
+      WEFT_CHECK(n->def->kernelFor(device.type) != nullptr, "{} has no kernel for {}", n->describe(), device.str());
+      for (size_t i = 0; i < n->inputs.size(); ++i) {
+        const int slot = s.slotOf.at(n->inputs[i]);
+        const Device from = s.devices[static_cast<size_t>(slot)];
+        const std::vector<int>& uncopied = n->def->inputsNotCopied;
+        if (from == device || std::find(uncopied.begin(), uncopied.end(), static_cast<int>(i)) != uncopied.end()) {
+          item.in.push_back(slot);
+          continue;
+        }
+        const bool mutated = std::find(n->def->mutatedInputs.begin(), n->def->mutatedInputs.end(),
+                                       static_cast<int>(i)) != n->def->mutatedInputs.end();
+        WEFT_CHECK(!mutated, "{} runs on {} but updates {} on {}: place a variable and its updates on one device",
+                   n->describe(), device.str(), n->inputs[i].node()->describe(), from.str());
+        auto [it, added] = copyOf.try_emplace({slot, device.str()}, 0);
+        if (added) {
+          it->second = s.add(s.types[static_cast<size_t>(slot)], device);
+          s.items.push_back({n, true, device, {slot}, {it->second}});
+        }
+        item.in.push_back(it->second);
+      }
+    }
+    for (size_t i = 0; i < outTypes.size(); ++i) {
+      WEFT_CHECK(outTypes[i].shape.isFullyDefined(), "{}: output {} has unresolved shape {} at run time",
+                 n->describe(), i, outTypes[i].shape.str());
+      const Output o(n, static_cast<int>(i));
+      if (fed.count(o)) continue;
+      s.slotOf[o] = s.add(outTypes[i], device);
+      item.out.push_back(s.slotOf[o]);
+    }
+    if (kernel) s.items.push_back(std::move(item));
+  }
+  return s;
+}
+
+/// Phases 3 and 4's result: every value as the arena plan saw it, and where it went.
+struct MemoryLayout {
+  std::vector<PlannedValue> values;
+  ArenaPlan arenas;
+};
+
+/// Phases 3 and 4, lifetimes and the arena plan (core/MemoryPlanner.h): every kernel output that
+/// is not fetched is planned, in the arena of its device. A value that must outlive the step
+/// (a pipeline stage's stashed activation) is one the plan does not place: a fetch.
+MemoryLayout planMemory(const Slots& s, const std::set<int>& fetched, std::vector<Device>& arenaDevices) {
+  std::vector<PlannedValue> values(s.types.size());
+  auto arenaOf = [&](const Device& d) {
+    const auto it = std::find(arenaDevices.begin(), arenaDevices.end(), d);
+    if (it != arenaDevices.end()) return static_cast<int>(it - arenaDevices.begin());
+    arenaDevices.push_back(d);
+    return static_cast<int>(arenaDevices.size()) - 1;
+  };
+  std::vector<PlannedItem> items;
+  for (const Item& item : s.items) {
+    PlannedItem p{item.in, item.out, -1};
+    if (item.condition >= 0) p.reads.push_back(item.condition);
+    const int src = item.copy ? -1 : item.node->def->inplaceInput;
+    if (src >= 0 && src < static_cast<int>(item.in.size())) p.inplaceInput = item.in[static_cast<size_t>(src)];
+    for (int v : item.out) {
+      values[static_cast<size_t>(v)] = {s.bytes(v), s.types[static_cast<size_t>(v)].dtype,
+                                        arenaOf(s.devices[static_cast<size_t>(v)]), !fetched.count(v)};
+    }
+    items.push_back(std::move(p));
+  }
+  ArenaPlan arenas = planArenas(items, values, static_cast<int>(arenaDevices.size()));
+  return {std::move(values), std::move(arenas)};
+}
+
+// Phase 5a: variables and constants bind to their storage, planned values to arena offsets
+// (bound to the arena itself when the plan runs).
+void bindStorage(detail::Plan& plan, const std::vector<Node*>& order, const std::map<Output, int>& slotOf,
+                 const std::set<Output>& fed, const MemoryLayout& memory,
+                 const std::function<Tensor&(Node*)>& variableOf) {
+  for (Node* n : order) {
+    for (size_t i = 0; i < n->outputs.size(); ++i) {
+      const Output o(n, static_cast<int>(i));
+      if (fed.count(o)) continue;
+      const auto s = static_cast<size_t>(slotOf.at(o));
+      if (n->def->sourceKind == SourceKind::Variable) plan.slots[s] = variableOf(n);
+      if (n->def->sourceKind == SourceKind::Constant) plan.slots[s] = n->attrs.get<Tensor>("value").to(placement(n));
+    }
+  }
+  for (size_t v = 0; v < memory.values.size(); ++v) {
+    if (memory.values[v].planned)
+      plan.arenaSlots.push_back({static_cast<int>(v), memory.values[v].arena, memory.arenas.offsets[v]});
+  }
+}
+
+// Phase 5b: one step per item, its context pointing at the slots.
+void buildSteps(detail::Plan& plan, const std::vector<Item>& items, const Graph& graph, const ThreadPool* pool,
+                const SessionOptions& options) {
+  const std::vector<Node*>& lossScaled = graph.collection(kLossScaledCollection);
+  const std::set<const Node*> numericsLeftToLossScaling(lossScaled.begin(), lossScaled.end());
+  for (const Item& item : items) {
+    detail::Plan::Step step{item.copy ? copyKernel : item.node->def->kernelFor(item.device.type), {}};
+    step.ctx.node = item.node;
+    step.ctx.pool = pool;
+    step.ctx.replica = options.replica;
+    step.ctx.device = item.device;
+    step.ctx.planStep = static_cast<int>(plan.steps.size());
+    if (item.device.type == DeviceType::CUDA) {
+      step.ctx.stream = detail::computeStream(item.device);
+      if (std::find(plan.gpus.begin(), plan.gpus.end(), item.device.index) == plan.gpus.end()) {
+        plan.gpus.push_back(item.device.index);
+      }
+    }
+    for (int in : item.in) step.ctx.inputs.push_back(&plan.slots[static_cast<size_t>(in)]);
+    for (int out : item.out) step.ctx.outputs.push_back(&plan.slots[static_cast<size_t>(out)]);
+    if (item.condition >= 0) step.condition = &plan.slots[static_cast<size_t>(item.condition)];
+    step.checkFinite = options.checkNumerics && !numericsLeftToLossScaling.count(item.node);
+    plan.steps.push_back(std::move(step));
+  }
+}
+
 }  // namespace
 
-std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetches,
+// Compiling runs in phases: (1) prune to what the fetches and targets need and order it,
+// (2) assign slots and device copies, (3-4) plan lifetimes and arenas, (5) bind storage and
+// build the steps.
+std::unique_ptr<detail::Plan> Session::compile(const std::vector<Output>& fetches,
                                                 const FeedMap& feeds,
                                                 const std::vector<Node*>& targets) {
   auto plan = std::make_unique<Plan>();
@@ -380,188 +453,26 @@ std::unique_ptr<Session::Plan> Session::compile(const std::vector<Output>& fetch
   }
   const std::vector<Node*> order = scheduleNodes(neededNodes(fetches, fed, targets), fed);
 
-  // Values (node outputs, feeds and copies) get slot numbers; concrete types flow in schedule
-  // order. A value lives on the device of its producer (a feed: where the caller's tensor is).
-  std::map<Output, int> slotOf;
-  auto newSlot = [&](TensorType t, Device d) {
-    plan->slotTypes.push_back(std::move(t));
-    plan->slotDevices.push_back(d);
-    return static_cast<int>(plan->slotTypes.size()) - 1;
-  };
-  for (const auto& [out, value] : feedValue) {
-    const TensorType& declared = out.type();
-    WEFT_CHECK(value->dtype() == declared.dtype && value->shape().compatibleWith(declared.shape),
-               "feed for {} is {}{}, expected {}", out.name(), dtypeName(value->dtype()),
-               value->shape().str(), declared.str());
-    slotOf[out] = newSlot({value->dtype(), value->shape()}, value->device());
-  }
-  std::vector<Item> items;
-  std::map<std::pair<int, std::string>, int> copyOf;  // (slot, device) -> the copied slot
-  for (Node* n : order) {
-    WEFT_CHECK(n->def->sourceKind != SourceKind::Placeholder,
-               "placeholder '{}' ({}) is needed but was not fed", n->name, n->outputs[0].str());
-    const Device device = placement(n);
-    WEFT_CHECK(device.type == DeviceType::CPU || device.index < cudaDeviceCount(),
-               "{} is placed on {}, which is not available: {}", n->describe(), device.str(),
-               cudaDeviceCount() ? fmt::format("this machine has {} GPU(s)", cudaDeviceCount()) : cudaUnavailableReason());
-    std::vector<TensorType> inputTypes;
-    for (const Output& in : n->inputs) inputTypes.push_back(plan->slotTypes[static_cast<size_t>(slotOf.at(in))]);
-    std::vector<TensorType> outTypes =
-        n->def->sourceKind == SourceKind::None ? n->def->inferFn(InferContext{*n, inputTypes}) : n->outputs;
-    Item item{n, false, device, {}, {}};
-    if (n->condition.valid()) item.condition = slotOf.at(n->condition);
-    if (n->def->sourceKind == SourceKind::None) {
-      WEFT_CHECK(n->def->kernelFor(device.type) != nullptr, "{} has no kernel for {}", n->describe(), device.str());
-      for (size_t i = 0; i < n->inputs.size(); ++i) {
-        const int s = slotOf.at(n->inputs[i]);
-        const Device from = plan->slotDevices[static_cast<size_t>(s)];
-        const std::vector<int>& uncopied = n->def->inputsNotCopied;
-        if (from == device || std::find(uncopied.begin(), uncopied.end(), static_cast<int>(i)) != uncopied.end()) {
-          item.in.push_back(s);
-          continue;
-        }
-        const bool mutated = std::find(n->def->mutatedInputs.begin(), n->def->mutatedInputs.end(),
-                                       static_cast<int>(i)) != n->def->mutatedInputs.end();
-        WEFT_CHECK(!mutated, "{} runs on {} but updates {} on {}: place a variable and its updates on one device",
-                   n->describe(), device.str(), n->inputs[i].node()->describe(), from.str());
-        auto [it, added] = copyOf.try_emplace({s, device.str()}, 0);
-        if (added) {
-          it->second = newSlot(plan->slotTypes[static_cast<size_t>(s)], device);
-          items.push_back({n, true, device, {s}, {it->second}});
-        }
-        item.in.push_back(it->second);
-      }
-    }
-    for (size_t i = 0; i < outTypes.size(); ++i) {
-      WEFT_CHECK(outTypes[i].shape.isFullyDefined(), "{}: output {} has unresolved shape {} at run time",
-                 n->describe(), i, outTypes[i].shape.str());
-      const Output o(n, static_cast<int>(i));
-      if (fed.count(o)) continue;
-      slotOf[o] = newSlot(outTypes[i], device);
-      item.out.push_back(slotOf[o]);
-    }
-    if (n->def->sourceKind == SourceKind::None) items.push_back(std::move(item));
-  }
-  plan->slots.resize(plan->slotTypes.size());
+  Slots slots = assignSlots(order, feedValue, fed);
+  plan->slotTypes = slots.types;
+  plan->slotDevices = slots.devices;
+  plan->slots.resize(slots.types.size());
 
-  // Lifetimes: a value lives from its producer's item to its last consumer's item.
   std::set<int> fetchedSlots;
-  for (const Output& f : fetches) fetchedSlots.insert(slotOf.at(f));
-  std::vector<int> producerStep(plan->slots.size(), -1), lastUse(plan->slots.size(), -1);
-  std::vector<bool> planned(plan->slots.size(), false);
-  for (size_t k = 0; k < items.size(); ++k) {
-    for (int in : items[k].in) lastUse[static_cast<size_t>(in)] = static_cast<int>(k);
-    if (items[k].condition >= 0) lastUse[static_cast<size_t>(items[k].condition)] = static_cast<int>(k);
-    for (int s : items[k].out) {
-      producerStep[static_cast<size_t>(s)] = static_cast<int>(k);
-      planned[static_cast<size_t>(s)] = !fetchedSlots.count(s);
-    }
-  }
-
-  // Memory plan, one arena per device: outputs are placed before the item's dying inputs are
-  // released, so an output never overlaps an input unless the op is marked in-place for it.
-  std::vector<MemoryPlanner> planners;
-  auto arenaOf = [&](const Device& d) {
-    for (size_t a = 0; a < plan->arenaDevices.size(); ++a) {
-      if (plan->arenaDevices[a] == d) return static_cast<int>(a);
-    }
-    plan->arenaDevices.push_back(d);
-    planners.emplace_back();
-    return static_cast<int>(plan->arenaDevices.size()) - 1;
-  };
-  std::vector<MemoryPlanner::Block> blockOf(plan->slots.size());
-  auto bytesOf = [&](int s) {
-    const TensorType& t = plan->slotTypes[static_cast<size_t>(s)];
-    return static_cast<size_t>(t.shape.numel()) * dtypeSize(t.dtype);
-  };
-  std::vector<std::vector<int>> dying(items.size());
-  for (size_t s = 0; s < plan->slots.size(); ++s) {
-    if (!planned[s]) continue;
-    const int end = std::max(lastUse[s], producerStep[s]);
-    dying[static_cast<size_t>(end)].push_back(static_cast<int>(s));
-  }
-  std::vector<bool> inheritedBy(plan->slots.size(), false);
-  for (size_t k = 0; k < items.size(); ++k) {
-    const Item& item = items[k];
-    MemoryPlanner& planner = planners[static_cast<size_t>(arenaOf(item.device))];
-    for (size_t i = 0; i < item.out.size(); ++i) {
-      const int s = item.out[i];
-      if (!planned[static_cast<size_t>(s)]) continue;
-      plan->stats.unplannedBytes += bytesOf(s);
-      const int src = item.copy ? -1 : item.node->def->inplaceInput;
-      if (i == 0 && src >= 0 && src < static_cast<int>(item.in.size())) {
-        const int in = item.in[static_cast<size_t>(src)];
-        const auto u = static_cast<size_t>(in);
-        if (planned[u] && !inheritedBy[u] && lastUse[u] == static_cast<int>(k) &&
-            bytesOf(in) == bytesOf(s) &&
-            plan->slotTypes[u].dtype == plan->slotTypes[static_cast<size_t>(s)].dtype) {
-          blockOf[static_cast<size_t>(s)] = blockOf[u];
-          inheritedBy[u] = true;
-          ++plan->stats.inplaceOps;
-          continue;
-        }
-      }
-      blockOf[static_cast<size_t>(s)] = planner.allocate(bytesOf(s));
-    }
-    for (int s : dying[k]) {
-      if (!inheritedBy[static_cast<size_t>(s)]) {
-        planners[static_cast<size_t>(arenaOf(plan->slotDevices[static_cast<size_t>(s)]))].release(
-            blockOf[static_cast<size_t>(s)]);
-      }
-    }
-  }
-  for (const MemoryPlanner& p : planners) {
-    plan->arenaBytes.push_back(p.arenaBytes());
-    plan->stats.arenaBytes += p.arenaBytes();
-  }
-
-  // Bind every slot to storage.
-  for (Node* n : order) {
-    for (size_t i = 0; i < n->outputs.size(); ++i) {
-      const Output o(n, static_cast<int>(i));
-      if (fed.count(o)) continue;
-      const auto s = static_cast<size_t>(slotOf.at(o));
-      switch (n->def->sourceKind) {
-        case SourceKind::Variable: plan->slots[s] = variable(n); break;
-        case SourceKind::Constant: plan->slots[s] = n->attrs.get<Tensor>("value").to(placement(n)); break;
-        default: break;
-      }
-    }
-  }
-  for (size_t s = 0; s < plan->slots.size(); ++s) {
-    if (planned[s]) {
-      plan->arenaSlots.push_back({static_cast<int>(s), arenaOf(plan->slotDevices[s]), blockOf[s].offset});
-    }
-  }
-  for (const auto& [out, value] : feedValue) plan->feeds.push_back({out, slotOf.at(out)});
-
-  // Steps: one per item, contexts pointing at the slots.
-  const std::vector<Node*>& lossScaled = graph_.collection(kLossScaledCollection);
-  const std::set<const Node*> numericsLeftToLossScaling(lossScaled.begin(), lossScaled.end());
-  for (const Item& item : items) {
-    Plan::Step step{item.copy ? copyKernel : item.node->def->kernelFor(item.device.type), {}};
-    step.ctx.node = item.node;
-    step.ctx.pool = pool_.get();
-    step.ctx.replica = options_.replica;
-    step.ctx.device = item.device;
-    step.ctx.planStep = static_cast<int>(plan->steps.size());
-    if (item.device.type == DeviceType::CUDA) {
-      step.ctx.stream = streamOf(item.device);
-      if (std::find(plan->gpus.begin(), plan->gpus.end(), item.device.index) == plan->gpus.end()) {
-        plan->gpus.push_back(item.device.index);
-      }
-    }
-    for (int in : item.in) step.ctx.inputs.push_back(&plan->slots[static_cast<size_t>(in)]);
-    for (int out : item.out) step.ctx.outputs.push_back(&plan->slots[static_cast<size_t>(out)]);
-    if (item.condition >= 0) step.condition = &plan->slots[static_cast<size_t>(item.condition)];
-    step.checkFinite = options_.checkNumerics && !numericsLeftToLossScaling.count(item.node);
-    plan->steps.push_back(std::move(step));
-  }
+  for (const Output& f : fetches) fetchedSlots.insert(slots.slotOf.at(f));
+  const MemoryLayout memory = planMemory(slots, fetchedSlots, plan->arenaDevices);
+  plan->arenaBytes = memory.arenas.arenaBytes;
+  for (size_t bytes : memory.arenas.arenaBytes) plan->stats.arenaBytes += bytes;
+  plan->stats.unplannedBytes = memory.arenas.unplannedBytes;
+  plan->stats.inplaceOps = memory.arenas.inplaceOps;
+  bindStorage(*plan, order, slots.slotOf, fed, memory, [this](Node* v) -> Tensor& { return variable(v); });
+  for (const auto& [out, value] : feedValue) plan->feeds.push_back({out, slots.slotOf.at(out)});
+  buildSteps(*plan, slots.items, graph_, pool_.get(), options_);
   for (const Output& f : fetches) {
-    const int s = slotOf.at(f);
+    const int s = slots.slotOf.at(f);
     const bool isKernelOutput = !fed.count(f) && f.node()->def->sourceKind == SourceKind::None;
     plan->fetches.push_back({s, isKernelOutput, f.node()->def->sourceKind == SourceKind::Variable});
-    if (isKernelOutput) plan->stats.fetchBytes += bytesOf(s);
+    if (isKernelOutput) plan->stats.fetchBytes += slots.bytes(s);
   }
   plan->stats.opCount = plan->steps.size();
   plan->stats.peakBytes = plan->stats.arenaBytes + plan->stats.fetchBytes;
@@ -604,6 +515,10 @@ void Session::bindArena(Plan& plan) {
 std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedMap& feeds,
                                  const std::vector<Node*>& targets) {
   Plan& plan = planFor(fetches, feeds, targets);
+  const auto describeStep = [&plan](int step) {
+    return static_cast<size_t>(step) < plan.steps.size() ? plan.steps[static_cast<size_t>(step)].ctx.node->describe()
+                                                        : fmt::format("plan step {}", step);
+  };
   bindArena(plan);
   for (const Plan::FeedSlot& f : plan.feeds) {
     for (const auto& [out, value] : feeds) {
@@ -625,7 +540,7 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
     std::string gpuError;
     for (int gpu : plan.gpus) {
       try {
-        const std::string m = finishGpuStep(gpu, plan.steps);
+        const std::string m = detail::finishGpuStep(gpu, describeStep);
         if (gpuError.empty()) gpuError = m;
       } catch (const std::exception&) {
         // The original error says more.
@@ -637,7 +552,7 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
   // A step ends when its GPU work has: errors surface in this run, naming their op.
   std::string gpuError;
   for (int gpu : plan.gpus) {
-    const std::string m = finishGpuStep(gpu, plan.steps);
+    const std::string m = detail::finishGpuStep(gpu, describeStep);
     if (gpuError.empty()) gpuError = m;
   }
   if (!gpuError.empty()) throw Error(gpuError);
@@ -671,7 +586,7 @@ void Session::runSteps(Plan& plan) {
     if (s.condition && !holds(s.condition)) continue;
     s.ctx.step = step_;
     // Copies and allocations may change the thread's current GPU, so each GPU step sets it.
-    if (s.ctx.device.type == DeviceType::CUDA) makeCurrent(s.ctx.device.index);
+    if (s.ctx.device.type == DeviceType::CUDA) detail::makeGpuCurrent(s.ctx.device.index);
     try {
       s.kernel(s.ctx);
     } catch (const Error& e) {

@@ -17,6 +17,10 @@
 
 namespace weft {
 
+namespace detail {
+struct Plan;
+}
+
 using FeedMap = std::vector<std::pair<Output, Tensor>>;
 
 struct SessionOptions {
@@ -83,12 +87,11 @@ class Session {
   Graph& graph() { return graph_; }
 
  private:
-  struct Plan;
+  using Plan = detail::Plan;
   Plan& planFor(const std::vector<Output>& fetches, const FeedMap& feeds,
                 const std::vector<Node*>& targets);
   std::unique_ptr<Plan> compile(const std::vector<Output>& fetches, const FeedMap& feeds,
                                 const std::vector<Node*>& targets);
-  Tensor initialValue(Node* variable);
   void initializeVariable(Node* variable);
   /// Runs the plan's kernels in order.
   void runSteps(Plan& plan);
