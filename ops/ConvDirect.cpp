@@ -124,12 +124,18 @@ class Prefetcher {
 
 // ---- forward sweep (also the input gradient) -------------------------------------------------
 
-/// Output channels are computed in blocks of 16, then 8, 4, 2, 1 for the remainder: each block's filter
-/// values are packed as [input channel][tap][block member] so one tile reads them in order.
+/// The most output channels a forward tile computes at once: one accumulator vector each, plus
+/// the loaded input and the splat weight, within the register file (16 with AVX-512's 32
+/// registers, 8 with AVX2's 16).
+constexpr int kMaxChannelBlock = simd::kVectorRegisters >= 32 ? 16 : 8;
+
+/// Output channels are computed in blocks of kMaxChannelBlock, then halves of it down to 1 for the
+/// remainder: each block's filter values are packed as [input channel][tap][block member] so one
+/// tile reads them in order.
 template <class F>
 void forEachChannelBlock(int64_t channels, F f) {
   int64_t first = 0;
-  for (int64_t size : {16, 8, 4, 2, 1}) {
+  for (int64_t size = kMaxChannelBlock; size >= 1; size /= 2) {
     for (; first + size <= channels; first += size) f(first, size);
   }
 }
@@ -150,7 +156,7 @@ std::vector<T> packFilter(int64_t outChannels, int64_t inChannels, int64_t taps,
 }
 
 // One vector of flat positions per tile: small planes (8x8 has 80 flat positions) waste little
-// on rounding, and 16 channels x 1 vector is enough independent accumulators to keep the
+// on rounding, and a block of channels x 1 vector is enough independent accumulators to keep the
 // multiply-add units busy.
 constexpr int64_t kTileVectors = 1;
 
@@ -182,19 +188,16 @@ void forwardTile(const Taps& p, int64_t inChannels, const T* padded, const T* bl
   }
 }
 
-template <class T>
+/// The tiles of one block of `size` output channels (a power of two up to OB).
+template <class T, int OB = kMaxChannelBlock>
 void forwardBlock(const Taps& p, int64_t inChannels, const T* padded, const T* block, int64_t size, T* out,
                   Prefetcher& prefetch) {
-  const int64_t tile = kTileVectors * kLanes<T>;
-  for (int64_t q = 0; q < p.outLen; q += tile) {
+  if constexpr (OB > 1) {
+    if (size < OB) return forwardBlock<T, OB / 2>(p, inChannels, padded, block, size, out, prefetch);
+  }
+  for (int64_t q = 0; q < p.outLen; q += kTileVectors * kLanes<T>) {
     prefetch.step();
-    switch (size) {
-      case 16: forwardTile<T, 16>(p, inChannels, padded, block, q, out); break;
-      case 8: forwardTile<T, 8>(p, inChannels, padded, block, q, out); break;
-      case 4: forwardTile<T, 4>(p, inChannels, padded, block, q, out); break;
-      case 2: forwardTile<T, 2>(p, inChannels, padded, block, q, out); break;
-      default: forwardTile<T, 1>(p, inChannels, padded, block, q, out); break;
-    }
+    forwardTile<T, OB>(p, inChannels, padded, block, q, out);
   }
 }
 
@@ -298,7 +301,7 @@ void stridedInputGradient(const KernelContext& ctx, const DirectConv& s, const T
 
 /// acc[c][tap][o .. o + lanes) += sum over q of dyT[q][o ..] * padded[c][q + tap] for CB input
 /// channels: the vectors run along output channels, so no horizontal sums are needed. CB x 9
-/// accumulators stay in registers.
+/// accumulators stay in registers: 27 of AVX-512's 32, 9 of AVX2's 16 (kFilterChannels).
 template <class T, int CB>
 void filterTile(const FlatPlane& p, int64_t positions, const T* dyT, int64_t outStride, const T* padded, T* acc) {
   Vec<T> sum[CB][kTaps];
@@ -325,11 +328,13 @@ void filterTile(const FlatPlane& p, int64_t positions, const T* dyT, int64_t out
 template <class T>
 void accumulateImage(const FlatPlane& p, int64_t inChannels, int64_t outStride, const T* padded, const T* dyT,
                      T* acc) {
+  constexpr int kFilterChannels = simd::kVectorRegisters >= 32 ? 3 : 1;
   const int64_t positions = p.outH * p.width;
   for (int64_t o = 0; o < outStride; o += kLanes<T>) {
     int64_t c = 0;
-    for (; c + 3 <= inChannels; c += 3) {
-      filterTile<T, 3>(p, positions, dyT + o, outStride, padded + c * p.channelStride, acc + c * kTaps * outStride + o);
+    for (; c + kFilterChannels <= inChannels; c += kFilterChannels) {
+      filterTile<T, kFilterChannels>(p, positions, dyT + o, outStride, padded + c * p.channelStride,
+                                     acc + c * kTaps * outStride + o);
     }
     for (; c < inChannels; ++c) {
       filterTile<T, 1>(p, positions, dyT + o, outStride, padded + c * p.channelStride, acc + c * kTaps * outStride + o);
@@ -338,8 +343,8 @@ void accumulateImage(const FlatPlane& p, int64_t inChannels, int64_t outStride, 
 }
 
 /// dyT[q][o] = dy[o][q's row][q's column] at output positions. Only those are written: dyT is
-/// zeroed once when allocated, and its other positions stay zero. In float, blocks of 16
-/// channels x 16 positions are transposed in registers; the rest goes value by value.
+/// zeroed once when allocated, and its other positions stay zero. In float, blocks of kLanes
+/// channels x kLanes positions are transposed in registers; the rest goes value by value.
 template <class T>
 void transposeGradient(const FlatPlane& p, int64_t outChannels, int64_t outStride, const T* dy, T* dyT) {
   const int64_t plane = p.outH * p.outW;
@@ -351,15 +356,16 @@ void transposeGradient(const FlatPlane& p, int64_t outChannels, int64_t outStrid
   };
   int64_t o0 = 0;
   if constexpr (std::is_same_v<T, float>) {
-    for (; o0 + 16 <= outChannels; o0 += 16) {
+    constexpr int64_t L = kLanes<float>;
+    for (; o0 + L <= outChannels; o0 += L) {
       int64_t at = 0;
-      for (; at + 16 <= plane; at += 16) {
-        Vec<float> v[16];
-        for (int r = 0; r < 16; ++r) v[r] = load(dy + (o0 + r) * plane + at);
-        simd::transpose16(v);
-        for (int l = 0; l < 16; ++l) store(dyT + flatIndex(at + l) * outStride + o0, v[l]);
+      for (; at + L <= plane; at += L) {
+        Vec<float> v[L];
+        for (int r = 0; r < L; ++r) v[r] = load(dy + (o0 + r) * plane + at);
+        simd::transpose(v);
+        for (int l = 0; l < L; ++l) store(dyT + flatIndex(at + l) * outStride + o0, v[l]);
       }
-      copyValues(o0, o0 + 16, at, plane);
+      copyValues(o0, o0 + L, at, plane);
     }
   }
   copyValues(o0, outChannels, 0, plane);

@@ -18,7 +18,7 @@ constexpr int kPoints = 16;  // positions of a transformed 4x4 tile
 
 /// One sweep of a 3x3 window at stride 1 over images of `inC` (h, w) planes padded by (ph, pw),
 /// to `outC` planes of (h + 2 ph - 2, w + 2 pw - 2). Images are laid out channels-last so that the
-/// transforms run on vectors of 16 channels, and processed in groups whose tiles together fill
+/// transforms run on vectors of kLanes channels, and processed in groups whose tiles together fill
 /// the matrix products' rows.
 struct Sweep {
   int64_t inC, outC, h, w, ph, pw;
@@ -165,9 +165,9 @@ struct PixelLayout {
   }
 };
 
-/// Copies `channels` (multiple of 16) planes of `positions` values from channels-first `planes`
-/// to a channels-last array (kToChannelsLast), or back, in 16 x 16 blocks transposed in
-/// registers; a ragged end of the positions goes value by value.
+/// Copies `channels` (a multiple of kLanes) planes of `positions` values from channels-first
+/// `planes` to a channels-last array (kToChannelsLast), or back, in kLanes x kLanes blocks
+/// transposed in registers; a ragged end of the positions goes value by value.
 template <bool kToChannelsLast, class Planes, class Last>
 void transposeChannels(Planes* planes, int64_t channels, int64_t positions, Last* last, const PixelLayout& at) {
   int64_t p0 = 0;
@@ -178,11 +178,11 @@ void transposeChannels(Planes* planes, int64_t channels, int64_t positions, Last
       V v[kLanes];
       if constexpr (kToChannelsLast) {
         for (int r = 0; r < kLanes; ++r) v[r] = load(planes + (c0 + r) * positions + p0);
-        simd::transpose16(v);
+        simd::transpose(v);
         for (int l = 0; l < kLanes; ++l) store(last + index[l] + c0, v[l]);
       } else {
         for (int l = 0; l < kLanes; ++l) v[l] = load(last + index[l] + c0);
-        simd::transpose16(v);
+        simd::transpose(v);
         for (int r = 0; r < kLanes; ++r) store(planes + (c0 + r) * positions + p0, v[r]);
       }
     }
@@ -206,11 +206,12 @@ void transposeChannels(Planes* planes, int64_t channels, int64_t positions, Last
 
 // A group's transformed inputs and products keep a tile's 16 points side by side, so that the
 // transforms read and write them as contiguous runs of vectors:
-//   transformed: chunk q of 16 input channels, row k (a tile), point p, at ((q rows + k) 16 + p) 16
+//   transformed: chunk q of kLanes input channels, row k (a tile), point p, at
+//                ((q rows + k) 16 + p) kLanes
 //   products:    row k, point p, output channel o, at (k 16 + p) outC + o
 constexpr int64_t kRowStride = kPoints * kLanes;  // between rows of one point in `transformed`
 
-/// acc[r][j] += sum over `steps` steps s of a[r kRowStep + s kStep] b[s bStep + 16 j ..]: R rows
+/// acc[r][j] += sum over `steps` steps s of a[r kRowStep + s kStep] b[s bStep + kLanes j ..]: R rows
 /// by NV vectors, accumulated in registers; each value of a is splat across a vector of b. The
 /// strides of a are constants, so the inner loop reads every row through one pointer.
 template <int R, int NV, int64_t kRowStep, int64_t kStep>
@@ -229,7 +230,7 @@ void multiplyAdd(const float* a, int64_t steps, const float* b, int64_t bStep, V
 }
 
 /// m[r][o0 ..) = sum over c of v[r][c] u[c][o0 ..] for R rows of one point and NV vectors of
-/// outputs. The rows are kRowStride apart within a chunk of 16 channels; chunks are
+/// outputs. The rows are kRowStride apart within a chunk of kLanes channels; chunks are
 /// `chunkStride` apart.
 template <int R, int NV>
 void productTile(const float* v, int64_t chunks, int64_t chunkStride, const float* u, int64_t outC, float* m,
@@ -259,23 +260,32 @@ void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t 
   }
 }
 
+/// Accumulators of a register tile: as many as hide the multiply-add latency while the tile,
+/// the NV vectors it loads and the splat value still fit the register file (16 of AVX-512's
+/// 32 registers, 8 of AVX2's 16).
+constexpr int kAccumulators = simd::kVectorRegisters >= 32 ? 16 : 8;
+
 /// Calls f.template operator()<R, NV>() with the widest tile of outputs that divides outC, NV
-/// vectors, and R rows: 16 accumulators in each case, enough to hide the multiply-add latency;
-/// the row counts of even planes (tiles in 16s) leave no rest, and R divides 16, so a tile of
-/// channels stays within a chunk.
-template <class F>
+/// vectors (4, 2 or 1), and R = kAccumulators / NV rows. The row counts of even planes (tiles
+/// in 16s) leave no rest, and R divides a chunk's channels, so a tile of channels stays within a
+/// chunk.
+template <int NV = 4, class F>
 void withOutputTile(int64_t outC, F f) {
-  if (outC % (4 * kLanes) == 0) return f.template operator()<4, 4>();
-  if (outC % (2 * kLanes) == 0) return f.template operator()<8, 2>();
-  f.template operator()<16, 1>();
+  constexpr int R = static_cast<int>(std::min<int64_t>(kAccumulators / NV, kLanes));
+  if constexpr (NV == 1) {
+    f.template operator()<R, 1>();
+  } else {
+    if (outC % (NV * kLanes) == 0) return f.template operator()<R, NV>();
+    withOutputTile<NV / 2>(outC, f);
+  }
 }
 
 void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t outC, float* m) {
   withOutputTile(outC, [&]<int R, int NV>() { product<R, NV>(v, rows, inC, u, outC, m); });
 }
 
-/// acc[c0 + r][o0 + 16 j ..] += sum over rows k of v[k][c0 + r] z[k][o0 + 16 j ..] for R channels
-/// (within one chunk of 16) by NV vectors of outputs: the filter gradient's product, summed over
+/// acc[c0 + r][o0 + kLanes j ..] += sum over rows k of v[k][c0 + r] z[k][o0 + kLanes j ..] for R
+/// channels (within one chunk of kLanes) by NV vectors of outputs: the filter gradient's product, summed over
 /// tiles.
 template <int R, int NV>
 void accumulateTile(const float* v, int64_t rows, const float* z, int64_t zRowStride, float* acc, int64_t outC) {
@@ -318,16 +328,18 @@ struct Workspace {
     const int64_t paddedSize = s.groupSize * s.paddedH * s.paddedW * s.inC;
     const int64_t sizes[4] = {paddedSize, kPoints * s.bandRows * s.inC, kPoints * s.bandRows * s.outC,
                               s.groupSize * 4 * s.tiles * s.outC};
+    constexpr int64_t kLine = 64 / sizeof(float);  // floats per 64 bytes, whatever the vector width
+    const auto lines = [](int64_t size) { return (size + kLine - 1) / kLine * kLine; };
     thread_local std::vector<float> storage;
-    int64_t total = kLanes;
-    for (int64_t size : sizes) total += (size + kLanes - 1) / kLanes * kLanes;
+    int64_t total = kLine;  // room to align the start
+    for (int64_t size : sizes) total += lines(size);
     if (static_cast<int64_t>(storage.size()) < total) storage.resize(static_cast<size_t>(total));
     const auto address = reinterpret_cast<uintptr_t>(storage.data());
     float* next = storage.data() + (64 - address % 64) % 64 / sizeof(float);
     float** parts[4] = {&padded, &transformed, &products, &outputs};
     for (int i = 0; i < 4; ++i) {
       *parts[i] = next;
-      next += (sizes[i] + kLanes - 1) / kLanes * kLanes;
+      next += lines(sizes[i]);
     }
   }
 };
@@ -365,7 +377,7 @@ struct TilePosition {
 };
 TilePosition tileAt(const Sweep& s, int64_t row) { return {row / s.tiles, row % s.tiles / s.tilesW, row % s.tilesW}; }
 
-/// transformed (a band's rows, 16 points, inC; in chunks of 16 channels) from the padded images.
+/// transformed (a band's rows, 16 points, inC; in chunks of kLanes channels) from the padded images.
 void transformInputs(const Sweep& s, const float* padded, const Band& band, float* transformed) {
   for (int64_t k = 0; k < band.rows; ++k) {
     const TilePosition t = tileAt(s, band.first + k);
@@ -518,10 +530,13 @@ void sumBlocks(const KernelContext& ctx, float* partials, int64_t blocks, int64_
 
 // Above 128 channels in or out the transformed filter (16 c o floats, 1 MiB at 128 x 128) no longer
 // stays in the second-level cache across a band's products, and the kernels measured no faster
-// than the direct ones (docs/benchmarks.md).
+// than the direct ones (docs/benchmarks.md). Channels come in 16s on every target (a whole number
+// of vectors of any width), so which convolutions run here does not depend on the build's CPU.
 bool winogradConvApplies(const DirectConv& s) {
-  return s.stride == 1 && s.c > 0 && s.o > 0 && s.c % kLanes == 0 && s.o % kLanes == 0 && s.c <= 128 && s.o <= 128 &&
-         s.n > 0 && s.outH() > 0 && s.outW() > 0;
+  constexpr int64_t kChannelMultiple = 16;
+  static_assert(kChannelMultiple % kLanes == 0);
+  return s.stride == 1 && s.c > 0 && s.o > 0 && s.c % kChannelMultiple == 0 && s.o % kChannelMultiple == 0 &&
+         s.c <= 128 && s.o <= 128 && s.n > 0 && s.outH() > 0 && s.outW() > 0;
 }
 
 void winogradConvForward(const KernelContext& ctx, const DirectConv& s, const float* x, const float* filter, float* y) {

@@ -1,6 +1,10 @@
-// 64-byte vectors for the hand-tiled CPU kernels (the direct and Winograd convolutions): one
-// AVX-512 register, or two or four narrower ones where the target has no AVX-512; GCC's vector
-// extensions map the arithmetic onto whatever the build targets.
+// Vectors for the hand-tiled CPU kernels (the direct and Winograd convolutions), sized to the
+// target the build compiles for: one register of the widest kind it has — 64 bytes with AVX-512,
+// 32 with AVX/AVX2, 16 otherwise (SSE, NEON) — and the number of those registers, from which the
+// kernels choose their register tiles. A tile of accumulators that outgrows the register file
+// spills to the stack on every multiply-add: 16 accumulators of 64 bytes fit AVX-512's 32
+// registers but are 32 of AVX2's 16, which made AVX2 convolutions 12 times slower. GCC's vector
+// extensions map the arithmetic onto the target's instructions.
 #pragma once
 
 #include <cstdint>
@@ -9,20 +13,34 @@
 
 namespace weft::detail::simd {
 
+#if defined(__AVX512F__)
+inline constexpr int kVectorBytes = 64;
+inline constexpr int kVectorRegisters = 32;
+#elif defined(__AVX__)
+inline constexpr int kVectorBytes = 32;
+inline constexpr int kVectorRegisters = 16;
+#elif defined(__aarch64__)
+inline constexpr int kVectorBytes = 16;
+inline constexpr int kVectorRegisters = 32;
+#else
+inline constexpr int kVectorBytes = 16;
+inline constexpr int kVectorRegisters = 16;
+#endif
+
 template <class T>
 struct Simd;
 template <>
 struct Simd<float> {
-  typedef float V __attribute__((vector_size(64)));
+  typedef float V __attribute__((vector_size(kVectorBytes)));
 };
 template <>
 struct Simd<double> {
-  typedef double V __attribute__((vector_size(64)));
+  typedef double V __attribute__((vector_size(kVectorBytes)));
 };
 template <class T>
 using Vec = typename Simd<T>::V;
 template <class T>
-constexpr int64_t kLanes = static_cast<int64_t>(64 / sizeof(T));
+constexpr int64_t kLanes = static_cast<int64_t>(kVectorBytes / sizeof(T));
 
 template <class T>
 inline Vec<T> load(const T* p) {
@@ -36,42 +54,47 @@ inline void store(T* p, const Vec<T>& v) {
 }
 
 namespace transpose_detail {
-typedef int32_t Mask __attribute__((vector_size(64)));
+constexpr int kFloatLanes = static_cast<int>(kLanes<float>);
+typedef int32_t Mask __attribute__((vector_size(kVectorBytes)));
 
-/// The shuffle indices of one stage, into the pair (row i, row i + B) as lanes 0-15 and 16-31:
+/// The shuffle indices of one stage, into the pair (row i, row i + B) as lanes 0..L-1 and L..2L-1:
 /// lane l of the new row i (keepLow) and of the new row i + B (takeHigh). The two rows exchange
 /// their off-diagonal sub-blocks of B lanes.
 template <int B>
 constexpr int32_t keepLow(int l) {
-  return (l & B) ? 16 + l - B : l;
+  return (l & B) ? kFloatLanes + l - B : l;
 }
 template <int B>
 constexpr int32_t takeHigh(int l) {
-  return (l & B) ? 16 + l : l + B;
+  return (l & B) ? kFloatLanes + l : l + B;
 }
 
 template <int B, int... L>
-inline void stage(Vec<float> v[16], std::integer_sequence<int, L...>) {
+inline void stage(Vec<float> v[kFloatLanes], std::integer_sequence<int, L...>) {
   constexpr Mask low{keepLow<B>(L)...}, high{takeHigh<B>(L)...};
 #pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < kFloatLanes; ++i) {
     if (i & B) continue;
     const Vec<float> a = __builtin_shuffle(v[i], v[i + B], low);
     v[i + B] = __builtin_shuffle(v[i], v[i + B], high);
     v[i] = a;
   }
 }
+
+template <int B>
+inline void stages(Vec<float> v[kFloatLanes]) {
+  if constexpr (B >= 1) {
+    stage<B>(v, std::make_integer_sequence<int, kFloatLanes>());
+    stages<B / 2>(v);
+  }
+}
 }  // namespace transpose_detail
 
-/// Transposes the 16 x 16 block whose row r is v[r]: at each stage the off-diagonal sub-blocks
-/// of size b within every 2b x 2b block swap places, for b = 8, 4, 2, 1. The masks are constants
-/// and the loops unrolled, so the block stays in registers.
-inline void transpose16(Vec<float> v[16]) {
-  constexpr auto lanes = std::make_integer_sequence<int, 16>();
-  transpose_detail::stage<8>(v, lanes);
-  transpose_detail::stage<4>(v, lanes);
-  transpose_detail::stage<2>(v, lanes);
-  transpose_detail::stage<1>(v, lanes);
+/// Transposes the L x L block of floats whose row r is v[r] (L = kLanes<float>): at each stage the
+/// off-diagonal sub-blocks of size b within every 2b x 2b block swap places, for b = L/2, ..., 1.
+/// The masks are constants and the loops unrolled, so the block stays in registers.
+inline void transpose(Vec<float> v[transpose_detail::kFloatLanes]) {
+  transpose_detail::stages<transpose_detail::kFloatLanes / 2>(v);
 }
 
 }  // namespace weft::detail::simd
