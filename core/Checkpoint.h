@@ -24,7 +24,7 @@ void writeSafetensors(const std::string& path, const TensorFile& file);
 TensorFile readSafetensors(const std::string& path);
 
 /// Saves every variable of the session's graph (optimizer slots and the global step included)
-/// and the session's run counter, with extra metadata.
+/// and the session's random step (Session::step), with extra metadata.
 void saveCheckpoint(Session& session, const std::string& path, std::map<std::string, std::string> metadata = {});
 /// Restores a checkpoint into the session: every variable of the graph must be in the file with
 /// the same dtype and shape, and the file may hold nothing else; a mismatch is refused with a

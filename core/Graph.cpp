@@ -216,6 +216,7 @@ int Graph::replaceUses(Output from, Output to, const std::vector<Node*>& consume
 int Graph::replaceUses(const std::vector<std::pair<Output, Output>>& replacements, const std::vector<Node*>& consumers) {
   bool reshaped = false;
   std::vector<std::pair<Output*, Output>> changes;  // (input, old value), to undo on failure
+  std::vector<Node*> changed;                       // the nodes that own them
   for (const auto& [from, to] : replacements) {
     checkReplacement(from, to, "replaceUses");
     reshaped = reshaped || to.shape() != from.shape();
@@ -224,6 +225,7 @@ int Graph::replaceUses(const std::vector<std::pair<Output, Output>>& replacement
         if (in != from) continue;
         WEFT_CHECK(to.node() != n, "replaceUses: {} would read its own output {}", n->describe(), to.name());
         changes.emplace_back(&in, in);
+        if (changed.empty() || changed.back() != n) changed.push_back(n);
       }
     }
   }
@@ -232,7 +234,11 @@ int Graph::replaceUses(const std::vector<std::pair<Output, Output>>& replacement
       if (old == from) *input = to;
   }
   try {
-    if (reshaped) reinferDownstream(consumers);
+    if (reshaped) {
+      reinferDownstream(changed);  // walks the topological order, so it finds a cycle too
+    } else if (!changes.empty()) {
+      topologicalOrder();  // throws when the new edges close a cycle
+    }
   } catch (...) {
     for (auto& [input, old] : changes) *input = old;
     throw;
@@ -249,7 +255,11 @@ void Graph::setInput(Node* node, int i, Output value) {
   const Output old = input;
   input = value;
   try {
-    if (value.shape() != old.shape()) reinferDownstream({node});
+    if (value.shape() != old.shape()) {
+      reinferDownstream({node});
+    } else {
+      topologicalOrder();  // throws when the new edge closes a cycle
+    }
   } catch (...) {
     input = old;
     throw;

@@ -202,10 +202,10 @@ class Graph {
   // ---- Rewriting: graph-to-graph passes change nodes through these, never field by field ----
 
   /// Points every input that reads `from` at `to`, in every node, or only in `consumers`;
-  /// returns how many inputs changed. `to` must have from's dtype, and no node may come to read
-  /// itself. When the shapes differ (an AllGather's rows for one worker's), the output types of
-  /// every node downstream are inferred again; a shape function that refuses the new shapes
-  /// undoes the change and throws.
+  /// returns how many inputs changed. `to` must have from's dtype, and the edges may not close a
+  /// cycle. When the shapes differ (an AllGather's rows for one worker's), the output types of
+  /// every node downstream are inferred again. A refused replacement (a cycle, a shape function
+  /// that refuses the new shapes) changes nothing and throws.
   int replaceUses(Output from, Output to);
   int replaceUses(Output from, Output to, const std::vector<Node*>& consumers);
   /// Several (from, to) replacements at once, inferred again together (a sparse gradient's

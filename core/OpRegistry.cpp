@@ -45,6 +45,7 @@ OpRegistry& OpRegistry::global() {
 }
 
 void OpRegistry::add(OpDef def) {
+  std::unique_lock lock(mutex_);
   WEFT_CHECK(!ops_.count(def.name), "op '{}' is registered twice", def.name);
   WEFT_CHECK(static_cast<bool>(def.inferFn), "op '{}' has no shape function", def.name);
   std::string name = def.name;
@@ -52,6 +53,7 @@ void OpRegistry::add(OpDef def) {
 }
 
 const OpDef* OpRegistry::find(const std::string& name) const {
+  std::shared_lock lock(mutex_);
   auto it = ops_.find(name);
   return it == ops_.end() ? nullptr : it->second.get();
 }
@@ -63,6 +65,7 @@ const OpDef& OpRegistry::get(const std::string& name) const {
 }
 
 std::vector<std::string> OpRegistry::names() const {
+  std::shared_lock lock(mutex_);
   std::vector<std::string> out;
   for (const auto& [name, def] : ops_) out.push_back(name);
   return out;

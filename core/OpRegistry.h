@@ -10,6 +10,7 @@
 #include <array>
 #include <functional>
 #include <map>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -39,14 +40,14 @@ struct InferContext {
 };
 
 /// What a kernel sees: its node, input tensors, preallocated output tensors (shapes inferred),
-/// the intra-op thread pool, the session's step counter and replica (for reproducible random
+/// the intra-op thread pool, the session's random step and replica (for reproducible random
 /// ops), and the device it runs on.
 struct KernelContext {
   const Node* node = nullptr;
   std::vector<const Tensor*> inputs;
   std::vector<Tensor*> outputs;
   const ThreadPool* pool = nullptr;
-  uint64_t step = 0;
+  uint64_t step = 0;        // Session::step(): earlier runs that drew random numbers
   int replica = 0;          // SessionOptions::replica: which equal part of the total batch the inputs are
   Device device;            // where the kernel runs; its inputs and outputs live there
   void* stream = nullptr;   // CUDA kernels: the cudaStream_t to launch on
@@ -138,6 +139,9 @@ struct OpDef {
   /// The kernel seldom reads these inputs and copies what it reads itself: the executor hands
   /// them over from whichever device holds them instead of copying them every run.
   OpDef& uncopiedInputs(std::vector<int> inputs) { inputsNotCopied = std::move(inputs); return *this; }
+  /// The kernel draws random numbers keyed by the session's random step (KernelContext::step),
+  /// which advances only in runs that contain such an op.
+  OpDef& random() { drawsRandom = true; return *this; }
 
   std::string name;
   int minInputs = 0, maxInputs = 0;
@@ -150,10 +154,13 @@ struct OpDef {
   SourceKind sourceKind = SourceKind::None;
   bool launchesAsync = false;
   std::vector<int> inputsNotCopied;
+  bool drawsRandom = false;
 
   Kernel kernelFor(DeviceType t) const { return kernels[static_cast<size_t>(t)]; }
 };
 
+/// Thread-safe: graphs may be built on several threads while a layer registers its ops (the
+/// distribution layer registers its own on first use). A record never moves once added.
 class OpRegistry {
  public:
   /// The process-wide registry, holding the core ops (Placeholder, Variable, Const, NoOp).
@@ -167,6 +174,7 @@ class OpRegistry {
   std::vector<std::string> names() const;
 
  private:
+  mutable std::shared_mutex mutex_;
   std::map<std::string, std::unique_ptr<OpDef>> ops_;
 };
 

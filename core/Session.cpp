@@ -46,6 +46,7 @@ struct detail::Plan {
   std::vector<Device> arenaDevices;  // one arena per device the plan computes on...
   std::vector<size_t> arenaBytes;    // ...and its size
   std::vector<int> gpus;             // GPUs the plan runs kernels on
+  bool drawsRandom = false;          // a step runs a random op: the run advances the session's step
   uint64_t boundArena = 0;           // generation of the arenas the slots view
   PlanStats stats;
 };
@@ -431,6 +432,7 @@ void buildSteps(detail::Plan& plan, const std::vector<Item>& items, const Graph&
     for (int out : item.out) step.ctx.outputs.push_back(&plan.slots[static_cast<size_t>(out)]);
     if (item.condition >= 0) step.condition = &plan.slots[static_cast<size_t>(item.condition)];
     step.checkFinite = options.checkNumerics && !numericsLeftToLossScaling.count(item.node);
+    plan.drawsRandom = plan.drawsRandom || (!item.copy && item.node->def->drawsRandom);
     plan.steps.push_back(std::move(step));
   }
 }
@@ -556,7 +558,7 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
     if (gpuError.empty()) gpuError = m;
   }
   if (!gpuError.empty()) throw Error(gpuError);
-  ++step_;
+  if (plan.drawsRandom) ++step_;
   std::vector<Tensor> out;
   out.reserve(plan.fetches.size());
   for (const Plan::FetchSlot& f : plan.fetches) {

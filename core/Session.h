@@ -79,9 +79,12 @@ class Session {
   /// Re-runs every variable's initializer.
   void resetVariables();
 
-  /// Number of completed runs; random ops draw from (seed, step) so runs are reproducible.
+  /// Number of completed runs that drew random numbers (ran an op marked OpDef::random, such as
+  /// dropout). Random ops draw from (seed, step), so runs are reproducible, and runs that draw
+  /// none (evaluation) leave the training's draws as they were: a data-parallel worker that
+  /// does not evaluate draws what the one that does draws.
   uint64_t step() const { return step_; }
-  /// Sets the run counter (when restoring a checkpoint, so random ops continue their streams).
+  /// Sets that counter (when restoring a checkpoint, so random ops continue their streams).
   void setStep(uint64_t step) { step_ = step; }
   const ThreadPool& threadPool() const { return *pool_; }
   Graph& graph() { return graph_; }

@@ -44,6 +44,9 @@ class CollectiveBackend {
 
   /// Throws the failure that broke the backend, if one did.
   virtual void throwIfFailed() const = 0;
+  /// Whether collectives were started and not yet waited for: a step that stopped now has left
+  /// them without their pair on this rank.
+  virtual bool sumsInFlight() const = 0;
   /// Fails every later sum of this rank with `why`.
   virtual void abort(const std::string& why) = 0;
 

@@ -147,6 +147,11 @@ void Communicator::throwIfFailed() const {
   if (failure_) std::rethrow_exception(failure_);
 }
 
+bool Communicator::sumsInFlight() const {
+  std::lock_guard lock(mutex_);
+  return !jobs_.empty();
+}
+
 void Communicator::abort(const std::string& why) {
   std::lock_guard lock(mutex_);
   if (!failure_) failure_ = std::make_exception_ptr(Error(fmt::format("{} (rank {}): {}", name(), rank_, why)));

@@ -51,6 +51,7 @@ class Communicator final : public CollectiveBackend {
   void startSum(KernelContext& ctx) override;
   void finishSum(KernelContext& ctx, double scale) override;
   void throwIfFailed() const override;
+  bool sumsInFlight() const override;
   /// AllGatherStart and AllGatherWait (dist/CollectiveOps.h): every rank's sparse rows, in rank
   /// order, values times `scale`; the rows are counted per step in the traffic.
   void startGather(KernelContext& ctx);

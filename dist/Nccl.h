@@ -52,6 +52,7 @@ class NcclGroup final : public CollectiveBackend {
   void finishSum(KernelContext& ctx, double scale) override;
   /// Throws the error that made the watchdog abort the communicator, if one did.
   void throwIfFailed() const override;
+  bool sumsInFlight() const override;
   /// Aborts the communicator (the sums of every worker then fail).
   void abort(const std::string& why) override;
 

@@ -154,8 +154,10 @@ std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMa
     return out;
   } catch (const std::exception& e) {
     // A step that stopped between a sum's Start and its Wait has left this worker's sums out of
-    // step with the other workers': no later sum could match theirs.
-    for (CollectiveBackend* b : backends) b->abort(fmt::format("a step failed on this worker ({})", e.what()));
+    // step with the other workers': no later sum could match theirs. One that stopped before any
+    // (a feed refused) leaves the backends as they were.
+    for (CollectiveBackend* b : backends)
+      if (b->sumsInFlight()) b->abort(fmt::format("a step failed on this worker ({})", e.what()));
     throw;
   }
 }

@@ -1,10 +1,10 @@
-// A worker's side of the parameter servers: sends requests (dist/ServerProtocol.h) as UCX
-// active messages and waits for the replies, on the thread that calls it (the executor's) and
-// over a transport of its own. Requests therefore never wait behind the collectives queued on
+// A worker's side of the parameter servers: sends requests (dist/ServerProtocol.h) as active
+// messages of its Transport (UCX between processes) and waits for the replies, on the thread
+// that calls it (the executor's) and over a transport of its own. Requests therefore never wait behind the collectives queued on
 // the communication thread: a push made while the dense AllReduce runs travels beside it. It
 // keeps the worker's clock per partition (gradients pushed so far), which every request carries.
 // The graph ops that pull rows and push gradients find their client by id, like the collective
-// ops find their Communicator.
+// ops find their backend. When a request waits is the SyncPolicy's to say (BSP by default).
 #pragma once
 
 #include "dist/Placement.h"

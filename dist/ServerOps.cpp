@@ -38,9 +38,13 @@ const Partition& partitionAt(const Target& t, size_t k) {
   return t.client->plan().partitions[static_cast<size_t>(t.variable->partitions[k])];
 }
 
-/// The ids as int64, each checked against the served variable's rows.
+/// The ids as int64, each checked against the served variable's rows; an error names it.
 std::vector<int64_t> checkedRows(const KernelContext& ctx, const Tensor& ids, const ServedVariable& variable) {
-  return checkedRowIds(ctx, ids, variable.rows(), fmt::format("id of variable '{}'", variable.variable->name));
+  try {
+    return checkedRowIds(ids, variable.rows(), "id");
+  } catch (const Error& e) {
+    ctx.fail("{} of variable '{}'", e.what(), variable.variable->name);
+  }
 }
 
 template <class T>

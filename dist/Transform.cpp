@@ -118,32 +118,40 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
       dense.push_back(&l);
     }
   }
-  // Buckets in the order the backward pass produces the gradients (by node id), one dtype each.
-  std::stable_sort(dense.begin(), dense.end(),
-                   [](const GradientLink* a, const GradientLink* b) { return a->dense.node()->id < b->dense.node()->id; });
-  std::map<DType, std::vector<const GradientLink*>> open;
-  std::map<DType, size_t> openBytes;
-  auto flush = [&](DType dtype) {
-    std::vector<const GradientLink*>& bucket = open[dtype];
+  // Buckets in the order the backward pass produces the gradients (the graph's topological
+  // order), one per dtype and kind of device: a gradient on a GPU sums through the dense backend
+  // there when it is the GPU workers' NCCL group, any other through the host's ring.
+  std::map<const Node*, size_t> position;
+  for (const Node* n : graph.topologicalOrder()) position.emplace(n, position.size());
+  std::stable_sort(dense.begin(), dense.end(), [&](const GradientLink* a, const GradientLink* b) {
+    return position.at(a->dense.node()) < position.at(b->dense.node());
+  });
+  using BucketKey = std::pair<DType, bool>;  // dtype, summed on the GPU
+  std::map<BucketKey, std::vector<const GradientLink*>> open;
+  std::map<BucketKey, size_t> openBytes;
+  auto flush = [&](const BucketKey& key) {
+    std::vector<const GradientLink*>& bucket = open[key];
     if (bucket.empty()) return;
     std::vector<Output> grads;
     for (const GradientLink* l : bucket) grads.push_back(l->dense);
-    const std::vector<Output> reduced = allReduce(grads, options.denseBackend, denseScale, options.denseOnGpu);
+    const auto& [dtype, onGpu] = key;
+    const std::vector<Output> reduced = allReduce(grads, onGpu ? options.denseBackend : options.hostRing, denseScale, onGpu);
     for (size_t i = 0; i < bucket.size(); ++i) {
       rewirer.redirect({{bucket[i]->dense, reduced[i]}});
       result.variables.push_back({bucket[i]->variable, false, byteSize(bucket[i]->dense), result.buckets});
     }
     ++result.buckets;
     bucket.clear();
-    openBytes[dtype] = 0;
+    openBytes[key] = 0;
   };
   for (const GradientLink* l : dense) {
-    const DType dtype = l->dense.dtype();
-    open[dtype].push_back(l);
-    openBytes[dtype] += byteSize(l->dense);
-    if (openBytes[dtype] >= options.bucketBytes) flush(dtype);
+    const bool onGpu = options.denseOnGpu && l->dense.node()->device.rfind("cuda", 0) == 0;
+    const BucketKey key{l->dense.dtype(), onGpu};
+    open[key].push_back(l);
+    openBytes[key] += byteSize(l->dense);
+    if (openBytes[key] >= options.bucketBytes) flush(key);
   }
-  for (auto& [dtype, bucket] : open) flush(dtype);
+  for (auto& [key, bucket] : open) flush(key);
   return result;
 }
 
@@ -220,7 +228,7 @@ DistributedGraph applyPasses(Graph& graph, const std::vector<GraphPass>& passes)
     try {
       pass.run(graph, result);
       graph.verify();
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       WEFT_THROW("the {} pass: {}", pass.name, e.what());
     }
   }

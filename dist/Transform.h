@@ -6,8 +6,9 @@
 // computes the same function as single-device training with every worker's batch together.
 //
 // Dense gradients are fused into buckets of about `bucketBytes` in the order the backward pass
-// produces them, each bucket one asynchronous ring AllReduce that overlaps the rest of the
-// backward pass. Sparse gradients are gathered from every worker (AllGather, Horovod's way).
+// produces them, each bucket one asynchronous AllReduce (the host's ring, or NCCL for gradients
+// on the GPU workers' GPUs) that overlaps the rest of the backward pass. Sparse gradients are
+// gathered from every worker (AllGather, Horovod's way).
 #pragma once
 
 #include "core/Graph.h"
@@ -22,8 +23,9 @@ namespace weft::dist {
 
 struct TransformOptions {
   int64_t hostRing = 0;      ///< the host's ring (Communicator::id()): AllGather, batch-norm moments
-  int64_t denseBackend = 0;  ///< the CollectiveBackend dense gradients are summed through
-  /// Dense gradients on a GPU are summed there (the dense backend is the job's NCCL group).
+  /// The GPU workers' NCCL group when `denseOnGpu`: dense gradients on a GPU are summed there
+  /// through it; every other dense gradient is summed over the host ring.
+  int64_t denseBackend = 0;
   bool denseOnGpu = false;
   int workers = 1;
   bool averageDense = true;   ///< divide summed dense gradients by the worker count

@@ -1,8 +1,9 @@
 // Random ops. Draws come from counter-based streams (core/Random.h) keyed by the op's seed, node
-// name and session step, and indexed by the element's place in the total batch, so a run's
-// result does not depend on the thread count, successive runs draw afresh, a new session replays
-// the same sequence, and data-parallel replicas (SessionOptions::replica) draw for their part of
-// the batch what one session draws for the whole.
+// name and the session's random step (runs that drew random numbers before this one), and
+// indexed by the element's place in the total batch, so a run's result does not depend on the
+// thread count, successive runs draw afresh, a new session replays the same sequence, evaluation
+// runs between training steps change nothing, and data-parallel replicas
+// (SessionOptions::replica) draw for their part of the batch what one session draws for the whole.
 #include "ops/OpUtil.h"
 #include "ops/cuda/Kernels.h"
 
@@ -52,7 +53,7 @@ Output dropout(Output x, double rate, uint64_t seed) {
 
 void detail::registerRandomOps(OpRegistry& r) {
   // dx = dy * mask; the mask itself is not differentiable.
-  r.add(OpDef("Dropout").inputs(1).infer(dropoutInfer).cpu(dropoutKernel).cuda(WEFT_CUDA_KERNEL(dropout)).inplace(0)
+  r.add(OpDef("Dropout").inputs(1).infer(dropoutInfer).cpu(dropoutKernel).cuda(WEFT_CUDA_KERNEL(dropout)).inplace(0).random()
             .grad([](GradContext& c) -> std::vector<Grad> {
               if (!c.dy().valid()) return {Grad()};
               return {c.dy() * c.y(1)};

@@ -104,17 +104,19 @@ TEST_CASE("corrupt files are refused with the reason") {
   CHECK(contains(errorOf([&] { readSafetensors(dir.file("missing.safetensors")); }), "cannot open"));
 }
 
-TEST_CASE("a checkpoint restores variables and the run counter") {
+TEST_CASE("a checkpoint restores variables and the random step") {
   TempDir dir;
   Graph g;
   Output w = g.variable("w", f32, {3}, Initializer::normal(0, 1));
   Node* bump = assignAdd(w, g.constant(Tensor::full(f32, {3}, 1)));
+  const Output dropped = dropout(w, 0.5, 1);
   Session s(g);
-  s.run(bump);
-  s.run(bump);
+  s.run({dropped}, {}, {bump});
+  s.run({dropped}, {}, {bump});
+  s.run(bump);  // draws nothing: the random step stays at 2
   const std::vector<double> saved = s.variable("w").toDoubles();
   saveCheckpoint(s, dir.file("c.safetensors"), {{"note", "hi"}});
-  s.run(bump);
+  s.run({dropped}, {}, {bump});
 
   Session fresh(g);
   const auto meta = restoreCheckpoint(fresh, dir.file("c.safetensors"));

@@ -60,8 +60,9 @@ std::string loopbackCluster(const fs::path& dir, int machines, int workers, int 
 // the same bound is 1e-2, which is why a float32 comparison cannot be both tight and reliable.
 // Measured: 3e-15. A wrong scale, order or mask moves the weights by 1e-3 and more.
 const double kMlpF64Tolerance = 1e-8;
-const std::string mlpF64Flags =
-    "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 --timeout 30 --dtype f64";
+const std::string mlpF64Base =
+    "--train-size 1024 --test-size 64 --batch 64 --steps 12 --threads 1 --timeout 30 --dtype f64";
+const std::string mlpF64Flags = mlpF64Base + " --eval-every 12";
 
 TEST_CASE("MLP: 1, 2 and 4 workers with a part each train like one process with the total batch") {
   for (int workers : {1, 2, 4}) {
@@ -75,6 +76,8 @@ TEST_CASE("MLP with dropout: each worker drops what one process drops for its pa
     CAPTURE(workers);
     checkSameVariables("mlp", mlpF64Flags + " --dropout 0.3", workers, kMlpF64Tolerance);
   }
+  // Worker 0 evaluates alone every 4 steps; the others' masks must not fall out of step.
+  checkSameVariables("mlp", mlpF64Base + " --dropout 0.3 --eval-every 4", 2, kMlpF64Tolerance);
 }
 
 const std::string lmFlags = "--vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "

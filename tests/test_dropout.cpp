@@ -93,6 +93,24 @@ TEST_CASE("each data-parallel replica draws its part of the mask one session dra
   }
 }
 
+TEST_CASE("runs that draw no random numbers (evaluation) leave the masks of later runs alone") {
+  auto build = [](Graph& g) {
+    auto x = g.placeholder("x", f32, {30, 20});
+    return std::make_pair(x, Output(dropout(x, 0.5, 5).node(), 1));
+  };
+  const Tensor xv = randomTensor(f32, {30, 20}, 3, 0.5, 1);
+  Graph g1, g2;
+  auto [x1, mask1] = build(g1);
+  auto [x2, mask2] = build(g2);
+  const Output evaluation = sum(x2 * 2.0);  // no random op
+  Session plain(g1, {1}), evaluated(g2, {1});
+  plain.run({mask1}, {{x1, xv}});
+  evaluated.run({mask2}, {{x2, xv}});
+  evaluated.run({evaluation}, {{x2, xv}});
+  CHECK(evaluated.step() == 1);
+  CHECK(plain.run({mask1}, {{x1, xv}})[0].toDoubles() == evaluated.run({mask2}, {{x2, xv}})[0].toDoubles());
+}
+
 TEST_CASE("two dropout ops with the same seed draw different masks") {
   Graph g;
   auto x = g.placeholder("x", f64, {30, 30});

@@ -133,12 +133,23 @@ TEST_CASE("after a rewrite, a node that reads a later one comes after it, and au
   }
 }
 
-TEST_CASE("a rewrite that closes a cycle is named by topologicalOrder and verify") {
+TEST_CASE("a rewrite that would close a cycle is refused and changes nothing") {
   Graph g;
   const Output x = g.placeholder("x", f32, {3});
   const Output a = tanh(x);
   const Output b = a * 2.0;
-  g.setInput(a.node(), 0, b);  // a reads b, which reads a
+  CHECK(contains(errorOf([&] { g.setInput(a.node(), 0, b); }), "cycle through"));  // a would read b, which reads a
+  CHECK(contains(errorOf([&] { g.replaceUses(x, b); }), "cycle through"));
+  CHECK(a.node()->inputs[0] == x);
+  g.verify();
+}
+
+TEST_CASE("a cycle made behind the graph's back is named by topologicalOrder and verify") {
+  Graph g;
+  const Output x = g.placeholder("x", f32, {3});
+  const Output a = tanh(x);
+  const Output b = a * 2.0;
+  a.node()->inputs[0] = b;  // what editing nodes field by field can leave behind
   CHECK(contains(errorOf([&] { g.topologicalOrder(); }), "cycle through"));
   CHECK(contains(errorOf([&] { g.verify(); }), "cycle"));
 }

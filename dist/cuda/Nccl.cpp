@@ -78,6 +78,10 @@ struct NcclGroup::Impl {
   Pending take(const void* ticket, const Node& op);
   void recycle(cudaEvent_t event);
   void throwIfFailed() const;
+  bool sumsInFlight() const {
+    std::lock_guard lock(mutex_);
+    return !pending_.empty();
+  }
   void abort(const std::string& why);
 
  private:
@@ -297,6 +301,7 @@ NcclGroup::~NcclGroup() = default;
 int NcclGroup::rank() const { return impl_->rank(); }
 int NcclGroup::size() const { return impl_->size(); }
 void NcclGroup::throwIfFailed() const { impl_->throwIfFailed(); }
+bool NcclGroup::sumsInFlight() const { return impl_->sumsInFlight(); }
 void NcclGroup::abort(const std::string& why) { impl_->abort(why); }
 
 void NcclGroup::startSum(KernelContext& ctx) {
