@@ -5,6 +5,8 @@
 
 #include "dist/Registry.h"
 
+#include <set>
+
 
 namespace weft::dist {
 
@@ -80,6 +82,14 @@ std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls,
   }
   std::vector<std::vector<uint8_t>> replies(calls.size());
   while (!pending.empty()) {
+    // Failures and the deadline are looked at before the messages are taken: a server that
+    // answers and then closes (a GOODBYE's acknowledgement) has delivered its answer by then.
+    const bool late = Clock::now() >= deadline;
+    std::set<int> failed;
+    for (const auto& [id, i] : pending) {
+      const int peer = serverPeers_[static_cast<size_t>(destinationOf(calls[i]))];
+      if (transport_.hasFailed(peer)) failed.insert(peer);
+    }
     for (Message& m : transport_.takeMessages(deadline)) {
       if (isRequest(m.header)) continue;  // workers serve nothing
       const ReplyHeader r = decodeReply(m.header);
@@ -91,10 +101,9 @@ std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls,
     }
     for (const auto& [id, i] : pending) {
       const int peer = serverPeers_[static_cast<size_t>(destinationOf(calls[i]))];
-      WEFT_CHECK(!transport_.hasFailed(peer), "worker {}: {} failed: the server failed: {}", rank_, describe(calls[i]),
+      WEFT_CHECK(!failed.count(peer), "worker {}: {} failed: the server failed: {}", rank_, describe(calls[i]),
                  transport_.failureOf(peer));
-      WEFT_CHECK(Clock::now() < deadline, "worker {}: {} got no reply within {} ms", rank_, describe(calls[i]),
-                 timeout_.count());
+      WEFT_CHECK(!late, "worker {}: {} got no reply within {} ms", rank_, describe(calls[i]), timeout_.count());
     }
     if (!pending.empty()) transport_.waitForActivity(deadline, std::chrono::milliseconds(1));
   }
