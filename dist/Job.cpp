@@ -8,6 +8,11 @@
 
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <net/if.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -80,6 +85,14 @@ bool requireOneKindOfWorker(const std::vector<WorkerSlot>& slots) {
   return true;
 }
 
+/// A member's transports: 0 reaches the other workers (a server's only one), 1 is a worker's
+/// client of the servers.
+constexpr uint8_t kPeersChannel = 0, kClientChannel = 1;
+
+EndpointName nameOf(const MemberId& id, uint8_t channel) {
+  return endpointName(static_cast<uint8_t>(id.role), id.host, id.slot, channel);
+}
+
 /// Connects to the members this process talks to: a server reaches every worker's client
 /// transport and every other server; a worker reaches the other workers through its transport
 /// and the servers through its client's.
@@ -94,13 +107,14 @@ PeerRoutes connectPeers(JobContext& job) {
       WEFT_CHECK(!toWorker || !m.clientAddress.empty(),
                  "{} joined without an address for server requests (its resource specification lists no servers)",
                  describe(m.id));
-      peer = job.transport->connect(toWorker ? m.clientAddress : m.address);
+      peer = job.transport->connect(toWorker ? m.clientAddress : m.address,
+                                    nameOf(m.id, toWorker ? kClientChannel : kPeersChannel));
     } else if (!self && toWorker) {
-      peer = job.transport->connect(m.address);
+      peer = job.transport->connect(m.address, nameOf(m.id, kPeersChannel));
     } else if (!self) {
       WEFT_CHECK(job.clientTransport != nullptr,
                  "the roster lists {}, but this worker's resource specification lists no servers", describe(m.id));
-      peer = job.clientTransport->connect(m.address);
+      peer = job.clientTransport->connect(m.address, nameOf(m.id, kPeersChannel));
     }
     if (self && isServer) routes.self = static_cast<int>(routes.serverPeers.size());
     (toWorker ? routes.workerPeers : routes.serverPeers).push_back(peer);
@@ -109,7 +123,60 @@ PeerRoutes connectPeers(JobContext& job) {
   return routes;
 }
 
+/// The numeric addresses `address` (a name or a number) stands for.
+std::vector<std::string> numericAddresses(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  const int rc = ::getaddrinfo(address.c_str(), nullptr, &hints, &list);
+  WEFT_CHECK(rc == 0, "cannot resolve host address '{}': {}", address, gai_strerror(rc));
+  std::vector<std::string> out;
+  for (const addrinfo* a = list; a != nullptr; a = a->ai_next) {
+    char text[NI_MAXHOST];
+    if (::getnameinfo(a->ai_addr, a->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST) == 0)
+      out.push_back(text);
+  }
+  ::freeaddrinfo(list);
+  return out;
+}
+
 }  // namespace
+
+std::string listeningDevice(const ResourceSpec& resources, int host) {
+  WEFT_CHECK(host >= 0 && static_cast<size_t>(host) < resources.hosts().size(),
+             "host {} is not in the resource specification ({} hosts)", host, resources.hosts().size());
+  const std::string& address = resources.hosts()[static_cast<size_t>(host)].address;
+  const std::vector<std::string> wanted = numericAddresses(address);
+  ifaddrs* interfaces = nullptr;
+  WEFT_CHECK(::getifaddrs(&interfaces) == 0, "cannot list this machine's network interfaces");
+  std::string found, seen;
+  for (const ifaddrs* i = interfaces; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    const socklen_t length = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    char text[NI_MAXHOST];
+    if (::getnameinfo(i->ifa_addr, length, text, sizeof text, nullptr, 0, NI_NUMERICHOST) != 0) continue;
+    std::string numeric = text;
+    numeric = numeric.substr(0, numeric.find('%'));  // an IPv6 link-local address's scope
+    seen += fmt::format("{}{} ({})", seen.empty() ? "" : ", ", i->ifa_name, numeric);
+    if (std::find(wanted.begin(), wanted.end(), numeric) != wanted.end()) found = i->ifa_name;
+  }
+  ::freeifaddrs(interfaces);
+  WEFT_CHECK(!found.empty(),
+             "host {}'s address in the resource specification, '{}', is on none of this machine's interfaces ({}): "
+             "its processes would not know where to listen (set UCX_NET_DEVICES to choose yourself)",
+             host, address, seen);
+  return found;
+}
+
+uint64_t payloadLimit(const Graph& graph) {
+  uint64_t state = 0;
+  for (const Node* v : graph.variables()) {
+    const TensorType& type = v->outputs[0];
+    state += static_cast<uint64_t>(type.shape.numel()) * dtypeSize(type.dtype);
+  }
+  return 2 * state + (uint64_t{1} << 20);
+}
 
 std::optional<LaunchIdentity> launchIdentityFromEnvironment() {
   const char* coordinator = std::getenv("WEFT_COORDINATOR");
@@ -160,13 +227,16 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
                describe(job.identity.id), job.device.str(),
                gpus > 0 ? fmt::format("it has {} GPU(s)", gpus) : cudaUnavailableReason());
   }
-  job.transport = std::make_unique<UcxTransport>();
+  UcxIdentity ucx{job.identity.secret, job.identity.job, nameOf(job.identity.id, kPeersChannel),
+                  listeningDevice(resources, job.identity.id.host)};
+  job.transport = std::make_unique<UcxTransport>(ucx);
   JoinRequest request{job.identity.id, job.transport->address(), {}, {}};
 #ifdef WEFT_HAVE_NCCL
   if (job.gpuWorkers && job.identity.id == MemberId{Role::Worker, slots[0].host, slots[0].slot}) request.ncclId = newNcclId();
 #endif
   if (!job.isServer() && resources.serverCount() > 0) {
-    job.clientTransport = std::make_unique<UcxTransport>();
+    ucx.self = nameOf(job.identity.id, kClientChannel);
+    job.clientTransport = std::make_unique<UcxTransport>(ucx);
     request.clientAddress = job.clientTransport->address();
   }
   // A member waits past the coordinator's own deadline, so that a member that never came is
@@ -176,6 +246,12 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
                           job.identity.job, request, joinTimeout);
   connectJob(job, config);
   return job;
+}
+
+void limitPayloads(JobContext& job, const Graph& graph) {
+  const uint64_t limit = payloadLimit(graph);
+  job.transport->limitPayloads(limit);
+  if (job.clientTransport) job.clientTransport->limitPayloads(limit);
 }
 
 void connectJob(JobContext& job, const Config& config) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "core/Device.h"
+#include "core/Graph.h"
 #include "dist/Config.h"
 #include "dist/Coordinator.h"
 #include "dist/LocalAggregator.h"
@@ -69,6 +70,18 @@ struct JobContext {
   /// The relay (a server index, or -1) through which this worker reaches the servers.
   int relay() const;
 };
+
+/// The network interface of host `host`'s address in the specification, where its processes'
+/// UCX transports listen ("lo" for a job on loopback): not every interface of the machine.
+/// Throws naming the address and the machine's interfaces when none carries it.
+std::string listeningDevice(const ResourceSpec& resources, int host);
+
+/// The largest payload a message of a job training `graph` may declare: twice all its variables'
+/// bytes (optimizer slots included), and 1 MiB for headers and small requests. A LOAD carries
+/// one partition and its slots; no pull, push or collective carries more.
+uint64_t payloadLimit(const Graph& graph);
+/// Makes the job's transports drop messages that declare more than payloadLimit(graph).
+void limitPayloads(JobContext& job, const Graph& graph);
 
 /// Joins the job the launcher started this process in: checks the specification against this
 /// machine, makes the transports, takes part in the rendezvous (within the config's timeout) and

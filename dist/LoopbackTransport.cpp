@@ -31,7 +31,7 @@ std::vector<uint8_t> LoopbackTransport::address() const {
   return out;
 }
 
-int LoopbackTransport::connect(std::span<const uint8_t> peerAddress) {
+int LoopbackTransport::connect(std::span<const uint8_t> peerAddress, EndpointName /*peerName*/) {
   int endpoint = -1;
   WEFT_CHECK(peerAddress.size() == sizeof endpoint, "loopback connect: an address has {} bytes, not {}",
              peerAddress.size(), sizeof endpoint);
@@ -41,6 +41,8 @@ int LoopbackTransport::connect(std::span<const uint8_t> peerAddress) {
     WEFT_CHECK(endpoint >= 0 && endpoint < static_cast<int>(network_->endpoints_.size()),
                "loopback connect: no endpoint {} in the network", endpoint);
   }
+  const int known = peerOf(endpoint);
+  if (known >= 0) return known;  // it wrote first
   peers_.push_back(endpoint);
   return static_cast<int>(peers_.size()) - 1;
 }
@@ -49,6 +51,18 @@ int LoopbackTransport::endpointOf(int peer) const {
   WEFT_CHECK(peer >= 0 && peer < static_cast<int>(peers_.size()), "loopback: no peer {} (connected: {})", peer,
              peers_.size());
   return peers_[static_cast<size_t>(peer)];
+}
+
+int LoopbackTransport::peerOf(int endpoint) const {
+  const auto it = std::find(peers_.begin(), peers_.end(), endpoint);
+  return it == peers_.end() ? -1 : static_cast<int>(it - peers_.begin());
+}
+
+int LoopbackTransport::senderPeer(int endpoint) {
+  const int known = peerOf(endpoint);
+  if (known >= 0) return known;
+  peers_.push_back(endpoint);  // every endpoint of the network is of the job
+  return static_cast<int>(peers_.size()) - 1;
 }
 
 std::string LoopbackTransport::failedLocked(int peer) const {
@@ -73,12 +87,18 @@ void LoopbackTransport::send(int peer, uint64_t tag, std::span<const uint8_t> by
 }
 
 void LoopbackTransport::receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer) {
-  if (fromPeer >= 0) endpointOf(fromPeer);
+  const int sender = fromPeer >= 0 ? endpointOf(fromPeer) : -1;
   std::unique_lock lock(network_->mutex_);
   for (;;) {
     // The endpoint's vector may grow while this waits: look it up afresh each time.
     std::deque<LoopbackNetwork::Tagged>& inbox = network_->endpoints_[static_cast<size_t>(self_)].tagged;
-    const auto it = std::find_if(inbox.begin(), inbox.end(), [&](const auto& m) { return m.tag == tag; });
+    std::erase_if(inbox, [&](const LoopbackNetwork::Tagged& m) {
+      const bool drop = m.bytes.size() > payloadLimit_;
+      rejected_ += drop;
+      return drop;
+    });
+    const auto it = std::find_if(inbox.begin(), inbox.end(),
+                                 [&](const auto& m) { return m.tag == tag && (sender < 0 || m.from == sender); });
     if (it != inbox.end()) {
       const size_t size = it->bytes.size();
       WEFT_CHECK(size == into.size(), "loopback receive of tag {:#x} failed: the message has {} bytes, expected {}",
@@ -109,8 +129,9 @@ void LoopbackTransport::sendMessage(int peer, std::span<const uint8_t> header, s
     std::lock_guard lock(network_->mutex_);
     const std::string failure = failedLocked(peer);
     WEFT_CHECK(failure.empty(), "loopback message to peer {} failed: the peer has failed: {}", peer, failure);
+    // `from` holds the sending endpoint until the receiver turns it into its peer index.
     network_->endpoints_[static_cast<size_t>(to)].messages.push_back(
-        {{header.begin(), header.end()}, {payload.begin(), payload.end()}});
+        {{header.begin(), header.end()}, {payload.begin(), payload.end()}, self_});
   }
   network_->arrived_.notify_all();
   bytesSent_ += header.size() + payload.size();
@@ -119,9 +140,17 @@ void LoopbackTransport::sendMessage(int peer, std::span<const uint8_t> header, s
 std::vector<Message> LoopbackTransport::takeMessages(Deadline) {
   std::lock_guard lock(network_->mutex_);
   std::deque<Message>& inbox = network_->endpoints_[static_cast<size_t>(self_)].messages;
-  std::vector<Message> out(std::make_move_iterator(inbox.begin()), std::make_move_iterator(inbox.end()));
+  std::vector<Message> out;
+  for (Message& m : inbox) {
+    m.from = senderPeer(m.from);
+    if (m.payload.size() > payloadLimit_) {
+      ++rejected_;
+      continue;
+    }
+    bytesReceived_ += m.header.size() + m.payload.size();
+    out.push_back(std::move(m));
+  }
   inbox.clear();
-  for (const Message& m : out) bytesReceived_ += m.header.size() + m.payload.size();
   return out;
 }
 

@@ -4,7 +4,9 @@
 // LoopbackNetwork; an endpoint's address is its number there. Messages are delivered at once
 // (a send never waits for its receiver), tagged messages are matched by tag, and an endpoint
 // that closes, is destroyed or is failed by the test is reported to its peers' waits as UCX
-// reports a dead peer.
+// reports a dead peer. A message's sender is the endpoint that sent it (names are not needed in
+// one process: every endpoint of the network belongs to the job); one larger than the limit is
+// dropped and counted, as UCX's gate does.
 #pragma once
 
 #include "dist/Transport.h"
@@ -52,7 +54,7 @@ class LoopbackTransport final : public Transport {
   /// This endpoint's number in the network (what LoopbackNetwork::fail takes).
   int endpoint() const { return self_; }
   std::vector<uint8_t> address() const override;
-  int connect(std::span<const uint8_t> peerAddress) override;
+  int connect(std::span<const uint8_t> peerAddress, EndpointName peerName) override;
   void send(int peer, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) override;
   void receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer = -1) override;
   void exchange(int sendPeer, uint64_t sendTag, std::span<const uint8_t> bytes, int receivePeer, uint64_t receiveTag,
@@ -65,6 +67,8 @@ class LoopbackTransport final : public Transport {
   bool hasFailed(int peer) const override;
   std::string failureOf(int peer) const override;
   void closeAll(Deadline deadline) override;
+  void limitPayloads(uint64_t bytes) override { payloadLimit_ = bytes; }
+  uint64_t rejected() const override { return rejected_; }
 
   uint64_t bytesSent() const override { return bytesSent_; }
   uint64_t bytesReceived() const override { return bytesReceived_; }
@@ -72,6 +76,10 @@ class LoopbackTransport final : public Transport {
  private:
   /// The endpoint of peer index `peer`; throws for an index connect() never returned.
   int endpointOf(int peer) const;
+  /// The peer index of endpoint `endpoint`, or -1 when this transport never connected to it.
+  int peerOf(int endpoint) const;
+  /// The peer index of the sending endpoint, made one when it wrote before connect().
+  int senderPeer(int endpoint);
   /// Why `peer` (any peer when -1) has failed, or "" (the network's mutex is held).
   std::string failedLocked(int peer) const;
 
@@ -79,6 +87,8 @@ class LoopbackTransport final : public Transport {
   int self_;
   std::vector<int> peers_;  // endpoint of each peer index
   uint64_t bytesSent_ = 0, bytesReceived_ = 0;
+  uint64_t payloadLimit_ = uint64_t{1} << 40;
+  uint64_t rejected_ = 0;
 };
 
 }  // namespace weft::dist

@@ -1,5 +1,6 @@
 // A message between the processes of a job as a transport's active messages carry it: a header
-// (whose layout the protocol fixes, dist/ServerProtocol.h) and a payload.
+// (whose layout the protocol fixes, dist/ServerProtocol.h), a payload, and the peer it came from
+// as the transport established it (a sealed sender, dist/Seal.h), never as the header claims.
 #pragma once
 
 #include <cstdint>
@@ -7,9 +8,13 @@
 
 namespace weft::dist {
 
+/// An endpoint's name in its job (dist/Seal.h: endpointName).
+using EndpointName = uint64_t;
+
 struct Message {
   std::vector<uint8_t> header;
   std::vector<uint8_t> payload;
+  int from = -1;  ///< the sender's peer index on the receiving transport; -1 when not known
 };
 
 }  // namespace weft::dist

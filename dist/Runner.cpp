@@ -245,6 +245,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   state->timeout = config.timeout;
   state->job.emplace(std::move(job));
   JobContext& j = *state->job;
+  limitPayloads(j, graph);
   state->ring = std::make_unique<Ring>(*j.transport, j.rank(), j.routes.workerPeers, config.timeout);
   state->ring->setMachines(j.routes.workerHosts, config.localAggregation);
   state->communicator = std::make_unique<Communicator>(*state->ring, state->traffic);

@@ -188,6 +188,7 @@ int serveJob(JobContext& job, const Graph& graph, const Config& config) {
   const std::string who = describe(job.identity.id);
   try {
     const ServerPlan plan = planServers(graph, config.architecture, job.servers(), config.partitionBytes);
+    limitPayloads(job, graph);
     const int workers = job.workers();
     ParameterServer::Options options;
     options.workers = workers;

@@ -1,15 +1,17 @@
-// UcxTransport: tag sends and receives and active messages over one explicitly progressed UCX
-// worker (see the header).
+// UcxTransport: sealed active messages over one explicitly progressed UCX worker (see the header).
 #include "dist/UcxTransport.h"
 
 #include "core/Error.h"
 
 #include <ucp/api/ucp.h>
 
+#include <fmt/format.h>
 #include <poll.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <iostream>
 #include <string>
 #include <thread>
 
@@ -21,15 +23,17 @@ void check(ucs_status_t status, const char* what) {
   WEFT_CHECK(status == UCS_OK, "UCX {} failed: {}", what, ucs_status_string(status));
 }
 
-ucp_context_h createContext() {
+ucp_context_h createContext(const std::string& netDevices) {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");  // UCX_* from the environment
   // UCX 1.13's shared-memory transports cannot report a dead peer, so TCP unless the user chose.
   const char* chosen = std::getenv("UCX_TLS");
   if (chosen == nullptr) check(ucp_config_modify(config, "TLS", "tcp"), "ucp_config_modify(TLS)");
+  if (!netDevices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr)
+    check(ucp_config_modify(config, "NET_DEVICES", netDevices.c_str()), "ucp_config_modify(NET_DEVICES)");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM;
+  params.features = UCP_FEATURE_AM;
   // TCP can wake a blocked waiter (its sockets are file descriptors); asking for wakeups with
   // transports that cannot would leave UCX nothing to select.
   if (chosen == nullptr || std::string(chosen) == "tcp") params.features |= UCP_FEATURE_WAKEUP;
@@ -64,12 +68,17 @@ ucs_status_t statusOf(ucs_status_ptr_t request) {
   return ucp_request_check_status(request);
 }
 
+bool pending(ucs_status_ptr_t request) { return statusOf(request) == UCS_INPROGRESS; }
+
+/// The one active-message id weft uses; the seal says what a message is.
+constexpr unsigned kMessageId = 0;
+/// A flood of rejected messages is reported at most this often.
+constexpr auto kRejectionLogInterval = std::chrono::seconds(10);
+
 }  // namespace
 
-/// The one active-message id weft uses; the header says what a message is.
-constexpr unsigned kMessageId = 0;
-
-UcxTransport::UcxTransport() : context_(createContext()) {
+UcxTransport::UcxTransport(UcxIdentity identity)
+    : identity_(std::move(identity)), context_(createContext(identity_.netDevices)) {
   try {
     worker_ = createWorker(context_);
     ucp_am_handler_param_t handler{};
@@ -90,11 +99,9 @@ UcxTransport::UcxTransport() : context_(createContext()) {
 
 UcxTransport::~UcxTransport() {
   for (const std::unique_ptr<Peer>& p : peers_) closeEndpoint(*p);
-  for (const Arrival& a : arrivals_) {
-    if (a.rendezvous != nullptr) ucp_am_data_release(worker_, a.rendezvous);
-    if (statusOf(a.fetch) == UCS_INPROGRESS) ucp_request_cancel(worker_, a.fetch);
-    completeAndFree(a.fetch);
-  }
+  for (Posted& r : posted_) abandon(r.rendezvous, r.fetch);
+  for (Arrival& a : arrivals_) abandon(a.rendezvous, a.fetch);
+  for (Arrival& a : unexpected_) abandon(a.rendezvous, a.fetch);
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -109,63 +116,58 @@ std::vector<uint8_t> UcxTransport::address() const {
   return out;
 }
 
-int UcxTransport::connect(std::span<const uint8_t> peerAddress) {
+int UcxTransport::connect(std::span<const uint8_t> peerAddress, EndpointName peerName) {
   WEFT_CHECK(!peerAddress.empty(), "UCX connect: the peer address is empty");
-  auto p = std::make_unique<Peer>();
-  p->index = static_cast<int>(peers_.size());
+  const auto known = peerByName_.find(peerName);
+  Peer& p = known != peerByName_.end() ? *peers_[static_cast<size_t>(known->second)] : addPeer(peerName);
+  WEFT_CHECK(p.endpoint == nullptr, "UCX connect: {} is connected already", describeEndpoint(peerName));
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(peerAddress.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxTransport::onPeerError;
-  params.err_handler.arg = p.get();
-  const ucs_status_t status = ucp_ep_create(worker_, &params, &p->endpoint);
-  WEFT_CHECK(status == UCS_OK, "UCX connect to peer {} failed: {}", p->index, ucs_status_string(status));
+  params.err_handler.arg = &p;
+  const ucs_status_t status = ucp_ep_create(worker_, &params, &p.endpoint);
+  WEFT_CHECK(status == UCS_OK, "UCX connect to peer {} failed: {}", p.index, ucs_status_string(status));
+  return p.index;
+}
+
+UcxTransport::Peer& UcxTransport::addPeer(EndpointName name) {
+  auto p = std::make_unique<Peer>();
+  p->index = static_cast<int>(peers_.size());
+  p->name = name;
+  p->sendMac = std::make_unique<Gmac>(dataKey(identity_.secret, identity_.job, identity_.self, name));
+  p->receiveMac = std::make_unique<Gmac>(dataKey(identity_.secret, identity_.job, name, identity_.self));
+  peerByName_[name] = p->index;
   peers_.push_back(std::move(p));
-  return peers_.back()->index;
+  return *peers_.back();
 }
 
-void UcxTransport::send(int index, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) {
-  const ucs_status_ptr_t request = postSend(index, tag, bytes);
-  progressUntil({request}, deadline, Watch{});
-  finishSend(request, index, tag, bytes.size());
-}
+// ---- sending ----
 
-void UcxTransport::receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer) {
-  void* request = postReceive(tag, into);
-  progressUntil({request}, deadline, fromPeer < 0 ? Watch::all() : Watch{false, {fromPeer}});
-  finishReceive(request, tag, into.size());
-}
-
-void UcxTransport::exchange(int sendPeer, uint64_t sendTag, std::span<const uint8_t> bytes, int receivePeer,
-                            uint64_t receiveTag, std::span<uint8_t> into, Deadline deadline) {
-  void* received = postReceive(receiveTag, into);  // posted first, so the peer's send can land in place
-  ucs_status_ptr_t sent = nullptr;
-  try {
-    sent = postSend(sendPeer, sendTag, bytes);
-  } catch (...) {
-    ucp_request_cancel(worker_, received);
-    completeAndFree(received);
-    throw;
-  }
-  progressUntil({received, sent}, deadline, Watch{false, {sendPeer, receivePeer}});
-  try {
-    finishSend(sent, sendPeer, sendTag, bytes.size());
-  } catch (...) {
-    ucp_request_cancel(worker_, received);
-    completeAndFree(received);
-    throw;
-  }
-  finishReceive(received, receiveTag, into.size());
-}
-
-void* UcxTransport::postSend(int index, uint64_t tag, std::span<const uint8_t> bytes) {
+void* UcxTransport::postSend(int index, Seal::Kind kind, uint64_t tag, std::span<const uint8_t> header,
+                             std::span<const uint8_t> payload, std::vector<uint8_t>& keep) {
   Peer& p = peer(index);
   WEFT_CHECK(p.failure == UCS_OK, "UCX send to peer {} (tag {:#x}) failed: the peer has failed: {}", index, tag,
              ucs_status_string(p.failure));
+  WEFT_CHECK(p.endpoint != nullptr, "UCX send to peer {} (tag {:#x}): this transport has not connected to it", index,
+             tag);
+  Seal seal;
+  seal.kind = kind;
+  seal.sender = identity_.self;
+  seal.counter = p.nextCounter++;
+  seal.tag = tag;
+  seal.payloadLength = payload.size();
+  keep.assign(Seal::kBytes + header.size(), 0);
+  std::copy(header.begin(), header.end(), keep.begin() + Seal::kBytes);
+  const std::span<uint8_t, Seal::kBytes> sealBytes(keep.data(), Seal::kBytes);
+  seal.encodeInto(sealBytes);
+  seal.headerMac = p.sendMac->compute(seal.counter, 0, {sealBytes.first(Seal::kCoveredBytes), header});
+  seal.payloadMac = p.sendMac->compute(seal.counter, 1, {payload});
+  seal.encodeInto(sealBytes);
   const ucp_request_param_t params = byteParams();
-  return ucp_tag_send_nbx(p.endpoint, bytes.data(), bytes.size(), tag, &params);
+  return ucp_am_send_nbx(p.endpoint, kMessageId, keep.data(), keep.size(), payload.data(), payload.size(), &params);
 }
 
 void UcxTransport::finishSend(void* request, int index, uint64_t tag, size_t size) {
@@ -181,73 +183,260 @@ void UcxTransport::finishSend(void* request, int index, uint64_t tag, size_t siz
   bytesSent_ += size;
 }
 
-void* UcxTransport::postReceive(uint64_t tag, std::span<uint8_t> into) {
-  ucp_request_param_t params = byteParams();
-  params.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // always a request, so its length can be read
-  const ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_, into.data(), into.size(), tag, ~ucp_tag_t{0}, &params);
-  WEFT_CHECK(!UCS_PTR_IS_ERR(request), "UCX receive of tag {:#x} ({} bytes) failed: {}", tag, into.size(),
-             ucs_status_string(UCS_PTR_STATUS(request)));
-  return request;
+void UcxTransport::send(int index, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) {
+  std::vector<uint8_t> header;
+  void* request = postSend(index, Seal::Tagged, tag, {}, bytes, header);
+  progressUntil([&] { return !pending(request); }, deadline, Watch{});
+  finishSend(request, index, tag, bytes.size());
 }
 
-void UcxTransport::finishReceive(void* request, uint64_t tag, size_t size) {
-  ucp_tag_recv_info_t info{};
-  const ucs_status_t status = ucp_tag_recv_request_test(request, &info);
-  if (status == UCS_INPROGRESS) ucp_request_cancel(worker_, request);
-  completeAndFree(request);
-  if (status == UCS_INPROGRESS) {
-    const Peer* failed = firstFailedPeer(Watch::all());
-    WEFT_CHECK(failed == nullptr, "UCX receive of tag {:#x} failed: peer {} failed: {}", tag, failed->index,
-               ucs_status_string(failed->failure));
-    WEFT_THROW("UCX receive of tag {:#x} ({} bytes) failed: the deadline passed: {}", tag, size,
-               ucs_status_string(UCS_ERR_TIMED_OUT));
+void UcxTransport::sendMessage(int index, std::span<const uint8_t> header, std::span<const uint8_t> payload,
+                               Deadline deadline) {
+  std::vector<uint8_t> sealed;
+  void* request = postSend(index, Seal::Request, 0, header, payload, sealed);
+  progressUntil([&] { return !pending(request); }, deadline, Watch{false, {index}});
+  finishSend(request, index, kMessageId, header.size() + payload.size());
+}
+
+// ---- the gate ----
+
+void UcxTransport::reject(const std::string& why) {
+  ++rejected_;
+  const auto now = std::chrono::steady_clock::now();
+  if (rejected_ > 1 && now - lastRejectionLog_ < kRejectionLogInterval) {
+    ++rejectedUnlogged_;
+    return;
   }
-  WEFT_CHECK(status == UCS_OK, "UCX receive of tag {:#x} ({} bytes) failed: {}", tag, size,
-             ucs_status_string(status));
-  WEFT_CHECK(info.length == size, "UCX receive of tag {:#x}: expected {} bytes, the message has {}", tag, size,
-             info.length);
-  bytesReceived_ += info.length;
+  const std::string since =
+      rejectedUnlogged_ > 0 ? fmt::format(" ({} more dropped since the last report)", rejectedUnlogged_) : "";
+  std::cerr << fmt::format("weft: {} dropped a message: {}{}\n", describeEndpoint(identity_.self), why, since);
+  lastRejectionLog_ = now;
+  rejectedUnlogged_ = 0;
+}
+
+int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader, size_t length) {
+  const auto verifies = [&](Gmac& mac) {
+    return mac.verify(seal.headerMac, seal.counter, 0,
+                      {sealedHeader.first(Seal::kCoveredBytes), sealedHeader.subspan(Seal::kBytes)});
+  };
+  const auto known = peerByName_.find(seal.sender);
+  if (known == peerByName_.end()) {
+    // A member may write before this process has connected to it (it got the roster first):
+    // its seal verifies under the key its name derives, and it becomes a peer now.
+    Gmac mac(dataKey(identity_.secret, identity_.job, seal.sender, identity_.self));
+    if (!verifies(mac)) {
+      reject(fmt::format("it claims to come from {} but its seal does not verify", describeEndpoint(seal.sender)));
+      return -1;
+    }
+    addPeer(seal.sender);
+  } else if (!verifies(*peers_[static_cast<size_t>(known->second)]->receiveMac)) {
+    reject(fmt::format("it claims to come from {} but its seal does not verify", describeEndpoint(seal.sender)));
+    return -1;
+  }
+  Peer& p = *peers_[static_cast<size_t>(peerByName_.at(seal.sender))];
+  if (seal.payloadLength != length || length > payloadLimit_) {
+    reject(fmt::format("{} sent a {}-byte payload declared as {} bytes; this job's messages carry at most {}",
+                       describeEndpoint(seal.sender), length, seal.payloadLength, payloadLimit_));
+    return -1;
+  }
+  if (!p.window.accept(seal.counter)) {
+    reject(fmt::format("message {} of {} came again (a replay)", seal.counter, describeEndpoint(seal.sender)));
+    return -1;
+  }
+  return p.index;
 }
 
 ucs_status_t UcxTransport::onMessage(void* arg, const void* header, size_t headerLength, void* data, size_t length,
                                      const ucp_am_recv_param_t* param) {
-  // Inside progress: keep the message; a rendezvous payload is fetched by takeMessages().
+  // Inside progress: check and keep; a rendezvous payload is fetched after progress returns.
   auto* self = static_cast<UcxTransport*>(arg);
+  const std::span<const uint8_t> sealed(static_cast<const uint8_t*>(header), headerLength);
   Arrival arrival;
-  const auto* h = static_cast<const uint8_t*>(header);
-  arrival.message.header.assign(h, h + headerLength);
-  arrival.length = length;
+  try {
+    arrival.seal = Seal::decode(sealed);
+  } catch (const std::exception& e) {
+    self->reject(e.what());
+    return UCS_OK;  // a rendezvous payload is then never fetched
+  }
+  arrival.peer = self->admit(arrival.seal, sealed, length);
+  if (arrival.peer < 0) return UCS_OK;
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  if (arrival.seal.kind == Seal::Tagged) {
+    if (headerLength != Seal::kBytes) {
+      self->reject(fmt::format("tagged data from {} carries a header", describeEndpoint(arrival.seal.sender)));
+      return UCS_OK;
+    }
+    return self->takeTagged(std::move(arrival), data, length, rendezvous);
+  }
+  arrival.header.assign(sealed.begin() + Seal::kBytes, sealed.end());
   if (rendezvous) {
     arrival.rendezvous = data;
   } else if (length > 0) {
-    const auto* d = static_cast<const uint8_t*>(data);
-    arrival.message.payload.assign(d, d + length);
+    arrival.payload.assign(bytes, bytes + length);
   }
   self->arrivals_.push_back(std::move(arrival));
   return rendezvous ? UCS_INPROGRESS : UCS_OK;
 }
 
-void UcxTransport::sendMessage(int index, std::span<const uint8_t> header, std::span<const uint8_t> payload,
-                               Deadline deadline) {
-  Peer& p = peer(index);
-  WEFT_CHECK(p.failure == UCS_OK, "UCX message to peer {} failed: the peer has failed: {}", index,
-             ucs_status_string(p.failure));
-  const ucp_request_param_t params = byteParams();
-  void* request = ucp_am_send_nbx(p.endpoint, kMessageId, header.data(), header.size(), payload.data(),
-                                  payload.size(), &params);
-  progressUntil({request}, deadline, Watch{false, {index}});
-  finishSend(request, index, kMessageId, header.size() + payload.size());
+ucs_status_t UcxTransport::takeTagged(Arrival arrival, void* data, size_t length, bool rendezvous) {
+  const auto r = std::find_if(posted_.begin(), posted_.end(), [&](const Posted& p) {
+    return p.state == Posted::Waiting && p.tag == arrival.seal.tag && (p.fromPeer < 0 || p.fromPeer == arrival.peer);
+  });
+  if (r == posted_.end()) {
+    if (unexpected_.size() >= kMaxUnexpected) {
+      reject(fmt::format("{} sent more than {} tagged messages ahead of their receives",
+                         describeEndpoint(arrival.seal.sender), kMaxUnexpected));
+      return UCS_OK;
+    }
+    if (rendezvous) {
+      arrival.rendezvous = data;
+    } else if (length > 0) {
+      arrival.payload.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + length);
+    }
+    unexpected_.push_back(std::move(arrival));
+    return rendezvous ? UCS_INPROGRESS : UCS_OK;
+  }
+  r->seal = arrival.seal;
+  r->peer = arrival.peer;
+  if (length != r->into.size()) {
+    fail(*r, length);
+    return UCS_OK;
+  }
+  if (rendezvous) {
+    r->rendezvous = data;
+    r->state = Posted::Matched;
+    return UCS_INPROGRESS;
+  }
+  complete(*r, {static_cast<const uint8_t*>(data), length});
+  return UCS_OK;
+}
+
+void UcxTransport::fail(Posted& r, size_t length) {
+  r.state = Posted::Failed;
+  r.failure = fmt::format("UCX receive of tag {:#x}: expected {} bytes, the message has {}", r.tag, r.into.size(), length);
+}
+
+void UcxTransport::complete(Posted& r, std::span<const uint8_t> payload) {
+  if (payload.size() != r.into.size()) return fail(r, payload.size());
+  if (!payload.empty() && payload.data() != r.into.data()) std::memcpy(r.into.data(), payload.data(), payload.size());
+  if (peer(r.peer).receiveMac->verify(r.seal.payloadMac, r.seal.counter, 1, {r.into})) {
+    r.state = Posted::Done;
+    return;
+  }
+  reject(fmt::format("the payload of message {} of {} does not verify", r.seal.counter, describeEndpoint(r.seal.sender)));
+  r.state = Posted::Waiting;  // the genuine message may still come
+  matchUnexpected(r);
+}
+
+void UcxTransport::matchUnexpected(Posted& r) {
+  const auto a = std::find_if(unexpected_.begin(), unexpected_.end(), [&](const Arrival& u) {
+    return u.seal.tag == r.tag && (r.fromPeer < 0 || r.fromPeer == u.peer);
+  });
+  if (a == unexpected_.end()) return;
+  Arrival arrival = std::move(*a);
+  unexpected_.erase(a);
+  r.seal = arrival.seal;
+  r.peer = arrival.peer;
+  if (arrival.seal.payloadLength != r.into.size()) {
+    abandon(arrival.rendezvous, arrival.fetch);
+    return fail(r, arrival.seal.payloadLength);
+  }
+  if (arrival.rendezvous != nullptr) {
+    r.rendezvous = arrival.rendezvous;
+    r.state = Posted::Matched;
+    return;
+  }
+  complete(r, arrival.payload);
+}
+
+// ---- receiving ----
+
+UcxTransport::Posted& UcxTransport::post(uint64_t tag, std::span<uint8_t> into, int fromPeer) {
+  if (fromPeer >= 0) peer(fromPeer);  // a valid index
+  Posted& r = posted_.emplace_back();
+  r.tag = tag;
+  r.into = into;
+  r.fromPeer = fromPeer;
+  matchUnexpected(r);
+  startFetches();
+  return r;
+}
+
+void UcxTransport::receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer) {
+  post(tag, into, fromPeer);
+  finishReceive(std::prev(posted_.end()), deadline, fromPeer < 0 ? Watch::all() : Watch{false, {fromPeer}});
+}
+
+void UcxTransport::exchange(int sendPeer, uint64_t sendTag, std::span<const uint8_t> bytes, int receivePeer,
+                            uint64_t receiveTag, std::span<uint8_t> into, Deadline deadline) {
+  post(receiveTag, into, receivePeer);  // posted first, so the peer's payload can land in place
+  const auto received = std::prev(posted_.end());
+  std::vector<uint8_t> header;
+  void* sent = nullptr;
+  try {
+    sent = postSend(sendPeer, Seal::Tagged, sendTag, {}, bytes, header);
+    const Watch watch{false, {sendPeer, receivePeer}};
+    progressUntil([&] { return !pending(sent) && received->state >= Posted::Done; }, deadline, watch);
+    finishSend(sent, sendPeer, sendTag, bytes.size());
+  } catch (...) {
+    abandon(received->rendezvous, received->fetch);
+    posted_.erase(received);
+    throw;
+  }
+  finishReceive(received, deadline, Watch{false, {receivePeer}});
+}
+
+void UcxTransport::finishReceive(std::list<Posted>::iterator r, Deadline deadline, const Watch& watch) {
+  progressUntil([&] { return r->state >= Posted::Done; }, deadline, watch);
+  const uint64_t tag = r->tag;
+  const size_t size = r->into.size();
+  const Posted::State state = r->state;
+  const std::string failure = std::move(r->failure);
+  abandon(r->rendezvous, r->fetch);
+  posted_.erase(r);
+  if (state == Posted::Done) {
+    bytesReceived_ += size;
+    return;
+  }
+  WEFT_CHECK(state != Posted::Failed, "{}", failure);
+  const Peer* failed = firstFailedPeer(watch);
+  WEFT_CHECK(failed == nullptr, "UCX receive of tag {:#x} failed: peer {} failed: {}", tag, failed->index,
+             ucs_status_string(failed->failure));
+  WEFT_THROW("UCX receive of tag {:#x} ({} bytes) failed: the deadline passed: {}", tag, size,
+             ucs_status_string(UCS_ERR_TIMED_OUT));
 }
 
 void UcxTransport::startFetches() {
+  const ucp_request_param_t params = byteParams();
   for (Arrival& a : arrivals_) {
     if (a.rendezvous == nullptr) continue;
     // The payload's buffer stays put when arrivals_ grows: moving a vector keeps its storage.
-    a.message.payload.resize(a.length);
-    ucp_request_param_t params = byteParams();
-    a.fetch = ucp_am_recv_data_nbx(worker_, a.rendezvous, a.message.payload.data(), a.length, &params);
+    a.payload.resize(a.seal.payloadLength);
+    a.fetch = ucp_am_recv_data_nbx(worker_, a.rendezvous, a.payload.data(), a.payload.size(), &params);
     a.rendezvous = nullptr;  // UCX owns the descriptor from here on
+  }
+  for (Posted& r : posted_) {
+    if (r.state != Posted::Matched) continue;
+    r.fetch = ucp_am_recv_data_nbx(worker_, r.rendezvous, r.into.data(), r.into.size(), &params);
+    r.rendezvous = nullptr;
+    r.state = Posted::Fetching;
+  }
+}
+
+void UcxTransport::settleFetches() {
+  for (Posted& r : posted_) {
+    if (r.state != Posted::Fetching || pending(r.fetch)) continue;
+    const ucs_status_t status = statusOf(r.fetch);
+    completeAndFree(r.fetch);
+    r.fetch = nullptr;
+    if (status == UCS_OK) {
+      complete(r, r.into);
+    } else {
+      r.state = Posted::Failed;
+      r.failure = fmt::format("UCX receive of tag {:#x}: fetching its {} bytes from peer {} failed: {}", r.tag,
+                              r.into.size(), r.peer, ucs_status_string(status));
+    }
   }
 }
 
@@ -255,6 +444,7 @@ void UcxTransport::progress() {
   while (ucp_worker_progress(worker_) != 0) {
   }
   startFetches();
+  settleFetches();
 }
 
 std::vector<Message> UcxTransport::takeMessages(Deadline deadline) {
@@ -265,24 +455,29 @@ std::vector<Message> UcxTransport::takeMessages(Deadline deadline) {
   for (size_t i = 0; i < arrived.size(); ++i) {
     Arrival& a = arrived[i];
     if (a.fetch != nullptr) {
-      progressUntil({a.fetch}, deadline, Watch{});  // the sender is unknown here; UCX fails the fetch if it dies
+      progressUntil([&] { return !pending(a.fetch); }, deadline, Watch{false, {a.peer}});
       const ucs_status_t status = statusOf(a.fetch);
       if (status == UCS_INPROGRESS) ucp_request_cancel(worker_, a.fetch);
       completeAndFree(a.fetch);
+      a.fetch = nullptr;
       if (status != UCS_OK) {
-        for (size_t j = i + 1; j < arrived.size(); ++j) {
-          if (statusOf(arrived[j].fetch) == UCS_INPROGRESS) ucp_request_cancel(worker_, arrived[j].fetch);
-          completeAndFree(arrived[j].fetch);
-        }
-        WEFT_THROW("UCX: fetching a {}-byte message failed: {}", a.length,
+        for (size_t j = i + 1; j < arrived.size(); ++j) abandon(arrived[j].rendezvous, arrived[j].fetch);
+        WEFT_THROW("UCX: fetching a {}-byte message from peer {} failed: {}", a.payload.size(), a.peer,
                    status == UCS_INPROGRESS ? "the deadline passed" : ucs_status_string(status));
       }
     }
-    bytesReceived_ += a.message.header.size() + a.message.payload.size();
-    out.push_back(std::move(a.message));
+    if (!peer(a.peer).receiveMac->verify(a.seal.payloadMac, a.seal.counter, 1, {a.payload})) {
+      reject(fmt::format("the payload of message {} of {} does not verify", a.seal.counter,
+                         describeEndpoint(a.seal.sender)));
+      continue;
+    }
+    bytesReceived_ += a.header.size() + a.payload.size();
+    out.push_back(Message{std::move(a.header), std::move(a.payload), a.peer});
   }
   return out;
 }
+
+// ---- peers and waiting ----
 
 bool UcxTransport::hasFailed(int index) const {
   WEFT_CHECK(index >= 0 && static_cast<size_t>(index) < peers_.size(), "UCX: no peer {}", index);
@@ -313,21 +508,17 @@ void UcxTransport::closeEndpoint(Peer& p) {
   p.endpoint = nullptr;
 }
 
-void UcxTransport::progressUntil(std::initializer_list<void*> requests, Deadline deadline, const Watch& watch) {
-  auto pending = [&] {
-    for (void* r : requests)
-      if (statusOf(r) == UCS_INPROGRESS) return true;
-    return false;
-  };
+void UcxTransport::progressUntil(const std::function<bool()>& done, Deadline deadline, const Watch& watch) {
   int idle = 0;
-  while (pending()) {
+  while (!done()) {
     if (ucp_worker_progress(worker_) != 0) {
       startFetches();
       idle = 0;
     } else if (++idle > kSpinsBeforeWaiting) {
       waitForActivity(deadline, std::chrono::milliseconds(1));
     }
-    if (Clock::now() >= deadline || firstFailedPeer(watch) != nullptr) return;
+    settleFetches();
+    if (done() || Clock::now() >= deadline || firstFailedPeer(watch) != nullptr) return;
   }
 }
 
@@ -350,6 +541,14 @@ void UcxTransport::completeAndFree(void* request) {
   ucp_request_free(request);
 }
 
+void UcxTransport::abandon(void*& rendezvous, void*& fetch) {
+  if (rendezvous != nullptr) ucp_am_data_release(worker_, rendezvous);
+  rendezvous = nullptr;
+  if (pending(fetch)) ucp_request_cancel(worker_, fetch);
+  completeAndFree(fetch);
+  fetch = nullptr;
+}
+
 const UcxTransport::Peer* UcxTransport::firstFailedPeer(const Watch& watch) const {
   for (const std::unique_ptr<Peer>& p : peers_) {
     const bool watched = watch.everyPeer || std::find(watch.peers.begin(), watch.peers.end(), p->index) != watch.peers.end();
@@ -360,7 +559,6 @@ const UcxTransport::Peer* UcxTransport::firstFailedPeer(const Watch& watch) cons
 
 void UcxTransport::closeAll(Deadline deadline) {
   ucp_request_param_t params{};  // no FORCE flag: the close flushes what is in flight
-  std::vector<void*> requests;
   for (const std::unique_ptr<Peer>& p : peers_) {
     if (p->endpoint == nullptr) continue;
     void* request = ucp_ep_close_nbx(p->endpoint, &params);

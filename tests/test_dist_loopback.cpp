@@ -199,7 +199,7 @@ TEST_CASE("the ring's AllReduce, AllGather and Broadcast over in-process transpo
   std::vector<std::vector<int>> peers(ranks, std::vector<int>(ranks, -1));
   for (int r = 0; r < ranks; ++r)
     for (int q = 0; q < ranks; ++q)
-      if (q != r) peers[r][q] = transports[r]->connect(transports[q]->address());
+      if (q != r) peers[r][q] = transports[r]->connect(transports[q]->address(), static_cast<EndpointName>(q));
   for (bool twoMachines : {false, true}) {
     CAPTURE(twoMachines);
     std::vector<std::vector<double>> sums(ranks), gathered(ranks), broadcasts(ranks);

@@ -5,7 +5,9 @@
 // whose deadline passes, and that a peer killed with SIGKILL fails the survivor's pending receive
 // well before its deadline. With two transports per side: a worker's request to a server does not
 // wait behind the AllReduce its communication thread is blocked in. Every child has an alarm() so
-// that no failure can hang the suite.
+// that no failure can hang the suite. The gate: messages sealed under another secret, claiming a
+// peer's name or a stranger's, are dropped while the genuine one arrives, and a payload declared
+// over the job's limit is dropped unfetched.
 #include "tests/TestUtil.h"
 
 #include "core/Graph.h"
@@ -22,6 +24,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -34,6 +37,25 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
+
+Secret secretOf(uint8_t seed) {
+  Secret s{};
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint8_t>(seed + 7 * i);
+  return s;
+}
+
+const JobId kJob = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
+
+/// Transport k of side `rank`, as the job names it.
+EndpointName nameOf(int rank, size_t k) { return endpointName(0, 0, rank, static_cast<uint8_t>(k)); }
+
+UcxIdentity identityOf(EndpointName name, uint8_t secretSeed = 1) { return {secretOf(secretSeed), kJob, name, "lo"}; }
+
+/// The other side's transport addresses, in the child (what an outsider who found them would use).
+std::vector<std::vector<uint8_t>>& otherSideAddresses() {
+  static std::vector<std::vector<uint8_t>> addresses;
+  return addresses;
+}
 
 /// One side's work once connected: its transport, its rank (0 or 1), the other side's peer index.
 using Body = std::function<std::string(UcxTransport&, int rank, int peer)>;
@@ -106,11 +128,14 @@ std::string runSide(int rank, int toPeer, int fromPeer, size_t count, const Mult
   try {
     Transports transports;
     for (size_t k = 0; k < count; ++k) {
-      transports.push_back(std::make_unique<UcxTransport>());
+      transports.push_back(std::make_unique<UcxTransport>(identityOf(nameOf(rank, k))));
       sendBlob(toPeer, transports.back()->address());
     }
     std::vector<int> peers;
-    for (const auto& t : transports) peers.push_back(t->connect(receiveBlob(fromPeer)));
+    for (size_t k = 0; k < count; ++k) {
+      otherSideAddresses().push_back(receiveBlob(fromPeer));
+      peers.push_back(transports[k]->connect(otherSideAddresses().back(), nameOf(1 - rank, k)));
+    }
     report = body(transports, rank, peers);
   } catch (const std::exception& e) {
     report = std::string("unexpected error: ") + e.what();
@@ -271,6 +296,72 @@ TEST_CASE("UcxTransport: a peer killed with SIGKILL fails the pending receive in
   CHECK(contains(results[0].report, "UCX receive of tag 0x34 failed: peer 0 failed: "));
   CHECK(exitedCleanly(results[0].status));
   CHECK((WIFSIGNALED(results[1].status) && WTERMSIG(results[1].status) == SIGKILL));
+}
+
+/// Progresses `t` until it has rejected `count` messages or 5 s passed; returns how many it has.
+uint64_t awaitRejections(UcxTransport& t, uint64_t count) {
+  const Deadline deadline = Clock::now() + 5s;
+  while (t.rejected() < count && Clock::now() < deadline) {
+    t.progress();
+    t.waitForActivity(deadline, 1ms);
+  }
+  return t.rejected();
+}
+
+TEST_CASE("UcxTransport: messages sealed under another secret are dropped and the genuine one arrives") {
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    std::vector<uint8_t> buffer(64);
+    if (rank == 1) {
+      // One impostor claims this side's name, one is a stranger; neither holds the job secret.
+      UcxTransport impostor(identityOf(nameOf(1, 0), 2)), stranger(identityOf(nameOf(5, 0), 3));
+      for (UcxTransport* forger : {&impostor, &stranger}) {
+        const int victim = forger->connect(otherSideAddresses()[0], nameOf(0, 0));
+        forger->send(victim, 0x41, pattern(64, 9), Clock::now() + 5s);
+        forger->sendMessage(victim, std::vector<uint8_t>{1, 2, 3}, pattern(16, 9), Clock::now() + 5s);
+      }
+      std::this_thread::sleep_for(100ms);  // the forgeries are ahead of the genuine message
+      t.send(peer, 0x41, pattern(64, 1), Clock::now() + 5s);
+      t.receive(0x42, buffer, Clock::now() + 5s);  // the impostors stay alive until rank 0 is done
+      return std::string("ok");
+    }
+    t.receive(0x41, buffer, Clock::now() + 5s);
+    std::string problems = expectBytes(buffer, pattern(64, 1), "the genuine message");
+    const uint64_t rejected = awaitRejections(t, 4);
+    if (rejected != 4) problems += fmt::format("{} messages rejected, expected 4; ", rejected);
+    if (!t.takeMessages(Clock::now() + 1s).empty()) problems += "a forged request got through; ";
+    t.send(peer, 0x42, buffer, Clock::now() + 5s);
+    return problems.empty() ? "ok" : problems;
+  });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
+}
+
+TEST_CASE("UcxTransport: a payload declared over the job's limit is dropped without being fetched") {
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    std::vector<uint8_t> small(16);
+    if (rank == 1) {
+      t.send(peer, 0x51, pattern(16, 4), Clock::now() + 5s);
+      // A member of the job (it holds the secret) that announces more than the plan allows.
+      UcxTransport oversized(identityOf(nameOf(6, 0)));
+      const int victim = oversized.connect(otherSideAddresses()[0], nameOf(0, 0));
+      errorOf([&] { oversized.send(victim, 0x52, pattern(8 * kMiB, 5), Clock::now() + 2s); });
+      t.receive(0x53, small, Clock::now() + 10s);
+      return std::string("ok");
+    }
+    t.limitPayloads(4096);
+    t.receive(0x51, small, Clock::now() + 5s);
+    std::string problems = expectBytes(small, pattern(16, 4), "the message within the limit");
+    const uint64_t rejected = awaitRejections(t, 1);
+    if (rejected != 1) problems += fmt::format("{} messages rejected, expected 1; ", rejected);
+    t.send(peer, 0x53, small, Clock::now() + 5s);
+    return problems.empty() ? "ok" : problems;
+  });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
 }
 
 TEST_CASE("ServerClient: a request goes out while the communication thread waits in an AllReduce") {

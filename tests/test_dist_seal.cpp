@@ -1,0 +1,107 @@
+// The data plane's seals (dist/Seal.h): keys per direction, GMACs that catch any changed bit,
+// the replay window, and the seal's wire layout.
+#include "tests/TestUtil.h"
+
+#include "dist/Seal.h"
+
+using namespace weft;
+using namespace weft::dist;
+
+namespace {
+
+Secret secretOf(uint8_t seed) {
+  Secret s{};
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint8_t>(seed + i);
+  return s;
+}
+
+const JobId kJob = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+const EndpointName kWorker = endpointName(0, 0, 1, 0), kServer = endpointName(1, 2, 0, 0);
+
+std::vector<uint8_t> bytes(size_t n, uint8_t seed) {
+  std::vector<uint8_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(seed + 13 * i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dataKey: each direction, job and secret has its own key") {
+  const DataKey key = dataKey(secretOf(1), kJob, kWorker, kServer);
+  CHECK(key == dataKey(secretOf(1), kJob, kWorker, kServer));
+  CHECK(key != dataKey(secretOf(1), kJob, kServer, kWorker));
+  CHECK(key != dataKey(secretOf(2), kJob, kWorker, kServer));
+  JobId other = kJob;
+  other[0] ^= 1;
+  CHECK(key != dataKey(secretOf(1), other, kWorker, kServer));
+}
+
+TEST_CASE("Gmac: a tag verifies for its bytes, counter and part, and for nothing else") {
+  Gmac mac(dataKey(secretOf(1), kJob, kWorker, kServer));
+  const std::vector<uint8_t> header = bytes(40, 1), payload = bytes(1000, 2);
+  const MacTag tag = mac.compute(7, 1, {header, payload});
+  CHECK(mac.verify(tag, 7, 1, {header, payload}));
+  CHECK_FALSE(mac.verify(tag, 8, 1, {header, payload}));
+  CHECK_FALSE(mac.verify(tag, 7, 0, {header, payload}));
+  for (size_t bit : {size_t{0}, size_t{333}, size_t{7999}}) {
+    std::vector<uint8_t> flipped = payload;
+    flipped[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    CHECK_FALSE(mac.verify(tag, 7, 1, {header, flipped}));
+  }
+  Gmac otherKey(dataKey(secretOf(2), kJob, kWorker, kServer));
+  CHECK_FALSE(otherKey.verify(tag, 7, 1, {header, payload}));
+}
+
+TEST_CASE("ReplayWindow: every counter is accepted once, in any order within the window") {
+  ReplayWindow window;
+  CHECK_FALSE(window.accept(0));
+  CHECK(window.accept(5));
+  CHECK(window.accept(3));
+  CHECK_FALSE(window.accept(5));
+  CHECK_FALSE(window.accept(3));
+  CHECK(window.accept(4));
+  CHECK(window.accept(5 + ReplayWindow::kWidth - 1));
+  CHECK_FALSE(window.accept(4));  // fell out of the window
+  CHECK(window.accept(6));        // still inside it
+  CHECK(window.accept(10 * ReplayWindow::kWidth));
+  CHECK_FALSE(window.accept(10 * ReplayWindow::kWidth));
+  CHECK_FALSE(window.accept(6));
+}
+
+TEST_CASE("Seal: encodes and decodes every field; a short, foreign or padded header is refused") {
+  Seal seal;
+  seal.kind = Seal::Tagged;
+  seal.sender = kServer;
+  seal.counter = 0x0102030405060708;
+  seal.tag = 0xfedcba9876543210;
+  seal.payloadLength = 1ull << 40;
+  seal.headerMac.fill(0xaa);
+  seal.payloadMac.fill(0x55);
+  std::array<uint8_t, Seal::kBytes> encoded{};
+  seal.encodeInto(encoded);
+  const Seal back = Seal::decode(encoded);
+  CHECK(back.kind == seal.kind);
+  CHECK(back.sender == seal.sender);
+  CHECK(back.counter == seal.counter);
+  CHECK(back.tag == seal.tag);
+  CHECK(back.payloadLength == seal.payloadLength);
+  CHECK(back.headerMac == seal.headerMac);
+  CHECK(back.payloadMac == seal.payloadMac);
+
+  CHECK(errorOf([&] { Seal::decode(std::span(encoded).first(3)); }) ==
+        "message seal: 3 header bytes, a seal takes 72");
+  std::array<uint8_t, Seal::kBytes> bad = encoded;
+  bad[0] ^= 1;
+  CHECK(contains(errorOf([&] { Seal::decode(bad); }), "message seal: bad magic"));
+  bad = encoded;
+  bad[4] = 9;
+  CHECK(errorOf([&] { Seal::decode(bad); }) == "message seal: unknown kind 9");
+  bad = encoded;
+  bad[6] = 1;
+  CHECK(errorOf([&] { Seal::decode(bad); }) == "message seal: padding is not zero");
+}
+
+TEST_CASE("describeEndpoint: names the member and its transport") {
+  CHECK(describeEndpoint(endpointName(0, 3, 2, 1)) == "endpoint 1 of worker 2 of host 3");
+  CHECK(describeEndpoint(endpointName(1, 0, 0, 0)) == "endpoint 0 of server 0 of host 0");
+}
