@@ -18,6 +18,10 @@ namespace {
 
 using Payload = std::vector<uint8_t>;
 
+// A worker waits on one pull per partition at a time (a FETCH beside it at most): a sender with
+// more waiting is not following the protocol.
+constexpr std::ptrdiff_t kMaxWaitingPulls = 4;
+
 Shape withRows(const Shape& shape, int64_t rows) {
   std::vector<int64_t> dims = shape.dims();
   dims[0] = rows;
@@ -276,6 +280,8 @@ std::vector<ParameterServer::Reply> ParameterServer::handle(const Message& messa
   WEFT_CHECK(options_.groups.leader(group) == static_cast<int>(h.worker),
              "{} request from worker {}, whose machine's local aggregator speaks for it as worker {}",
              requestKindName(h.kind), h.worker, options_.groups.leader(group));
+  WEFT_CHECK(!leftJob_[static_cast<size_t>(group)], "{} request from worker {}, which has said goodbye",
+             requestKindName(h.kind), h.worker);
   if (h.kind == RequestKind::Goodbye) {
     leftJob_[static_cast<size_t>(group)] = true;
     return {replyTo(h, {})};
@@ -306,7 +312,11 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
     case RequestKind::Fetch:
       WEFT_CHECK(h.kind == RequestKind::PullRows || payload.empty(), "{} carries {} bytes, expected none",
                  requestKindName(h.kind), payload.size());
+      options_.sync->checkPull(h.clock, p.version);
       if (!options_.sync->pullReady(h.clock, p.version)) {
+        const auto sameSender = [&](const auto& w) { return w.first.worker == h.worker; };
+        WEFT_CHECK(std::count_if(p.waiting.begin(), p.waiting.end(), sameSender) < kMaxWaitingPulls,
+                   "worker {} has {} pulls waiting for version {} already", h.worker, kMaxWaitingPulls, h.clock);
         p.waiting.emplace_back(h, payload);
         return {};
       }
@@ -314,6 +324,11 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
     case RequestKind::Push: return push(p, h, payload);
     case RequestKind::Apply: return apply(p, h, payload);
     case RequestKind::Load:
+      // Worker 0 publishes the initial (or restored) values before any gradient arrives; later
+      // they would overwrite the job's training.
+      WEFT_CHECK(h.worker == 0, "LOAD comes from worker 0 alone, not worker {}", h.worker);
+      WEFT_CHECK(p.version == 0 && std::none_of(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); }),
+                 "LOAD at version {}: values are loaded only before training starts", p.version);
       p.load(payload);
       return {replyTo(h, {})};
     case RequestKind::Goodbye: break;

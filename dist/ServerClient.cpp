@@ -91,10 +91,11 @@ std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls,
       if (transport_.hasFailed(peer)) failed.insert(peer);
     }
     for (Message& m : transport_.takeMessages(deadline)) {
-      if (isRequest(m.header)) continue;  // workers serve nothing
+      // Workers serve nothing, and only the server a request went to answers it.
+      if (isRequest(m.header)) continue;
       const ReplyHeader r = decodeReply(m.header);
       auto it = pending.find(r.id);
-      if (it == pending.end()) continue;
+      if (it == pending.end() || m.from != serverPeers_[static_cast<size_t>(destinationOf(calls[it->second]))]) continue;
       WEFT_CHECK(r.status == 0, "{}", std::string(m.payload.begin(), m.payload.end()));
       replies[it->second] = std::move(m.payload);
       pending.erase(it);

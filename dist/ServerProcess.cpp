@@ -28,11 +28,14 @@ class ServerRouter {
     if (!isRequest(m.header)) {
       WEFT_CHECK(aggregator_ != nullptr, "a reply arrived, but this server forwards no requests");
       const auto [server, kind] = aggregator_->destinationOf(decodeReply(m.header).id);
+      WEFT_CHECK(m.from == routes_.serverPeers[static_cast<size_t>(server)],
+                 "a reply to a request sent to server {} came from another peer ({})", server, m.from);
       count(traffic_.received, routes_.serverHosts[static_cast<size_t>(server)], m, kind);
       deliver(aggregator_->fromServer(m));
       return;
     }
     const RequestHeader h = decodeRequest(m.header);
+    checkSender(m, h);
     if (aggregator_ != nullptr && aggregator_->isMember(static_cast<int>(h.worker))) {
       deliver(aggregator_->fromMember(m));
       return;
@@ -40,6 +43,19 @@ class ServerRouter {
     std::vector<ParameterServer::Reply> replies = server_.handle(m);  // throws for a worker outside the job
     count(traffic_.received, senderHost(static_cast<int>(h.worker)), m, h.kind);
     for (ParameterServer::Reply& r : replies) route(std::move(r));
+  }
+
+  /// Throws unless the request's claimed worker is the sealed sender's: the worker itself, or
+  /// (for a machine whose workers reach the servers together) that machine's relaying server.
+  void checkSender(const Message& m, const RequestHeader& h) const {
+    WEFT_CHECK(h.worker < routes_.workerPeers.size(), "{} request from worker {}: the job has {} workers",
+               requestKindName(h.kind), h.worker, routes_.workerPeers.size());
+    const int relay = groups_.relay[static_cast<size_t>(groups_.groupOfWorker[h.worker])];
+    const bool relayed = relay >= 0 && relay != routes_.self;
+    const int expected = relayed ? routes_.serverPeers[static_cast<size_t>(relay)] : routes_.workerPeers[h.worker];
+    WEFT_CHECK(m.from == expected, "{} request claiming to be worker {}'s came from peer {}, not from {} (peer {})",
+               requestKindName(h.kind), h.worker, m.from, relayed ? fmt::format("server {}", relay) : "that worker",
+               expected);
   }
 
   /// Throws when a worker or server this process still depends on has failed.

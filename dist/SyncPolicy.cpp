@@ -18,6 +18,12 @@ class Bsp final : public SyncPolicy {
   void checkApply(uint64_t clock, uint64_t version) const override {
     WEFT_CHECK(clock == version, "APPLY for clock {} while the partition is at version {}", clock, version);
   }
+  // A worker that has pushed for version v pulls for v + 1 before the update is applied; it
+  // cannot push (or pull) further before that pull is answered.
+  void checkPull(uint64_t clock, uint64_t version) const override {
+    WEFT_CHECK(clock <= version + 1, "a pull for clock {} while the partition is at version {}: under BSP no worker "
+               "is more than one version ahead", clock, version);
+  }
   bool pullReady(uint64_t clock, uint64_t version) const override { return clock <= version; }
   bool machinePushReady(int pushed, int members) const override { return pushed == members; }
   // The workers' clocks differ by at most one: a pull for c reads version c, and a worker one

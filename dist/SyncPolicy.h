@@ -27,6 +27,9 @@ class SyncPolicy {
   virtual bool pushesComplete(int pushed, int senders) const = 0;
   /// Server: throws, saying why, when worker 0's APPLY for `clock` cannot run at `version`.
   virtual void checkApply(uint64_t clock, uint64_t version) const = 0;
+  /// Server: throws, saying why, when a pull for `clock` asks further ahead of `version` than
+  /// any worker can be (so no sender can queue pulls without bound).
+  virtual void checkPull(uint64_t clock, uint64_t version) const = 0;
   /// Server: whether a pull for `clock` may be answered at `version` (otherwise it waits).
   virtual bool pullReady(uint64_t clock, uint64_t version) const = 0;
 

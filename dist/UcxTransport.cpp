@@ -234,9 +234,14 @@ int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader,
     return -1;
   }
   Peer& p = *peers_[static_cast<size_t>(peerByName_.at(seal.sender))];
-  if (seal.payloadLength != length || length > payloadLimit_) {
-    reject(fmt::format("{} sent a {}-byte payload declared as {} bytes; this job's messages carry at most {}",
-                       describeEndpoint(seal.sender), length, seal.payloadLength, payloadLimit_));
+  if (seal.payloadLength != length) {
+    reject(fmt::format("{} sent a {}-byte payload sealed as {} bytes", describeEndpoint(seal.sender), length,
+                       seal.payloadLength));
+    return -1;
+  }
+  if (length > payloadLimit_) {
+    reject(fmt::format("{} sent a {}-byte payload; this job's messages carry at most {}", describeEndpoint(seal.sender),
+                       length, payloadLimit_));
     return -1;
   }
   if (!p.window.accept(seal.counter)) {

@@ -145,12 +145,23 @@ std::map<std::string, std::vector<double>> trainedAlone() {
 }
 
 /// The variables worker 0 holds after training the same batches as a job on `hosts`.
+/// With `impostor`, an endpoint of the network that is none of the job's members' sends each
+/// server requests in the workers' names (a LOAD as worker 0, a PUSH and a GOODBYE as worker 1)
+/// before the job starts.
 std::map<std::string, std::vector<double>> trainedAsJob(const std::vector<int>& hosts, Architecture architecture,
-                                                        bool localAggregation = true) {
+                                                        bool localAggregation = true, bool impostor = false) {
   auto network = std::make_shared<LoopbackNetwork>();
   Config config = jobConfig(architecture);
   config.localAggregation = localAggregation;
   std::vector<JobContext> members = loopbackJob(network, hosts, true, config);
+  LoopbackTransport outsider(network);
+  for (const JobContext& m : members) {
+    if (!impostor || !m.isServer()) continue;
+    const int server = outsider.connect(m.transport->address(), 0);
+    const std::vector<uint8_t> garbage(1 << 12, 0xee);
+    for (const auto& [kind, worker] : {std::pair{RequestKind::Load, 0u}, {RequestKind::Push, 1u}, {RequestKind::Goodbye, 1u}})
+      outsider.sendMessage(server, encode(RequestHeader{kind, 0, worker, 1000 + worker, 0}), garbage, Clock::now() + 1s);
+  }
   int workers = 0;
   for (int h : hosts) workers += h;
   std::map<std::string, std::vector<double>> result;
@@ -240,6 +251,11 @@ TEST_CASE("two machines of two workers: each machine's pushes and pulls go throu
   checkSame(trainedAsJob({2, 2}, Architecture::Auto), alone);
   checkSame(trainedAsJob({2, 2}, Architecture::ParameterServer), alone);
   checkSame(trainedAsJob({2, 2}, Architecture::Auto, false), alone);
+}
+
+TEST_CASE("requests in a worker's name from another endpoint are refused and the job trains as before") {
+  checkSame(trainedAsJob({2}, Architecture::ParameterServer, true, true), trainedAlone());
+  checkSame(trainedAsJob({2, 2}, Architecture::Auto, true, true), trainedAlone());
 }
 
 TEST_CASE("a worker that dies mid-job stops the other worker and the server with an error, not a hang") {

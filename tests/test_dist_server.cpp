@@ -196,6 +196,27 @@ TEST_CASE("malformed messages are rejected without changing the server") {
   CHECK(s.fetch() == s.initial);
 }
 
+TEST_CASE("LOAD comes from worker 0 before training; pulls run at most a version ahead; nobody speaks after goodbye") {
+  Server s;
+  auto single = [&](Message m) {
+    const auto replies = s.server.handle(m);
+    REQUIRE(replies.size() == 1);
+    return errorIn(replies[0]);
+  };
+  const std::vector<uint8_t> zeros = bytesOf(std::vector<float>(kRows * kWidth));
+  CHECK(contains(single(request(RequestKind::Load, 1, 0, zeros)), "LOAD comes from worker 0 alone, not worker 1"));
+  CHECK(contains(single(request(RequestKind::PullRows, 1, 2, bytesOf(std::vector<int64_t>{1}))),
+                 "a pull for clock 2 while the partition is at version 0"));
+  CHECK(s.server.handle(request(RequestKind::Push, 0, 0, sparseRows({}, {}))).empty());
+  CHECK(contains(single(request(RequestKind::Load, 0, 0, zeros)), "values are loaded only before training starts"));
+  for (int i = 0; i < 4; ++i) CHECK(s.server.handle(request(RequestKind::PullAll, 0, 1)).empty());
+  CHECK(contains(single(request(RequestKind::PullAll, 0, 1)), "worker 0 has 4 pulls waiting for version 1 already"));
+  CHECK(s.fetch(0) == s.initial);  // none of it changed the values
+  s.server.handle(request(RequestKind::Goodbye, 1, 0));
+  CHECK(contains(errorOf([&] { s.server.handle(request(RequestKind::Push, 1, 0, sparseRows({}, {}))); }),
+                 "PUSH request from worker 1, which has said goodbye"));
+}
+
 TEST_CASE("the server has left the job when every worker has said goodbye") {
   Server s;
   CHECK_FALSE(s.server.finished());
