@@ -9,12 +9,16 @@
 #include <fmt/format.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <net/if.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <numeric>
 
@@ -169,6 +173,25 @@ std::string listeningDevice(const ResourceSpec& resources, int host) {
   return found;
 }
 
+namespace {
+
+/// With WEFT_ADDRESS_BOOK set, appends "ROLE HOST SLOT CHANNEL HEX-ADDRESS" for a transport to
+/// that file: a diagnostic for testing a job's defences from outside. Transport addresses are no
+/// secret (anyone who can reach a port can derive one); only the job secret admits.
+void publishAddress(const MemberId& id, uint8_t channel, const std::vector<uint8_t>& address) {
+  const char* book = std::getenv("WEFT_ADDRESS_BOOK");
+  if (book == nullptr || !*book) return;
+  const std::string line = fmt::format("{} {} {} {} {}\n", id.role == Role::Worker ? "worker" : "server", id.host,
+                                       id.slot, channel, toHex(address));
+  const int fd = ::open(book, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  WEFT_CHECK(fd >= 0, "WEFT_ADDRESS_BOOK: cannot open '{}': {}", book, std::strerror(errno));
+  const ssize_t written = ::write(fd, line.data(), line.size());  // one append: lines never interleave
+  ::close(fd);
+  WEFT_CHECK(written == static_cast<ssize_t>(line.size()), "WEFT_ADDRESS_BOOK: cannot write '{}'", book);
+}
+
+}  // namespace
+
 uint64_t payloadLimit(const Graph& graph) {
   uint64_t state = 0;
   for (const Node* v : graph.variables()) {
@@ -231,6 +254,7 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
                   listeningDevice(resources, job.identity.id.host)};
   job.transport = std::make_unique<UcxTransport>(ucx);
   JoinRequest request{job.identity.id, job.transport->address(), {}, {}};
+  publishAddress(job.identity.id, kPeersChannel, request.address);
 #ifdef WEFT_HAVE_NCCL
   if (job.gpuWorkers && job.identity.id == MemberId{Role::Worker, slots[0].host, slots[0].slot}) request.ncclId = newNcclId();
 #endif
@@ -238,6 +262,7 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
     ucx.self = nameOf(job.identity.id, kClientChannel);
     job.clientTransport = std::make_unique<UcxTransport>(ucx);
     request.clientAddress = job.clientTransport->address();
+    publishAddress(job.identity.id, kClientChannel, request.clientAddress);
   }
   // A member waits past the coordinator's own deadline, so that a member that never came is
   // reported by the coordinator's ABORT, which names it, not by every member's silent timeout.
