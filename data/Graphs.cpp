@@ -1,6 +1,8 @@
 // The graph file format (loader and writer), the typed reachability generator and graph batching.
 #include "data/Graphs.h"
 
+#include "core/Escape.h"
+#include "core/InputFile.h"
 #include "core/Random.h"
 
 #include <algorithm>
@@ -63,20 +65,20 @@ class GraphParser {
  public:
   explicit GraphParser(std::string path) : path_(std::move(path)) {}
 
-  GraphFile parse(std::istream& in) {
+  GraphFile parse(InputFile& in) {
     std::vector<Example> graphs;
     std::optional<PendingGraph> open;
     bool haveHeader = false;
     std::string text;
-    while (std::getline(in, text)) {
-      ++line_;
+    while (in.readLine(text)) {
+      line_ = in.line();
       const std::vector<std::string_view> f = fieldsOf(text);
       if (f.empty()) continue;
       if (!haveHeader) {
         parseHeader(f);
         haveHeader = true;
       } else if (!open) {
-        if (f[0] != "graph" || f.size() != 1) fail("expected 'graph' to start a block, got '{}'", text);
+        if (f[0] != "graph" || f.size() != 1) fail("expected 'graph' to start a block, got '{}'", escapeBytes(text));
         open = PendingGraph{line_, 0, {}, {}, {}, {}, {}, {}};
       } else if (f[0] == "node") {
         parseNode(f, *open);
@@ -88,10 +90,9 @@ class GraphParser {
         graphs.push_back(finish(*open));
         open.reset();
       } else {
-        fail("unknown line '{}' inside a graph (expected node, edge, target or end)", text);
+        fail("unknown line '{}' inside a graph (expected node, edge, target or end)", escapeBytes(text));
       }
     }
-    WEFT_CHECK(!in.bad(), "{}: read error after line {}", path_, line_);
     WEFT_CHECK(haveHeader, "{}: no 'weft-graphs' header line (the file is empty)", path_);
     if (open) fail(open->line, "the graph starting here has no 'end'");
     return {info_, Dataset(std::move(graphs))};
@@ -109,36 +110,37 @@ class GraphParser {
 
   int64_t intField(std::string_view s, const std::string& what) const {
     const std::optional<int64_t> v = parseInt(s);
-    if (!v) fail("{}: '{}' is not an integer", what, s);
+    if (!v) fail("{}: '{}' is not an integer", what, escapeBytes(s));
     return *v;
   }
   double floatField(std::string_view s, const std::string& what) const {
     const std::optional<double> v = parseFloat(s);
-    if (!v) fail("{}: '{}' is not a number", what, s);
+    if (!v) fail("{}: '{}' is not a number", what, escapeBytes(s));
     return *v;
   }
 
   void parseHeader(const std::vector<std::string_view>& f) {
-    if (f[0] != "weft-graphs") fail("expected the header 'weft-graphs features=F edge_types=K ...', got '{}'", f[0]);
+    if (f[0] != "weft-graphs")
+      fail("expected the header 'weft-graphs features=F edge_types=K ...', got '{}'", escapeBytes(f[0]));
     bool haveFeatures = false, haveTypes = false;
     for (size_t i = 1; i < f.size(); ++i) {
       const size_t eq = f[i].find('=');
-      if (eq == std::string_view::npos) fail("header field '{}' is not key=value", f[i]);
+      if (eq == std::string_view::npos) fail("header field '{}' is not key=value", escapeBytes(f[i]));
       const std::string_view key = f[i].substr(0, eq);
-      const int64_t v = intField(f[i].substr(eq + 1), fmt::format("header {}", key));
+      const int64_t v = intField(f[i].substr(eq + 1), fmt::format("header {}", escapeBytes(key)));
       if (key == "features") {
-        if (v < 0) fail("header features={} must be >= 0", v);
+        if (v < 0 || v > kMaxGraphFeatures) fail("header features={} must be in 0..{}", v, kMaxGraphFeatures);
         info_.features = v;
         haveFeatures = true;
       } else if (key == "edge_types") {
-        if (v < 1 || v > INT32_MAX) fail("header edge_types={} must be >= 1", v);
+        if (v < 1 || v > kMaxEdgeTypes) fail("header edge_types={} must be in 1..{}", v, kMaxEdgeTypes);
         info_.edgeTypes = v;
         haveTypes = true;
       } else if (key == "node_labels" || key == "graph_target") {
-        if (v != 0 && v != 1) fail("header {}={} must be 0 or 1", key, v);
+        if (v != 0 && v != 1) fail("header {}={} must be 0 or 1", escapeBytes(key), v);
         (key == "node_labels" ? info_.nodeLabels : info_.graphTarget) = v == 1;
       } else {
-        fail("unknown header key '{}' (known: features, edge_types, node_labels, graph_target)", key);
+        fail("unknown header key '{}' (known: features, edge_types, node_labels, graph_target)", escapeBytes(key));
       }
     }
     if (!haveFeatures || !haveTypes) fail("the header must give features= and edge_types=");
@@ -161,7 +163,7 @@ class GraphParser {
     }
     if (info_.nodeLabels) {
       const int64_t label = intField(f.back(), fmt::format("label of node {}", id));
-      if (label < 0) fail("label {} of node {} is negative", label, id);
+      if (label < 0 || label > kMaxNodeLabel) fail("label {} of node {} is outside 0..{}", label, id, kMaxNodeLabel);
       g.labels.push_back(label);
     }
     ++g.nodes;
@@ -316,9 +318,8 @@ void append(std::vector<T>& out, const Tensor& t) {
 }  // namespace
 
 GraphFile loadGraphs(const std::string& path) {
-  std::ifstream in(path);
-  WEFT_CHECK(in.is_open(), "cannot open graph file '{}'", path);
-  return GraphParser(path).parse(in);
+  InputFile in(path, "graph file", kMaxGraphFileBytes);
+  return GraphParser(in.name()).parse(in);
 }
 
 void saveGraphs(const std::string& path, const GraphFileInfo& info, const std::vector<Example>& graphs) {

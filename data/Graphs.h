@@ -17,6 +17,13 @@
 
 namespace weft::data {
 
+/// Limits of a graph file: what a file says decides what a model allocates (a weight matrix per
+/// edge type, a logit per label), so these are refused with a message before anything is built.
+inline constexpr int64_t kMaxGraphFeatures = 65536;  ///< features= in the header
+inline constexpr int64_t kMaxEdgeTypes = 1024;       ///< edge_types= in the header
+inline constexpr int64_t kMaxNodeLabel = 65535;      ///< a node label (classes: the largest + 1)
+inline constexpr uint64_t kMaxGraphFileBytes = uint64_t{4} << 30;
+
 /// What every graph of a file has: its header line.
 struct GraphFileInfo {
   int64_t features = 1;   // F: features per node
@@ -31,7 +38,8 @@ struct GraphFile {
 };
 
 /// Reads a graph file, checking everything; a bad file throws naming the file, the line and
-/// the offending value (a node id, an edge type, a field).
+/// the offending value (a node id, an edge type, a field; raw bytes escaped), and a count over
+/// the limits above is refused. Only a regular file of at most kMaxGraphFileBytes is read.
 GraphFile loadGraphs(const std::string& path);
 /// Writes graphs in the format loadGraphs reads (floats printed to round-trip exactly).
 void saveGraphs(const std::string& path, const GraphFileInfo& info, const std::vector<Example>& graphs);

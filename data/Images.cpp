@@ -2,12 +2,12 @@
 #include "data/Images.h"
 
 #include "core/Error.h"
+#include "core/InputFile.h"
 #include "core/Random.h"
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 namespace weft::data {
 namespace {
@@ -88,18 +88,6 @@ void drawImage(const SyntheticImagesSpec& spec, int64_t label, Draws& d, std::ve
   for (double& p : planes) p += spec.noise * d.normal();
 }
 
-std::vector<char> readWhole(const std::string& file) {
-  WEFT_CHECK(std::filesystem::is_regular_file(file), "CIFAR-10 file '{}' does not exist", file);
-  std::ifstream in(file, std::ios::binary);
-  WEFT_CHECK(in.good(), "CIFAR-10 file '{}' cannot be opened", file);
-  const auto bytes = static_cast<size_t>(std::filesystem::file_size(file));
-  std::vector<char> data(bytes);
-  in.read(data.data(), static_cast<std::streamsize>(bytes));
-  WEFT_CHECK(static_cast<size_t>(in.gcount()) == bytes, "CIFAR-10 file '{}': read {} of {} bytes", file,
-             in.gcount(), bytes);
-  return data;
-}
-
 }  // namespace
 
 Dataset syntheticImages(const SyntheticImagesSpec& spec, int64_t n, uint64_t sampleSeed) {
@@ -125,18 +113,24 @@ Dataset syntheticImages(const SyntheticImagesSpec& spec, int64_t n, uint64_t sam
 }
 
 Dataset loadCifar10(const std::vector<std::string>& files, const ChannelStats& stats) {
-  constexpr size_t kPixels = 3 * 32 * 32, kRecord = 1 + kPixels;
+  constexpr size_t kPixels = 3 * 32 * 32, kRecord = kCifar10RecordBytes;
   std::vector<Example> examples;
+  std::vector<uint8_t> buffer(kRecord);
   for (const std::string& file : files) {
-    const std::vector<char> data = readWhole(file);
-    const size_t records = data.size() / kRecord;
-    WEFT_CHECK(data.size() % kRecord == 0,
-               "CIFAR-10 file '{}': truncated record {} at byte offset {} ({} of {} bytes; file size {})", file,
-               records, records * kRecord, data.size() % kRecord, kRecord, data.size());
-    WEFT_CHECK(records > 0, "CIFAR-10 file '{}' is empty", file);
-    for (size_t r = 0; r < records; ++r) {
-      const auto* record = reinterpret_cast<const unsigned char*>(data.data() + r * kRecord);
-      WEFT_CHECK(record[0] <= 9, "CIFAR-10 file '{}': record {} (byte offset {}) has label {}, expected 0..9", file, r,
+    InputFile in(file, "CIFAR-10 file", kMaxCifar10Records * kRecord);
+    const std::string& name = in.name();
+    const uint64_t size = in.size();
+    WEFT_CHECK(size % kRecord == 0,
+               "CIFAR-10 file '{}': truncated record {} at byte offset {} ({} of {} bytes; file size {})", name,
+               size / kRecord, size / kRecord * kRecord, size % kRecord, kRecord, size);
+    WEFT_CHECK(size > 0, "CIFAR-10 file '{}' is empty", name);
+    // Record by record, never more than the size checked at open, however the file changes.
+    for (size_t r = 0; r < size / kRecord; ++r) {
+      const size_t got = in.read(buffer);
+      WEFT_CHECK(got == kRecord, "CIFAR-10 file '{}': record {} at byte offset {} ends after {} of {} bytes", name, r,
+                 r * kRecord, got, kRecord);
+      const unsigned char* record = buffer.data();
+      WEFT_CHECK(record[0] <= 9, "CIFAR-10 file '{}': record {} (byte offset {}) has label {}, expected 0..9", name, r,
                  r * kRecord, static_cast<int>(record[0]));
       Tensor image(f32, {3, 32, 32});
       float* out = image.data<float>();

@@ -40,10 +40,16 @@ struct ChannelStats {
 /// The CIFAR-10 training set's statistics.
 inline constexpr ChannelStats kCifar10Stats{{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
 
+/// A CIFAR-10 record: 1 label byte and 3072 pixel bytes.
+inline constexpr size_t kCifar10RecordBytes = 1 + 3 * 32 * 32;
+/// The most records one file may hold (the whole data set, 60000 images, in one file).
+inline constexpr uint64_t kMaxCifar10Records = 60000;
+
 /// Loads CIFAR-10 binary batches (records of 1 label byte and 3072 pixel bytes: the R, G and B
-/// planes, 32x32 each, row-major), in file order. Throws naming the file when it is missing, when
-/// its size leaves a truncated record (with that record's byte offset), or when a label is over 9
-/// (with the record's index).
+/// planes, 32x32 each, row-major), in file order. Throws naming the file when it is missing or
+/// not a regular file, when it holds more than kMaxCifar10Records records, when its size leaves a
+/// truncated record (with that record's byte offset), or when a label is over 9 (with the
+/// record's index).
 Dataset loadCifar10(const std::vector<std::string>& files, const ChannelStats& stats = kCifar10Stats);
 
 /// data_batch_1..5.bin (train) or test_batch.bin (held-out) from a CIFAR-10 binary directory.

@@ -2,27 +2,24 @@
 // to language-model examples.
 #include "data/TextCorpus.h"
 
-#include "core/Error.h"
+#include "core/Escape.h"
+#include "core/InputFile.h"
 
 #include <cctype>
 #include <charconv>
-#include <fstream>
 #include <functional>
 
 namespace weft::data {
 namespace {
 
-/// Calls fn(tokens, lineNo) for every line; checks UTF-8 and names the file and line.
-void forEachLine(const std::string& path, const std::function<void(const std::vector<std::string>&, int64_t)>& fn) {
-  std::ifstream in(path, std::ios::binary);
-  WEFT_CHECK(in, "cannot open text corpus '{}'", path);
+/// Calls fn(tokens, in) for every line; checks UTF-8 and names the file and line.
+void forEachLine(const std::string& path, const std::function<void(const std::vector<std::string>&, InputFile&)>& fn) {
+  InputFile in(path, "text corpus", kMaxTextFileBytes);
   std::string line;
   std::vector<std::string> tokens;
-  int64_t lineNo = 0;
-  while (std::getline(in, line)) {
-    ++lineNo;
+  while (in.readLine(line)) {
     const int64_t bad = invalidUtf8Offset(line);
-    WEFT_CHECK(bad < 0, "{}:{}: invalid UTF-8 at byte {} of the line", path, lineNo, bad);
+    if (bad >= 0) in.fail("invalid UTF-8 at byte {} of the line", bad);
     tokens.clear();
     size_t i = 0;
     while (i < line.size()) {
@@ -31,7 +28,7 @@ void forEachLine(const std::string& path, const std::function<void(const std::ve
       while (i < line.size() && !std::isspace(static_cast<unsigned char>(line[i]))) ++i;
       if (i > begin) tokens.emplace_back(line, begin, i - begin);
     }
-    fn(tokens, lineNo);
+    fn(tokens, in);
   }
 }
 
@@ -39,7 +36,7 @@ void forEachLine(const std::string& path, const std::function<void(const std::ve
 
 std::map<std::string, int64_t> countTokens(const std::string& path) {
   std::map<std::string, int64_t> counts;
-  forEachLine(path, [&](const std::vector<std::string>& tokens, int64_t) {
+  forEachLine(path, [&](const std::vector<std::string>& tokens, InputFile&) {
     for (const auto& t : tokens) ++counts[t];
   });
   return counts;
@@ -47,7 +44,7 @@ std::map<std::string, int64_t> countTokens(const std::string& path) {
 
 std::vector<std::vector<int32_t>> readSentences(const std::string& path, const Vocab& vocab) {
   std::vector<std::vector<int32_t>> sentences;
-  forEachLine(path, [&](const std::vector<std::string>& tokens, int64_t) {
+  forEachLine(path, [&](const std::vector<std::string>& tokens, InputFile&) {
     if (tokens.empty()) return;
     std::vector<int32_t> ids;
     ids.reserve(tokens.size());
@@ -66,15 +63,14 @@ TextCorpus loadTextCorpus(const std::string& path, int64_t minCount, int64_t max
 
 std::vector<std::vector<int32_t>> readIdFile(const std::string& path, int32_t vocabSize) {
   std::vector<std::vector<int32_t>> sentences;
-  forEachLine(path, [&](const std::vector<std::string>& tokens, int64_t lineNo) {
+  forEachLine(path, [&](const std::vector<std::string>& tokens, InputFile& in) {
     if (tokens.empty()) return;
     std::vector<int32_t> ids;
     for (const auto& t : tokens) {
       int64_t id = 0;
       const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), id);
-      WEFT_CHECK(ec == std::errc() && end == t.data() + t.size(), "{}:{}: '{}' is not an id", path, lineNo, t);
-      WEFT_CHECK(id >= 0 && id < vocabSize, "{}:{}: id {} is outside the vocabulary of {} ids", path, lineNo, id,
-                 vocabSize);
+      if (ec != std::errc() || end != t.data() + t.size()) in.fail("'{}' is not an id", escapeBytes(t));
+      if (id < 0 || id >= vocabSize) in.fail("id {} is outside the vocabulary of {} ids", id, vocabSize);
       ids.push_back(static_cast<int32_t>(id));
     }
     sentences.push_back(std::move(ids));

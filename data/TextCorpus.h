@@ -16,13 +16,17 @@
 
 namespace weft::data {
 
+/// The largest text file (corpus or id file) read; larger files are refused when opened.
+inline constexpr uint64_t kMaxTextFileBytes = uint64_t{16} << 30;
+
 struct TextCorpus {
   Vocab vocab;
   std::vector<std::vector<int32_t>> sentences;  // word ids of each non-empty line, no <s> / </s>
 };
 
 /// Whitespace-separated tokens of every line of a text file. Errors name the file and line
-/// (missing file, invalid UTF-8 with its byte offset in the line).
+/// (missing file, invalid UTF-8 with its byte offset in the line, a line over kMaxLineBytes).
+/// Only a regular file of at most kMaxTextFileBytes is read (core/InputFile.h).
 std::map<std::string, int64_t> countTokens(const std::string& path);
 /// The words of each non-empty line as ids of `vocab` (unknown words become kUnk).
 std::vector<std::vector<int32_t>> readSentences(const std::string& path, const Vocab& vocab);

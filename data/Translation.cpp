@@ -2,11 +2,11 @@
 #include "data/Translation.h"
 
 #include "core/Error.h"
+#include "core/Escape.h"
+#include "core/InputFile.h"
 #include "core/Random.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <sstream>
 
@@ -37,18 +37,15 @@ std::vector<int32_t> wordMapping(int32_t size, uint64_t seed) {
 
 /// The lines of a text file, without line terminators ('\n', and a '\r' before it).
 std::vector<std::string> readLines(const std::string& path) {
-  WEFT_CHECK(std::filesystem::is_regular_file(path), "parallel text: file '{}' does not exist or is not a regular file", path);
-  std::ifstream in(path, std::ios::binary);
-  WEFT_CHECK(in, "parallel text: cannot open '{}'", path);
+  InputFile in(path, "parallel text", kMaxParallelTextBytes);
   std::vector<std::string> lines;
   std::string line;
-  while (std::getline(in, line)) {
+  while (in.readLine(line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     const int64_t bad = invalidUtf8Offset(line);
-    WEFT_CHECK(bad < 0, "parallel text: {}:{}: invalid UTF-8 at byte {} of the line", path, lines.size() + 1, bad);
+    if (bad >= 0) in.fail("invalid UTF-8 at byte {} of the line", bad);
     lines.push_back(std::move(line));
   }
-  WEFT_CHECK(in.eof(), "parallel text: error reading '{}' after line {}", path, lines.size());
   return lines;
 }
 
@@ -127,8 +124,8 @@ ParallelText loadParallelText(const std::string& sourcePath, const std::string& 
                               const ParallelTextOptions& options) {
   const std::vector<std::string> sourceLines = readLines(sourcePath), targetLines = readLines(targetPath);
   WEFT_CHECK(sourceLines.size() == targetLines.size(),
-             "parallel text: '{}' has {} lines but '{}' has {}; the files must be aligned line by line", sourcePath,
-             sourceLines.size(), targetPath, targetLines.size());
+             "parallel text: '{}' has {} lines but '{}' has {}; the files must be aligned line by line",
+             escapeBytes(sourcePath, 4096), sourceLines.size(), escapeBytes(targetPath, 4096), targetLines.size());
   std::vector<std::vector<std::string>> sources, targets;
   ParallelText text;
   for (size_t i = 0; i < sourceLines.size(); ++i) {

@@ -56,6 +56,9 @@ class TranslationTask {
   std::vector<int32_t> mapping_;  // by source id; specials map to themselves
 };
 
+/// The largest file of parallel text read (each side).
+inline constexpr uint64_t kMaxParallelTextBytes = uint64_t{16} << 30;
+
 struct ParallelTextOptions {
   int64_t minCount = 1;     // words seen fewer times become <unk>
   int64_t maxVocab = 50000; // ids per language, specials included
@@ -72,7 +75,8 @@ struct ParallelText {
 /// '\r' is dropped). A pair with an empty (or all-whitespace) side is skipped and counted in
 /// `skipped`, since it carries nothing to learn. Throws naming the file (and line, and byte within
 /// it) when a file is missing or unreadable, the two files have different line counts, or a line
-/// is not valid UTF-8.
+/// is not valid UTF-8 or longer than kMaxLineBytes. Only regular files of at most
+/// kMaxParallelTextBytes are read (core/InputFile.h).
 ParallelText loadParallelText(const std::string& sourcePath, const std::string& targetPath,
                               const ParallelTextOptions& options = {});
 

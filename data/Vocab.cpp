@@ -2,8 +2,11 @@
 #include "data/Vocab.h"
 
 #include "core/Error.h"
+#include "core/Escape.h"
+#include "core/InputFile.h"
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
 
 namespace weft::data {
@@ -22,29 +25,10 @@ bool isSpecial(const std::string& word) {
 }  // namespace
 
 int64_t invalidUtf8Offset(const std::string& text) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    size_t len = 0;
-    uint32_t minCode = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    if ((c & 0xE0) == 0xC0) { len = 2; minCode = 0x80; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; minCode = 0x800; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; minCode = 0x10000; }
-    else return static_cast<int64_t>(i);
-    if (i + len > n) return static_cast<int64_t>(i);
-    uint32_t code = c & (0x7F >> len);
-    for (size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
-      code = (code << 6) | (p[i + k] & 0x3F);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF are not valid UTF-8.
-    if (code < minCode || (code >= 0xD800 && code <= 0xDFFF) || code > 0x10FFFF) return static_cast<int64_t>(i);
+  uint32_t code = 0;
+  for (size_t i = 0; i < text.size();) {
+    const size_t len = utf8SequenceAt(text, i, code);
+    if (len == 0) return static_cast<int64_t>(i);
     i += len;
   }
   return -1;
@@ -96,29 +80,25 @@ void Vocab::save(const std::string& path) const {
 }
 
 Vocab Vocab::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  WEFT_CHECK(in, "Vocab::load: cannot open '{}'", path);
+  InputFile in(path, "vocabulary file", kMaxVocabFileBytes);
   Vocab v;
   std::string line;
-  int64_t lineNo = 0;
-  while (std::getline(in, line)) {
-    ++lineNo;
+  while (in.readLine(line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    WEFT_CHECK(!line.empty(), "{}:{}: empty line in vocabulary file", path, lineNo);
+    if (line.empty()) in.fail("empty line in vocabulary file");
     const int64_t bad = invalidUtf8Offset(line);
-    WEFT_CHECK(bad < 0, "{}:{}: invalid UTF-8 at byte {} of the line", path, lineNo, bad);
-    if (lineNo <= kFirstWordId) {
-      const std::string& expected = specialWords()[static_cast<size_t>(lineNo - 1)];
-      WEFT_CHECK(line == expected, "{}:{}: expected the special word '{}', found '{}'", path, lineNo, expected,
-                 line);
+    if (bad >= 0) in.fail("invalid UTF-8 at byte {} of the line", bad);
+    if (in.line() <= kFirstWordId) {
+      const std::string& expected = specialWords()[static_cast<size_t>(in.line() - 1)];
+      if (line != expected) in.fail("expected the special word '{}', found '{}'", expected, escapeBytes(line));
       continue;
     }
-    WEFT_CHECK(v.ids_.count(line) == 0, "{}:{}: duplicate word '{}' (first on line {})", path, lineNo, line,
-               v.id(line) + 1);
+    if (v.ids_.count(line) > 0) in.fail("duplicate word '{}' (first on line {})", escapeBytes(line), v.id(line) + 1);
+    WEFT_CHECK(v.size() < INT32_MAX, "{}:{}: more than {} words", in.name(), in.line(), INT32_MAX);
     v.add(line);
   }
-  WEFT_CHECK(lineNo >= kFirstWordId, "{}: vocabulary file has {} lines; it must start with the {} special words",
-             path, lineNo, kFirstWordId);
+  WEFT_CHECK(in.line() >= kFirstWordId, "{}: vocabulary file has {} lines; it must start with the {} special words",
+             in.name(), in.line(), kFirstWordId);
   return v;
 }
 

@@ -13,6 +13,8 @@ namespace weft::data {
 /// Special ids; words start at 4.
 inline constexpr int32_t kPad = 0, kUnk = 1, kBos = 2, kEos = 3;
 inline constexpr int32_t kFirstWordId = 4;
+/// The largest vocabulary file Vocab::load reads.
+inline constexpr uint64_t kMaxVocabFileBytes = uint64_t{1} << 30;
 
 /// Words by id and ids by word.
 ///
@@ -38,7 +40,8 @@ class Vocab {
   /// One word per line, in id order (the specials first).
   void save(const std::string& path) const;
   /// Reads a file written by save(); errors name the file and line (missing or misplaced
-  /// specials, empty line, duplicate word, invalid UTF-8).
+  /// specials, empty line, duplicate word, invalid UTF-8, a line over kMaxLineBytes). Only a
+  /// regular file of at most kMaxVocabFileBytes is read.
   static Vocab load(const std::string& path);
 
  private:

@@ -2,6 +2,7 @@
 #include "dist/Auth.h"
 
 #include "core/Error.h"
+#include "core/InputFile.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
@@ -129,17 +130,12 @@ void saveSecret(const std::string& path, const Secret& secret) {
 }
 
 Secret loadSecret(const std::string& path) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  WEFT_CHECK(fd.valid(), "cannot open secret file {}: {}", path, std::strerror(errno));
-  struct stat st {};
-  WEFT_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat secret file {}: {}", path, std::strerror(errno));
-  WEFT_CHECK(S_ISREG(st.st_mode), "secret file {} is not a regular file", path);
-  WEFT_CHECK((st.st_mode & 077) == 0, "secret file {} has mode {:04o}: group or others may access it; it must be 0600",
-             path, st.st_mode & 07777);
-  char buffer[256];
-  const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
-  WEFT_CHECK(n >= 0, "cannot read secret file {}: {}", path, std::strerror(errno));
-  return secretFromHex(std::string(buffer, static_cast<size_t>(n)), "secret file " + path);
+  // A FIFO or a device is refused before anything is read from it; a regular file is read whole.
+  InputFile in(path, "secret file", kMaxSecretFileBytes);
+  WEFT_CHECK((in.permissions() & 077) == 0,
+             "secret file {} has mode {:04o}: group or others may access it; it must be 0600", in.name(),
+             in.permissions());
+  return secretFromHex(in.readAll(), "secret file " + in.name());
 }
 
 Secret secretFromEnvironment() {

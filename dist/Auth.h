@@ -38,7 +38,10 @@ Secret secretFromHex(const std::string& text, const std::string& source);
 JobId jobIdFromHex(const std::string& text, const std::string& source);
 /// Creates `path` with mode 0600 holding the secret in hex; refuses to overwrite a file.
 void saveSecret(const std::string& path, const Secret& secret);
-/// Reads a secret file; refuses one that group or others may access.
+/// The largest secret file read (a secret is 64 hex digits and a newline).
+inline constexpr uint64_t kMaxSecretFileBytes = 4096;
+/// Reads a secret file; refuses one that group or others may access, one that is not a regular
+/// file (a FIFO would block for ever) and one over kMaxSecretFileBytes.
 Secret loadSecret(const std::string& path);
 /// The secret in WEFT_JOB_SECRET; throws when unset or malformed.
 Secret secretFromEnvironment();

@@ -115,7 +115,7 @@ pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::str
                                        shellQuote(std::filesystem::current_path().string()));
       for (const auto& [k, v] : environment) remote += fmt::format(" {}={}", k, shellQuote(v));
       for (const std::string& a : command) remote += fmt::format(" {}", shellQuote(a));
-      argv = {"ssh", "-o", "BatchMode=yes", host.address, remote};
+      argv = sshCommand(host.address, remote);
     }
     std::vector<char*> args;
     for (std::string& a : argv) args.push_back(a.data());

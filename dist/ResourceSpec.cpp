@@ -3,18 +3,48 @@
 #include "dist/ResourceSpec.h"
 
 #include "core/Error.h"
+#include "core/Escape.h"
+#include "core/InputFile.h"
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 
 namespace weft::dist {
 namespace {
 
 using nlohmann::json;
+
+/// A JSON value as a message shows it: compact, cut short, escaped.
+std::string shown(const json& value) { return escapeBytes(value.dump(-1, ' ', false, json::error_handler_t::replace)); }
+
+bool isAddressCharacter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+         c == '_' || c == ':' || c == '%';
+}
+
+/// Why `address` is not a host name, an IPv4 or IPv6 address (optionally "user@" before it),
+/// or "" when it is one. Nothing in it may start like an option or need quoting.
+std::string addressProblem(const std::string& address) {
+  const size_t at = address.find('@');
+  const std::string user = at == std::string::npos ? "" : address.substr(0, at);
+  const std::string host = at == std::string::npos ? address : address.substr(at + 1);
+  if (address.size() > 255) return fmt::format("is {} bytes long; a host address has at most 255", address.size());
+  if (at != std::string::npos && user.empty()) return "has an empty user name before '@'";
+  if (host.empty()) return "names no host";
+  if (user.starts_with('-') || host.starts_with('-')) return "starts with '-', which ssh would take for an option";
+  for (const char c : user) {
+    if (!isAddressCharacter(c) || c == ':' || c == '%')
+      return fmt::format("has '{}' in its user name", escapeBytes({&c, 1}));
+  }
+  for (const char c : host) {
+    if (!isAddressCharacter(c)) {
+      return fmt::format("has '{}', which is not in a host name or an IP address", escapeBytes({&c, 1}));
+    }
+  }
+  return "";
+}
 
 // The validator of one document: remembers the source name for its messages.
 class SpecParser {
@@ -26,25 +56,32 @@ class SpecParser {
       if (allowed.count(key)) continue;
       std::string list;
       for (const std::string& k : allowed) list += (list.empty() ? "" : ", ") + k;
-      fail("{}unknown key '{}' (allowed: {})", path.empty() ? "" : path + ": ", key, list);
+      fail("{}unknown key '{}' (allowed: {})", path.empty() ? "" : path + ": ", escapeBytes(key), list);
     }
   }
 
   void checkObject(const json& value, const std::string& path) const {
-    if (!value.is_object()) fail("{} must be an object, got {}", path, value.dump());
+    if (!value.is_object()) fail("{} must be an object, got {}", path, shown(value));
   }
 
   int integer(const json& value, const std::string& path) const {
-    if (!value.is_number_integer()) fail("{} must be an integer, got {}", path, value.dump());
+    if (!value.is_number_integer()) fail("{} must be an integer, got {}", path, shown(value));
     const auto v = value.get<int64_t>();
     if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) fail("{} is {}, out of range", path, v);
     return static_cast<int>(v);
   }
 
   std::string nonEmptyString(const json& value, const std::string& path) const {
-    if (!value.is_string()) fail("{} must be a string, got {}", path, value.dump());
+    if (!value.is_string()) fail("{} must be a string, got {}", path, shown(value));
     std::string s = value.get<std::string>();
     if (s.empty()) fail("{} is empty", path);
+    return s;
+  }
+
+  std::string address(const json& value, const std::string& path) const {
+    std::string s = nonEmptyString(value, path);
+    const std::string problem = addressProblem(s);
+    if (!problem.empty()) fail("{} '{}' {}", path, escapeBytes(s), problem);
     return s;
   }
 
@@ -53,7 +90,7 @@ class SpecParser {
     checkKeys(value, path, {"address", "cpu_workers", "gpus", "servers", "launch_prefix"});
     if (!value.contains("address")) fail("{}.address is missing", path);
     HostSpec host;
-    host.address = nonEmptyString(value["address"], path + ".address");
+    host.address = address(value["address"], path + ".address");
     const bool hasCpu = value.contains("cpu_workers"), hasGpus = value.contains("gpus");
     if (hasCpu == hasGpus) {
       fail("{} has {}; give exactly one of cpu_workers or gpus", path, hasCpu ? "both cpu_workers and gpus" : "neither cpu_workers nor gpus");
@@ -78,7 +115,7 @@ class SpecParser {
   }
 
   std::vector<int> gpus(const json& value, const std::string& path) const {
-    if (!value.is_array()) fail("{} must be an array of GPU indices, got {}", path, value.dump());
+    if (!value.is_array()) fail("{} must be an array of GPU indices, got {}", path, shown(value));
     if (value.empty()) fail("{} is empty; list at least one GPU", path);
     std::vector<int> out;
     for (size_t i = 0; i < value.size(); ++i) {
@@ -111,11 +148,8 @@ class SpecParser {
 }  // namespace
 
 ResourceSpec ResourceSpec::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  WEFT_CHECK(in.good(), "cannot open resource specification {}", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path);
+  InputFile in(path, "resource specification", kMaxResourceSpecBytes);
+  return parse(in.readAll(), in.name());
 }
 
 ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sourceName) {
@@ -124,18 +158,18 @@ ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sou
   try {
     doc = json::parse(text);
   } catch (const json::exception& e) {
-    p.fail("not valid JSON ({})", e.what());
+    p.fail("not valid JSON ({})", escapeBytes(e.what(), 300));
   }
-  if (!doc.is_object()) p.fail("the top level must be an object, got {}", doc.dump());
+  if (!doc.is_object()) p.fail("the top level must be an object, got {}", shown(doc));
   p.checkKeys(doc, "", {"hosts", "bind", "coordinator_port"});
   if (!doc.contains("hosts")) p.fail("hosts is missing");
   const json& hosts = doc["hosts"];
-  if (!hosts.is_array()) p.fail("hosts must be an array, got {}", hosts.dump());
+  if (!hosts.is_array()) p.fail("hosts must be an array, got {}", shown(hosts));
   if (hosts.empty()) p.fail("hosts is empty; list at least one host");
 
   ResourceSpec spec;
   for (size_t i = 0; i < hosts.size(); ++i) spec.hosts_.push_back(p.host(hosts[i], fmt::format("hosts[{}]", i)));
-  if (doc.contains("bind")) spec.bind_ = p.nonEmptyString(doc["bind"], "bind");
+  if (doc.contains("bind")) spec.bind_ = p.address(doc["bind"], "bind");
   if (doc.contains("coordinator_port")) spec.coordinatorPort_ = p.port(doc["coordinator_port"]);
   return spec;
 }
@@ -146,6 +180,10 @@ ResourceSpec ResourceSpec::localCpu(int workers, int servers) {
   ResourceSpec spec;
   spec.hosts_.push_back(HostSpec{"127.0.0.1", workers, {}, servers, {}});
   return spec;
+}
+
+std::vector<std::string> sshCommand(const std::string& address, const std::string& remoteCommand) {
+  return {"ssh", "-o", "BatchMode=yes", "--", address, remoteCommand};
 }
 
 int ResourceSpec::serverCount() const {

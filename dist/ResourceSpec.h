@@ -11,6 +11,10 @@
 // (optional, default 1, may be 0). A host may give `launch_prefix`, a command its processes are
 // started through on this machine instead of over ssh, e.g. ["ip", "netns", "exec", "h1"] to
 // emulate hosts with network namespaces.
+//
+// An address (and `bind`) is a host name or an IP address, optionally with "user@" before it:
+// letters, digits and . - _ : %, not starting with '-', at most 255 bytes. A file over
+// kMaxResourceSpecBytes, or one that is not a regular file, is refused.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,9 @@
 #include <vector>
 
 namespace weft::dist {
+
+/// The largest resource specification file read.
+inline constexpr uint64_t kMaxResourceSpecBytes = uint64_t{1} << 20;
 
 /// One host of the specification.
 struct HostSpec {
@@ -60,5 +67,10 @@ class ResourceSpec {
   std::string bind_ = "127.0.0.1";
   uint16_t coordinatorPort_ = 0;
 };
+
+/// ssh's argument list that runs `remoteCommand` on `address`: batch mode, and "--" ending
+/// ssh's options before the host, so no address is ever taken for an option (parse() has
+/// refused such addresses already; this holds for a HostSpec built in code too).
+std::vector<std::string> sshCommand(const std::string& address, const std::string& remoteCommand);
 
 }  // namespace weft::dist

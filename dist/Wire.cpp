@@ -2,6 +2,7 @@
 #include "dist/Wire.h"
 
 #include "core/Error.h"
+#include "core/Escape.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -247,7 +248,7 @@ void expectType(const Frame& frame, MessageType expected) {
     WireReader r = frame.reader();
     const std::string reason = r.getString("reason");
     r.finish();
-    WEFT_THROW("refused by the peer: {}", reason);
+    WEFT_THROW("refused by the peer: {}", escapeBytes(reason, kMaxStringBytes));
   }
   WEFT_THROW("expected a {} frame, got {}", messageTypeName(expected), messageTypeName(frame.type));
 }

@@ -1,6 +1,7 @@
 // The job secret and the mutual HMAC handshake: secret files (0600, refused when group or
 // others may read them), the environment variable, HMAC-SHA256 against RFC 4231, and the
 // handshake over a socket pair, succeeding and failing on either side.
+#include "tests/InputTest.h"
 #include "tests/TestUtil.h"
 
 #include "dist/Auth.h"
@@ -108,12 +109,14 @@ TEST_CASE("secrets: files are created 0600 and refused when others may read them
   ::chmod(path.c_str(), 0400);
   CHECK(loadSecret(path) == s);
 
-  CHECK(contains(errorOf([&] { loadSecret(dir.file("missing")); }), "cannot open secret file " + dir.file("missing")));
+  CHECK(contains(errorOf([&] { loadSecret(dir.file("missing")); }),
+                 "secret file " + dir.file("missing") + " does not exist"));
   const std::string garbage = dir.file("garbage");
   std::ofstream(garbage) << "not a secret";
   ::chmod(garbage.c_str(), 0600);
   CHECK(errorOf([&] { loadSecret(garbage); }) == "secret file " + garbage + ": a job secret is 64 hex digits, got 12 characters");
-  CHECK(errorOf([&] { loadSecret(dir.path.string()); }) == "secret file " + dir.path.string() + " is not a regular file");
+  CHECK(errorOf([&] { loadSecret(dir.path.string()); }) ==
+        "secret file " + dir.path.string() + " is a directory; only a regular file is read");
 }
 
 TEST_CASE("secrets: WEFT_JOB_SECRET") {
@@ -192,4 +195,15 @@ TEST_CASE("handshake: another job, a malformed answer, silence") {
     CHECK(error == "timed out: 0 of 28 bytes of a frame header arrived before the deadline");
     CHECK(Clock::now() - start < std::chrono::seconds(2));
   }
+}
+
+TEST_CASE("secrets: a FIFO or a device is refused without blocking, an oversized file too") {
+  TempDir dir;
+  const std::string fifo = makeFifo(dir, "secret.fifo");
+  CHECK(fifoError(fifo, [&] { loadSecret(fifo); }) ==
+        "secret file " + fifo + " is a FIFO; only a regular file is read");
+  CHECK(contains(errorOf([&] { loadSecret("/dev/zero"); }), "/dev/zero is a character device"));
+  const std::string big = dir.write("big.secret", toHex(generateSecret()) + std::string(5000, ' '));
+  ::chmod(big.c_str(), 0600);
+  CHECK(contains(errorOf([&] { loadSecret(big); }), big + " has 5064 bytes, over the limit of 4096 bytes"));
 }

@@ -5,6 +5,7 @@
 
 #include "dist/ResourceSpec.h"
 #include "dist/Wire.h"
+#include "tests/InputTest.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -102,7 +103,7 @@ TEST_CASE("resource spec: defaults, localCpu and load") {
   std::ofstream(path) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 1}]})";
   CHECK(ResourceSpec::load(path).workers().size() == 1);
   std::remove(path.c_str());
-  CHECK(contains(errorOf([&] { ResourceSpec::load(path); }), "cannot open resource specification " + path));
+  CHECK(contains(errorOf([&] { ResourceSpec::load(path); }), "resource specification " + path + " does not exist"));
 }
 
 TEST_CASE("resource spec: a host may be started through a launch prefix (a network namespace)") {
@@ -318,4 +319,41 @@ TEST_CASE("frames: truncation, silence and refusals") {
 
   p.b.reset();
   CHECK(contains(errorOf([&] { writeFrame(p.a.get(), MessageType::Join, kJob, {}, in(1000)); }), "sending frame JOIN failed"));
+}
+
+TEST_CASE("resource spec: addresses are host names or IP addresses, never ssh options") {
+  CHECK(specError(R"({"hosts": [{"address": "-oProxyCommand=touch /tmp/x", "cpu_workers": 1}]})") ==
+        "cluster.json: hosts[0].address '-oProxyCommand=touch /tmp/x' starts with '-', which ssh would take for an "
+        "option");
+  CHECK(specError(R"({"hosts": [{"address": "me@-oX", "cpu_workers": 1}]})") ==
+        "cluster.json: hosts[0].address 'me@-oX' starts with '-', which ssh would take for an option");
+  CHECK(specError(R"({"hosts": [{"address": "a b", "cpu_workers": 1}]})") ==
+        "cluster.json: hosts[0].address 'a b' has ' ', which is not in a host name or an IP address");
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1}], "bind": "-x"})") ==
+        "cluster.json: bind '-x' starts with '-', which ssh would take for an option");
+  for (const char* good : {"node-1.example.org", "10.0.0.2", "fe80::1%eth0", "alice@gpu_box"}) {
+    CHECK(ResourceSpec::parse(fmt::format(R"({{"hosts": [{{"address": "{}", "cpu_workers": 1}}]}})", good), "c")
+              .hosts()[0]
+              .address == good);
+  }
+  // ssh's options end before the host, whatever the host is.
+  CHECK(sshCommand("-oProxyCommand=x", "true") ==
+        std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "--", "-oProxyCommand=x", "true"});
+}
+
+TEST_CASE("resource spec: quoted keys and values are escaped; a FIFO or directory is refused") {
+  const std::string e = specError("{\"hosts\": [], \"\\u001b[2Jk\": 1}");
+  CHECK(e == "cluster.json: unknown key '\\x1b[2Jk' (allowed: bind, coordinator_port, hosts)");
+  CHECK(specError("{\"hosts\": \"\\u009b1m\"}") == "cluster.json: hosts must be an array, got \"\\xc2\\x9b1m\"");
+  TempDir dir;
+  CHECK(contains(errorOf([&] { ResourceSpec::load(dir.path.string()); }), "is a directory"));
+  const std::string fifo = makeFifo(dir, "spec.fifo");
+  CHECK(contains(fifoError(fifo, [&] { ResourceSpec::load(fifo); }), fifo + " is a FIFO"));
+}
+
+TEST_CASE("frames: a peer's refusal reason is escaped") {
+  WireWriter w;
+  w.putString("no\x1b[2J");
+  const Frame refused{MessageType::Refused, w.bytes()};
+  CHECK(errorOf([&] { expectType(refused, MessageType::AuthOk); }) == "refused by the peer: no\\x1b[2J");
 }

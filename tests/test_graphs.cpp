@@ -1,6 +1,7 @@
 // The graph file format (round trip and every loader error), the typed reachability generator
 // against an independent reference, and graph batching.
 #include "data/Graphs.h"
+#include "tests/InputTest.h"
 #include "tests/TestUtil.h"
 
 #include <unistd.h>
@@ -166,7 +167,7 @@ TEST_CASE("a bad header is an error") {
   CHECK(contains(loadError("graph\n"), ":1: expected the header"));
   CHECK(contains(loadError("weft-graphs features=2\n"), ":1: the header must give features= and edge_types="));
   CHECK(contains(loadError("weft-graphs features=2 edge_types=1 colour=3\n"), ":1: unknown header key 'colour'"));
-  CHECK(contains(loadError("weft-graphs features=2 edge_types=0\n"), ":1: header edge_types=0 must be >= 1"));
+  CHECK(contains(loadError("weft-graphs features=2 edge_types=0\n"), ":1: header edge_types=0 must be in 1..1024"));
   CHECK(contains(loadError("weft-graphs features=2 edge_types=1 node_labels=2\n"), "node_labels=2 must be 0 or 1"));
   CHECK(contains(loadError("# only a comment\n\n"), "no 'weft-graphs' header"));
 }
@@ -312,4 +313,33 @@ TEST_CASE("GraphBatcher covers each epoch once, reshuffles per epoch and seeks")
   GraphBatcher again(Dataset(graphs), 3, 7);
   CHECK(again.next().at("features").toVector<float>() == seen[0]);
   CHECK(contains(errorOf([&] { GraphBatcher(Dataset(graphs), 11, 1); }), "10 graphs do not fill one batch of 11"));
+}
+
+TEST_CASE("counts a model would allocate by are bounded, with a message naming the line and value") {
+  // Edge types and labels decide a GNN's weight shapes: 1e9 was a bad_alloc, INT64_MAX overflowed.
+  CHECK(
+      contains(loadError("weft-graphs features=1 edge_types=1025\n"), ":1: header edge_types=1025 must be in 1..1024"));
+  CHECK(contains(loadError("weft-graphs features=1 edge_types=2147483647\n"),
+                 "edge_types=2147483647 must be in 1..1024"));
+  CHECK(contains(loadError("weft-graphs features=100000 edge_types=1\n"),
+                 ":1: header features=100000 must be in 0..65536"));
+  const std::string labelled = "weft-graphs features=1 edge_types=1 node_labels=1\ngraph\nnode 0 0.5 ";
+  CHECK(contains(loadError(labelled + "1000000000\nend\n"), ":3: label 1000000000 of node 0 is outside 0..65535"));
+  CHECK(contains(loadError(labelled + "9223372036854775807\nend\n"),
+                 ":3: label 9223372036854775807 of node 0 is outside 0..65535"));
+  TempDir dir;
+  const std::string ok = dir.write("ok.txt", labelled + "65535\nend\ngraph\nnode 0 1 0\nend\n");
+  CHECK(loadGraphs(ok).graphs[0].at("labels").item() == 65535);
+}
+
+TEST_CASE("graph files that are not regular files are refused, and quoted bytes escaped") {
+  TempDir dir;
+  CHECK(contains(errorOf([&] { loadGraphs(dir.path.string()); }), "is a directory"));
+  CHECK(contains(errorOf([&] { loadGraphs("/dev/null"); }), "/dev/null is a character device"));
+  const std::string fifo = makeFifo(dir, "graphs.fifo");
+  CHECK(contains(fifoError(fifo, [&] { loadGraphs(fifo); }), fifo + " is a FIFO"));
+  const std::string e = loadError(std::string(kHeader) + "graph\n\x1b]2;title\x07 1\n");
+  CHECK(contains(e, ":3: unknown line '\\x1b]2;title\\x07 1' inside a graph"));
+  CHECK_FALSE(contains(e, "\x1b"));
+  CHECK(contains(loadError("weft-graphs features=\xff edge_types=1\n"), "header features: '\\xff' is not an integer"));
 }

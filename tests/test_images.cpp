@@ -1,4 +1,5 @@
 // The synthetic image generator and the CIFAR-10 binary loader.
+#include "tests/InputTest.h"
 #include "tests/TestUtil.h"
 
 #include "data/Images.h"
@@ -142,4 +143,22 @@ TEST_CASE("an empty CIFAR-10 file is an error naming it") {
   TempDir dir;
   writeFile(dir.file("empty.bin"), {});
   CHECK(contains(errorOf([&] { data::loadCifar10({dir.file("empty.bin")}); }), "empty.bin"));
+}
+
+TEST_CASE("a CIFAR-10 file over the record limit is refused before it is read") {
+  TempDir dir;
+  // Sparse: the size is what matters. The first label is bad, so reading the file would fail on it.
+  const std::string path = dir.file("huge.bin");
+  std::ofstream(path, std::ios::binary) << '\xff';
+  std::filesystem::resize_file(path, (data::kMaxCifar10Records + 1) * data::kCifar10RecordBytes);
+  const std::string message = errorOf([&] { data::loadCifar10({path}); });
+  CHECK(contains(message, path + " has 184383073 bytes, over the limit of 184380000 bytes"));
+}
+
+TEST_CASE("CIFAR-10 files that are not regular files are refused, naming what they are") {
+  TempDir dir;
+  CHECK(contains(errorOf([&] { data::loadCifar10({"/dev/zero"}); }), "/dev/zero is a character device"));
+  CHECK(contains(errorOf([&] { data::loadCifar10({dir.path.string()}); }), "is a directory"));
+  const std::string fifo = makeFifo(dir, "batch.fifo");
+  CHECK(contains(fifoError(fifo, [&] { data::loadCifar10({fifo}); }), fifo + " is a FIFO"));
 }

@@ -1,7 +1,9 @@
 // Tests of the language data: Vocab, text corpora and id files, LM examples, and the synthetic
 // language (determinism, Zipf emissions, exact probabilities).
+#include "core/InputFile.h"
 #include "data/SyntheticLanguage.h"
 #include "data/TextCorpus.h"
+#include "tests/InputTest.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>
@@ -260,4 +262,39 @@ TEST_CASE("true perplexity is exp of the negated mean log-probability per token"
   LanguageSpec bad;
   bad.successors = 0;
   CHECK(contains(errorOf([&] { SyntheticLanguage{bad}; }), "successors 0"));
+}
+
+TEST_CASE("text loaders refuse what is not a regular file instead of blocking or reading for ever") {
+  TempDir dir;
+  // A directory used to read as an empty corpus, a device as an endless (/dev/zero) or empty one.
+  CHECK(contains(errorOf([&] { countTokens(dir.path.string()); }), dir.path.string() + " is a directory"));
+  CHECK(contains(errorOf([&] { readIdFile("/dev/null", 8); }), "/dev/null is a character device"));
+  CHECK(contains(errorOf([&] { Vocab::load(dir.path.string()); }), "is a directory"));
+  const std::string fifo = makeFifo(dir, "corpus.fifo");
+  CHECK(contains(fifoError(fifo, [&] { countTokens(fifo); }), fifo + " is a FIFO"));
+  CHECK(contains(fifoError(fifo, [&] { Vocab::load(fifo); }), fifo + " is a FIFO"));
+}
+
+TEST_CASE("a line over the limit is an error naming the file and line") {
+  TempDir dir;
+  const std::string path = dir.write("long.txt", "a b\n" + std::string(kMaxLineBytes + 1, 'w') + "\n");
+  CHECK(contains(errorOf([&] { countTokens(path); }), path + ":2: the line is longer than the limit of"));
+}
+
+TEST_CASE("text loader errors escape the bytes they quote") {
+  TempDir dir;
+  const std::string ids = dir.write("ids.txt", "4 \x1b[2J\x1b]0;x\x07\n");
+  const std::string idError = errorOf([&] { readIdFile(ids, 8); });
+  CHECK(contains(idError, ids + ":1: '\\x1b[2J\\x1b]0;x\\x07' is not an id"));
+  CHECK_FALSE(contains(idError, "\x1b"));
+  const std::string vocab = dir.write("vocab.txt", "<pad>\n<unk>\n<s>\n</s>\n\x1b[1m\n\x1b[1m\n");
+  const std::string vocabError = errorOf([&] { Vocab::load(vocab); });
+  CHECK(contains(vocabError, vocab + ":6: duplicate word '\\x1b[1m' (first on line 5)"));
+  CHECK_FALSE(contains(vocabError, "\x1b"));
+  const std::string specials = dir.write("specials.txt", "\x9b\n");
+  CHECK(contains(errorOf([&] { Vocab::load(specials); }), ":1: invalid UTF-8 at byte 0"));
+  const std::string c1 = dir.write("c1.txt",
+                                   "\xc2\x9b"
+                                   "2J\n");
+  CHECK(contains(errorOf([&] { Vocab::load(c1); }), "found '\\xc2\\x9b2J'"));
 }

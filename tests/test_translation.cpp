@@ -1,5 +1,7 @@
 // The synthetic translation task and the parallel-text loader.
+#include "core/InputFile.h"
 #include "data/Translation.h"
+#include "tests/InputTest.h"
 #include "tests/TestUtil.h"
 
 #include <filesystem>
@@ -172,4 +174,14 @@ TEST_CASE("parallel text: invalid UTF-8 names the file, line and byte") {
   const std::string message = errorOf([&] { loadParallelText(src, tgt); });
   CHECK(contains(message, tgt + ":2"));
   CHECK(contains(message, "invalid UTF-8 at byte 4"));
+}
+
+TEST_CASE("parallel text: a line over the limit, a device or a FIFO is refused, naming the file") {
+  TempDir dir;
+  const std::string src = dir.write("f.src", "a\n" + std::string(kMaxLineBytes + 1, 'b') + "\n");
+  const std::string tgt = dir.write("f.tgt", "a\nb\n");
+  CHECK(contains(errorOf([&] { loadParallelText(src, tgt); }), src + ":2: the line is longer than the limit of"));
+  CHECK(contains(errorOf([&] { loadParallelText(tgt, "/dev/null"); }), "/dev/null is a character device"));
+  const std::string fifo = makeFifo(dir, "g.fifo");
+  CHECK(contains(fifoError(fifo, [&] { loadParallelText(tgt, fifo); }), fifo + " is a FIFO"));
 }
