@@ -254,7 +254,7 @@ struct Coordinator::State {
   struct Watched {
     MemberId id;
     FileDescriptor fd;
-    std::chrono::milliseconds lastHeard{0}, progressSince{0};
+    std::chrono::milliseconds lastHeard{0}, progressSince{0}, beatingSince{0};
     MainThreadSample last;
   };
 
@@ -413,6 +413,7 @@ void Coordinator::State::readHeartbeat(Watched& w) {
     std::lock_guard lock(mutex_);
     const std::chrono::milliseconds now = awakeNow();
     if (sample.progress != w.last.progress) w.progressSince = now;
+    if (now - w.lastHeard > kSteadyGap) w.beatingSince = now;
     w.last = sample;
     w.lastHeard = now;
   } catch (const Error&) {
@@ -557,7 +558,7 @@ void Coordinator::State::sendRosters() {
     }
     std::lock_guard lock(mutex_);
     const std::chrono::milliseconds now = awakeNow();
-    watched_.push_back({m.id, std::move(fd), now, now, {}});
+    watched_.push_back({m.id, std::move(fd), now, now, now, {}});
   }
   joined_.clear();
   members_ = std::move(members);
@@ -634,6 +635,7 @@ std::map<MemberId, MemberLiveness> Coordinator::liveness() const {
     MemberLiveness& l = out[w.id];
     l.silence = now - w.lastHeard;
     l.stalled = now - w.progressSince;
+    l.steady = l.silence > kSteadyGap ? std::chrono::milliseconds(0) : now - w.beatingSince;
     l.connected = w.fd.valid();
     l.progress = w.last.progress;
     l.waiting = w.last.waiting;

@@ -86,11 +86,17 @@ class Heartbeat;
 struct MemberLiveness {
   std::chrono::milliseconds silence{0};  ///< since its last heartbeat (or its roster)
   std::chrono::milliseconds stalled{0};  ///< since its progress counter last moved
+  /// How long it has beaten without a gap of more than kSteadyGap (0 while silent that long):
+  /// a member that beat steadily while another was silent shows that the job was not paused.
+  std::chrono::milliseconds steady{0};
   bool connected = true;                 ///< false once its connection closed
   uint64_t progress = 0;                 ///< its main thread's progress counter
   bool waiting = false;                  ///< its main thread was waiting on a peer
   char mainThread = '?';                 ///< its main thread's scheduler state
 };
+
+/// The longest gap between a member's heartbeats (one a second) that still counts as steady.
+inline constexpr std::chrono::milliseconds kSteadyGap{2500};
 
 /// What a member's heartbeat reports of its main thread (see dist/Liveness.h).
 struct MainThreadSample {

@@ -239,27 +239,30 @@ class Job {
       if (c.running) ::kill(-c.pid, SIGCONT);
   }
   /// "worker 1 of host 0 (pid N) sent no heartbeat for 20.4 s ..." for the running process silent
-  /// longest past the limit while another was heard within half of it, or "". Silence is on
-  /// the coordinator's awake clock, so a launcher that was paused or starved blames no one; a
-  /// job whose members are all silent is paused as a whole (or its machine is), not failing.
+  /// longest past the limit while another beat steadily all that time, or "". Silence is on the
+  /// coordinator's awake clock, so a launcher that was paused or starved blames no one; members
+  /// silent together (a job or machine paused as a whole, then resumed) blame no one either.
   std::string silentMember(const Coordinator& coordinator, std::chrono::milliseconds limit) const {
     const auto liveness = coordinator.liveness();
     const Child* worst = nullptr;
     std::chrono::milliseconds longest{0};
-    bool othersHeard = false;
     for (const Child& c : children_) {
       const auto it = liveness.find(c.id);
-      if (!c.running || it == liveness.end()) continue;
-      const std::chrono::milliseconds silence = it->second.silence;
-      if (silence <= limit / 2) othersHeard = true;
-      if (silence <= limit || silence <= longest) continue;
+      if (!c.running || it == liveness.end() || it->second.silence <= limit || it->second.silence <= longest) continue;
       worst = &c;
-      longest = silence;
+      longest = it->second.silence;
     }
-    if (worst == nullptr || !othersHeard) return "";
-    return fmt::format("{} (pid {}) sent no heartbeat for {:.1f} s while the others did: it is stopped, hung in the "
-                       "kernel or cut off from the network",
-                       describe(worst->id), worst->pid, static_cast<double>(longest.count()) / 1000.0);
+    if (worst == nullptr) return "";
+    const Child* witness = nullptr;
+    for (const Child& c : children_) {
+      const auto it = liveness.find(c.id);
+      if (c.running && &c != worst && it != liveness.end() && it->second.steady >= limit) witness = &c;
+    }
+    if (witness == nullptr) return "";
+    return fmt::format("{} (pid {}) sent no heartbeat for {:.1f} s while {} beat steadily: it is stopped, hung in "
+                       "the kernel or cut off from the network",
+                       describe(worst->id), worst->pid, static_cast<double>(longest.count()) / 1000.0,
+                       describe(witness->id));
   }
   /// What to say about a failure first seen as `failed` ending with `status`. A process ended
   /// by a signal is a fact and named first: its peers stop with an error as soon as they
