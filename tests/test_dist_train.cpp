@@ -10,13 +10,16 @@
 #include <fmt/format.h>
 
 #include <signal.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -486,6 +489,39 @@ TEST_CASE("--max-restarts: a worker killed mid-run restarts the job from its che
     CAPTURE(name);
     CHECK(relativeDifference(b.tensors.at(name), t) == 0);
   }
+}
+
+TEST_CASE("a worker whose main thread is stuck while its heartbeats go on is named, not the worker that gave up on it") {
+  // Only worker 1's main thread is stopped (as a tracer stops one thread): its heartbeat thread
+  // beats on, so silence cannot tell; worker 0 waits on it in the AllReduce until --timeout.
+  TempDir dir;
+  const fs::path log = dir.path / "log";
+  const pid_t launcher = startJob(kLongMlp + " --workers 2 --timeout 9 --out " + (dir.path / "run").string(), log);
+  REQUIRE_MESSAGE(waitUntil([&] { return contains(readText(log), "training "); }, 120s), readText(log));
+  const std::vector<pid_t> victim = membersOf(launcher, "worker", 1);
+  REQUIRE(victim.size() == 1);
+  if (::ptrace(PTRACE_SEIZE, victim[0], nullptr, nullptr) != 0) {
+    const int error = errno;
+    exitStatusOf(launcher, 0s);
+    FAIL("this test stops one thread with ptrace, which is not permitted here: " << std::strerror(error));
+  }
+  REQUIRE(::ptrace(PTRACE_INTERRUPT, victim[0], nullptr, nullptr) == 0);
+  // As the tracer, this process must see the main thread's stops and death for the launcher to.
+  int status = 0;
+  const bool ended = waitUntil([&] {
+    int event = 0;
+    if (::waitpid(victim[0], &event, WNOHANG | __WALL) == victim[0] && WIFSTOPPED(event) &&
+        WSTOPSIG(event) != SIGTRAP)  // a signal on its way to the stopped thread (the job is stopping)
+      ::ptrace(PTRACE_CONT, victim[0], nullptr, reinterpret_cast<void*>(static_cast<intptr_t>(WSTOPSIG(event))));
+    return ::waitpid(launcher, &status, WNOHANG) == launcher;
+  }, 90s);
+  if (!ended) exitStatusOf(launcher, 0s);
+  REQUIRE(ended);
+  const std::string text = readText(log);
+  CAPTURE(text);
+  CHECK(WEXITSTATUS(status) != 0);
+  CHECK(contains(text, fmt::format("worker 1 of host 0 (pid {}) made no progress for", victim[0])));
+  CHECK(contains(text, "its main thread stopped, while worker 0 of host 0 waited for it and gave up"));
 }
 
 TEST_CASE("a multi-worker specification outside the launcher is refused") {
