@@ -1,7 +1,7 @@
 // The rendezvous server and client. The coordinator's serve thread accepts connections and
 // decides the outcome (roster or abort); each connection is admitted (handshake, then JOIN) on
-// its own short-lived thread, so a silent or slow peer delays nobody else. After the rosters the
-// serve thread watches the members' heartbeats.
+// its own short-lived thread, so a silent or slow peer delays nobody else, and a flood of them
+// is dropped oldest first. After the rosters the serve thread watches the members' heartbeats.
 #include "dist/Coordinator.h"
 
 #include "core/Error.h"
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cerrno>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 namespace weft::dist {
@@ -30,6 +32,15 @@ namespace {
 constexpr uint32_t kMaxAddressBytes = 64u << 10;  // a UCX worker address is ~200 bytes
 constexpr uint32_t kMaxJoinPayload = 2 * kMaxAddressBytes + kNcclIdBytes + 64;
 constexpr size_t kMaxPendingAdmissions = 64;      // bounds the threads a connection flood can start
+constexpr size_t kMaxPendingPerSource = 16;       // the share of them one source address may hold
+// A connection must prove the secret within this (or the handshake timeout, if shorter); a real
+// member answers the challenge at once, and one that is too slow on a busy machine tries again.
+constexpr std::chrono::milliseconds kPreAuthTimeout{2000};
+// The watch loop's tick, and how late a wake-up may be before the excess counts as the
+// coordinator's own absence (its process paused or not scheduled), not as the members' silence.
+constexpr std::chrono::milliseconds kWatchTick{200};
+constexpr std::chrono::milliseconds kSchedulingSlack{300};
+constexpr uint32_t kHeartbeatPayload = 8 + 1 + 1;
 constexpr size_t kMemberMinBytes = 1 + 4 + 4 + 4 + 4 + 4;  // a roster entry with empty addresses
 constexpr size_t kMissingListed = 10;             // an ABORT names at most this many members
 
@@ -59,6 +70,9 @@ std::string formatAddress(const sockaddr_storage& addr) {
   ::inet_ntop(AF_INET6, &in6.sin6_addr, text, sizeof text);
   return fmt::format("[{}]:{}", text, ntohs(in6.sin6_port));
 }
+
+// The address without the port: what a per-source limit counts.
+std::string sourceOf(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
 
 uint16_t boundPort(int fd) {
   sockaddr_storage addr{};
@@ -227,17 +241,21 @@ struct Coordinator::State {
     std::thread thread;
     int fd = -1;
     bool done = false;
+    std::string source;          // the peer's address without its port
+    bool authenticated = false;  // it proved the secret: never dropped for another
+    bool dropped = false;        // shut down to admit a newer connection
   };
   struct Joined {
     JoinRequest request;
     FileDescriptor fd;
   };
-  // A member after the rendezvous: its connection (closed once it fails) and when it was last
-  // heard from.
+  // A member after the rendezvous: its connection (closed once it fails or ends), what its
+  // last heartbeat said, and when (on the awake clock).
   struct Watched {
     MemberId id;
     FileDescriptor fd;
-    Deadline lastHeard;
+    std::chrono::milliseconds lastHeard{0}, progressSince{0}, beatingSince{0};
+    MainThreadSample last;
   };
 
   State(const ResourceSpec& spec, const Secret& secret, const JobId& job, std::vector<MemberId> expected,
@@ -249,6 +267,13 @@ struct Coordinator::State {
   void decide();
   bool stopping();
   void acceptOne();
+  /// Makes room for a connection from `source`: drops the oldest unauthenticated admission of
+  /// that source when it holds its share, or the oldest overall when every slot is taken; false
+  /// when every slot holds an authenticated member. Under mutex_.
+  bool makeRoom(const std::string& source);
+  /// The awake clock now (under mutex_).
+  std::chrono::milliseconds awakeNow() const;
+  void readHeartbeat(Watched& w);
   void admit(Admission* self, FileDescriptor fd, const std::string& peer);
   /// Admits the joining member, or logs why not and tells it.
   void join(Admission* self, FileDescriptor& fd, Deadline deadline, const std::string& peer);
@@ -274,7 +299,11 @@ struct Coordinator::State {
   bool stop_ = false;                  // guarded; the destructor's request
   bool decided_ = false;               // guarded; members_ or failure_ is final
   std::condition_variable decidedChanged_;
-  std::vector<Watched> watched_;       // lastHeard guarded; the rest is the serve thread's
+  std::vector<Watched> watched_;       // guarded, except fd (the serve thread's)
+  // The awake clock: time the watch loop saw pass, each wake-up counting at most one tick plus
+  // the scheduling slack. awake_ is its value at the loop's last wake-up, lastWake_ when that was.
+  std::chrono::milliseconds awake_{0};  // guarded
+  Deadline lastWake_;                   // guarded
 
   std::vector<Member> members_;  // the outcome, written by the serve thread before decided_
   std::string failure_;
@@ -309,6 +338,7 @@ Coordinator::State::State(const ResourceSpec& spec, const Secret& secret, const 
       deadline_(Clock::now() + timeout),
       listener_(listenTcp(spec.bind(), spec.coordinatorPort())) {
   port_ = boundPort(listener_.get());
+  lastWake_ = Clock::now();
   int ends[2];
   WEFT_CHECK(::pipe2(ends, O_CLOEXEC | O_NONBLOCK) == 0, "coordinator: pipe failed: {}", std::strerror(errno));
   wakeRead_.reset(ends[0]);
@@ -364,6 +394,34 @@ void Coordinator::State::serve() {
   if (!members_.empty()) watch();
 }
 
+std::chrono::milliseconds Coordinator::State::awakeNow() const {
+  const auto sinceWake = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - lastWake_);
+  return awake_ + std::min(sinceWake, kWatchTick + kSchedulingSlack);
+}
+
+void Coordinator::State::readHeartbeat(Watched& w) {
+  try {
+    // A heartbeat is one small write, so it arrives whole; the deadline only bounds a torn one.
+    const Frame frame = readFrame(w.fd.get(), Clock::now() + std::chrono::seconds(1), job_, kHeartbeatPayload);
+    expectType(frame, MessageType::Heartbeat);
+    WireReader r = frame.reader();
+    MainThreadSample sample;
+    sample.progress = r.getU64("progress");
+    sample.waiting = r.getU8("waiting") != 0;
+    sample.state = static_cast<char>(r.getU8("main_thread"));
+    r.finish();
+    std::lock_guard lock(mutex_);
+    const std::chrono::milliseconds now = awakeNow();
+    if (sample.progress != w.last.progress) w.progressSince = now;
+    if (now - w.lastHeard > kSteadyGap) w.beatingSince = now;
+    w.last = sample;
+    w.lastHeard = now;
+  } catch (const Error&) {
+    std::lock_guard lock(mutex_);
+    w.fd.reset();  // closed (the member ended) or broken: silent from now on
+  }
+}
+
 void Coordinator::State::watch() {
   while (!stopping()) {
     std::vector<pollfd> fds{{wakeRead_.get(), POLLIN, 0}};
@@ -373,21 +431,18 @@ void Coordinator::State::watch() {
       fds.push_back({w.fd.get(), POLLIN, 0});
       polled.push_back(&w);
     }
-    if (::poll(fds.data(), fds.size(), 1000) <= 0) continue;
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(kWatchTick.count()));
+    {
+      std::lock_guard lock(mutex_);
+      awake_ = awakeNow();
+      lastWake_ = Clock::now();
+    }
+    if (ready <= 0) continue;
     char drain[64];
     while (::read(wakeRead_.get(), drain, sizeof drain) > 0) {
     }
-    for (size_t i = 0; i < polled.size(); ++i) {
-      if (!fds[i + 1].revents) continue;
-      Watched& w = *polled[i];
-      try {
-        expectType(readFrame(w.fd.get(), Clock::now() + std::chrono::seconds(1), job_, 0), MessageType::Heartbeat);
-        std::lock_guard lock(mutex_);
-        w.lastHeard = Clock::now();
-      } catch (const Error&) {
-        w.fd.reset();  // closed (the member ended) or broken: silent from now on
-      }
-    }
+    for (size_t i = 0; i < polled.size(); ++i)
+      if (fds[i + 1].revents) readHeartbeat(*polled[i]);
   }
 }
 
@@ -398,25 +453,56 @@ void Coordinator::State::acceptOne() {
   if (!fd.valid()) return;  // the peer gave up already, or a transient error; poll again
   const std::string peer = formatAddress(addr);
   std::lock_guard lock(mutex_);
-  if (admissions_.size() >= kMaxPendingAdmissions) {
-    logRefusal(peer, fmt::format("{} connections are already in their handshake", admissions_.size()));
+  if (!makeRoom(sourceOf(peer))) {
+    logRefusal(peer, fmt::format("all {} admission slots hold authenticated members", admissions_.size()));
+    sendRefusal(fd.get(), job_, "busy: try again");
     return;
   }
   Admission& a = admissions_.emplace_back();
   a.fd = fd.get();
+  a.source = sourceOf(peer);
   a.thread = std::thread(&State::admit, this, &a, std::move(fd), peer);
+}
+
+bool Coordinator::State::makeRoom(const std::string& source) {
+  size_t pending = 0, fromSource = 0;
+  Admission* oldest = nullptr;
+  Admission* oldestOfSource = nullptr;
+  for (Admission& a : admissions_) {  // in order of arrival
+    if (a.done || a.dropped) continue;
+    ++pending;
+    if (a.source == source) ++fromSource;
+    if (a.authenticated || a.fd < 0) continue;
+    if (oldest == nullptr) oldest = &a;
+    if (oldestOfSource == nullptr && a.source == source) oldestOfSource = &a;
+  }
+  Admission* victim = fromSource >= kMaxPendingPerSource && oldestOfSource ? oldestOfSource
+                      : pending >= kMaxPendingAdmissions                 ? oldest
+                                                                         : nullptr;
+  if (victim == nullptr) return pending < kMaxPendingAdmissions;
+  victim->dropped = true;
+  ::shutdown(victim->fd, SHUT_RDWR);  // its thread's wait ends now; a member among them tries again
+  return true;
 }
 
 void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::string& peer) {
   try {
-    const Deadline deadline = Clock::now() + handshakeTimeout_;
-    serverHandshake(fd.get(), secret_, job_, deadline);
-    join(self, fd, deadline, peer);
+    const Deadline start = Clock::now();
+    serverHandshake(fd.get(), secret_, job_, start + std::min(handshakeTimeout_, kPreAuthTimeout));
+    {
+      std::lock_guard lock(mutex_);
+      self->authenticated = !self->dropped;
+    }
+    join(self, fd, start + handshakeTimeout_, peer);
   } catch (const Error& e) {
     // The handshake has told the peer already, so the rendezvous may be over by now for another
     // reason: the log keeps what went wrong either way.
     std::lock_guard lock(mutex_);
-    logRefusal(peer, over_ ? fmt::format("the rendezvous ended before its handshake completed ({})", e.what()) : e.what());
+    logRefusal(peer, self->dropped ? fmt::format("dropped for newer connections: {} or more were in their handshake, "
+                                                 "{} or more from {}",
+                                                 kMaxPendingAdmissions, kMaxPendingPerSource, self->source)
+                     : over_ ? fmt::format("the rendezvous ended before its handshake completed ({})", e.what())
+                             : e.what());
   }
   std::lock_guard lock(mutex_);
   self->fd = -1;  // before `fd` closes, so the number is never shut down after reuse
@@ -471,7 +557,8 @@ void Coordinator::State::sendRosters() {
       fd.reset();
     }
     std::lock_guard lock(mutex_);
-    watched_.push_back({m.id, std::move(fd), Clock::now()});
+    const std::chrono::milliseconds now = awakeNow();
+    watched_.push_back({m.id, std::move(fd), now, now, now, {}});
   }
   joined_.clear();
   members_ = std::move(members);
@@ -540,12 +627,19 @@ std::vector<Member> Coordinator::wait() {
   return state_->members_;
 }
 
-std::map<MemberId, std::chrono::milliseconds> Coordinator::silences() const {
+std::map<MemberId, MemberLiveness> Coordinator::liveness() const {
   std::lock_guard lock(state_->mutex_);
-  std::map<MemberId, std::chrono::milliseconds> out;
-  const Deadline now = Clock::now();
+  std::map<MemberId, MemberLiveness> out;
+  const std::chrono::milliseconds now = state_->awakeNow();
   for (const State::Watched& w : state_->watched_) {
-    out[w.id] = std::chrono::duration_cast<std::chrono::milliseconds>(now - w.lastHeard);
+    MemberLiveness& l = out[w.id];
+    l.silence = now - w.lastHeard;
+    l.stalled = now - w.progressSince;
+    l.steady = l.silence > kSteadyGap ? std::chrono::milliseconds(0) : now - w.beatingSince;
+    l.connected = w.fd.valid();
+    l.progress = w.last.progress;
+    l.waiting = w.last.waiting;
+    l.mainThread = w.last.state;
   }
   return out;
 }
@@ -556,58 +650,128 @@ struct Heartbeat::State {
   FileDescriptor fd;
   JobId job;
   std::chrono::milliseconds interval;
-  std::mutex mutex;
-  std::condition_variable stopRequested;
-  bool stop = false;
+  LostHandler onLost;
+  Sampler sample;
+  FileDescriptor stopRead, stopWrite;  // a pipe: the destructor's request
+  std::atomic<bool> lost{false};
   std::thread thread;
 
+  // Beats until stopped. Between beats it watches the connection: the coordinator sends nothing
+  // after the roster, so the socket becoming readable means it closed (or broke).
   void beat() {
-    std::unique_lock lock(mutex);
-    while (!stopRequested.wait_for(lock, interval, [&] { return stop; })) {
-      lock.unlock();
-      try {
-        writeFrame(fd.get(), MessageType::Heartbeat, job, {}, Clock::now() + interval);
-      } catch (const Error&) {
-        return;  // the coordinator is gone: so is the launcher, which stops the job
+    for (;;) {
+      pollfd fds[2] = {{stopRead.get(), POLLIN, 0}, {fd.get(), POLLIN, 0}};
+      const int ready = ::poll(fds, 2, static_cast<int>(interval.count()));
+      if (ready < 0 && errno == EINTR) continue;
+      if (fds[0].revents) return;
+      std::string failure;
+      if (fds[1].revents) {
+        char byte;
+        const ssize_t n = ::recv(fd.get(), &byte, 1, MSG_DONTWAIT);
+        failure = n == 0 ? "the coordinator closed the connection"
+                         : n < 0 ? fmt::format("the coordinator connection failed: {}", std::strerror(errno))
+                                 : "the coordinator sent bytes after the roster";
+      } else {
+        const MainThreadSample s = sample ? sample() : MainThreadSample{};
+        WireWriter w;
+        w.putU64(s.progress);
+        w.putU8(s.waiting ? 1 : 0);
+        w.putU8(static_cast<uint8_t>(s.state));
+        try {
+          // The deadline only bounds a coordinator that stopped reading for good: a few dozen
+          // bytes a second take hours to fill a socket's buffer.
+          writeFrame(fd.get(), MessageType::Heartbeat, job, w.bytes(), Clock::now() + std::chrono::minutes(10));
+          continue;
+        } catch (const Error& e) {
+          failure = e.what();
+        }
       }
-      lock.lock();
+      lost = true;
+      if (onLost) onLost(failure);
+      return;
     }
   }
 };
 
-Heartbeat::Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval)
+Heartbeat::Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost, Sampler sample)
     : state_(std::make_unique<State>()) {
   state_->fd.reset(fd);
   state_->job = job;
   state_->interval = interval;
+  state_->onLost = std::move(onLost);
+  state_->sample = std::move(sample);
+  int ends[2];
+  WEFT_CHECK(::pipe2(ends, O_CLOEXEC) == 0, "heartbeat: pipe failed: {}", std::strerror(errno));
+  state_->stopRead.reset(ends[0]);
+  state_->stopWrite.reset(ends[1]);
   state_->thread = std::thread(&State::beat, state_.get());
 }
 
 Heartbeat::~Heartbeat() {
-  {
-    std::lock_guard lock(state_->mutex);
-    state_->stop = true;
-  }
-  state_->stopRequested.notify_all();
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t n = ::write(state_->stopWrite.get(), &byte, 1);
+  ::shutdown(state_->fd.get(), SHUT_RDWR);  // ends a write the coordinator does not read
   state_->thread.join();
 }
 
+bool Heartbeat::lost() const { return state_->lost; }
+
 // ---- the member side ----
 
+namespace {
+
+// A failure worth another try: the coordinator dropped the connection (or timed its handshake
+// out) before admitting it, which a flood of other connections or a busy machine causes.
+struct Retry {
+  std::string reason;
+};
+
+// One attempt: connect, authenticate, join and wait for the roster.
+Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
+                const JoinRequest& request, Deadline deadline, HeartbeatOptions& heartbeat) {
+  FileDescriptor fd = connectTcp(address, port, deadline);
+  try {
+    clientHandshake(fd.get(), secret, job, deadline);
+  } catch (const Error& e) {
+    const std::string reason = e.what();
+    // The coordinator's verdicts (a wrong secret, another job) are final; a dropped connection,
+    // or a handshake it timed out or had no room for, is not. Our own deadline ends the tries.
+    const bool verdict = reason.rfind("refused by the peer: ", 0) == 0 &&
+                         reason.rfind("refused by the peer: timed out", 0) != 0 &&
+                         reason.rfind("refused by the peer: busy", 0) != 0;
+    if (verdict || Clock::now() >= deadline) throw;
+    throw Retry{reason};
+  }
+  writeFrame(fd.get(), MessageType::Join, job, encodeJoin(request), deadline);
+  const Frame reply = readFrame(fd.get(), deadline, job);
+  WEFT_CHECK(reply.type != MessageType::Abort, "aborted by the coordinator: {}", readReason(reply));
+  expectType(reply, MessageType::Roster);
+  Roster roster = decodeRoster(reply, request.id);
+  roster.heartbeat = std::make_shared<Heartbeat>(fd.release(), job, heartbeat.interval, std::move(heartbeat.onLost),
+                                                 std::move(heartbeat.sample));
+  return roster;
+}
+
+}  // namespace
+
 Roster rendezvous(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
-                  const JoinRequest& request, std::chrono::milliseconds timeout,
-                  std::chrono::milliseconds heartbeatInterval) {
+                  const JoinRequest& request, std::chrono::milliseconds timeout, HeartbeatOptions heartbeat) {
   const Deadline deadline = Clock::now() + timeout;
   try {
-    FileDescriptor fd = connectTcp(address, port, deadline);
-    clientHandshake(fd.get(), secret, job, deadline);
-    writeFrame(fd.get(), MessageType::Join, job, encodeJoin(request), deadline);
-    const Frame reply = readFrame(fd.get(), deadline, job);
-    WEFT_CHECK(reply.type != MessageType::Abort, "aborted by the coordinator: {}", readReason(reply));
-    expectType(reply, MessageType::Roster);
-    Roster roster = decodeRoster(reply, request.id);
-    roster.heartbeat = std::make_shared<Heartbeat>(fd.release(), job, heartbeatInterval);
-    return roster;
+    std::chrono::milliseconds backoff{20};
+    for (int attempt = 1;; ++attempt) {
+      try {
+        return joinOnce(address, port, secret, job, request, deadline, heartbeat);
+      } catch (const Retry& retry) {
+        // Jittered, so members dropped together do not come back together.
+        static thread_local std::minstd_rand random(static_cast<unsigned>(::getpid()) ^
+                                                    static_cast<unsigned>(Clock::now().time_since_epoch().count()));
+        const auto pause = backoff / 2 + std::chrono::milliseconds(random() % static_cast<unsigned>(backoff.count() / 2 + 1));
+        WEFT_CHECK(Clock::now() + pause < deadline, "{} (after {} attempts)", retry.reason, attempt);
+        std::this_thread::sleep_for(pause);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+      }
+    }
   } catch (const Error& e) {
     WEFT_THROW("rendezvous of {} with the coordinator at {}:{} failed: {}", describe(request.id), address, port, e.what());
   }

@@ -11,11 +11,22 @@
 //   ROSTER {rank u32, world_size u32, members: count u32 x {role u8, rank u32, host u32, slot u32,
 //           transport_address bytes, client_address bytes}, nccl_id bytes}
 //   ABORT  {reason string}
-//   HEARTBEAT {} (member -> coordinator, every second from the roster on)
+//   HEARTBEAT {progress u64, waiting u8, main_thread u8} (member -> coordinator, every second
+//           from the roster on): the member's main-thread progress counter, whether its main
+//           thread is waiting on a peer, and that thread's scheduler state ('R', 'S', 'D', 't' ...)
+//
+// Admission under load: a connection must prove the secret within a short deadline; when the
+// admission slots are full, or one source address holds its share of them, the oldest
+// connection still in its handshake is dropped for the new one, so a flood of silent or slow
+// connections cannot keep members out. A member whose connection is dropped, or whose
+// handshake timed out, tries again with backoff until its own deadline.
 //
 // After the rendezvous each member keeps its connection and sends heartbeats on it from a
-// background thread; the coordinator records when it last heard from each, so the launcher can
-// tell a member that froze (stopped, or cut off by the network) from one that is merely slow.
+// background thread; the coordinator records what each said and when, on a clock that leaves out
+// the coordinator's own scheduling gaps (a paused launcher, a machine too busy to run it), so the
+// launcher can tell a member that stopped from a job or machine that paused as a whole. A member
+// that sees its connection close has lost its launcher: its heartbeat reports it (joinJob ends
+// the process), so no member outlives its job.
 #pragma once
 
 #include "dist/Auth.h"
@@ -24,6 +35,7 @@
 #include <chrono>
 #include <compare>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -68,6 +80,31 @@ struct Member {
 
 class Heartbeat;
 
+/// What the coordinator knows of a member after the rendezvous. Durations are measured on the
+/// coordinator's awake clock: time in which the coordinator itself was not scheduled (its
+/// process paused, or starved by a busy machine) does not count.
+struct MemberLiveness {
+  std::chrono::milliseconds silence{0};  ///< since its last heartbeat (or its roster)
+  std::chrono::milliseconds stalled{0};  ///< since its progress counter last moved
+  /// How long it has beaten without a gap of more than kSteadyGap (0 while silent that long):
+  /// a member that beat steadily while another was silent shows that the job was not paused.
+  std::chrono::milliseconds steady{0};
+  bool connected = true;                 ///< false once its connection closed
+  uint64_t progress = 0;                 ///< its main thread's progress counter
+  bool waiting = false;                  ///< its main thread was waiting on a peer
+  char mainThread = '?';                 ///< its main thread's scheduler state
+};
+
+/// The longest gap between a member's heartbeats (one a second) that still counts as steady.
+inline constexpr std::chrono::milliseconds kSteadyGap{2500};
+
+/// What a member's heartbeat reports of its main thread (see dist/Liveness.h).
+struct MainThreadSample {
+  uint64_t progress = 0;
+  bool waiting = false;
+  char state = '?';
+};
+
 /// What every member receives.
 struct Roster {
   int rank = 0;
@@ -97,9 +134,8 @@ class Coordinator {
   /// Blocks until every member got its roster and returns the members by rank; throws the
   /// message the members got in ABORT when the rendezvous timed out.
   std::vector<Member> wait();
-  /// Once the rosters went out: how long ago each member's last heartbeat (or its roster)
-  /// arrived; a member whose connection closed is silent from then on. Empty before.
-  std::map<MemberId, std::chrono::milliseconds> silences() const;
+  /// Once the rosters went out: what each member's heartbeats said. Empty before.
+  std::map<MemberId, MemberLiveness> liveness() const;
 
  private:
   struct State;
@@ -107,10 +143,17 @@ class Coordinator {
 };
 
 /// A member's heartbeats: a background thread sends one every `interval` on the member's
-/// coordinator connection until destroyed (or until the coordinator is gone).
+/// coordinator connection until destroyed. When the connection closes or fails (the launcher
+/// ended or was killed), it calls `onLost` once with the reason and stops beating. `sample`
+/// reports the main thread's state for each beat (none: zeros).
 class Heartbeat {
  public:
-  Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval);  // owns fd
+  using LostHandler = std::function<void(const std::string& reason)>;
+  using Sampler = std::function<MainThreadSample()>;
+  Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost = {},
+            Sampler sample = {});  // owns fd
+  /// Whether the coordinator connection was lost.
+  bool lost() const;
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -120,11 +163,19 @@ class Heartbeat {
   std::unique_ptr<State> state_;
 };
 
+/// How a member's heartbeats go (see Heartbeat).
+struct HeartbeatOptions {
+  std::chrono::milliseconds interval{1000};
+  Heartbeat::LostHandler onLost;
+  Heartbeat::Sampler sample;
+};
+
 /// The member side: connects to the coordinator, authenticates, joins, and returns the roster,
-/// whose `heartbeat` keeps the connection and beats every `heartbeatInterval`. Throws with the
-/// reason: refused (and why), timed out, or aborted (the coordinator's message).
+/// whose `heartbeat` keeps the connection and beats. A connection dropped or timed out before
+/// the coordinator admitted it (a coordinator busy with a flood of connections) is tried again
+/// with backoff until `timeout`. Throws with the reason: nothing listening (the launcher is
+/// gone), refused (and why), timed out, or aborted (the coordinator's message).
 Roster rendezvous(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
-                  const JoinRequest& request, std::chrono::milliseconds timeout,
-                  std::chrono::milliseconds heartbeatInterval = std::chrono::seconds(1));
+                  const JoinRequest& request, std::chrono::milliseconds timeout, HeartbeatOptions heartbeat = {});
 
 }  // namespace weft::dist

@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "dist/Launcher.h"
+#include "dist/Liveness.h"
 #include "dist/Nccl.h"
 #include "dist/UcxTransport.h"
 
@@ -19,6 +20,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <numeric>
 
@@ -30,6 +32,18 @@ std::string requiredVariable(const char* name) {
   const char* value = std::getenv(name);
   WEFT_CHECK(value != nullptr && *value, "{} is not set: the launcher sets it for every process of a job", name);
   return value;
+}
+
+int intVariable(const char* name);
+
+/// The secret the launcher left in an inherited descriptor (a sealed memfd): read from its
+/// start, so every read gets it whole.
+Secret secretFromDescriptor(const char* name) {
+  const int fd = intVariable(name);
+  char text[2 * kSecretBytes + 1] = {};
+  const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+  WEFT_CHECK(n >= 0, "{}={}: cannot read the job secret from descriptor {}: {}", name, fd, fd, std::strerror(errno));
+  return secretFromHex(std::string(text, static_cast<size_t>(n)), name);
 }
 
 int intVariable(const char* name) {
@@ -219,8 +233,11 @@ std::optional<LaunchIdentity> launchIdentityFromEnvironment() {
   identity.id.host = intVariable("WEFT_HOST");
   identity.id.slot = intVariable("WEFT_SLOT");
   identity.job = jobIdFromHex(requiredVariable("WEFT_JOB_ID"), "WEFT_JOB_ID");
+  const char* secretFd = std::getenv("WEFT_JOB_SECRET_FD");
   const char* secretFile = std::getenv("WEFT_JOB_SECRET_FILE");
-  identity.secret = secretFile && *secretFile ? loadSecret(secretFile) : secretFromEnvironment();
+  identity.secret = secretFd && *secretFd           ? secretFromDescriptor("WEFT_JOB_SECRET_FD")
+                    : secretFile && *secretFile ? loadSecret(secretFile)
+                                                : secretFromEnvironment();
   return identity;
 }
 
@@ -250,9 +267,10 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
                describe(job.identity.id), job.device.str(),
                gpus > 0 ? fmt::format("it has {} GPU(s)", gpus) : cudaUnavailableReason());
   }
+  markMainThread();
   UcxIdentity ucx{job.identity.secret, job.identity.job, nameOf(job.identity.id, kPeersChannel),
                   listeningDevice(resources, job.identity.id.host)};
-  job.transport = std::make_unique<UcxTransport>(ucx);
+  job.transport = watchWaits(std::make_unique<UcxTransport>(ucx));
   JoinRequest request{job.identity.id, job.transport->address(), {}, {}};
   publishAddress(job.identity.id, kPeersChannel, request.address);
 #ifdef WEFT_HAVE_NCCL
@@ -260,15 +278,23 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
 #endif
   if (!job.isServer() && resources.serverCount() > 0) {
     ucx.self = nameOf(job.identity.id, kClientChannel);
-    job.clientTransport = std::make_unique<UcxTransport>(ucx);
+    job.clientTransport = watchWaits(std::make_unique<UcxTransport>(ucx));
     request.clientAddress = job.clientTransport->address();
     publishAddress(job.identity.id, kClientChannel, request.clientAddress);
   }
   // A member waits past the coordinator's own deadline, so that a member that never came is
   // reported by the coordinator's ABORT, which names it, not by every member's silent timeout.
   const auto joinTimeout = std::max(config.timeout, kRendezvousTimeout + std::chrono::seconds(15));
+  // A member whose coordinator connection closes has lost its launcher (ended or killed): it
+  // stops at once rather than train on unsupervised.
+  HeartbeatOptions heartbeat;
+  heartbeat.sample = sampleMainThread;
+  heartbeat.onLost = [who = describe(job.identity.id)](const std::string& reason) {
+    std::cerr << fmt::format("weft: {} lost its launcher ({}); stopping\n", who, reason) << std::flush;
+    std::_Exit(1);
+  };
   job.roster = rendezvous(job.identity.coordinatorHost, job.identity.coordinatorPort, job.identity.secret,
-                          job.identity.job, request, joinTimeout);
+                          job.identity.job, request, joinTimeout, std::move(heartbeat));
   connectJob(job, config);
   return job;
 }

@@ -6,7 +6,8 @@
 // Processes learn their place in a job from the environment the launcher (`weft launch`) sets:
 //   WEFT_COORDINATOR  host:port of the rendezvous      WEFT_ROLE  worker | server
 //   WEFT_HOST, WEFT_SLOT  the host's index in the specification and the slot among its workers (servers)
-//   WEFT_JOB_ID  32 hex digits    WEFT_JOB_SECRET_FILE (a 0600 file) or WEFT_JOB_SECRET (hex)
+//   WEFT_JOB_ID  32 hex digits    WEFT_JOB_SECRET_FD (an inherited descriptor holding it in hex; the
+//   launcher's sealed memfd), WEFT_JOB_SECRET_FILE (a 0600 file) or WEFT_JOB_SECRET (hex)
 #pragma once
 
 #include "core/Device.h"

@@ -7,7 +7,10 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,10 +30,12 @@ namespace weft::dist {
 namespace {
 
 std::atomic<int> stopSignal{0};
+std::atomic<bool> suspendRequested{false};
 void onStopSignal(int signal) { stopSignal = signal; }
+void onSuspend(int) { suspendRequested = true; }
 
-/// Installs the SIGINT/SIGTERM handlers for the launcher's lifetime (without SA_RESTART, so a
-/// blocked waitpid returns) and restores the previous ones.
+/// Installs the SIGINT/SIGTERM and SIGTSTP handlers for the launcher's lifetime (without
+/// SA_RESTART, so a blocked waitpid returns) and restores the previous ones.
 class StopSignals {
  public:
   StopSignals() {
@@ -39,34 +44,37 @@ class StopSignals {
     sigemptyset(&action.sa_mask);
     sigaction(SIGINT, &action, &oldInt_);
     sigaction(SIGTERM, &action, &oldTerm_);
+    action.sa_handler = onSuspend;
+    sigaction(SIGTSTP, &action, &oldTstp_);
   }
   ~StopSignals() {
     sigaction(SIGINT, &oldInt_, nullptr);
     sigaction(SIGTERM, &oldTerm_, nullptr);
+    sigaction(SIGTSTP, &oldTstp_, nullptr);
   }
 
  private:
-  struct sigaction oldInt_ {}, oldTerm_ {};
+  struct sigaction oldInt_ {}, oldTerm_ {}, oldTstp_ {};
 };
 
-/// A private directory for the secret file, removed with its content.
-class PrivateDirectory {
+/// The job secret in a sealed memory file (hex, one line): local members inherit the
+/// descriptor, named by WEFT_JOB_SECRET_FD. Nothing reaches the file system, so a launcher
+/// killed with SIGKILL leaves nothing behind.
+class SecretMemory {
  public:
-  PrivateDirectory() {
-    const std::filesystem::path base = std::filesystem::temp_directory_path();
-    std::string pattern = (base / "weft-job-XXXXXX").string();
-    WEFT_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a directory in {}: {}", base.string(),
-               std::strerror(errno));  // mkdtemp makes it 0700
-    path_ = pattern;
+  explicit SecretMemory(const Secret& secret)
+      : fd_(::memfd_create("weft-job-secret", MFD_CLOEXEC | MFD_ALLOW_SEALING)) {
+    WEFT_CHECK(fd_.valid(), "memfd_create failed: {}", std::strerror(errno));
+    const std::string text = toHex(secret);
+    WEFT_CHECK(::fchmod(fd_.get(), 0600) == 0 &&
+                   ::write(fd_.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                   ::fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0,
+               "cannot store the job secret in memory: {}", std::strerror(errno));
   }
-  ~PrivateDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
+  int fd() const { return fd_.get(); }
 
  private:
-  std::string path_;
+  FileDescriptor fd_;
 };
 
 bool isLocal(const std::string& address) { return address.rfind("127.", 0) == 0 || address == "localhost"; }
@@ -86,27 +94,34 @@ std::string shellQuote(const std::string& s) {
 
 struct Child {
   MemberId id;
-  pid_t pid = -1;
+  pid_t pid = -1;  // also its process group
   bool running = true;
 };
 
-/// Starts one member of the job: locally (through the host's launch prefix, if any) with its
-/// identity in the environment, or over ssh with the secret written to the remote shell's
+/// Starts one member of the job in a process group of its own, with the parent-death signal:
+/// locally (through the host's launch prefix, if any) with its identity in the environment and
+/// the secret's memory file inherited, or over ssh with the secret written to the remote shell's
 /// standard input.
 pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::string>& command,
-            const std::map<std::string, std::string>& environment, const std::string& secretFile,
+            const std::map<std::string, std::string>& environment, const SecretMemory& secretMemory,
             const Secret& secret) {
   int secretPipe[2] = {-1, -1};
   const bool local = isLocal(host.address) || !host.launchPrefix.empty();
   if (!local) WEFT_CHECK(::pipe(secretPipe) == 0, "pipe: {}", std::strerror(errno));
+  const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   WEFT_CHECK(pid >= 0, "fork: {}", std::strerror(errno));
   if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) std::_Exit(1);  // the launcher died before the line above
     std::vector<std::string> argv = host.launchPrefix;
     argv.insert(argv.end(), command.begin(), command.end());
     if (local) {
       for (const auto& [k, v] : environment) ::setenv(k.c_str(), v.c_str(), 1);
-      ::setenv("WEFT_JOB_SECRET_FILE", secretFile.c_str(), 1);
+      ::fcntl(secretMemory.fd(), F_SETFD, 0);  // inherited through exec, by this child alone
+      ::setenv("WEFT_JOB_SECRET_FD", std::to_string(secretMemory.fd()).c_str(), 1);
+      ::unsetenv("WEFT_JOB_SECRET_FILE");
     } else {
       ::dup2(secretPipe[0], STDIN_FILENO);
       ::close(secretPipe[0]);
@@ -124,6 +139,7 @@ pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::str
     std::cerr << fmt::format("weft launch: cannot run {} for {}: {}\n", argv[0], describe(id), std::strerror(errno));
     std::_Exit(127);
   }
+  ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before any signal
   if (!local) {
     ::close(secretPipe[0]);
     const std::string line = toHex(secret) + "\n";
@@ -149,6 +165,9 @@ std::string howItEnded(int status) {
   return "ended";
 }
 
+/// How one start of the job ended.
+enum class Outcome { Succeeded, MemberFailed, Stopped };
+
 class Job {
  public:
   explicit Job(std::chrono::milliseconds grace) : grace_(grace) {}
@@ -156,16 +175,16 @@ class Job {
 
   void add(Child child) { children_.push_back(child); }
 
-  /// Waits for the job to end; returns the exit status. Stops the job when a process fails,
-  /// on a stop signal, or when a running process has been silent past `silenceLimit`.
-  int supervise(const Coordinator& coordinator, std::chrono::milliseconds silenceLimit) {
-    int failures = 0;
+  /// Waits for the job to end. Stops the job when a process fails, on a stop signal, or when a
+  /// running process has been silent past `silenceLimit` while the others were heard.
+  Outcome supervise(const Coordinator& coordinator, std::chrono::milliseconds silenceLimit) {
     while (anyWorkerRunning()) {
       if (stopSignal != 0) {
         std::cerr << fmt::format("weft launch: got signal {}; stopping the job\n", stopSignal.load());
         stopAll();
-        return 1;
+        return Outcome::Stopped;
       }
+      if (suspendRequested.exchange(false)) suspend();
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid < 0 && errno != EINTR) break;
@@ -174,19 +193,16 @@ class Job {
         if (child == nullptr) continue;
         child->running = false;
         if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-          const auto [cause, how] = firstCause(*child, status);
-          std::cerr << fmt::format("weft launch: {} (pid {}) {}; stopping the job\n", describe(cause->id), cause->pid,
-                                   howItEnded(how));
-          ++failures;
+          std::cerr << fmt::format("weft launch: {}; stopping the job\n", verdict(coordinator, *child, status, silenceLimit));
           stopAll();
-          return 1;
+          return Outcome::MemberFailed;
         }
         continue;
       }
       if (const std::string silent = silentMember(coordinator, silenceLimit); !silent.empty()) {
         std::cerr << fmt::format("weft launch: {}; stopping the job\n", silent);
         stopAll();
-        return 1;
+        return Outcome::MemberFailed;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -196,6 +212,7 @@ class Job {
       reapExited();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    int failures = 0;
     for (const Child& c : children_) {
       if (c.running) {
         std::cerr << fmt::format("weft launch: {} (pid {}) did not leave after the workers finished\n",
@@ -204,7 +221,7 @@ class Job {
       }
     }
     stopAll();
-    return failures == 0 ? 0 : 1;
+    return failures == 0 ? Outcome::Succeeded : Outcome::MemberFailed;
   }
 
  private:
@@ -213,27 +230,47 @@ class Job {
       if (c.pid == pid) return &c;
     return nullptr;
   }
+  /// Ctrl-Z: stops every member, then the launcher itself; once continued, continues them.
+  void suspend() {
+    for (const Child& c : children_)
+      if (c.running) ::kill(-c.pid, SIGSTOP);
+    ::raise(SIGSTOP);
+    for (const Child& c : children_)
+      if (c.running) ::kill(-c.pid, SIGCONT);
+  }
   /// "worker 1 of host 0 (pid N) sent no heartbeat for 20.4 s ..." for the running process silent
-  /// longest past the limit, or "".
+  /// longest past the limit while another beat steadily all that time, or "". Silence is on the
+  /// coordinator's awake clock, so a launcher that was paused or starved blames no one; members
+  /// silent together (a job or machine paused as a whole, then resumed) blame no one either.
   std::string silentMember(const Coordinator& coordinator, std::chrono::milliseconds limit) const {
-    const auto silences = coordinator.silences();
+    const auto liveness = coordinator.liveness();
     const Child* worst = nullptr;
     std::chrono::milliseconds longest{0};
     for (const Child& c : children_) {
-      const auto it = silences.find(c.id);
-      if (!c.running || it == silences.end() || it->second <= limit || it->second <= longest) continue;
+      const auto it = liveness.find(c.id);
+      if (!c.running || it == liveness.end() || it->second.silence <= limit || it->second.silence <= longest) continue;
       worst = &c;
-      longest = it->second;
+      longest = it->second.silence;
     }
     if (worst == nullptr) return "";
-    return fmt::format("{} (pid {}) sent no heartbeat for {:.1f} s: it is stopped, hung in the kernel or cut off "
-                       "from the network",
-                       describe(worst->id), worst->pid, static_cast<double>(longest.count()) / 1000.0);
+    const Child* witness = nullptr;
+    for (const Child& c : children_) {
+      const auto it = liveness.find(c.id);
+      if (c.running && &c != worst && it != liveness.end() && it->second.steady >= limit) witness = &c;
+    }
+    if (witness == nullptr) return "";
+    return fmt::format("{} (pid {}) sent no heartbeat for {:.1f} s while {} beat steadily: it is stopped, hung in "
+                       "the kernel or cut off from the network",
+                       describe(worst->id), worst->pid, static_cast<double>(longest.count()) / 1000.0,
+                       describe(witness->id));
   }
-  /// The process to name for a failure first seen as `failed` ending with `status`. Its peers
-  /// stop with an error as soon as they notice a process die, so a process already ended by a
-  /// signal (which is reaped here with every other that has ended) is named before them.
-  std::pair<const Child*, int> firstCause(const Child& failed, int status) {
+  /// What to say about a failure first seen as `failed` ending with `status`. A process ended
+  /// by a signal is a fact and named first: its peers stop with an error as soon as they
+  /// notice it die, so one already ended by a signal (reaped here with every other that has
+  /// ended) is the cause. A process that exited with an error while waiting on a peer gave up
+  /// on someone: the member whose main thread made no progress meanwhile, while computing or
+  /// stopped, is named instead.
+  std::string verdict(const Coordinator& coordinator, const Child& failed, int status, std::chrono::milliseconds limit) {
     std::pair<const Child*, int> cause{&failed, status};
     int other = 0;
     for (pid_t pid; (pid = ::waitpid(-1, &other, WNOHANG)) > 0;) {
@@ -242,7 +279,29 @@ class Job {
       child->running = false;
       if (WIFSIGNALED(other) && !WIFSIGNALED(cause.second)) cause = {child, other};
     }
-    return cause;
+    const std::string ended = fmt::format("{} (pid {}) {}", describe(cause.first->id), cause.first->pid,
+                                          howItEnded(cause.second));
+    if (WIFSIGNALED(cause.second)) return ended;
+    const auto liveness = coordinator.liveness();
+    const auto gaveUp = liveness.find(cause.first->id);
+    if (gaveUp == liveness.end() || !gaveUp->second.waiting || gaveUp->second.stalled < limit) return ended;
+    const Child* stuck = nullptr;
+    for (const Child& c : children_) {
+      const auto it = liveness.find(c.id);
+      if (!c.running || it == liveness.end() || &c == cause.first) continue;
+      const MemberLiveness& l = it->second;
+      const bool stopped = l.mainThread == 'T' || l.mainThread == 't';
+      if (l.connected && l.stalled >= limit && (stopped || !l.waiting) &&
+          (stuck == nullptr || l.stalled > liveness.at(stuck->id).stalled))
+        stuck = &c;
+    }
+    if (stuck == nullptr) return ended;
+    const MemberLiveness& l = liveness.at(stuck->id);
+    return fmt::format("{} (pid {}) made no progress for {:.1f} s, its main thread {}, while {} waited for it and "
+                       "gave up ({})",
+                       describe(stuck->id), stuck->pid, static_cast<double>(l.stalled.count()) / 1000.0,
+                       l.mainThread == 't' || l.mainThread == 'T' ? "stopped" : "computing",
+                       describe(cause.first->id), howItEnded(cause.second));
   }
   bool anyRunning() const {
     for (const Child& c : children_)
@@ -260,18 +319,22 @@ class Job {
       if (c.running && ::waitpid(c.pid, &status, WNOHANG) == c.pid) c.running = false;
     }
   }
-  /// SIGTERM to every running process, SIGKILL to those still there after the grace period.
+  /// SIGTERM to every running member's process group, SIGKILL to those still there after the
+  /// grace period; then SIGKILL to every group, for what a launch prefix left behind.
   void stopAll() {
     for (const Child& c : children_)
-      if (c.running) ::kill(c.pid, SIGTERM);
+      if (c.running) {
+        ::kill(-c.pid, SIGTERM);
+        ::kill(-c.pid, SIGCONT);  // a stopped member cannot act on SIGTERM
+      }
     const auto deadline = std::chrono::steady_clock::now() + grace_;
     while (anyRunning() && std::chrono::steady_clock::now() < deadline) {
       reapExited();
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     for (Child& c : children_) {
+      ::kill(-c.pid, SIGKILL);
       if (!c.running) continue;
-      ::kill(c.pid, SIGKILL);
       ::waitpid(c.pid, nullptr, 0);
       c.running = false;
     }
@@ -281,18 +344,11 @@ class Job {
   std::vector<Child> children_;
 };
 
-}  // namespace
-
-int launch(const ResourceSpec& spec, const std::vector<std::string>& command, const LaunchOptions& options) {
-  WEFT_CHECK(!command.empty(), "weft launch: no command to run");
-  const StopSignals signals;
-  stopSignal = 0;
+/// One start of the job: a new id, secret and coordinator, every member.
+Outcome runOnce(const ResourceSpec& spec, const std::vector<std::string>& command, const LaunchOptions& options) {
   const Secret secret = generateSecret();
   const JobId job = generateJobId();
-  const PrivateDirectory directory;
-  const std::string secretFile = directory.path() + "/secret";
-  saveSecret(secretFile, secret);
-
+  const SecretMemory secretMemory(secret);
   const std::vector<MemberId> members = expectedMembers(spec);
   Coordinator coordinator(spec, secret, job, members, options.rendezvousTimeout);
   const std::string coordinatorHost = spec.bind() == "0.0.0.0" ? spec.hosts().front().address : spec.bind();
@@ -305,9 +361,26 @@ int launch(const ResourceSpec& spec, const std::vector<std::string>& command, co
         {"WEFT_SLOT", std::to_string(id.slot)},
         {"WEFT_JOB_ID", toHex(job)},
     };
-    running.add({id, start(spec.hosts()[static_cast<size_t>(id.host)], id, command, environment, secretFile, secret)});
+    running.add({id, start(spec.hosts()[static_cast<size_t>(id.host)], id, command, environment, secretMemory, secret)});
   }
   return running.supervise(coordinator, options.silenceLimit);
+}
+
+}  // namespace
+
+int launch(const ResourceSpec& spec, const std::vector<std::string>& command, const LaunchOptions& options) {
+  WEFT_CHECK(!command.empty(), "weft launch: no command to run");
+  const StopSignals signals;
+  stopSignal = 0;
+  suspendRequested = false;
+  std::vector<std::string> current = command;
+  for (int restart = 1;; ++restart) {
+    const Outcome outcome = runOnce(spec, current, options);
+    if (outcome != Outcome::MemberFailed || restart > options.maxRestarts || stopSignal != 0)
+      return outcome == Outcome::Succeeded ? 0 : 1;
+    if (options.restartCommand) current = options.restartCommand(restart);
+    std::cerr << fmt::format("weft launch: restarting the job ({} of {} restarts)\n", restart, options.maxRestarts);
+  }
 }
 
 }  // namespace weft::dist

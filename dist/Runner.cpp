@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "dist/Communicator.h"
+#include "dist/Liveness.h"
 #include "dist/Nccl.h"
 #include "dist/Placement.h"
 #include "dist/ServerClient.h"
@@ -149,6 +150,7 @@ std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMa
   const std::vector<CollectiveBackend*> backends = state_->backends();
   try {
     std::vector<Tensor> out = state_->session->run(fetches, feeds, targets);
+    noteProgress();
     // A sum that failed in the background (the NCCL watchdog's abort) leaves the step unfinished.
     for (CollectiveBackend* b : backends) b->throwIfFailed();
     return out;

@@ -19,7 +19,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <future>
+#include <thread>
 
 using namespace weft;
 using namespace weft::dist;
@@ -347,21 +349,107 @@ TEST_CASE("coordinator: the expected members must fit the specification") {
 TEST_CASE("after the rendezvous the coordinator hears each member's heartbeat, and notices one stop") {
   const ResourceSpec spec = ResourceSpec::localCpu(2);
   Coordinator coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 0}, {Role::Worker, 0, 1}}, 5s);
-  CHECK(coordinator.silences().empty());
+  CHECK(coordinator.liveness().empty());
   const uint16_t port = coordinator.port();
-  auto join = [&](int slot) { return rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, slot), 5s, 100ms); };
+  uint64_t progress = 7;
+  auto join = [&](int slot) {
+    HeartbeatOptions beats;
+    beats.interval = 100ms;
+    beats.sample = [&progress, slot] { return MainThreadSample{progress + static_cast<uint64_t>(slot), slot == 1, 'R'}; };
+    return rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, slot), 5s, beats);
+  };
   std::future<Roster> first = std::async(std::launch::async, join, 0);
   Roster second = join(1);
   Roster zero = first.get();
   REQUIRE(coordinator.wait().size() == 2);
   std::this_thread::sleep_for(700ms);
-  auto silences = coordinator.silences();
-  REQUIRE(silences.size() == 2);
-  CHECK(silences.at({Role::Worker, 0, 0}) < 400ms);
-  CHECK(silences.at({Role::Worker, 0, 1}) < 400ms);
+  auto liveness = coordinator.liveness();
+  REQUIRE(liveness.size() == 2);
+  const MemberLiveness w0 = liveness.at({Role::Worker, 0, 0}), w1 = liveness.at({Role::Worker, 0, 1});
+  CHECK(w0.silence < 400ms);
+  CHECK(w1.silence < 400ms);
+  // What the beats said: each member's progress counter, whether it waits, its main thread.
+  CHECK(w0.progress == 7);
+  CHECK(w1.progress == 8);
+  CHECK_FALSE(w0.waiting);
+  CHECK(w1.waiting);
+  CHECK(w0.mainThread == 'R');
+  CHECK(w0.connected);
   second.heartbeat.reset();  // worker 1 stops beating and closes its connection
   std::this_thread::sleep_for(900ms);
-  silences = coordinator.silences();
-  CHECK(silences.at({Role::Worker, 0, 0}) < 400ms);
-  CHECK(silences.at({Role::Worker, 0, 1}) > 700ms);
+  liveness = coordinator.liveness();
+  CHECK(liveness.at({Role::Worker, 0, 0}).silence < 400ms);
+  CHECK(liveness.at({Role::Worker, 0, 1}).silence > 700ms);
+  CHECK_FALSE(liveness.at({Role::Worker, 0, 1}).connected);
+  CHECK(liveness.at({Role::Worker, 0, 1}).stalled > 700ms);
+}
+
+TEST_CASE("a member notices its coordinator go away") {
+  const ResourceSpec spec = ResourceSpec::localCpu(1, 0);
+  auto coordinator = std::make_unique<Coordinator>(spec, kSecret, kJob, expectedMembers(spec), 5s);
+  std::promise<std::string> lost;
+  HeartbeatOptions beats;
+  beats.interval = 100ms;
+  beats.onLost = [&lost](const std::string& reason) { lost.set_value(reason); };
+  const Roster roster = rendezvous("127.0.0.1", coordinator->port(), kSecret, kJob, request(Role::Worker, 0, 0), 5s, beats);
+  CHECK_FALSE(roster.heartbeat->lost());
+  coordinator.reset();  // the launcher ends (or is killed): its connections close
+  std::future<std::string> reason = lost.get_future();
+  REQUIRE(reason.wait_for(30s) == std::future_status::ready);
+  CHECK(reason.get() == "the coordinator closed the connection");
+  CHECK(roster.heartbeat->lost());
+}
+
+namespace {
+
+// A connection that connects and then says nothing; true once the coordinator admitted it into
+// a handshake (its challenge arrived).
+bool silentConnection(uint16_t port, std::vector<FileDescriptor>& held) {
+  FileDescriptor fd = connectRaw(port);
+  try {
+    expectType(readFrame(fd.get(), in(2s), kJob), MessageType::Challenge);
+  } catch (const Error&) {
+    return false;
+  }
+  held.push_back(std::move(fd));
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a flood of silent connections does not keep the members out") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  MemberProcess worker0(request(Role::Worker, 0, 0), 8s), worker1(request(Role::Worker, 0, 1), 8s),
+      server(request(Role::Server, 0, 0), 8s);
+  StderrCapture log;
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 8s);
+  const uint16_t port = coordinator.port();
+  // Every admission slot taken by a connection that says nothing, from the members' own address;
+  // a thread keeps opening more while the members join.
+  std::vector<FileDescriptor> held;
+  for (int i = 0; i < 64; ++i) REQUIRE(silentConnection(port, held));
+  std::atomic<bool> flooding{true};
+  std::thread flood([&] {
+    std::vector<FileDescriptor> more;
+    while (flooding) {
+      FileDescriptor fd = connectRaw(port);
+      more.push_back(std::move(fd));
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  for (MemberProcess* m : {&worker0, &worker1, &server}) m->start(port);
+  std::string outcome;
+  try {
+    outcome = fmt::format("{} members", coordinator.wait().size());
+  } catch (const Error& e) {
+    outcome = e.what();
+  }
+  flooding = false;
+  flood.join();
+  CHECK(outcome == "3 members");
+  for (MemberProcess* m : {&worker0, &worker1, &server}) {
+    const auto [code, report] = m->finish();
+    CHECK_MESSAGE(code == 0, report);
+  }
+  CHECK(contains(log.text(), "dropped for newer connections"));
 }

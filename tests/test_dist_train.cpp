@@ -10,11 +10,16 @@
 #include <fmt/format.h>
 
 #include <signal.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -318,6 +323,205 @@ TEST_CASE("a frozen worker is named by its missing heartbeats before any collect
   // --timeout 18: a step waits up to 18 s; a member silent for 6 s stops the job first.
   checkMemberStopsJob("mlp --workers 2 --timeout 18", "worker", 1, SIGSTOP, "worker 1 of host 0",
                       "sent no heartbeat for");
+}
+
+namespace {
+
+std::string readText(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+/// Starts `weft train <args>` in the background in a process group of its own (as a shell
+/// starts a job), its output in `log`, with `environment` assignments before it.
+pid_t startJob(const std::string& args, const fs::path& log, const std::string& environment = "") {
+  const pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    ::setpgid(0, 0);
+    const std::string command =
+        environment + " exec " + WEFT_CLI + " train " + args + " > " + log.string() + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+    std::_Exit(127);
+  }
+  ::setpgid(launcher, launcher);
+  return launcher;
+}
+
+bool waitUntil(const std::function<bool()>& done, std::chrono::seconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::steady_clock::now() - start > limit) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+/// Every process below `root`, children first.
+std::vector<pid_t> descendantsOf(pid_t root) {
+  std::vector<pid_t> out;
+  for (pid_t child : childrenOf(root)) {
+    out.push_back(child);
+    for (pid_t below : descendantsOf(child)) out.push_back(below);
+  }
+  return out;
+}
+
+/// The scheduler state of a process ('R', 'S', 'T', 'Z', ...; 0 once it is gone).
+char stateOf(pid_t pid) {
+  const std::string stat = readText("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? 0 : stat[close + 2];
+}
+bool gone(pid_t pid) { return stateOf(pid) == 0 || stateOf(pid) == 'Z'; }
+
+/// The launcher's descendants that run as a member of the job (its identity in their environment).
+std::vector<pid_t> membersOf(pid_t launcher, const std::string& role = "", int slot = -1) {
+  std::vector<pid_t> out;
+  for (pid_t p : descendantsOf(launcher)) {
+    const std::string env = environmentOf(p);
+    if (contains(env, "WEFT_ROLE=" + role) && (slot < 0 || contains(env, fmt::format("WEFT_SLOT={}\n", slot))))
+      out.push_back(p);
+  }
+  return out;
+}
+
+/// The launcher's exit status once it ends within `limit`; -1 (and it is killed) otherwise.
+int exitStatusOf(pid_t launcher, std::chrono::seconds limit) {
+  int status = 0;
+  if (!waitUntil([&] { return ::waitpid(launcher, &status, WNOHANG) == launcher; }, limit)) {
+    ::kill(-launcher, SIGKILL);
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, nullptr, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+const std::string kLongMlp = "mlp --steps 1000000 --threads 1 --eval-every 1000000";
+
+}  // namespace
+
+TEST_CASE("a launcher killed with SIGKILL leaves no member and no secret behind, through a launch prefix that does not exec") {
+  TempDir dir;
+  const fs::path tmp = dir.path / "tmp", log = dir.path / "log", spec = dir.path / "cluster.json";
+  fs::create_directories(tmp);
+  // `sh -c '"$@"; exit $?'` forks the member and waits: the member is the launcher's grandchild.
+  std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 2, "servers": 1,
+                            "launch_prefix": ["sh", "-c", "\"$@\"; exit $?", "sh"]}]})";
+  const pid_t launcher = startJob(kLongMlp + " --cluster " + spec.string() + " --out " + (dir.path / "run").string(),
+                                  log, "TMPDIR=" + tmp.string());
+  REQUIRE_MESSAGE(waitUntil([&] { return contains(readText(log), "training "); }, 120s), readText(log));
+  const std::vector<pid_t> members = membersOf(launcher);
+  REQUIRE(members.size() == 6);  // three prefixes and three members
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  // The members see their coordinator connection close: a fact, not a timeout.
+  CHECK(waitUntil([&] { return std::all_of(members.begin(), members.end(), gone); }, 30s));
+  for (pid_t p : members) CHECK_MESSAGE(gone(p), "left running: " << p);
+  CHECK(fs::is_empty(tmp));
+  CHECK(contains(readText(log), "lost its launcher (the coordinator closed the connection); stopping"));
+}
+
+TEST_CASE("a paused launcher, a job stopped with Ctrl-Z and a job whose members all stopped blame no one") {
+  // A member silent for 3 s while the others beat stops the job; each pause here lasts 6 s.
+  TempDir dir;
+  const fs::path log = dir.path / "log";
+  const pid_t launcher = startJob("mlp --workers 2 --timeout 9 --steps 4000 --threads 1 --eval-every 4000 --out " +
+                                      (dir.path / "run").string(), log);
+  REQUIRE_MESSAGE(waitUntil([&] { return contains(readText(log), "training "); }, 120s), readText(log));
+  const std::vector<pid_t> members = membersOf(launcher);
+  REQUIRE(members.size() == 3);
+  auto pause = [&](const std::function<void()>& stop, const std::function<void()>& resume) {
+    stop();
+    std::this_thread::sleep_for(6s);
+    REQUIRE(::waitpid(launcher, nullptr, WNOHANG) == 0);  // still running: the pause fell mid-run
+    resume();
+    std::this_thread::sleep_for(4s);  // more than the limit: a false verdict would come now
+  };
+  SUBCASE("the launcher alone is stopped") {
+    pause([&] { ::kill(launcher, SIGSTOP); }, [&] { ::kill(launcher, SIGCONT); });
+  }
+  SUBCASE("Ctrl-Z: SIGTSTP to the launcher's process group, later SIGCONT") {
+    pause(
+        [&] {
+          ::kill(-launcher, SIGTSTP);
+          // The launcher stops every member, then itself.
+          CHECK(waitUntil([&] { return std::all_of(members.begin(), members.end(), [](pid_t p) { return stateOf(p) == 'T'; }); }, 10s));
+        },
+        [&] { ::kill(-launcher, SIGCONT); });
+  }
+  SUBCASE("every member is stopped, the launcher runs") {
+    pause([&] { for (pid_t p : members) ::kill(p, SIGSTOP); }, [&] { for (pid_t p : members) ::kill(p, SIGCONT); });
+  }
+  const int status = exitStatusOf(launcher, 180s);
+  const std::string text = readText(log);
+  CAPTURE(text);
+  CHECK(status == 0);
+  CHECK_FALSE(contains(text, "stopping the job"));
+}
+
+TEST_CASE("--max-restarts: a worker killed mid-run restarts the job from its checkpoint, ending as an uninterrupted run") {
+  TempDir dir;
+  const std::string flags = "mlp --train-size 1024 --test-size 64 --batch 64 --steps 3000 --threads 1 --timeout 30 "
+                            "--dtype f64 --eval-every 3000 --checkpoint-every 10 --log-every 1000 --workers 2 ";
+  const std::string whole = (dir.path / "whole").string(), restarted = (dir.path / "restarted").string();
+  const CliRun uninterrupted = weftCli("train " + flags + "--out " + whole);
+  REQUIRE_MESSAGE(uninterrupted.status == 0, uninterrupted.output);
+
+  const fs::path log = dir.path / "log";
+  const pid_t launcher = startJob(flags + "--max-restarts 1 --out " + restarted, log);
+  REQUIRE_MESSAGE(waitUntil([&] { return fs::exists(restarted + "/checkpoint.safetensors"); }, 120s), readText(log));
+  const std::vector<pid_t> victim = membersOf(launcher, "worker", 1);
+  REQUIRE(victim.size() == 1);
+  ::kill(victim[0], SIGKILL);
+  const int status = exitStatusOf(launcher, 180s);
+  const std::string text = readText(log);
+  CAPTURE(text);
+  REQUIRE(status == 0);
+  CHECK(contains(text, fmt::format("worker 1 of host 0 (pid {}) was killed by signal 9", victim[0])));
+  CHECK(contains(text, "restarting the job (1 of 1 restarts)"));
+  CHECK(contains(text, "resumed from"));
+  const weft::TensorFile a = weft::readSafetensors(whole + "/checkpoint.safetensors");
+  const weft::TensorFile b = weft::readSafetensors(restarted + "/checkpoint.safetensors");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    CHECK(relativeDifference(b.tensors.at(name), t) == 0);
+  }
+}
+
+TEST_CASE("a worker whose main thread is stuck while its heartbeats go on is named, not the worker that gave up on it") {
+  // Only worker 1's main thread is stopped (as a tracer stops one thread): its heartbeat thread
+  // beats on, so silence cannot tell; worker 0 waits on it in the AllReduce until --timeout.
+  TempDir dir;
+  const fs::path log = dir.path / "log";
+  const pid_t launcher = startJob(kLongMlp + " --workers 2 --timeout 9 --out " + (dir.path / "run").string(), log);
+  REQUIRE_MESSAGE(waitUntil([&] { return contains(readText(log), "training "); }, 120s), readText(log));
+  const std::vector<pid_t> victim = membersOf(launcher, "worker", 1);
+  REQUIRE(victim.size() == 1);
+  if (::ptrace(PTRACE_SEIZE, victim[0], nullptr, nullptr) != 0) {
+    const int error = errno;
+    exitStatusOf(launcher, 0s);
+    FAIL("this test stops one thread with ptrace, which is not permitted here: " << std::strerror(error));
+  }
+  REQUIRE(::ptrace(PTRACE_INTERRUPT, victim[0], nullptr, nullptr) == 0);
+  // As the tracer, this process must see the main thread's stops and death for the launcher to.
+  int status = 0;
+  const bool ended = waitUntil([&] {
+    int event = 0;
+    if (::waitpid(victim[0], &event, WNOHANG | __WALL) == victim[0] && WIFSTOPPED(event) &&
+        WSTOPSIG(event) != SIGTRAP)  // a signal on its way to the stopped thread (the job is stopping)
+      ::ptrace(PTRACE_CONT, victim[0], nullptr, reinterpret_cast<void*>(static_cast<intptr_t>(WSTOPSIG(event))));
+    return ::waitpid(launcher, &status, WNOHANG) == launcher;
+  }, 90s);
+  if (!ended) exitStatusOf(launcher, 0s);
+  REQUIRE(ended);
+  const std::string text = readText(log);
+  CAPTURE(text);
+  CHECK(WEXITSTATUS(status) != 0);
+  CHECK(contains(text, fmt::format("worker 1 of host 0 (pid {}) made no progress for", victim[0])));
+  CHECK(contains(text, "its main thread stopped, while worker 0 of host 0 waited for it and gave up"));
 }
 
 TEST_CASE("a multi-worker specification outside the launcher is refused") {

@@ -45,6 +45,7 @@ struct TrainFlags {
   std::string arch = "auto";
   int64_t partitionBytes = int64_t{1} << 20;
   double timeout = 60;
+  int maxRestarts = 0;
   bool reportComm = false;
   std::string localAggregation = "on";
 
@@ -110,6 +111,14 @@ class Trainer {
       // A frozen process is named well before the collectives' own timeout would fire.
       launch.silenceLimit = std::max(std::chrono::milliseconds(3000),
                                      std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000 / 3)));
+      // After a member fails the whole job starts again, from the last checkpoint once there is one.
+      launch.maxRestarts = flags_.maxRestarts;
+      launch.restartCommand = [this](int) {
+        std::vector<std::string> command = commandLine_;
+        const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
+        if (!flags_.resume && std::filesystem::exists(out + "/checkpoint.safetensors")) command.push_back("--resume");
+        return command;
+      };
       WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
       return 0;
     }
@@ -367,6 +376,10 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops; a process silent for a third of it (at least 3 s) stops the job at once")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--max-restarts", f.maxRestarts,
+                 "after a process of a distributed job fails, start the whole job again from its last checkpoint, up "
+                 "to this many times")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd.add_flag("--report-comm", f.reportComm,
                "print each worker's bytes sent and received per step, and each server's bytes to and from other machines");
   cmd.add_option("--local-aggregation", f.localAggregation,
