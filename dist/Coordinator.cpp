@@ -5,6 +5,7 @@
 #include "dist/Coordinator.h"
 
 #include "core/Error.h"
+#include "core/Escape.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -197,11 +198,12 @@ Roster decodeRoster(const Frame& frame, const MemberId& self) {
   return roster;
 }
 
+/// The reason an ABORT gives, its control bytes escaped: it is printed.
 std::string readReason(const Frame& frame) {
   WireReader r = frame.reader();
-  std::string reason = r.getString("reason");
+  const std::string reason = r.getString("reason");
   r.finish();
-  return reason;
+  return escapeBytes(reason, kMaxStringBytes);
 }
 
 std::string describeMissing(const std::vector<MemberId>& missing) {
