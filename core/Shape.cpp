@@ -12,12 +12,21 @@ bool Shape::isFullyDefined() const {
 }
 
 int64_t Shape::numel() const {
+  if (!isFullyDefined()) return -1;
   int64_t n = 1;
   for (int64_t d : dims_) {
-    if (d < 0) return -1;
-    n *= d;
+    WEFT_CHECK(!__builtin_mul_overflow(n, d, &n), "shape {} has more than 2^63 - 1 elements", str());
   }
   return n;
+}
+
+size_t Shape::bytes(size_t elementSize) const {
+  const int64_t n = numel();
+  WEFT_CHECK(n >= 0, "shape {} is not fully known, so its size in bytes is not either", str());
+  size_t total = 0;
+  WEFT_CHECK(!__builtin_mul_overflow(static_cast<size_t>(n), elementSize, &total),
+             "shape {} of {}-byte elements has more than 2^64 - 1 bytes", str(), elementSize);
+  return total;
 }
 
 std::string Shape::str() const {

@@ -1,6 +1,7 @@
 // Tensor shapes. A dimension of -1 is unknown until run time (e.g. a placeholder's batch size).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -22,8 +23,10 @@ class Shape {
 
   /// True when no dimension is -1.
   bool isFullyDefined() const;
-  /// Product of the dimensions; -1 when any is unknown.
+  /// Product of the dimensions; -1 when any is unknown. Throws when it does not fit an int64_t.
   int64_t numel() const;
+  /// numel() x elementSize of a fully known shape; throws when either overflows.
+  size_t bytes(size_t elementSize) const;
   /// "[2, 3]"; unknown dimensions print as "?".
   std::string str() const;
   /// True when both have the same rank and every known pair of dimensions agrees.

@@ -12,19 +12,20 @@ Buffer::~Buffer() { allocator_->deallocate(data_, bytes_); }
 Tensor::Tensor(DType dtype, Shape shape, Device device) : dtype_(dtype), shape_(std::move(shape)) {
   WEFT_CHECK(shape_.isFullyDefined(), "cannot allocate a tensor of partially known shape {}",
              shape_.str());
-  buffer_ = std::make_shared<Buffer>(bytes(), device);
+  buffer_ = std::make_shared<Buffer>(shape_.bytes(dtypeSize(dtype_)), device);
 }
 
 Tensor::Tensor(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape shape)
     : buffer_(std::move(buffer)), offset_(offset), dtype_(dtype), shape_(std::move(shape)) {
-  WEFT_CHECK(offset_ + bytes() <= buffer_->bytes(),
-             "tensor view of {} bytes at offset {} overruns a buffer of {} bytes", bytes(), offset_,
+  const size_t bytes = shape_.bytes(dtypeSize(dtype_));
+  WEFT_CHECK(offset_ <= buffer_->bytes() && bytes <= buffer_->bytes() - offset_,
+             "tensor view of {} bytes at offset {} overruns a buffer of {} bytes", bytes, offset_,
              buffer_->bytes());
 }
 
 Tensor Tensor::pinned(DType dtype, Shape shape) {
   WEFT_CHECK(shape.isFullyDefined(), "cannot allocate a tensor of partially known shape {}", shape.str());
-  const size_t bytes = static_cast<size_t>(shape.numel()) * dtypeSize(dtype);
+  const size_t bytes = shape.bytes(dtypeSize(dtype));
   return Tensor(std::make_shared<Buffer>(bytes, cpu(), pinnedHostAllocator()), 0, dtype, std::move(shape));
 }
 

@@ -1,9 +1,11 @@
 #include "data/Dataset.h"
 
+#include "core/Hash.h"
 #include "core/Random.h"
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 namespace weft::data {
@@ -68,6 +70,20 @@ Dataset Dataset::range(size_t begin, size_t end) const {
   WEFT_CHECK(begin <= end && end <= size(), "range [{}, {}) of a dataset of {} examples", begin, end, size());
   return Dataset(std::vector<Example>(examples_->begin() + static_cast<std::ptrdiff_t>(begin),
                                       examples_->begin() + static_cast<std::ptrdiff_t>(end)));
+}
+
+uint64_t Dataset::hash() const {
+  uint64_t h = 0;
+  for (const Example& example : *examples_) {
+    for (const auto& [field, t] : example) {
+      const int64_t layout[3] = {static_cast<int64_t>(field.size()), static_cast<int64_t>(t.dtype()), t.rank()};
+      h = xxh64(layout, sizeof layout, h);
+      h = xxh64(field.data(), field.size(), h);
+      h = xxh64(t.shape().dims().data(), t.shape().dims().size() * sizeof(int64_t), h);
+      h = xxh64(t.raw(), t.bytes(), h);
+    }
+  }
+  return h;
 }
 
 Batch sliceBatch(const Batch& batch, int64_t index, int64_t count, const std::vector<std::string>& shared) {
@@ -160,6 +176,8 @@ void Batcher::prepareEpoch(int64_t epoch) {
 }
 
 Batch Batcher::next() {
+  WEFT_CHECK(position_ < std::numeric_limits<int64_t>::max(), "Batcher: batch position {} is the last an int64_t holds",
+             position_);
   const int64_t epoch = position_ / perEpoch_;
   if (epoch != epoch_) prepareEpoch(epoch);
   const std::vector<size_t>& ids = batches_[static_cast<size_t>(position_ % perEpoch_)];

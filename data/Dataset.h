@@ -38,6 +38,9 @@ class BatchSource {
   /// Continues as if `position` batches had been handed out.
   virtual void seek(int64_t position) = 0;
   virtual int64_t batchesPerEpoch() const = 0;
+  /// A hash of the examples the stream draws from (not of their order), which a checkpoint
+  /// records so that a resume on other data is refused. Reads every example once.
+  virtual uint64_t dataHash() const = 0;
 };
 
 /// An immutable list of examples; copies share it.
@@ -55,6 +58,8 @@ class Dataset {
   Dataset shard(int64_t index, int64_t count) const;
   /// Examples [begin, end).
   Dataset range(size_t begin, size_t end) const;
+  /// XXH64 over every example in order: its fields' names, dtypes, shapes and bytes.
+  uint64_t hash() const;
 
  private:
   std::shared_ptr<const std::vector<Example>> examples_;
@@ -97,6 +102,7 @@ class Batcher : public BatchSource {
   int64_t position() const override { return position_; }
   void seek(int64_t position) override;
   int64_t batchesPerEpoch() const override { return perEpoch_; }
+  uint64_t dataHash() const override { return dataset_.hash(); }
 
  private:
   void prepareEpoch(int64_t epoch);
@@ -147,6 +153,7 @@ class Prefetcher : public BatchSource {
   int64_t position() const override;
   void seek(int64_t position) override;
   int64_t batchesPerEpoch() const override { return source_.batchesPerEpoch(); }
+  uint64_t dataHash() const override { return source_.dataHash(); }
 
  private:
   void stop();

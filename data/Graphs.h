@@ -86,6 +86,7 @@ class GraphBatcher : public BatchSource {
   int64_t position() const override { return position_; }
   void seek(int64_t position) override;
   int64_t batchesPerEpoch() const override { return perEpoch_; }
+  uint64_t dataHash() const override { return graphs_.hash(); }
 
  private:
   const std::vector<size_t>& orderOf(int64_t epoch);

@@ -119,6 +119,7 @@ class LmModel::Batches : public data::BatchSource {
   int64_t position() const override { return batcher_.position(); }
   void seek(int64_t position) override { batcher_.seek(position); }
   int64_t batchesPerEpoch() const override { return batcher_.batchesPerEpoch(); }
+  uint64_t dataHash() const override { return batcher_.dataHash(); }
 
  private:
   const LmModel& model_;

@@ -155,6 +155,7 @@ TEST_CASE("an error in the source surfaces from the prefetcher") {
     int64_t position() const override { return n; }
     void seek(int64_t p) override { n = p; }
     int64_t batchesPerEpoch() const override { return 1; }
+    uint64_t dataHash() const override { return 0; }
     int64_t n = 0;
   } failing;
   data::Prefetcher p(failing);

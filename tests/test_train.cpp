@@ -5,11 +5,82 @@
 
 #include "core/Checkpoint.h"
 
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <thread>
 
 namespace fs = std::filesystem;
+
+extern char** environ;
+
+namespace {
+
+/// Sets metadata fields of a checkpoint, its checksums recomputed: a crafted, well-formed file.
+void setMetadata(const std::string& path, const std::map<std::string, std::string>& fields) {
+  weft::TensorFile f = weft::readSafetensors(path);
+  for (const auto& [key, value] : fields) f.metadata[key] = value;
+  weft::writeSafetensors(path, f);
+}
+
+/// The temporary files of checkpoint saves in a directory.
+std::vector<fs::path> temporariesIn(const fs::path& dir) {
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (contains(e.path().filename().string(), ".tmp-")) found.push_back(e.path());
+  }
+  return found;
+}
+
+/// Starts `weft ARGS` with its output in `log`, after `shell` (resource limits, say); the process
+/// id is the binary's own (the shell execs it).
+pid_t startWeft(const std::string& args, const std::string& log, const std::string& shell = "") {
+  const std::string command = shell + (shell.empty() ? "" : "; ") + "exec " + WEFT_CLI + " " + args + " > " + log + " 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+  pid_t pid = 0;
+  REQUIRE(::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ) == 0);
+  return pid;
+}
+
+/// Exit status of a started process (128 + N when signal N ended it).
+int waitFor(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/// A process id that no running process has: a child that has exited and been reaped.
+pid_t deadPid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+/// Every tensor of two checkpoints bit for bit, and their data positions.
+void checkSameCheckpoint(const std::string& a, const std::string& b) {
+  const weft::TensorFile x = weft::readSafetensors(a);
+  const weft::TensorFile y = weft::readSafetensors(b);
+  REQUIRE(x.tensors.size() == y.tensors.size());
+  for (const auto& [name, t] : x.tensors) {
+    CAPTURE(name);
+    CHECK(y.tensors.at(name).toDoubles() == t.toDoubles());
+  }
+  CHECK(x.metadata.at("data_position") == y.metadata.at("data_position"));
+}
+
+}  // namespace
 
 TEST_CASE("a resumed run ends exactly where an uninterrupted run does") {
   TempDir dir;
@@ -117,4 +188,160 @@ TEST_CASE("--precision takes f32, bf16 or f16, and f16 only in one process") {
   const CliRun distributed = weftCli("train mlp --precision f16 --workers 2");
   CHECK(distributed.status != 0);
   CHECK(contains(distributed.output, "use --precision bf16 with --workers"));
+}
+
+TEST_CASE("a checkpoint of a run with other settings is refused, naming each, unless --resume-changed") {
+  TempDir dir;
+  const std::string base = "train mlp --train-size 500 --test-size 100 --log-every 5 --out " + dir.file("run");
+  REQUIRE(weftCli(base + " --steps 5 --lr 0.002 --seed 3 --batch 16 --weight-decay 0 --dropout 0.1").status == 0);
+  const std::string changed = base + " --lr 0.003 --seed 4 --batch 32 --weight-decay 0.01 --dropout 0.2";
+  const CliRun refused = weftCli(changed + " --steps 10 --resume");
+  CHECK(refused.status != 0);
+  for (const char* difference :
+       {"--lr: 0.002 in the checkpoint, 0.003 now", "--seed: 3 in the checkpoint, 4 now", "--batch: 16 in the checkpoint, 32 now",
+        "--weight-decay: 0 in the checkpoint, 0.01 now", "--dropout: 0.1 in the checkpoint, 0.2 now", "the training data's hash",
+        "resume with --resume-changed"}) {
+    CHECK_MESSAGE(contains(refused.output, difference), refused.output);
+  }
+  CHECK(!contains(refused.output, "--hidden-width"));
+  const CliRun changedRun = weftCli(changed + " --steps 10 --resume-changed");
+  REQUIRE_MESSAGE(changedRun.status == 0, changedRun.output);
+  CHECK(contains(changedRun.output, "--resume-changed: continuing"));
+  CHECK(contains(changedRun.output, "resumed from"));
+  // The checkpoints written since record the new settings.
+  const CliRun plain = weftCli(changed + " --steps 15 --resume");
+  CHECK_MESSAGE(plain.status == 0, plain.output);
+}
+
+TEST_CASE("a checkpoint of another corpus with the same vocabulary is refused") {
+  TempDir dir;
+  std::string forward, backward;  // the same sentences, words in the other order: the same vocabulary
+  for (int i = 0; i < 200; ++i) {
+    const int a = i % 7, b = (i * 3 + 1) % 7, c = (i / 7) % 7;
+    forward += fmt::format("w{} w{} w{}\n", a, b, c);
+    backward += fmt::format("w{} w{} w{}\n", c, b, a);
+  }
+  const std::string common = "train lm --embed 8 --hidden 8 --sampled 0 --batch 8 --eval-batch 2 --eval-batches 1 --out " + dir.file("lm");
+  const CliRun first = weftCli(common + " --steps 3 --data " + dir.write("forward.txt", forward));
+  REQUIRE_MESSAGE(first.status == 0, first.output);
+  const CliRun other = weftCli(common + " --steps 6 --resume --data " + dir.write("backward.txt", backward));
+  CHECK(other.status != 0);
+  CHECK_MESSAGE(contains(other.output, "the training data's hash: "), other.output);
+  CHECK(!contains(other.output, "does not match the model"));
+  // The same text under another name is the same data.
+  const CliRun same = weftCli(common + " --steps 6 --resume --data " + dir.write("copy.txt", forward));
+  CHECK_MESSAGE(same.status == 0, same.output);
+}
+
+TEST_CASE("a checkpoint with a negative step, or a data position other than its step, is refused naming the field") {
+  TempDir dir;
+  const std::string out = dir.file("run");
+  const std::string path = out + "/checkpoint.safetensors";
+  const std::string run = "train mlp --train-size 500 --test-size 100 --steps 8 --resume --out " + out;
+  REQUIRE(weftCli("train mlp --train-size 500 --test-size 100 --steps 4 --out " + out).status == 0);
+  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> crafted{
+      {{{"step", "-3"}, {"data_position", "-3"}}, "metadata field 'step' is -3, outside [0, "},
+      {{{"step", "4"}, {"data_position", "9223372036854775807"}}, "metadata field 'data_position' is 9223372036854775807, but a run at step 4"},
+      {{{"step", "4x"}}, "metadata field 'step' is '4x', not an integer"},
+  };
+  for (const auto& [fields, message] : crafted) {
+    CAPTURE(message);
+    setMetadata(path, fields);
+    const CliRun r = weftCli(run);
+    CHECK(r.status != 0);
+    CHECK_MESSAGE(contains(r.output, message), r.output);
+    CHECK(contains(r.output, path));
+    setMetadata(path, {{"step", "4"}, {"data_position", "4"}});
+  }
+}
+
+TEST_CASE("a failed save stops the run with the reason and keeps the previous checkpoint") {
+  TempDir dir;
+  const std::string out = dir.file("run");
+  const std::string common = "train mlp --train-size 500 --test-size 100 --checkpoint-every 5 --eval-every 5 --out " + out;
+  REQUIRE(weftCli(common + " --steps 5").status == 0);
+  // Writes beyond 64 KiB fail (EFBIG): the checkpoint's, not the log's.
+  const pid_t pid = startWeft(common + " --steps 10 --resume", dir.file("log"), "trap '' XFSZ; ulimit -f 128");
+  const int status = waitFor(pid);
+  const std::string log = readText(dir.file("log"));
+  CHECK(status == 1);
+  CHECK_MESSAGE(contains(log, "cannot write checkpoint " + out + "/checkpoint.safetensors"), log);
+  CHECK(contains(log, std::strerror(EFBIG)));
+  CHECK(weft::readSafetensors(out + "/checkpoint.safetensors").metadata.at("step") == "5");
+  CHECK(temporariesIn(out).empty());
+}
+
+TEST_CASE("temporary files of interrupted saves are removed when the next run starts") {
+  TempDir dir;
+  const std::string out = dir.file("run");
+  fs::create_directories(out);
+  const std::string dead = std::to_string(deadPid());
+  std::ofstream(out + "/checkpoint.safetensors.tmp-" + dead) << std::string(1000, 'x');
+  std::ofstream(out + "/checkpoint.safetensors.tmp-" + dead + "-0") << std::string(24, 'x');
+  const CliRun r = weftCli("train mlp --train-size 500 --test-size 100 --steps 2 --out " + out);
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output, "removed 2 temporary files (1024 bytes)"));
+  CHECK(temporariesIn(out).empty());
+}
+
+// SIGKILL at random moments, half of them while a save is in progress; WEFT_KILL_TRIALS sets the
+// number of kills (12).
+TEST_CASE("runs killed during saves leave checkpoints that load, and the resumed run is exact") {
+  const char* env = std::getenv("WEFT_KILL_TRIALS");
+  const int trials = env ? std::atoi(env) : 12;
+  TempDir dir;
+  // Each trial advances the run by a few steps, so the run outlasts the trials.
+  const std::string common = fmt::format("train mlp --hidden-width 256 --train-size 2000 --test-size 100 --batch 32 --dropout 0.2 "
+                                         "--checkpoint-every 1 --eval-every 100000 --log-every 100000 --seed 7 --steps {}",
+                                         50 + 15 * trials);
+  const std::string whole = dir.file("whole"), out = dir.file("killed");
+  REQUIRE(weftCli(common + " --out " + whole).status == 0);
+  const std::string path = out + "/checkpoint.safetensors";
+  std::mt19937 rng(2024);
+  auto uniform = [&](int lo, int hi) { return std::chrono::microseconds(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  int killedInSave = 0, finished = 0, temporariesLeft = 0, temporariesRefused = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    const pid_t pid = startWeft(common + (fs::exists(path) ? " --resume" : "") + " --out " + out, dir.file("log"));
+    const std::string temporary = path + ".tmp-" + std::to_string(pid) + "-0";
+    int status = -1;
+    auto exited = [&] {
+      int s = 0;
+      if (::waitpid(pid, &s, WNOHANG) != pid) return false;
+      status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+      return true;
+    };
+    if (trial % 2 == 0) {
+      std::this_thread::sleep_for(uniform(0, 150000));  // anywhere: starting, training, saving
+    } else {
+      // While the run's first save is being written.
+      const auto start = std::chrono::steady_clock::now();
+      while (!fs::exists(temporary) && !exited() && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+      std::this_thread::sleep_for(uniform(0, 800));
+    }
+    killedInSave += fs::exists(temporary);
+    if (status < 0) {
+      ::kill(pid, SIGKILL);
+      status = waitFor(pid);
+    }
+    CHECK_MESSAGE((status == 128 + SIGKILL || status == 0), readText(dir.file("log")));
+    finished += status == 0;
+    if (fs::exists(path)) CHECK_NOTHROW(weft::readSafetensors(path, weft::Checksums::Required));
+    for (const fs::path& temp : temporariesIn(out)) {
+      ++temporariesLeft;
+      try {
+        weft::readSafetensors(temp.string(), weft::Checksums::Required);
+      } catch (const weft::Error&) {
+        ++temporariesRefused;
+      }
+    }
+  }
+  MESSAGE(trials << " kills, " << killedInSave << " with a save in progress, " << finished << " runs finished first; "
+                 << temporariesLeft << " temporary files found after the kills, " << temporariesRefused
+                 << " of them refused as incomplete");
+  const CliRun last = weftCli(common + (fs::exists(path) ? " --resume" : "") + " --out " + out);
+  REQUIRE_MESSAGE(last.status == 0, last.output);
+  CHECK(temporariesIn(out).empty());
+  checkSameCheckpoint(whole + "/checkpoint.safetensors", path);
 }

@@ -1,6 +1,7 @@
 #include "tools/Train.h"
 
 #include "core/Checkpoint.h"
+#include "core/Hash.h"
 #include "dist/Launcher.h"
 #include "dist/Runner.h"
 #include "models/ZooModel.h"
@@ -37,6 +38,7 @@ struct TrainFlags {
   int64_t checkpointEvery = 0;  // 0: at every evaluation
   int64_t logEvery = 100;
   bool resume = false;
+  bool resumeChanged = false;  // resume although the checkpoint's run had other settings
   int64_t bench = 0;
   // Distribution: a job of `workers` local worker processes and `servers` servers, or `cluster`.
   int workers = 0;
@@ -165,15 +167,23 @@ class Trainer {
       return 0;
     }
 
+    identity_ = runIdentity(spec);
     const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
     if (leader_) std::filesystem::create_directories(out);
     checkpointPath_ = out + "/checkpoint.safetensors";
+    if (leader_) {
+      const RemovedFiles stale = removeStaleTemporaries(checkpointPath_);
+      if (stale.files > 0) {
+        fmt::print("removed {} temporary files ({} bytes) that interrupted saves of {} left\n", stale.files, stale.bytes,
+                   checkpointPath_);
+      }
+    }
     data::PrefetchOptions prefetch;
     prefetch.transform = [this](const data::Batch& batch) { return myPart(batch); };
     prefetch.device = feedDevice_;
     data::Prefetcher batches(model_->trainData(), prefetch);
     int64_t step = 0;
-    if (flags_.resume) step = resume(batches);
+    if (flags_.resume || flags_.resumeChanged) step = resume(batches);
     std::optional<MetricsLog> metrics;
     if (leader_) metrics.emplace(out + "/metrics.jsonl");
     const int64_t evalEvery = flags_.evalEvery > 0 ? flags_.evalEvery : std::max<int64_t>(1, steps_ / 10);
@@ -227,8 +237,11 @@ class Trainer {
         progress.report(step, result);
       }
       if (checkpointNow) {
-        saveCheckpoint(*session_, checkpointPath_,
-                       {{"model", name_}, {"step", std::to_string(step)}, {"data_position", std::to_string(batches.position())}});
+        std::map<std::string, std::string> metadata = identity_;
+        metadata["model"] = name_;
+        metadata["step"] = std::to_string(step);
+        metadata["data_position"] = std::to_string(batches.position());
+        saveCheckpoint(*session_, checkpointPath_, std::move(metadata));
       }
     }
     runner_->finish();  // every worker is done with its last step: the final evaluation is rank 0's alone
@@ -265,14 +278,81 @@ class Trainer {
     }
   }
 
+  /// What identifies the run in its checkpoints: every setting that changes the trained values
+  /// or the batches, except the number of steps. Keys "run.FLAG" by flag name (the model's
+  /// options included), and "run.data-hash" for the training data the loader produced.
+  std::map<std::string, std::string> runIdentity(const models::OptimizerSpec& spec) {
+    std::map<std::string, std::string> id{
+        {"run.seed", std::to_string(flags_.seed)},
+        {"run.batch", flags_.batch > 0 ? std::to_string(flags_.batch) : "default"},
+        {"run.optimizer", spec.name},
+        {"run.lr", fmt::format("{}", spec.lr)},
+        {"run.momentum", fmt::format("{}", spec.momentum)},
+        {"run.weight-decay", fmt::format("{}", spec.weightDecay)},
+        {"run.clip", fmt::format("{}", spec.clipNorm)},
+        {"run.precision", flags_.precision},
+        {"run.dtype", flags_.dtype},
+        {"run.data-hash", hex64(model_->trainData().dataHash())},
+    };
+    for (const models::ModelOption& o : model_->options()) {
+      id["run." + o.name] = std::visit(
+          [](auto* value) -> std::string {
+            using T = std::remove_pointer_t<decltype(value)>;
+            if constexpr (std::is_same_v<T, bool>) {
+              return *value ? "true" : "false";
+            } else if constexpr (std::is_same_v<T, std::string>) {
+              return *value;
+            } else {
+              return fmt::format("{}", *value);
+            }
+          },
+          o.target);
+    }
+    return id;
+  }
+
+  /// Refuses a checkpoint of a run with other settings, naming each, unless --resume-changed.
+  void checkIdentity(const std::map<std::string, std::string>& meta) const {
+    auto described = [](const std::string& key) {
+      return key == "run.data-hash" ? std::string("the training data's hash") : "--" + key.substr(4);
+    };
+    std::vector<std::string> differences;
+    for (const auto& [key, now] : identity_) {
+      auto it = meta.find(key);
+      if (it == meta.end()) {
+        differences.push_back(fmt::format("{}: not recorded in the checkpoint, {} now", described(key), now));
+      } else if (it->second != now) {
+        differences.push_back(fmt::format("{}: {} in the checkpoint, {} now", described(key), it->second, now));
+      }
+    }
+    for (const auto& [key, value] : meta) {
+      if (key.rfind("run.", 0) == 0 && !identity_.count(key)) {
+        differences.push_back(fmt::format("{}: {} in the checkpoint, not a setting of this model now", described(key), value));
+      }
+    }
+    if (differences.empty()) return;
+    std::string list;
+    for (const std::string& d : differences) list += "\n  " + d;
+    WEFT_CHECK(flags_.resumeChanged,
+               "--resume: checkpoint {} was written by a run with other settings:{}\n"
+               "resume with --resume-changed to continue with the new ones",
+               checkpointPath_, list);
+    if (leader_) fmt::print("--resume-changed: continuing from {} with settings it was not written with:{}\n", checkpointPath_, list);
+  }
+
   /// Restores variables, the session's run counter and the data position; returns the step.
   int64_t resume(data::Prefetcher& batches) {
     WEFT_CHECK(std::filesystem::exists(checkpointPath_), "--resume: no checkpoint at {}", checkpointPath_);
     std::map<std::string, std::string> meta = restoreCheckpoint(*session_, checkpointPath_);
     WEFT_CHECK(meta["model"] == name_, "--resume: {} holds a '{}' model, not '{}'", checkpointPath_, meta["model"], name_);
+    checkIdentity(meta);
+    const int64_t step = metadataInteger(meta, checkpointPath_, "step", 0);
+    // Every step takes one batch, so the batches consumed are the steps taken.
+    const int64_t position = metadataInteger(meta, checkpointPath_, "data_position");
+    WEFT_CHECK(position == step, "checkpoint {}: metadata field 'data_position' is {}, but a run at step {} has consumed {} batches",
+               checkpointPath_, position, step, step);
     runner_->publishVariables();
-    const int64_t step = std::stoll(meta.at("step"));
-    batches.seek(std::stoll(meta.at("data_position")));
+    batches.seek(position);
     fmt::print("resumed from {} at step {}\n", checkpointPath_, step);
     return step;
   }
@@ -325,6 +405,7 @@ class Trainer {
   bool leader_ = true;  // worker rank 0: prints, logs, evaluates and checkpoints
   int64_t steps_ = 0;
   std::string checkpointPath_;
+  std::map<std::string, std::string> identity_;  // see runIdentity
 };
 
 void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
@@ -359,7 +440,12 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--checkpoint-every", f.checkpointEvery, "steps between checkpoints (default: at every evaluation)")
       ->check(CLI::PositiveNumber);
   cmd.add_option("--log-every", f.logEvery, "steps between progress lines")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_flag("--resume", f.resume, "continue from the checkpoint in --out, exactly where it stopped");
+  cmd.add_flag("--resume", f.resume,
+               "continue from the checkpoint in --out, exactly where it stopped; a checkpoint of a run with other "
+               "settings (seed, batch, optimizer, model options, data) is refused");
+  cmd.add_flag("--resume-changed", f.resumeChanged,
+               "resume as --resume does, but continue with the settings of this command line where they differ from "
+               "the checkpoint's run (each difference is printed)");
   cmd.add_option("--bench", f.bench, "run N batches untimed, then time them again; print one JSON line")->check(CLI::PositiveNumber);
   CLI::Option* workers = cmd.add_option("--workers", f.workers, "train data-parallel with N local worker processes (--batch is the total)")
                              ->check(CLI::PositiveNumber);
