@@ -516,14 +516,14 @@ void UcxTransport::closeEndpoint(Peer& p) {
 void UcxTransport::progressUntil(const std::function<bool()>& done, Deadline deadline, const Watch& watch) {
   int idle = 0;
   while (!done()) {
-    if (ucp_worker_progress(worker_) != 0) {
-      startFetches();
-      idle = 0;
-    } else if (++idle > kSpinsBeforeWaiting) {
-      waitForActivity(deadline, std::chrono::milliseconds(1));
-    }
+    const bool active = ucp_worker_progress(worker_) != 0;
+    // Callbacks run in any progress call, waitForActivity's included: a payload they matched
+    // is fetched here, whichever call it arrived in.
+    startFetches();
     settleFetches();
     if (done() || Clock::now() >= deadline || firstFailedPeer(watch) != nullptr) return;
+    idle = active ? 0 : idle + 1;
+    if (idle > kSpinsBeforeWaiting) waitForActivity(deadline, std::chrono::milliseconds(1));
   }
 }
 

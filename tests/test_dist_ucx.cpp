@@ -230,6 +230,34 @@ TEST_CASE("UcxTransport: a 1 MiB ping-pong with distinct tags arrives intact and
   }
 }
 
+TEST_CASE("UcxTransport: a large message that lands while the receiver waits idle is fetched") {
+  // Rank 1 sends after pauses of up to 2 ms, so rank 0 is often between spins and its idle
+  // wait when a payload announces itself: wherever it is announced, it must be fetched.
+  constexpr int kMessages = 300;
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    const std::vector<uint8_t> bytes = pattern(256 << 10, 6);
+    std::vector<uint8_t> buffer(bytes.size());
+    std::string problems;
+    for (int i = 0; i < kMessages && problems.empty(); ++i) {
+      if (rank == 1) {
+        std::this_thread::sleep_for(std::chrono::microseconds(i * 7919 % 2000));
+        t.send(peer, 0x600 + static_cast<uint64_t>(i), bytes, Clock::now() + 5s);
+      } else {
+        try {
+          t.receive(0x600 + static_cast<uint64_t>(i), buffer, Clock::now() + 5s);
+        } catch (const Error& e) {
+          problems = fmt::format("message {}: {}", i, e.what());
+        }
+      }
+    }
+    return problems.empty() ? "ok" : problems;
+  });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
+}
+
 TEST_CASE("UcxTransport: small messages are matched by tag, not by arrival order") {
   const auto results = runPair([](UcxTransport& t, int rank, int peer) {
     const std::vector<uint8_t> first = pattern(64, 1), second = pattern(64, 2);
