@@ -32,6 +32,7 @@ void setMetadata(const std::string& path, const std::map<std::string, std::strin
 /// The temporary files of checkpoint saves in a directory.
 std::vector<fs::path> temporariesIn(const fs::path& dir) {
   std::vector<fs::path> found;
+  if (!fs::exists(dir)) return found;  // a run killed before it made its output directory
   for (const auto& e : fs::directory_iterator(dir)) {
     if (contains(e.path().filename().string(), ".tmp-")) found.push_back(e.path());
   }
