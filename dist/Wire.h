@@ -34,7 +34,7 @@ enum class MessageType : uint16_t {
   Join = 5,       ///< member -> coordinator: role, host, slot, transport_address, nccl_id
   Roster = 6,     ///< coordinator -> member: rank, world_size, members[], nccl_id
   Abort = 7,      ///< coordinator -> member: reason (string)
-  Heartbeat = 8,  ///< member -> coordinator after the roster, every second: empty
+  Heartbeat = 8,  ///< member -> coordinator after the roster, every second: progress u64, waiting u8, main_thread u8
 };
 /// "CHALLENGE", "AUTH", ...; "type N" for a value that is not a message type.
 std::string messageTypeName(uint16_t type);
