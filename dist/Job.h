@@ -77,9 +77,11 @@ struct JobContext {
 /// Throws naming the address and the machine's interfaces when none carries it.
 std::string listeningDevice(const ResourceSpec& resources, int host);
 
-/// The largest payload a message of a job training `graph` may declare: twice all its variables'
-/// bytes (optimizer slots included), and 1 MiB for headers and small requests. A LOAD carries
-/// one partition and its slots; no pull, push or collective carries more.
+/// The largest payload a request or reply of a job training `graph` may declare: twice all its
+/// variables' bytes (optimizer slots included), and 1 MiB for small requests. A LOAD carries one
+/// partition and its slots; no pull or push carries more. (A collective's data, such as an
+/// AllGather of sparse rows, grows with the batch: it is fetched only into a receive of the size
+/// the collective expects, and is not limited here.)
 uint64_t payloadLimit(const Graph& graph);
 /// Makes the job's transports drop messages that declare more than payloadLimit(graph).
 void limitPayloads(JobContext& job, const Graph& graph);

@@ -6,9 +6,9 @@
 //
 // A transport is used by one thread. Peers are found by address: address() is what the
 // coordinator's roster hands to the others, connect() turns a peer's address and name into a peer
-// index. What a transport receives comes from the peers it connected to, or is dropped (and
-// counted): Message::from and a receive's `fromPeer` are established by the transport, not
-// claimed by the sender.
+// index. What a transport receives comes from endpoints of the job (over UCX: sealed under the
+// key its sender's name derives), or is dropped and counted; Message::from and a receive's
+// `fromPeer` are established by the transport, not claimed by the sender.
 // Every wait has a deadline, and a peer that dies is reported instead of waited for. Failures
 // raise weft::Error naming the peer, the tag and the reason.
 #pragma once
@@ -31,7 +31,8 @@ class Transport {
   /// This endpoint's address, to hand to the peers.
   virtual std::vector<uint8_t> address() const = 0;
   /// Reaches the endpoint whose address is `peerAddress` and whose name in the job is `peerName`;
-  /// returns its peer index (0, 1, ... in connection order).
+  /// returns its peer index (0, 1, ... in order; an endpoint of the job that wrote first got
+  /// its index then, and keeps it).
   virtual int connect(std::span<const uint8_t> peerAddress, EndpointName peerName) = 0;
 
   /// Sends `bytes` with `tag` to `peer` and waits until the buffer may be reused.
@@ -64,8 +65,9 @@ class Transport {
   /// Closes every connection after flushing what is in flight (the clean way to leave a job).
   virtual void closeAll(Deadline deadline) = 0;
 
-  /// Drops arriving messages whose payload declares more than `bytes` (the most the job's plan
-  /// produces), before anything is allocated for them.
+  /// Drops arriving requests and replies whose payload declares more than `bytes` (the most the
+  /// job's plan produces), before anything is allocated for them. (Tagged data is fetched only
+  /// into a receive of the size it expects.)
   virtual void limitPayloads(uint64_t bytes) = 0;
   /// How many arriving messages were dropped: not from a peer, not sealed, replayed, too large.
   virtual uint64_t rejected() const = 0;

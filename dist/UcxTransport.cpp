@@ -98,10 +98,13 @@ UcxTransport::UcxTransport(UcxIdentity identity)
 }
 
 UcxTransport::~UcxTransport() {
-  for (const std::unique_ptr<Peer>& p : peers_) closeEndpoint(*p);
-  for (Posted& r : posted_) abandon(r.rendezvous, r.fetch);
-  for (Arrival& a : arrivals_) abandon(a.rendezvous, a.fetch);
-  for (Arrival& a : unexpected_) abandon(a.rendezvous, a.fetch);
+  closing_ = true;  // what arrives from here on is dropped, not kept
+  // By index: closing progresses the worker, and a callback may still add a peer.
+  for (size_t i = 0; i < peers_.size(); ++i) closeEndpoint(*peers_[i]);
+  for (Posted& r : posted_) abandon(r.peer, r.rendezvous, r.fetch);
+  for (size_t i = 0; i < arrivals_.size(); ++i) abandon(arrivals_[i].peer, arrivals_[i].rendezvous, arrivals_[i].fetch);
+  for (size_t i = 0; i < unexpected_.size(); ++i)
+    abandon(unexpected_[i].peer, unexpected_[i].rendezvous, unexpected_[i].fetch);
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -239,7 +242,7 @@ int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader,
                        seal.payloadLength));
     return -1;
   }
-  if (length > payloadLimit_) {
+  if (seal.kind == Seal::Request && length > payloadLimit_) {
     reject(fmt::format("{} sent a {}-byte payload; this job's messages carry at most {}", describeEndpoint(seal.sender),
                        length, payloadLimit_));
     return -1;
@@ -254,25 +257,34 @@ int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader,
 ucs_status_t UcxTransport::onMessage(void* arg, const void* header, size_t headerLength, void* data, size_t length,
                                      const ucp_am_recv_param_t* param) {
   // Inside progress: check and keep; a rendezvous payload is fetched after progress returns.
+  // Nothing may unwind through UCX's C frames: whatever fails drops the message.
   auto* self = static_cast<UcxTransport*>(arg);
-  const std::span<const uint8_t> sealed(static_cast<const uint8_t*>(header), headerLength);
-  Arrival arrival;
+  if (self->closing_) return UCS_OK;
   try {
-    arrival.seal = Seal::decode(sealed);
+    return self->take(static_cast<const uint8_t*>(header), headerLength, data, length,
+                      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0);
   } catch (const std::exception& e) {
     self->reject(e.what());
-    return UCS_OK;  // a rendezvous payload is then never fetched
+  } catch (...) {
+    self->reject("an unknown failure while taking it in");
   }
-  arrival.peer = self->admit(arrival.seal, sealed, length);
+  return UCS_OK;  // a rendezvous payload is then never fetched
+}
+
+ucs_status_t UcxTransport::take(const uint8_t* header, size_t headerLength, void* data, size_t length,
+                                bool rendezvous) {
+  const std::span<const uint8_t> sealed(header, headerLength);
+  Arrival arrival;
+  arrival.seal = Seal::decode(sealed);
+  arrival.peer = admit(arrival.seal, sealed, length);
   if (arrival.peer < 0) return UCS_OK;
-  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   const auto* bytes = static_cast<const uint8_t*>(data);
   if (arrival.seal.kind == Seal::Tagged) {
     if (headerLength != Seal::kBytes) {
-      self->reject(fmt::format("tagged data from {} carries a header", describeEndpoint(arrival.seal.sender)));
+      reject(fmt::format("tagged data from {} carries a header", describeEndpoint(arrival.seal.sender)));
       return UCS_OK;
     }
-    return self->takeTagged(std::move(arrival), data, length, rendezvous);
+    return takeTagged(std::move(arrival), data, length, rendezvous);
   }
   arrival.header.assign(sealed.begin() + Seal::kBytes, sealed.end());
   if (rendezvous) {
@@ -280,7 +292,7 @@ ucs_status_t UcxTransport::onMessage(void* arg, const void* header, size_t heade
   } else if (length > 0) {
     arrival.payload.assign(bytes, bytes + length);
   }
-  self->arrivals_.push_back(std::move(arrival));
+  arrivals_.push_back(std::move(arrival));
   return rendezvous ? UCS_INPROGRESS : UCS_OK;
 }
 
@@ -329,9 +341,12 @@ void UcxTransport::complete(Posted& r, std::span<const uint8_t> payload) {
     r.state = Posted::Done;
     return;
   }
+  // Its sealed header was genuine, so its counter is spent: the message was altered on the way
+  // (or corrupted), and the genuine one cannot come any more.
   reject(fmt::format("the payload of message {} of {} does not verify", r.seal.counter, describeEndpoint(r.seal.sender)));
-  r.state = Posted::Waiting;  // the genuine message may still come
-  matchUnexpected(r);
+  r.state = Posted::Failed;
+  r.failure = fmt::format("UCX receive of tag {:#x}: the payload from peer {} does not match its seal (altered on the "
+                          "way)", r.tag, r.peer);
 }
 
 void UcxTransport::matchUnexpected(Posted& r) {
@@ -344,7 +359,7 @@ void UcxTransport::matchUnexpected(Posted& r) {
   r.seal = arrival.seal;
   r.peer = arrival.peer;
   if (arrival.seal.payloadLength != r.into.size()) {
-    abandon(arrival.rendezvous, arrival.fetch);
+    abandon(arrival.peer, arrival.rendezvous, arrival.fetch);
     return fail(r, arrival.seal.payloadLength);
   }
   if (arrival.rendezvous != nullptr) {
@@ -385,7 +400,7 @@ void UcxTransport::exchange(int sendPeer, uint64_t sendTag, std::span<const uint
     progressUntil([&] { return !pending(sent) && received->state >= Posted::Done; }, deadline, watch);
     finishSend(sent, sendPeer, sendTag, bytes.size());
   } catch (...) {
-    abandon(received->rendezvous, received->fetch);
+    abandon(received->peer, received->rendezvous, received->fetch);
     posted_.erase(received);
     throw;
   }
@@ -398,7 +413,7 @@ void UcxTransport::finishReceive(std::list<Posted>::iterator r, Deadline deadlin
   const size_t size = r->into.size();
   const Posted::State state = r->state;
   const std::string failure = std::move(r->failure);
-  abandon(r->rendezvous, r->fetch);
+  abandon(r->peer, r->rendezvous, r->fetch);
   posted_.erase(r);
   if (state == Posted::Done) {
     bytesReceived_ += size;
@@ -462,11 +477,9 @@ std::vector<Message> UcxTransport::takeMessages(Deadline deadline) {
     if (a.fetch != nullptr) {
       progressUntil([&] { return !pending(a.fetch); }, deadline, Watch{false, {a.peer}});
       const ucs_status_t status = statusOf(a.fetch);
-      if (status == UCS_INPROGRESS) ucp_request_cancel(worker_, a.fetch);
-      completeAndFree(a.fetch);
-      a.fetch = nullptr;
+      abandon(a.peer, a.rendezvous, a.fetch);
       if (status != UCS_OK) {
-        for (size_t j = i + 1; j < arrived.size(); ++j) abandon(arrived[j].rendezvous, arrived[j].fetch);
+        for (size_t j = i + 1; j < arrived.size(); ++j) abandon(arrived[j].peer, arrived[j].rendezvous, arrived[j].fetch);
         WEFT_THROW("UCX: fetching a {}-byte message from peer {} failed: {}", a.payload.size(), a.peer,
                    status == UCS_INPROGRESS ? "the deadline passed" : ucs_status_string(status));
       }
@@ -546,10 +559,16 @@ void UcxTransport::completeAndFree(void* request) {
   ucp_request_free(request);
 }
 
-void UcxTransport::abandon(void*& rendezvous, void*& fetch) {
+void UcxTransport::abandon(int from, void*& rendezvous, void*& fetch) {
   if (rendezvous != nullptr) ucp_am_data_release(worker_, rendezvous);
   rendezvous = nullptr;
-  if (pending(fetch)) ucp_request_cancel(worker_, fetch);
+  if (pending(fetch) && from >= 0) {
+    // UCX cannot cancel a fetch (ucp_request_cancel ends tag receives only): closing the
+    // sender's endpoint ends it, and the sender counts as failed.
+    Peer& p = peer(from);
+    closeEndpoint(p);
+    if (p.failure == UCS_OK) p.failure = UCS_ERR_TIMED_OUT;
+  }
   completeAndFree(fetch);
   fetch = nullptr;
 }
@@ -564,7 +583,8 @@ const UcxTransport::Peer* UcxTransport::firstFailedPeer(const Watch& watch) cons
 
 void UcxTransport::closeAll(Deadline deadline) {
   ucp_request_param_t params{};  // no FORCE flag: the close flushes what is in flight
-  for (const std::unique_ptr<Peer>& p : peers_) {
+  for (size_t i = 0; i < peers_.size(); ++i) {  // by index: progress may add a peer
+    Peer* p = peers_[i].get();
     if (p->endpoint == nullptr) continue;
     void* request = ucp_ep_close_nbx(p->endpoint, &params);
     if (statusOf(request) == UCS_INPROGRESS) {

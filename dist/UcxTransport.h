@@ -1,9 +1,9 @@
 // The Transport (dist/Transport.h) between processes, over UCX (1.13). Everything a process
 // receives is an active message with a seal (dist/Seal.h): requests and replies (RPC-style
 // traffic, where UCX recommends active messages) and the collectives' tagged data alike, so one
-// gate checks every message before anything is fetched or allocated: who sent it (an endpoint
-// this transport connected to), that it is sealed under that pair's key, that its counter is new
-// and that its declared length is within the job's limit. A message that fails is dropped and
+// gate checks every message before its payload is fetched or a buffer allocated for it: who sent
+// it (an endpoint of the job), that it is sealed under that pair's key, that its counter is new
+// and, for requests and replies, that its declared length is within the job's limit. A message that fails is dropped and
 // counted (rejected()), and logged at most every few seconds; the job goes on. A tagged receive
 // is matched by tag (and sender, when given) against the sealed tag, and a large payload is
 // fetched straight into the receiver's buffer.
@@ -137,13 +137,15 @@ class UcxTransport final : public Transport {
   static void onPeerError(void* arg, ucp_ep* endpoint, ucs_status_t status);
   static ucs_status_t onMessage(void* arg, const void* header, size_t headerLength, void* data, size_t length,
                                 const ucp_am_recv_param_t* param);
+  /// Takes in one arriving message (onMessage's body, which may throw).
+  ucs_status_t take(const uint8_t* header, size_t headerLength, void* data, size_t length, bool rendezvous);
   /// The gate: the peer whose sealed header this is, or -1 (the message is rejected, and
   /// counted) when it is not a valid message of this job to this endpoint.
   int admit(const Seal& seal, std::span<const uint8_t> sealedHeader, size_t length);
   /// Takes a tagged message that passed the gate: into a matching posted receive, or kept.
   ucs_status_t takeTagged(Arrival arrival, void* data, size_t length, bool rendezvous);
   /// Copies an arrived payload into a posted receive and checks its seal; one that does not
-  /// verify is rejected and the receive waits on.
+  /// verify fails the receive (its genuine header's counter is spent).
   void complete(Posted& r, std::span<const uint8_t> payload);
   /// Matches a waiting receive with a tagged message that came before it.
   void matchUnexpected(Posted& r);
@@ -178,8 +180,8 @@ class UcxTransport final : public Transport {
   /// Progresses until a request that is bound to complete (cancelled, force-closed) does, then
   /// frees it. Accepts what a *_nbx call returned, including NULL and error pointers.
   void completeAndFree(void* request);
-  /// Cancels a fetch or releases a descriptor that will no longer be wanted.
-  void abandon(void*& rendezvous, void*& fetch);
+  /// Releases a descriptor, or ends a fetch from peer `from`, that will no longer be wanted.
+  void abandon(int from, void*& rendezvous, void*& fetch);
   const Peer* firstFailedPeer(const Watch& watch) const;
 
   // Progress calls that find nothing before a wait blocks: a reply often lands within them.
@@ -188,6 +190,7 @@ class UcxTransport final : public Transport {
   static constexpr size_t kMaxUnexpected = 4096;
 
   UcxIdentity identity_;
+  bool closing_ = false;  // the destructor runs: arrivals are dropped
   ucp_context* context_ = nullptr;
   ucp_worker* worker_ = nullptr;
   int eventFd_ = -1;  // the worker's wakeup descriptor, or -1
