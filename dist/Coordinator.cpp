@@ -258,6 +258,7 @@ struct Coordinator::State {
     FileDescriptor fd;
     std::chrono::milliseconds lastHeard{0}, progressSince{0}, beatingSince{0};
     MainThreadSample last;
+    bool waitedWhileStalled = false;
   };
 
   State(const ResourceSpec& spec, const Secret& secret, const JobId& job, std::vector<MemberId> expected,
@@ -414,7 +415,11 @@ void Coordinator::State::readHeartbeat(Watched& w) {
     r.finish();
     std::lock_guard lock(mutex_);
     const std::chrono::milliseconds now = awakeNow();
-    if (sample.progress != w.last.progress) w.progressSince = now;
+    if (sample.progress != w.last.progress) {
+      w.progressSince = now;
+      w.waitedWhileStalled = false;
+    }
+    w.waitedWhileStalled = w.waitedWhileStalled || sample.waiting;
     if (now - w.lastHeard > kSteadyGap) w.beatingSince = now;
     w.last = sample;
     w.lastHeard = now;
@@ -641,6 +646,7 @@ std::map<MemberId, MemberLiveness> Coordinator::liveness() const {
     l.connected = w.fd.valid();
     l.progress = w.last.progress;
     l.waiting = w.last.waiting;
+    l.waitedWhileStalled = w.waitedWhileStalled;
     l.mainThread = w.last.state;
   }
   return out;

@@ -92,6 +92,9 @@ struct MemberLiveness {
   bool connected = true;                 ///< false once its connection closed
   uint64_t progress = 0;                 ///< its main thread's progress counter
   bool waiting = false;                  ///< its main thread was waiting on a peer
+  /// Some beat since its progress counter last moved found it waiting on a peer: it waited
+  /// through this stall, and if no longer waiting, gave up (a wait that ends moves the counter).
+  bool waitedWhileStalled = false;
   char mainThread = '?';                 ///< its main thread's scheduler state
 };
 

@@ -267,9 +267,10 @@ class Job {
   /// What to say about a failure first seen as `failed` ending with `status`. A process ended
   /// by a signal is a fact and named first: its peers stop with an error as soon as they
   /// notice it die, so one already ended by a signal (reaped here with every other that has
-  /// ended) is the cause. A process that exited with an error while waiting on a peer gave up
-  /// on someone: the member whose main thread made no progress meanwhile, while computing or
-  /// stopped, is named instead.
+  /// ended) is the cause. A process that exited with an error may have given up waiting on a
+  /// peer, or stopped because one that gave up left (a server whose worker left first is often
+  /// reaped first): when a member waited through a stall of `limit` or more meanwhile, the
+  /// member whose main thread made no progress all that while, computing or stopped, is named.
   std::string verdict(const Coordinator& coordinator, const Child& failed, int status, std::chrono::milliseconds limit) {
     std::pair<const Child*, int> cause{&failed, status};
     int other = 0;
@@ -283,25 +284,48 @@ class Job {
                                           howItEnded(cause.second));
     if (WIFSIGNALED(cause.second)) return ended;
     const auto liveness = coordinator.liveness();
-    const auto gaveUp = liveness.find(cause.first->id);
-    if (gaveUp == liveness.end() || !gaveUp->second.waiting || gaveUp->second.stalled < limit) return ended;
-    const Child* stuck = nullptr;
-    for (const Child& c : children_) {
-      const auto it = liveness.find(c.id);
-      if (!c.running || it == liveness.end() || &c == cause.first) continue;
-      const MemberLiveness& l = it->second;
-      const bool stopped = l.mainThread == 'T' || l.mainThread == 't';
-      if (l.connected && l.stalled >= limit && (stopped || !l.waiting) &&
-          (stuck == nullptr || l.stalled > liveness.at(stuck->id).stalled))
-        stuck = &c;
-    }
+    const Child* stuck = stuckMember(liveness, *cause.first, limit);
     if (stuck == nullptr) return ended;
+    const Child* waiter = memberThatGaveUp(liveness, *cause.first, *stuck, limit);
+    if (waiter == nullptr) return ended;
     const MemberLiveness& l = liveness.at(stuck->id);
     return fmt::format("{} (pid {}) made no progress for {:.1f} s, its main thread {}, while {} waited for it and "
                        "gave up ({})",
                        describe(stuck->id), stuck->pid, static_cast<double>(l.stalled.count()) / 1000.0,
-                       l.mainThread == 't' || l.mainThread == 'T' ? "stopped" : "computing",
-                       describe(cause.first->id), howItEnded(cause.second));
+                       stopped(l) ? "stopped" : "computing", describe(waiter->id),
+                       waiter == cause.first ? howItEnded(cause.second) : "first to end: " + ended);
+  }
+  static bool stopped(const MemberLiveness& l) { return l.mainThread == 'T' || l.mainThread == 't'; }
+  /// The running member other than `cause` stalled longest, `limit` or more, while stopped or
+  /// without having waited on a peer (computing): the one its peers waited on.
+  const Child* stuckMember(const std::map<MemberId, MemberLiveness>& liveness, const Child& cause,
+                           std::chrono::milliseconds limit) const {
+    const Child* stuck = nullptr;
+    for (const Child& c : children_) {
+      const auto it = liveness.find(c.id);
+      if (!c.running || it == liveness.end() || &c == &cause) continue;
+      const MemberLiveness& l = it->second;
+      if (l.connected && l.stalled >= limit && (stopped(l) || !l.waitedWhileStalled) &&
+          (stuck == nullptr || l.stalled > liveness.at(stuck->id).stalled))
+        stuck = &c;
+    }
+    return stuck;
+  }
+  /// `cause` when it waited through a stall of `limit` or more, else the member (running or not)
+  /// other than `stuck` that did so longest, or none.
+  const Child* memberThatGaveUp(const std::map<MemberId, MemberLiveness>& liveness, const Child& cause,
+                                const Child& stuck, std::chrono::milliseconds limit) const {
+    auto waited = [&](const Child& c) {
+      const auto it = liveness.find(c.id);
+      return it != liveness.end() && it->second.waitedWhileStalled && !stopped(it->second) &&
+             it->second.stalled >= limit;
+    };
+    if (waited(cause)) return &cause;
+    const Child* waiter = nullptr;
+    for (const Child& c : children_)
+      if (&c != &stuck && waited(c) && (waiter == nullptr || liveness.at(c.id).stalled > liveness.at(waiter->id).stalled))
+        waiter = &c;
+    return waiter;
   }
   bool anyRunning() const {
     for (const Child& c : children_)

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <atomic>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -351,11 +352,14 @@ TEST_CASE("after the rendezvous the coordinator hears each member's heartbeat, a
   Coordinator coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 0}, {Role::Worker, 0, 1}}, 5s);
   CHECK(coordinator.liveness().empty());
   const uint16_t port = coordinator.port();
-  uint64_t progress = 7;
+  std::atomic<uint64_t> progress{7};
+  std::atomic<bool> secondWaits{true};
   auto join = [&](int slot) {
     HeartbeatOptions beats;
     beats.interval = 100ms;
-    beats.sample = [&progress, slot] { return MainThreadSample{progress + static_cast<uint64_t>(slot), slot == 1, 'R'}; };
+    beats.sample = [&progress, &secondWaits, slot] {
+      return MainThreadSample{progress + static_cast<uint64_t>(slot), slot == 1 && secondWaits, 'R'};
+    };
     return rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, slot), 5s, beats);
   };
   std::future<Roster> first = std::async(std::launch::async, join, 0);
@@ -375,6 +379,20 @@ TEST_CASE("after the rendezvous the coordinator hears each member's heartbeat, a
   CHECK(w1.waiting);
   CHECK(w0.mainThread == 'R');
   CHECK(w0.connected);
+  CHECK_FALSE(w0.waitedWhileStalled);
+  CHECK(w1.waitedWhileStalled);
+  // Polled rather than slept on: a loaded machine may delay a beat.
+  auto secondOnceBeaten = [&](const std::function<bool(const MemberLiveness&)>& seen) {
+    for (auto end = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < end;
+         std::this_thread::sleep_for(20ms))
+      if (seen(coordinator.liveness().at({Role::Worker, 0, 1}))) return true;
+    return false;
+  };
+  secondWaits = false;  // worker 1 gave up its wait: its counter did not move
+  REQUIRE(secondOnceBeaten([](const MemberLiveness& l) { return !l.waiting; }));
+  CHECK(coordinator.liveness().at({Role::Worker, 0, 1}).waitedWhileStalled);
+  progress = 9;  // a new stall, with no wait in it yet
+  CHECK(secondOnceBeaten([](const MemberLiveness& l) { return l.progress == 10 && !l.waitedWhileStalled; }));
   second.heartbeat.reset();  // worker 1 stops beating and closes its connection
   std::this_thread::sleep_for(900ms);
   liveness = coordinator.liveness();
