@@ -75,6 +75,8 @@ std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
     for (const Output& in : node->inputs) anyInputFromX = anyInputFromX || fromX[static_cast<size_t>(in.node()->id)];
     if (!anyInputFromX) continue;
 
+    // A gradient belongs to its forward op's pipeline stage, the sum of its outputs' gradients too.
+    auto staged = g.stage(node->stage);
     GradContext ctx{node, std::vector<Output>(node->outputs.size())};
     bool any = false;
     for (size_t i = 0; i < node->outputs.size(); ++i) {
@@ -102,6 +104,7 @@ std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
   }
 
   std::vector<Grad> result;
+  auto unstaged = g.stage(-1);  // a variable's gradient sum: the cut places it with its readers
   for (const Output& x : xs) {
     auto it = contributions.find(x);
     if (it == contributions.end()) {
@@ -122,6 +125,7 @@ std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
     }
     result.push_back(grad);
   }
+  for (size_t id = n; id < g.size(); ++id) g.addToCollection(kBackwardCollection, g.node(static_cast<int>(id)));
   return result;
 }
 

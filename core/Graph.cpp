@@ -92,6 +92,7 @@ Node* Graph::addNode(const std::string& op, std::vector<Output> inputs, Attrs at
   node->inputs = std::move(inputs);
   node->attrs = std::move(attrs);
   node->device = devices_.empty() ? std::string() : devices_.back();
+  node->stage = currentStage();
   node->def = &def;
   node->graph = this;
 
@@ -169,6 +170,12 @@ Graph::DeviceScope::DeviceScope(Graph& g, const std::string& device) : graph_(g)
   g.devices_.push_back(device);
 }
 Graph::DeviceScope::~DeviceScope() { graph_.devices_.pop_back(); }
+
+Graph::StageScope::StageScope(Graph& g, int stage) : graph_(g) {
+  WEFT_CHECK(stage >= -1, "pipeline stage {} is negative (stages count from 0; -1 leaves the choice to the cut)", stage);
+  g.stages_.push_back(stage);
+}
+Graph::StageScope::~StageScope() { graph_.stages_.pop_back(); }
 
 Graph::PrecisionScope::PrecisionScope(Graph& g, DType low) : graph_(g) {
   WEFT_CHECK(low == DType::F32 || low == DType::BF16 || low == DType::F16,
@@ -427,6 +434,7 @@ std::string Graph::dump() const {
     for (const TensorType& t : n->outputs) outs.push_back(t.str());
     s += fmt::format("{} = {}({}) -> ({})", n->name, n->op, fmt::join(ins, ", "), fmt::join(outs, ", "));
     if (!n->device.empty()) s += " @" + n->device;
+    if (n->stage >= 0) s += fmt::format(" stage {}", n->stage);
     if (n->condition.valid()) s += " if " + n->condition.name();
     if (!n->attrs.values().empty() && n->op != "Const") s += " {" + n->attrs.str() + "}";
     s += "\n";

@@ -62,6 +62,9 @@ struct OutputHash {
 /// The nodes whose NaN or Inf a loss-scaled step handles by skipping its update (the scaled
 /// backward pass), so a Session's checkNumerics does not stop on them.
 inline constexpr char kLossScaledCollection[] = "loss_scaled";
+/// The nodes autodiff created (the backward pass): a pipeline cut tells them from the forward
+/// pass and the updates by this.
+inline constexpr char kBackwardCollection[] = "backward";
 
 /// One op instance.
 struct Node {
@@ -74,6 +77,7 @@ struct Node {
   Attrs attrs;
   std::vector<TensorType> outputs;
   std::string device;  // requested placement ("" = default device)
+  int stage = -1;      // pipeline stage the author put it in (Graph::stage); -1: chosen by the cut
   const OpDef* def = nullptr;
   Graph* graph = nullptr;
 
@@ -177,6 +181,23 @@ class Graph {
   };
   DeviceScope onDevice(const std::string& device) { return DeviceScope(*this, device); }
 
+  /// RAII pipeline-stage scope: nodes created while it lives belong to stage `stage` of a
+  /// pipelined run (dist/Pipeline.h); the gradients autodiff makes for them do too. Nodes
+  /// outside every stage scope go where the pipeline cut puts them.
+  class StageScope {
+   public:
+    StageScope(Graph& g, int stage);
+    ~StageScope();
+    StageScope(const StageScope&) = delete;
+    StageScope& operator=(const StageScope&) = delete;
+
+   private:
+    Graph& graph_;
+  };
+  StageScope stage(int stage) { return StageScope(*this, stage); }
+  /// The stage nodes created now belong to (-1 outside every stage scope).
+  int currentStage() const { return stages_.empty() ? -1 : stages_.back(); }
+
   /// RAII mixed-precision scope: while it lives, matrix products and convolutions built from f32
   /// values compute in `low` (bf16 or f16): their inputs are cast down and their results cast
   /// back to f32, so the rest of the model, the variables and the optimizer stay in f32.
@@ -268,6 +289,7 @@ class Graph {
   std::map<std::string, Node*> byName_;
   std::vector<std::string> scopes_;
   std::vector<std::string> devices_;
+  std::vector<int> stages_;
   std::vector<DType> precisions_;
   std::vector<GradientLink> gradientLinks_;
   std::map<std::string, std::vector<Node*>> collections_;

@@ -7,11 +7,16 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 #include <unistd.h>
 
 /// Checks a tensor against reference values (in double) within tol.
@@ -47,6 +52,34 @@ std::string errorOf(F&& f) {
 }
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// Largest |a - b| of a tensor relative to its largest |b| (1 when b is all zeros).
+inline double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
+  const std::vector<double> x = a.toDoubles(), y = b.toDoubles();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / (scale > 0 ? scale : 1.0);
+}
+
+/// Runs body(0) .. body(n - 1) on n threads; returns each one's error message ("" when none).
+inline std::vector<std::string> onThreads(size_t n, const std::function<void(size_t)>& body) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        body(i);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
 
 /// A fresh directory under the system temp dir, removed with everything in it.
 struct TempDir {

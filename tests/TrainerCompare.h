@@ -10,17 +10,6 @@
 #include <cmath>
 #include <string>
 
-/// Largest |a - b| of a tensor relative to its largest |b| (1 when b is all zeros).
-inline double relativeDifference(const weft::Tensor& a, const weft::Tensor& b) {
-  const std::vector<double> x = a.toDoubles(), y = b.toDoubles();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / (scale > 0 ? scale : 1.0);
-}
-
 /// Trains `model` once with `flags` and `singleFlags` (such as its device) and once with `flags`
 /// and `distFlags` (workers or cluster, architecture, servers); checks every variable (optimizer
 /// slots and the step counter included) agrees within `tolerance`.

@@ -65,24 +65,6 @@ std::vector<JobContext> loopbackJob(const std::shared_ptr<LoopbackNetwork>& netw
   return members;
 }
 
-/// Runs `body(i)` on a thread per i < n; returns what each threw ("" when nothing). Checks are
-/// made on the calling thread, from what the bodies leave behind.
-std::vector<std::string> onThreads(size_t n, const std::function<void(size_t)>& body) {
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        body(i);
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
-}
-
 /// A regression model with an embedding (sparse gradient) and a dense layer, in float64.
 struct Model {
   Graph g;

@@ -1,0 +1,90 @@
+// The pipeline cut: splits a single-device training graph (forward pass, the backward pass autodiff
+// made, the updates) into S stages and, within each stage, into the runs a pipelined step makes.
+//
+// Every node the step needs gets a stage and a phase:
+//   - Forward: what the loss needs from the micro-batch; its stage is the author's (Graph::stage),
+//     else the latest stage among its inputs (stage 0 for the first ops).
+//   - Backward / Weights: autodiff's nodes, in their forward op's stage. Split into the part the
+//     previous stage waits for (Backward) and the rest (Weights) when the schedule runs them apart
+//     (zero bubble); otherwise all Backward.
+//   - Update: the optimizer, in the stage of the variable it updates; a computation several stages
+//     read (global-norm clipping's norm) in the latest stage among its inputs.
+//   - Static: what depends on variables and constants alone (a weight's transpose, the learning
+//     rate): computed by whichever run of a stage reads it; the step counter's increment is
+//     replicated in every stage, which each keep their copy of it.
+// A value read by another stage becomes a transfer, sent once per micro-batch and reading stage
+// (once per step in the update); a value a later phase of its own stage reads is kept until then.
+// The gradients autodiff links to variables are summed over the micro-batches and fed, divided by
+// their count, to the updates: the step equals single-device training on all micro-batches at
+// once with a mean loss (gradient accumulation).
+//
+// The update runs in waves: a stage runs wave w once every transfer of earlier waves into it has
+// arrived, so a cross-stage computation (the global norm) costs one round trip, not a deadlock.
+//
+// Refused, with an error naming the nodes: a forward value flowing to an earlier stage or a
+// backward value to a later one, a stage number outside 0..S-1, a trainable variable read by two
+// stages (tied weights), an update reading a per-micro-batch forward value (batch-norm moving
+// statistics), a conditional node, and a cut that leaves a stage without forward work.
+#pragma once
+
+#include "core/Graph.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace weft::dist {
+
+enum class Phase : uint8_t { Static, Forward, Backward, Weights, Update };
+const char* phaseName(Phase p);
+
+/// A value that one stage computes and another reads.
+struct Transfer {
+  Output value;
+  int from = 0, to = 0;
+  /// The receiver's action that takes it: Forward, Backward (for Weights too) or Update.
+  Phase receivedIn = Phase::Forward;
+  int wave = 0;  ///< Update: sent after the sender's wave `wave`, read in a later wave
+};
+
+/// One run of a stage's session: per micro-batch for Forward, Backward and Weights, per wave of
+/// the update once per step.
+struct StageRun {
+  std::vector<Output> placeholders;  ///< fed from the micro-batch (the whole batch in the update)
+  std::vector<Output> inputs;        ///< fed from what arrived or what an earlier run kept
+  std::vector<Output> fetches;       ///< what leaves the run
+  std::vector<Node*> targets;        ///< the update ops it runs
+  std::vector<int> receives;         ///< transfers to take before the run (indices into transfers)
+  std::vector<int> sends;            ///< transfers among its fetches, sent after it
+  std::vector<Output> kept;          ///< fetches a later run of this stage reads
+  std::vector<int> gradients;        ///< fetched gradient links (indices into gradients)
+  bool empty() const { return fetches.empty() && targets.empty() && receives.empty(); }
+};
+
+/// A variable's gradient: summed over the micro-batches by its stage and fed to the update.
+struct StageGradient {
+  const GradientLink* link = nullptr;
+  int stage = 0;
+};
+
+struct PipelineCut {
+  int stages = 1;
+  bool splitWeights = false;
+  std::vector<int> stageOf;     ///< by node id: -1 where no stage owns it (static, sources, unneeded)
+  std::vector<Phase> phaseOf;   ///< by node id
+  std::vector<Transfer> transfers;
+  std::vector<StageGradient> gradients;
+  /// Per stage: the variables it holds (its own and the replicated ones).
+  std::vector<std::vector<Node*>> variables;
+  /// Per stage: the Forward, Backward and Weights runs of a micro-batch, and the update's waves.
+  std::vector<StageRun> forward, backward, weights;
+  std::vector<std::vector<StageRun>> update;
+  /// The stage that computes each of the step's fetches (each a Forward value).
+  std::vector<int> fetchStage;
+};
+
+/// Cuts the step that computes `fetches` and runs `trainStep` into `stages` stages (see above).
+/// `splitWeights`: run the weight gradients apart from the input gradients (zero bubble).
+PipelineCut cutPipeline(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
+                        bool splitWeights);
+
+}  // namespace weft::dist

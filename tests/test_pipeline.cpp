@@ -1,0 +1,293 @@
+// Synchronous pipelines (dist/Pipeline.h, dist/PipelineStage.h): the cut of a training graph into
+// stages and phases, and training with every stage on its own thread over in-process transports,
+// which must give the variables of single-device training on the whole batch.
+#include "tests/TestUtil.h"
+
+#include "dist/LoopbackTransport.h"
+#include "dist/PipelineStage.h"
+#include "nn/Layers.h"
+#include "ops/Ops.h"
+#include "optim/Optimizer.h"
+#include "testing/OpTest.h"
+
+
+using namespace weft;
+using namespace weft::dist;
+using namespace std::chrono_literals;
+using weft::testing::randomTensor;
+
+namespace {
+
+/// Embedding (a sparse gradient) and four dense layers in float64, the layers spread over
+/// `stages` stages in order; the embedding is in stage 0.
+struct Model {
+  Graph g;
+  Output ids, x, y, loss;
+  Node* step = nullptr;
+
+  explicit Model(int stages, double clip = 0) {
+    g.setSeed(11);
+    ids = g.placeholder("ids", i64, {-1});
+    x = g.placeholder("x", f64, {-1, 5});
+    y = g.placeholder("y", i64, {-1});
+    Output h;
+    {
+      auto first = g.stage(0);
+      const Output table = g.variable("embedding", f64, {30, 5}, Initializer::normal(0, 0.5));
+      h = gather(table, ids) + x;
+    }
+    const std::vector<int64_t> widths{5, 8, 8, 8, 3};
+    for (size_t l = 0; l + 1 < widths.size(); ++l) {
+      auto staged = g.stage(static_cast<int>(l) * stages / 4);
+      nn::Linear layer(g, "fc" + std::to_string(l), widths[l], widths[l + 1], true, f64);
+      h = l + 2 < widths.size() ? tanh(layer(h)) : layer(h);
+    }
+    loss = nn::meanSparseCrossEntropy(h, y);
+    optim::MinimizeOptions options;
+    options.clipGlobalNorm = clip;
+    step = optim::Adam(0.05).minimize(loss, options);
+  }
+
+  FeedMap feeds(int64_t step, int64_t rows) const {
+    Tensor idValues(i64, {rows}), labels(i64, {rows});
+    for (int64_t i = 0; i < rows; ++i) {
+      idValues.data<int64_t>()[i] = (i * 7 + step * 3) % 17;  // repeated ids: rows summed
+      labels.data<int64_t>()[i] = (i + step) % 3;
+    }
+    return {{ids, idValues}, {x, randomTensor(f64, {rows, 5}, 300 + static_cast<uint64_t>(step))}, {y, labels}};
+  }
+};
+
+constexpr int64_t kRows = 8, kSteps = 3;
+
+struct Trained {
+  std::map<std::string, Tensor> variables;  // slots and the step counter included
+  std::vector<double> losses;
+  std::vector<std::string> errors;
+};
+
+/// kSteps single-device steps on the whole batch.
+Trained singleDevice(double clip) {
+  Model m(1, clip);
+  Session session(m.g);
+  Trained out;
+  for (int64_t s = 0; s < kSteps; ++s) out.losses.push_back(session.run({m.loss}, m.feeds(s, kRows), {m.step})[0].item());
+  for (Node* v : m.g.variables()) out.variables[v->name] = session.variable(v).clone();
+  return out;
+}
+
+/// kSteps pipelined steps, each stage on a thread; stage 0's variables after gathering them.
+/// `dies` (a stage) fails before its first step, as a killed process would.
+Trained pipelined(int stages, int microbatches, PipelineSchedule schedule, double clip, int dies = -1) {
+  auto network = std::make_shared<LoopbackNetwork>();
+  std::vector<std::unique_ptr<LoopbackTransport>> transports;
+  for (int s = 0; s < stages; ++s) transports.push_back(std::make_unique<LoopbackTransport>(network));
+  std::vector<std::vector<int>> peers(static_cast<size_t>(stages), std::vector<int>(static_cast<size_t>(stages), -1));
+  for (int r = 0; r < stages; ++r)
+    for (int q = 0; q < stages; ++q)
+      if (q != r)
+        peers[static_cast<size_t>(r)][static_cast<size_t>(q)] =
+            transports[static_cast<size_t>(r)]->connect(transports[static_cast<size_t>(q)]->address(), static_cast<EndpointName>(q));
+  Trained result;
+  std::vector<std::unique_ptr<Model>> models;
+  for (int s = 0; s < stages; ++s) models.push_back(std::make_unique<Model>(stages, clip));
+  result.errors = onThreads(static_cast<size_t>(stages), [&](size_t s) {
+    Model& m = *models[s];
+    PipelineOptions options;
+    options.stages = stages;
+    options.microbatches = microbatches;
+    options.schedule = schedule;
+    options.timeout = 60s;
+    PipelineStage stage(m.g, static_cast<int>(s), options, *transports[s], peers[s]);
+    try {
+      WEFT_CHECK(static_cast<int>(s) != dies, "stage {} dies", s);
+      for (int64_t step = 0; step < kSteps; ++step) {
+        const double loss = stage.step({m.loss}, m.step, splitMicrobatches(m.feeds(step, kRows), microbatches))[0];
+        if (s == 0) result.losses.push_back(loss);
+      }
+      stage.gatherVariables(0);
+    } catch (const std::exception& e) {
+      network->fail(transports[s]->endpoint(), e.what());  // the others stop waiting on this stage
+      throw;
+    }
+    if (s != 0) return;
+    for (Node* v : m.g.variables()) result.variables[v->name] = stage.session().variable(v).clone();
+  });
+  return result;
+}
+
+void checkEquivalent(int stages, int microbatches, PipelineSchedule schedule, double clip) {
+  CAPTURE(stages);
+  CAPTURE(microbatches);
+  CAPTURE(scheduleName(schedule));
+  const Trained expected = singleDevice(clip);
+  const Trained run = pipelined(stages, microbatches, schedule, clip);
+  for (const std::string& e : run.errors) REQUIRE_MESSAGE(e.empty(), e);
+  REQUIRE(run.variables.size() == expected.variables.size());
+  for (const auto& [name, value] : expected.variables) {
+    CAPTURE(name);
+    // float64: the same sums in another order (micro-batch by micro-batch).
+    CHECK(relativeDifference(run.variables.at(name), value) < 1e-11);
+  }
+  REQUIRE(run.losses.size() == expected.losses.size());
+  for (size_t i = 0; i < run.losses.size(); ++i) CHECK(run.losses[i] == doctest::Approx(expected.losses[i]).epsilon(1e-12));
+}
+
+}  // namespace
+
+TEST_CASE("a pipelined step equals single-device training on the whole batch, under every schedule") {
+  for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
+    for (int stages : {2, 3})
+      for (int microbatches : {1, 4}) checkEquivalent(stages, microbatches, schedule, 0);
+}
+
+TEST_CASE("global-norm clipping over all stages' gradients: the norm is computed across stages") {
+  for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
+    checkEquivalent(3, 4, schedule, 0.05);
+}
+
+TEST_CASE("a stage that dies stops the others with an error naming it") {
+  const Trained run = pipelined(3, 2, PipelineSchedule::OneFOneB, 0, 2);
+  CHECK(contains(run.errors[2], "stage 2 dies"));
+  // Stage 1 sends its forward's output to stage 2.
+  CHECK(contains(run.errors[1], "pipeline stage 1 sending"));
+  CHECK(contains(run.errors[1], "to stage 2 (step 1)"));
+  CHECK(contains(run.errors[1], "stage 2 dies"));
+  CHECK_FALSE(run.errors[0].empty());
+}
+
+namespace {
+
+/// `stages` stages of one tanh layer each on x, the loss in the last.
+struct Chain {
+  Graph g;
+  Output x, loss;
+  std::vector<Output> hidden;
+  Node* step = nullptr;
+
+  explicit Chain(int stages) {
+    x = g.placeholder("x", f64, {-1, 4});
+    Output h = x;
+    for (int s = 0; s < stages; ++s) {
+      auto staged = g.stage(s);
+      h = tanh(matmul(h, g.variable("w" + std::to_string(s), f64, {4, 4}, Initializer::glorotUniform())));
+      hidden.push_back(h);
+    }
+    loss = mean(square(h));
+  }
+  void train() { step = optim::SGD(0.1).minimize(loss); }
+  std::string cutError(int stages) {
+    try {
+      cutPipeline(g, stages, {loss}, step, false);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the cut: one transfer per boundary value and reading stage, its gradient back, each gradient in its op's stage") {
+  Chain c(2);
+  c.train();
+  const PipelineCut cut = cutPipeline(c.g, 2, {c.loss}, c.step, false);
+  REQUIRE(cut.transfers.size() == 2);
+  CHECK(cut.transfers[0].value == c.hidden[0]);
+  CHECK(cut.transfers[0].from == 0);
+  CHECK(cut.transfers[0].to == 1);
+  CHECK(cut.transfers[0].receivedIn == Phase::Forward);
+  CHECK(cut.transfers[1].from == 1);
+  CHECK(cut.transfers[1].to == 0);
+  CHECK(cut.transfers[1].receivedIn == Phase::Backward);
+  for (const GradientLink& link : c.g.gradientLinks()) {
+    CAPTURE(link.variable->name);
+    CHECK(cut.stageOf[static_cast<size_t>(link.dense.node()->id)] == (link.variable->name == "w0" ? 0 : 1));
+  }
+  CHECK(cut.variables[0] == std::vector<Node*>{c.g.find("w0"), c.g.find("global_step")});
+  CHECK(cut.variables[1] == std::vector<Node*>{c.g.find("w1"), c.g.find("global_step")});
+  CHECK(cut.fetchStage == std::vector<int>{1});
+}
+
+TEST_CASE("the cut: a value two later stages read is sent to each") {
+  Chain c(3);
+  {
+    auto last = c.g.stage(2);
+    c.loss = c.loss + mean(c.hidden[0]);  // stage 0's output read by stages 1 and 2
+  }
+  c.train();
+  const PipelineCut cut = cutPipeline(c.g, 3, {c.loss}, c.step, false);
+  int toOne = 0, toTwo = 0;
+  for (const Transfer& t : cut.transfers) {
+    if (t.value != c.hidden[0]) continue;
+    toOne += t.to == 1;
+    toTwo += t.to == 2;
+  }
+  CHECK(toOne == 1);
+  CHECK(toTwo == 1);
+}
+
+TEST_CASE("zero bubble: a stage's weight gradients run apart from what the previous stage waits for") {
+  Chain c(2);
+  c.train();
+  const PipelineCut cut = cutPipeline(c.g, 2, {c.loss}, c.step, true);
+  for (const GradientLink& link : c.g.gradientLinks()) {
+    CAPTURE(link.variable->name);
+    CHECK(cut.phaseOf[static_cast<size_t>(link.dense.node()->id)] == Phase::Weights);
+  }
+  // Stage 1 sends the gradient of its input from its Backward run; stage 0 has nothing to send.
+  CHECK(cut.backward[1].sends.size() == 1);
+  CHECK(cut.weights[1].sends.empty());
+  CHECK(cut.backward[0].fetches.empty());
+}
+
+TEST_CASE("the cut refuses a trainable variable two stages read, naming it") {
+  Chain c(2);
+  {
+    auto last = c.g.stage(1);
+    c.loss = c.loss + mean(c.g.find("w0")->output());  // w0 tied into stage 1
+  }
+  c.train();
+  CHECK(c.cutError(2) == "variable 'w0' is read by pipeline stages 0 and 1 (tied weights): each trainable variable "
+                         "must live in one stage; give its readers one stage, or untie it");
+}
+
+TEST_CASE("the cut refuses a stage number beyond the pipeline, and a stage without forward work") {
+  Chain c(3);
+  c.train();
+  CHECK(contains(c.cutError(2), "is in pipeline stage 2, but the pipeline has 2 stages (0..1)"));
+  CHECK(c.cutError(4) == "pipeline stage 3 of 4 has no forward ops: put ops in it with Graph::stage(3) or use fewer "
+                         "stages");
+}
+
+TEST_CASE("the cut refuses a forward value flowing back to an earlier stage") {
+  Chain c(2);
+  {
+    auto first = c.g.stage(0);
+    c.loss = c.loss + mean(c.hidden[1]);  // stage 0 reads stage 1's output
+  }
+  c.train();
+  CHECK(contains(c.cutError(2), "the forward pass may only flow to later stages"));
+}
+
+TEST_CASE("the cut refuses an update that reads a per-micro-batch forward value (moving statistics)") {
+  Chain c(2);
+  const Output average = c.g.variable("average", f64, {}, Initializer::zeros(), false);
+  c.g.addToCollection("update_ops", assignMovingAverage(average, mean(c.hidden[0]), 0.9));
+  c.train();
+  CHECK(contains(c.cutError(2), "a value of each micro-batch's forward pass: pipelined training sums only the "
+                                "variables' gradients"));
+}
+
+TEST_CASE("micro-batches: batch feeds are cut along their first axis, others go whole, uneven cuts are refused") {
+  Graph g;
+  const Output x = g.placeholder("x", f64, {-1, 2});
+  const Output rate = g.placeholder("rate", f64, {});
+  const Tensor rows = Tensor::fromVector<double>({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
+  const std::vector<FeedMap> parts = splitMicrobatches({{x, rows}, {rate, Tensor::scalar(f64, 0.5)}}, 2);
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[1][0].second.toDoubles() == std::vector<double>{5, 6, 7, 8});
+  CHECK(parts[1][1].second.item() == 0.5);
+  CHECK_THROWS_WITH(splitMicrobatches({{x, rows}}, 3),
+                    "the feed of 'x' has 4 rows, which do not cut into 3 equal micro-batches");
+}

@@ -1,0 +1,259 @@
+// Pipeline schedules (dist/Schedule.h): what each stage runs in one step under gpipe, 1f1b and
+// zb (ZB-H1), how long the step takes, how much each stage holds, and the errors.
+#include "tests/TestUtil.h"
+
+#include "dist/Schedule.h"
+
+#include <map>
+#include <set>
+#include <tuple>
+
+using namespace weft;
+using namespace weft::dist;
+
+namespace {
+
+using Kind = PipelineAction::Kind;
+
+const PipelineSchedule kSchedules[] = {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB,
+                                       PipelineSchedule::ZeroBubble};
+const int kStageCounts[] = {1, 2, 3, 4, 8};
+const int kMicrobatchCounts[] = {1, 2, 3, 4, 8, 16};
+
+/// "F0 F1 B0 B1": a stage's order as one would write it by hand.
+std::string orderText(PipelineSchedule schedule, int stages, int microbatches, int stage) {
+  std::string text;
+  for (const PipelineAction& a : stageSchedule(schedule, stages, microbatches, stage)) {
+    text += (text.empty() ? "" : " ") + describe(a);
+  }
+  return text;
+}
+
+/// Where each (kind, micro-batch) sits in a stage's order; every action must appear once.
+std::map<std::pair<Kind, int>, size_t> positions(const std::vector<PipelineAction>& order) {
+  std::map<std::pair<Kind, int>, size_t> at;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const bool fresh = at.emplace(std::pair{order[k].kind, order[k].microbatch}, k).second;
+    CHECK_MESSAGE(fresh, describe(order[k]), " appears twice");
+  }
+  return at;
+}
+
+/// Runs `check(stages, microbatches)` for every count in the tables above.
+template <class F>
+void forEveryCount(F&& check) {
+  for (int stages : kStageCounts) {
+    for (int microbatches : kMicrobatchCounts) {
+      CAPTURE(stages);
+      CAPTURE(microbatches);
+      check(stages, microbatches);
+    }
+  }
+}
+
+/// Runs `check(schedule, stages, microbatches)` for every combination in the tables above.
+template <class F>
+void forEveryShape(F&& check) {
+  for (PipelineSchedule schedule : kSchedules) {
+    CAPTURE(scheduleName(schedule));
+    forEveryCount([&](int stages, int microbatches) { check(schedule, stages, microbatches); });
+  }
+}
+
+}  // namespace
+
+TEST_CASE("parseSchedule reads back every scheduleName") {
+  for (PipelineSchedule schedule : kSchedules) CHECK(parseSchedule(scheduleName(schedule)) == schedule);
+  CHECK(std::string(scheduleName(PipelineSchedule::GPipe)) == "gpipe");
+  CHECK(std::string(scheduleName(PipelineSchedule::OneFOneB)) == "1f1b");
+  CHECK(std::string(scheduleName(PipelineSchedule::ZeroBubble)) == "zb");
+}
+
+TEST_CASE("describe writes an action as its letter and micro-batch") {
+  CHECK(describe({Kind::Forward, 3}) == "F3");
+  CHECK(describe({Kind::Backward, 0}) == "B0");
+  CHECK(describe({Kind::Weights, 12}) == "W12");
+}
+
+TEST_CASE("every stage runs each micro-batch's F and B once, and W once under zb only") {
+  forEveryShape([](PipelineSchedule schedule, int stages, int microbatches) {
+    const bool split = schedule == PipelineSchedule::ZeroBubble;
+    for (int s = 0; s < stages; ++s) {
+      const std::vector<PipelineAction> order = stageSchedule(schedule, stages, microbatches, s);
+      const auto at = positions(order);
+      CHECK(order.size() == static_cast<size_t>(microbatches * (split ? 3 : 2)));
+      for (int i = 0; i < microbatches; ++i) {
+        CHECK(at.count({Kind::Forward, i}) == 1);
+        CHECK(at.count({Kind::Backward, i}) == 1);
+        CHECK(at.count({Kind::Weights, i}) == (split ? 1 : 0));
+      }
+    }
+  });
+}
+
+TEST_CASE("every stage runs F i before B i, and B i before W i") {
+  forEveryShape([](PipelineSchedule schedule, int stages, int microbatches) {
+    for (int s = 0; s < stages; ++s) {
+      auto at = positions(stageSchedule(schedule, stages, microbatches, s));
+      for (int i = 0; i < microbatches; ++i) {
+        CHECK(at[{Kind::Forward, i}] < at[{Kind::Backward, i}]);
+        if (schedule == PipelineSchedule::ZeroBubble) CHECK(at[{Kind::Backward, i}] < at[{Kind::Weights, i}]);
+      }
+    }
+  });
+}
+
+TEST_CASE("every schedule runs to the end, and the simulation keeps its waiting rules") {
+  forEveryShape([](PipelineSchedule schedule, int stages, int microbatches) {
+    SimulatedStep step;
+    REQUIRE_NOTHROW(step = simulate(schedule, stages, microbatches, 1, 2, 1));
+    // When each (stage, kind, micro-batch) started and ended, to check the rules independently.
+    std::map<std::tuple<int, Kind, int>, std::pair<double, double>> when;
+    for (int s = 0; s < stages; ++s) {
+      double stageFree = 0;
+      for (const TimedAction& t : step.stages[static_cast<size_t>(s)]) {
+        CHECK(t.start >= stageFree);  // one action at a time, in order
+        stageFree = t.end;
+        when[{s, t.action.kind, t.action.microbatch}] = {t.start, t.end};
+      }
+    }
+    for (const auto& [key, time] : when) {
+      const auto [s, kind, i] = key;
+      if (kind == Kind::Forward && s > 0) CHECK(time.first >= when.at({s - 1, Kind::Forward, i}).second);
+      if (kind == Kind::Backward) CHECK(time.first >= when.at({s, Kind::Forward, i}).second);
+      if (kind == Kind::Backward && s + 1 < stages) CHECK(time.first >= when.at({s + 1, Kind::Backward, i}).second);
+      if (kind == Kind::Weights) CHECK(time.first >= when.at({s, Kind::Backward, i}).second);
+    }
+  });
+}
+
+TEST_CASE("gpipe runs every forward, then every backward, in micro-batch order") {
+  for (int s = 0; s < 4; ++s) CHECK(orderText(PipelineSchedule::GPipe, 4, 3, s) == "F0 F1 F2 B0 B1 B2");
+}
+
+TEST_CASE("1f1b with 4 stages and 6 micro-batches: warm-up, one forward one backward, drain") {
+  CHECK(orderText(PipelineSchedule::OneFOneB, 4, 6, 0) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
+  CHECK(orderText(PipelineSchedule::OneFOneB, 4, 6, 1) == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
+  CHECK(orderText(PipelineSchedule::OneFOneB, 4, 6, 2) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
+  CHECK(orderText(PipelineSchedule::OneFOneB, 4, 6, 3) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
+}
+
+TEST_CASE("1f1b with fewer micro-batches than warm-up slots runs them all, then every backward") {
+  CHECK(orderText(PipelineSchedule::OneFOneB, 4, 2, 0) == "F0 F1 B0 B1");
+  CHECK(orderText(PipelineSchedule::OneFOneB, 4, 2, 2) == "F0 F1 B0 B1");
+  CHECK(orderText(PipelineSchedule::OneFOneB, 4, 2, 3) == "F0 B0 F1 B1");
+}
+
+TEST_CASE("1f1b stage s holds at most min(S - s, M) micro-batches") {
+  forEveryCount([&](int stages, int microbatches) {
+    const SimulatedStep step = simulate(PipelineSchedule::OneFOneB, stages, microbatches, 1, 2, 0);
+    for (int s = 0; s < stages; ++s) {
+      CAPTURE(s);
+      CHECK(step.peakInFlight[static_cast<size_t>(s)] == std::min(stages - s, microbatches));
+    }
+  });
+}
+
+TEST_CASE("gpipe holds every micro-batch on every stage") {
+  const SimulatedStep step = simulate(PipelineSchedule::GPipe, 4, 6, 1, 2, 0);
+  CHECK(step.peakInFlight == std::vector<int>{6, 6, 6, 6});
+}
+
+TEST_CASE("gpipe and 1f1b with equal forward and backward costs idle (S-1)/(M+S-1) of the step") {
+  for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB}) {
+    forEveryCount([&](int stages, int microbatches) {
+      CAPTURE(scheduleName(schedule));
+      const SimulatedStep step = simulate(schedule, stages, microbatches, 1, 1, 0);
+      double idle = 0;
+      for (double stageIdle : step.idle) idle += stageIdle;
+      // Both sides are the same rational number of small integers, rounded once: exactly equal.
+      CHECK(idle / (stages * step.makespan) ==
+            static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1));
+    });
+  }
+}
+
+TEST_CASE("gpipe and 1f1b take (M+S-1)(F+B), the backward costing backward plus weights") {
+  for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB}) {
+    forEveryCount([&](int stages, int microbatches) {
+      CAPTURE(scheduleName(schedule));
+      const double expected = 3.0 * (microbatches + stages - 1);
+      CHECK(simulate(schedule, stages, microbatches, 1, 2, 0).makespan == expected);
+      CHECK(simulate(schedule, stages, microbatches, 1, 1, 1).makespan == expected);
+    });
+  }
+}
+
+TEST_CASE("zb with 4 stages and 6 micro-batches: stage s runs W i after B i+s, the rest at the end") {
+  CHECK(orderText(PipelineSchedule::ZeroBubble, 4, 6, 0) == "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 B3 W3 B4 W4 B5 W5");
+  CHECK(orderText(PipelineSchedule::ZeroBubble, 4, 6, 1) == "F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 B4 W3 B5 W4 W5");
+  CHECK(orderText(PipelineSchedule::ZeroBubble, 4, 6, 2) == "F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 B5 W3 W4 W5");
+  CHECK(orderText(PipelineSchedule::ZeroBubble, 4, 6, 3) == "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 W3 W4 W5");
+}
+
+// With F = B = W = 1 stage 0 can run at most S forwards before its first B, which cannot start
+// before 2S - 1 (S forwards down the pipe, S - 1 B's back up): it idles at least S - 1, so no
+// order within the bound beats 3M + S - 1. ZB-H1 reaches it for M >= S: a third of 1f1b's
+// 3(S - 1) idle units per stage, where 1f1b (F = 1, B = 2) takes 3(M + S - 1).
+TEST_CASE("zb with F = B = W takes 3M + S - 1, below 1f1b's 3(M + S - 1), for M >= S >= 2") {
+  forEveryCount([&](int stages, int microbatches) {
+    if (stages < 2 || microbatches < stages) return;
+    const SimulatedStep zb = simulate(PipelineSchedule::ZeroBubble, stages, microbatches, 1, 1, 1);
+    const SimulatedStep oneFOneB = simulate(PipelineSchedule::OneFOneB, stages, microbatches, 1, 2, 0);
+    CHECK(zb.makespan == 3.0 * microbatches + stages - 1);
+    CHECK(zb.makespan < oneFOneB.makespan);
+    for (double idle : zb.idle) CHECK(idle == stages - 1);
+  });
+}
+
+TEST_CASE("zb holds at most min(S, M) micro-batches whose W has not run, on every stage") {
+  forEveryCount([&](int stages, int microbatches) {
+    const SimulatedStep step = simulate(PipelineSchedule::ZeroBubble, stages, microbatches, 1, 1, 1);
+    for (int peak : step.peakInFlight) CHECK(peak <= std::min(stages, microbatches));
+    CHECK(step.peakInFlight[0] == std::min(stages, microbatches));  // stage 0: the same as 1f1b's
+  });
+}
+
+TEST_CASE("stageSchedule and simulate name a stage count below 1") {
+  const std::string message = errorOf([] { stageSchedule(PipelineSchedule::OneFOneB, 0, 4, 0); });
+  CHECK_MESSAGE(contains(message, "stages = 0"), message);
+  const std::string simulated = errorOf([] { simulate(PipelineSchedule::GPipe, 0, 4, 1, 1, 1); });
+  CHECK_MESSAGE(contains(simulated, "stages = 0"), simulated);
+}
+
+TEST_CASE("stageSchedule names a micro-batch count below 1") {
+  const std::string message = errorOf([] { stageSchedule(PipelineSchedule::GPipe, 4, 0, 0); });
+  CHECK_MESSAGE(contains(message, "microbatches = 0"), message);
+}
+
+TEST_CASE("stageSchedule names a stage out of range, and the range") {
+  const std::string past = errorOf([] { stageSchedule(PipelineSchedule::ZeroBubble, 4, 8, 4); });
+  CHECK_MESSAGE(contains(past, "stage 4 is out of range [0, 4)"), past);
+  const std::string negative = errorOf([] { stageSchedule(PipelineSchedule::ZeroBubble, 4, 8, -1); });
+  CHECK_MESSAGE(contains(negative, "stage -1 is out of range [0, 4)"), negative);
+}
+
+TEST_CASE("parseSchedule names an unknown value and the choices") {
+  const std::string message = errorOf([] { parseSchedule("foo"); });
+  CHECK_MESSAGE(contains(message, "'foo'"), message);
+  for (const char* choice : {"gpipe", "1f1b", "zb"}) CHECK_MESSAGE(contains(message, choice), message);
+}
+
+TEST_CASE("simulate names each stage's stuck action when the orders deadlock") {
+  // Stage 1 wants F1 first, which stage 0 only sends after B0, which waits for stage 1.
+  const std::vector<std::vector<PipelineAction>> orders = {
+      {{Kind::Forward, 0}, {Kind::Backward, 0}, {Kind::Forward, 1}, {Kind::Backward, 1}},
+      {{Kind::Forward, 1}, {Kind::Forward, 0}, {Kind::Backward, 0}, {Kind::Backward, 1}},
+  };
+  const std::string message = errorOf([&] { simulate(orders, {}); });
+  CHECK_MESSAGE(contains(message, "deadlock"), message);
+  CHECK_MESSAGE(contains(message, "stage 0 at B0"), message);
+  CHECK_MESSAGE(contains(message, "stage 1 at F1"), message);
+}
+
+TEST_CASE("simulate names an action a stage runs twice, and a negative cost") {
+  const std::string twice = errorOf([] { simulate({{{Kind::Forward, 0}, {Kind::Forward, 0}}}, {}); });
+  CHECK_MESSAGE(contains(twice, "stage 0 runs F0 twice"), twice);
+  const std::string cost = errorOf([] { simulate(PipelineSchedule::GPipe, 2, 2, 1, -2, 0); });
+  CHECK_MESSAGE(contains(cost, "backward = -2"), cost);
+}
