@@ -77,6 +77,7 @@ std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
 
     // A gradient belongs to its forward op's pipeline stage, the sum of its outputs' gradients too.
     auto staged = g.stage(node->stage);
+    const size_t firstOfNode = g.size();
     GradContext ctx{node, std::vector<Output>(node->outputs.size())};
     bool any = false;
     for (size_t i = 0; i < node->outputs.size(); ++i) {
@@ -101,6 +102,7 @@ std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
                  node->describe(), j, got.str(), in.shape().str());
       contributions[in].push_back(gr);
     }
+    for (size_t id = firstOfNode; id < g.size(); ++id) g.node(static_cast<int>(id))->gradientOf = node;
   }
 
   std::vector<Grad> result;

@@ -78,6 +78,7 @@ struct Node {
   std::vector<TensorType> outputs;
   std::string device;  // requested placement ("" = default device)
   int stage = -1;      // pipeline stage the author put it in (Graph::stage); -1: chosen by the cut
+  const Node* gradientOf = nullptr;  // autodiff's nodes: the forward op whose gradient they compute
   const OpDef* def = nullptr;
   Graph* graph = nullptr;
 

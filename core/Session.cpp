@@ -6,7 +6,9 @@
 #include "core/OpRegistry.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <exception>
 #include <functional>
 #include <queue>
 #include <set>
@@ -589,6 +591,7 @@ void Session::runSteps(Plan& plan) {
     s.ctx.step = step_;
     // Copies and allocations may change the thread's current GPU, so each GPU step sets it.
     if (s.ctx.device.type == DeviceType::CUDA) detail::makeGpuCurrent(s.ctx.device.index);
+    const auto started = opSeconds_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     try {
       s.kernel(s.ctx);
     } catch (const Error& e) {
@@ -599,10 +602,35 @@ void Session::runSteps(Plan& plan) {
     } catch (const std::exception& e) {
       WEFT_THROW("{}: {}", s.ctx.node->describe(), e.what());
     }
+    if (opSeconds_ != nullptr)
+      (*opSeconds_)[s.ctx.node] += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (s.checkFinite) {
       for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
     }
   }
+}
+
+std::unordered_map<const Node*, double> Session::profile(const std::vector<Output>& fetches, const FeedMap& feeds,
+                                                         const std::vector<Node*>& targets, int runs) {
+  WEFT_CHECK(runs >= 1, "Session::profile: {} runs", runs);
+  std::vector<std::pair<Node*, Tensor>> saved;
+  for (Node* v : graph_.variables()) saved.emplace_back(v, variable(v).clone());
+  const uint64_t step = step_;
+  std::unordered_map<const Node*, double> seconds;
+  std::exception_ptr failure;
+  try {
+    run(fetches, feeds, targets);  // compiles and warms up, untimed
+    opSeconds_ = &seconds;
+    for (int r = 0; r < runs; ++r) run(fetches, feeds, targets);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  opSeconds_ = nullptr;
+  for (auto& [v, value] : saved) variable(v).copyFrom(value);
+  step_ = step;
+  if (failure) std::rethrow_exception(failure);
+  for (auto& [node, total] : seconds) total /= runs;
+  return seconds;
 }
 
 PlanStats Session::planStats(const std::vector<Output>& fetches, const FeedMap& feeds,

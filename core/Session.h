@@ -66,6 +66,12 @@ class Session {
                           const std::vector<Node*>& targets = {});
   void run(Node* target, const FeedMap& feeds = {}) { run({}, feeds, {target}); }
 
+  /// Each op's mean time in seconds over `runs` runs of these fetches, targets and feeds, as run()
+  /// would run them (a GPU op: its launch). The variables and the random-op counter are restored
+  /// afterwards, so profiling a training step trains nothing.
+  std::unordered_map<const Node*, double> profile(const std::vector<Output>& fetches, const FeedMap& feeds = {},
+                                                  const std::vector<Node*>& targets = {}, int runs = 3);
+
   /// The cost of the plan for these fetches, targets and feeds (compiling it if needed).
   PlanStats planStats(const std::vector<Output>& fetches, const FeedMap& feeds = {},
                       const std::vector<Node*>& targets = {});
@@ -109,6 +115,7 @@ class Session {
   // One arena per device serves every plan (plans run one at a time), sized for the largest.
   std::vector<std::shared_ptr<Buffer>> arenas_;
   uint64_t arenaGeneration_ = 0;
+  std::unordered_map<const Node*, double>* opSeconds_ = nullptr;  // while profiling: summed per op
   uint64_t step_ = 0;
 };
 

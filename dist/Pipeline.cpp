@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -54,11 +55,7 @@ class Cutter {
   }
 
   PipelineCut run() {
-    WEFT_CHECK(cut_.stages >= 1, "a pipeline needs at least one stage, got {}", cut_.stages);
-    markNeeded();
-    order_ = neededOrder();
-    markDynamic();
-    assignPhases();
+    forwardChain();
     stageForward();
     stageBackward();
     stageVariables();
@@ -70,6 +67,19 @@ class Cutter {
     assignWaves();
     buildRuns();
     return std::move(cut_);
+  }
+
+  /// The step's forward ops in topological order (classifying every node on the way).
+  std::vector<Node*> forwardChain() {
+    WEFT_CHECK(cut_.stages >= 1, "a pipeline needs at least one stage, got {}", cut_.stages);
+    markNeeded();
+    order_ = neededOrder();
+    markDynamic();
+    assignPhases();
+    std::vector<Node*> chain;
+    for (Node* n : order_)
+      if (phase(n) == Phase::Forward) chain.push_back(n);
+    return chain;
   }
 
  private:
@@ -192,7 +202,9 @@ class Cutter {
     std::vector<Node*> unplaced;
     for (Node* n : order_) {
       if (phase(n) != Phase::Backward) continue;
-      stage(n) = n->stage >= 0 ? checkedStage(n) : latestInputStage(n);
+      if (n->stage >= 0) stage(n) = checkedStage(n);
+      else if (n->gradientOf != nullptr && stage(n->gradientOf) != kNone) stage(n) = stage(n->gradientOf);
+      else stage(n) = latestInputStage(n);
       if (stage(n) == kNone) unplaced.push_back(n);
     }
     // A backward node that reads no staged value (a constant the backward pass starts from) goes
@@ -494,7 +506,95 @@ class Cutter {
   std::vector<Node*> replicated_;
 };
 
+/// The bytes of a value when its batch dimension holds `rows` rows.
+double bytesWithRows(const Output& o, int64_t rows) {
+  double n = 1;
+  for (int64_t d : o.shape().dims()) n *= static_cast<double>(d < 0 ? rows : d);
+  return n * static_cast<double>(dtypeSize(o.dtype()));
+}
+
+/// Per cut point k (between chain ops k and k + 1): the bytes of the values ops up to k make that
+/// later ops read.
+std::vector<double> boundaryBytes(const std::vector<Node*>& chain, int64_t rows) {
+  std::map<const Node*, size_t> position;
+  for (size_t i = 0; i < chain.size(); ++i) position[chain[i]] = i;
+  std::map<Output, size_t> lastReader;
+  for (size_t j = 0; j < chain.size(); ++j)
+    for (const Output& in : chain[j]->inputs)
+      if (position.count(in.node())) lastReader[in] = std::max(lastReader[in], j);
+  std::vector<double> bytes(chain.size(), 0);
+  for (const auto& [value, last] : lastReader)
+    for (size_t k = position.at(value.node()); k < last; ++k) bytes[k] += bytesWithRows(value, rows);
+  return bytes;
+}
+
 }  // namespace
+
+std::string StagePlan::describe() const {
+  std::string out;
+  for (size_t s = 0; s < firstOp.size(); ++s) {
+    out += fmt::format("stage {}: {} forward ops from #{}, {:.3f} ms with their gradients, sends {:.0f} bytes\n", s,
+                       ops[s], firstOp[s], seconds[s] * 1e3, boundaryBytes[s]);
+  }
+  return out;
+}
+
+StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
+                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, double linkBytesPerSecond) {
+  const std::vector<Node*> chain = Cutter(graph, stages, fetches, trainStep, false).forwardChain();
+  const size_t n = chain.size(), count = static_cast<size_t>(stages);
+  WEFT_CHECK(n >= count, "the step has {} forward ops, too few for {} pipeline stages", n, stages);
+  WEFT_CHECK(linkBytesPerSecond > 0, "the link speed for the pipeline cut must be positive, got {}", linkBytesPerSecond);
+  // Each forward op costs its own time and its gradient ops'.
+  std::map<const Node*, double> cost;
+  for (const auto& [node, t] : seconds) cost[node->gradientOf != nullptr ? node->gradientOf : node] += t;
+  std::vector<double> prefix(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + (cost.count(chain[i]) ? cost.at(chain[i]) : 0.0);
+  const std::vector<double> boundary = boundaryBytes(chain, rows);
+  // Both ways: activations forward, their gradients back.
+  auto transfer = [&](size_t k) { return 2 * boundary[k] / linkBytesPerSecond; };
+  auto stageTime = [&](size_t first, size_t last) {
+    return prefix[last + 1] - prefix[first] + (first > 0 ? transfer(first - 1) : 0) + (last + 1 < n ? transfer(last) : 0);
+  };
+  // best[s][j]: the slowest of stages 0..s when stage s ends at op j; from[s][j]: where it starts.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(count, std::vector<double>(n, inf));
+  std::vector<std::vector<size_t>> from(count, std::vector<size_t>(n, 0));
+  for (size_t j = 0; j < n; ++j) best[0][j] = stageTime(0, j);
+  for (size_t s = 1; s < count; ++s)
+    for (size_t j = s; j < n; ++j)
+      for (size_t i = s; i <= j; ++i) {
+        const double slowest = std::max(best[s - 1][i - 1], stageTime(i, j));
+        if (slowest < best[s][j]) {
+          best[s][j] = slowest;
+          from[s][j] = i;
+        }
+      }
+  StagePlan plan;
+  plan.firstOp.assign(count, 0);
+  for (size_t s = count - 1, end = n - 1; s > 0; --s) {
+    plan.firstOp[s] = from[s][end];
+    end = plan.firstOp[s] - 1;
+  }
+  for (size_t s = 0; s < count; ++s) {
+    const size_t first = plan.firstOp[s], last = s + 1 < count ? plan.firstOp[s + 1] - 1 : n - 1;
+    plan.ops.push_back(last - first + 1);
+    plan.seconds.push_back(prefix[last + 1] - prefix[first]);
+    plan.boundaryBytes.push_back(last + 1 < n ? boundary[last] : 0);
+  }
+  return plan;
+}
+
+void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep, const std::vector<size_t>& firstOp) {
+  const std::vector<Node*> chain =
+      Cutter(graph, static_cast<int>(firstOp.size()), fetches, trainStep, false).forwardChain();
+  for (size_t s = 0; s < firstOp.size(); ++s) {
+    const size_t end = s + 1 < firstOp.size() ? firstOp[s + 1] : chain.size();
+    WEFT_CHECK(firstOp[s] < end && end <= chain.size(), "pipeline stage {} would start at forward op {} of {}: not a cut",
+               s, firstOp[s], chain.size());
+    for (size_t i = firstOp[s]; i < end; ++i) chain[i]->stage = static_cast<int>(s);
+  }
+}
 
 PipelineCut cutPipeline(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
                         bool splitWeights) {

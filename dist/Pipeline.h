@@ -18,6 +18,8 @@
 // their count, to the updates: the step equals single-device training on all micro-batches at
 // once with a mean loss (gradient accumulation).
 //
+// Without Graph::stage scopes, planStages chooses the stages from a profile of the step.
+//
 // The update runs in waves: a stage runs wave w once every transfer of earlier waves into it has
 // arrived, so a cross-stage computation (the global norm) costs one round trip, not a deadlock.
 //
@@ -30,6 +32,8 @@
 #include "core/Graph.h"
 
 #include <cstdint>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace weft::dist {
@@ -81,6 +85,28 @@ struct PipelineCut {
   /// The stage that computes each of the step's fetches (each a Forward value).
   std::vector<int> fetchStage;
 };
+
+/// What an automatic cut chose: where each stage starts among the step's forward ops (in
+/// topological order), and what each stage measured.
+struct StagePlan {
+  std::vector<size_t> firstOp;        ///< per stage: the index of its first forward op
+  std::vector<size_t> ops;            ///< per stage: how many forward ops it has
+  std::vector<double> seconds;        ///< per stage: its forward ops' and their gradients' time per step
+  std::vector<double> boundaryBytes;  ///< per stage: the bytes it sends forward (and gets back as gradients)
+  /// "stage 0: 12 ops, 1.25 ms, sends 16384 bytes" per stage, one line each.
+  std::string describe() const;
+};
+
+/// Chooses `stages` contiguous stages of the forward ops of the step (in topological order) that
+/// minimise the slowest stage's time (its ops' and their gradients' measured `seconds`, from
+/// Session::profile) plus its boundary transfers both ways at `linkBytesPerSecond`: a dynamic
+/// program over the chain, as PipeDream's planner. Sizes whose first dimension is the batch's
+/// count `rows` rows. Throws when there are fewer forward ops than stages.
+StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
+                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, double linkBytesPerSecond);
+/// Puts the step's forward ops in the stages `firstOp` starts (Node::stage), as planStages chose:
+/// every process of a pipeline applies the plan one of them made.
+void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep, const std::vector<size_t>& firstOp);
 
 /// Cuts the step that computes `fetches` and runs `trainStep` into `stages` stages (see above).
 /// `splitWeights`: run the weight gradients apart from the input gradients (zero bubble).

@@ -291,3 +291,66 @@ TEST_CASE("micro-batches: batch feeds are cut along their first axis, others go 
   CHECK_THROWS_WITH(splitMicrobatches({{x, rows}}, 3),
                     "the feed of 'x' has 4 rows, which do not cut into 3 equal micro-batches");
 }
+
+namespace {
+
+/// Six tanh layers of x, no stage scopes; `slow` layers' matmuls cost 3, the others 1.
+struct Unstaged {
+  Graph g;
+  Output loss;
+  Node* step = nullptr;
+  std::vector<Node*> matmuls;
+
+  Unstaged() {
+    Output h = g.placeholder("x", f64, {-1, 4});
+    for (int l = 0; l < 6; ++l) {
+      h = matmul(h, g.variable("w" + std::to_string(l), f64, {4, 4}, Initializer::glorotUniform()));
+      matmuls.push_back(h.node());
+      h = tanh(h);
+    }
+    loss = mean(square(h));
+    step = optim::SGD(0.1).minimize(loss);
+  }
+  std::unordered_map<const Node*, double> seconds(const std::vector<double>& layerCosts) const {
+    std::unordered_map<const Node*, double> out;
+    for (size_t l = 0; l < matmuls.size(); ++l) out[matmuls[l]] = layerCosts[l];
+    return out;
+  }
+  int stageOfLayer(size_t l) const { return matmuls[l]->stage; }
+};
+
+}  // namespace
+
+TEST_CASE("planStages balances the measured time of the forward ops and their gradients") {
+  Unstaged m;
+  const double fast = 1e9;  // transfers cost nothing
+  const StagePlan even = planStages(m.g, 3, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, fast);
+  CHECK(even.seconds == std::vector<double>{2, 2, 2});
+  // 4 1 | 1 1 1 2 is the one split whose slowest stage takes 5.
+  const StagePlan skewed = planStages(m.g, 2, {m.loss}, m.step, m.seconds({4, 1, 1, 1, 1, 2}), 8, fast);
+  CHECK(skewed.seconds == std::vector<double>{5, 5});
+  applyStages(m.g, {m.loss}, m.step, even.firstOp);
+  for (size_t l = 0; l < 6; ++l) {
+    CAPTURE(l);
+    CHECK(m.stageOfLayer(l) == static_cast<int>(l / 2));
+  }
+  // The cut then puts each layer's gradient with it.
+  const PipelineCut cut = cutPipeline(m.g, 3, {m.loss}, m.step, false);
+  for (const GradientLink& link : m.g.gradientLinks()) {
+    CAPTURE(link.variable->name);
+    const int layer = link.variable->name[1] - '0';
+    CHECK(cut.stageOf[static_cast<size_t>(link.dense.node()->id)] == layer / 2);
+  }
+}
+
+TEST_CASE("planStages weighs the boundary's transfer against the compute it balances") {
+  Unstaged m;
+  // Every boundary carries 8 rows x 4 f64 = 256 bytes forward and as much back: at 512 bytes/s
+  // a cut costs 1 s on each side of it, so 2 stages must split 6 equal layers 3 + 3.
+  const StagePlan plan = planStages(m.g, 2, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 512);
+  CHECK(plan.boundaryBytes[0] == 256);
+  CHECK(plan.ops[0] >= 1);
+  CHECK(plan.seconds == std::vector<double>{3, 3});
+  CHECK_THROWS_WITH(planStages(m.g, 40, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 512),
+                    doctest::Contains("too few for 40 pipeline stages"));
+}

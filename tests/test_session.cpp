@@ -4,6 +4,7 @@
 
 #include "autodiff/Gradients.h"
 #include "ops/Ops.h"
+#include "optim/Optimizer.h"
 
 using namespace weft;
 
@@ -228,4 +229,20 @@ TEST_CASE("plans share one arena, sized for the largest") {
   CHECK(a.toDoubles() == c.toDoubles());
   CHECK(s.cachedPlans() == 2);
   CHECK(b.at(99999) == doctest::Approx(std::tanh(std::exp(large.at(99999)) * 2.0) + 1.0).epsilon(1e-5));
+}
+
+TEST_CASE("profile times every op of a training step and leaves the variables as they were") {
+  Graph g;
+  const Output x = g.placeholder("x", f32, {-1, 3});
+  const Output w = g.variable("w", f32, {3, 2}, Initializer::constant(0.5));
+  const Output loss = mean(square(matmul(x, w)));
+  Node* step = optim::SGD(0.1).minimize(loss);
+  Session s(g);
+  const FeedMap feeds{{x, Tensor::full(f32, {4, 3}, 1.0)}};
+  const std::unordered_map<const Node*, double> seconds = s.profile({loss}, feeds, {step}, 2);
+  CHECK(seconds.count(loss.node()) == 1);
+  CHECK(seconds.size() > 5);  // the forward, backward and update ops
+  for (const auto& [node, t] : seconds) CHECK(t >= 0);
+  CHECK(s.variable("w").toDoubles() == std::vector<double>(6, 0.5));
+  CHECK(s.variable("global_step").item() == 0);
 }
