@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/Session.h"
+#include "dist/Schedule.h"
 #include "dist/SyncPolicy.h"
 
 #include <chrono>
@@ -23,6 +24,16 @@ const char* architectureName(Architecture a);
 /// Parses "auto", "ar", "ps" (the --arch flag); throws naming the value otherwise.
 Architecture parseArchitecture(const std::string& name);
 
+/// Pipelined model parallelism (dist/PipelineStage.h): with more than one stage, each worker of
+/// the job runs one stage of the model.
+struct PipelineConfig {
+  int stages = 1;
+  int microbatches = 1;  ///< each step's batch is cut into this many along its first axis
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  /// The link speed the automatic cut (without Graph::stage scopes) weighs boundary transfers by.
+  double linkBytesPerSecond = 1.25e9;
+};
+
 struct Config {
   Architecture architecture = Architecture::Auto;
   bool averageDense = true;   ///< average (rather than sum) dense gradients over the workers
@@ -42,6 +53,7 @@ struct Config {
   /// When the parameter servers take pushes and answer pulls (dist/SyncPolicy.h).
   std::shared_ptr<const SyncPolicy> sync = bspPolicy();
   SessionOptions session;
+  PipelineConfig pipeline;
 };
 
 }  // namespace weft::dist

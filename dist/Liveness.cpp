@@ -36,6 +36,10 @@ class WatchedTransport final : public Transport {
   void send(int peer, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) override {
     waited([&] { inner_->send(peer, tag, bytes, deadline); });
   }
+  void startSend(int peer, uint64_t tag, std::span<const uint8_t> bytes) override { inner_->startSend(peer, tag, bytes); }
+  void finishSends(Deadline deadline) override {
+    waited([&] { inner_->finishSends(deadline); });
+  }
   void receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer) override {
     waited([&] { inner_->receive(tag, into, deadline, fromPeer); });
   }

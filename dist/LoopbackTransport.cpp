@@ -86,6 +86,10 @@ void LoopbackTransport::send(int peer, uint64_t tag, std::span<const uint8_t> by
   bytesSent_ += bytes.size();
 }
 
+void LoopbackTransport::startSend(int peer, uint64_t tag, std::span<const uint8_t> bytes) {
+  send(peer, tag, bytes, Clock::now());
+}
+
 void LoopbackTransport::receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer) {
   const int sender = fromPeer >= 0 ? endpointOf(fromPeer) : -1;
   std::unique_lock lock(network_->mutex_);

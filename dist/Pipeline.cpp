@@ -69,6 +69,23 @@ class Cutter {
     return std::move(cut_);
   }
 
+  /// Per chain position k: whether a cut between ops k and k + 1 leaves every trainable variable's
+  /// forward readers in one stage (a recurrent layer's steps share its weights).
+  std::vector<char> cuttable(const std::vector<Node*>& chain) {
+    std::map<Node*, std::pair<size_t, size_t>> span;  // first and last reader
+    for (size_t i = 0; i < chain.size(); ++i) {
+      for (Node* v : variablesRead(chain[i])) {
+        if (!v->attrs.get<bool>("trainable")) continue;
+        auto [it, added] = span.try_emplace(v, i, i);
+        if (!added) it->second.second = i;
+      }
+    }
+    std::vector<char> allowed(chain.size(), 1);
+    for (const auto& [v, readers] : span)
+      for (size_t k = readers.first; k < readers.second; ++k) allowed[k] = 0;
+    return allowed;
+  }
+
   /// The step's forward ops in topological order (classifying every node on the way).
   std::vector<Node*> forwardChain() {
     WEFT_CHECK(cut_.stages >= 1, "a pipeline needs at least one stage, got {}", cut_.stages);
@@ -541,9 +558,16 @@ std::string StagePlan::describe() const {
 
 StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
                      const std::unordered_map<const Node*, double>& seconds, int64_t rows, double linkBytesPerSecond) {
-  const std::vector<Node*> chain = Cutter(graph, stages, fetches, trainStep, false).forwardChain();
+  Cutter cutter(graph, stages, fetches, trainStep, false);
+  const std::vector<Node*> chain = cutter.forwardChain();
+  const std::vector<char> cuttable = cutter.cuttable(chain);
   const size_t n = chain.size(), count = static_cast<size_t>(stages);
   WEFT_CHECK(n >= count, "the step has {} forward ops, too few for {} pipeline stages", n, stages);
+  const size_t cuts = static_cast<size_t>(std::count(cuttable.begin(), cuttable.end() - 1, 1));
+  WEFT_CHECK(cuts + 1 >= count,
+             "the step's forward ops can be cut in {} places without parting a variable's readers (a layer's "
+             "weights stay in one stage): too few for {} pipeline stages",
+             cuts, stages);
   WEFT_CHECK(linkBytesPerSecond > 0, "the link speed for the pipeline cut must be positive, got {}", linkBytesPerSecond);
   // Each forward op costs its own time and its gradient ops'.
   std::map<const Node*, double> cost;
@@ -564,6 +588,7 @@ StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetche
   for (size_t s = 1; s < count; ++s)
     for (size_t j = s; j < n; ++j)
       for (size_t i = s; i <= j; ++i) {
+        if (!cuttable[i - 1]) continue;
         const double slowest = std::max(best[s - 1][i - 1], stageTime(i, j));
         if (slowest < best[s][j]) {
           best[s][j] = slowest;

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 
@@ -128,6 +129,9 @@ struct PipelineStage::State {
   std::map<Output, Tensor> updateValues;
   std::vector<GradientSum> sums;
   std::vector<double> fetchSums;
+  // What the step's started sends read until finishSends (a deque keeps the headers in place).
+  std::deque<std::array<uint8_t, kHeaderBytes>> headersInFlight;
+  std::vector<Tensor> tensorsInFlight;
 
   State(Graph& g, int s, const PipelineOptions& o, Transport& t, std::vector<int> p)
       : graph(g), stage(s), options(o), transport(t), peers(std::move(p)) {
@@ -167,6 +171,26 @@ struct PipelineStage::State {
     sent += header.size() + t.bytes();
   }
 
+  /// Starts sending `t` without waiting for the receiver (finishSends ends the step's sends):
+  /// a stage that sends forward while the next sends back must not wait on it.
+  void startSendingTensor(int to, uint64_t headerTag, uint64_t payloadTag, const Tensor& t) {
+    headersInFlight.push_back(encode(t));
+    tensorsInFlight.push_back(t);
+    transport.startSend(peerOf(to), headerTag, headersInFlight.back());
+    transport.startSend(peerOf(to), payloadTag, std::span<const uint8_t>(static_cast<const uint8_t*>(t.raw()), t.bytes()));
+    sent += kHeaderBytes + t.bytes();
+  }
+
+  void finishSends() {
+    try {
+      transport.finishSends(deadline());
+    } catch (const Error& e) {
+      WEFT_THROW("pipeline stage {} finishing the sends of step {}: {}", stage, step + 1, e.what());
+    }
+    headersInFlight.clear();
+    tensorsInFlight.clear();
+  }
+
   Tensor receiveTensor(int from, uint64_t headerTag, uint64_t payloadTag, const Output& value) {
     std::array<uint8_t, kHeaderBytes> header{};
     transport.receive(headerTag, header, deadline(), peerOf(from));
@@ -193,8 +217,8 @@ struct PipelineStage::State {
     for (int t : run.sends) {
       const Transfer& transfer = cut->transfers[static_cast<size_t>(t)];
       try {
-        sendTensor(transfer.to, tagOf(TagKind::Header, step, static_cast<size_t>(t), microbatch),
-                   tagOf(TagKind::Payload, step, static_cast<size_t>(t), microbatch), values.at(transfer.value));
+        startSendingTensor(transfer.to, tagOf(TagKind::Header, step, static_cast<size_t>(t), microbatch),
+                           tagOf(TagKind::Payload, step, static_cast<size_t>(t), microbatch), values.at(transfer.value));
       } catch (const Error& e) {
         WEFT_THROW("pipeline stage {} sending {} of micro-batch {} to stage {} (step {}): {}", stage,
                    transfer.value.name(), microbatch, transfer.to, step + 1, e.what());
@@ -316,7 +340,7 @@ struct PipelineStage::State {
         means[f] = fetchSums[f] / options.microbatches;
         const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(&means[f]), sizeof(double));
         for (int s = 0; s < options.stages; ++s)
-          if (s != stage) transport.send(peerOf(s), tag, bytes, deadline());
+          if (s != stage) transport.startSend(peerOf(s), tag, bytes);
       } else {
         transport.receive(tag, std::span<uint8_t>(reinterpret_cast<uint8_t*>(&means[f]), sizeof(double)), deadline(),
                           peerOf(owner));
@@ -343,6 +367,7 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
   for (const PipelineAction& a : s.actions) s.act(a, microbatches);
   s.update(microbatches.front());
   std::vector<double> means = s.shareFetches();
+  s.finishSends();
   ++s.step;
   return means;
 }

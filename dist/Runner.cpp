@@ -5,6 +5,7 @@
 #include "dist/Communicator.h"
 #include "dist/Liveness.h"
 #include "dist/Nccl.h"
+#include "dist/PipelineStage.h"
 #include "dist/Placement.h"
 #include "dist/ServerClient.h"
 #include "dist/ServerProcess.h"
@@ -29,6 +30,11 @@ struct Runner::State {
   std::unique_ptr<Session> session;
   DistributedGraph distribution;
   std::chrono::milliseconds timeout{0};
+  // A pipeline's stage (instead of a session of a data-parallel replica), and its automatic cut.
+  std::unique_ptr<PipelineStage> pipeline;
+  PipelineConfig pipelineConfig;
+  bool staged = false;
+  std::string pipelinePlan;
 
   ~State() {
     if (!communicator) return;
@@ -99,7 +105,85 @@ struct Runner::State {
     client->setLocalCopyCurrent(true);
   }
 
+  /// Makes this worker stage `rank` of a pipeline.
+  void joinPipeline(JobContext context, Graph& graph, const Config& config) {
+    const PipelineConfig& stages = config.pipeline;
+    WEFT_CHECK(context.workers() == stages.stages,
+               "a pipeline of {} stages runs one stage per worker, but the job has {} workers (pipelined and "
+               "data-parallel training together is not supported yet)",
+               stages.stages, context.workers());
+    WEFT_CHECK(context.servers() == 0,
+               "a pipeline's stages update their own variables: its job has no parameter servers, this one has {}",
+               context.servers());
+    WEFT_CHECK(!context.gpuWorkers, "pipelines run on CPU workers (GPU stages are not supported yet)");
+    timeout = config.timeout;
+    job.emplace(std::move(context));
+    limitPayloads(*job, graph);
+    ring = std::make_unique<Ring>(*job->transport, job->rank(), job->routes.workerPeers, config.timeout);
+    communicator = std::make_unique<Communicator>(*ring, traffic);
+    PipelineOptions options;
+    options.stages = stages.stages;
+    options.microbatches = stages.microbatches;
+    options.schedule = stages.schedule;
+    options.timeout = config.timeout;
+    options.session = config.session;
+    pipelineConfig = stages;
+    pipeline = std::make_unique<PipelineStage>(graph, job->rank(), options, *job->transport, job->routes.workerPeers);
+  }
+
+  Session& activeSession() { return pipeline ? pipeline->session() : *session; }
+
+  /// Without the author's Graph::stage scopes, worker 0 profiles one micro-batch's step and
+  /// chooses the stages; every worker applies its choice.
+  void stageGraph(const std::vector<Output>& fetches, Node* trainStep, const FeedMap& microbatch) {
+    staged = true;
+    Graph& graph = pipeline->session().graph();
+    for (const auto& n : graph.nodes())
+      if (n->stage >= 0) return;
+    const size_t stages = static_cast<size_t>(pipelineConfig.stages);
+    std::vector<uint8_t> firstOps(stages * sizeof(uint64_t));
+    if (rank() == 0) {
+      int64_t rows = 1;
+      for (const auto& [placeholder, value] : microbatch)
+        if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
+      const auto seconds = pipeline->session().profile(fetches, microbatch, {trainStep});
+      const StagePlan plan = planStages(graph, pipelineConfig.stages, fetches, trainStep, seconds, rows,
+                                        pipelineConfig.linkBytesPerSecond);
+      pipelinePlan = plan.describe();
+      for (size_t s = 0; s < stages; ++s) {
+        const uint64_t first = plan.firstOp[s];
+        std::memcpy(firstOps.data() + s * sizeof first, &first, sizeof first);
+      }
+    }
+    firstOps = communicator->run(std::move(firstOps), [](Ring& r, std::vector<uint8_t>& b) { r.broadcast(b, 0); },
+                                 TrafficKind::Control);
+    std::vector<size_t> firstOp(stages);
+    for (size_t s = 0; s < stages; ++s) {
+      uint64_t first = 0;
+      std::memcpy(&first, firstOps.data() + s * sizeof first, sizeof first);
+      firstOp[s] = static_cast<size_t>(first);
+    }
+    applyStages(graph, fetches, trainStep, firstOp);
+  }
+
+  std::vector<Tensor> runPipelined(const std::vector<Output>& fetches, const std::vector<FeedMap>& microbatches,
+                                   const std::vector<Node*>& targets) {
+    WEFT_CHECK(targets.size() == 1, "a pipelined run is a training step: it takes the train step as its one target, "
+               "got {} targets", targets.size());
+    WEFT_CHECK(static_cast<int>(microbatches.size()) == pipelineConfig.microbatches,
+               "a pipelined step of {} micro-batches was given {}", pipelineConfig.microbatches, microbatches.size());
+    if (!staged) stageGraph(fetches, targets[0], microbatches.front());
+    const std::vector<double> means = pipeline->step(fetches, targets[0], microbatches);
+    std::vector<Tensor> out;
+    for (size_t f = 0; f < fetches.size(); ++f) out.push_back(Tensor::scalar(fetches[f].dtype(), means[f]));
+    return out;
+  }
+
   void publishVariables() {
+    if (pipeline) {
+      pipeline->scatterVariables(0);
+      return;
+    }
     if (rank() == 0) {
       std::vector<ServerClient::Call> calls;
       const std::vector<std::vector<Tensor>> states = hostStates(true);
@@ -142,6 +226,8 @@ Runner::~Runner() = default;
 
 std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMap& feeds,
                                 const std::vector<Node*>& targets) {
+  if (state_->pipeline)
+    return state_->runPipelined(fetches, splitMicrobatches(feeds, state_->pipelineConfig.microbatches), targets);
   WEFT_CHECK(state_->session != nullptr, "this process was a parameter server of the job and has finished serving: "
              "it runs no steps (end the program with Runner::serverStatus())");
   // Steps that make no server request (all of them under `ar`) still answer the servers'
@@ -164,6 +250,14 @@ std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMa
   }
 }
 
+std::vector<Tensor> Runner::runMicrobatches(const std::vector<Output>& fetches, const std::vector<FeedMap>& microbatches,
+                                            const std::vector<Node*>& targets) {
+  if (state_->pipeline) return state_->runPipelined(fetches, microbatches, targets);
+  WEFT_CHECK(microbatches.size() == 1, "without a pipeline a step runs on one batch, not {} micro-batches",
+             microbatches.size());
+  return run(fetches, microbatches.front(), targets);
+}
+
 double Runner::meanOverWorkers(double value) {
   if (!state_->communicator) return value;
   std::vector<uint8_t> bytes(sizeof value);
@@ -183,17 +277,25 @@ void Runner::pullVariables() {
   if (state_->client && !state_->plan.empty()) state_->pullVariables();
 }
 
+void Runner::gatherModel() {
+  if (state_->pipeline) state_->pipeline->gatherVariables(0);
+  else if (rank() == 0) pullVariables();
+}
+
 void Runner::publishVariables() {
-  if (state_->client && !state_->plan.empty()) state_->publishVariables();
+  if (state_->pipeline || (state_->client && !state_->plan.empty())) state_->publishVariables();
 }
 
 bool Runner::served() const { return state_->serverStatus >= 0; }
 int Runner::serverStatus() const { return state_->serverStatus; }
 int Runner::rank() const { return state_->rank(); }
 int Runner::workers() const { return state_->workers(); }
+int Runner::stages() const { return state_->pipeline ? state_->pipelineConfig.stages : 1; }
+std::string Runner::pipelinePlan() const { return state_->pipelinePlan; }
 Session& Runner::session() {
-  WEFT_CHECK(state_->session != nullptr, "this process was a parameter server of the job: it has no session");
-  return *state_->session;
+  WEFT_CHECK(state_->session != nullptr || state_->pipeline != nullptr,
+             "this process was a parameter server of the job: it has no session");
+  return state_->activeSession();
 }
 const DistributedGraph& Runner::distribution() const { return state_->distribution; }
 Traffic Runner::traffic() const { return state_->traffic.snapshot(); }
@@ -237,6 +339,11 @@ void broadcastVariables(Session& session, Communicator& communicator, const Serv
 
 Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   WEFT_CHECK(!job.isServer(), "makeWorker: {} is a server of the job (serve it with serveJob)", describe(job.identity.id));
+  if (config.pipeline.stages > 1) {
+    auto state = std::make_unique<Runner::State>();
+    state->joinPipeline(std::move(job), graph, config);
+    return Runner(std::move(state));
+  }
   for (const auto& n : graph.nodes()) {
     WEFT_CHECK(!n->condition.valid(),
                "{} runs only when {} holds; distributed training does not run conditional updates (such as a loss "

@@ -10,7 +10,8 @@
 // it, and with a one-worker specification, the runner trains locally. get_runner is three steps
 // that other runtimes reuse: joinJob (dist/Job.h), serveJob in a server (dist/ServerProcess.h),
 // and makeWorker, which builds a worker's replica with an explicit list of graph passes
-// (dataParallelPasses, dist/Transform.h).
+// (dataParallelPasses, dist/Transform.h). With Config::pipeline.stages > 1 each worker runs one
+// stage of a pipeline (dist/PipelineStage.h) instead.
 #pragma once
 
 #include "core/Session.h"
@@ -38,6 +39,13 @@ class Runner {
   std::vector<Tensor> run(const std::vector<Output>& fetches, const FeedMap& feeds = {},
                           const std::vector<Node*>& targets = {});
   void run(Node* target, const FeedMap& feeds = {}) { run({}, feeds, {target}); }
+  /// A pipelined training step on `microbatches`, as many as Config::pipeline.microbatches,
+  /// whose mean gradient is the step's (a model whose loss divides by the whole batch's count
+  /// cuts its batch so: ZooModel::shard). run() cuts its feeds along their first axis instead.
+  /// Returns each fetch's mean over the micro-batches. Without a pipeline: run() on the one
+  /// micro-batch.
+  std::vector<Tensor> runMicrobatches(const std::vector<Output>& fetches, const std::vector<FeedMap>& microbatches,
+                                      const std::vector<Node*>& targets);
 
   /// The mean of `value` over the workers (every worker must call it at the same point), e.g.
   /// the total batch's loss from each worker's part.
@@ -49,11 +57,16 @@ class Runner {
   /// variables read the local copy). Called by the destructor when not called before.
   void finish();
 
+  /// Makes worker 0's session hold the whole model's current values, to evaluate or save it:
+  /// pulls the servers' variables into it, or gathers a pipeline's other stages' variables.
+  /// Every worker calls it at the same point; the other workers' sessions stay as they are.
+  void gatherModel();
   /// Copies the servers' current values of the variables they hold, with their optimizer slots,
   /// into this worker's session (before saving a checkpoint). Nothing to do without servers.
   void pullVariables();
-  /// Makes worker 0's values of the served variables and their slots the servers' values (after
-  /// restoring a checkpoint). Every worker must call it at the same point.
+  /// Makes worker 0's values of the served variables and their slots the servers' values, or a
+  /// pipeline's stage 0's values every stage's (after restoring a checkpoint). Every worker must
+  /// call it at the same point.
   void publishVariables();
 
   /// Whether this process was one of the job's servers: get_runner served until the workers
@@ -65,6 +78,12 @@ class Runner {
   /// This worker's rank (0 .. workers() - 1) and the number of workers.
   int rank() const;
   int workers() const;
+  /// The pipeline's stage count (1 without a pipeline): a pipeline's workers each run one stage
+  /// on the whole batch, rather than the whole model on a part of it.
+  int stages() const;
+  /// What the automatic pipeline cut measured and chose (after the first step; "" when the
+  /// author chose the stages, or without a pipeline).
+  std::string pipelinePlan() const;
   Session& session();
   /// What the distribution pass did.
   const DistributedGraph& distribution() const;

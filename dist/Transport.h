@@ -37,6 +37,13 @@ class Transport {
 
   /// Sends `bytes` with `tag` to `peer` and waits until the buffer may be reused.
   virtual void send(int peer, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) = 0;
+  /// Starts sending `bytes` with `tag` to `peer` and returns without waiting for the receiver:
+  /// the bytes must stay as they are until finishSends() returns. Two processes that each send
+  /// to the other before receiving from it (a pipeline's stages) cannot block each other so.
+  virtual void startSend(int peer, uint64_t tag, std::span<const uint8_t> bytes) = 0;
+  /// Waits until every started send has completed; fails naming the peer and the tag of one that
+  /// failed or had not completed by the deadline.
+  virtual void finishSends(Deadline deadline) = 0;
   /// Receives exactly into.size() bytes of the message with `tag` (from any peer). Fails when
   /// the deadline passes, when the message has another size, or when peer `fromPeer` (any peer
   /// when -1) has failed.

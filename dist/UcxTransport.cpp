@@ -9,6 +9,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <exception>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -101,6 +102,7 @@ UcxTransport::~UcxTransport() {
   closing_ = true;  // what arrives from here on is dropped, not kept
   // By index: closing progresses the worker, and a callback may still add a peer.
   for (size_t i = 0; i < peers_.size(); ++i) closeEndpoint(*peers_[i]);
+  for (Started& s : started_) completeAndFree(s.request);  // closed endpoints end them
   for (Posted& r : posted_) abandon(r.peer, r.rendezvous, r.fetch);
   for (size_t i = 0; i < arrivals_.size(); ++i) abandon(arrivals_[i].peer, arrivals_[i].rendezvous, arrivals_[i].fetch);
   for (size_t i = 0; i < unexpected_.size(); ++i)
@@ -191,6 +193,30 @@ void UcxTransport::send(int index, uint64_t tag, std::span<const uint8_t> bytes,
   void* request = postSend(index, Seal::Tagged, tag, {}, bytes, header);
   progressUntil([&] { return !pending(request); }, deadline, Watch{});
   finishSend(request, index, tag, bytes.size());
+}
+
+void UcxTransport::startSend(int index, uint64_t tag, std::span<const uint8_t> bytes) {
+  Started s{nullptr, index, tag, bytes.size(), {}};
+  s.request = postSend(index, Seal::Tagged, tag, {}, bytes, s.header);
+  started_.push_back(std::move(s));
+}
+
+void UcxTransport::finishSends(Deadline deadline) {
+  std::vector<Started> started = std::move(started_);
+  started_.clear();
+  std::vector<int> peers;
+  for (const Started& s : started) peers.push_back(s.peer);
+  progressUntil([&] { return std::none_of(started.begin(), started.end(), [&](const Started& s) { return pending(s.request); }); },
+                deadline, Watch{false, peers});
+  std::exception_ptr failure;
+  for (Started& s : started) {
+    try {
+      finishSend(s.request, s.peer, s.tag, s.size);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();  // the first, every request freed
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 void UcxTransport::sendMessage(int index, std::span<const uint8_t> header, std::span<const uint8_t> payload,

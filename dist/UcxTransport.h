@@ -68,6 +68,8 @@ class UcxTransport final : public Transport {
 
   /// When the deadline passes the peer's endpoint is closed and the peer counts as failed.
   void send(int peer, uint64_t tag, std::span<const uint8_t> bytes, Deadline deadline) override;
+  void startSend(int peer, uint64_t tag, std::span<const uint8_t> bytes) override;
+  void finishSends(Deadline deadline) override;
   void receive(uint64_t tag, std::span<uint8_t> into, Deadline deadline, int fromPeer = -1) override;
   /// The receive is posted first, so two peers may exchange with each other at once.
   void exchange(int sendPeer, uint64_t sendTag, std::span<const uint8_t> bytes, int receivePeer, uint64_t receiveTag,
@@ -198,6 +200,15 @@ class UcxTransport final : public Transport {
   std::map<EndpointName, int> peerByName_;
   std::vector<Arrival> arrivals_;   // requests and replies
   std::deque<Arrival> unexpected_;  // tagged data not yet received
+  // Sends started and not yet finished: the request, its peer, tag, size and sealed header.
+  struct Started {
+    void* request;
+    int peer;
+    uint64_t tag;
+    size_t size;
+    std::vector<uint8_t> header;
+  };
+  std::vector<Started> started_;
   std::list<Posted> posted_;        // stable addresses: UCX callbacks write into them
   uint64_t payloadLimit_ = uint64_t{1} << 40;
   uint64_t rejected_ = 0;

@@ -76,6 +76,17 @@ TEST_CASE("MLP: 1, 2 and 4 workers with a part each train like one process with 
   }
 }
 
+TEST_CASE("MLP pipelined over 2 and 3 stage processes trains like one process, under every schedule") {
+  for (const char* schedule : {"gpipe", "1f1b", "zb"}) {
+    for (int stages : {2, 3}) {
+      CAPTURE(schedule);
+      CAPTURE(stages);
+      checkSameVariablesAs("mlp", mlpF64Flags, fmt::format("--stages {} --microbatches 4 --schedule {}", stages, schedule),
+                           kMlpF64Tolerance);
+    }
+  }
+}
+
 TEST_CASE("MLP with dropout: each worker drops what one process drops for its part of the batch") {
   for (int workers : {2, 4}) {
     CAPTURE(workers);
@@ -112,18 +123,27 @@ TEST_CASE("ResNet: 2 and 4 workers train like one process with the total batch (
   }
 }
 
+const std::string nmtFlags = "--embedding 16 --hidden 24 --vocab 200 --train-size 256 --test-size 16 --batch 16 "
+                             "--steps 4 --eval-every 4 --threads 1 --timeout 30";
+
 TEST_CASE("NMT: 2 workers train like one process; the loss is over the tokens of the whole batch") {
   // Sentences differ in length, so the workers' parts hold different numbers of target tokens.
-  const std::string flags = "--embedding 16 --hidden 24 --vocab 200 --train-size 256 --test-size 16 --batch 16 "
-                            "--steps 4 --eval-every 4 --threads 1 --timeout 30";
-  checkSameVariables("nmt", flags, 2, 1e-5);
+  checkSameVariables("nmt", nmtFlags, 2, 1e-5);
 }
+
+const std::string gnnFlags = "--hidden 16 --propagation-steps 3 --train-size 128 --test-size 16 --batch 16 --steps 4 "
+                             "--eval-every 4 --threads 1 --timeout 30";
 
 TEST_CASE("GGSNN: 2 workers with half the graphs each train like one process") {
   // Graphs differ in size, so the workers' parts hold different numbers of nodes.
-  const std::string flags = "--hidden 16 --propagation-steps 3 --train-size 128 --test-size 16 --batch 16 --steps 4 "
-                            "--eval-every 4 --threads 1 --timeout 30";
-  checkSameVariables("gnn", flags, 2, 1e-5);
+  checkSameVariables("gnn", gnnFlags, 2, 1e-5);
+}
+
+TEST_CASE("LM, NMT and GGSNN pipelined over 2 stage processes train like one process (micro-batches cut as the "
+          "model cuts a batch among workers)") {
+  checkSameVariablesAs("lm", lmFlags, "--stages 2 --microbatches 2", 1e-5);
+  checkSameVariablesAs("nmt", nmtFlags, "--stages 2 --microbatches 2 --schedule zb", 1e-5);
+  checkSameVariablesAs("gnn", gnnFlags, "--stages 2 --microbatches 2 --schedule gpipe", 1e-5);
 }
 
 TEST_CASE("LM: embeddings split into row partitions over 2 servers train like one process") {
@@ -307,6 +327,10 @@ TEST_CASE("a worker that meets an instruction its CPU lacks is reported as runni
                       "this host lacks");
 }
 
+TEST_CASE("a pipeline stage killed mid-run stops the whole pipeline, naming it") {
+  checkMemberStopsJob("mlp --stages 3 --microbatches 2", "worker", 1, SIGKILL, "worker 1 of host 0", "was killed by signal 9");
+}
+
 TEST_CASE("a parameter server killed mid-run stops the whole job, naming it") {
   checkMemberStopsJob("lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --batch 16 --workers 2",
                       "server", 0, SIGKILL, "server of host 0", "was killed by signal 9");
@@ -461,10 +485,14 @@ TEST_CASE("a paused launcher, a job stopped with Ctrl-Z and a job whose members 
   CHECK_FALSE(contains(text, "stopping the job"));
 }
 
-TEST_CASE("--max-restarts: a worker killed mid-run restarts the job from its checkpoint, ending as an uninterrupted run") {
+namespace {
+
+/// Trains the MLP distributed by `distFlags` once uninterrupted and once with worker 1 killed
+/// after the first checkpoint and the job restarted: both must end with the same variables.
+void checkRestartEndsAsUninterrupted(const std::string& distFlags) {
   TempDir dir;
   const std::string flags = "mlp --train-size 1024 --test-size 64 --batch 64 --steps 3000 --threads 1 --timeout 30 "
-                            "--dtype f64 --eval-every 3000 --checkpoint-every 10 --log-every 1000 --workers 2 ";
+                            "--dtype f64 --eval-every 3000 --checkpoint-every 10 --log-every 1000 " + distFlags + " ";
   const std::string whole = (dir.path / "whole").string(), restarted = (dir.path / "restarted").string();
   const CliRun uninterrupted = weftCli("train " + flags + "--out " + whole);
   REQUIRE_MESSAGE(uninterrupted.status == 0, uninterrupted.output);
@@ -489,6 +517,17 @@ TEST_CASE("--max-restarts: a worker killed mid-run restarts the job from its che
     CAPTURE(name);
     CHECK(relativeDifference(b.tensors.at(name), t) == 0);
   }
+}
+
+}  // namespace
+
+TEST_CASE("--max-restarts: a worker killed mid-run restarts the job from its checkpoint, ending as an uninterrupted run") {
+  checkRestartEndsAsUninterrupted("--workers 2");
+}
+
+TEST_CASE("--max-restarts: a pipeline stage killed mid-run restarts the pipeline from its checkpoint (gathered from "
+          "every stage), ending as an uninterrupted run") {
+  checkRestartEndsAsUninterrupted("--stages 2 --microbatches 2");
 }
 
 TEST_CASE("a worker whose main thread is stuck while its heartbeats go on is named, not the worker that gave up on it") {

@@ -42,6 +42,10 @@ struct TrainFlags {
   int64_t bench = 0;
   // Distribution: a job of `workers` local worker processes and `servers` servers, or `cluster`.
   int workers = 0;
+  // Pipelined model parallelism: `stages` worker processes, each one stage of the model.
+  int stages = 1;
+  int microbatches = 1;
+  std::string schedule = "1f1b";
   int servers = 1;
   std::string cluster;
   std::string arch = "auto";
@@ -51,7 +55,9 @@ struct TrainFlags {
   bool reportComm = false;
   std::string localAggregation = "on";
 
-  bool distributed() const { return workers > 0 || !cluster.empty(); }
+  bool distributed() const { return workers > 0 || !cluster.empty() || stages > 1; }
+  /// Worker processes of a local job: one per stage of each data-parallel replica.
+  int localWorkers() const { return std::max(workers, 1) * stages; }
 };
 
 std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& s) {
@@ -94,7 +100,12 @@ class Trainer {
 
   /// Trains; returns the process's exit status (a parameter server's, or 0).
   int run() {
-    const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(std::max(flags_.workers, 1), flags_.servers)
+    WEFT_CHECK(flags_.stages == 1 || flags_.workers <= 1,
+               "--stages {} with --workers {}: pipelined and data-parallel training together is not supported yet",
+               flags_.stages, flags_.workers);
+    // A pipeline's stages update their own variables: no parameter servers.
+    const int servers = flags_.stages > 1 ? 0 : flags_.servers;
+    const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
                                                                 : dist::ResourceSpec::load(flags_.cluster);
     WEFT_CHECK(Device::parse(flags_.device).type == DeviceType::CPU || !flags_.distributed(),
                "--device {} trains in one process; a distributed job's workers compute where its resource "
@@ -155,6 +166,9 @@ class Trainer {
     config.session = SessionOptions{flags_.threads, false};
     config.localAggregation = flags_.localAggregation == "on";
     config.reportTraffic = flags_.reportComm;
+    config.pipeline.stages = flags_.stages;
+    config.pipeline.microbatches = flags_.microbatches;
+    config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
     runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here
     if (runner_->served()) return runner_->serverStatus();
     session_ = &runner_->session();
@@ -191,7 +205,10 @@ class Trainer {
     if (leader_) {
       fmt::print("training {} for {} steps ({} threads, optimizer {} lr {}{}); output in {}\n", name_, steps_,
                  flags_.threads, spec.name, spec.lr,
-                 runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture", runner_->workers(), flags_.arch) : "",
+                 runner_->stages() > 1 ? fmt::format(", {} pipeline stages, {} micro-batches, {} schedule", runner_->stages(),
+                                                     flags_.microbatches, flags_.schedule)
+                 : runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture", runner_->workers(), flags_.arch)
+                                          : "",
                  out);
     }
     Progress progress(steps_, step);
@@ -203,7 +220,7 @@ class Trainer {
       const auto [what, count] = model_->itemsIn(batch.source);
       unit = what;
       items += count;
-      const double loss = runner_->run({model_->loss()}, models::feedsFor(graph_, batch.prepared), {trainStep_})[0].item();
+      const double loss = trainOn(stepFeeds(batch.prepared));
       WEFT_CHECK(std::isfinite(loss), "{}: the loss became {} at step {}", name_, loss, step + 1);
       lossSum += loss;
       ++lossCount;
@@ -211,6 +228,11 @@ class Trainer {
       const bool logNow = step % flags_.logEvery == 0 || step == steps_;
       // The workers' mean is the total batch's loss; the progress line between logs shows rank 0's part.
       if (logNow) lossSum = runner_->meanOverWorkers(lossSum);
+      const bool evaluateNow = step % evalEvery == 0 || step == steps_;
+      const bool checkpointNow = step % checkpointEvery == 0 || step == steps_;
+      // Worker 0's session takes the whole model (the servers' variables, the other stages'),
+      // for evaluation and the checkpoint.
+      if (evaluateNow || checkpointNow) runner_->gatherModel();
       if (!leader_) {
         if (logNow) {
           lossSum = 0;
@@ -218,6 +240,7 @@ class Trainer {
         }
         continue;
       }
+      if (step == 1 && !runner_->pipelinePlan().empty()) fmt::print("pipeline cut:\n{}", runner_->pipelinePlan());
       progress.update(step, lossSum / static_cast<double>(lossCount), items, unit);
       if (logNow) {
         metrics->write({{"step", step}, {"loss", lossSum / static_cast<double>(lossCount)}, {unit + "_per_s", progress.rate(items)}});
@@ -227,10 +250,6 @@ class Trainer {
         items = 0;
         progress.resetRate();
       }
-      const bool evaluateNow = step % evalEvery == 0 || step == steps_;
-      const bool checkpointNow = step % checkpointEvery == 0 || step == steps_;
-      // The servers' values of the variables they hold, for evaluation and the checkpoint.
-      if (evaluateNow || checkpointNow) runner_->pullVariables();
       if (evaluateNow) {
         const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
         metrics->write({{"step", step}, {"eval", result}});
@@ -258,7 +277,24 @@ class Trainer {
  private:
   /// This worker's part of a total batch.
   data::Batch myPart(const data::Batch& batch) const {
-    return runner_->workers() > 1 ? model_->shard(batch, runner_->rank(), runner_->workers()) : batch;
+    // A pipeline's stages each see the whole batch.
+    return runner_->workers() > 1 && runner_->stages() == 1 ? model_->shard(batch, runner_->rank(), runner_->workers())
+                                                            : batch;
+  }
+
+  /// A step's feeds: the batch's, or a pipeline's micro-batches, cut as the model cuts a batch
+  /// among data-parallel workers (so their mean gradient is the batch's).
+  std::vector<FeedMap> stepFeeds(const data::Batch& batch) {
+    if (runner_->stages() == 1) return {models::feedsFor(graph_, batch)};
+    std::vector<FeedMap> parts;
+    for (int i = 0; i < flags_.microbatches; ++i)
+      parts.push_back(models::feedsFor(graph_, model_->shard(batch, i, flags_.microbatches)));
+    return parts;
+  }
+
+  /// One training step; returns its loss.
+  double trainOn(const std::vector<FeedMap>& feeds) {
+    return runner_->runMicrobatches({model_->loss()}, feeds, {trainStep_})[0].item();
   }
 
   /// Bytes this worker moved per step, by kind (--report-comm).
@@ -363,21 +399,21 @@ class Trainer {
   /// The batches are uploaded first, as the prefetcher of a training run does ahead of each step.
   void bench() {
     data::BatchSource& source = model_->trainData();
-    std::vector<FeedMap> feeds;
+    std::vector<std::vector<FeedMap>> feeds;
     double items = 0;
     std::string unit;
     for (int64_t i = 0; i < flags_.bench; ++i) {
       const data::Batch batch = source.next();
-      feeds.push_back(models::feedsFor(graph_, data::uploadBatch(myPart(batch), feedDevice_)));
+      feeds.push_back(stepFeeds(data::uploadBatch(myPart(batch), feedDevice_)));
       const auto [what, count] = model_->itemsIn(batch);
       unit = what;
       items += count;
     }
-    for (const FeedMap& f : feeds) runner_->run({model_->loss()}, f, {trainStep_});
+    for (const std::vector<FeedMap>& f : feeds) trainOn(f);
     std::vector<double> times;
-    for (const FeedMap& f : feeds) {
+    for (const std::vector<FeedMap>& f : feeds) {
       const auto start = std::chrono::steady_clock::now();
-      runner_->run({model_->loss()}, f, {trainStep_});
+      trainOn(f);
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     runner_->finish();
@@ -449,6 +485,16 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--bench", f.bench, "run N batches untimed, then time them again; print one JSON line")->check(CLI::PositiveNumber);
   CLI::Option* workers = cmd.add_option("--workers", f.workers, "train data-parallel with N local worker processes (--batch is the total)")
                              ->check(CLI::PositiveNumber);
+  CLI::Option* stages = cmd.add_option("--stages", f.stages,
+                                       "train pipelined: the model cut into S stages, each a local worker process "
+                                       "(cut by profiling one step, or where the model's Graph::stage scopes say)")
+                            ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--microbatches", f.microbatches, "a pipelined step's batch is cut into M micro-batches (--batch is the total)")
+      ->capture_default_str()->check(CLI::PositiveNumber)->needs(stages);
+  cmd.add_option("--schedule", f.schedule,
+                 "the pipeline's schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at "
+                 "most S micro-batches held) or zb (zero bubble: weight gradients fill the bubbles)")
+      ->capture_default_str()->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))->needs(stages);
   cmd.add_option("--servers", f.servers, "parameter-server processes of a --workers job")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--cluster", f.cluster, "train data-parallel on the hosts of this resource specification (JSON)")
