@@ -4,6 +4,7 @@
 #include "core/Initializers.h"
 #include "core/MemoryPlanner.h"
 #include "core/OpRegistry.h"
+#include "core/Trace.h"
 
 #include <algorithm>
 #include <chrono>
@@ -591,7 +592,8 @@ void Session::runSteps(Plan& plan) {
     s.ctx.step = step_;
     // Copies and allocations may change the thread's current GPU, so each GPU step sets it.
     if (s.ctx.device.type == DeviceType::CUDA) detail::makeGpuCurrent(s.ctx.device.index);
-    const auto started = opSeconds_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const bool timed = opSeconds_ != nullptr || tracing();
+    const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     try {
       s.kernel(s.ctx);
     } catch (const Error& e) {
@@ -602,8 +604,11 @@ void Session::runSteps(Plan& plan) {
     } catch (const std::exception& e) {
       WEFT_THROW("{}: {}", s.ctx.node->describe(), e.what());
     }
-    if (opSeconds_ != nullptr)
-      (*opSeconds_)[s.ctx.node] += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (timed) {
+      const auto ended = std::chrono::steady_clock::now();
+      if (opSeconds_ != nullptr) (*opSeconds_)[s.ctx.node] += std::chrono::duration<double>(ended - started).count();
+      traceEvent(s.ctx.node->name, s.ctx.node->op, "ops", started, ended);
+    }
     if (s.checkFinite) {
       for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
     }

@@ -2,6 +2,7 @@
 #include "dist/PipelineStage.h"
 
 #include "core/Error.h"
+#include "core/Trace.h"
 #include "dist/Liveness.h"
 
 #include <fmt/format.h>
@@ -123,6 +124,7 @@ struct PipelineStage::State {
   std::vector<PipelineAction> actions;
   uint64_t step = 0;
   uint64_t sent = 0, received = 0;
+  double computeSeconds = 0, stepSeconds = 0;  // over every step so far
   // Per step: what each micro-batch's runs keep (by micro-batch), what the update's waves keep,
   // the gradient sums and each fetch's sum.
   std::vector<std::map<Output, Tensor>> kept;
@@ -281,8 +283,17 @@ struct PipelineStage::State {
                           : a.kind == PipelineAction::Kind::Backward ? cut->backward[static_cast<size_t>(stage)]
                                                                      : cut->weights[static_cast<size_t>(stage)];
     std::map<Output, Tensor>& mine = kept[static_cast<size_t>(a.microbatch)];
-    receive(run, a.microbatch, mine);
-    std::map<Output, Tensor> values = compute(run, microbatches[static_cast<size_t>(a.microbatch)], mine);
+    {
+      const TraceScope waiting("wait for " + describe(a), "wait", "pipeline");
+      receive(run, a.microbatch, mine);
+    }
+    const auto started = TraceClock::now();
+    std::map<Output, Tensor> values;
+    {
+      const TraceScope working(describe(a), "compute", "pipeline");
+      values = compute(run, microbatches[static_cast<size_t>(a.microbatch)], mine);
+    }
+    computeSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
     send(run, a.microbatch, values);
     accumulate(run, values);
     for (const Output& k : run.kept) mine[k] = values.at(k);
@@ -322,8 +333,17 @@ struct PipelineStage::State {
     feedGradients(updateValues);
     const std::vector<StageRun>& waves = cut->update[static_cast<size_t>(stage)];
     for (size_t w = 0; w < waves.size(); ++w) {
-      receive(waves[w], 0, updateValues);
-      std::map<Output, Tensor> values = compute(waves[w], firstMicrobatch, updateValues);
+      {
+        const TraceScope waiting(fmt::format("wait for update wave {}", w), "wait", "pipeline");
+        receive(waves[w], 0, updateValues);
+      }
+      const auto started = TraceClock::now();
+      std::map<Output, Tensor> values;
+      {
+        const TraceScope working(fmt::format("update wave {}", w), "compute", "pipeline");
+        values = compute(waves[w], firstMicrobatch, updateValues);
+      }
+      computeSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
       for (const auto& [out, value] : values) updateValues[out] = value;
       send(waves[w], 0, updateValues);
     }
@@ -360,6 +380,7 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
                                         const std::vector<FeedMap>& microbatches) {
   State& s = *state_;
   s.prepare(fetches, trainStep);
+  const auto started = TraceClock::now();
   WEFT_CHECK(static_cast<int>(microbatches.size()) == s.options.microbatches,
              "a pipelined step of {} micro-batches was given {}", s.options.microbatches, microbatches.size());
   s.kept.assign(microbatches.size(), {});
@@ -368,6 +389,7 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
   s.update(microbatches.front());
   std::vector<double> means = s.shareFetches();
   s.finishSends();
+  s.stepSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
   ++s.step;
   return means;
 }
@@ -400,6 +422,9 @@ const PipelineCut& PipelineStage::cut() const {
 
 int PipelineStage::stage() const { return state_->stage; }
 Session& PipelineStage::session() { return *state_->session; }
+double PipelineStage::idleFraction() const {
+  return state_->stepSeconds > 0 ? 1 - state_->computeSeconds / state_->stepSeconds : 0;
+}
 uint64_t PipelineStage::bytesSent() const { return state_->sent; }
 uint64_t PipelineStage::bytesReceived() const { return state_->received; }
 

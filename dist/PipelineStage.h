@@ -58,6 +58,9 @@ class PipelineStage {
   /// The cut of the last step (throws before the first).
   const PipelineCut& cut() const;
   Session& session();
+  /// The fraction of its steps' time this stage spent not computing (waiting on other stages,
+  /// sending, receiving): the pipeline's bubble as this stage sees it, over every step so far.
+  double idleFraction() const;
   /// Bytes of activations and gradients this stage sent and received, since it started.
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;

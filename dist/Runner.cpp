@@ -292,6 +292,7 @@ int Runner::rank() const { return state_->rank(); }
 int Runner::workers() const { return state_->workers(); }
 int Runner::stages() const { return state_->pipeline ? state_->pipelineConfig.stages : 1; }
 std::string Runner::pipelinePlan() const { return state_->pipelinePlan; }
+double Runner::pipelineIdleFraction() const { return state_->pipeline ? state_->pipeline->idleFraction() : 0; }
 Session& Runner::session() {
   WEFT_CHECK(state_->session != nullptr || state_->pipeline != nullptr,
              "this process was a parameter server of the job: it has no session");

@@ -84,6 +84,9 @@ class Runner {
   /// What the automatic pipeline cut measured and chose (after the first step; "" when the
   /// author chose the stages, or without a pipeline).
   std::string pipelinePlan() const;
+  /// This pipeline stage's idle fraction of its steps so far (PipelineStage::idleFraction); 0
+  /// without a pipeline.
+  double pipelineIdleFraction() const;
   Session& session();
   /// What the distribution pass did.
   const DistributedGraph& distribution() const;

@@ -8,6 +8,7 @@
 #include "dist/Nccl.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <signal.h>
 #include <sys/ptrace.h>
@@ -22,6 +23,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -85,6 +88,37 @@ TEST_CASE("MLP pipelined over 2 and 3 stage processes trains like one process, u
                            kMlpF64Tolerance);
     }
   }
+}
+
+TEST_CASE("--trace: one Chrome trace of a pipelined job, a process per stage, each micro-batch's actions and ops") {
+  TempDir dir;
+  const std::string trace = (dir.path / "trace.json").string();
+  const CliRun run = weftCli("train mlp --train-size 1024 --test-size 64 --batch 64 --steps 2 --threads 1 --dtype f64 "
+                             "--stages 2 --microbatches 2 --schedule zb --trace " + trace + " --out " +
+                             (dir.path / "run").string());
+  REQUIRE_MESSAGE(run.status == 0, run.output);
+  std::ifstream in(trace);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::map<int, std::string> processes;
+  std::map<int, std::multiset<std::string>> actions;
+  size_t ops = 0;
+  for (const nlohmann::json& e : doc.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "process_name") processes[e.at("pid")] = e.at("args").at("name");
+    if (e.at("ph") != "X") continue;
+    if (e.at("cat") == "compute") actions[e.at("pid")].insert(e.at("name").get<std::string>());
+    ops += e.at("cat") != "compute" && e.at("cat") != "wait";
+  }
+  CHECK(processes == std::map<int, std::string>{{0, "stage 0"}, {1, "stage 1"}});
+  // Two steps of the zero-bubble order on each stage: F, B and W of both micro-batches, one update wave.
+  const std::multiset<std::string> step{"F0", "F1", "B0", "B1", "W0", "W1", "update wave 0"};
+  for (int stage : {0, 1}) {
+    CAPTURE(stage);
+    std::multiset<std::string> twice = step;
+    twice.insert(step.begin(), step.end());
+    CHECK(actions[stage] == twice);
+  }
+  CHECK(ops > 20);
+  CHECK_FALSE(fs::exists(trace + ".worker-0"));  // the parts were merged
 }
 
 TEST_CASE("MLP with dropout: each worker drops what one process drops for its part of the batch") {

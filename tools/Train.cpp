@@ -2,7 +2,10 @@
 
 #include "core/Checkpoint.h"
 #include "core/Hash.h"
+#include "core/InputFile.h"
+#include "core/Trace.h"
 #include "dist/Launcher.h"
+#include "dist/Pipeline.h"
 #include "dist/Runner.h"
 #include "models/ZooModel.h"
 #include "tools/Progress.h"
@@ -53,6 +56,7 @@ struct TrainFlags {
   double timeout = 60;
   int maxRestarts = 0;
   bool reportComm = false;
+  std::string trace;  // a Chrome trace of every process's ops and pipeline actions
   std::string localAggregation = "on";
 
   bool distributed() const { return workers > 0 || !cluster.empty() || stages > 1; }
@@ -133,6 +137,7 @@ class Trainer {
         return command;
       };
       WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
+      if (!flags_.trace.empty()) mergeWorkerTraces(static_cast<int>(resources.workers().size()));
       return 0;
     }
     models::CommonOptions common;
@@ -173,6 +178,7 @@ class Trainer {
     if (runner_->served()) return runner_->serverStatus();
     session_ = &runner_->session();
     leader_ = runner_->rank() == 0;
+    if (!flags_.trace.empty()) startTracing();
     steps_ = flags_.epochs > 0   ? flags_.epochs * model_->trainData().batchesPerEpoch()
              : flags_.steps > 0 ? flags_.steps
                                 : model_->defaultSteps();
@@ -265,6 +271,7 @@ class Trainer {
     }
     runner_->finish();  // every worker is done with its last step: the final evaluation is rank 0's alone
     if (flags_.reportComm) reportCommunication(step);
+    writeTrace();
     if (!leader_) return 0;
     const std::map<std::string, double> result = model_->evaluate(*session_, 0);
     nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
@@ -280,6 +287,30 @@ class Trainer {
     // A pipeline's stages each see the whole batch.
     return runner_->workers() > 1 && runner_->stages() == 1 ? model_->shard(batch, runner_->rank(), runner_->workers())
                                                             : batch;
+  }
+
+  /// This process's trace (--trace): the file itself in one process, a part for the launcher
+  /// to merge in a job.
+  void writeTrace() const {
+    if (flags_.trace.empty()) return;
+    const std::string process = runner_->stages() > 1 ? fmt::format("stage {}", runner_->rank())
+                                                      : fmt::format("worker {}", runner_->rank());
+    const std::string path = flags_.distributed() ? partPath(runner_->rank()) : flags_.trace;
+    std::ofstream out(path);
+    out << traceEventsJson(runner_->rank(), process);
+    WEFT_CHECK(out.good(), "cannot write the trace {}", path);
+  }
+  std::string partPath(int rank) const { return fmt::format("{}.worker-{}", flags_.trace, rank); }
+
+  /// The launcher's one trace of the job: every worker's part, in rank order.
+  void mergeWorkerTraces(int workers) const {
+    std::vector<std::string> parts;
+    for (int r = 0; r < workers; ++r) parts.push_back(InputFile(partPath(r), "trace part", uint64_t{1} << 34).readAll());
+    std::ofstream out(flags_.trace);
+    out << mergeTraces(parts);
+    WEFT_CHECK(out.good(), "cannot write the trace {}", flags_.trace);
+    for (int r = 0; r < workers; ++r) std::filesystem::remove(partPath(r));
+    fmt::print("trace of {} processes in {}\n", workers, flags_.trace);
   }
 
   /// A step's feeds: the batch's, or a pipeline's micro-batches, cut as the model cuts a batch
@@ -417,6 +448,12 @@ class Trainer {
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     runner_->finish();
+    writeTrace();
+    if (runner_->stages() > 1) {
+      // Every stage's own bubble: the share of its steps it waited rather than computed.
+      fmt::print(stderr, "pipeline stage {}: idle {:.1f}% of its steps\n", runner_->rank(),
+                 100 * runner_->pipelineIdleFraction());
+    }
     if (!leader_) return;
     std::vector<double> sorted = times;
     std::sort(sorted.begin(), sorted.end());
@@ -512,6 +549,9 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                  "after a process of a distributed job fails, start the whole job again from its last checkpoint, up "
                  "to this many times")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd.add_option("--trace", f.trace,
+                 "write a Chrome trace (chrome://tracing, Perfetto) of every op and pipeline action of every process, "
+                 "one track per process");
   cmd.add_flag("--report-comm", f.reportComm,
                "print each worker's bytes sent and received per step, and each server's bytes to and from other machines");
   cmd.add_option("--local-aggregation", f.localAggregation,
@@ -552,6 +592,27 @@ void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLi
       status = Trainer(name, *model, *flags, commandLine).run();
     });
   }
+}
+
+std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep, const PipelineCutOptions& options) {
+  Session session(graph, SessionOptions{options.threads, false});
+  const data::Batch batch = model.trainData().next();
+  const FeedMap feeds = models::feedsFor(graph, model.shard(batch, 0, options.microbatches));
+  const std::vector<Output> fetches{model.loss()};
+  const auto seconds = session.profile(fetches, feeds, {trainStep});
+  int64_t rows = 1;
+  for (const auto& [placeholder, value] : feeds)
+    if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
+  const dist::StagePlan plan =
+      dist::planStages(graph, options.stages, fetches, trainStep, seconds, rows, options.linkGbps * 1e9 / 8);
+  dist::applyStages(graph, fetches, trainStep, plan.firstOp);
+  const dist::PipelineCut cut = dist::cutPipeline(graph, options.stages, fetches, trainStep, false);
+  std::string out = plan.describe();
+  for (const dist::Transfer& t : cut.transfers) {
+    out += fmt::format("transfer {} ({}) from stage {} to stage {}, in its {}\n", t.value.name(), t.value.type().str(),
+                       t.from, t.to, dist::phaseName(t.receivedIn));
+  }
+  return out;
 }
 
 }  // namespace weft::tools

@@ -3,6 +3,9 @@
 // and the model's own options.
 #pragma once
 
+#include "core/Graph.h"
+#include "models/ZooModel.h"
+
 #include <CLI/CLI.hpp>
 
 #include <string>
@@ -14,5 +17,16 @@ namespace weft::tools {
 /// arguments) is what a distributed run starts as each of its worker and server processes. A
 /// training run sets `status` to the process's exit status (a parameter server's own).
 void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine, int& status);
+
+/// `weft graph MODEL --stages S`: how the automatic cut would pipeline the model.
+struct PipelineCutOptions {
+  int stages = 0;
+  int microbatches = 1;
+  double linkGbps = 10;
+  int threads = 2;
+};
+/// Profiles one micro-batch's training step of `model` (built in `graph`, trained by `trainStep`),
+/// chooses the stages as `weft train --stages` does, and describes each stage and transfer.
+std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep, const PipelineCutOptions& options);
 
 }  // namespace weft::tools

@@ -27,11 +27,25 @@ int main(int argc, char** argv) {
   bool dot = false;
   graph->add_option("model", model, "model to build")->check(CLI::IsMember(weft::models::zooModelNames()));
   graph->add_flag("--dot", dot, "Graphviz DOT instead of text");
+  weft::tools::PipelineCutOptions cut;
+  graph->add_option("--stages", cut.stages,
+                    "print the pipeline cut into S stages instead: each stage's forward ops, measured time and boundary "
+                    "bytes, and the transfers between stages")
+      ->check(CLI::PositiveNumber);
+  graph->add_option("--microbatches", cut.microbatches, "the cut profiles one of M micro-batches of a batch")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  graph->add_option("--link-gbps", cut.linkGbps, "the link speed the cut weighs boundary transfers by")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  graph->add_option("--threads", cut.threads, "intra-op threads of the profiled step")->capture_default_str();
   graph->callback([&] {
     weft::Graph g;
     auto zoo = weft::models::makeZooModel(model);
     zoo->build(g, {});
-    weft::optim::Adam(1e-3).minimize(zoo->loss());
+    weft::Node* step = weft::optim::Adam(1e-3).minimize(zoo->loss());
+    if (cut.stages > 0) {
+      std::fputs(weft::tools::describePipelineCut(g, *zoo, step, cut).c_str(), stdout);
+      return;
+    }
     std::fputs((dot ? g.toDot() : g.dump()).c_str(), stdout);
   });
 
