@@ -9,6 +9,7 @@
 #include "core/Graph.h"
 #include "core/ThreadPool.h"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <unordered_map>
@@ -34,6 +35,9 @@ struct SessionOptions {
   /// batch, in order: random ops (dropout) draw for the examples it holds what one session fed
   /// the total batch draws for them. 0 for a session that sees the whole batch.
   int replica = 0;
+  /// Called on the running thread after every op: a pipeline stage moves its transport's sends
+  /// along there, so a receiver need not wait until the sender's computation ends.
+  std::function<void()> afterEachOp;
 };
 
 /// What a compiled plan costs.

@@ -69,10 +69,9 @@ class Cutter {
     return std::move(cut_);
   }
 
-  /// Per chain position k: whether a cut between ops k and k + 1 leaves every trainable variable's
-  /// forward readers in one stage (a recurrent layer's steps share its weights).
-  std::vector<char> cuttable(const std::vector<Node*>& chain) {
-    std::map<Node*, std::pair<size_t, size_t>> span;  // first and last reader
+  /// Each trainable variable's first and last reader among the chain's ops.
+  std::map<Node*, std::pair<size_t, size_t>> readerSpans(const std::vector<Node*>& chain) {
+    std::map<Node*, std::pair<size_t, size_t>> span;
     for (size_t i = 0; i < chain.size(); ++i) {
       for (Node* v : variablesRead(chain[i])) {
         if (!v->attrs.get<bool>("trainable")) continue;
@@ -80,10 +79,7 @@ class Cutter {
         if (!added) it->second.second = i;
       }
     }
-    std::vector<char> allowed(chain.size(), 1);
-    for (const auto& [v, readers] : span)
-      for (size_t k = readers.first; k < readers.second; ++k) allowed[k] = 0;
-    return allowed;
+    return span;
   }
 
   /// The step's forward ops in topological order (classifying every node on the way).
@@ -384,6 +380,9 @@ class Cutter {
       if (phase(n) == Phase::Backward && !neededEarlier[at(n)]) phase(n) = Phase::Weights;
   }
 
+  /// Update waves: a node runs after the waves of its inputs, one later when an input comes from
+  /// another stage. Each wave is then split in two, what other stages wait for first (even) and
+  /// the rest after the sends (odd), so a stage's own updates never delay another's.
   void assignWaves() {
     for (Node* n : order_) {
       if (phase(n) != Phase::Update || stage(n) == kNone) continue;
@@ -394,7 +393,19 @@ class Cutter {
         w = std::max(w, (phase(u) == Phase::Update ? wave_[at(u)] : 0) + (stage(u) != stage(n) ? 1 : 0));
       }
       wave_[at(n)] = w;
-      lastWave_ = std::max(lastWave_, w);
+    }
+    std::vector<char> awaited(g_.size(), 0);
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      Node* n = *it;
+      if (phase(n) != Phase::Update || stage(n) == kNone) continue;
+      for (Node* c : consumers(n))
+        if (stage(c) != kNone && (stage(c) != stage(n) || (wave_[at(c)] == wave_[at(n)] && awaited[at(c)])))
+          awaited[at(n)] = 1;
+    }
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || stage(n) == kNone) continue;
+      wave_[at(n)] = 2 * wave_[at(n)] + (awaited[at(n)] ? 0 : 1);
+      lastWave_ = std::max(lastWave_, wave_[at(n)]);
     }
   }
 
@@ -557,10 +568,15 @@ std::string StagePlan::describe() const {
 }
 
 StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
-                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, double linkBytesPerSecond) {
+                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, int microbatches,
+                     double linkBytesPerSecond) {
   Cutter cutter(graph, stages, fetches, trainStep, false);
   const std::vector<Node*> chain = cutter.forwardChain();
-  const std::vector<char> cuttable = cutter.cuttable(chain);
+  const std::map<Node*, std::pair<size_t, size_t>> spans = cutter.readerSpans(chain);
+  // A cut never parts a variable's readers (a recurrent layer's steps share its weights).
+  std::vector<char> cuttable(chain.size(), 1);
+  for (const auto& [v, readers] : spans)
+    for (size_t k = readers.first; k < readers.second; ++k) cuttable[k] = 0;
   const size_t n = chain.size(), count = static_cast<size_t>(stages);
   WEFT_CHECK(n >= count, "the step has {} forward ops, too few for {} pipeline stages", n, stages);
   const size_t cuts = static_cast<size_t>(std::count(cuttable.begin(), cuttable.end() - 1, 1));
@@ -569,9 +585,17 @@ StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetche
              "weights stay in one stage): too few for {} pipeline stages",
              cuts, stages);
   WEFT_CHECK(linkBytesPerSecond > 0, "the link speed for the pipeline cut must be positive, got {}", linkBytesPerSecond);
-  // Each forward op costs its own time and its gradient ops'.
+  // Each forward op costs its own time and its gradient ops', and its variables' updates (once
+  // per step: a micro-batch's share).
   std::map<const Node*, double> cost;
-  for (const auto& [node, t] : seconds) cost[node->gradientOf != nullptr ? node->gradientOf : node] += t;
+  for (const auto& [node, t] : seconds) {
+    if (!node->def->mutatedInputs.empty()) {
+      auto span = spans.find(node->inputs[static_cast<size_t>(node->def->mutatedInputs.front())].node());
+      if (span != spans.end()) cost[chain[span->second.first]] += t / microbatches;
+      continue;
+    }
+    cost[node->gradientOf != nullptr ? node->gradientOf : node] += t;
+  }
   std::vector<double> prefix(n + 1, 0);
   for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + (cost.count(chain[i]) ? cost.at(chain[i]) : 0.0);
   const std::vector<double> boundary = boundaryBytes(chain, rows);

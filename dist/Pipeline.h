@@ -98,12 +98,15 @@ struct StagePlan {
 };
 
 /// Chooses `stages` contiguous stages of the forward ops of the step (in topological order) that
-/// minimise the slowest stage's time (its ops' and their gradients' measured `seconds`, from
-/// Session::profile) plus its boundary transfers both ways at `linkBytesPerSecond`: a dynamic
-/// program over the chain, as PipeDream's planner. Sizes whose first dimension is the batch's
-/// count `rows` rows. Throws when there are fewer forward ops than stages.
+/// minimise the slowest stage's time per micro-batch (its ops' and their gradients' measured
+/// `seconds` of one micro-batch's step, from Session::profile, and its variables' updates over
+/// `microbatches`) plus its boundary transfers both ways at `linkBytesPerSecond`: a dynamic
+/// program over the chain, as PipeDream's planner. No cut parts one variable's readers. Sizes
+/// whose first dimension is the batch's count `rows` rows. Throws when there are fewer places to
+/// cut than stages need.
 StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
-                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, double linkBytesPerSecond);
+                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, int microbatches,
+                     double linkBytesPerSecond);
 /// Puts the step's forward ops in the stages `firstOp` starts (Node::stage), as planStages chose:
 /// every process of a pipeline applies the plan one of them made.
 void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep, const std::vector<size_t>& firstOp);

@@ -124,7 +124,8 @@ struct PipelineStage::State {
   std::vector<PipelineAction> actions;
   uint64_t step = 0;
   uint64_t sent = 0, received = 0;
-  double computeSeconds = 0, stepSeconds = 0;  // over every step so far
+  double waitSeconds = 0, stepSeconds = 0;  // over every step so far
+  size_t peakKept = 0;                        // the most bytes kept for later runs at once
   // Per step: what each micro-batch's runs keep (by micro-batch), what the update's waves keep,
   // the gradient sums and each fetch's sum.
   std::vector<std::map<Output, Tensor>> kept;
@@ -144,7 +145,10 @@ struct PipelineStage::State {
     WEFT_CHECK(options.microbatches >= 1 && options.microbatches <= 0xffff,
                "a pipelined step needs 1 to 65535 micro-batches, got {}", options.microbatches);
     actions = stageSchedule(options.schedule, options.stages, options.microbatches, stage);
-    session = std::make_unique<Session>(graph, options.session);
+    SessionOptions sessionOptions = options.session;
+    // A large send moves only while its sender progresses: between ops, not after the whole run.
+    sessionOptions.afterEachOp = [this] { transport.progress(); };
+    session = std::make_unique<Session>(graph, sessionOptions);
   }
 
   void prepare(const std::vector<Output>& f, Node* t) {
@@ -183,9 +187,20 @@ struct PipelineStage::State {
     sent += kHeaderBytes + t.bytes();
   }
 
+  /// Runs `wait` (receives, or the sends' end) as time this stage waited on others.
+  template <typename F>
+  void waitFor(const std::string& what, F&& wait) {
+    const auto started = TraceClock::now();
+    {
+      const TraceScope waiting(what, "wait", "pipeline");
+      wait();
+    }
+    waitSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
+  }
+
   void finishSends() {
     try {
-      transport.finishSends(deadline());
+      waitFor("finish the step's sends", [&] { transport.finishSends(deadline()); });
     } catch (const Error& e) {
       WEFT_THROW("pipeline stage {} finishing the sends of step {}: {}", stage, step + 1, e.what());
     }
@@ -270,7 +285,7 @@ struct PipelineStage::State {
         sum.indices.push_back(values.at(link.indices));
         sum.values.push_back(values.at(link.values));
       } else if (!sum.dense.defined()) {
-        sum.dense = values.at(link.dense).clone();
+        sum.dense = values.at(link.dense);  // a fetch is the caller's own tensor: summed into in place
       } else {
         addInto(sum.dense, values.at(link.dense));
       }
@@ -283,25 +298,35 @@ struct PipelineStage::State {
                           : a.kind == PipelineAction::Kind::Backward ? cut->backward[static_cast<size_t>(stage)]
                                                                      : cut->weights[static_cast<size_t>(stage)];
     std::map<Output, Tensor>& mine = kept[static_cast<size_t>(a.microbatch)];
-    {
-      const TraceScope waiting("wait for " + describe(a), "wait", "pipeline");
-      receive(run, a.microbatch, mine);
-    }
-    const auto started = TraceClock::now();
+    waitFor("wait for " + describe(a), [&] { receive(run, a.microbatch, mine); });
     std::map<Output, Tensor> values;
     {
       const TraceScope working(describe(a), "compute", "pipeline");
       values = compute(run, microbatches[static_cast<size_t>(a.microbatch)], mine);
     }
-    computeSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
-    send(run, a.microbatch, values);
-    accumulate(run, values);
+    {
+      const TraceScope sending("send " + describe(a), "send", "pipeline");
+      send(run, a.microbatch, values);
+    }
+    {
+      const TraceScope summing("sum gradients of " + describe(a), "sum", "pipeline");
+      accumulate(run, values);
+    }
     for (const Output& k : run.kept) mine[k] = values.at(k);
     if (a.kind == PipelineAction::Kind::Forward) {
       for (size_t f = 0; f < fetches.size(); ++f)
         if (cut->fetchStage[f] == stage) fetchSums[f] += values.at(fetches[f]).item();
     }
+    noteKeptBytes();
     if (a.kind == lastKind()) mine.clear();  // the micro-batch is done on this stage
+  }
+
+  /// The activations (and received values) kept for later runs now, against the peak.
+  void noteKeptBytes() {
+    size_t bytes = 0;
+    for (const auto& microbatch : kept)
+      for (const auto& [output, value] : microbatch) bytes += value.bytes();
+    peakKept = std::max(peakKept, bytes);
   }
 
   PipelineAction::Kind lastKind() const {
@@ -333,17 +358,12 @@ struct PipelineStage::State {
     feedGradients(updateValues);
     const std::vector<StageRun>& waves = cut->update[static_cast<size_t>(stage)];
     for (size_t w = 0; w < waves.size(); ++w) {
-      {
-        const TraceScope waiting(fmt::format("wait for update wave {}", w), "wait", "pipeline");
-        receive(waves[w], 0, updateValues);
-      }
-      const auto started = TraceClock::now();
+      waitFor(fmt::format("wait for update wave {}", w), [&] { receive(waves[w], 0, updateValues); });
       std::map<Output, Tensor> values;
       {
         const TraceScope working(fmt::format("update wave {}", w), "compute", "pipeline");
         values = compute(waves[w], firstMicrobatch, updateValues);
       }
-      computeSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
       for (const auto& [out, value] : values) updateValues[out] = value;
       send(waves[w], 0, updateValues);
     }
@@ -362,8 +382,10 @@ struct PipelineStage::State {
         for (int s = 0; s < options.stages; ++s)
           if (s != stage) transport.startSend(peerOf(s), tag, bytes);
       } else {
-        transport.receive(tag, std::span<uint8_t>(reinterpret_cast<uint8_t*>(&means[f]), sizeof(double)), deadline(),
-                          peerOf(owner));
+        waitFor("wait for the step's loss", [&] {
+          transport.receive(tag, std::span<uint8_t>(reinterpret_cast<uint8_t*>(&means[f]), sizeof(double)), deadline(),
+                            peerOf(owner));
+        });
       }
     }
     return means;
@@ -423,8 +445,9 @@ const PipelineCut& PipelineStage::cut() const {
 int PipelineStage::stage() const { return state_->stage; }
 Session& PipelineStage::session() { return *state_->session; }
 double PipelineStage::idleFraction() const {
-  return state_->stepSeconds > 0 ? 1 - state_->computeSeconds / state_->stepSeconds : 0;
+  return state_->stepSeconds > 0 ? state_->waitSeconds / state_->stepSeconds : 0;
 }
+size_t PipelineStage::peakKeptBytes() const { return state_->peakKept; }
 uint64_t PipelineStage::bytesSent() const { return state_->sent; }
 uint64_t PipelineStage::bytesReceived() const { return state_->received; }
 

@@ -58,9 +58,13 @@ class PipelineStage {
   /// The cut of the last step (throws before the first).
   const PipelineCut& cut() const;
   Session& session();
-  /// The fraction of its steps' time this stage spent not computing (waiting on other stages,
-  /// sending, receiving): the pipeline's bubble as this stage sees it, over every step so far.
+  /// The fraction of its steps' time this stage spent waiting on other stages (for what it
+  /// receives, and for its sends to be taken): the pipeline's bubble as this stage sees it, over
+  /// every step so far.
   double idleFraction() const;
+  /// The most bytes this stage kept at once for its later runs (activations for the backward,
+  /// what it received), over every step so far: what the schedule costs in memory.
+  size_t peakKeptBytes() const;
   /// Bytes of activations and gradients this stage sent and received, since it started.
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;

@@ -148,7 +148,7 @@ struct Runner::State {
         if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
       const auto seconds = pipeline->session().profile(fetches, microbatch, {trainStep});
       const StagePlan plan = planStages(graph, pipelineConfig.stages, fetches, trainStep, seconds, rows,
-                                        pipelineConfig.linkBytesPerSecond);
+                                        pipelineConfig.microbatches, pipelineConfig.linkBytesPerSecond);
       pipelinePlan = plan.describe();
       for (size_t s = 0; s < stages; ++s) {
         const uint64_t first = plan.firstOp[s];
@@ -293,6 +293,7 @@ int Runner::workers() const { return state_->workers(); }
 int Runner::stages() const { return state_->pipeline ? state_->pipelineConfig.stages : 1; }
 std::string Runner::pipelinePlan() const { return state_->pipelinePlan; }
 double Runner::pipelineIdleFraction() const { return state_->pipeline ? state_->pipeline->idleFraction() : 0; }
+size_t Runner::pipelinePeakKeptBytes() const { return state_->pipeline ? state_->pipeline->peakKeptBytes() : 0; }
 Session& Runner::session() {
   WEFT_CHECK(state_->session != nullptr || state_->pipeline != nullptr,
              "this process was a parameter server of the job: it has no session");

@@ -87,6 +87,8 @@ class Runner {
   /// This pipeline stage's idle fraction of its steps so far (PipelineStage::idleFraction); 0
   /// without a pipeline.
   double pipelineIdleFraction() const;
+  /// This pipeline stage's peak bytes kept for later runs (PipelineStage::peakKeptBytes).
+  size_t pipelinePeakKeptBytes() const;
   Session& session();
   /// What the distribution pass did.
   const DistributedGraph& distribution() const;

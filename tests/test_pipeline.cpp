@@ -325,10 +325,10 @@ struct Unstaged {
 TEST_CASE("planStages balances the measured time of the forward ops and their gradients") {
   Unstaged m;
   const double fast = 1e9;  // transfers cost nothing
-  const StagePlan even = planStages(m.g, 3, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, fast);
+  const StagePlan even = planStages(m.g, 3, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 1, fast);
   CHECK(even.seconds == std::vector<double>{2, 2, 2});
   // 4 1 | 1 1 1 2 is the one split whose slowest stage takes 5.
-  const StagePlan skewed = planStages(m.g, 2, {m.loss}, m.step, m.seconds({4, 1, 1, 1, 1, 2}), 8, fast);
+  const StagePlan skewed = planStages(m.g, 2, {m.loss}, m.step, m.seconds({4, 1, 1, 1, 1, 2}), 8, 1, fast);
   CHECK(skewed.seconds == std::vector<double>{5, 5});
   applyStages(m.g, {m.loss}, m.step, even.firstOp);
   for (size_t l = 0; l < 6; ++l) {
@@ -348,11 +348,11 @@ TEST_CASE("planStages weighs the boundary's transfer against the compute it bala
   Unstaged m;
   // Every boundary carries 8 rows x 4 f64 = 256 bytes forward and as much back: at 512 bytes/s
   // a cut costs 1 s on each side of it, so 2 stages must split 6 equal layers 3 + 3.
-  const StagePlan plan = planStages(m.g, 2, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 512);
+  const StagePlan plan = planStages(m.g, 2, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 1, 512);
   CHECK(plan.boundaryBytes[0] == 256);
   CHECK(plan.ops[0] >= 1);
   CHECK(plan.seconds == std::vector<double>{3, 3});
-  CHECK_THROWS_WITH(planStages(m.g, 40, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 512),
+  CHECK_THROWS_WITH(planStages(m.g, 40, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 1, 512),
                     doctest::Contains("too few for 40 pipeline stages"));
 }
 
@@ -369,9 +369,9 @@ TEST_CASE("planStages never parts the readers of one variable (a recurrent layer
   for (const auto& n : g.nodes())
     if (n->op == "MatMul" && n->gradientOf == nullptr) seconds[n.get()] = 1;
   // Balanced would be 2 + 2; the shared weights leave 1 + 3 as the only cut.
-  const StagePlan plan = planStages(g, 2, {loss}, train, seconds, 8, 1e9);
+  const StagePlan plan = planStages(g, 2, {loss}, train, seconds, 8, 1, 1e9);
   CHECK(plan.seconds == std::vector<double>{1, 3});
   // 10 forward ops, but no cut inside the shared block's 4 ops + 3 tanh between its readers.
-  CHECK_THROWS_WITH(planStages(g, 7, {loss}, train, seconds, 8, 1e9),
+  CHECK_THROWS_WITH(planStages(g, 7, {loss}, train, seconds, 8, 1, 1e9),
                     doctest::Contains("can be cut in 5 places without parting a variable's readers"));
 }

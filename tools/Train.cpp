@@ -451,8 +451,8 @@ class Trainer {
     writeTrace();
     if (runner_->stages() > 1) {
       // Every stage's own bubble: the share of its steps it waited rather than computed.
-      fmt::print(stderr, "pipeline stage {}: idle {:.1f}% of its steps\n", runner_->rank(),
-                 100 * runner_->pipelineIdleFraction());
+      fmt::print(stderr, "pipeline stage {}: idle {:.1f}% of its steps, at most {} bytes of activations kept\n",
+                 runner_->rank(), 100 * runner_->pipelineIdleFraction(), runner_->pipelinePeakKeptBytes());
     }
     if (!leader_) return;
     std::vector<double> sorted = times;
@@ -604,7 +604,8 @@ std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* tra
   for (const auto& [placeholder, value] : feeds)
     if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
   const dist::StagePlan plan =
-      dist::planStages(graph, options.stages, fetches, trainStep, seconds, rows, options.linkGbps * 1e9 / 8);
+      dist::planStages(graph, options.stages, fetches, trainStep, seconds, rows, options.microbatches,
+                       options.linkGbps * 1e9 / 8);
   dist::applyStages(graph, fetches, trainStep, plan.firstOp);
   const dist::PipelineCut cut = dist::cutPipeline(graph, options.stages, fetches, trainStep, false);
   std::string out = plan.describe();
