@@ -75,13 +75,6 @@ void addInto(Tensor& sum, const Tensor& value) {
   });
 }
 
-void scale(Tensor& t, double factor) {
-  forFloating(t.dtype(), "the", [&](auto zero) {
-    using T = decltype(zero);
-    T* p = t.data<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * factor);
-  });
-}
 
 /// The parts joined along their first axis.
 Tensor concatRows(const std::vector<Tensor>& parts) {
@@ -333,24 +326,33 @@ struct PipelineStage::State {
     return cut->splitWeights ? PipelineAction::Kind::Weights : PipelineAction::Kind::Backward;
   }
 
-  /// The mean gradients, as the update reads them.
+  /// The mean gradients, as the update reads them (over the replicas too, with replicas).
   void feedGradients(std::map<Output, Tensor>& into) {
     const double inverse = 1.0 / options.microbatches;
+    StageGradients mine;
+    std::vector<const GradientLink*> links;
     for (size_t g = 0; g < sums.size(); ++g) {
       if (cut->gradients[g].stage != stage) continue;
       const GradientLink& link = *cut->gradients[g].link;
+      links.push_back(&link);
       GradientSum& sum = sums[g];
       if (link.sparse) {
         Tensor values = concatRows(sum.values);
-        scale(values, inverse);
+        scaleGradient(values, inverse);
         into[link.indices] = concatRows(sum.indices);
         into[link.values] = values;
       } else {
-        scale(sum.dense, inverse);
+        scaleGradient(sum.dense, inverse);
         into[link.dense] = sum.dense;
       }
       sum.clear();
     }
+    if (!options.averageOverReplicas) return;
+    for (const GradientLink* link : links) {
+      if (link->sparse) mine.sparse.emplace_back(&into.at(link->indices), &into.at(link->values));
+      else mine.dense.push_back(&into.at(link->dense));
+    }
+    waitFor("average gradients over the replicas", [&] { options.averageOverReplicas(mine); });
   }
 
   void update(const FeedMap& firstMicrobatch) {
@@ -450,6 +452,14 @@ double PipelineStage::idleFraction() const {
 size_t PipelineStage::peakKeptBytes() const { return state_->peakKept; }
 uint64_t PipelineStage::bytesSent() const { return state_->sent; }
 uint64_t PipelineStage::bytesReceived() const { return state_->received; }
+
+void scaleGradient(Tensor& t, double factor) {
+  forFloating(t.dtype(), "the", [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * factor);
+  });
+}
 
 std::vector<FeedMap> splitMicrobatches(const FeedMap& feeds, int count) {
   WEFT_CHECK(count >= 1, "cannot cut a batch into {} micro-batches", count);

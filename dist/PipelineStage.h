@@ -18,10 +18,18 @@
 #include "dist/Transport.h"
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
 namespace weft::dist {
+
+/// A stage's mean gradients of one step, before its update: what data-parallel replicas of the
+/// pipeline average among themselves (each dense one in place; each sparse one's rows replaced).
+struct StageGradients {
+  std::vector<Tensor*> dense;
+  std::vector<std::pair<Tensor*, Tensor*>> sparse;  ///< indices and rows
+};
 
 struct PipelineOptions {
   int stages = 1;
@@ -29,6 +37,9 @@ struct PipelineOptions {
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   std::chrono::milliseconds timeout{60000};
   SessionOptions session;
+  /// With data-parallel replicas of the pipeline: makes each of this stage's gradients the mean
+  /// over the replicas' same stage (their rows gathered, for sparse ones), every replica alike.
+  std::function<void(StageGradients&)> averageOverReplicas;
 };
 
 class PipelineStage {
@@ -73,6 +84,9 @@ class PipelineStage {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+/// Multiplies a gradient (f32 or f64, on the host) by `factor` in place.
+void scaleGradient(Tensor& t, double factor);
 
 /// Cuts `feeds` into `count` micro-batches along the first axis of every placeholder whose first
 /// dimension is the batch's (-1 where it was declared); other feeds go whole to each. Throws

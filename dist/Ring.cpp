@@ -10,7 +10,7 @@ namespace weft::dist {
 
 namespace {
 
-/// Tag layout: sequence (40 bits) | phase (8 bits) | step (16 bits).
+/// Tag layout: channel (8 bits) and sequence (32 bits), as sequence_ counts | phase (8 bits) | step (16 bits).
 uint64_t tagOf(uint64_t sequence, int phase, int step) {
   return (sequence << 24) | (static_cast<uint64_t>(phase) << 16) | static_cast<uint64_t>(step);
 }
@@ -43,9 +43,12 @@ void addElements(DType dtype, void* into, const void* from, int64_t count) {
 
 }  // namespace
 
-Ring::Ring(Transport& transport, int rank, std::vector<int> peers, std::chrono::milliseconds timeout)
-    : transport_(transport), rank_(rank), peers_(std::move(peers)), timeout_(timeout) {
+Ring::Ring(Transport& transport, int rank, std::vector<int> peers, std::chrono::milliseconds timeout, int channel)
+    : transport_(transport), rank_(rank), peers_(std::move(peers)), timeout_(timeout),
+      sequence_(static_cast<uint64_t>(channel) << 32) {  // the channel is the tag's top byte
   WEFT_CHECK(rank_ >= 0 && rank_ < size(), "ring: rank {} out of range for {} ranks", rank_, size());
+  WEFT_CHECK(channel >= 0 && channel < 0x50, "ring: channel {} is not one of 0..79 (above are other protocols' tags)",
+             channel);
 }
 
 void Ring::setMachines(std::vector<int> machineOfRank, bool hierarchical) {

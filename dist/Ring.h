@@ -27,7 +27,9 @@ namespace weft::dist {
 class Ring {
  public:
   /// `peers[r]` is the transport's peer index of rank r (any value at this rank's own place).
-  Ring(Transport& transport, int rank, std::vector<int> peers, std::chrono::milliseconds timeout);
+  /// Rings that share a transport and some processes (a pipeline's ring of all workers and its
+  /// stages' rings of replicas) each take their own `channel` (0 to 79) into their tags.
+  Ring(Transport& transport, int rank, std::vector<int> peers, std::chrono::milliseconds timeout, int channel = 0);
 
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(peers_.size()); }

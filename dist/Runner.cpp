@@ -18,6 +18,11 @@
 
 namespace weft::dist {
 
+namespace {
+// The ring channel of a pipeline stage's replicas (the ring of all workers is channel 0).
+constexpr int kReplicaChannel = 1;
+}  // namespace
+
 struct Runner::State {
   std::optional<JobContext> job;  // empty: one process training alone, or a server that has served
   int serverStatus = -1;          // a server's exit status once it has served
@@ -30,7 +35,9 @@ struct Runner::State {
   std::unique_ptr<Session> session;
   DistributedGraph distribution;
   std::chrono::milliseconds timeout{0};
-  // A pipeline's stage (instead of a session of a data-parallel replica), and its automatic cut.
+  // A pipeline's stage (instead of a session of a data-parallel replica), and its automatic cut;
+  // with replicas of the pipeline, the ring of this stage's replicas.
+  std::unique_ptr<Ring> replicaRing;
   std::unique_ptr<PipelineStage> pipeline;
   PipelineConfig pipelineConfig;
   bool staged = false;
@@ -105,12 +112,12 @@ struct Runner::State {
     client->setLocalCopyCurrent(true);
   }
 
-  /// Makes this worker stage `rank` of a pipeline.
+  /// Makes this worker a stage of a pipeline: workers r·S .. r·S + S − 1 are replica r's stages.
   void joinPipeline(JobContext context, Graph& graph, const Config& config) {
     const PipelineConfig& stages = config.pipeline;
-    WEFT_CHECK(context.workers() == stages.stages,
-               "a pipeline of {} stages runs one stage per worker, but the job has {} workers (pipelined and "
-               "data-parallel training together is not supported yet)",
+    WEFT_CHECK(context.workers() % stages.stages == 0,
+               "a pipeline of {} stages runs one stage per worker, and each data-parallel replica all of them, but "
+               "the job has {} workers",
                stages.stages, context.workers());
     WEFT_CHECK(context.servers() == 0,
                "a pipeline's stages update their own variables: its job has no parameter servers, this one has {}",
@@ -121,14 +128,54 @@ struct Runner::State {
     limitPayloads(*job, graph);
     ring = std::make_unique<Ring>(*job->transport, job->rank(), job->routes.workerPeers, config.timeout);
     communicator = std::make_unique<Communicator>(*ring, traffic);
+    pipelineConfig = stages;
+    const int stage = job->rank() % stages.stages, replica = job->rank() / stages.stages;
+    std::vector<int> stagePeers, replicaPeers;
+    for (int s = 0; s < stages.stages; ++s)
+      stagePeers.push_back(job->routes.workerPeers[static_cast<size_t>(replica * stages.stages + s)]);
+    for (int r = 0; r < replicas(); ++r)
+      replicaPeers.push_back(job->routes.workerPeers[static_cast<size_t>(r * stages.stages + stage)]);
     PipelineOptions options;
     options.stages = stages.stages;
     options.microbatches = stages.microbatches;
     options.schedule = stages.schedule;
     options.timeout = config.timeout;
     options.session = config.session;
-    pipelineConfig = stages;
-    pipeline = std::make_unique<PipelineStage>(graph, job->rank(), options, *job->transport, job->routes.workerPeers);
+    if (replicas() > 1) {
+      replicaRing = std::make_unique<Ring>(*job->transport, replica, replicaPeers, config.timeout, kReplicaChannel);
+      options.averageOverReplicas = [this](StageGradients& g) { averageOverReplicas(g); };
+    }
+    pipeline = std::make_unique<PipelineStage>(graph, stage, options, *job->transport, stagePeers);
+  }
+
+  /// Data-parallel replicas: of the model, or of a pipeline (each of its stages' workers).
+  int replicas() const { return workers() / pipelineConfig.stages; }
+
+  /// Each gradient's mean over the replicas of this stage: dense ones summed by the replicas'
+  /// ring, sparse ones' rows gathered from every replica (in replica order), then divided.
+  void averageOverReplicas(StageGradients& g) {
+    const double inverse = 1.0 / replicas();
+    for (Tensor* dense : g.dense) {
+      replicaRing->allReduceSum(dense->dtype(), dense->raw(), dense->numel());
+      scaleGradient(*dense, inverse);
+    }
+    for (auto& [indices, values] : g.sparse) {
+      *indices = gatheredRows(*indices);
+      *values = gatheredRows(*values);
+      scaleGradient(*values, inverse);
+    }
+  }
+
+  /// Every replica's rows of `t`, concatenated in replica order.
+  Tensor gatheredRows(const Tensor& t) {
+    const std::vector<uint8_t> all = replicaRing->allGather({static_cast<const uint8_t*>(t.raw()), t.bytes()});
+    size_t rowBytes = dtypeSize(t.dtype());
+    for (int axis = 1; axis < t.shape().rank(); ++axis) rowBytes *= static_cast<size_t>(t.shape()[axis]);
+    Shape shape = t.shape();
+    shape[0] = static_cast<int64_t>(all.size() / rowBytes);
+    Tensor out(t.dtype(), shape);
+    std::memcpy(out.raw(), all.data(), all.size());
+    return out;
   }
 
   Session& activeSession() { return pipeline ? pipeline->session() : *session; }
@@ -291,6 +338,8 @@ int Runner::serverStatus() const { return state_->serverStatus; }
 int Runner::rank() const { return state_->rank(); }
 int Runner::workers() const { return state_->workers(); }
 int Runner::stages() const { return state_->pipeline ? state_->pipelineConfig.stages : 1; }
+int Runner::replicas() const { return state_->replicas(); }
+int Runner::replica() const { return rank() / stages(); }
 std::string Runner::pipelinePlan() const { return state_->pipelinePlan; }
 double Runner::pipelineIdleFraction() const { return state_->pipeline ? state_->pipeline->idleFraction() : 0; }
 size_t Runner::pipelinePeakKeptBytes() const { return state_->pipeline ? state_->pipeline->peakKeptBytes() : 0; }

@@ -81,6 +81,10 @@ class Runner {
   /// The pipeline's stage count (1 without a pipeline): a pipeline's workers each run one stage
   /// on the whole batch, rather than the whole model on a part of it.
   int stages() const;
+  /// Data-parallel replicas of the model (or of the pipeline: workers() / stages()), and this
+  /// worker's: each replica trains on its part of the total batch.
+  int replicas() const;
+  int replica() const;
   /// What the automatic pipeline cut measured and chose (after the first step; "" when the
   /// author chose the stages, or without a pipeline).
   std::string pipelinePlan() const;

@@ -173,6 +173,12 @@ TEST_CASE("GGSNN: 2 workers with half the graphs each train like one process") {
   checkSameVariables("gnn", gnnFlags, 2, 1e-5);
 }
 
+TEST_CASE("2 data-parallel replicas of a 2-stage pipeline train like one process on the total batch (dense "
+          "gradients summed by each stage's replicas, sparse rows gathered)") {
+  checkSameVariablesAs("mlp", mlpF64Flags, "--stages 2 --workers 2 --microbatches 2", kMlpF64Tolerance);
+  checkSameVariablesAs("lm", lmFlags, "--stages 2 --workers 2 --microbatches 2 --schedule zb", 1e-5);
+}
+
 TEST_CASE("LM, NMT and GGSNN pipelined over 2 stage processes train like one process (micro-batches cut as the "
           "model cuts a batch among workers)") {
   checkSameVariablesAs("lm", lmFlags, "--stages 2 --microbatches 2", 1e-5);

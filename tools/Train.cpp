@@ -104,9 +104,6 @@ class Trainer {
 
   /// Trains; returns the process's exit status (a parameter server's, or 0).
   int run() {
-    WEFT_CHECK(flags_.stages == 1 || flags_.workers <= 1,
-               "--stages {} with --workers {}: pipelined and data-parallel training together is not supported yet",
-               flags_.stages, flags_.workers);
     // A pipeline's stages update their own variables: no parameter servers.
     const int servers = flags_.stages > 1 ? 0 : flags_.servers;
     const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
@@ -211,8 +208,9 @@ class Trainer {
     if (leader_) {
       fmt::print("training {} for {} steps ({} threads, optimizer {} lr {}{}); output in {}\n", name_, steps_,
                  flags_.threads, spec.name, spec.lr,
-                 runner_->stages() > 1 ? fmt::format(", {} pipeline stages, {} micro-batches, {} schedule", runner_->stages(),
-                                                     flags_.microbatches, flags_.schedule)
+                 runner_->stages() > 1 ? fmt::format(", {} pipeline stages, {} micro-batches, {} schedule, {} replicas",
+                                                     runner_->stages(), flags_.microbatches, flags_.schedule,
+                                                     runner_->replicas())
                  : runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture", runner_->workers(), flags_.arch)
                                           : "",
                  out);
@@ -284,9 +282,8 @@ class Trainer {
  private:
   /// This worker's part of a total batch.
   data::Batch myPart(const data::Batch& batch) const {
-    // A pipeline's stages each see the whole batch.
-    return runner_->workers() > 1 && runner_->stages() == 1 ? model_->shard(batch, runner_->rank(), runner_->workers())
-                                                            : batch;
+    // A pipeline's stages each see their replica's whole part.
+    return runner_->replicas() > 1 ? model_->shard(batch, runner_->replica(), runner_->replicas()) : batch;
   }
 
   /// This process's trace (--trace): the file itself in one process, a part for the launcher
@@ -520,7 +517,8 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                "resume as --resume does, but continue with the settings of this command line where they differ from "
                "the checkpoint's run (each difference is printed)");
   cmd.add_option("--bench", f.bench, "run N batches untimed, then time them again; print one JSON line")->check(CLI::PositiveNumber);
-  CLI::Option* workers = cmd.add_option("--workers", f.workers, "train data-parallel with N local worker processes (--batch is the total)")
+  CLI::Option* workers = cmd.add_option("--workers", f.workers, "train data-parallel with N local worker processes (--batch is the total); with --stages, N replicas "
+                                        "of the pipeline, N x S processes")
                              ->check(CLI::PositiveNumber);
   CLI::Option* stages = cmd.add_option("--stages", f.stages,
                                        "train pipelined: the model cut into S stages, each a local worker process "
