@@ -149,6 +149,7 @@ class Cutter {
       forward[at(n)] = 1;
       for (const Output& in : n->inputs) stack.push_back(in.node());
     }
+    addForwardSideEffects(forward);
     for (Node* n : order_) {
       if (isSource(n) || isGroup(n)) continue;
       if (backward_.count(n)) phase(n) = Phase::Backward;
@@ -160,6 +161,35 @@ class Cutter {
                  "a pipelined step fetches values of the forward pass (the loss, a metric); {} is computed in its {} "
                  "phase",
                  f.name(), phaseName(phase(f.node())));
+    }
+  }
+
+  /// Marks as forward the side effects of the forward pass: updates of state no optimizer trains
+  /// (batch norm's moving averages) computed from forward values alone, and what only they read.
+  /// They run with each micro-batch's forward, as GPipe's per-micro-batch batch norm does.
+  void addForwardSideEffects(std::vector<char>& forward) {
+    std::vector<char> derived(g_.size(), 0);  // computed from forward values alone
+    for (Node* n : order_) {
+      if (!dynamic_[at(n)] || backward_.count(n) || isPlaceholder(n)) continue;
+      bool fromForward = true;
+      for (const Output& in : n->inputs) {
+        const Node* u = in.node();
+        if (dynamic_[at(u)] && !isPlaceholder(u) && !forward[at(u)] && !derived[at(u)]) fromForward = false;
+      }
+      derived[at(n)] = fromForward && !forward[at(n)];
+    }
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      Node* n = *it;
+      if (!derived[at(n)]) continue;
+      bool sideEffect = mutates(n);
+      for (int m : n->def->mutatedInputs)
+        sideEffect = sideEffect && !n->inputs[static_cast<size_t>(m)].node()->attrs.get<bool>("trainable");
+      if (!mutates(n)) {
+        const std::vector<Node*>& readers = consumers(n);
+        sideEffect = !readers.empty() &&
+                     std::all_of(readers.begin(), readers.end(), [&](const Node* c) { return forward[at(c)] != 0; });
+      }
+      if (sideEffect) forward[at(n)] = 1;
     }
   }
 

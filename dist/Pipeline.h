@@ -3,7 +3,9 @@
 //
 // Every node the step needs gets a stage and a phase:
 //   - Forward: what the loss needs from the micro-batch; its stage is the author's (Graph::stage),
-//     else the latest stage among its inputs (stage 0 for the first ops).
+//     else the latest stage among its inputs (stage 0 for the first ops). An update of untrained
+//     state from forward values alone (batch norm's moving averages) runs with each micro-batch's
+//     forward too, as GPipe's per-micro-batch batch norm does.
 //   - Backward / Weights: autodiff's nodes, in their forward op's stage. Split into the part the
 //     previous stage waits for (Backward) and the rest (Weights) when the schedule runs them apart
 //     (zero bubble); otherwise all Backward.
@@ -25,8 +27,8 @@
 //
 // Refused, with an error naming the nodes: a forward value flowing to an earlier stage or a
 // backward value to a later one, a stage number outside 0..S-1, a trainable variable read by two
-// stages (tied weights), an update reading a per-micro-batch forward value (batch-norm moving
-// statistics), a conditional node, and a cut that leaves a stage without forward work.
+// stages (tied weights), an optimizer's update reading a per-micro-batch forward value, a
+// conditional node, and a cut that leaves a stage without forward work.
 #pragma once
 
 #include "core/Graph.h"

@@ -4,6 +4,7 @@
 #include "core/Error.h"
 #include "dist/Communicator.h"
 #include "dist/Liveness.h"
+#include "dist/LoopbackTransport.h"
 #include "dist/Nccl.h"
 #include "dist/PipelineStage.h"
 #include "dist/Placement.h"
@@ -38,6 +39,7 @@ struct Runner::State {
   // A pipeline's stage (instead of a session of a data-parallel replica), and its automatic cut;
   // with replicas of the pipeline, the ring of this stage's replicas.
   std::unique_ptr<Ring> replicaRing;
+  std::unique_ptr<LoopbackTransport> localTransport;  // one process's micro-batches
   std::unique_ptr<PipelineStage> pipeline;
   PipelineConfig pipelineConfig;
   bool staged = false;
@@ -148,6 +150,18 @@ struct Runner::State {
     pipeline = std::make_unique<PipelineStage>(graph, stage, options, *job->transport, stagePeers);
   }
 
+  /// One process training on micro-batches: a pipeline of one stage, with nothing to send.
+  void accumulateLocally(Graph& graph, const Config& config) {
+    pipelineConfig = config.pipeline;
+    localTransport = std::make_unique<LoopbackTransport>(std::make_shared<LoopbackNetwork>());
+    PipelineOptions options;
+    options.microbatches = config.pipeline.microbatches;
+    options.schedule = config.pipeline.schedule;
+    options.timeout = config.timeout;
+    options.session = config.session;
+    pipeline = std::make_unique<PipelineStage>(graph, 0, options, *localTransport, std::vector<int>{0});
+  }
+
   /// Data-parallel replicas: of the model, or of a pipeline (each of its stages' workers).
   int replicas() const { return workers() / pipelineConfig.stages; }
 
@@ -219,7 +233,7 @@ struct Runner::State {
                "got {} targets", targets.size());
     WEFT_CHECK(static_cast<int>(microbatches.size()) == pipelineConfig.microbatches,
                "a pipelined step of {} micro-batches was given {}", pipelineConfig.microbatches, microbatches.size());
-    if (!staged) stageGraph(fetches, targets[0], microbatches.front());
+    if (!staged && pipelineConfig.stages > 1) stageGraph(fetches, targets[0], microbatches.front());
     const std::vector<double> means = pipeline->step(fetches, targets[0], microbatches);
     std::vector<Tensor> out;
     for (size_t f = 0; f < fetches.size(); ++f) out.push_back(Tensor::scalar(fetches[f].dtype(), means[f]));
@@ -449,7 +463,13 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
                "(WEFT_COORDINATOR is unset): run it with `weft launch`",
                workers);
     auto state = std::make_unique<Runner::State>();
-    state->session = std::make_unique<Session>(graph, config.session);
+    if (config.pipeline.microbatches > 1) {
+      WEFT_CHECK(config.pipeline.stages == 1, "a pipeline of {} stages needs as many worker processes: run it with "
+                 "`weft launch` (or --stages in `weft train`)", config.pipeline.stages);
+      state->accumulateLocally(graph, config);
+    } else {
+      state->session = std::make_unique<Session>(graph, config.session);
+    }
     return Runner(std::move(state));
   }
   if (job->isServer()) {

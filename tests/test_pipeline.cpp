@@ -271,10 +271,21 @@ TEST_CASE("the cut refuses a forward value flowing back to an earlier stage") {
   CHECK(contains(c.cutError(2), "the forward pass may only flow to later stages"));
 }
 
-TEST_CASE("the cut refuses an update that reads a per-micro-batch forward value (moving statistics)") {
+TEST_CASE("a moving average of forward values (batch norm's statistics) runs with each micro-batch's forward") {
   Chain c(2);
   const Output average = c.g.variable("average", f64, {}, Initializer::zeros(), false);
-  c.g.addToCollection("update_ops", assignMovingAverage(average, mean(c.hidden[0]), 0.9));
+  Node* update = assignMovingAverage(average, mean(c.hidden[1]), 0.9);
+  c.g.addToCollection("update_ops", update);
+  c.train();
+  const PipelineCut cut = cutPipeline(c.g, 2, {c.loss}, c.step, false);
+  CHECK(cut.phaseOf[static_cast<size_t>(update->id)] == Phase::Forward);
+  CHECK(cut.forward[1].targets == std::vector<Node*>{update});
+  CHECK(std::count(cut.variables[1].begin(), cut.variables[1].end(), average.node()) == 1);  // gathered with stage 1
+}
+
+TEST_CASE("the cut refuses an update of a trained variable from a per-micro-batch forward value") {
+  Chain c(2);
+  c.g.addToCollection("update_ops", assign(c.g.find("w1")->output(), c.g.find("w1")->output() * mean(c.hidden[1])));
   c.train();
   CHECK(contains(c.cutError(2), "a value of each micro-batch's forward pass: pipelined training sums only the "
                                 "variables' gradients"));

@@ -104,6 +104,10 @@ class Trainer {
 
   /// Trains; returns the process's exit status (a parameter server's, or 0).
   int run() {
+    WEFT_CHECK(flags_.microbatches == 1 || flags_.stages > 1 || !flags_.distributed(),
+               "--microbatches {} with --workers: data-parallel workers do not cut their parts into micro-batches "
+               "(pipelines do: add --stages)",
+               flags_.microbatches);
     // A pipeline's stages update their own variables: no parameter servers.
     const int servers = flags_.stages > 1 ? 0 : flags_.servers;
     const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
@@ -168,7 +172,7 @@ class Trainer {
     config.session = SessionOptions{flags_.threads, false};
     config.localAggregation = flags_.localAggregation == "on";
     config.reportTraffic = flags_.reportComm;
-    config.pipeline.stages = flags_.stages;
+    config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
     config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
     runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here
@@ -313,7 +317,7 @@ class Trainer {
   /// A step's feeds: the batch's, or a pipeline's micro-batches, cut as the model cuts a batch
   /// among data-parallel workers (so their mean gradient is the batch's).
   std::vector<FeedMap> stepFeeds(const data::Batch& batch) {
-    if (runner_->stages() == 1) return {models::feedsFor(graph_, batch)};
+    if (flags_.microbatches == 1) return {models::feedsFor(graph_, batch)};
     std::vector<FeedMap> parts;
     for (int i = 0; i < flags_.microbatches; ++i)
       parts.push_back(models::feedsFor(graph_, model_->shard(batch, i, flags_.microbatches)));
@@ -524,8 +528,10 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                                        "train pipelined: the model cut into S stages, each a local worker process "
                                        "(cut by profiling one step, or where the model's Graph::stage scopes say)")
                             ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--microbatches", f.microbatches, "a pipelined step's batch is cut into M micro-batches (--batch is the total)")
-      ->capture_default_str()->check(CLI::PositiveNumber)->needs(stages);
+  cmd.add_option("--microbatches", f.microbatches,
+                 "each step's batch is cut into M micro-batches, whose gradients are summed before the update "
+                 "(--batch is the total): a pipeline's, or one process's gradient accumulation")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--schedule", f.schedule,
                  "the pipeline's schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at "
                  "most S micro-batches held) or zb (zero bubble: weight gradients fill the bubbles)")
