@@ -612,7 +612,7 @@ void Session::runSteps(Plan& plan) {
     if (s.checkFinite) {
       for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
     }
-    if (options_.afterEachOp) options_.afterEachOp();
+    if (afterEachOp_) afterEachOp_();
   }
 }
 

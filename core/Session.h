@@ -35,9 +35,6 @@ struct SessionOptions {
   /// batch, in order: random ops (dropout) draw for the examples it holds what one session fed
   /// the total batch draws for them. 0 for a session that sees the whole batch.
   int replica = 0;
-  /// Called on the running thread after every op: a pipeline stage moves its transport's sends
-  /// along there, so a receiver need not wait until the sender's computation ends.
-  std::function<void()> afterEachOp;
 };
 
 /// What a compiled plan costs.
@@ -75,6 +72,10 @@ class Session {
   /// afterwards, so profiling a training step trains nothing.
   std::unordered_map<const Node*, double> profile(const std::vector<Output>& fetches, const FeedMap& feeds = {},
                                                   const std::vector<Node*>& targets = {}, int runs = 3);
+
+  /// Calls `hook` on the running thread after every op from now on: a pipeline stage moves its
+  /// transport's sends along there, so a receiver need not wait until the sender's run ends.
+  void setAfterEachOp(std::function<void()> hook) { afterEachOp_ = std::move(hook); }
 
   /// The cost of the plan for these fetches, targets and feeds (compiling it if needed).
   PlanStats planStats(const std::vector<Output>& fetches, const FeedMap& feeds = {},
@@ -120,6 +121,7 @@ class Session {
   std::vector<std::shared_ptr<Buffer>> arenas_;
   uint64_t arenaGeneration_ = 0;
   std::unordered_map<const Node*, double>* opSeconds_ = nullptr;  // while profiling: summed per op
+  std::function<void()> afterEachOp_;
   uint64_t step_ = 0;
 };
 

@@ -138,10 +138,9 @@ struct PipelineStage::State {
     WEFT_CHECK(options.microbatches >= 1 && options.microbatches <= 0xffff,
                "a pipelined step needs 1 to 65535 micro-batches, got {}", options.microbatches);
     actions = stageSchedule(options.schedule, options.stages, options.microbatches, stage);
-    SessionOptions sessionOptions = options.session;
+    session = std::make_unique<Session>(graph, options.session);
     // A large send moves only while its sender progresses: between ops, not after the whole run.
-    sessionOptions.afterEachOp = [this] { transport.progress(); };
-    session = std::make_unique<Session>(graph, sessionOptions);
+    session->setAfterEachOp([this] { transport.progress(); });
   }
 
   void prepare(const std::vector<Output>& f, Node* t) {

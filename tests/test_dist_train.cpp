@@ -187,8 +187,9 @@ TEST_CASE("one process with --microbatches accumulates their gradients: the same
 TEST_CASE("ResNet pipelined over 2 stages trains like one process accumulating the same micro-batches (batch norm "
           "normalises, and updates its moving averages, per micro-batch)") {
   const std::string flags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 4 "
-                            "--eval-every 4 --threads 1 --timeout 30 --microbatches 2";
-  checkSameVariablesAs("resnet", flags, "--stages 2", 1e-5);
+                            "--eval-every 4 --threads 1 --timeout 30";
+  checkSameVariablesAs("resnet", flags + " --microbatches 2", "--stages 2", 1e-5);
+  checkSameVariablesAs("resnet", flags + " --microbatches 4", "--stages 3 --schedule zb", 1e-5);
 }
 
 TEST_CASE("2 data-parallel replicas of a 2-stage pipeline train like one process on the total batch (dense "
@@ -200,7 +201,9 @@ TEST_CASE("2 data-parallel replicas of a 2-stage pipeline train like one process
 TEST_CASE("LM, NMT and GGSNN pipelined over 2 stage processes train like one process (micro-batches cut as the "
           "model cuts a batch among workers)") {
   checkSameVariablesAs("lm", lmFlags, "--stages 2 --microbatches 2", 1e-5);
+  checkSameVariablesAs("lm", lmFlags, "--stages 3 --microbatches 4 --schedule gpipe", 1e-5);
   checkSameVariablesAs("nmt", nmtFlags, "--stages 2 --microbatches 2 --schedule zb", 1e-5);
+  checkSameVariablesAs("nmt", nmtFlags, "--stages 3 --microbatches 4", 1e-5);
   checkSameVariablesAs("gnn", gnnFlags, "--stages 2 --microbatches 2 --schedule gpipe", 1e-5);
 }
 

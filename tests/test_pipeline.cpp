@@ -39,7 +39,7 @@ struct Model {
     const std::vector<int64_t> widths{5, 8, 8, 8, 3};
     for (size_t l = 0; l + 1 < widths.size(); ++l) {
       auto staged = g.stage(static_cast<int>(l) * stages / 4);
-      nn::Linear layer(g, "fc" + std::to_string(l), widths[l], widths[l + 1], true, f64);
+      nn::Linear layer(g, fmt::format("fc{}", l), widths[l], widths[l + 1], true, f64);
       h = l + 2 < widths.size() ? tanh(layer(h)) : layer(h);
     }
     loss = nn::meanSparseCrossEntropy(h, y);
@@ -171,7 +171,7 @@ struct Chain {
     Output h = x;
     for (int s = 0; s < stages; ++s) {
       auto staged = g.stage(s);
-      h = tanh(matmul(h, g.variable("w" + std::to_string(s), f64, {4, 4}, Initializer::glorotUniform())));
+      h = tanh(matmul(h, g.variable(fmt::format("w{}", s), f64, {4, 4}, Initializer::glorotUniform())));
       hidden.push_back(h);
     }
     loss = mean(square(h));
@@ -316,7 +316,7 @@ struct Unstaged {
   Unstaged() {
     Output h = g.placeholder("x", f64, {-1, 4});
     for (int l = 0; l < 6; ++l) {
-      h = matmul(h, g.variable("w" + std::to_string(l), f64, {4, 4}, Initializer::glorotUniform()));
+      h = matmul(h, g.variable(fmt::format("w{}", l), f64, {4, 4}, Initializer::glorotUniform()));
       matmuls.push_back(h.node());
       h = tanh(h);
     }

@@ -24,7 +24,8 @@ const int kMicrobatchCounts[] = {1, 2, 3, 4, 8, 16};
 std::string orderText(PipelineSchedule schedule, int stages, int microbatches, int stage) {
   std::string text;
   for (const PipelineAction& a : stageSchedule(schedule, stages, microbatches, stage)) {
-    text += (text.empty() ? "" : " ") + describe(a);
+    if (!text.empty()) text += ' ';
+    text += describe(a);
   }
   return text;
 }
