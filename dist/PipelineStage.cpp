@@ -41,7 +41,10 @@ std::array<uint8_t, kHeaderBytes> encode(const Tensor& t) {
   std::array<uint8_t, kHeaderBytes> bytes{};
   bytes[0] = static_cast<uint8_t>(t.dtype());
   bytes[1] = static_cast<uint8_t>(t.shape().rank());
-  std::memcpy(bytes.data() + 8, t.shape().dims().data(), sizeof(int64_t) * static_cast<size_t>(t.shape().rank()));
+  for (int axis = 0; axis < t.shape().rank(); ++axis) {
+    const int64_t d = t.shape()[axis];
+    std::memcpy(bytes.data() + 8 + sizeof d * static_cast<size_t>(axis), &d, sizeof d);
+  }
   return bytes;
 }
 
@@ -49,7 +52,8 @@ std::array<uint8_t, kHeaderBytes> encode(const Tensor& t) {
 Tensor allocateFor(const std::array<uint8_t, kHeaderBytes>& bytes, const Output& value, int from) {
   const int rank = bytes[1];
   std::vector<int64_t> dims(static_cast<size_t>(std::min(rank, kMaxRank)));
-  std::memcpy(dims.data(), bytes.data() + 8, sizeof(int64_t) * dims.size());
+  for (size_t axis = 0; axis < dims.size(); ++axis)
+    std::memcpy(&dims[axis], bytes.data() + 8 + sizeof(int64_t) * axis, sizeof(int64_t));
   const Shape shape(dims);
   bool valid = rank <= kMaxRank && bytes[0] == static_cast<uint8_t>(value.dtype()) && shape.compatibleWith(value.shape());
   for (int64_t d : dims) valid = valid && d >= 0;
@@ -84,7 +88,7 @@ Tensor concatRows(const std::vector<Tensor>& parts) {
   Tensor out(parts.front().dtype(), shape);
   char* at = static_cast<char*>(out.raw());
   for (const Tensor& p : parts) {
-    std::memcpy(at, p.raw(), p.bytes());
+    if (p.bytes() > 0) std::memcpy(at, p.raw(), p.bytes());
     at += p.bytes();
   }
   return out;
@@ -116,7 +120,6 @@ struct PipelineStage::State {
   std::optional<PipelineCut> cut;
   std::vector<PipelineAction> actions;
   uint64_t step = 0;
-  uint64_t sent = 0, received = 0;
   double waitSeconds = 0, stepSeconds = 0;  // over every step so far
   size_t peakKept = 0;                        // the most bytes kept for later runs at once
   // Per step: what each micro-batch's runs keep (by micro-batch), what the update's waves keep,
@@ -166,7 +169,6 @@ struct PipelineStage::State {
     transport.send(peerOf(to), headerTag, header, deadline());
     const std::span<const uint8_t> payload(static_cast<const uint8_t*>(t.raw()), t.bytes());
     transport.send(peerOf(to), payloadTag, payload, deadline());
-    sent += header.size() + t.bytes();
   }
 
   /// Starts sending `t` without waiting for the receiver (finishSends ends the step's sends):
@@ -176,7 +178,6 @@ struct PipelineStage::State {
     tensorsInFlight.push_back(t);
     transport.startSend(peerOf(to), headerTag, headersInFlight.back());
     transport.startSend(peerOf(to), payloadTag, std::span<const uint8_t>(static_cast<const uint8_t*>(t.raw()), t.bytes()));
-    sent += kHeaderBytes + t.bytes();
   }
 
   /// Runs `wait` (receives, or the sends' end) as time this stage waited on others.
@@ -205,7 +206,6 @@ struct PipelineStage::State {
     transport.receive(headerTag, header, deadline(), peerOf(from));
     Tensor t = allocateFor(header, value, from);
     transport.receive(payloadTag, std::span<uint8_t>(static_cast<uint8_t*>(t.raw()), t.bytes()), deadline(), peerOf(from));
-    received += header.size() + t.bytes();
     return t;
   }
 
@@ -449,8 +449,6 @@ double PipelineStage::idleFraction() const {
   return state_->stepSeconds > 0 ? state_->waitSeconds / state_->stepSeconds : 0;
 }
 size_t PipelineStage::peakKeptBytes() const { return state_->peakKept; }
-uint64_t PipelineStage::bytesSent() const { return state_->sent; }
-uint64_t PipelineStage::bytesReceived() const { return state_->received; }
 
 void scaleGradient(Tensor& t, double factor) {
   forFloating(t.dtype(), "the", [&](auto zero) {
@@ -478,7 +476,8 @@ std::vector<FeedMap> splitMicrobatches(const FeedMap& feeds, int count) {
     const Tensor host = value.to(cpu());
     for (int i = 0; i < count; ++i) {
       Tensor part(value.dtype(), shape);
-      std::memcpy(part.raw(), static_cast<const char*>(host.raw()) + static_cast<size_t>(i) * part.bytes(), part.bytes());
+      if (part.bytes() > 0)
+        std::memcpy(part.raw(), static_cast<const char*>(host.raw()) + static_cast<size_t>(i) * part.bytes(), part.bytes());
       parts[static_cast<size_t>(i)].emplace_back(placeholder, part);
     }
   }

@@ -76,9 +76,6 @@ class PipelineStage {
   /// The most bytes this stage kept at once for its later runs (activations for the backward,
   /// what it received), over every step so far: what the schedule costs in memory.
   size_t peakKeptBytes() const;
-  /// Bytes of activations and gradients this stage sent and received, since it started.
-  uint64_t bytesSent() const;
-  uint64_t bytesReceived() const;
 
  private:
   struct State;

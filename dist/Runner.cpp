@@ -188,7 +188,7 @@ struct Runner::State {
     Shape shape = t.shape();
     shape[0] = static_cast<int64_t>(all.size() / rowBytes);
     Tensor out(t.dtype(), shape);
-    std::memcpy(out.raw(), all.data(), all.size());
+    if (!all.empty()) std::memcpy(out.raw(), all.data(), all.size());
     return out;
   }
 
