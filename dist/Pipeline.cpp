@@ -500,11 +500,10 @@ class Cutter {
       cut_.fetchStage.push_back(stage(f.node()));
     }
     for (size_t t = 0; t < cut_.transfers.size(); ++t) {
-      Transfer& transfer = cut_.transfers[t];
+      const Transfer& transfer = cut_.transfers[t];
       // A gradient another stage's update reads leaves, summed, at the update's start.
       const int producer = runOf(transfer.value.node());
       const int sending = transfer.receivedIn == Phase::Update ? std::max(producer, 3) : producer;
-      if (transfer.receivedIn == Phase::Update) transfer.wave = sending - 3;
       runAt(transfer.from, sending).sends.push_back(static_cast<int>(t));
       runAt(transfer.to, receivingRun(transfer)).receives.push_back(static_cast<int>(t));
     }

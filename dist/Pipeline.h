@@ -49,7 +49,6 @@ struct Transfer {
   int from = 0, to = 0;
   /// The receiver's action that takes it: Forward, Backward (for Weights too) or Update.
   Phase receivedIn = Phase::Forward;
-  int wave = 0;  ///< Update: sent after the sender's wave `wave`, read in a later wave
 };
 
 /// One run of a stage's session: per micro-batch for Forward, Backward and Weights, per wave of
