@@ -1,0 +1,1289 @@
+#include "dist/AmpRuntime.h"
+
+#include "core/Error.h"
+#include "core/Session.h"
+#include "core/Trace.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace weft::amp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// ---- payload arithmetic on the host (payloads are one instance's values: small) ----
+
+void addInto(Tensor& sum, const Tensor& x) {
+  if (!x.defined()) return;
+  if (!sum.defined()) {
+    sum = x.clone();
+    return;
+  }
+  WEFT_CHECK(sum.dtype() == x.dtype() && sum.shape() == x.shape(), "amp: adding gradients {}{} and {}{}",
+             dtypeName(sum.dtype()), sum.shape().str(), dtypeName(x.dtype()), x.shape().str());
+  int64_t n = sum.numel();
+  if (sum.dtype() == f64) {
+    double* s = sum.data<double>();
+    const double* v = x.data<double>();
+    for (int64_t i = 0; i < n; ++i) s[i] += v[i];
+  } else {
+    WEFT_CHECK(sum.dtype() == f32, "amp: gradients of dtype {} cannot be summed", dtypeName(sum.dtype()));
+    float* s = sum.data<float>();
+    const float* v = x.data<float>();
+    for (int64_t i = 0; i < n; ++i) s[i] += v[i];
+  }
+}
+
+Tensor scaled(const Tensor& x, double factor) {
+  Tensor out = x.clone();
+  if (out.dtype() == f64) {
+    for (int64_t i = 0; i < out.numel(); ++i) out.data<double>()[i] *= factor;
+  } else {
+    for (int64_t i = 0; i < out.numel(); ++i) out.data<float>()[i] = static_cast<float>(out.data<float>()[i] * factor);
+  }
+  return out;
+}
+
+int64_t lastWidth(const Tensor& t) { return t.rank() == 0 ? 1 : t.shape()[t.rank() - 1]; }
+
+Tensor concatLast(const std::vector<Tensor>& parts) {
+  Shape shape = parts[0].shape();
+  int64_t width = 0;
+  for (const Tensor& p : parts) {
+    WEFT_CHECK(p.dtype() == parts[0].dtype() && p.rank() == shape.rank() && p.rank() >= 1 &&
+                   p.numel() / lastWidth(p) == parts[0].numel() / lastWidth(parts[0]),
+               "amp: concatenating payloads {} and {}", parts[0].shape().str(), p.shape().str());
+    width += lastWidth(p);
+  }
+  shape[shape.rank() - 1] = width;
+  Tensor out(parts[0].dtype(), shape);
+  size_t element = dtypeSize(out.dtype());
+  int64_t rows = out.numel() / std::max<int64_t>(width, 1);
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t r = 0; r < rows; ++r)
+    for (const Tensor& p : parts) {
+      size_t bytes = static_cast<size_t>(lastWidth(p)) * element;
+      std::memcpy(dst, static_cast<const char*>(p.raw()) + static_cast<size_t>(r) * bytes, bytes);
+      dst += bytes;
+    }
+  return out;
+}
+
+std::vector<Tensor> splitLast(const Tensor& x, const std::vector<int64_t>& widths) {
+  int64_t total = 0;
+  for (int64_t w : widths) total += w;
+  WEFT_CHECK(x.rank() >= 1 && lastWidth(x) == total, "amp: splitting a payload {} into widths summing to {}",
+             x.shape().str(), total);
+  size_t element = dtypeSize(x.dtype());
+  int64_t rows = x.numel() / std::max<int64_t>(total, 1);
+  std::vector<Tensor> parts;
+  std::vector<char*> dst;
+  for (int64_t w : widths) {
+    Shape s = x.shape();
+    s[s.rank() - 1] = w;
+    parts.emplace_back(x.dtype(), s);
+    dst.push_back(static_cast<char*>(parts.back().raw()));
+  }
+  const char* src = static_cast<const char*>(x.raw());
+  for (int64_t r = 0; r < rows; ++r)
+    for (size_t i = 0; i < widths.size(); ++i) {
+      size_t bytes = static_cast<size_t>(widths[i]) * element;
+      std::memcpy(dst[i], src, bytes);
+      dst[i] += bytes;
+      src += bytes;
+    }
+  return parts;
+}
+
+Tensor stackRows(const std::vector<Tensor>& rows) {
+  std::vector<int64_t> dims = rows[0].shape().dims();
+  dims.insert(dims.begin(), static_cast<int64_t>(rows.size()));
+  Tensor out(rows[0].dtype(), Shape(dims));
+  char* dst = static_cast<char*>(out.raw());
+  for (const Tensor& r : rows) {
+    WEFT_CHECK(r.dtype() == rows[0].dtype() && r.shape() == rows[0].shape(), "amp: grouping payloads {} and {}",
+               rows[0].shape().str(), r.shape().str());
+    std::memcpy(dst, r.raw(), r.bytes());
+    dst += r.bytes();
+  }
+  return out;
+}
+
+Tensor row(const Tensor& x, int64_t i) {
+  std::vector<int64_t> dims(x.shape().dims().begin() + 1, x.shape().dims().end());
+  Tensor out(x.dtype(), Shape(dims));
+  std::memcpy(out.raw(), static_cast<const char*>(x.raw()) + static_cast<size_t>(i) * out.bytes(), out.bytes());
+  return out;
+}
+
+/// Gradients of payloads no gradient reaches (an id) travel as empty tensors: zero.
+std::vector<Tensor> rowsOrEmpty(const Tensor& grad, int64_t n) {
+  std::vector<Tensor> rows(static_cast<size_t>(n));
+  if (grad.defined())
+    for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = row(grad, i);
+  return rows;
+}
+
+Tensor stackOrEmpty(std::vector<Tensor>& rows) {
+  const Tensor* any = nullptr;
+  for (const Tensor& r : rows)
+    if (r.defined()) any = &r;
+  if (any == nullptr) return {};
+  for (Tensor& r : rows)
+    if (!r.defined()) r = Tensor::zeros(any->dtype(), any->shape());
+  return stackRows(rows);
+}
+
+const char* workerTrack(int worker) {
+  static std::mutex mutex;
+  static std::deque<std::string> names;
+  std::lock_guard<std::mutex> lock(mutex);
+  while (static_cast<int>(names.size()) <= worker) names.push_back(fmt::format("amp worker {}", names.size()));
+  return names[static_cast<size_t>(worker)].c_str();
+}
+
+// ---- the compiled subgraph of a transform or a loss ----
+
+struct Param {
+  std::string name;
+  Output variable;
+  Grad grad;
+  Output densePh, indicesPh, valuesPh;
+  Tensor sum;                         // dense gradients summed
+  std::vector<Tensor> indices, values;  // sparse gradients gathered
+};
+
+struct Compiled {
+  std::unique_ptr<weft::Graph> graph;
+  std::unique_ptr<Session> session;
+  std::vector<Output> payloads, fromState;
+  Output y, dy;
+  std::vector<Output> kept;        // forward values the backward pass reads
+  std::vector<Output> inputGrads;  // per payload; invalid where none flows
+  std::vector<Param> params;
+  weft::Node* updateStep = nullptr;
+  LossOutputs loss;
+  Output lossGrad;
+};
+
+bool isBackward(const weft::Node* n, size_t forwardEnd) { return static_cast<size_t>(n->id) >= forwardEnd; }
+
+std::vector<Output> keptValues(weft::Graph& g, size_t forwardEnd) {
+  std::vector<Output> kept;
+  std::unordered_set<Output, OutputHash> seen;
+  for (const auto& n : g.nodes()) {
+    if (!isBackward(n.get(), forwardEnd)) continue;
+    for (const Output& in : n->inputs) {
+      weft::Node* producer = in.node();
+      if (isBackward(producer, forwardEnd) || producer->def->sourceKind != SourceKind::None) continue;
+      if (seen.insert(in).second) kept.push_back(in);
+    }
+  }
+  return kept;
+}
+
+std::unique_ptr<Compiled> compileTransform(const amp::Node& node, const std::vector<TensorType>& inputs,
+                                           optim::Optimizer* optimizer, bool needsGradients) {
+  auto c = std::make_unique<Compiled>();
+  c->graph = std::make_unique<weft::Graph>();
+  weft::Graph& g = *c->graph;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    c->payloads.push_back(g.placeholder(fmt::format("payload{}", i), inputs[i].dtype, inputs[i].shape));
+  const auto& stateInputs = node.kind == NodeKind::Loss ? node.loss.stateInputs : node.transform.stateInputs;
+  for (const StateInput& s : stateInputs) c->fromState.push_back(g.placeholder(s.name, s.type.dtype, s.type.shape));
+  Inputs in{c->payloads, c->fromState};
+  std::vector<Output> wrt;
+  for (const Output& p : c->payloads)
+    if (isFloating(p.dtype())) wrt.push_back(p);
+  if (node.kind == NodeKind::Loss) {
+    c->loss = node.loss.build(g, in);
+    WEFT_CHECK(g.trainableVariables().empty(), "amp: loss '{}' has variables; put them in a transform before it",
+               node.name);
+    WEFT_CHECK(!wrt.empty(), "amp: loss '{}' gets a payload of dtype {}, which has no gradient", node.name,
+               dtypeName(c->payloads[0].dtype()));
+    c->lossGrad = toDense(gradients(c->loss.loss, {c->payloads[0]})[0]);
+    WEFT_CHECK(c->lossGrad.valid(), "amp: loss '{}' does not depend on its payload", node.name);
+  } else {
+    c->y = node.transform.build(g, in);
+    size_t forwardEnd = g.size();
+    for (weft::Node* v : g.trainableVariables()) c->params.push_back({v->name, v->output(), {}, {}, {}, {}, {}, {}, {}});
+    if (needsGradients && isFloating(c->y.dtype())) {
+      c->dy = g.placeholder("output_gradient", c->y.dtype(), c->y.shape());
+      Output surrogate = sum(mul(c->y, c->dy));
+      for (const Param& p : c->params) wrt.push_back(p.variable);
+      std::vector<Grad> grads = gradients(surrogate, wrt);
+      size_t k = 0;
+      for (const Output& p : c->payloads) {
+        if (!isFloating(p.dtype())) {
+          c->inputGrads.emplace_back();
+          continue;
+        }
+        const Grad& g = grads[k++];
+        c->inputGrads.push_back(g.valid() ? toDense(g) : Output());
+      }
+      for (Param& p : c->params) p.grad = grads[k++];
+      c->kept = keptValues(g, forwardEnd);
+      std::vector<std::pair<Grad, Output>> updates;
+      for (Param& p : c->params) {
+        if (!p.grad.valid()) continue;
+        const TensorType& t = p.variable.type();
+        if (p.grad.isSparse()) {
+          p.indicesPh = g.placeholder("sum/" + p.name + "/indices", p.grad.indices.dtype(), {-1});
+          std::vector<int64_t> rowShape = t.shape.dims();
+          rowShape[0] = -1;
+          p.valuesPh = g.placeholder("sum/" + p.name + "/values", t.dtype, Shape(rowShape));
+          updates.push_back({Grad::sparse(p.indicesPh, p.valuesPh, t.shape), p.variable});
+        } else {
+          p.densePh = g.placeholder("sum/" + p.name, t.dtype, t.shape);
+          updates.push_back({Grad(p.densePh), p.variable});
+        }
+      }
+      if (!updates.empty()) {
+        WEFT_CHECK(optimizer != nullptr, "amp: transform '{}' has variables but neither it nor the runtime names an optimizer",
+                   node.name);
+        c->updateStep = optimizer->applyGradients(updates);
+      }
+    } else {
+      c->inputGrads.assign(c->payloads.size(), Output());
+    }
+  }
+  c->session = std::make_unique<Session>(g, SessionOptions{.threads = 1});
+  return c;
+}
+
+// ---- per-node runtime state ----
+
+/// What a node keeps of a forward message until its backward message comes.
+struct Kept {
+  std::vector<Tensor> tensors;
+  std::vector<State> states;
+  std::vector<int64_t> widths;
+  int origin = 0;
+  int64_t version = 0;
+};
+
+/// Messages of one state (or one group key) arriving on several inputs, or several gradients
+/// answering one message.
+struct Join {
+  std::vector<Tensor> parts;
+  std::vector<State> states;
+  std::vector<int64_t> order;
+  int arrived = 0;
+  int expected = 0;
+};
+
+struct ReplicaGroup {
+  std::mutex mutex;
+  int members = 0;
+  int64_t round = 0;
+  std::vector<std::vector<Tensor>> posted;  // per member, this round
+  int postedCount = 0;
+  std::vector<Tensor> average;
+  int64_t averageRound = -1;
+  std::atomic<int64_t> rounds{0};  // averages made, since the last report
+};
+
+struct NodeRt {
+  const amp::Node* spec = nullptr;
+  int worker = 0;
+  std::unique_ptr<Compiled> compiled;
+  std::unordered_map<State, Kept, StateHash> kept;
+  std::unordered_map<State, Join, StateHash> joins;        // forward joins (concat, transforms, groups)
+  std::unordered_map<State, Join, StateHash> gradJoins;    // backward joins (broadcast, split, flatmap, ungroup)
+  std::unordered_map<State, std::pair<State, int>, StateHash> parentOf;  // ungroup / flatmap children
+  int minUpdateFrequency = 1;
+  int64_t updates = 0;
+  int64_t gradientsSinceUpdate = 0;
+  std::unordered_set<int64_t> instancesSinceUpdate;
+  // replicas
+  ReplicaGroup* replicas = nullptr;
+  int replicaIndex = 0;
+  int64_t updatesSinceSync = 0;
+  int64_t postedRound = -1;
+  std::vector<Tensor> postedValues;
+  // counts since the last report
+  std::vector<int64_t> sent, answered;  // per output: forward messages sent, backward ones received
+  int64_t forwards = 0, backwards = 0, gradients = 0, updatesReported = 0;
+  int64_t stalenessSum = 0, stalenessMax = 0, stalenessCount = 0;
+  double busy = 0;
+};
+
+struct Task {
+  enum class Kind { Forward, Backward, Update } kind = Kind::Forward;
+  int node = 0;
+  int port = 0;  // forward: the input it arrives on; backward: the output it answers
+  Tensor payload;
+  State state;
+};
+
+struct Worker {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<Task> forward, backward, control;
+  std::thread thread;
+  double busy = 0;
+  std::atomic<int> currentNode{-1};
+  std::atomic<int64_t> currentSince{0};
+};
+
+struct InstanceRecord {
+  std::shared_ptr<const Instance> data;
+  std::atomic<int64_t> inFlight{0};
+  std::atomic<int64_t> held{0};  // messages nodes keep for a partner or for backward
+  std::mutex mutex;
+  double loss = 0, hits = 0, count = 0;
+};
+
+}  // namespace
+
+struct Runtime::Impl {
+  Graph& graph;
+  AmpOptions options;
+  std::vector<NodeRt> nodes;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::deque<ReplicaGroup> replicaGroups;
+  std::atomic<bool> stopping{false};
+  bool training = true;
+
+  // the run in progress
+  std::vector<std::unique_ptr<InstanceRecord>> records;
+  int64_t firstInstance = 0, nextInstanceId = 0;
+  std::mutex doneMutex;
+  std::condition_variable doneChanged;
+  std::vector<int64_t> finished;
+  std::atomic<int64_t> outstandingTasks{0};
+  std::atomic<int64_t> processed{0};
+  std::string failure;
+  int64_t stuckInstance = -1;
+
+  Impl(Graph& g, AmpOptions o) : graph(g), options(std::move(o)) {}
+
+  InstanceRecord& record(int64_t instance) {
+    int64_t i = instance - firstInstance;
+    WEFT_CHECK(i >= 0 && i < static_cast<int64_t>(records.size()), "amp: a message names instance {}, which is not in flight",
+               instance);
+    return *records[static_cast<size_t>(i)];
+  }
+  const Instance& instanceOf(const State& s) { return *record(s.instance).data; }
+
+  void push(int node, Task task) {
+    record(task.state.instance).inFlight.fetch_add(1);
+    outstandingTasks.fetch_add(1);
+    Worker& w = *workers[static_cast<size_t>(nodes[static_cast<size_t>(node)].worker)];
+    {
+      std::lock_guard<std::mutex> lock(w.mutex);
+      task.node = node;
+      (task.kind == Task::Kind::Backward ? w.backward : task.kind == Task::Kind::Forward ? w.forward : w.control)
+          .push_back(std::move(task));
+    }
+    w.ready.notify_one();
+  }
+
+  void sendForward(int node, int output, Tensor payload, const State& state) {
+    ++nodes[static_cast<size_t>(node)].sent[static_cast<size_t>(output)];
+    auto [reader, input] = graph.consumer({node, output});
+    push(reader, {Task::Kind::Forward, reader, input, std::move(payload), state});
+  }
+
+  void sendBackward(const amp::Node& node, int input, Tensor grad, const State& state) {
+    const Port& from = node.inputs[static_cast<size_t>(input)];
+    push(from.node, {Task::Kind::Backward, from.node, from.output, std::move(grad), state});
+  }
+
+  /// Under the controller's lock, so it never sees the workers idle before it sees the instance
+  /// they finished.
+  ///
+  /// With nothing of an instance in flight it is finished, unless a node still holds one of its
+  /// messages: then that message waits for a partner that can no longer come.
+  void taskDone(const State& state) {
+    InstanceRecord& r = record(state.instance);
+    std::lock_guard<std::mutex> lock(doneMutex);
+    bool instanceDone = r.inFlight.fetch_sub(1) == 1;
+    bool idle = outstandingTasks.fetch_sub(1) == 1;
+    processed.fetch_add(1);
+    if (instanceDone && r.held.load() != 0 && failure.empty()) {
+      failure = fmt::format("amp: instance {} can go no further: nodes hold {} of its messages waiting for partners "
+                            "that never come",
+                            state.instance, r.held.load());
+      stuckInstance = state.instance;
+    } else if (instanceDone) {
+      finished.push_back(state.instance);
+    }
+    if (instanceDone || idle) doneChanged.notify_all();
+  }
+
+  void hold(const State& s, int64_t messages) { record(s.instance).held.fetch_add(messages); }
+
+  // ---- node behaviour ----
+
+  Kept takeKept(NodeRt& n, const State& s, const char* what) {
+    auto it = n.kept.find(s);
+    WEFT_CHECK(it != n.kept.end(), "amp: {} '{}' got a backward message for {}, which it never sent forward", what,
+               n.spec->name, s.str());
+    Kept k = std::move(it->second);
+    n.kept.erase(it);
+    hold(s, -1);
+    return k;
+  }
+
+  void keep(NodeRt& n, const State& s, Kept k) {
+    if (!training) return;
+    bool fresh = n.kept.emplace(s, std::move(k)).second;
+    WEFT_CHECK(fresh, "amp: {} '{}' got a second forward message with {} before the first was answered",
+               kindName(n.spec->kind), n.spec->name, s.str());
+    hold(s, 1);
+  }
+
+  /// Collects one message per input for state s; true (and the payloads) once all arrived.
+  bool joinInputs(NodeRt& n, const Task& t, std::vector<Tensor>& payloads) {
+    size_t inputs = n.spec->inputs.size();
+    if (inputs == 1) {
+      payloads = {t.payload};
+      return true;
+    }
+    Join& j = n.joins[t.state];
+    if (j.parts.empty()) j.parts.resize(inputs);
+    WEFT_CHECK(!j.parts[static_cast<size_t>(t.port)].defined(), "amp: {} '{}' got two messages with {} on input {}",
+               kindName(n.spec->kind), n.spec->name, t.state.str(), t.port);
+    j.parts[static_cast<size_t>(t.port)] = t.payload;
+    hold(t.state, 1);
+    if (++j.arrived < static_cast<int>(inputs)) return false;
+    hold(t.state, -j.arrived);
+    payloads = std::move(j.parts);
+    n.joins.erase(t.state);
+    return true;
+  }
+
+  FeedMap feedsFor(const Compiled& c, const std::vector<Tensor>& payloads, const std::vector<Tensor>& stateValues) {
+    FeedMap feeds;
+    for (size_t i = 0; i < payloads.size(); ++i) feeds.push_back({c.payloads[i], payloads[i]});
+    for (size_t i = 0; i < stateValues.size(); ++i) feeds.push_back({c.fromState[i], stateValues[i]});
+    return feeds;
+  }
+
+  std::vector<Tensor> stateValues(const NodeRt& n, const State& s) {
+    const auto& specs = n.spec->kind == NodeKind::Loss ? n.spec->loss.stateInputs : n.spec->transform.stateInputs;
+    std::vector<Tensor> values;
+    for (const StateInput& si : specs) values.push_back(si.value(s, instanceOf(s)));
+    return values;
+  }
+
+  void transformForward(NodeRt& n, const Task& t) {
+    std::vector<Tensor> payloads;
+    if (!joinInputs(n, t, payloads)) return;
+    Compiled& c = *n.compiled;
+    std::vector<Tensor> fromState = stateValues(n, t.state);
+    FeedMap feeds = feedsFor(c, payloads, fromState);
+    std::vector<Output> fetches{c.y};
+    if (training) fetches.insert(fetches.end(), c.kept.begin(), c.kept.end());
+    std::vector<Tensor> out = c.session->run(fetches, feeds);
+    Tensor y = out[0];
+    if (training) {
+      Kept k;
+      k.tensors = std::move(payloads);
+      k.tensors.insert(k.tensors.end(), fromState.begin(), fromState.end());
+      k.tensors.insert(k.tensors.end(), out.begin() + 1, out.end());
+      k.version = n.updates;
+      keep(n, t.state, std::move(k));
+    }
+    ++n.forwards;
+    sendForward(n.spec->id, 0, std::move(y), t.state);
+  }
+
+  void transformBackward(NodeRt& n, const Task& t) {
+    Kept k = takeKept(n, t.state, "transform");
+    Compiled& c = *n.compiled;
+    size_t payloads = c.payloads.size(), fromState = c.fromState.size();
+    std::vector<Output> fetches;
+    for (const Output& g : c.inputGrads)
+      if (g.valid()) fetches.push_back(g);
+    for (const Param& p : c.params) {
+      if (p.grad.isSparse()) fetches.push_back(p.grad.indices), fetches.push_back(p.grad.values);
+      else if (p.grad.valid()) fetches.push_back(p.grad.dense);
+    }
+    // An empty gradient is zero: nothing flows back and the variables gain nothing.
+    std::vector<Tensor> out;
+    if (!fetches.empty() && c.dy.valid() && t.payload.defined()) {
+      FeedMap feeds;
+      for (size_t i = 0; i < payloads; ++i) feeds.push_back({c.payloads[i], k.tensors[i]});
+      for (size_t i = 0; i < fromState; ++i) feeds.push_back({c.fromState[i], k.tensors[payloads + i]});
+      for (size_t i = 0; i < c.kept.size(); ++i) feeds.push_back({c.kept[i], k.tensors[payloads + fromState + i]});
+      feeds.push_back({c.dy, t.payload});
+      out = c.session->run(fetches, feeds);
+    }
+    std::vector<Tensor> inputGrads(payloads);
+    size_t next = 0;
+    if (!out.empty()) {
+      for (size_t i = 0; i < payloads; ++i)
+        if (c.inputGrads[i].valid()) inputGrads[i] = out[next++];
+      for (Param& p : c.params) {
+        if (p.grad.isSparse()) {
+          p.indices.push_back(out[next++]);
+          p.values.push_back(out[next++]);
+        } else if (p.grad.valid()) {
+          addInto(p.sum, out[next++]);
+        }
+      }
+    }
+    ++n.backwards;
+    if (!c.params.empty()) {
+      ++n.gradients;
+      ++n.gradientsSinceUpdate;
+      n.instancesSinceUpdate.insert(t.state.instance);
+      int64_t staleness = n.updates - k.version;
+      n.stalenessSum += staleness;
+      n.stalenessMax = std::max(n.stalenessMax, staleness);
+      ++n.stalenessCount;
+      if (options.minibatch == 0 && n.gradientsSinceUpdate >= n.minUpdateFrequency) update(n);
+    }
+    for (size_t i = 0; i < payloads; ++i) sendBackward(*n.spec, static_cast<int>(i), std::move(inputGrads[i]), t.state);
+  }
+
+  void update(NodeRt& n) {
+    Compiled& c = *n.compiled;
+    if (c.updateStep == nullptr || n.gradientsSinceUpdate == 0) return;
+    auto start = Clock::now();
+    double scale = 1.0 / static_cast<double>(std::max<size_t>(n.instancesSinceUpdate.size(), 1));
+    FeedMap feeds;
+    for (Param& p : c.params) {
+      if (p.grad.isSparse()) {
+        Tensor indices = p.indices.empty() ? Tensor(p.indicesPh.dtype(), {0}) : p.indices.size() == 1 ? p.indices[0] : concatIndices(p.indices);
+        Tensor values = scaled(p.values.size() == 1 ? p.values[0] : concatRows(p.values), scale);
+        feeds.push_back({p.indicesPh, indices});
+        feeds.push_back({p.valuesPh, values});
+        p.indices.clear();
+        p.values.clear();
+      } else if (p.grad.valid()) {
+        Tensor g = p.sum.defined() ? scaled(p.sum, scale) : Tensor::zeros(p.variable.dtype(), p.variable.shape());
+        feeds.push_back({p.densePh, g});
+        p.sum = Tensor();
+      }
+    }
+    c.session->run({}, feeds, {c.updateStep});
+    ++n.updates;
+    ++n.updatesReported;
+    n.gradientsSinceUpdate = 0;
+    n.instancesSinceUpdate.clear();
+    if (n.replicas != nullptr && options.replicaSyncEvery > 0) exchangeWithReplicas(n);
+    if (options.trace) traceEvent(n.spec->name, "update", workerTrack(n.worker), start, Clock::now());
+  }
+
+  static Tensor concatRows(const std::vector<Tensor>& parts) {
+    std::vector<int64_t> dims = parts[0].shape().dims();
+    int64_t rows = 0;
+    for (const Tensor& p : parts) rows += p.shape()[0];
+    dims[0] = rows;
+    Tensor out(parts[0].dtype(), Shape(dims));
+    char* dst = static_cast<char*>(out.raw());
+    for (const Tensor& p : parts) {
+      std::memcpy(dst, p.raw(), p.bytes());
+      dst += p.bytes();
+    }
+    return out;
+  }
+  static Tensor concatIndices(const std::vector<Tensor>& parts) { return concatRows(parts); }
+
+  std::vector<Tensor*> trainedValues(NodeRt& n) {
+    std::vector<Tensor*> values;
+    for (Param& p : n.compiled->params) values.push_back(&n.compiled->session->variable(p.variable.node()));
+    return values;
+  }
+
+  /// Every replicaSyncEvery updates a replica posts its variables; the last of a round to post
+  /// averages them, and each replica then moves to that average plus what it learned since it posted.
+  void exchangeWithReplicas(NodeRt& n) {
+    ReplicaGroup& g = *n.replicas;
+    std::vector<Tensor*> mine = trainedValues(n);
+    std::lock_guard<std::mutex> lock(g.mutex);
+    if (n.postedRound >= 0 && g.averageRound >= n.postedRound) {
+      for (size_t i = 0; i < mine.size(); ++i) {
+        Tensor moved = g.average[i].clone();
+        addInto(moved, *mine[i]);
+        addInto(moved, scaled(n.postedValues[i], -1.0));
+        mine[i]->copyFrom(moved);
+      }
+      n.postedRound = -1;
+      n.postedValues.clear();
+    }
+    if (++n.updatesSinceSync < options.replicaSyncEvery || n.postedRound >= 0) return;
+    n.updatesSinceSync = 0;
+    n.postedRound = g.round;
+    for (Tensor* v : mine) n.postedValues.push_back(v->clone());
+    g.posted[static_cast<size_t>(n.replicaIndex)] = n.postedValues;
+    if (++g.postedCount < g.members) return;
+    g.average.clear();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      Tensor sum;
+      for (const auto& member : g.posted) addInto(sum, member[i]);
+      g.average.push_back(scaled(sum, 1.0 / g.members));
+    }
+    g.averageRound = g.round++;
+    ++g.rounds;
+    g.postedCount = 0;
+  }
+
+  void lossForward(NodeRt& n, const Task& t) {
+    Compiled& c = *n.compiled;
+    std::vector<Tensor> fromState = stateValues(n, t.state);
+    FeedMap feeds = feedsFor(c, {t.payload}, fromState);
+    std::vector<Output> fetches{c.loss.loss};
+    bool scored = c.loss.hits.valid() && c.loss.count.valid();
+    if (scored) fetches.push_back(c.loss.hits), fetches.push_back(c.loss.count);
+    if (training) fetches.push_back(c.lossGrad);
+    std::vector<Tensor> out = c.session->run(fetches, feeds);
+    {
+      InstanceRecord& r = record(t.state.instance);
+      std::lock_guard<std::mutex> lock(r.mutex);
+      r.loss += out[0].item();
+      if (scored) r.hits += out[1].item(), r.count += out[2].item();
+    }
+    ++n.forwards;
+    if (training) {
+      ++n.backwards;
+      sendBackward(*n.spec, 0, std::move(out.back()), t.state);
+    }
+  }
+
+  void forward(NodeRt& n, const Task& t) {
+    const amp::Node& spec = *n.spec;
+    switch (spec.kind) {
+      case NodeKind::Input: sendForward(spec.id, 0, t.payload, t.state); break;
+      case NodeKind::Transform: transformForward(n, t); return;
+      case NodeKind::Loss: lossForward(n, t); return;
+      case NodeKind::Cond: {
+        int branch = spec.route(t.state, instanceOf(t.state));
+        WEFT_CHECK(branch >= 0 && branch < spec.outputs, "amp: cond '{}' routed {} to branch {} of {}", spec.name,
+                   t.state.str(), branch, spec.outputs);
+        keep(n, t.state, Kept{{}, {}, {}, branch, 0});
+        sendForward(spec.id, branch, t.payload, t.state);
+        break;
+      }
+      case NodeKind::Phi:
+        keep(n, t.state, Kept{{}, {}, {}, t.port, 0});
+        sendForward(spec.id, 0, t.payload, t.state);
+        break;
+      case NodeKind::StateUpdate: {
+        State next = spec.forward(t.state, instanceOf(t.state));
+        WEFT_CHECK(next.instance == t.state.instance, "amp: state update '{}' changed the instance of {}", spec.name,
+                   t.state.str());
+        keep(n, next, Kept{{}, {t.state}, {}, 0, 0});
+        sendForward(spec.id, 0, t.payload, next);
+        break;
+      }
+      case NodeKind::Concat: {
+        std::vector<Tensor> parts;
+        if (!joinInputs(n, t, parts)) return;
+        Kept k;
+        for (const Tensor& p : parts) k.widths.push_back(lastWidth(p));
+        keep(n, t.state, std::move(k));
+        sendForward(spec.id, 0, concatLast(parts), t.state);
+        break;
+      }
+      case NodeKind::Split: {
+        keep(n, t.state, Kept{});
+        auto parts = splitLast(t.payload, spec.sizes);
+        for (size_t i = 0; i < parts.size(); ++i) sendForward(spec.id, static_cast<int>(i), std::move(parts[i]), t.state);
+        break;
+      }
+      case NodeKind::Broadcast:
+        keep(n, t.state, Kept{});
+        for (int i = 0; i < spec.outputs; ++i) sendForward(spec.id, i, t.payload, t.state);
+        break;
+      case NodeKind::Group: groupForward(n, t); return;
+      case NodeKind::Ungroup:
+      case NodeKind::Flatmap: expandForward(n, t); break;
+    }
+    ++n.forwards;
+  }
+
+  void groupForward(NodeRt& n, const Task& t) {
+    const amp::Node& spec = *n.spec;
+    const Instance& inst = instanceOf(t.state);
+    State key = spec.group.key(t.state, inst);
+    WEFT_CHECK(key.instance == t.state.instance, "amp: group '{}' keyed {} to another instance", spec.name, t.state.str());
+    Join& j = n.joins[key];
+    if (j.expected == 0) {
+      j.expected = spec.group.count(key, inst);
+      WEFT_CHECK(j.expected >= 1, "amp: group '{}' expects {} messages for {}", spec.name, j.expected, key.str());
+    }
+    j.parts.push_back(t.payload);
+    j.states.push_back(t.state);
+    j.order.push_back(spec.group.order(t.state));
+    hold(t.state, 1);
+    if (++j.arrived < j.expected) return;
+    hold(t.state, -j.arrived);
+    std::vector<size_t> order(j.parts.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return j.order[a] < j.order[b]; });
+    std::vector<Tensor> rows;
+    Kept k;
+    for (size_t i : order) rows.push_back(j.parts[i]), k.states.push_back(j.states[i]);
+    for (size_t i = 1; i < order.size(); ++i)
+      WEFT_CHECK(j.order[order[i]] != j.order[order[i - 1]], "amp: group '{}' got two messages of order {} for {}",
+                 spec.name, j.order[order[i]], key.str());
+    n.joins.erase(key);
+    keep(n, key, std::move(k));
+    ++n.forwards;
+    sendForward(spec.id, 0, stackRows(rows), key);
+  }
+
+  void expandForward(NodeRt& n, const Task& t) {
+    const amp::Node& spec = *n.spec;
+    std::vector<State> states = spec.expand(t.state, instanceOf(t.state));
+    bool ungroup = spec.kind == NodeKind::Ungroup;
+    if (states.empty()) {
+      // Nothing goes on (a graph node without edges): the message is answered at once, with zero.
+      if (training) sendBackward(spec, 0, Tensor(), t.state);
+      return;
+    }
+    if (ungroup)
+      WEFT_CHECK(t.payload.rank() >= 1 && t.payload.shape()[0] == static_cast<int64_t>(states.size()),
+                 "amp: ungroup '{}' got a payload {} for {} states of {}", spec.name, t.payload.shape().str(),
+                 states.size(), t.state.str());
+    if (training) {
+      Join& j = n.gradJoins[t.state];
+      WEFT_CHECK(j.expected == 0, "amp: {} '{}' got a second forward message with {}", kindName(spec.kind), spec.name,
+                 t.state.str());
+      j.expected = static_cast<int>(states.size());
+      j.parts.resize(states.size());
+      hold(t.state, 1);
+      for (size_t i = 0; i < states.size(); ++i) {
+        WEFT_CHECK(states[i].instance == t.state.instance, "amp: {} '{}' made a state of another instance from {}",
+                   kindName(spec.kind), spec.name, t.state.str());
+        bool fresh = n.parentOf.emplace(states[i], std::make_pair(t.state, static_cast<int>(i))).second;
+        WEFT_CHECK(fresh, "amp: {} '{}' made the state {} twice", kindName(spec.kind), spec.name, states[i].str());
+      }
+    }
+    for (size_t i = 0; i < states.size(); ++i)
+      sendForward(spec.id, 0, ungroup ? row(t.payload, static_cast<int64_t>(i)) : t.payload, states[i]);
+  }
+
+  void backward(NodeRt& n, const Task& t) {
+    const amp::Node& spec = *n.spec;
+    switch (spec.kind) {
+      case NodeKind::Input: break;
+      case NodeKind::Transform: transformBackward(n, t); return;
+      case NodeKind::Loss: WEFT_THROW("amp: loss '{}' got a backward message", spec.name);
+      case NodeKind::Cond: {
+        Kept k = takeKept(n, t.state, "cond");
+        WEFT_CHECK(k.origin == t.port, "amp: cond '{}' sent {} to branch {} but its gradient came from branch {}",
+                   spec.name, t.state.str(), k.origin, t.port);
+        sendBackward(spec, 0, t.payload, t.state);
+        break;
+      }
+      case NodeKind::Phi: {
+        Kept k = takeKept(n, t.state, "phi");
+        sendBackward(spec, k.origin, t.payload, t.state);
+        break;
+      }
+      case NodeKind::StateUpdate: {
+        Kept k = takeKept(n, t.state, "state update");
+        State previous = spec.inverse(t.state, instanceOf(t.state));
+        WEFT_CHECK(previous == k.states[0], "amp: state update '{}' maps {} back to {}, but it came from {}", spec.name,
+                   t.state.str(), previous.str(), k.states[0].str());
+        sendBackward(spec, 0, t.payload, previous);
+        break;
+      }
+      case NodeKind::Concat: {
+        Kept k = takeKept(n, t.state, "concat");
+        std::vector<Tensor> parts = t.payload.defined() ? splitLast(t.payload, k.widths) : std::vector<Tensor>(k.widths.size());
+        for (size_t i = 0; i < parts.size(); ++i) sendBackward(spec, static_cast<int>(i), std::move(parts[i]), t.state);
+        break;
+      }
+      case NodeKind::Split:
+      case NodeKind::Broadcast: {
+        Join& j = n.gradJoins[t.state];
+        if (j.parts.empty()) j.parts.resize(static_cast<size_t>(spec.outputs));
+        WEFT_CHECK(j.arrived == 0 || !j.parts[static_cast<size_t>(t.port)].defined(),
+                   "amp: {} '{}' got two gradients for {} on output {}", kindName(spec.kind), spec.name, t.state.str(),
+                   t.port);
+        j.parts[static_cast<size_t>(t.port)] = t.payload;
+        hold(t.state, 1);
+        if (++j.arrived < spec.outputs) return;
+        hold(t.state, -j.arrived);
+        takeKept(n, t.state, kindName(spec.kind));
+        Tensor grad;
+        if (spec.kind == NodeKind::Broadcast) {
+          for (const Tensor& p : j.parts) addInto(grad, p);
+        } else {
+          for (size_t i = 0; i < j.parts.size(); ++i)
+            if (!j.parts[i].defined()) j.parts[i] = Tensor::zeros(spec.outputTypes[i].dtype, partShape(spec, i, j.parts));
+          grad = concatLast(j.parts);
+        }
+        n.gradJoins.erase(t.state);
+        sendBackward(spec, 0, std::move(grad), t.state);
+        break;
+      }
+      case NodeKind::Group: {
+        Kept k = takeKept(n, t.state, "group");
+        std::vector<Tensor> rows = rowsOrEmpty(t.payload, static_cast<int64_t>(k.states.size()));
+        for (size_t i = 0; i < rows.size(); ++i) sendBackward(spec, 0, std::move(rows[i]), k.states[i]);
+        break;
+      }
+      case NodeKind::Ungroup:
+      case NodeKind::Flatmap: expandBackward(n, t); return;
+    }
+    ++n.backwards;
+  }
+
+  static Shape partShape(const amp::Node& spec, size_t missing, const std::vector<Tensor>& parts) {
+    for (const Tensor& p : parts)
+      if (p.defined()) {
+        Shape s = p.shape();
+        s[s.rank() - 1] = spec.sizes[missing];
+        return s;
+      }
+    return spec.outputTypes[missing].shape;
+  }
+
+  void expandBackward(NodeRt& n, const Task& t) {
+    const amp::Node& spec = *n.spec;
+    auto child = n.parentOf.find(t.state);
+    WEFT_CHECK(child != n.parentOf.end(), "amp: {} '{}' got a backward message for {}, which it never sent forward",
+               kindName(spec.kind), spec.name, t.state.str());
+    auto [parent, index] = child->second;
+    n.parentOf.erase(child);
+    Join& j = n.gradJoins[parent];
+    j.parts[static_cast<size_t>(index)] = t.payload;
+    ++n.backwards;
+    if (++j.arrived < j.expected) return;
+    hold(parent, -1);
+    Tensor grad;
+    if (spec.kind == NodeKind::Flatmap) {
+      for (const Tensor& p : j.parts) addInto(grad, p);
+    } else {
+      grad = stackOrEmpty(j.parts);
+    }
+    n.gradJoins.erase(parent);
+    sendBackward(spec, 0, std::move(grad), parent);
+  }
+
+  // ---- workers ----
+
+  void process(NodeRt& n, Task& t) {
+    if (t.kind == Task::Kind::Backward) ++n.answered[static_cast<size_t>(t.port)];
+    switch (t.kind) {
+      case Task::Kind::Forward: forward(n, t); break;
+      case Task::Kind::Backward: backward(n, t); break;
+      case Task::Kind::Update: update(n); break;
+    }
+  }
+
+  void workerLoop(int index) {
+    Worker& w = *workers[static_cast<size_t>(index)];
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(w.mutex);
+        w.ready.wait(lock, [&] { return stopping || !w.control.empty() || !w.backward.empty() || !w.forward.empty(); });
+        if (stopping) return;
+        auto& queue = !w.control.empty() ? w.control : !w.backward.empty() ? w.backward : w.forward;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      NodeRt& n = nodes[static_cast<size_t>(task.node)];
+      auto start = Clock::now();
+      w.currentSince.store(start.time_since_epoch().count());
+      w.currentNode.store(task.node);
+      try {
+        process(n, task);
+      } catch (const std::exception& e) {
+        fail(fmt::format("amp: worker {} failed in {} '{}' on {}: {}", index, kindName(n.spec->kind), n.spec->name,
+                         task.state.str(), e.what()));
+      }
+      auto end = Clock::now();
+      w.currentNode.store(-1);
+      double spent = seconds(end - start);
+      n.busy += spent;
+      w.busy += spent;
+      if (options.trace && task.kind != Task::Kind::Update)
+        traceEvent(fmt::format("{} {}", n.spec->name, task.state.instance),
+                   task.kind == Task::Kind::Forward ? "forward" : "backward", workerTrack(index), start, end);
+      if (task.kind == Task::Kind::Update) {
+        std::lock_guard<std::mutex> lock(doneMutex);
+        outstandingTasks.fetch_sub(1);
+        doneChanged.notify_all();
+      } else {
+        taskDone(task.state);
+      }
+    }
+  }
+
+  void fail(std::string message) {
+    std::lock_guard<std::mutex> lock(doneMutex);
+    if (failure.empty()) failure = std::move(message);
+    doneChanged.notify_all();
+  }
+
+  void stopWorkers() {
+    stopping = true;
+    for (auto& w : workers) {
+      { std::lock_guard<std::mutex> lock(w->mutex); }
+      w->ready.notify_all();
+    }
+    for (auto& w : workers)
+      if (w->thread.joinable()) w->thread.join();
+  }
+
+  /// Why nothing moves: the worker busy in one node the longest, or the nodes holding messages
+  /// that wait for others which will never come.
+  std::string stallReport() {
+    int worst = -1;
+    int64_t since = 0;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      int node = workers[i]->currentNode.load();
+      int64_t at = workers[i]->currentSince.load();
+      if (node >= 0 && (worst < 0 || at < since)) worst = static_cast<int>(i), since = at;
+    }
+    std::string where = worst < 0 ? std::string()
+                                  : fmt::format(": worker {} is stuck in '{}'", worst,
+                                                nodes[static_cast<size_t>(workers[static_cast<size_t>(worst)]->currentNode.load())].spec->name);
+    return fmt::format("amp: no message was processed for {:.0f} s{}", seconds(options.timeout), where);
+  }
+
+  /// The messages of `instance` (all, when -1) that nodes hold; read after the workers stopped.
+  std::string heldMessages(int64_t instance) {
+    std::string out;
+    auto mine = [&](const State& s) { return instance < 0 || s.instance == instance; };
+    for (const NodeRt& n : nodes) {
+      for (const auto& [state, j] : n.joins)
+        if (mine(state))
+          out += fmt::format("\n  {} '{}' holds {} of {} message(s) for {}", kindName(n.spec->kind), n.spec->name, j.arrived,
+                             j.expected > 0 ? j.expected : static_cast<int>(n.spec->inputs.size()), state.str());
+      for (const auto& [state, j] : n.gradJoins)
+        if (mine(state) && j.arrived > 0)
+          out += fmt::format("\n  {} '{}' holds {} of {} gradient(s) for {}", kindName(n.spec->kind), n.spec->name,
+                             j.arrived, j.expected > 0 ? j.expected : n.spec->outputs, state.str());
+    }
+    return out;
+  }
+
+  // ---- the controller ----
+
+  EpochReport runEpoch(int64_t count, const std::function<Pumped(int64_t)>& make, bool train);
+  void checkDrained();
+  std::vector<NodeRt*> parameterised() {
+    std::vector<NodeRt*> out;
+    for (NodeRt& n : nodes)
+      if (n.compiled && n.compiled->updateStep != nullptr) out.push_back(&n);
+    return out;
+  }
+};
+
+namespace {
+
+/// Heavy nodes (transforms and losses) in turn over the workers; the others beside the node
+/// whose output they read first, so a message rarely changes thread between two heavy nodes.
+std::vector<int> assignWorkers(const Graph& g, int workers) {
+  std::vector<int> worker(g.nodes().size(), -1);
+  int next = 0;
+  for (const amp::Node& n : g.nodes()) {
+    if (n.worker >= 0) {
+      WEFT_CHECK(n.worker < workers, "amp: node '{}' asks for worker {} of {}", n.name, n.worker, workers);
+      worker[static_cast<size_t>(n.id)] = n.worker;
+    } else if (n.kind == NodeKind::Transform || n.kind == NodeKind::Loss) {
+      worker[static_cast<size_t>(n.id)] = next++ % workers;
+    }
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const amp::Node& n : g.nodes()) {
+      if (worker[static_cast<size_t>(n.id)] >= 0) continue;
+      for (const Port& p : n.inputs)
+        if (worker[static_cast<size_t>(p.node)] >= 0) {
+          worker[static_cast<size_t>(n.id)] = worker[static_cast<size_t>(p.node)];
+          changed = true;
+          break;
+        }
+    }
+  }
+  for (int& w : worker)
+    if (w < 0) w = 0;
+  return worker;
+}
+
+}  // namespace
+
+Runtime::Runtime(Graph& graph, AmpOptions options) : options_(options) {
+  WEFT_CHECK(options.workers >= 1, "amp: workers must be at least 1, not {}", options.workers);
+  WEFT_CHECK(options.maxActiveKeys >= 1, "amp: max active keys must be at least 1, not {}", options.maxActiveKeys);
+  WEFT_CHECK(options.minUpdateFrequency >= 1, "amp: min update frequency must be at least 1, not {}",
+             options.minUpdateFrequency);
+  WEFT_CHECK(options.minibatch >= 0 && options.replicaSyncEvery >= 0, "amp: minibatch {} and replica sync {} must not be negative",
+             options.minibatch, options.replicaSyncEvery);
+  graph.verify();
+  impl_ = std::make_unique<Impl>(graph, options);
+  std::vector<int> workerOf = assignWorkers(graph, options.workers);
+  std::map<int, ReplicaGroup*> groups;
+  impl_->nodes.resize(graph.nodes().size());
+  for (const amp::Node& n : graph.nodes()) {
+    NodeRt& rt = impl_->nodes[static_cast<size_t>(n.id)];
+    rt.spec = &n;
+    rt.worker = workerOf[static_cast<size_t>(n.id)];
+    if (n.kind == NodeKind::Transform || n.kind == NodeKind::Loss) {
+      std::vector<TensorType> inputs;
+      for (const Port& p : n.inputs) inputs.push_back(graph.node(p.node).outputTypes.at(static_cast<size_t>(p.output)));
+      optim::Optimizer* opt = n.transform.optimizer ? n.transform.optimizer.get() : options.optimizer.get();
+      rt.compiled = compileTransform(n, inputs, opt, true);
+      rt.minUpdateFrequency = n.transform.minUpdateFrequency > 0 ? n.transform.minUpdateFrequency : options.minUpdateFrequency;
+    }
+    if (n.replicaGroup >= 0) {
+      auto [it, fresh] = groups.emplace(n.replicaGroup, nullptr);
+      if (fresh) it->second = &impl_->replicaGroups.emplace_back();
+      rt.replicas = it->second;
+      rt.replicaIndex = it->second->members++;
+    }
+  }
+  for (ReplicaGroup& g : impl_->replicaGroups) g.posted.resize(static_cast<size_t>(g.members));
+  // Replicas start equal: each takes the first one's initial values.
+  std::map<ReplicaGroup*, NodeRt*> first;
+  for (NodeRt& n : impl_->nodes) {
+    if (n.replicas == nullptr) continue;
+    auto [it, fresh] = first.emplace(n.replicas, &n);
+    if (fresh) continue;
+    std::vector<Tensor*> from = impl_->trainedValues(*it->second), to = impl_->trainedValues(n);
+    for (size_t i = 0; i < to.size(); ++i) to[i]->copyFrom(*from[i]);
+  }
+  for (int i = 0; i < options.workers; ++i) impl_->workers.push_back(std::make_unique<Worker>());
+  for (int i = 0; i < options.workers; ++i)
+    impl_->workers[static_cast<size_t>(i)]->thread = std::thread([this, i] { impl_->workerLoop(i); });
+}
+
+Runtime::~Runtime() { impl_->stopWorkers(); }
+
+void Runtime::Impl::checkDrained() {
+  for (const NodeRt& n : nodes) {
+    auto report = [&](size_t held, const State& example, const char* what) {
+      WEFT_THROW("amp: after every instance finished, {} '{}' still holds {} {} (e.g. {}): a message was never answered",
+                 kindName(n.spec->kind), n.spec->name, held, what, example.str());
+    };
+    if (!n.kept.empty()) report(n.kept.size(), n.kept.begin()->first, "forward message(s)");
+    if (!n.joins.empty()) report(n.joins.size(), n.joins.begin()->first, "partial join(s)");
+    if (!n.gradJoins.empty()) report(n.gradJoins.size(), n.gradJoins.begin()->first, "partial gradient sum(s)");
+    if (!n.parentOf.empty()) report(n.parentOf.size(), n.parentOf.begin()->first, "unanswered message(s)");
+  }
+}
+
+EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(int64_t)>& make, bool train) {
+  WEFT_CHECK(failure.empty(), "amp: the runtime failed earlier and cannot run again: {}", failure);
+  WEFT_CHECK(count >= 0, "amp: {} instances", count);
+  training = train;
+  records.clear();
+  firstInstance = nextInstanceId;
+  finished.clear();
+  for (NodeRt& n : nodes) {
+    n.forwards = n.backwards = n.gradients = n.updatesReported = 0;
+    n.sent.assign(static_cast<size_t>(n.spec->outputs), 0);
+    n.answered.assign(static_cast<size_t>(n.spec->outputs), 0);
+    n.stalenessSum = n.stalenessMax = n.stalenessCount = 0;
+    n.busy = 0;
+  }
+  for (auto& w : workers) w->busy = 0;
+  records.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) records.push_back(std::make_unique<InstanceRecord>());
+
+  auto start = Clock::now();
+  int active = 0, peak = 0;
+  double activeTime = 0;
+  auto lastChange = start;
+  auto noteActive = [&](int delta) {
+    auto now = Clock::now();
+    activeTime += active * seconds(now - lastChange);
+    lastChange = now;
+    active += delta;
+    peak = std::max(peak, active);
+  };
+  int64_t pumped = 0, done = 0;
+  int minibatch = train ? options.minibatch : 0;
+  int64_t batchEnd = minibatch > 0 ? std::min<int64_t>(count, minibatch) : count;
+  int64_t lastProcessed = -1;
+  auto lastProgress = Clock::now();
+
+  auto pumpOne = [&] {
+    Pumped p = make(pumped);
+    WEFT_CHECK(p.instance != nullptr && !p.entries.empty(), "amp: instance {} has no data or no messages", pumped);
+    int64_t id = nextInstanceId++;
+    InstanceRecord& r = *records[static_cast<size_t>(pumped)];
+    r.data = p.instance;
+    r.inFlight.fetch_add(1);  // held until every entry is pushed, so it cannot finish early
+    outstandingTasks.fetch_add(1);
+    for (Pumped::Entry& e : p.entries) {
+      WEFT_CHECK(e.input.valid() && graph.node(e.input.node).kind == NodeKind::Input,
+                 "amp: instance {} enters the graph at node {}, which is not an input", pumped, e.input.node);
+      const TensorType& type = graph.node(e.input.node).outputTypes[0];
+      WEFT_CHECK(e.payload.dtype() == type.dtype && type.shape.compatibleWith(e.payload.shape()),
+                 "amp: instance {} sends {}{} to input '{}', which takes {}", pumped, dtypeName(e.payload.dtype()),
+                 e.payload.shape().str(), graph.node(e.input.node).name, type.str());
+      e.state.instance = id;
+      push(e.input.node, {Task::Kind::Forward, e.input.node, 0, std::move(e.payload), e.state});
+    }
+    ++pumped;
+    noteActive(+1);
+    taskDone(State{id});
+  };
+
+  std::unique_lock<std::mutex> lock(doneMutex);
+  while (done < count) {
+    while (failure.empty() && pumped < batchEnd && active < options.maxActiveKeys) {
+      lock.unlock();
+      pumpOne();
+      lock.lock();
+    }
+    doneChanged.wait_for(lock, std::chrono::milliseconds(200), [&] {
+      return !failure.empty() || !finished.empty() || outstandingTasks.load() == 0;
+    });
+    if (!failure.empty()) break;
+    for (int64_t id : finished) {
+      (void)id;
+      ++done;
+      noteActive(-1);
+    }
+    finished.clear();
+    if (done < pumped && outstandingTasks.load() == 0) {
+      failure = "amp: every worker is idle but instances are unfinished";
+      break;
+    }
+    int64_t nowProcessed = processed.load();
+    if (nowProcessed != lastProcessed) {
+      lastProcessed = nowProcessed;
+      lastProgress = Clock::now();
+    } else if (done < pumped && Clock::now() - lastProgress > options.timeout) {
+      failure = stallReport();
+      break;
+    }
+    if (minibatch > 0 && done == batchEnd) {
+      lock.unlock();
+      for (NodeRt* n : parameterised()) {
+        outstandingTasks.fetch_add(1);
+        Worker& w = *workers[static_cast<size_t>(n->worker)];
+        {
+          std::lock_guard<std::mutex> wl(w.mutex);
+          w.control.push_back({Task::Kind::Update, n->spec->id, 0, {}, {}});
+        }
+        w.ready.notify_one();
+      }
+      lock.lock();
+      doneChanged.wait(lock, [&] { return !failure.empty() || outstandingTasks.load() == 0; });
+      if (!failure.empty()) break;
+      batchEnd = std::min<int64_t>(count, batchEnd + minibatch);
+      if (done == count) break;
+    }
+  }
+  if (!failure.empty()) {
+    std::string message = failure;
+    lock.unlock();
+    stopWorkers();
+    if (stuckInstance >= 0 || message.find("idle") != std::string::npos) message += heldMessages(stuckInstance);
+    WEFT_THROW("{}", message);
+  }
+  lock.unlock();
+  noteActive(0);
+  checkDrained();
+
+  EpochReport report;
+  report.instances = count;
+  report.seconds = seconds(Clock::now() - start);
+  report.instancesPerSecond = report.seconds > 0 ? static_cast<double>(count) / report.seconds : 0;
+  report.meanActiveKeys = report.seconds > 0 ? activeTime / report.seconds : 0;
+  report.peakActiveKeys = peak;
+  for (ReplicaGroup& g : replicaGroups) report.replicaSyncs += g.rounds.exchange(0);
+  double loss = 0, hits = 0, scored = 0;
+  for (const auto& r : records) loss += r->loss, hits += r->hits, scored += r->count;
+  report.loss = count > 0 ? loss / static_cast<double>(count) : 0;
+  report.accuracy = scored > 0 ? hits / scored : 0;
+  for (const auto& w : workers) report.workerUtilisation.push_back(report.seconds > 0 ? w->busy / report.seconds : 0);
+  for (const NodeRt& n : nodes) {
+    NodeReport nr;
+    nr.name = n.spec->name;
+    nr.worker = n.worker;
+    nr.forwards = n.forwards;
+    nr.backwards = n.backwards;
+    nr.updates = n.updatesReported;
+    nr.gradients = n.gradients;
+    nr.meanStaleness = n.stalenessCount > 0 ? static_cast<double>(n.stalenessSum) / static_cast<double>(n.stalenessCount) : 0;
+    nr.maxStaleness = n.stalenessMax;
+    nr.busySeconds = n.busy;
+    nr.sent = n.sent;
+    nr.answered = n.answered;
+    report.nodes.push_back(nr);
+  }
+  records.clear();
+  return report;
+}
+
+EpochReport Runtime::train(int64_t count, const std::function<Pumped(int64_t)>& make) {
+  EpochReport report = impl_->runEpoch(count, make, true);
+  if (options_.replicaSyncEvery == 0) syncReplicas();
+  return report;
+}
+
+EpochReport Runtime::evaluate(int64_t count, const std::function<Pumped(int64_t)>& make) {
+  return impl_->runEpoch(count, make, false);
+}
+
+void Runtime::syncReplicas() {
+  std::map<ReplicaGroup*, std::vector<NodeRt*>> groups;
+  for (NodeRt& n : impl_->nodes)
+    if (n.replicas != nullptr) groups[n.replicas].push_back(&n);
+  for (auto& [group, members] : groups) {
+    std::vector<std::vector<Tensor*>> values;
+    for (NodeRt* m : members) values.push_back(impl_->trainedValues(*m));
+    for (size_t i = 0; i < values[0].size(); ++i) {
+      Tensor sum;
+      for (auto& v : values) addInto(sum, *v[i]);
+      Tensor mean = scaled(sum, 1.0 / static_cast<double>(members.size()));
+      for (auto& v : values) v[i]->copyFrom(mean);
+    }
+    for (NodeRt* m : members) m->postedRound = -1, m->postedValues.clear(), m->updatesSinceSync = 0;
+    group->postedCount = 0;
+  }
+}
+
+std::map<std::string, Tensor> Runtime::variables() const {
+  std::map<std::string, Tensor> out;
+  for (NodeRt& n : impl_->nodes)
+    if (n.compiled && n.spec->kind == NodeKind::Transform)
+      for (weft::Node* v : n.compiled->graph->variables())
+        out[n.spec->name + "/" + v->name] = n.compiled->session->variable(v).clone();
+  return out;
+}
+
+void Runtime::setVariable(const std::string& name, const Tensor& value) {
+  for (NodeRt& n : impl_->nodes) {
+    if (!n.compiled || name.rfind(n.spec->name + "/", 0) != 0) continue;
+    weft::Node* v = n.compiled->graph->find(name.substr(n.spec->name.size() + 1));
+    if (v == nullptr) continue;
+    Tensor& t = n.compiled->session->variable(v);
+    WEFT_CHECK(t.dtype() == value.dtype() && t.shape() == value.shape(), "amp: variable '{}' is {}{}, not {}{}", name,
+               dtypeName(t.dtype()), t.shape().str(), dtypeName(value.dtype()), value.shape().str());
+    t.copyFrom(value);
+    return;
+  }
+  WEFT_THROW("amp: no variable '{}'", name);
+}
+
+int Runtime::workerOf(int node) const { return impl_->nodes.at(static_cast<size_t>(node)).worker; }
+
+std::string EpochReport::summary() const {
+  std::string workers;
+  for (double u : workerUtilisation) workers += fmt::format(" {:.0f}%", 100 * u);
+  std::string stale;
+  for (const NodeReport& n : nodes)
+    if (n.gradients > 0) stale += fmt::format(" {} {:.2f}", n.name, n.meanStaleness);
+  return fmt::format("loss {:.4f} accuracy {:.4f} | {:.1f} instances/s | active keys {:.2f} | workers{}{}", loss, accuracy,
+                     instancesPerSecond, meanActiveKeys, workers, stale.empty() ? "" : " | staleness" + stale);
+}
+
+}  // namespace weft::amp
