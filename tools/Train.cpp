@@ -64,14 +64,6 @@ struct TrainFlags {
   int localWorkers() const { return std::max(workers, 1) * stages; }
 };
 
-std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& s) {
-  if (s.name == "adam") return std::make_unique<optim::Adam>(s.lr, 0.9, 0.999, 1e-8, s.weightDecay);
-  if (s.name == "sgd") return std::make_unique<optim::SGD>(s.lr, s.weightDecay);
-  if (s.name == "momentum") return std::make_unique<optim::Momentum>(s.lr, s.momentum, false, s.weightDecay);
-  if (s.name == "adagrad") return std::make_unique<optim::Adagrad>(s.lr, 1e-10, s.weightDecay);
-  WEFT_THROW("unknown optimizer '{}' (adam, sgd, momentum, adagrad)", s.name);
-}
-
 models::OptimizerSpec optimizerSpec(const models::ZooModel& model, const TrainFlags& f) {
   models::OptimizerSpec s = model.defaultOptimizer();
   if (!f.optimizer.empty()) s.name = f.optimizer;
@@ -583,6 +575,14 @@ void addModelFlags(CLI::App& cmd, const std::string& name, models::ZooModel& mod
 }
 
 }  // namespace
+
+std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& s) {
+  if (s.name == "adam") return std::make_unique<optim::Adam>(s.lr, 0.9, 0.999, 1e-8, s.weightDecay);
+  if (s.name == "sgd") return std::make_unique<optim::SGD>(s.lr, s.weightDecay);
+  if (s.name == "momentum") return std::make_unique<optim::Momentum>(s.lr, s.momentum, false, s.weightDecay);
+  if (s.name == "adagrad") return std::make_unique<optim::Adagrad>(s.lr, 1e-10, s.weightDecay);
+  WEFT_THROW("unknown optimizer '{}' (adam, sgd, momentum, adagrad)", s.name);
+}
 
 void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine, int& status) {
   for (const std::string& name : models::zooModelNames()) {

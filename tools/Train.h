@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ namespace weft::tools {
 /// arguments) is what a distributed run starts as each of its worker and server processes. A
 /// training run sets `status` to the process's exit status (a parameter server's own).
 void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine, int& status);
+
+/// The optimizer a spec names (adam, sgd, momentum, adagrad); throws naming an unknown one.
+std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& spec);
 
 /// `weft graph MODEL --stages S`: how the automatic cut would pipeline the model.
 struct PipelineCutOptions {

@@ -1,6 +1,7 @@
-// The weft command line: `weft train MODEL`, `weft graph MODEL`.
+// The weft command line: `weft train MODEL`, `weft graph MODEL`, and their --amp forms.
 #include "core/Error.h"
 #include "models/ZooModel.h"
+#include "tools/AmpTrain.h"
 #include "tools/Train.h"
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include <filesystem>
 
 int main(int argc, char** argv) {
+  if (weft::tools::wantsAmp(argc, argv)) return weft::tools::runAmp(argc, argv);
   CLI::App app("weft: a C++ deep-learning framework with distribution built in");
   app.require_subcommand(1);
   CLI::App* train = app.add_subcommand("train", "train a model-zoo model (weft train MODEL --help)");

@@ -1,0 +1,223 @@
+#include "tools/AmpTrain.h"
+
+#include "core/Error.h"
+#include "core/Trace.h"
+#include "models/AmpModels.h"
+#include "tools/Train.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+namespace weft::tools {
+namespace {
+
+struct AmpFlags {
+  std::string model;
+  bool amp = true;
+  int workers = 2;
+  int maxActiveKeys = 4;
+  int minUpdateFrequency = 8;
+  int minibatch = 0;
+  int replicas = 1;
+  int replicaSyncEvery = 0;
+  int64_t epochs = 0;
+  double target = -1;
+  std::string optimizer;
+  double lr = 0;
+  uint64_t seed = 1;
+  std::string data;
+  std::string dtype = "f32";
+  std::string out;
+  std::string trace;
+  double timeout = 120;
+  bool dot = false;
+};
+
+std::vector<int64_t> epochOrder(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch));
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
+nlohmann::json nodeStats(const amp::EpochReport& r) {
+  nlohmann::json nodes = nlohmann::json::object();
+  for (const amp::NodeReport& n : r.nodes)
+    if (n.gradients > 0 || n.updates > 0)
+      nodes[n.name] = {{"worker", n.worker},      {"updates", n.updates},         {"gradients", n.gradients},
+                       {"staleness_mean", n.meanStaleness}, {"staleness_max", n.maxStaleness}, {"busy_s", n.busySeconds}};
+  return nodes;
+}
+
+int train(models::AmpModel& model, const AmpFlags& f) {
+  models::OptimizerSpec spec = model.defaultOptimizer();
+  if (!f.optimizer.empty()) spec.name = f.optimizer;
+  if (f.lr > 0) spec.lr = f.lr;
+  std::shared_ptr<optim::Optimizer> optimizer = makeOptimizer(spec);
+  amp::AmpOptions options{.workers = f.workers,
+                          .maxActiveKeys = f.maxActiveKeys,
+                          .minUpdateFrequency = f.minUpdateFrequency,
+                          .minibatch = f.minibatch,
+                          .optimizer = optimizer,
+                          .replicaSyncEvery = f.replicaSyncEvery,
+                          .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000)),
+                          .trace = !f.trace.empty()};
+  if (options.trace) startTracing();
+  amp::Runtime runtime(model.graph(), options);
+  const std::string mode = f.minibatch > 0 ? fmt::format("sync, minibatch {}", f.minibatch)
+                                           : fmt::format("async, min update frequency {}", f.minUpdateFrequency);
+  fmt::print("{} --amp: {} workers, {} max active keys, {}, {} training and {} held-out instances\n", f.model, f.workers,
+             f.maxActiveKeys, mode, model.trainSize(), model.evalSize());
+  const std::string outDir = f.out.empty() ? "runs/" + f.model + "-amp" : f.out;
+  std::filesystem::create_directories(outDir);
+  std::ofstream metrics(outDir + "/metrics.jsonl");
+  const double target = f.target >= 0 ? f.target : model.targetAccuracy();
+  const int64_t epochs = f.epochs > 0 ? f.epochs : model.defaultEpochs();
+  double trainSeconds = 0;
+  int64_t reachedAt = 0;
+  double reachedSeconds = 0, accuracy = 0;
+  amp::EpochReport last;
+  for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
+    const std::vector<int64_t> order = epochOrder(model.trainSize(), f.seed, epoch);
+    last = runtime.train(model.trainSize(), [&](int64_t i) { return model.trainInstance(order[static_cast<size_t>(i)]); });
+    trainSeconds += last.seconds;
+    const amp::EpochReport held = runtime.evaluate(model.evalSize(), [&](int64_t i) { return model.evalInstance(i); });
+    accuracy = held.accuracy;
+    fmt::print("epoch {:>3} | train {} | held-out loss {:.4f} accuracy ({}) {:.4f}\n", epoch, last.summary(), held.loss,
+               model.accuracyOf(), held.accuracy);
+    std::fflush(stdout);
+    metrics << nlohmann::json{{"epoch", epoch},
+                              {"train_loss", last.loss},
+                              {"train_accuracy", last.accuracy},
+                              {"eval_loss", held.loss},
+                              {"eval_accuracy", held.accuracy},
+                              {"instances_per_s", last.instancesPerSecond},
+                              {"train_seconds", trainSeconds},
+                              {"mean_active_keys", last.meanActiveKeys},
+                              {"worker_utilisation", last.workerUtilisation},
+                              {"replica_syncs", last.replicaSyncs},
+                              {"nodes", nodeStats(last)}}
+                   .dump()
+            << "\n";
+    if (reachedAt == 0 && target > 0 && held.accuracy >= target) {
+      reachedAt = epoch;
+      reachedSeconds = trainSeconds;
+      break;
+    }
+  }
+  if (!f.trace.empty()) std::ofstream(f.trace) << traceEventsJson(0, f.model + " --amp");
+  nlohmann::json summary{{"model", f.model},
+                         {"mode", f.minibatch > 0 ? "sync" : "async"},
+                         {"workers", f.workers},
+                         {"max_active_keys", f.maxActiveKeys},
+                         {"min_update_frequency", f.minUpdateFrequency},
+                         {"minibatch", f.minibatch},
+                         {"replicas", f.replicas},
+                         {"eval_accuracy", accuracy},
+                         {"target", target},
+                         {"train_seconds", trainSeconds},
+                         {"instances_per_s", last.instancesPerSecond}};
+  if (reachedAt > 0) summary["epochs_to_target"] = reachedAt, summary["seconds_to_target"] = reachedSeconds;
+  metrics << summary.dump() << "\n";
+  fmt::print("{}\n", summary.dump());
+  return 0;
+}
+
+void addModelOptions(CLI::App& cmd, models::AmpModel& model) {
+  for (const models::ModelOption& o : model.options()) {
+    std::visit(
+        [&](auto* target) {
+          using T = std::remove_pointer_t<decltype(target)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            cmd.add_flag("--" + o.name, *target, o.help);
+          } else {
+            cmd.add_option("--" + o.name, *target, o.help)->capture_default_str();
+          }
+        },
+        o.target);
+  }
+}
+
+}  // namespace
+
+bool wantsAmp(int argc, char** argv) {
+  if (argc < 2 || (std::strcmp(argv[1], "train") != 0 && std::strcmp(argv[1], "graph") != 0)) return false;
+  for (int i = 2; i < argc; ++i)
+    if (std::strcmp(argv[i], "--amp") == 0) return true;
+  return false;
+}
+
+int runAmp(int argc, char** argv) {
+  const bool training = std::strcmp(argv[1], "train") == 0;
+  // The model is known before parsing: its own options join the command line's.
+  std::string name;
+  for (int i = 2; i < argc && name.empty(); ++i)
+    if (argv[i][0] != '-') name = argv[i];
+  CLI::App app(training ? "weft train MODEL --amp: asynchronous model-parallel training (AMPNet)"
+                        : "weft graph MODEL --amp: the AMP graph of a model");
+  AmpFlags f;
+  app.add_option("model", f.model, "ggsnn, list_reduction, mlp or tree_lstm")->required()->check(CLI::IsMember(models::ampModelNames()));
+  app.add_flag("--amp", f.amp, "the AMP trainer (required to get here)");
+  std::unique_ptr<models::AmpModel> model;
+  if (!name.empty() && std::find(models::ampModelNames().begin(), models::ampModelNames().end(), name) != models::ampModelNames().end())
+    model = models::makeAmpModel(name);
+  app.add_option("--seed", f.seed, "seed of weights, data and instance order")->capture_default_str();
+  app.add_option("--data", f.data, "real data: a graph file (ggsnn) or a bracketed tree file (tree_lstm); see README");
+  app.add_option("--dtype", f.dtype, "f32 or f64")->capture_default_str()->check(CLI::IsMember({"f32", "f64"}));
+  app.add_option("--replicas", f.replicas, "copies of the heaviest transform (list_reduction)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  if (training) {
+    app.add_option("--workers", f.workers, "worker threads")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--max-active-keys", f.maxActiveKeys, "instances in flight at once")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--min-update-frequency", f.minUpdateFrequency, "gradients a transform gathers before it updates")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--minibatch", f.minibatch,
+                   "train synchronously instead: every transform updates once per this many instances, after all of them")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--replica-sync-every", f.replicaSyncEvery, "replicas average after every this many updates each (0: each epoch)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    app.add_option("--epochs", f.epochs, "passes over the training data (default: the model's)")->check(CLI::PositiveNumber);
+    app.add_option("--target", f.target, "stop when the held-out accuracy reaches this (default: the model's; 0: never)")
+        ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--optimizer", f.optimizer, "adam, sgd, momentum or adagrad (default: the model's)")
+        ->check(CLI::IsMember({"adam", "sgd", "momentum", "adagrad"}));
+    app.add_option("--lr", f.lr, "learning rate (default: the model's)")->check(CLI::PositiveNumber);
+    app.add_option("--out", f.out, "directory for metrics.jsonl (default: runs/MODEL-amp)");
+    app.add_option("--trace", f.trace, "write each worker's forward, backward and update work as a trace-event JSON file");
+    app.add_option("--timeout", f.timeout, "seconds without any message processed before the run stops with an error")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+  } else {
+    app.add_flag("--dot", f.dot, "Graphviz DOT instead of text");
+  }
+  if (model) addModelOptions(app, *model);
+  try {
+    app.parse(argc - 1, argv + 1);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    model->build({f.seed, f.data, f.dtype == "f64" ? f64 : f32, f.replicas});
+    if (!training) {
+      model->graph().verify();
+      std::fputs(model->graph().describe(f.dot).c_str(), stdout);
+      return 0;
+    }
+    return train(*model, f);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "weft: error: {}\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace weft::tools
