@@ -551,11 +551,15 @@ struct Runtime::Impl {
     for (size_t i = 0; i < payloads; ++i) sendBackward(*n.spec, static_cast<int>(i), std::move(inputGrads[i]), t.state);
   }
 
-  void update(NodeRt& n) {
+  /// Applies the mean per instance of the gathered gradients: over the `instances` of a synchronous
+  /// minibatch (those that never reached this node add zero), or, asynchronously, over the
+  /// instances the gradients came from.
+  void update(NodeRt& n, int64_t instances = 0) {
     Compiled& c = *n.compiled;
     if (c.updateStep == nullptr || n.gradientsSinceUpdate == 0) return;
     auto start = Clock::now();
-    double scale = 1.0 / static_cast<double>(std::max<size_t>(n.instancesSinceUpdate.size(), 1));
+    if (instances == 0) instances = static_cast<int64_t>(n.instancesSinceUpdate.size());
+    double scale = 1.0 / static_cast<double>(std::max<int64_t>(instances, 1));
     FeedMap feeds;
     for (Param& p : c.params) {
       if (p.grad.isSparse()) {
@@ -877,7 +881,7 @@ struct Runtime::Impl {
     switch (t.kind) {
       case Task::Kind::Forward: forward(n, t); break;
       case Task::Kind::Backward: backward(n, t); break;
-      case Task::Kind::Update: update(n); break;
+      case Task::Kind::Update: update(n, t.port); break;
     }
   }
 
@@ -1107,7 +1111,7 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
   };
   int64_t pumped = 0, done = 0;
   int minibatch = train ? options.minibatch : 0;
-  int64_t batchEnd = minibatch > 0 ? std::min<int64_t>(count, minibatch) : count;
+  int64_t batchStart = 0, batchEnd = minibatch > 0 ? std::min<int64_t>(count, minibatch) : count;
   int64_t lastProcessed = -1;
   auto lastProgress = Clock::now();
 
@@ -1170,13 +1174,14 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
         Worker& w = *workers[static_cast<size_t>(n->worker)];
         {
           std::lock_guard<std::mutex> wl(w.mutex);
-          w.control.push_back({Task::Kind::Update, n->spec->id, 0, {}, {}});
+          w.control.push_back({Task::Kind::Update, n->spec->id, static_cast<int>(batchEnd - batchStart), {}, {}});
         }
         w.ready.notify_one();
       }
       lock.lock();
       doneChanged.wait(lock, [&] { return !failure.empty() || outstandingTasks.load() == 0; });
       if (!failure.empty()) break;
+      batchStart = batchEnd;
       batchEnd = std::min<int64_t>(count, batchEnd + minibatch);
       if (done == count) break;
     }

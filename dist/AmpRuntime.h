@@ -14,8 +14,9 @@
 // Each parameterised transform sums the gradients of its variables and, once minUpdateFrequency
 // gradient messages have arrived, applies its optimizer to their sum divided by the number of
 // instances they came from, then clears the sum. With `minibatch` set instead, every transform
-// updates once per minibatch of instances, after all of them finished and before the next begins:
-// ordinary synchronous training, equal to batched training on the mean loss per instance.
+// updates once per minibatch of instances, after all of them finished and before the next begins,
+// on the sum divided by the minibatch's size: ordinary synchronous training, equal to batched
+// training on the mean loss per instance.
 #pragma once
 
 #include "dist/AmpGraph.h"

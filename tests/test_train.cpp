@@ -346,3 +346,47 @@ TEST_CASE("runs killed during saves leave checkpoints that load, and the resumed
   CHECK(temporariesIn(out).empty());
   checkSameCheckpoint(whole + "/checkpoint.safetensors", path);
 }
+
+TEST_CASE("--amp trains an AMP model on worker threads, reporting each epoch, its metrics and a trace") {
+  TempDir dir;
+  const std::string out = (dir.path / "tree").string(), trace = (dir.path / "trace.json").string();
+  const CliRun r = weftCli("train tree_lstm --amp --epochs 2 --target 0 --train-size 60 --eval-size 20 --workers 2 "
+                           "--max-active-keys 3 --min-update-frequency 4 --out " + out + " --trace " + trace);
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output, "epoch   2 | train loss"));
+  CHECK(contains(r.output, "\"mode\":\"async\""));
+  const std::string metrics = readText(out + "/metrics.jsonl");
+  CHECK(contains(metrics, "\"staleness_mean\""));
+  CHECK(contains(metrics, "\"worker_utilisation\""));
+  const std::string events = readText(trace);
+  for (const char* part : {"amp worker 0", "amp worker 1", "\"forward\"", "\"backward\"", "\"update\""}) CHECK(contains(events, part));
+}
+
+TEST_CASE("--amp --minibatch trains synchronously") {
+  TempDir dir;
+  const CliRun r = weftCli("train list_reduction --amp --minibatch 8 --epochs 1 --target 0 --train-size 40 --eval-size 8 "
+                           "--replicas 2 --out " + (dir.path / "lr").string());
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output, "sync, minibatch 8"));
+  CHECK(contains(r.output, "\"mode\":\"sync\""));
+}
+
+TEST_CASE("weft graph MODEL --amp prints the AMP graph, as text or DOT") {
+  const CliRun text = weftCli("graph ggsnn --amp");
+  REQUIRE_MESSAGE(text.status == 0, text.output);
+  CHECK(contains(text.output, "by_type"));
+  CHECK(contains(text.output, "flatmap"));
+  const CliRun dot = weftCli("graph tree_lstm --amp --dot");
+  REQUIRE(dot.status == 0);
+  CHECK(contains(dot.output, "digraph amp"));
+}
+
+TEST_CASE("--amp reports an unknown model and bad data files by name") {
+  CHECK(weftCli("train resnet --amp").status != 0);
+  TempDir dir;
+  const std::string trees = (dir.path / "trees.txt").string();
+  std::ofstream(trees) << "(3 (2 good) (4 film))\n(1 (2 bad)\n";
+  const CliRun r = weftCli("train tree_lstm --amp --epochs 1 --data " + trees);
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, trees + ":2"));
+}
