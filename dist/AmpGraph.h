@@ -83,7 +83,12 @@ struct Inputs {
 /// accumulates their gradients and applies `optimizer` once `minUpdateFrequency` gradients have
 /// arrived (0: the runtime's default).
 struct TransformSpec {
-  std::function<Output(weft::Graph&, const Inputs&)> build;
+  using Builder = std::function<Output(weft::Graph&, const Inputs&)>;
+  TransformSpec() = default;
+  TransformSpec(Builder build, std::vector<StateInput> stateInputs = {})  // NOLINT: {builder} reads best
+      : build(std::move(build)), stateInputs(std::move(stateInputs)) {}
+
+  Builder build;
   std::vector<StateInput> stateInputs;
   std::shared_ptr<optim::Optimizer> optimizer;  ///< null: the runtime's default
   int minUpdateFrequency = 0;
@@ -98,7 +103,12 @@ struct LossOutputs {
 };
 
 struct LossSpec {
-  std::function<LossOutputs(weft::Graph&, const Inputs&)> build;
+  using Builder = std::function<LossOutputs(weft::Graph&, const Inputs&)>;
+  LossSpec() = default;
+  LossSpec(Builder build, std::vector<StateInput> stateInputs = {})  // NOLINT: {builder, inputs} reads best
+      : build(std::move(build)), stateInputs(std::move(stateInputs)) {}
+
+  Builder build;
   std::vector<StateInput> stateInputs;  ///< typically the label
   int worker = -1;
 };

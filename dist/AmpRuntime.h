@@ -38,7 +38,7 @@ struct AmpOptions {
   /// > 0: synchronous training, updating every transform once per this many instances.
   int minibatch = 0;
   /// The optimizer of transforms that name none.
-  std::shared_ptr<optim::Optimizer> optimizer;
+  std::shared_ptr<optim::Optimizer> optimizer = nullptr;
   /// Replicas average their variables after every this many updates each; 0: after each epoch.
   int replicaSyncEvery = 0;
   /// No message processed anywhere for this long while instances are active stops the run with an

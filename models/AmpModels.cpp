@@ -100,16 +100,18 @@ class AmpMlp : public AmpModel {
     eval_ = load(data::gaussianMixture(spec, evalCount_, o.seed + 1000003), o.dtype);
     x_ = graph_.input("x", {o.dtype, {1, spec.dim}});
     Port h = x_;
+    const int64_t hidden = hidden_, classes = spec.classes;
+    const DType dtype = o.dtype;
     int64_t width = spec.dim;
     for (int layer = 1; layer <= 2; ++layer) {
       h = graph_.transform(fmt::format("fc{}", layer), {h},
                            {[=](Graph& g, const amp::Inputs& in) {
-                             return relu(nn::Linear(g, fmt::format("fc{}", layer), width, hidden_, true, o.dtype)(in.payloads[0]));
+                             return relu(nn::Linear(g, fmt::format("fc{}", layer), width, hidden, true, dtype)(in.payloads[0]));
                            }});
-      width = hidden_;
+      width = hidden;
     }
-    Port logits = graph_.transform("fc3", {h}, {[=, classes = spec.classes](Graph& g, const amp::Inputs& in) {
-                                     return nn::Linear(g, "fc3", hidden_, classes, true, o.dtype)(in.payloads[0]);
+    Port logits = graph_.transform("fc3", {h}, {[=](Graph& g, const amp::Inputs& in) {
+                                     return nn::Linear(g, "fc3", hidden, classes, true, dtype)(in.payloads[0]);
                                    }});
     graph_.loss("loss", logits, classification([](const State&, const Instance& i) { return idTensor(i.as<FeaturesInstance>().label); }, 1));
   }
@@ -153,7 +155,7 @@ class AmpListReduction : public AmpModel {
   }
   OptimizerSpec defaultOptimizer() const override { return {"adam", 1e-3}; }
   int64_t defaultEpochs() const override { return 30; }
-  double targetAccuracy() const override { return 0.85; }
+  double targetAccuracy() const override { return 0.8; }
   std::string accuracyOf() const override { return "examples"; }
 
   void build(const AmpModelOptions& o) override {
@@ -230,7 +232,7 @@ class AmpGgsnn : public AmpModel {
   }
   OptimizerSpec defaultOptimizer() const override { return {"adam", 5e-3}; }
   int64_t defaultEpochs() const override { return 20; }
-  double targetAccuracy() const override { return 0.95; }
+  double targetAccuracy() const override { return 0.999; }
   std::string accuracyOf() const override { return "nodes"; }
 
   void build(const AmpModelOptions& o) override {
@@ -267,6 +269,11 @@ class AmpGgsnn : public AmpModel {
   int64_t evalSize() const override { return static_cast<int64_t>(eval_.size()); }
   amp::Pumped trainInstance(int64_t i) const override { return pump(train_.at(static_cast<size_t>(i))); }
   amp::Pumped evalInstance(int64_t i) const override { return pump(eval_.at(static_cast<size_t>(i))); }
+  std::pair<std::string, double> itemsPerInstance() const override {
+    double nodes = 0;
+    for (const auto& g : train_) nodes += g->nodes;
+    return {"nodes", train_.empty() ? 0.0 : nodes / static_cast<double>(train_.size())};
+  }
 
  private:
   void buildGraph(DType dtype) {
@@ -365,7 +372,7 @@ class AmpGgsnn : public AmpModel {
   }
   amp::Pumped pump(const std::shared_ptr<GraphInstance>& g) const { return {g, {{input_, g->features, {}}}}; }
 
-  int64_t hidden_ = 32, steps_ = 5, trainCount_ = 2000, evalCount_ = 200, minNodes_ = 6, maxNodes_ = 14;
+  int64_t hidden_ = 32, steps_ = 5, trainCount_ = 2000, evalCount_ = 200, minNodes_ = 20, maxNodes_ = 40;
   int64_t features_ = 2, edgeTypes_ = 3, classes_ = 3;
   std::vector<std::shared_ptr<GraphInstance>> train_, eval_;
   Port input_;
@@ -384,7 +391,7 @@ class AmpTreeLstm : public AmpModel {
   }
   OptimizerSpec defaultOptimizer() const override { return {"adam", 5e-3}; }
   int64_t defaultEpochs() const override { return 20; }
-  double targetAccuracy() const override { return 0.8; }
+  double targetAccuracy() const override { return 0.9; }
   std::string accuracyOf() const override { return "roots"; }
 
   void build(const AmpModelOptions& o) override {
@@ -418,6 +425,11 @@ class AmpTreeLstm : public AmpModel {
   int64_t evalSize() const override { return static_cast<int64_t>(eval_.size()); }
   amp::Pumped trainInstance(int64_t i) const override { return pump(train_.at(static_cast<size_t>(i))); }
   amp::Pumped evalInstance(int64_t i) const override { return pump(eval_.at(static_cast<size_t>(i))); }
+  std::pair<std::string, double> itemsPerInstance() const override {
+    double nodes = 0;
+    for (const auto& t : train_) nodes += t->tree.size();
+    return {"nodes", train_.empty() ? 0.0 : nodes / static_cast<double>(train_.size())};
+  }
 
  private:
   void buildGraph(DType dtype) {

@@ -40,6 +40,10 @@ class AmpModel {
   virtual void build(const AmpModelOptions& options) = 0;
   amp::Graph& graph() { return graph_; }
 
+  /// What throughput counts besides instances ("nodes" of a graph or tree), and their mean per
+  /// training instance; "" when an instance is the only item.
+  virtual std::pair<std::string, double> itemsPerInstance() const { return {"", 1.0}; }
+
   virtual int64_t trainSize() const = 0;
   virtual int64_t evalSize() const = 0;
   /// Instance i of the training or held-out split, as the controller pumps it in.

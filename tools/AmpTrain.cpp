@@ -127,6 +127,8 @@ int train(models::AmpModel& model, const AmpFlags& f) {
                          {"target", target},
                          {"train_seconds", trainSeconds},
                          {"instances_per_s", last.instancesPerSecond}};
+  if (const auto [item, perInstance] = model.itemsPerInstance(); !item.empty())
+    summary[item + "_per_s"] = last.instancesPerSecond * perInstance;
   if (reachedAt > 0) summary["epochs_to_target"] = reachedAt, summary["seconds_to_target"] = reachedSeconds;
   metrics << summary.dump() << "\n";
   fmt::print("{}\n", summary.dump());
