@@ -3,6 +3,8 @@
 #include "core/Error.h"
 #include "core/Session.h"
 #include "core/Trace.h"
+#include "dist/AmpWire.h"
+#include "dist/Transport.h"
 
 #include <fmt/format.h>
 
@@ -282,6 +284,7 @@ struct Join {
   std::vector<int64_t> order;
   int arrived = 0;
   int expected = 0;
+  uint64_t credit = 0;  // what the held messages carried
 };
 
 struct ReplicaGroup {
@@ -326,7 +329,26 @@ struct Task {
   int port = 0;  // forward: the input it arrives on; backward: the output it answers
   Tensor payload;
   State state;
+  uint64_t credit = 0;  // the share of its instance's credit (see Flow)
 };
+
+/// An instance starts with kFullCredit, which every message of it carries a share of: a task's
+/// credit is split among the messages it sends, held with a message that waits in a join (and
+/// merged when the join completes), and returned to the controller by a task that sends nothing.
+/// The controller has the whole credit back exactly when nothing of the instance is left anywhere,
+/// in this process or another (termination detection by weight throwing).
+constexpr uint64_t kFullCredit = uint64_t{1} << 62;
+
+/// What the task being processed produces: its credit, the messages it sends and the loss it
+/// measured. The worker splits the credit and sends the messages after the node returns.
+struct Flow {
+  uint64_t credit = 0;
+  std::vector<Task> out;
+  double loss = 0, hits = 0, count = 0;
+  bool measured = false;
+};
+
+thread_local Flow* currentFlow = nullptr;
 
 struct Worker {
   std::mutex mutex;
@@ -339,10 +361,9 @@ struct Worker {
 };
 
 struct InstanceRecord {
+  std::mutex mutex;  // guards `data`, which another process's instance gets on first use
   std::shared_ptr<const Instance> data;
-  std::atomic<int64_t> inFlight{0};
-  std::atomic<int64_t> held{0};  // messages nodes keep for a partner or for backward
-  std::mutex mutex;
+  uint64_t returned = 0;  // credit back at the controller (under the controller's lock)
   double loss = 0, hits = 0, count = 0;
 };
 
@@ -351,14 +372,16 @@ struct InstanceRecord {
 struct Runtime::Impl {
   Graph& graph;
   AmpOptions options;
+  AmpProcesses processes;
   std::vector<NodeRt> nodes;
-  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<std::unique_ptr<Worker>> workers;  // this process's
   std::deque<ReplicaGroup> replicaGroups;
   std::atomic<bool> stopping{false};
   bool training = true;
 
   // the run in progress
   std::vector<std::unique_ptr<InstanceRecord>> records;
+  const std::function<Pumped(int64_t)>* make = nullptr;
   int64_t firstInstance = 0, nextInstanceId = 0;
   std::mutex doneMutex;
   std::condition_variable doneChanged;
@@ -368,7 +391,21 @@ struct Runtime::Impl {
   std::string failure;
   int64_t stuckInstance = -1;
 
-  Impl(Graph& g, AmpOptions o) : graph(g), options(std::move(o)) {}
+  // between processes (processes.count > 1): a thread owns the transport
+  std::thread comm;
+  std::atomic<bool> commStopping{false}, commEnded{false};
+  std::mutex outboxMutex;
+  std::vector<std::pair<int, WireMessage>> outbox;  // (rank, message)
+  std::deque<std::pair<int, WireMessage>> controlInbox;  // epoch protocol, for the main thread
+  std::vector<std::vector<uint8_t>> reports;  // per rank, this epoch's
+  std::map<std::string, Tensor> remoteVariables;
+
+  Impl(Graph& g, AmpOptions o, AmpProcesses p) : graph(g), options(std::move(o)), processes(std::move(p)) {}
+
+  int globalWorkers() const { return options.workers * processes.count; }
+  int processOf(int worker) const { return worker / options.workers; }
+  bool isLocal(const NodeRt& n) const { return processOf(n.worker) == processes.rank; }
+  Worker& localWorker(const NodeRt& n) { return *workers[static_cast<size_t>(n.worker % options.workers)]; }
 
   InstanceRecord& record(int64_t instance) {
     int64_t i = instance - firstInstance;
@@ -376,15 +413,42 @@ struct Runtime::Impl {
                instance);
     return *records[static_cast<size_t>(i)];
   }
-  const Instance& instanceOf(const State& s) { return *record(s.instance).data; }
+
+  /// The data of an instance; a process other than the controller's makes it on first use, as
+  /// the controller did (every process's model makes the same instances).
+  const Instance& instanceOf(const State& s) {
+    InstanceRecord& r = record(s.instance);
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (!r.data) r.data = (*make)(s.instance - firstInstance).instance;
+    WEFT_CHECK(r.data != nullptr, "amp: instance {} has no data", s.instance);
+    return *r.data;
+  }
+
+  // ---- messages: a node's task goes to its worker's queue, here or in another process ----
 
   void push(int node, Task task) {
-    record(task.state.instance).inFlight.fetch_add(1);
+    task.node = node;
+    if (currentFlow != nullptr) currentFlow->out.push_back(std::move(task));
+    else dispatch(std::move(task));
+  }
+
+  void dispatch(Task task) {
+    NodeRt& n = nodes[static_cast<size_t>(task.node)];
+    if (!isLocal(n)) {
+      WireMessage m;
+      m.kind = task.kind == Task::Kind::Backward ? WireKind::Backward : WireKind::Forward;
+      m.node = task.node;
+      m.port = task.port;
+      m.state = task.state;
+      m.credit = task.credit;
+      m.tensor = std::move(task.payload);
+      post(processOf(n.worker), std::move(m));
+      return;
+    }
     outstandingTasks.fetch_add(1);
-    Worker& w = *workers[static_cast<size_t>(nodes[static_cast<size_t>(node)].worker)];
+    Worker& w = localWorker(n);
     {
       std::lock_guard<std::mutex> lock(w.mutex);
-      task.node = node;
       (task.kind == Task::Kind::Backward ? w.backward : task.kind == Task::Kind::Forward ? w.forward : w.control)
           .push_back(std::move(task));
     }
@@ -402,29 +466,56 @@ struct Runtime::Impl {
     push(from.node, {Task::Kind::Backward, from.node, from.output, std::move(grad), state});
   }
 
-  /// Under the controller's lock, so it never sees the workers idle before it sees the instance
-  /// they finished.
-  ///
-  /// With nothing of an instance in flight it is finished, unless a node still holds one of its
-  /// messages: then that message waits for a partner that can no longer come.
-  void taskDone(const State& state) {
-    InstanceRecord& r = record(state.instance);
-    std::lock_guard<std::mutex> lock(doneMutex);
-    bool instanceDone = r.inFlight.fetch_sub(1) == 1;
-    bool idle = outstandingTasks.fetch_sub(1) == 1;
-    processed.fetch_add(1);
-    if (instanceDone && r.held.load() != 0 && failure.empty()) {
-      failure = fmt::format("amp: instance {} can go no further: nodes hold {} of its messages waiting for partners "
-                            "that never come",
-                            state.instance, r.held.load());
-      stuckInstance = state.instance;
-    } else if (instanceDone) {
-      finished.push_back(state.instance);
+  /// Sends what a task produced, each message with a share of its credit; a task that sent
+  /// nothing returns its credit, and what a loss measured goes to the controller either way.
+  void finishFlow(Flow& flow, const State& state) {
+    const uint64_t k = flow.out.size();
+    if (k > 0) {
+      const uint64_t share = flow.credit / k;
+      if (share == 0) {
+        fail(fmt::format("amp: instance {} fanned out into more messages than its credit can count", state.instance));
+        return;
+      }
+      uint64_t rest = flow.credit - share * k;
+      for (Task& t : flow.out) {
+        t.credit = share + rest;
+        rest = 0;
+        dispatch(std::move(t));
+      }
+      flow.credit = 0;
     }
-    if (instanceDone || idle) doneChanged.notify_all();
+    if (flow.credit > 0 || flow.measured) giveBack(state.instance, flow.credit, flow);
   }
 
-  void hold(const State& s, int64_t messages) { record(s.instance).held.fetch_add(messages); }
+  void giveBack(int64_t instance, uint64_t credit, const Flow& measured) {
+    if (processes.rank != 0) {
+      WireMessage m;
+      m.kind = WireKind::Credit;
+      m.state.instance = instance;
+      m.credit = credit;
+      m.loss = measured.loss, m.hits = measured.hits, m.count = measured.count;
+      post(0, std::move(m));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(doneMutex);
+    InstanceRecord& r = record(instance);
+    r.loss += measured.loss, r.hits += measured.hits, r.count += measured.count;
+    r.returned += credit;
+    if (credit > 0 && r.returned == kFullCredit) {
+      finished.push_back(instance);
+      doneChanged.notify_all();
+    }
+  }
+
+  /// A message that waits in a join keeps its credit there until the join completes.
+  void hold(Join& j) {
+    j.credit += currentFlow->credit;
+    currentFlow->credit = 0;
+  }
+  void release(Join& j) {
+    currentFlow->credit += j.credit;
+    j.credit = 0;
+  }
 
   // ---- node behaviour ----
 
@@ -434,7 +525,6 @@ struct Runtime::Impl {
                n.spec->name, s.str());
     Kept k = std::move(it->second);
     n.kept.erase(it);
-    hold(s, -1);
     return k;
   }
 
@@ -443,7 +533,6 @@ struct Runtime::Impl {
     bool fresh = n.kept.emplace(s, std::move(k)).second;
     WEFT_CHECK(fresh, "amp: {} '{}' got a second forward message with {} before the first was answered",
                kindName(n.spec->kind), n.spec->name, s.str());
-    hold(s, 1);
   }
 
   /// Collects one message per input for state s; true (and the payloads) once all arrived.
@@ -458,9 +547,11 @@ struct Runtime::Impl {
     WEFT_CHECK(!j.parts[static_cast<size_t>(t.port)].defined(), "amp: {} '{}' got two messages with {} on input {}",
                kindName(n.spec->kind), n.spec->name, t.state.str(), t.port);
     j.parts[static_cast<size_t>(t.port)] = t.payload;
-    hold(t.state, 1);
-    if (++j.arrived < static_cast<int>(inputs)) return false;
-    hold(t.state, -j.arrived);
+    if (++j.arrived < static_cast<int>(inputs)) {
+      hold(j);
+      return false;
+    }
+    release(j);
     payloads = std::move(j.parts);
     n.joins.erase(t.state);
     return true;
@@ -647,12 +738,9 @@ struct Runtime::Impl {
     if (scored) fetches.push_back(c.loss.hits), fetches.push_back(c.loss.count);
     if (training) fetches.push_back(c.lossGrad);
     std::vector<Tensor> out = c.session->run(fetches, feeds);
-    {
-      InstanceRecord& r = record(t.state.instance);
-      std::lock_guard<std::mutex> lock(r.mutex);
-      r.loss += out[0].item();
-      if (scored) r.hits += out[1].item(), r.count += out[2].item();
-    }
+    currentFlow->measured = true;
+    currentFlow->loss += out[0].item();
+    if (scored) currentFlow->hits += out[1].item(), currentFlow->count += out[2].item();
     ++n.forwards;
     if (training) {
       ++n.backwards;
@@ -725,9 +813,11 @@ struct Runtime::Impl {
     j.parts.push_back(t.payload);
     j.states.push_back(t.state);
     j.order.push_back(spec.group.order(t.state));
-    hold(t.state, 1);
-    if (++j.arrived < j.expected) return;
-    hold(t.state, -j.arrived);
+    if (++j.arrived < j.expected) {
+      hold(j);
+      return;
+    }
+    release(j);
     std::vector<size_t> order(j.parts.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return j.order[a] < j.order[b]; });
@@ -762,7 +852,6 @@ struct Runtime::Impl {
                  t.state.str());
       j.expected = static_cast<int>(states.size());
       j.parts.resize(states.size());
-      hold(t.state, 1);
       for (size_t i = 0; i < states.size(); ++i) {
         WEFT_CHECK(states[i].instance == t.state.instance, "amp: {} '{}' made a state of another instance from {}",
                    kindName(spec.kind), spec.name, t.state.str());
@@ -814,9 +903,11 @@ struct Runtime::Impl {
                    "amp: {} '{}' got two gradients for {} on output {}", kindName(spec.kind), spec.name, t.state.str(),
                    t.port);
         j.parts[static_cast<size_t>(t.port)] = t.payload;
-        hold(t.state, 1);
-        if (++j.arrived < spec.outputs) return;
-        hold(t.state, -j.arrived);
+        if (++j.arrived < spec.outputs) {
+          hold(j);
+          return;
+        }
+        release(j);
         takeKept(n, t.state, kindName(spec.kind));
         Tensor grad;
         if (spec.kind == NodeKind::Broadcast) {
@@ -862,8 +953,11 @@ struct Runtime::Impl {
     Join& j = n.gradJoins[parent];
     j.parts[static_cast<size_t>(index)] = t.payload;
     ++n.backwards;
-    if (++j.arrived < j.expected) return;
-    hold(parent, -1);
+    if (++j.arrived < j.expected) {
+      hold(j);
+      return;
+    }
+    release(j);
     Tensor grad;
     if (spec.kind == NodeKind::Flatmap) {
       for (const Tensor& p : j.parts) addInto(grad, p);
@@ -901,11 +995,16 @@ struct Runtime::Impl {
       auto start = Clock::now();
       w.currentSince.store(start.time_since_epoch().count());
       w.currentNode.store(task.node);
+      Flow flow{task.credit, {}, 0, 0, 0, false};
       try {
+        currentFlow = &flow;
         process(n, task);
+        currentFlow = nullptr;
+        if (task.kind != Task::Kind::Update) finishFlow(flow, task.state);
       } catch (const std::exception& e) {
-        fail(fmt::format("amp: worker {} failed in {} '{}' on {}: {}", index, kindName(n.spec->kind), n.spec->name,
-                         task.state.str(), e.what()));
+        currentFlow = nullptr;
+        fail(fmt::format("amp: worker {} failed in {} '{}' on {}: {}", processes.rank * options.workers + index,
+                         kindName(n.spec->kind), n.spec->name, task.state.str(), e.what()));
       }
       auto end = Clock::now();
       w.currentNode.store(-1);
@@ -915,20 +1014,133 @@ struct Runtime::Impl {
       if (options.trace && task.kind != Task::Kind::Update)
         traceEvent(fmt::format("{} {}", n.spec->name, task.state.instance),
                    task.kind == Task::Kind::Forward ? "forward" : "backward", workerTrack(index), start, end);
-      if (task.kind == Task::Kind::Update) {
+      std::lock_guard<std::mutex> lock(doneMutex);
+      processed.fetch_add(1);
+      if (outstandingTasks.fetch_sub(1) == 1) doneChanged.notify_all();
+    }
+  }
+
+  /// Stops the run with `message` (the first failure wins); another process's failure also goes
+  /// to the controller, which stops every process.
+  void fail(std::string message) {
+    {
+      std::lock_guard<std::mutex> lock(doneMutex);
+      if (!failure.empty()) return;
+      failure = message;
+      doneChanged.notify_all();
+    }
+    if (processes.count > 1) {
+      WireMessage m;
+      m.kind = WireKind::Failed;
+      m.reason = message;
+      if (processes.rank != 0) post(0, std::move(m));
+      else
+        for (int r = 1; r < processes.count; ++r) post(r, m);
+    }
+  }
+
+  // ---- between processes ----
+
+  void post(int rank, WireMessage m) {
+    std::lock_guard<std::mutex> lock(outboxMutex);
+    outbox.emplace_back(rank, std::move(m));
+  }
+
+  /// The transport's thread: sends what the workers and the controller posted, and hands what
+  /// arrives to the workers (node messages), the controller (credit) or the main thread (the
+  /// epoch protocol).
+  void commLoop() {
+    dist::Transport& transport = *processes.transport;
+    try {
+      while (!commStopping) {
+        std::vector<std::pair<int, WireMessage>> sending;
+        {
+          std::lock_guard<std::mutex> lock(outboxMutex);
+          sending.swap(outbox);
+        }
+        for (auto& [rank, m] : sending) {
+          auto [header, payload] = encode(m);
+          transport.sendMessage(processes.peers.at(static_cast<size_t>(rank)), header, payload,
+                                Clock::now() + options.timeout);
+        }
+        transport.progress();
+        std::vector<dist::Message> arrived = transport.takeMessages(Clock::now() + options.timeout);
+        for (dist::Message& raw : arrived) receive(raw);
+        for (int r = 0; r < processes.count; ++r)
+          if (r != processes.rank && transport.hasFailed(processes.peers[static_cast<size_t>(r)]))
+            WEFT_THROW("process {} failed: {}", r, transport.failureOf(processes.peers[static_cast<size_t>(r)]));
+        if (sending.empty() && arrived.empty())
+          transport.waitForActivity(Clock::now() + options.timeout, std::chrono::microseconds(200));
+      }
+    } catch (const std::exception& e) {
+      fail(fmt::format("amp: process {} lost its peers: {}", processes.rank, e.what()));
+      std::lock_guard<std::mutex> lock(doneMutex);
+      WireMessage lost = control(WireKind::Failed);
+      lost.reason = e.what();
+      controlInbox.emplace_back(-1, std::move(lost));
+      doneChanged.notify_all();
+    }
+    commEnded = true;
+  }
+
+  int rankOfPeer(int peer) const {
+    for (int r = 0; r < processes.count; ++r)
+      if (processes.peers[static_cast<size_t>(r)] == peer && r != processes.rank) return r;
+    WEFT_THROW("amp: a message came from peer {}, which is no process of this job", peer);
+  }
+
+  void receive(const dist::Message& raw) {
+    const int from = rankOfPeer(raw.from);
+    processed.fetch_add(1);  // progress, as the controller's stall check counts it
+    WireMessage m = decode(raw.header, raw.payload);
+    switch (m.kind) {
+      case WireKind::Forward:
+      case WireKind::Backward: {
+        WEFT_CHECK(m.node >= 0 && m.node < static_cast<int>(nodes.size()) && isLocal(nodes[static_cast<size_t>(m.node)]),
+                   "amp: process {} sent a message for node {}, which process {} does not run", from, m.node,
+                   processes.rank);
+        dispatch({m.kind == WireKind::Forward ? Task::Kind::Forward : Task::Kind::Backward, m.node, m.port,
+                  std::move(m.tensor), m.state, m.credit});
+        break;
+      }
+      case WireKind::Credit: {
+        WEFT_CHECK(processes.rank == 0, "amp: process {} returned credit to process {}, not the controller", from,
+                   processes.rank);
+        Flow measured{0, {}, m.loss, m.hits, m.count, true};
+        giveBack(m.state.instance, m.credit, measured);
+        break;
+      }
+      case WireKind::Failed:
+        fail(fmt::format("{} (process {})", m.reason, from));
+        [[fallthrough]];
+      default: {
         std::lock_guard<std::mutex> lock(doneMutex);
-        outstandingTasks.fetch_sub(1);
+        if (m.kind == WireKind::Report) reports[static_cast<size_t>(from)] = std::move(m.report);
+        controlInbox.emplace_back(from, std::move(m));
         doneChanged.notify_all();
-      } else {
-        taskDone(task.state);
       }
     }
   }
 
-  void fail(std::string message) {
-    std::lock_guard<std::mutex> lock(doneMutex);
-    if (failure.empty()) failure = std::move(message);
-    doneChanged.notify_all();
+  /// Waits (the main thread) for a message of the epoch protocol; a failure anywhere throws it.
+  std::pair<int, WireMessage> nextControl(std::unique_lock<std::mutex>& lock) {
+    doneChanged.wait(lock, [&] { return !failure.empty() || !controlInbox.empty(); });
+    if (!failure.empty()) throw Error(failure);
+    auto next = std::move(controlInbox.front());
+    controlInbox.pop_front();
+    return next;
+  }
+
+  void queueUpdates(int64_t instances) {
+    for (NodeRt* n : parameterised()) {
+      outstandingTasks.fetch_add(1);
+      Worker& w = localWorker(*n);
+      {
+        std::lock_guard<std::mutex> lock(w.mutex);
+        w.control.push_back({Task::Kind::Update, n->spec->id, static_cast<int>(instances), {}, {}, 0});
+      }
+      w.ready.notify_one();
+    }
   }
 
   void stopWorkers() {
@@ -977,6 +1189,9 @@ struct Runtime::Impl {
   // ---- the controller ----
 
   EpochReport runEpoch(int64_t count, const std::function<Pumped(int64_t)>& make, bool train);
+  void followEpoch();
+  EpochReport summarise(int64_t count, Clock::time_point start, double activeTime, int peak);
+  ProcessReport localReport();
   void checkDrained();
   std::vector<NodeRt*> parameterised() {
     std::vector<NodeRt*> out;
@@ -988,18 +1203,31 @@ struct Runtime::Impl {
 
 namespace {
 
-/// Heavy nodes (transforms and losses) in turn over the workers; the others beside the node
-/// whose output they read first, so a message rarely changes thread between two heavy nodes.
-std::vector<int> assignWorkers(const Graph& g, int workers) {
+/// Heavy nodes (transforms and losses) in turn over the workers of every process; the others
+/// beside the node whose output they read first, so a message rarely changes thread between two
+/// heavy nodes. Inputs run where the controller is (worker 0), and the replicas of a transform
+/// in the process of the first, whose variables they average in memory.
+std::vector<int> assignWorkers(const Graph& g, int perProcess, int processes) {
+  const int workers = perProcess * processes;
   std::vector<int> worker(g.nodes().size(), -1);
+  std::map<int, int> groupFirst;  // replica group -> its first member's worker
   int next = 0;
   for (const amp::Node& n : g.nodes()) {
+    int& w = worker[static_cast<size_t>(n.id)];
     if (n.worker >= 0) {
       WEFT_CHECK(n.worker < workers, "amp: node '{}' asks for worker {} of {}", n.name, n.worker, workers);
-      worker[static_cast<size_t>(n.id)] = n.worker;
+      w = n.worker;
+    } else if (n.kind == NodeKind::Input) {
+      w = 0;
     } else if (n.kind == NodeKind::Transform || n.kind == NodeKind::Loss) {
-      worker[static_cast<size_t>(n.id)] = next++ % workers;
+      w = next++ % workers;
     }
+    if (n.replicaGroup < 0) continue;
+    auto [first, fresh] = groupFirst.emplace(n.replicaGroup, w);
+    const int process = first->second / perProcess;
+    if (!fresh && n.worker < 0) w = process * perProcess + (w % perProcess);
+    WEFT_CHECK(w / perProcess == process, "amp: replica '{}' is on worker {}, in another process than its first replica's "
+               "worker {}; replicas average in memory, so they share a process", n.name, w, first->second);
   }
   for (bool changed = true; changed;) {
     changed = false;
@@ -1020,22 +1248,29 @@ std::vector<int> assignWorkers(const Graph& g, int workers) {
 
 }  // namespace
 
-Runtime::Runtime(Graph& graph, AmpOptions options) : options_(options) {
+Runtime::Runtime(Graph& graph, AmpOptions options, AmpProcesses processes) : options_(options) {
   WEFT_CHECK(options.workers >= 1, "amp: workers must be at least 1, not {}", options.workers);
   WEFT_CHECK(options.maxActiveKeys >= 1, "amp: max active keys must be at least 1, not {}", options.maxActiveKeys);
   WEFT_CHECK(options.minUpdateFrequency >= 1, "amp: min update frequency must be at least 1, not {}",
              options.minUpdateFrequency);
   WEFT_CHECK(options.minibatch >= 0 && options.replicaSyncEvery >= 0, "amp: minibatch {} and replica sync {} must not be negative",
              options.minibatch, options.replicaSyncEvery);
+  WEFT_CHECK(processes.count >= 1 && processes.rank >= 0 && processes.rank < processes.count,
+             "amp: process {} of {}", processes.rank, processes.count);
+  WEFT_CHECK(processes.count == 1 || (processes.transport != nullptr && static_cast<int>(processes.peers.size()) == processes.count),
+             "amp: a job of {} processes needs a transport and a peer per process", processes.count);
   graph.verify();
-  impl_ = std::make_unique<Impl>(graph, options);
-  std::vector<int> workerOf = assignWorkers(graph, options.workers);
+  impl_ = std::make_unique<Impl>(graph, options, processes);
+  std::vector<int> workerOf = assignWorkers(graph, options.workers, processes.count);
   std::map<int, ReplicaGroup*> groups;
   impl_->nodes.resize(graph.nodes().size());
   for (const amp::Node& n : graph.nodes()) {
     NodeRt& rt = impl_->nodes[static_cast<size_t>(n.id)];
     rt.spec = &n;
     rt.worker = workerOf[static_cast<size_t>(n.id)];
+    rt.sent.assign(static_cast<size_t>(n.outputs), 0);
+    rt.answered.assign(static_cast<size_t>(n.outputs), 0);
+    if (!impl_->isLocal(rt)) continue;  // another process runs it
     if (n.kind == NodeKind::Transform || n.kind == NodeKind::Loss) {
       std::vector<TensorType> inputs;
       for (const Port& p : n.inputs) inputs.push_back(graph.node(p.node).outputTypes.at(static_cast<size_t>(p.output)));
@@ -1060,12 +1295,26 @@ Runtime::Runtime(Graph& graph, AmpOptions options) : options_(options) {
     std::vector<Tensor*> from = impl_->trainedValues(*it->second), to = impl_->trainedValues(n);
     for (size_t i = 0; i < to.size(); ++i) to[i]->copyFrom(*from[i]);
   }
+  impl_->reports.resize(static_cast<size_t>(processes.count));
   for (int i = 0; i < options.workers; ++i) impl_->workers.push_back(std::make_unique<Worker>());
   for (int i = 0; i < options.workers; ++i)
     impl_->workers[static_cast<size_t>(i)]->thread = std::thread([this, i] { impl_->workerLoop(i); });
+  if (processes.count > 1) impl_->comm = std::thread([this] { impl_->commLoop(); });
 }
 
-Runtime::~Runtime() { impl_->stopWorkers(); }
+Runtime::~Runtime() {
+  impl_->stopWorkers();
+  // What this process last said (its report, a failure) leaves before the transport's thread.
+  for (auto until = Clock::now() + std::chrono::seconds(5); impl_->comm.joinable() && !impl_->commEnded && Clock::now() < until;) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->outboxMutex);
+      if (impl_->outbox.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  impl_->commStopping = true;
+  if (impl_->comm.joinable()) impl_->comm.join();
+}
 
 void Runtime::Impl::checkDrained() {
   for (const NodeRt& n : nodes) {
@@ -1080,10 +1329,53 @@ void Runtime::Impl::checkDrained() {
   }
 }
 
-EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(int64_t)>& make, bool train) {
+ProcessReport Runtime::Impl::localReport() {
+  ProcessReport r;
+  for (const NodeRt& n : nodes) {
+    if (!isLocal(n)) continue;
+    r.nodes.push_back({n.spec->id, n.forwards, n.backwards, n.updatesReported, n.gradients, n.stalenessSum, n.stalenessMax,
+                       n.stalenessCount, n.busy, n.sent, n.answered});
+  }
+  for (const auto& w : workers) r.workerBusy.push_back(w->busy);
+  for (NodeRt& n : nodes)
+    if (n.compiled && n.spec->kind == NodeKind::Transform)
+      for (weft::Node* v : n.compiled->graph->variables())
+        r.variables.push_back({n.spec->name + "/" + v->name, n.compiled->session->variable(v).clone()});
+  return r;
+}
+
+/// The epoch of a process other than the controller's: its workers answer messages while it
+/// waits for the controller's updates (synchronous training) and the end of the epoch, when it
+/// checks that nothing is left and reports.
+void Runtime::Impl::followEpoch() {
+  std::unique_lock<std::mutex> lock(doneMutex);
+  for (;;) {
+    auto [from, m] = nextControl(lock);
+    if (m.kind == WireKind::Update) {
+      lock.unlock();
+      queueUpdates(m.instances);
+      lock.lock();
+      doneChanged.wait(lock, [&] { return !failure.empty() || outstandingTasks.load() == 0; });
+      if (!failure.empty()) throw Error(failure);
+      post(0, control(WireKind::Updated));
+      continue;
+    }
+    WEFT_CHECK(m.kind == WireKind::EpochEnd, "amp: process {} got message kind {} from process {} between epochs",
+               processes.rank, static_cast<int>(m.kind), from);
+    break;
+  }
+  lock.unlock();
+  checkDrained();
+  WireMessage report = control(WireKind::Report);
+  report.report = encodeReport(localReport());
+  post(0, std::move(report));
+}
+
+EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(int64_t)>& makeInstance, bool train) {
   WEFT_CHECK(failure.empty(), "amp: the runtime failed earlier and cannot run again: {}", failure);
   WEFT_CHECK(count >= 0, "amp: {} instances", count);
   training = train;
+  make = &makeInstance;
   records.clear();
   firstInstance = nextInstanceId;
   finished.clear();
@@ -1097,8 +1389,21 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
   for (auto& w : workers) w->busy = 0;
   records.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) records.push_back(std::make_unique<InstanceRecord>());
-
   auto start = Clock::now();
+  if (processes.rank != 0) {
+    try {
+      followEpoch();
+    } catch (const std::exception& e) {
+      fail(e.what());
+      stopWorkers();
+      throw;
+    }
+    nextInstanceId += count;
+    EpochReport local = summarise(count, start, 0, 0);
+    records.clear();
+    return local;
+  }
+
   int active = 0, peak = 0;
   double activeTime = 0;
   auto lastChange = start;
@@ -1112,91 +1417,119 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
   int64_t pumped = 0, done = 0;
   int minibatch = train ? options.minibatch : 0;
   int64_t batchStart = 0, batchEnd = minibatch > 0 ? std::min<int64_t>(count, minibatch) : count;
-  int64_t lastProcessed = -1;
+  int64_t lastProcessed = -1, lastDone = -1;
   auto lastProgress = Clock::now();
 
   auto pumpOne = [&] {
-    Pumped p = make(pumped);
+    Pumped p = makeInstance(pumped);
     WEFT_CHECK(p.instance != nullptr && !p.entries.empty(), "amp: instance {} has no data or no messages", pumped);
     int64_t id = nextInstanceId++;
-    InstanceRecord& r = *records[static_cast<size_t>(pumped)];
-    r.data = p.instance;
-    r.inFlight.fetch_add(1);  // held until every entry is pushed, so it cannot finish early
-    outstandingTasks.fetch_add(1);
-    for (Pumped::Entry& e : p.entries) {
-      WEFT_CHECK(e.input.valid() && graph.node(e.input.node).kind == NodeKind::Input,
+    records[static_cast<size_t>(pumped)]->data = p.instance;
+    for (const Pumped::Entry& e : p.entries) {
+      WEFT_CHECK(e.input.valid() && e.input.node < static_cast<int>(nodes.size()) &&
+                     graph.node(e.input.node).kind == NodeKind::Input,
                  "amp: instance {} enters the graph at node {}, which is not an input", pumped, e.input.node);
       const TensorType& type = graph.node(e.input.node).outputTypes[0];
       WEFT_CHECK(e.payload.dtype() == type.dtype && type.shape.compatibleWith(e.payload.shape()),
                  "amp: instance {} sends {}{} to input '{}', which takes {}", pumped, dtypeName(e.payload.dtype()),
                  e.payload.shape().str(), graph.node(e.input.node).name, type.str());
+    }
+    Flow flow{kFullCredit, {}, 0, 0, 0, false};
+    for (Pumped::Entry& e : p.entries) {
       e.state.instance = id;
-      push(e.input.node, {Task::Kind::Forward, e.input.node, 0, std::move(e.payload), e.state});
+      flow.out.push_back({Task::Kind::Forward, e.input.node, 0, std::move(e.payload), e.state});
     }
     ++pumped;
     noteActive(+1);
-    taskDone(State{id});
+    finishFlow(flow, State{id});
+  };
+  auto updateAll = [&](std::unique_lock<std::mutex>& lock, int64_t instances) {
+    lock.unlock();
+    queueUpdates(instances);
+    for (int r = 1; r < processes.count; ++r) post(r, control(WireKind::Update, instances));
+    lock.lock();
+    for (int r = 1; r < processes.count; ++r) {
+      auto [from, m] = nextControl(lock);
+      WEFT_CHECK(m.kind == WireKind::Updated, "amp: process {} answered an update with message kind {}", from,
+                 static_cast<int>(m.kind));
+    }
+    doneChanged.wait(lock, [&] { return !failure.empty() || outstandingTasks.load() == 0; });
   };
 
   std::unique_lock<std::mutex> lock(doneMutex);
-  while (done < count) {
-    while (failure.empty() && pumped < batchEnd && active < options.maxActiveKeys) {
-      lock.unlock();
-      pumpOne();
-      lock.lock();
-    }
-    doneChanged.wait_for(lock, std::chrono::milliseconds(200), [&] {
-      return !failure.empty() || !finished.empty() || outstandingTasks.load() == 0;
-    });
-    if (!failure.empty()) break;
-    for (int64_t id : finished) {
-      (void)id;
-      ++done;
-      noteActive(-1);
-    }
-    finished.clear();
-    if (done < pumped && outstandingTasks.load() == 0) {
-      failure = "amp: every worker is idle but instances are unfinished";
-      break;
-    }
-    int64_t nowProcessed = processed.load();
-    if (nowProcessed != lastProcessed) {
-      lastProcessed = nowProcessed;
-      lastProgress = Clock::now();
-    } else if (done < pumped && Clock::now() - lastProgress > options.timeout) {
-      failure = stallReport();
-      break;
-    }
-    if (minibatch > 0 && done == batchEnd) {
-      lock.unlock();
-      for (NodeRt* n : parameterised()) {
-        outstandingTasks.fetch_add(1);
-        Worker& w = *workers[static_cast<size_t>(n->worker)];
-        {
-          std::lock_guard<std::mutex> wl(w.mutex);
-          w.control.push_back({Task::Kind::Update, n->spec->id, static_cast<int>(batchEnd - batchStart), {}, {}});
+  try {
+    while (done < count) {
+      while (failure.empty() && pumped < batchEnd && active < options.maxActiveKeys) {
+        lock.unlock();
+        try {
+          pumpOne();
+        } catch (...) {
+          lock.lock();
+          throw;
         }
-        w.ready.notify_one();
+        lock.lock();
       }
-      lock.lock();
-      doneChanged.wait(lock, [&] { return !failure.empty() || outstandingTasks.load() == 0; });
+      // Idle workers mean something only in one process: elsewhere work may be under way.
+      doneChanged.wait_for(lock, std::chrono::milliseconds(200), [&] {
+        return !failure.empty() || !finished.empty() || (processes.count == 1 && outstandingTasks.load() == 0);
+      });
       if (!failure.empty()) break;
-      batchStart = batchEnd;
-      batchEnd = std::min<int64_t>(count, batchEnd + minibatch);
-      if (done == count) break;
+      for (size_t i = 0; i < finished.size(); ++i) ++done, noteActive(-1);
+      finished.clear();
+      if (processes.count == 1 && done < pumped && outstandingTasks.load() == 0) {
+        for (int64_t i = 0; i < pumped; ++i)
+          if (records[static_cast<size_t>(i)]->returned != kFullCredit) {
+            stuckInstance = firstInstance + i;
+            break;
+          }
+        failure = fmt::format("amp: instance {} can go no further: its messages wait for partners that never come",
+                              stuckInstance);
+        break;
+      }
+      const int64_t nowProcessed = processed.load();
+      if (nowProcessed != lastProcessed || done != lastDone) {
+        lastProcessed = nowProcessed;
+        lastDone = done;
+        lastProgress = Clock::now();
+      } else if (done < pumped && Clock::now() - lastProgress > options.timeout) {
+        failure = stallReport();
+        break;
+      }
+      if (minibatch > 0 && done == batchEnd) {
+        updateAll(lock, batchEnd - batchStart);
+        if (!failure.empty()) break;
+        batchStart = batchEnd;
+        batchEnd = std::min<int64_t>(count, batchEnd + minibatch);
+      }
     }
+    if (failure.empty() && processes.count > 1) {
+      for (int r = 1; r < processes.count; ++r) post(r, control(WireKind::EpochEnd));
+      for (int r = 1; r < processes.count; ++r) {
+        auto [from, m] = nextControl(lock);
+        WEFT_CHECK(m.kind == WireKind::Report, "amp: process {} ended the epoch with message kind {}", from,
+                   static_cast<int>(m.kind));
+      }
+    }
+  } catch (const Error& e) {
+    if (failure.empty()) failure = e.what();
   }
   if (!failure.empty()) {
     std::string message = failure;
     lock.unlock();
+    fail(message);  // tells the other processes
     stopWorkers();
-    if (stuckInstance >= 0 || message.find("idle") != std::string::npos) message += heldMessages(stuckInstance);
+    if (stuckInstance >= 0) message += heldMessages(stuckInstance);
     WEFT_THROW("{}", message);
   }
   lock.unlock();
   noteActive(0);
   checkDrained();
+  EpochReport report = summarise(count, start, activeTime, peak);
+  records.clear();
+  return report;
+}
 
+EpochReport Runtime::Impl::summarise(int64_t count, Clock::time_point start, double activeTime, int peak) {
   EpochReport report;
   report.instances = count;
   report.seconds = seconds(Clock::now() - start);
@@ -1208,23 +1541,39 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
   for (const auto& r : records) loss += r->loss, hits += r->hits, scored += r->count;
   report.loss = count > 0 ? loss / static_cast<double>(count) : 0;
   report.accuracy = scored > 0 ? hits / scored : 0;
-  for (const auto& w : workers) report.workerUtilisation.push_back(report.seconds > 0 ? w->busy / report.seconds : 0);
+  // This process's counts, then (at the controller) every other process's report.
+  ProcessReport mine = localReport();
+  std::vector<ProcessReport> all{mine};
+  if (processes.rank == 0)
+    for (int r = 1; r < processes.count; ++r) all.push_back(decodeReport(reports[static_cast<size_t>(r)]));
   for (const NodeRt& n : nodes) {
     NodeReport nr;
     nr.name = n.spec->name;
     nr.worker = n.worker;
-    nr.forwards = n.forwards;
-    nr.backwards = n.backwards;
-    nr.updates = n.updatesReported;
-    nr.gradients = n.gradients;
-    nr.meanStaleness = n.stalenessCount > 0 ? static_cast<double>(n.stalenessSum) / static_cast<double>(n.stalenessCount) : 0;
-    nr.maxStaleness = n.stalenessMax;
-    nr.busySeconds = n.busy;
-    nr.sent = n.sent;
-    nr.answered = n.answered;
+    nr.sent.assign(static_cast<size_t>(n.spec->outputs), 0);
+    nr.answered = nr.sent;
     report.nodes.push_back(nr);
   }
-  records.clear();
+  std::vector<int64_t> stalenessSum(nodes.size(), 0), stalenessCount(nodes.size(), 0);
+  for (const ProcessReport& p : all) {
+    for (double busy : p.workerBusy) report.workerUtilisation.push_back(report.seconds > 0 ? busy / report.seconds : 0);
+    for (const auto& c : p.nodes) {
+      WEFT_CHECK(c.node >= 0 && c.node < static_cast<int>(nodes.size()) && c.sent.size() == report.nodes[static_cast<size_t>(c.node)].sent.size(),
+                 "amp: a process reported node {}, which the graph does not have", c.node);
+      NodeReport& nr = report.nodes[static_cast<size_t>(c.node)];
+      nr.forwards += c.forwards, nr.backwards += c.backwards, nr.updates += c.updates, nr.gradients += c.gradients;
+      nr.maxStaleness = std::max(nr.maxStaleness, c.stalenessMax);
+      nr.busySeconds += c.busy;
+      for (size_t o = 0; o < c.sent.size(); ++o) nr.sent[o] += c.sent[o], nr.answered[o] += c.answered[o];
+      stalenessSum[static_cast<size_t>(c.node)] += c.stalenessSum;
+      stalenessCount[static_cast<size_t>(c.node)] += c.stalenessCount;
+    }
+    if (&p != &all.front())
+      for (const auto& [name, value] : p.variables) remoteVariables[name] = value;
+  }
+  for (size_t i = 0; i < nodes.size(); ++i)
+    report.nodes[i].meanStaleness =
+        stalenessCount[i] > 0 ? static_cast<double>(stalenessSum[i]) / static_cast<double>(stalenessCount[i]) : 0;
   return report;
 }
 
@@ -1257,7 +1606,7 @@ void Runtime::syncReplicas() {
 }
 
 std::map<std::string, Tensor> Runtime::variables() const {
-  std::map<std::string, Tensor> out;
+  std::map<std::string, Tensor> out = impl_->remoteVariables;
   for (NodeRt& n : impl_->nodes)
     if (n.compiled && n.spec->kind == NodeKind::Transform)
       for (weft::Node* v : n.compiled->graph->variables())

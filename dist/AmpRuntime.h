@@ -20,6 +20,7 @@
 #pragma once
 
 #include "dist/AmpGraph.h"
+#include "dist/Transport.h"
 
 #include <chrono>
 #include <functional>
@@ -60,6 +61,17 @@ struct Pumped {
   std::vector<Entry> entries;
 };
 
+/// This process's place in a job of several (each running the same graph and the same calls):
+/// its rank (0 runs the controller), how many there are, and the transport that reaches the
+/// others, with the peer index of each rank on it (any value for this one). The transport is
+/// the runtime's alone while it lives. Global worker w runs in process w / AmpOptions::workers.
+struct AmpProcesses {
+  int rank = 0;
+  int count = 1;
+  dist::Transport* transport = nullptr;
+  std::vector<int> peers;
+};
+
 struct NodeReport {
   std::string name;
   int worker = 0;
@@ -90,18 +102,22 @@ struct EpochReport {
 
 class Runtime {
  public:
-  /// Verifies `graph` and builds each transform's subgraph, session and optimizer.
-  Runtime(Graph& graph, AmpOptions options);
+  /// Verifies `graph` and builds the subgraph, session and optimizer of each transform this
+  /// process runs.
+  Runtime(Graph& graph, AmpOptions options, AmpProcesses processes = {});
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  /// One pass over instances 0..count-1 (made by `make`), training.
+  /// One pass over instances 0..count-1 (made by `make`), training. In a job of several
+  /// processes every process makes the same calls with the same instances; the controller's
+  /// report covers the whole job, another process's only its own nodes.
   EpochReport train(int64_t count, const std::function<Pumped(int64_t)>& make);
   /// Forward only: losses and accuracy, no gradients, no updates.
   EpochReport evaluate(int64_t count, const std::function<Pumped(int64_t)>& make);
 
-  /// The variables of every transform, named "node/variable".
+  /// The variables of every transform, named "node/variable" (at the controller of a job of
+  /// several processes: the others' as they reported them at the end of the last epoch).
   std::map<std::string, Tensor> variables() const;
   /// Overwrites one ("node/variable"); throws naming it when unknown or of another type.
   void setVariable(const std::string& name, const Tensor& value);
