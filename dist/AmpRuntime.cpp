@@ -399,6 +399,7 @@ struct Runtime::Impl {
   std::deque<std::pair<int, WireMessage>> controlInbox;  // epoch protocol, for the main thread
   std::vector<std::vector<uint8_t>> reports;  // per rank, this epoch's
   std::map<std::string, Tensor> remoteVariables;
+  WireMessage epochTotals;  // the controller's loss and accuracy of the epoch (another process)
 
   Impl(Graph& g, AmpOptions o, AmpProcesses p) : graph(g), options(std::move(o)), processes(std::move(p)) {}
 
@@ -1362,6 +1363,7 @@ void Runtime::Impl::followEpoch() {
     }
     WEFT_CHECK(m.kind == WireKind::EpochEnd, "amp: process {} got message kind {} from process {} between epochs",
                processes.rank, static_cast<int>(m.kind), from);
+    epochTotals = m;
     break;
   }
   lock.unlock();
@@ -1503,7 +1505,10 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
       }
     }
     if (failure.empty() && processes.count > 1) {
-      for (int r = 1; r < processes.count; ++r) post(r, control(WireKind::EpochEnd));
+      // The epoch's loss and accuracy go with its end, so every process reports (and decides) alike.
+      WireMessage end = control(WireKind::EpochEnd);
+      for (const auto& r : records) end.loss += r->loss, end.hits += r->hits, end.count += r->count;
+      for (int r = 1; r < processes.count; ++r) post(r, end);
       for (int r = 1; r < processes.count; ++r) {
         auto [from, m] = nextControl(lock);
         WEFT_CHECK(m.kind == WireKind::Report, "amp: process {} ended the epoch with message kind {}", from,
@@ -1539,6 +1544,7 @@ EpochReport Runtime::Impl::summarise(int64_t count, Clock::time_point start, dou
   for (ReplicaGroup& g : replicaGroups) report.replicaSyncs += g.rounds.exchange(0);
   double loss = 0, hits = 0, scored = 0;
   for (const auto& r : records) loss += r->loss, hits += r->hits, scored += r->count;
+  if (processes.rank != 0) loss = epochTotals.loss, hits = epochTotals.hits, scored = epochTotals.count;
   report.loss = count > 0 ? loss / static_cast<double>(count) : 0;
   report.accuracy = scored > 0 ? hits / scored : 0;
   // This process's counts, then (at the controller) every other process's report.

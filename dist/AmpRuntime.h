@@ -110,8 +110,8 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   /// One pass over instances 0..count-1 (made by `make`), training. In a job of several
-  /// processes every process makes the same calls with the same instances; the controller's
-  /// report covers the whole job, another process's only its own nodes.
+  /// processes every process makes the same calls with the same instances; every process's
+  /// report has the epoch's loss and accuracy, the controller's also every node's counts.
   EpochReport train(int64_t count, const std::function<Pumped(int64_t)>& make);
   /// Forward only: losses and accuracy, no gradients, no updates.
   EpochReport evaluate(int64_t count, const std::function<Pumped(int64_t)>& make);

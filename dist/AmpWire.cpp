@@ -76,8 +76,12 @@ std::pair<std::vector<uint8_t>, std::vector<uint8_t>> encode(const WireMessage& 
       putDouble(w, m.count);
       break;
     case WireKind::Update: w.putI64(m.instances); break;
-    case WireKind::Updated:
-    case WireKind::EpochEnd: break;
+    case WireKind::EpochEnd:
+      putDouble(w, m.loss);
+      putDouble(w, m.hits);
+      putDouble(w, m.count);
+      break;
+    case WireKind::Updated: break;
     case WireKind::Report: payload = m.report; break;
     case WireKind::Failed: w.putString(m.reason); break;
   }
@@ -108,8 +112,12 @@ WireMessage decode(const std::vector<uint8_t>& header, const std::vector<uint8_t
       m.count = getDouble(r, "count");
       break;
     case WireKind::Update: m.instances = r.getI64("instances"); break;
-    case WireKind::Updated:
-    case WireKind::EpochEnd: break;
+    case WireKind::EpochEnd:
+      m.loss = getDouble(r, "loss");
+      m.hits = getDouble(r, "hits");
+      m.count = getDouble(r, "count");
+      break;
+    case WireKind::Updated: break;
     case WireKind::Report: m.report = payload; break;
     case WireKind::Failed: m.reason = r.getString("reason"); break;
   }

@@ -21,7 +21,7 @@ enum class WireKind : uint8_t {
   Credit = 3,    ///< to the controller: instance, credit, loss, hits, count
   Update = 4,    ///< controller -> process: a synchronous update over `instances` instances
   Updated = 5,   ///< process -> controller: its updates are done
-  EpochEnd = 6,  ///< controller -> process: every instance finished; report
+  EpochEnd = 6,  ///< controller -> process: every instance finished (the epoch's loss, hits, count); report
   Report = 7,    ///< process -> controller; payload: its node counts, worker times and variables
   Failed = 8,    ///< process -> controller, and controller -> process (abort): a reason
 };

@@ -1,7 +1,10 @@
 #include "tools/AmpTrain.h"
 
 #include "core/Error.h"
+#include "core/Checkpoint.h"
 #include "core/Trace.h"
+#include "dist/Job.h"
+#include "dist/Launcher.h"
 #include "models/AmpModels.h"
 #include "tools/Train.h"
 
@@ -24,6 +27,7 @@ struct AmpFlags {
   std::string model;
   bool amp = true;
   int workers = 2;
+  int processes = 1;
   int maxActiveKeys = 4;
   int minUpdateFrequency = 8;
   int minibatch = 0;
@@ -38,6 +42,7 @@ struct AmpFlags {
   std::string dtype = "f32";
   std::string out;
   std::string trace;
+  std::string save;
   double timeout = 120;
   bool dot = false;
 };
@@ -59,7 +64,9 @@ nlohmann::json nodeStats(const amp::EpochReport& r) {
   return nodes;
 }
 
-int train(models::AmpModel& model, const AmpFlags& f) {
+/// Every process of a --processes job (the controller is rank 0) trains alike; rank 0 reports.
+int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& processes) {
+  const bool leader = processes.rank == 0;
   models::OptimizerSpec spec = model.defaultOptimizer();
   if (!f.optimizer.empty()) spec.name = f.optimizer;
   if (f.lr > 0) spec.lr = f.lr;
@@ -73,14 +80,18 @@ int train(models::AmpModel& model, const AmpFlags& f) {
                           .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000)),
                           .trace = !f.trace.empty()};
   if (options.trace) startTracing();
-  amp::Runtime runtime(model.graph(), options);
+  amp::Runtime runtime(model.graph(), options, processes);
   const std::string mode = f.minibatch > 0 ? fmt::format("sync, minibatch {}", f.minibatch)
                                            : fmt::format("async, min update frequency {}", f.minUpdateFrequency);
-  fmt::print("{} --amp: {} workers, {} max active keys, {}, {} training and {} held-out instances\n", f.model, f.workers,
-             f.maxActiveKeys, mode, model.trainSize(), model.evalSize());
+  if (leader)
+    fmt::print("{} --amp: {} process(es) of {} workers, {} max active keys, {}, {} training and {} held-out instances\n",
+               f.model, processes.count, f.workers, f.maxActiveKeys, mode, model.trainSize(), model.evalSize());
   const std::string outDir = f.out.empty() ? "runs/" + f.model + "-amp" : f.out;
-  std::filesystem::create_directories(outDir);
-  std::ofstream metrics(outDir + "/metrics.jsonl");
+  std::ofstream metrics;
+  if (leader) {
+    std::filesystem::create_directories(outDir);
+    metrics.open(outDir + "/metrics.jsonl");
+  }
   const double target = f.target >= 0 ? f.target : model.targetAccuracy();
   const int64_t epochs = f.epochs > 0 ? f.epochs : model.defaultEpochs();
   double trainSeconds = 0;
@@ -93,6 +104,10 @@ int train(models::AmpModel& model, const AmpFlags& f) {
     trainSeconds += last.seconds;
     const amp::EpochReport held = runtime.evaluate(model.evalSize(), [&](int64_t i) { return model.evalInstance(i); });
     accuracy = held.accuracy;
+    if (!leader) {
+      if (target > 0 && held.accuracy >= target) break;  // the controller's accuracy: it stops too
+      continue;
+    }
     fmt::print("epoch {:>3} | train {} | held-out loss {:.4f} accuracy ({}) {:.4f}\n", epoch, last.summary(), held.loss,
                model.accuracyOf(), held.accuracy);
     std::fflush(stdout);
@@ -115,9 +130,20 @@ int train(models::AmpModel& model, const AmpFlags& f) {
       break;
     }
   }
-  if (!f.trace.empty()) std::ofstream(f.trace) << traceEventsJson(0, f.model + " --amp");
+  if (!f.trace.empty()) {
+    const std::string path = processes.count > 1 ? fmt::format("{}.process-{}", f.trace, processes.rank) : f.trace;
+    std::ofstream(path) << traceEventsJson(processes.rank, fmt::format("{} --amp, process {}", f.model, processes.rank));
+  }
+  if (!leader) return 0;
+  if (!f.save.empty()) {
+    TensorFile file;
+    file.tensors = runtime.variables();
+    file.metadata["model"] = f.model;
+    writeSafetensors(f.save, file);
+  }
   nlohmann::json summary{{"model", f.model},
                          {"mode", f.minibatch > 0 ? "sync" : "async"},
+                         {"processes", processes.count},
                          {"workers", f.workers},
                          {"max_active_keys", f.maxActiveKeys},
                          {"min_update_frequency", f.minUpdateFrequency},
@@ -179,7 +205,11 @@ int runAmp(int argc, char** argv) {
   app.add_option("--replicas", f.replicas, "copies of the heaviest transform (list_reduction)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   if (training) {
-    app.add_option("--workers", f.workers, "worker threads")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--workers", f.workers, "worker threads (of each process)")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--processes", f.processes,
+                   "worker processes on this machine, messages between them over UCX (rank 0 pumps the instances)")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--save", f.save, "write the trained variables to this safetensors file");
     app.add_option("--max-active-keys", f.maxActiveKeys, "instances in flight at once")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--min-update-frequency", f.minUpdateFrequency, "gradients a transform gathers before it updates")
         ->capture_default_str()->check(CLI::PositiveNumber);
@@ -214,7 +244,36 @@ int runAmp(int argc, char** argv) {
       std::fputs(model->graph().describe(f.dot).c_str(), stdout);
       return 0;
     }
-    return train(*model, f);
+    if (f.processes == 1) return train(*model, f, {});
+    const dist::ResourceSpec resources = dist::ResourceSpec::localCpu(f.processes, 0);
+    if (!dist::launchIdentityFromEnvironment()) {
+      // This process is the launcher: the same command line runs as each worker process.
+      std::vector<std::string> command(argv, argv + argc);
+      std::error_code noPath;
+      const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", noPath);
+      if (!noPath) command[0] = self.string();
+      dist::LaunchOptions launch;
+      launch.silenceLimit = std::max(std::chrono::milliseconds(3000), std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000 / 3)));
+      const int status = dist::launch(resources, command, launch);
+      if (!f.trace.empty()) {
+        std::vector<std::string> parts;
+        for (int r = 0; r < f.processes; ++r) {
+          const std::string part = fmt::format("{}.process-{}", f.trace, r);
+          std::ifstream in(part);
+          parts.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+          std::filesystem::remove(part);
+        }
+        std::ofstream(f.trace) << mergeTraces(parts);
+      }
+      return status == 0 ? 0 : 1;
+    }
+    dist::Config config;
+    config.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
+    std::optional<dist::JobContext> job = dist::joinJob(resources, config);
+    WEFT_CHECK(job.has_value(), "--processes: this process was not started by the launcher");
+    const int status = train(*model, f, {job->rank(), job->workers(), job->transport.get(), job->routes.workerPeers});
+    job->transport->closeAll(std::chrono::steady_clock::now() + config.timeout);
+    return status;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "weft: error: {}\n", e.what());
