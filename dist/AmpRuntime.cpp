@@ -1052,6 +1052,7 @@ struct Runtime::Impl {
   /// epoch protocol).
   void commLoop() {
     dist::Transport& transport = *processes.transport;
+    auto lastTraffic = Clock::now();
     try {
       while (!commStopping) {
         std::vector<std::pair<int, WireMessage>> sending;
@@ -1061,8 +1062,12 @@ struct Runtime::Impl {
         }
         for (auto& [rank, m] : sending) {
           auto [header, payload] = encode(m);
-          transport.sendMessage(processes.peers.at(static_cast<size_t>(rank)), header, payload,
-                                Clock::now() + options.timeout);
+          try {
+            transport.sendMessage(processes.peers.at(static_cast<size_t>(rank)), header, payload,
+                                  Clock::now() + options.timeout);
+          } catch (const std::exception& e) {
+            WEFT_THROW("sending to process {}: {}", rank, e.what());
+          }
         }
         transport.progress();
         std::vector<dist::Message> arrived = transport.takeMessages(Clock::now() + options.timeout);
@@ -1070,8 +1075,14 @@ struct Runtime::Impl {
         for (int r = 0; r < processes.count; ++r)
           if (r != processes.rank && transport.hasFailed(processes.peers[static_cast<size_t>(r)]))
             WEFT_THROW("process {} failed: {}", r, transport.failureOf(processes.peers[static_cast<size_t>(r)]));
-        if (sending.empty() && arrived.empty())
-          transport.waitForActivity(Clock::now() + options.timeout, std::chrono::microseconds(200));
+        // Workers cannot wake a wait on the transport, so while messages flow the wait is short
+        // (what they post leaves soon) and grows when the job is quiet.
+        const auto now = Clock::now();
+        if (!sending.empty() || !arrived.empty()) lastTraffic = now;
+        else
+          transport.waitForActivity(now + options.timeout, now - lastTraffic < std::chrono::milliseconds(2)
+                                                               ? std::chrono::microseconds(20)
+                                                               : std::chrono::microseconds(500));
       }
     } catch (const std::exception& e) {
       fail(fmt::format("amp: process {} lost its peers: {}", processes.rank, e.what()));

@@ -324,19 +324,21 @@ std::string environmentOf(pid_t pid) {
   return env;
 }
 
-/// Starts `weft train <args>` (a long run of `memberCount` processes), sends `signal` to the
-/// member whose environment has `role`, `slot` and `host` once training runs, and checks that the
-/// launcher stops the job within a bounded time, reporting `name` and then `how` (the victim's
-/// pid goes between them), with no process left behind.
+/// Starts `weft train <args> <longRun>` (a long run of `memberCount` processes), sends `signal` to
+/// the member whose environment has `role`, `slot` and `host` once the log shows `started`, and
+/// checks that the launcher stops the job within a bounded time, reporting `name` and then `how`
+/// (the victim's pid goes between them), with no process left behind.
 void checkMemberStopsJob(const std::string& args, const std::string& role, int slot, int signal,
-                         const std::string& name, const std::string& how, int host = 0, size_t memberCount = 3) {
+                         const std::string& name, const std::string& how, int host = 0, size_t memberCount = 3,
+                         const std::string& longRun = "--steps 1000000 --threads 1 --eval-every 1000000",
+                         const std::string& started = "training ") {
   TempDir dir;
   const fs::path log = dir.path / "log";
   const pid_t launcher = ::fork();
   REQUIRE(launcher >= 0);
   if (launcher == 0) {
-    const std::string command = std::string("exec ") + WEFT_CLI + " train " + args + " --steps 1000000 --threads 1 "
-                                "--eval-every 1000000 --out " + (dir.path / "run").string() + " > " + log.string() + " 2>&1";
+    const std::string command = std::string("exec ") + WEFT_CLI + " train " + args + " " + longRun + " --out " +
+                                (dir.path / "run").string() + " > " + log.string() + " 2>&1";
     ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
     std::_Exit(127);
   }
@@ -347,7 +349,7 @@ void checkMemberStopsJob(const std::string& args, const std::string& role, int s
     std::this_thread::sleep_for(100ms);
     std::ifstream in(log);
     const std::string text(std::istreambuf_iterator<char>(in), {});
-    if (!contains(text, "training ")) continue;
+    if (!contains(text, started)) continue;
     members = childrenOf(launcher);
     for (pid_t p : members) {
       const std::string env = environmentOf(p);
@@ -390,6 +392,11 @@ TEST_CASE("a worker that meets an instruction its CPU lacks is reported as runni
 
 TEST_CASE("a pipeline stage killed mid-run stops the whole pipeline, naming it") {
   checkMemberStopsJob("mlp --stages 3 --microbatches 2", "worker", 1, SIGKILL, "worker 1 of host 0", "was killed by signal 9");
+}
+
+TEST_CASE("an AMP worker process killed mid-run stops the whole job, naming it") {
+  checkMemberStopsJob("tree_lstm --amp --processes 2 --workers 1", "worker", 1, SIGKILL, "worker 1 of host 0",
+                      "was killed by signal 9", 0, 2, "--epochs 1000000 --target 0", "--amp: ");
 }
 
 TEST_CASE("a parameter server killed mid-run stops the whole job, naming it") {
