@@ -12,7 +12,6 @@
 #include <random>
 
 using namespace weft;
-using namespace std::chrono_literals;
 
 namespace {
 

@@ -9,7 +9,6 @@
 #include "optim/Optimizer.h"
 
 using namespace weft;
-using namespace std::chrono_literals;
 
 namespace {
 
@@ -106,7 +105,7 @@ TEST_CASE("message passing over each graph's nodes and edges, split across proce
 
 TEST_CASE("asynchronous training over processes answers every forward message and reports every node") {
   const std::map<std::string, int64_t> small{{"hidden", 5}, {"embedding", 3}, {"train-size", 30}, {"eval-size", 4}};
-  amp::AmpOptions options{.maxActiveKeys = 6, .minUpdateFrequency = 3, .timeout = 20s};
+  amp::AmpOptions options{.maxActiveKeys = 6, .minUpdateFrequency = 3};
   JobResult r = runJob("tree_lstm", small, 2, 2, options, 0.05, 30, 2);
   checkNoErrors(r);
   REQUIRE(r.reports.size() == 2);
