@@ -5,6 +5,7 @@
 
 #include "core/HostDevice.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -40,5 +41,22 @@ inline double normalAt(uint64_t key, uint64_t i) {
   const double u2 = uniformAt(key, 2 * i + 1);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
+
+/// Successive draws from one counter-based stream: what a generator draws for one example
+/// depends on the example's key alone, not on how many others were drawn before it.
+class Draws {
+ public:
+  explicit Draws(uint64_t key) : key_(key) {}
+  double uniform(double lo, double hi) { return lo + (hi - lo) * uniformAt(key_, next_++); }
+  double normal() { return normalAt(key_, next_++); }
+  /// An integer in [0, n).
+  int64_t below(int64_t n) {
+    return std::min(n - 1, static_cast<int64_t>(uniformAt(key_, next_++) * static_cast<double>(n)));
+  }
+
+ private:
+  uint64_t key_;
+  uint64_t next_ = 0;
+};
 
 }  // namespace weft

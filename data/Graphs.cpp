@@ -218,19 +218,6 @@ class GraphParser {
 
 // ---- Generator helpers -------------------------------------------------------------------
 
-/// Successive counter-based draws from one stream.
-class Draws {
- public:
-  explicit Draws(uint64_t key) : key_(key) {}
-  int64_t below(int64_t n) {
-    return std::min(n - 1, static_cast<int64_t>(uniformAt(key_, counter_++) * static_cast<double>(n)));
-  }
-
- private:
-  uint64_t key_;
-  uint64_t counter_ = 0;
-};
-
 constexpr int64_t kUnreached = std::numeric_limits<int64_t>::max();
 
 /// Shortest-path hop counts from `source` over the edges of type `onlyType` (all when < 0).

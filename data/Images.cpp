@@ -14,19 +14,6 @@ namespace {
 
 constexpr double kPi = 3.141592653589793;
 
-/// Per-example random draws: a counter-based stream keyed by (seed, example), so an example's
-/// pixels do not depend on how many other examples were generated.
-class Draws {
- public:
-  explicit Draws(uint64_t key) : key_(key) {}
-  double uniform(double lo, double hi) { return lo + (hi - lo) * uniformAt(key_, next_++); }
-  double normal() { return normalAt(key_, next_++); }
-
- private:
-  uint64_t key_;
-  uint64_t next_ = 0;
-};
-
 using Colour = std::array<double, 3>;
 
 Colour randomColour(Draws& d) { return {d.uniform(0, 1), d.uniform(0, 1), d.uniform(0, 1)}; }

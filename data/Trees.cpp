@@ -201,19 +201,6 @@ void checkSpec(const char* who, const CompositionalTreeSpec& spec) {
 
 int32_t labelOfScore(int64_t score) { return score <= -2 ? 0 : score >= 2 ? 4 : static_cast<int32_t>(score + 2); }
 
-/// Successive counter-based draws from one stream.
-class Draws {
- public:
-  explicit Draws(uint64_t key) : key_(key) {}
-  int64_t below(int64_t n) {
-    return std::min(n - 1, static_cast<int64_t>(uniformAt(key_, counter_++) * static_cast<double>(n)));
-  }
-
- private:
-  uint64_t key_;
-  uint64_t counter_ = 0;
-};
-
 /// A leaf's word: neutral 6/20, positive 4/20, negative 4/20, intensifier 3/20, negation 3/20.
 int32_t drawWord(Draws& draw, int64_t wordsPerKind) {
   const int64_t r = draw.below(20);

@@ -79,9 +79,24 @@ amp::LossSpec classification(std::function<Tensor(const State&, const Instance&)
   return spec;
 }
 
+/// A model whose instances are of type T: its two splits, and how the controller pumps one in.
+template <typename T>
+class ModelOf : public AmpModel {
+ public:
+  int64_t trainSize() const override { return static_cast<int64_t>(train_.size()); }
+  int64_t evalSize() const override { return static_cast<int64_t>(eval_.size()); }
+  amp::Pumped trainInstance(int64_t i) const override { return pump(train_.at(static_cast<size_t>(i))); }
+  amp::Pumped evalInstance(int64_t i) const override { return pump(eval_.at(static_cast<size_t>(i))); }
+
+ protected:
+  virtual amp::Pumped pump(const std::shared_ptr<T>& instance) const = 0;
+
+  std::vector<std::shared_ptr<T>> train_, eval_;
+};
+
 // ---- mlp ----
 
-class AmpMlp : public AmpModel {
+class AmpMlp : public ModelOf<FeaturesInstance> {
  public:
   std::vector<ModelOption> options() override {
     return {{"hidden", "hidden units of each layer", &hidden_},
@@ -116,10 +131,6 @@ class AmpMlp : public AmpModel {
     graph_.loss("loss", logits, classification([](const State&, const Instance& i) { return idTensor(i.as<FeaturesInstance>().label); }, 1));
   }
 
-  int64_t trainSize() const override { return static_cast<int64_t>(train_.size()); }
-  int64_t evalSize() const override { return static_cast<int64_t>(eval_.size()); }
-  amp::Pumped trainInstance(int64_t i) const override { return pump(train_.at(static_cast<size_t>(i))); }
-  amp::Pumped evalInstance(int64_t i) const override { return pump(eval_.at(static_cast<size_t>(i))); }
 
  private:
   static std::vector<std::shared_ptr<FeaturesInstance>> load(const data::ClassificationData& d, DType dtype) {
@@ -135,16 +146,15 @@ class AmpMlp : public AmpModel {
     }
     return out;
   }
-  amp::Pumped pump(const std::shared_ptr<FeaturesInstance>& f) const { return {f, {{x_, f->x, {}}}}; }
+  amp::Pumped pump(const std::shared_ptr<FeaturesInstance>& f) const override { return {f, {{x_, f->x, {}}}}; }
 
   int64_t hidden_ = 64, trainCount_ = 20000, evalCount_ = 1000;
-  std::vector<std::shared_ptr<FeaturesInstance>> train_, eval_;
   Port x_;
 };
 
 // ---- list_reduction ----
 
-class AmpListReduction : public AmpModel {
+class AmpListReduction : public ModelOf<TokenListInstance> {
  public:
   std::vector<ModelOption> options() override {
     return {{"hidden", "RNN state width", &hidden_},
@@ -192,10 +202,6 @@ class AmpListReduction : public AmpModel {
     dtype_ = dtype;
   }
 
-  int64_t trainSize() const override { return static_cast<int64_t>(train_.size()); }
-  int64_t evalSize() const override { return static_cast<int64_t>(eval_.size()); }
-  amp::Pumped trainInstance(int64_t i) const override { return pump(train_.at(static_cast<size_t>(i))); }
-  amp::Pumped evalInstance(int64_t i) const override { return pump(eval_.at(static_cast<size_t>(i))); }
 
  private:
   static std::vector<std::shared_ptr<TokenListInstance>> load(const std::vector<data::Example>& examples) {
@@ -208,19 +214,18 @@ class AmpListReduction : public AmpModel {
     }
     return out;
   }
-  amp::Pumped pump(const std::shared_ptr<TokenListInstance>& t) const {
+  amp::Pumped pump(const std::shared_ptr<TokenListInstance>& t) const override {
     return {t, {{h0_, Tensor::zeros(dtype_, {1, hidden_}), {}}}};
   }
 
   int64_t hidden_ = 128, embedding_ = 16, maxLength_ = 5, trainCount_ = 8000, evalCount_ = 500;
-  std::vector<std::shared_ptr<TokenListInstance>> train_, eval_;
   Port h0_;
   DType dtype_ = f32;
 };
 
 // ---- ggsnn ----
 
-class AmpGgsnn : public AmpModel {
+class AmpGgsnn : public ModelOf<GraphInstance> {
  public:
   std::vector<ModelOption> options() override {
     return {{"hidden", "node state width", &hidden_},
@@ -265,10 +270,6 @@ class AmpGgsnn : public AmpModel {
     buildGraph(o.dtype);
   }
 
-  int64_t trainSize() const override { return static_cast<int64_t>(train_.size()); }
-  int64_t evalSize() const override { return static_cast<int64_t>(eval_.size()); }
-  amp::Pumped trainInstance(int64_t i) const override { return pump(train_.at(static_cast<size_t>(i))); }
-  amp::Pumped evalInstance(int64_t i) const override { return pump(eval_.at(static_cast<size_t>(i))); }
   std::pair<std::string, double> itemsPerInstance() const override {
     double nodes = 0;
     for (const auto& g : train_) nodes += g->nodes;
@@ -370,17 +371,16 @@ class AmpGgsnn : public AmpModel {
     }
     return out;
   }
-  amp::Pumped pump(const std::shared_ptr<GraphInstance>& g) const { return {g, {{input_, g->features, {}}}}; }
+  amp::Pumped pump(const std::shared_ptr<GraphInstance>& g) const override { return {g, {{input_, g->features, {}}}}; }
 
   int64_t hidden_ = 32, steps_ = 5, trainCount_ = 2000, evalCount_ = 200, minNodes_ = 20, maxNodes_ = 40;
   int64_t features_ = 2, edgeTypes_ = 3, classes_ = 3;
-  std::vector<std::shared_ptr<GraphInstance>> train_, eval_;
   Port input_;
 };
 
 // ---- tree_lstm ----
 
-class AmpTreeLstm : public AmpModel {
+class AmpTreeLstm : public ModelOf<TreeInstance> {
  public:
   std::vector<ModelOption> options() override {
     return {{"hidden", "cell width", &hidden_},
@@ -421,10 +421,6 @@ class AmpTreeLstm : public AmpModel {
     dtype_ = o.dtype;
   }
 
-  int64_t trainSize() const override { return static_cast<int64_t>(train_.size()); }
-  int64_t evalSize() const override { return static_cast<int64_t>(eval_.size()); }
-  amp::Pumped trainInstance(int64_t i) const override { return pump(train_.at(static_cast<size_t>(i))); }
-  amp::Pumped evalInstance(int64_t i) const override { return pump(eval_.at(static_cast<size_t>(i))); }
   std::pair<std::string, double> itemsPerInstance() const override {
     double nodes = 0;
     for (const auto& t : train_) nodes += t->tree.size();
@@ -485,11 +481,10 @@ class AmpTreeLstm : public AmpModel {
                                }));
   }
 
-  amp::Pumped pump(const std::shared_ptr<TreeInstance>& t) const { return {t, {{input_, Tensor::zeros(dtype_, {1, 1}), {}}}}; }
+  amp::Pumped pump(const std::shared_ptr<TreeInstance>& t) const override { return {t, {{input_, Tensor::zeros(dtype_, {1, 1}), {}}}}; }
 
   int64_t hidden_ = 32, embedding_ = 16, trainCount_ = 2000, evalCount_ = 300, maxLeaves_ = 10;
   data::Vocab vocab_;
-  std::vector<std::shared_ptr<TreeInstance>> train_, eval_;
   Port input_;
   DType dtype_ = f32;
 };
