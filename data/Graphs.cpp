@@ -365,6 +365,49 @@ std::vector<Example> typedReachability(const ReachabilitySpec& spec, int64_t cou
   return out;
 }
 
+std::vector<Example> basicDeduction(const DeductionSpec& spec, int64_t count, uint64_t seed) {
+  WEFT_CHECK(spec.species >= 2 && spec.individuals >= 1 && spec.species + spec.individuals <= (int64_t{1} << 30) &&
+                 count >= 0,
+             "basicDeduction: invalid spec (species {}, individuals {}, count {})", spec.species, spec.individuals,
+             count);
+  const uint64_t base = streamKey(seed, "basic_deduction");
+  const int64_t n = spec.species + spec.individuals;
+  std::vector<Example> out;
+  out.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    Draws draw(mix64(base ^ mix64(static_cast<uint64_t>(i))));
+    std::vector<int32_t> edges, types;
+    std::vector<int64_t> fears(static_cast<size_t>(spec.species)), speciesOf(static_cast<size_t>(spec.individuals));
+    for (int64_t s = 0; s < spec.species; ++s) {
+      // Another species: a draw among the species - 1 others.
+      int64_t feared = draw.below(spec.species - 1);
+      fears[static_cast<size_t>(s)] = feared >= s ? feared + 1 : feared;
+      edges.insert(edges.end(), {static_cast<int32_t>(s), static_cast<int32_t>(fears[static_cast<size_t>(s)])});
+      types.push_back(1);
+    }
+    for (int64_t k = 0; k < spec.individuals; ++k) {
+      speciesOf[static_cast<size_t>(k)] = draw.below(spec.species);
+      edges.insert(edges.end(), {static_cast<int32_t>(spec.species + k), static_cast<int32_t>(speciesOf[static_cast<size_t>(k)])});
+      types.push_back(0);
+    }
+    const int64_t asked = draw.below(spec.individuals);
+    const int64_t answer = fears[static_cast<size_t>(speciesOf[static_cast<size_t>(asked)])];
+    std::vector<float> features;
+    std::vector<int64_t> labels(static_cast<size_t>(n), 0);
+    labels[static_cast<size_t>(answer)] = 1;
+    for (int64_t v = 0; v < n; ++v) {
+      const bool isAsked = v == spec.species + asked;
+      features.insert(features.end(), {isAsked ? 1.0f : 0.0f, isAsked ? 0.0f : 1.0f});
+    }
+    const int64_t e = static_cast<int64_t>(types.size());
+    out.push_back({{"features", Tensor::fromVector(features, {n, kDeductionFeatures})},
+                   {"edges", Tensor::fromVector(edges, {e, 2})},
+                   {"edge_types", Tensor::fromVector(types, {e})},
+                   {"labels", Tensor::fromVector(labels, {n})}});
+  }
+  return out;
+}
+
 Batch collateGraphs(const std::vector<const Example*>& graphs) {
   WEFT_CHECK(!graphs.empty(), "collateGraphs: no graphs");
   const Example& first = *graphs[0];

@@ -62,6 +62,23 @@ constexpr int64_t kReachabilityFeatures = 2;
 /// `count` graphs; graph i is a function of (spec, seed, i) alone.
 std::vector<Example> typedReachability(const ReachabilitySpec& spec, int64_t count, uint64_t seed);
 
+/// The bAbI task 15 (basic deduction: "Sheep are afraid of wolves. Gertrude is a sheep. What is
+/// Gertrude afraid of?") as a graph, enlarged as the AMPNet paper enlarges bAbI graphs. Nodes
+/// 0 .. species-1 are species, each afraid of another species (an edge of type 1 from it to
+/// the feared one); the remaining nodes are individuals, each of one species (an edge of type 0
+/// from the individual to its species). One individual is asked about (features [1, 0]; every
+/// other node [0, 1]); the answer node, the species its species is afraid of, is labelled 1 and
+/// every other node 0. Answering takes two hops, each along one edge type.
+struct DeductionSpec {
+  int64_t species = 6;
+  int64_t individuals = 14;
+};
+constexpr int64_t kDeductionFeatures = 2;
+constexpr int64_t kDeductionEdgeTypes = 2;
+
+/// `count` graphs; graph i is a function of (spec, seed, i) alone.
+std::vector<Example> basicDeduction(const DeductionSpec& spec, int64_t count, uint64_t seed);
+
 /// Concatenates graphs into one disjoint graph: node fields are stacked, edges are offset by the
 /// nodes before them, "target" becomes [B], and "node_graph" i32 [N] gives each node's graph.
 /// All graphs must have the same fields and feature width.

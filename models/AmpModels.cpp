@@ -228,21 +228,33 @@ class AmpListReduction : public ModelOf<TokenListInstance> {
 class AmpGgsnn : public ModelOf<GraphInstance> {
  public:
   std::vector<ModelOption> options() override {
-    return {{"hidden", "node state width", &hidden_},
+    return {{"task", "reachability (a class per node) or deduction (bAbI 15: select the answer node)", &task_},
+            {"hidden", "node state width", &hidden_},
             {"steps", "propagation steps", &steps_},
             {"train-size", "training graphs (generated task)", &trainCount_},
             {"eval-size", "held-out graphs (generated task)", &evalCount_},
-            {"min-nodes", "fewest nodes of a generated graph", &minNodes_},
-            {"max-nodes", "most nodes of a generated graph", &maxNodes_}};
+            {"min-nodes", "fewest nodes of a generated reachability graph", &minNodes_},
+            {"max-nodes", "most nodes of a generated reachability graph", &maxNodes_},
+            {"species", "species of a generated deduction graph", &species_},
+            {"individuals", "individuals of a generated deduction graph", &individuals_}};
   }
   OptimizerSpec defaultOptimizer() const override { return {"adam", 5e-3}; }
   int64_t defaultEpochs() const override { return 20; }
-  double targetAccuracy() const override { return 0.999; }
-  std::string accuracyOf() const override { return "nodes"; }
+  double targetAccuracy() const override { return selecting() ? 0.98 : 0.999; }
+  std::string accuracyOf() const override { return selecting() ? "answers" : "nodes"; }
 
   void build(const AmpModelOptions& o) override {
+    WEFT_CHECK(task_ == "reachability" || task_ == "deduction", "ggsnn --amp: unknown --task '{}' (reachability, deduction)",
+               task_);
     std::vector<data::Example> trainGraphs, evalGraphs;
-    if (o.data.empty()) {
+    if (o.data.empty() && selecting()) {
+      const data::DeductionSpec spec{species_, individuals_};
+      trainGraphs = data::basicDeduction(spec, trainCount_, o.seed);
+      evalGraphs = data::basicDeduction(spec, evalCount_, o.seed + 1000003);
+      features_ = data::kDeductionFeatures;
+      edgeTypes_ = data::kDeductionEdgeTypes;
+      classes_ = 2;
+    } else if (o.data.empty()) {
       data::ReachabilitySpec spec;
       spec.minNodes = minNodes_;
       spec.maxNodes = maxNodes_;
@@ -338,10 +350,19 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
         [](const State& s, const Instance&) { State n = s; --n.iteration; return n; });
     auto more = graph_.cond("more", next, 2, [steps](const State& s, const Instance&) { return s.iteration < steps ? 0 : 1; });
     graph_.addPhiInput(states, more[0]);
+    // Node classification gives a row of logits per node; node selection one logit per node,
+    // a row over the graph's nodes.
+    const bool selecting = this->selecting();
     Port logits = graph_.transform("readout", {more[1]}, {[=](Graph& g, const amp::Inputs& in) {
                                      Output h = tanh(nn::Linear(g, "readout", 2 * hidden, hidden, true, dtype)(in.payloads[0]));
-                                     return nn::Linear(g, "logits", hidden, classes, true, dtype)(h);
+                                     Output out = nn::Linear(g, "logits", hidden, selecting ? 1 : classes, true, dtype)(h);
+                                     return selecting ? reshape(out, {1, -1}) : out;
                                    }});
+    if (selecting) {
+      graph_.loss("loss", logits,
+                  classification([](const State&, const Instance& i) { return idTensor(i.as<GraphInstance>().answer); }, 1));
+      return;
+    }
     graph_.loss("loss", logits, classification([](const State&, const Instance& i) {
                                   const auto& l = i.as<GraphInstance>().labels;
                                   return Tensor::fromVector(l, {static_cast<int64_t>(l.size())});
@@ -356,6 +377,12 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
       g->features = e.at("features").cast(dtype);
       g->nodes = static_cast<int32_t>(g->features.shape()[0]);
       g->labels = e.at("labels").toVector<int64_t>();
+      if (selecting()) {
+        WEFT_CHECK(std::count(g->labels.begin(), g->labels.end(), 1) == 1 &&
+                       std::count(g->labels.begin(), g->labels.end(), 0) == static_cast<std::ptrdiff_t>(g->labels.size()) - 1,
+                   "ggsnn --amp --task deduction: graph {} must label exactly one node 1 (the answer) and the others 0", gi);
+        g->answer = std::find(g->labels.begin(), g->labels.end(), 1) - g->labels.begin();
+      }
       std::vector<int32_t> edges = e.at("edges").toVector<int32_t>(), types = e.at("edge_types").toVector<int32_t>();
       WEFT_CHECK(!types.empty(), "ggsnn --amp: graph {} has no edges; every graph needs one to pass messages", gi);
       g->outEdges.resize(static_cast<size_t>(g->nodes));
@@ -373,7 +400,11 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
   }
   amp::Pumped pump(const std::shared_ptr<GraphInstance>& g) const override { return {g, {{input_, g->features, {}}}}; }
 
+  bool selecting() const { return task_ == "deduction"; }
+
+  std::string task_ = "reachability";
   int64_t hidden_ = 32, steps_ = 5, trainCount_ = 2000, evalCount_ = 200, minNodes_ = 20, maxNodes_ = 40;
+  int64_t species_ = 10, individuals_ = 30;
   int64_t features_ = 2, edgeTypes_ = 3, classes_ = 3;
   Port input_;
 };

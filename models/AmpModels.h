@@ -72,10 +72,11 @@ struct TokenListInstance : amp::Instance {
   int64_t label = 0;
 };
 
-/// ggsnn: a graph with typed edges and a class per node.
+/// ggsnn: a graph with typed edges and a class per node (or, for node selection, the answer).
 struct GraphInstance : amp::Instance {
   int32_t nodes = 0;
   std::vector<int64_t> source, destination, type, labels;
+  int64_t answer = -1;  ///< the node to select (--task deduction)
   Tensor features;                                ///< (n, F)
   std::vector<std::vector<int32_t>> outEdges;     ///< per node, ascending
   std::vector<std::vector<int32_t>> edgesOfType;  ///< per type, ascending

@@ -225,6 +225,14 @@ TEST_CASE("asynchronous training reaches each model's accuracy target") {
     options.optimizer = std::make_shared<optim::Adam>(1e-3);
     CHECK(epochsToTarget(*model, options, 12) <= 12);
   }
+  SUBCASE("ggsnn selecting the answer of basic deduction (bAbI 15, enlarged)") {
+    auto model = models::makeAmpModel("ggsnn");
+    for (const models::ModelOption& o : model->options())
+      if (o.name == "task") *std::get<std::string*>(o.target) = "deduction";
+    model->build({3, "", f32, 1});
+    options.optimizer = std::make_shared<optim::Adam>(5e-3);
+    CHECK(epochsToTarget(*model, options, 6) <= 6);
+  }
   SUBCASE("tree_lstm") {
     auto model = smallModel("tree_lstm", {}, 1, f32);
     options.optimizer = std::make_shared<optim::Adam>(5e-3);

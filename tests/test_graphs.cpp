@@ -343,3 +343,42 @@ TEST_CASE("graph files that are not regular files are refused, and quoted bytes 
   CHECK_FALSE(contains(e, "\x1b"));
   CHECK(contains(loadError("weft-graphs features=\xff edge_types=1\n"), "header features: '\\xff' is not an integer"));
 }
+
+TEST_CASE("basic deduction graphs: species fear one other species, individuals are of one species, the answer is two hops away") {
+  const DeductionSpec spec{5, 9};
+  const std::vector<Example> graphs = basicDeduction(spec, 200, 3);
+  for (size_t gi = 0; gi < graphs.size(); ++gi) {
+    CAPTURE(gi);
+    const Example& g = graphs[gi];
+    const std::vector<float> features = g.at("features").toVector<float>();
+    const std::vector<int32_t> edges = g.at("edges").toVector<int32_t>(), types = g.at("edge_types").toVector<int32_t>();
+    const std::vector<int64_t> labels = g.at("labels").toVector<int64_t>();
+    REQUIRE(labels.size() == 14);
+    REQUIRE(types.size() == 14);  // one fear per species, one species per individual
+    std::vector<int> fears(5, -1), speciesOf(9, -1);
+    for (size_t e = 0; e < types.size(); ++e) {
+      const int from = edges[2 * e], to = edges[2 * e + 1];
+      if (types[e] == 1) {
+        REQUIRE(from < 5);
+        REQUIRE(to < 5);
+        CHECK(from != to);
+        fears[static_cast<size_t>(from)] = to;
+      } else {
+        REQUIRE(from >= 5);
+        REQUIRE(to < 5);
+        speciesOf[static_cast<size_t>(from - 5)] = to;
+      }
+    }
+    int asked = -1;
+    for (int v = 0; v < 14; ++v)
+      if (features[static_cast<size_t>(2 * v)] == 1.0f) {
+        CHECK(asked == -1);
+        asked = v;
+      }
+    REQUIRE(asked >= 5);
+    const int answer = fears[static_cast<size_t>(speciesOf[static_cast<size_t>(asked - 5)])];
+    for (int v = 0; v < 14; ++v) CHECK(labels[static_cast<size_t>(v)] == (v == answer ? 1 : 0));
+  }
+  CHECK(basicDeduction(spec, 5, 3)[4].at("edges").toVector<int32_t>() == graphs[4].at("edges").toVector<int32_t>());
+  CHECK(contains(errorOf([] { basicDeduction({1, 3}, 1, 1); }), "species 1"));
+}

@@ -4,6 +4,7 @@
 #include "tests/TestUtil.h"
 
 #include "core/Checkpoint.h"
+#include "data/Graphs.h"
 
 #include <chrono>
 #include <csignal>
@@ -407,4 +408,21 @@ TEST_CASE("--amp --processes trains over worker processes exactly as one process
     CAPTURE(name);
     if (t.dtype() == weft::f64) CHECK(relativeDifference(y.tensors.at(name), t) < 1e-12);
   }
+}
+
+TEST_CASE("--amp ggsnn --task deduction trains on a graph file whose one node labelled 1 is the answer, and refuses two") {
+  TempDir dir;
+  const std::string good = (dir.path / "deduction.graphs").string(), bad = (dir.path / "bad.graphs").string();
+  std::vector<weft::data::Example> graphs = weft::data::basicDeduction({4, 6}, 40, 2);
+  const weft::data::GraphFileInfo info{weft::data::kDeductionFeatures, weft::data::kDeductionEdgeTypes, true, false};
+  weft::data::saveGraphs(good, info, graphs);
+  const CliRun r = weftCli("train ggsnn --amp --task deduction --epochs 1 --target 0 --data " + good + " --out " +
+                           (dir.path / "run").string());
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output, "accuracy (answers)"));
+  graphs[3]["labels"] = weft::Tensor::full(weft::i64, {10}, 1);
+  weft::data::saveGraphs(bad, info, graphs);
+  const CliRun refused = weftCli("train ggsnn --amp --task deduction --epochs 1 --data " + bad);
+  CHECK(refused.status != 0);
+  CHECK(contains(refused.output, "graph 3 must label exactly one node 1"));
 }
