@@ -284,7 +284,7 @@ struct Join {
   std::vector<int64_t> order;
   int arrived = 0;
   int expected = 0;
-  uint64_t credit = 0;  // what the held messages carried
+  Credit credit{};  // what the held messages carried
 };
 
 struct ReplicaGroup {
@@ -329,20 +329,19 @@ struct Task {
   int port = 0;  // forward: the input it arrives on; backward: the output it answers
   Tensor payload;
   State state;
-  uint64_t credit = 0;  // the share of its instance's credit (see Flow)
+  Credit credit{};  // the share of its instance's credit (see Flow)
 };
 
-/// An instance starts with kFullCredit, which every message of it carries a share of: a task's
-/// credit is split among the messages it sends, held with a message that waits in a join (and
-/// merged when the join completes), and returned to the controller by a task that sends nothing.
-/// The controller has the whole credit back exactly when nothing of the instance is left anywhere,
-/// in this process or another (termination detection by weight throwing).
-constexpr uint64_t kFullCredit = uint64_t{1} << 62;
-
+/// An instance starts with the whole credit (1), which every message of it carries a share of
+/// (an exact dyadic fraction, dist/AmpWire.h): a task's credit is split among the messages it
+/// sends, held with a message that waits in a join (and merged when the join completes), and
+/// returned to the controller by a task that sends nothing. The controller has the whole credit
+/// back exactly when nothing of the instance is left anywhere, in this process or another
+/// (termination detection by weight throwing).
 /// What the task being processed produces: its credit, the messages it sends and the loss it
 /// measured. The worker splits the credit and sends the messages after the node returns.
 struct Flow {
-  uint64_t credit = 0;
+  Credit credit;
   std::vector<Task> out;
   double loss = 0, hits = 0, count = 0;
   bool measured = false;
@@ -363,7 +362,7 @@ struct Worker {
 struct InstanceRecord {
   std::mutex mutex;  // guards `data`, which another process's instance gets on first use
   std::shared_ptr<const Instance> data;
-  uint64_t returned = 0;  // credit back at the controller (under the controller's lock)
+  Credit returned;  // credit back at the controller (under the controller's lock)
   double loss = 0, hits = 0, count = 0;
 };
 
@@ -469,31 +468,27 @@ struct Runtime::Impl {
 
   /// Sends what a task produced, each message with a share of its credit; a task that sent
   /// nothing returns its credit, and what a loss measured goes to the controller either way.
+  /// A measured loss returns with a share of its own, so the instance cannot finish before the
+  /// controller has its loss.
   void finishFlow(Flow& flow, const State& state) {
-    const uint64_t k = flow.out.size();
-    if (k > 0) {
-      const uint64_t share = flow.credit / k;
-      if (share == 0) {
-        fail(fmt::format("amp: instance {} fanned out into more messages than its credit can count", state.instance));
-        return;
+    const size_t k = flow.out.size() + (flow.measured && !flow.out.empty() ? 1 : 0);
+    if (!flow.out.empty()) {
+      std::vector<Credit> shares = flow.credit.split(k);
+      for (size_t i = 0; i < flow.out.size(); ++i) {
+        flow.out[i].credit = std::move(shares[i]);
+        dispatch(std::move(flow.out[i]));
       }
-      uint64_t rest = flow.credit - share * k;
-      for (Task& t : flow.out) {
-        t.credit = share + rest;
-        rest = 0;
-        dispatch(std::move(t));
-      }
-      flow.credit = 0;
+      flow.credit = flow.measured ? std::move(shares.back()) : Credit();
     }
-    if (flow.credit > 0 || flow.measured) giveBack(state.instance, flow.credit, flow);
+    if (!flow.credit.empty() || flow.measured) giveBack(state.instance, std::move(flow.credit), flow);
   }
 
-  void giveBack(int64_t instance, uint64_t credit, const Flow& measured) {
+  void giveBack(int64_t instance, Credit credit, const Flow& measured) {
     if (processes.rank != 0) {
       WireMessage m;
       m.kind = WireKind::Credit;
       m.state.instance = instance;
-      m.credit = credit;
+      m.credit = std::move(credit);
       m.loss = measured.loss, m.hits = measured.hits, m.count = measured.count;
       post(0, std::move(m));
       return;
@@ -501,8 +496,10 @@ struct Runtime::Impl {
     std::lock_guard<std::mutex> lock(doneMutex);
     InstanceRecord& r = record(instance);
     r.loss += measured.loss, r.hits += measured.hits, r.count += measured.count;
-    r.returned += credit;
-    if (credit > 0 && r.returned == kFullCredit) {
+    const bool returning = !credit.empty();
+    r.returned.add(credit);
+    WEFT_CHECK(!r.returned.exceedsWhole(), "amp: instance {} returned more credit than it was given", instance);
+    if (returning && r.returned.isWhole()) {
       finished.push_back(instance);
       doneChanged.notify_all();
     }
@@ -510,12 +507,12 @@ struct Runtime::Impl {
 
   /// A message that waits in a join keeps its credit there until the join completes.
   void hold(Join& j) {
-    j.credit += currentFlow->credit;
-    currentFlow->credit = 0;
+    j.credit.add(currentFlow->credit);
+    currentFlow->credit = Credit();
   }
   void release(Join& j) {
-    currentFlow->credit += j.credit;
-    j.credit = 0;
+    currentFlow->credit.add(j.credit);
+    j.credit = Credit();
   }
 
   // ---- node behaviour ----
@@ -655,8 +652,11 @@ struct Runtime::Impl {
     FeedMap feeds;
     for (Param& p : c.params) {
       if (p.grad.isSparse()) {
-        Tensor indices = p.indices.empty() ? Tensor(p.indicesPh.dtype(), {0}) : p.indices.size() == 1 ? p.indices[0] : concatIndices(p.indices);
-        Tensor values = scaled(p.values.size() == 1 ? p.values[0] : concatRows(p.values), scale);
+        // Gradients that were all empty (zero) leave no rows: the update gets none.
+        std::vector<int64_t> noRows = p.variable.shape().dims();
+        noRows[0] = 0;
+        Tensor indices = p.indices.empty() ? Tensor(p.indicesPh.dtype(), {0}) : concatRows(p.indices);
+        Tensor values = p.values.empty() ? Tensor(p.variable.dtype(), Shape(noRows)) : scaled(concatRows(p.values), scale);
         feeds.push_back({p.indicesPh, indices});
         feeds.push_back({p.valuesPh, values});
         p.indices.clear();
@@ -689,7 +689,6 @@ struct Runtime::Impl {
     }
     return out;
   }
-  static Tensor concatIndices(const std::vector<Tensor>& parts) { return concatRows(parts); }
 
   std::vector<Tensor*> trainedValues(NodeRt& n) {
     std::vector<Tensor*> values;
@@ -996,7 +995,7 @@ struct Runtime::Impl {
       auto start = Clock::now();
       w.currentSince.store(start.time_since_epoch().count());
       w.currentNode.store(task.node);
-      Flow flow{task.credit, {}, 0, 0, 0, false};
+      Flow flow{std::move(task.credit), {}, 0, 0, 0, false};
       try {
         currentFlow = &flow;
         process(n, task);
@@ -1030,14 +1029,17 @@ struct Runtime::Impl {
       failure = message;
       doneChanged.notify_all();
     }
-    if (processes.count > 1) {
-      WireMessage m;
-      m.kind = WireKind::Failed;
-      m.reason = message;
-      if (processes.rank != 0) post(0, std::move(m));
-      else
-        for (int r = 1; r < processes.count; ++r) post(r, m);
-    }
+    tellFailure(message);
+  }
+
+  /// Sends a failure on: from a process to the controller, from the controller to every process.
+  void tellFailure(const std::string& message) {
+    if (processes.count == 1) return;
+    WireMessage m = control(WireKind::Failed);
+    m.reason = message;
+    if (processes.rank != 0) post(0, std::move(m));
+    else
+      for (int r = 1; r < processes.count; ++r) post(r, m);
   }
 
   // ---- between processes ----
@@ -1061,8 +1063,8 @@ struct Runtime::Impl {
           sending.swap(outbox);
         }
         for (auto& [rank, m] : sending) {
-          auto [header, payload] = encode(m);
           try {
+            auto [header, payload] = encode(m);
             transport.sendMessage(processes.peers.at(static_cast<size_t>(rank)), header, payload,
                                   Clock::now() + options.timeout);
           } catch (const std::exception& e) {
@@ -1071,7 +1073,14 @@ struct Runtime::Impl {
         }
         transport.progress();
         std::vector<dist::Message> arrived = transport.takeMessages(Clock::now() + options.timeout);
-        for (dist::Message& raw : arrived) receive(raw);
+        // A message that cannot be taken stops the run; the thread goes on carrying the news.
+        for (dist::Message& raw : arrived) {
+          try {
+            receive(raw);
+          } catch (const std::exception& e) {
+            fail(fmt::format("amp: process {} could not take a message: {}", processes.rank, e.what()));
+          }
+        }
         for (int r = 0; r < processes.count; ++r)
           if (r != processes.rank && transport.hasFailed(processes.peers[static_cast<size_t>(r)]))
             WEFT_THROW("process {} failed: {}", r, transport.failureOf(processes.peers[static_cast<size_t>(r)]));
@@ -1085,7 +1094,7 @@ struct Runtime::Impl {
                                                                : std::chrono::microseconds(500));
       }
     } catch (const std::exception& e) {
-      fail(fmt::format("amp: process {} lost its peers: {}", processes.rank, e.what()));
+      fail(fmt::format("amp: process {} lost its connection: {}", processes.rank, e.what()));
       std::lock_guard<std::mutex> lock(doneMutex);
       WireMessage lost = control(WireKind::Failed);
       lost.reason = e.what();
@@ -1111,6 +1120,10 @@ struct Runtime::Impl {
         WEFT_CHECK(m.node >= 0 && m.node < static_cast<int>(nodes.size()) && isLocal(nodes[static_cast<size_t>(m.node)]),
                    "amp: process {} sent a message for node {}, which process {} does not run", from, m.node,
                    processes.rank);
+        const amp::Node& target = graph.node(m.node);
+        const int ports = m.kind == WireKind::Forward ? static_cast<int>(target.inputs.size()) : target.outputs;
+        WEFT_CHECK(m.port >= 0 && m.port < ports, "amp: process {} sent node '{}' a message on port {} of {}", from,
+                   target.name, m.port, ports);
         dispatch({m.kind == WireKind::Forward ? Task::Kind::Forward : Task::Kind::Backward, m.node, m.port,
                   std::move(m.tensor), m.state, m.credit});
         break;
@@ -1118,8 +1131,8 @@ struct Runtime::Impl {
       case WireKind::Credit: {
         WEFT_CHECK(processes.rank == 0, "amp: process {} returned credit to process {}, not the controller", from,
                    processes.rank);
-        Flow measured{0, {}, m.loss, m.hits, m.count, true};
-        giveBack(m.state.instance, m.credit, measured);
+        Flow measured{{}, {}, m.loss, m.hits, m.count, true};
+        giveBack(m.state.instance, std::move(m.credit), measured);
         break;
       }
       case WireKind::Failed:
@@ -1135,11 +1148,27 @@ struct Runtime::Impl {
   }
 
   /// Waits (the main thread) for a message of the epoch protocol; a failure anywhere throws it.
-  std::pair<int, WireMessage> nextControl(std::unique_lock<std::mutex>& lock) {
-    doneChanged.wait(lock, [&] { return !failure.empty() || !controlInbox.empty(); });
+  /// The first message of the epoch protocol of one of `kinds`. Messages from different
+  /// processes (and, over UCX, from one) may come in any order, so others wait their turn.
+  std::pair<int, WireMessage> nextControl(std::unique_lock<std::mutex>& lock, std::initializer_list<WireKind> kinds) {
+    auto wanted = [&] {
+      return std::find_if(controlInbox.begin(), controlInbox.end(), [&](const auto& entry) {
+        return std::find(kinds.begin(), kinds.end(), entry.second.kind) != kinds.end();
+      });
+    };
+    // Waits as long as messages move here; a whole timeout without any is a stalled job.
+    for (int64_t seen = processed.load();;) {
+      if (doneChanged.wait_for(lock, options.timeout, [&] { return !failure.empty() || wanted() != controlInbox.end(); }))
+        break;
+      const int64_t now = processed.load();
+      WEFT_CHECK(now != seen, "amp: process {} heard nothing from the other processes for {:.0f} s", processes.rank,
+                 seconds(options.timeout));
+      seen = now;
+    }
     if (!failure.empty()) throw Error(failure);
-    auto next = std::move(controlInbox.front());
-    controlInbox.pop_front();
+    auto it = wanted();
+    auto next = std::move(*it);
+    controlInbox.erase(it);
     return next;
   }
 
@@ -1149,7 +1178,7 @@ struct Runtime::Impl {
       Worker& w = localWorker(*n);
       {
         std::lock_guard<std::mutex> lock(w.mutex);
-        w.control.push_back({Task::Kind::Update, n->spec->id, static_cast<int>(instances), {}, {}, 0});
+        w.control.push_back({Task::Kind::Update, n->spec->id, static_cast<int>(instances), {}, {}, {}});
       }
       w.ready.notify_one();
     }
@@ -1168,16 +1197,16 @@ struct Runtime::Impl {
   /// Why nothing moves: the worker busy in one node the longest, or the nodes holding messages
   /// that wait for others which will never come.
   std::string stallReport() {
-    int worst = -1;
+    int worst = -1, worstNode = -1;
     int64_t since = 0;
     for (size_t i = 0; i < workers.size(); ++i) {
       int node = workers[i]->currentNode.load();
       int64_t at = workers[i]->currentSince.load();
-      if (node >= 0 && (worst < 0 || at < since)) worst = static_cast<int>(i), since = at;
+      if (node >= 0 && (worst < 0 || at < since)) worst = static_cast<int>(i), since = at, worstNode = node;
     }
     std::string where = worst < 0 ? std::string()
-                                  : fmt::format(": worker {} is stuck in '{}'", worst,
-                                                nodes[static_cast<size_t>(workers[static_cast<size_t>(worst)]->currentNode.load())].spec->name);
+                                  : fmt::format(": worker {} is stuck in '{}'", processes.rank * options.workers + worst,
+                                                nodes[static_cast<size_t>(worstNode)].spec->name);
     return fmt::format("amp: no message was processed for {:.0f} s{}", seconds(options.timeout), where);
   }
 
@@ -1362,7 +1391,7 @@ ProcessReport Runtime::Impl::localReport() {
 void Runtime::Impl::followEpoch() {
   std::unique_lock<std::mutex> lock(doneMutex);
   for (;;) {
-    auto [from, m] = nextControl(lock);
+    WireMessage m = nextControl(lock, {WireKind::Update, WireKind::EpochEnd}).second;
     if (m.kind == WireKind::Update) {
       lock.unlock();
       queueUpdates(m.instances);
@@ -1372,11 +1401,11 @@ void Runtime::Impl::followEpoch() {
       post(0, control(WireKind::Updated));
       continue;
     }
-    WEFT_CHECK(m.kind == WireKind::EpochEnd, "amp: process {} got message kind {} from process {} between epochs",
-               processes.rank, static_cast<int>(m.kind), from);
     epochTotals = m;
     break;
   }
+  doneChanged.wait(lock, [&] { return !failure.empty() || outstandingTasks.load() == 0; });
+  if (!failure.empty()) throw Error(failure);
   lock.unlock();
   checkDrained();
   WireMessage report = control(WireKind::Report);
@@ -1385,7 +1414,10 @@ void Runtime::Impl::followEpoch() {
 }
 
 EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(int64_t)>& makeInstance, bool train) {
-  WEFT_CHECK(failure.empty(), "amp: the runtime failed earlier and cannot run again: {}", failure);
+  {
+    std::lock_guard<std::mutex> lock(doneMutex);
+    WEFT_CHECK(failure.empty(), "amp: the runtime failed earlier and cannot run again: {}", failure);
+  }
   WEFT_CHECK(count >= 0, "amp: {} instances", count);
   training = train;
   make = &makeInstance;
@@ -1405,6 +1437,7 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
   auto start = Clock::now();
   if (processes.rank != 0) {
     try {
+      post(0, control(WireKind::Ready));  // no message of this epoch may reach it before now
       followEpoch();
     } catch (const std::exception& e) {
       fail(e.what());
@@ -1447,7 +1480,7 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
                  "amp: instance {} sends {}{} to input '{}', which takes {}", pumped, dtypeName(e.payload.dtype()),
                  e.payload.shape().str(), graph.node(e.input.node).name, type.str());
     }
-    Flow flow{kFullCredit, {}, 0, 0, 0, false};
+    Flow flow{Credit::whole(), {}, 0, 0, 0, false};
     for (Pumped::Entry& e : p.entries) {
       e.state.instance = id;
       flow.out.push_back({Task::Kind::Forward, e.input.node, 0, std::move(e.payload), e.state});
@@ -1461,16 +1494,13 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
     queueUpdates(instances);
     for (int r = 1; r < processes.count; ++r) post(r, control(WireKind::Update, instances));
     lock.lock();
-    for (int r = 1; r < processes.count; ++r) {
-      auto [from, m] = nextControl(lock);
-      WEFT_CHECK(m.kind == WireKind::Updated, "amp: process {} answered an update with message kind {}", from,
-                 static_cast<int>(m.kind));
-    }
+    for (int r = 1; r < processes.count; ++r) nextControl(lock, {WireKind::Updated});
     doneChanged.wait(lock, [&] { return !failure.empty() || outstandingTasks.load() == 0; });
   };
 
   std::unique_lock<std::mutex> lock(doneMutex);
   try {
+    for (int r = 1; r < processes.count; ++r) nextControl(lock, {WireKind::Ready});
     while (done < count) {
       while (failure.empty() && pumped < batchEnd && active < options.maxActiveKeys) {
         lock.unlock();
@@ -1491,7 +1521,7 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
       finished.clear();
       if (processes.count == 1 && done < pumped && outstandingTasks.load() == 0) {
         for (int64_t i = 0; i < pumped; ++i)
-          if (records[static_cast<size_t>(i)]->returned != kFullCredit) {
+          if (!records[static_cast<size_t>(i)]->returned.isWhole()) {
             stuckInstance = firstInstance + i;
             break;
           }
@@ -1520,23 +1550,21 @@ EpochReport Runtime::Impl::runEpoch(int64_t count, const std::function<Pumped(in
       WireMessage end = control(WireKind::EpochEnd);
       for (const auto& r : records) end.loss += r->loss, end.hits += r->hits, end.count += r->count;
       for (int r = 1; r < processes.count; ++r) post(r, end);
-      for (int r = 1; r < processes.count; ++r) {
-        auto [from, m] = nextControl(lock);
-        WEFT_CHECK(m.kind == WireKind::Report, "amp: process {} ended the epoch with message kind {}", from,
-                   static_cast<int>(m.kind));
-      }
+      for (int r = 1; r < processes.count; ++r) nextControl(lock, {WireKind::Report});
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     if (failure.empty()) failure = e.what();
   }
   if (!failure.empty()) {
     std::string message = failure;
     lock.unlock();
-    fail(message);  // tells the other processes
+    tellFailure(message);
     stopWorkers();
     if (stuckInstance >= 0) message += heldMessages(stuckInstance);
     WEFT_THROW("{}", message);
   }
+  // The workers finish their bookkeeping (busy times) after returning the last credit.
+  doneChanged.wait(lock, [&] { return !failure.empty() || outstandingTasks.load() == 0; });
   lock.unlock();
   noteActive(0);
   checkDrained();
@@ -1642,7 +1670,7 @@ void Runtime::setVariable(const std::string& name, const Tensor& value) {
     t.copyFrom(value);
     return;
   }
-  WEFT_THROW("amp: no variable '{}'", name);
+  WEFT_THROW("amp: no variable '{}' in this process", name);
 }
 
 int Runtime::workerOf(int node) const { return impl_->nodes.at(static_cast<size_t>(node)).worker; }

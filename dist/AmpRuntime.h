@@ -109,7 +109,8 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  /// One pass over instances 0..count-1 (made by `make`), training. In a job of several
+  /// One pass over instances 0..count-1 (made by `make`, which worker threads may call at once
+  /// in a process other than the controller's), training. In a job of several
   /// processes every process makes the same calls with the same instances; every process's
   /// report has the epoch's loss and accuracy, the controller's also every node's counts.
   EpochReport train(int64_t count, const std::function<Pumped(int64_t)>& make);

@@ -15,6 +15,33 @@
 
 namespace weft::amp {
 
+/// A share of an instance's credit (termination detection by weight throwing, dist/AmpRuntime.cpp):
+/// an exact dyadic fraction, `words` (a little-endian multiword integer) divided by 2^exponent,
+/// kept reduced. Shares only split and add, so no precision is ever lost and no depth of fan-out
+/// runs it out.
+class Credit {
+ public:
+  /// The whole credit of an instance: 1.
+  static Credit whole();
+  bool empty() const { return words_.empty(); }
+  bool isWhole() const { return exponent_ == 0 && words_.size() == 1 && words_[0] == 1; }
+  /// True when the value exceeds 1 (more credit came back than was given).
+  bool exceedsWhole() const;
+  void add(const Credit& other);
+  /// `k` nonzero shares that sum to this one exactly.
+  std::vector<Credit> split(size_t k) const;
+
+  uint32_t exponent() const { return exponent_; }
+  const std::vector<uint64_t>& words() const { return words_; }
+  /// Throws naming the value when it is not reduced (what decode receives).
+  static Credit fromParts(uint32_t exponent, std::vector<uint64_t> words);
+
+ private:
+  void reduce();
+  uint32_t exponent_ = 0;
+  std::vector<uint64_t> words_;  // no high zero words; empty: zero
+};
+
 enum class WireKind : uint8_t {
   Forward = 1,   ///< node, port, state, credit; payload: the tensor
   Backward = 2,  ///< as Forward
@@ -24,13 +51,14 @@ enum class WireKind : uint8_t {
   EpochEnd = 6,  ///< controller -> process: every instance finished (the epoch's loss, hits, count); report
   Report = 7,    ///< process -> controller; payload: its node counts, worker times and variables
   Failed = 8,    ///< process -> controller, and controller -> process (abort): a reason
+  Ready = 9,     ///< process -> controller: it has entered the epoch (the controller pumps after every one)
 };
 
 struct WireMessage {
   WireKind kind = WireKind::Forward;
   int32_t node = 0, port = 0;
   State state;
-  uint64_t credit = 0;
+  Credit credit;
   double loss = 0, hits = 0, count = 0;
   int64_t instances = 0;
   std::string reason;

@@ -5,6 +5,7 @@
 #include "tests/TestUtil.h"
 
 #include "dist/AmpRuntime.h"
+#include "dist/AmpWire.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -593,4 +594,50 @@ TEST_CASE("a payload of the wrong type is refused at the input, naming it") {
     runtime.train(1, [&](int64_t) { return amp::Pumped{e, {{mlp.x, Tensor::zeros(f64, {1, 5}), {}}}}; });
   });
   CHECK(contains(error, "input 'x', which takes f64[1, 4]"));
+}
+
+TEST_CASE("credit splits exactly at any depth, and the shares add back to the whole") {
+  // A chain of 500 halvings, each returning one half: a loss at every step of a long sequence.
+  amp::Credit held = amp::Credit::whole(), returned;
+  for (int step = 0; step < 500; ++step) {
+    std::vector<amp::Credit> halves = held.split(2);
+    returned.add(halves[0]);
+    held = halves[1];
+    CHECK_FALSE(held.empty());
+  }
+  CHECK_FALSE(returned.isWhole());
+  returned.add(held);
+  CHECK(returned.isWhole());
+  // Uneven splits: seven shares of a third.
+  amp::Credit third = amp::Credit::whole().split(3)[1], sum;
+  for (const amp::Credit& c : third.split(7)) sum.add(c);
+  std::vector<amp::Credit> rest = amp::Credit::whole().split(3);
+  sum.add(rest[0]);
+  sum.add(rest[2]);
+  CHECK(sum.isWhole());
+  sum.add(rest[2]);
+  CHECK(sum.exceedsWhole());
+  CHECK(contains(errorOf([] { amp::Credit::fromParts(3, {2}); }), "not reduced"));
+}
+
+TEST_CASE("a loop with a loss at every one of 300 steps finishes: fan-out depth does not run out") {
+  amp::Graph g;
+  amp::Port h0 = g.input("h0", {f64, {1, 3}});
+  amp::Port h = g.phi("loop", {h0});
+  amp::Port next = g.transform("cell", {h}, linear("cell", 3, 3, true));
+  amp::Port moved = g.stateUpdate(
+      "step", next, [](const amp::State& s, const amp::Instance&) { amp::State n = s; ++n.step; return n; },
+      [](const amp::State& s, const amp::Instance&) { amp::State n = s; --n.step; return n; });
+  auto more = g.cond("more", moved, 2, [](const amp::State& s, const amp::Instance&) { return s.step < 300 ? 0 : 1; });
+  auto copies = g.broadcast("outputs", more[0], 2);
+  g.addPhiInput(h, copies[1]);
+  g.loss("step_loss", copies[0], crossEntropy());
+  g.loss("final_loss", more[1], crossEntropy());
+  amp::Runtime runtime(g, {.workers = 2, .maxActiveKeys = 2, .optimizer = std::make_shared<optim::SGD>(0.01)});
+  auto data = examples(3, 4, 3, 2);
+  amp::EpochReport r = runtime.train(3, [&](int64_t i) {
+    return amp::Pumped{data[static_cast<size_t>(i)], {{h0, Tensor::zeros(f64, {1, 3}), {}}}};
+  });
+  CHECK(nodeReport(r, "step_loss").forwards == 3 * 299);
+  checkEveryMessageAnswered(r);
 }
