@@ -426,3 +426,27 @@ TEST_CASE("--amp ggsnn --task deduction trains on a graph file whose one node la
   CHECK(refused.status != 0);
   CHECK(contains(refused.output, "graph 3 must label exactly one node 1"));
 }
+
+TEST_CASE("--amp --cluster runs the worker processes of a specification's hosts, and refuses parameter servers") {
+  TempDir dir;
+  const std::string cluster = (dir.path / "cluster.json").string(), withServers = (dir.path / "servers.json").string();
+  std::ofstream(cluster) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 1, "servers": 0},
+                                          {"address": "127.0.0.1", "cpu_workers": 1, "servers": 0}]})";
+  std::ofstream(withServers) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 2}]})";
+  const std::string common = "train mlp --amp --dtype f64 --minibatch 8 --max-active-keys 1 --epochs 1 --target 0 "
+                             "--train-size 32 --eval-size 8 --hidden 8 --workers 1 ";
+  const std::string one = (dir.path / "one.safetensors").string(), hosts = (dir.path / "hosts.safetensors").string();
+  const CliRun a = weftCli(common + "--out " + (dir.path / "a").string() + " --save " + one);
+  REQUIRE_MESSAGE(a.status == 0, a.output);
+  const CliRun b = weftCli(common + "--cluster " + cluster + " --out " + (dir.path / "b").string() + " --save " + hosts);
+  REQUIRE_MESSAGE(b.status == 0, b.output);
+  CHECK(contains(b.output, "2 process(es) of 1 workers"));
+  const weft::TensorFile x = weft::readSafetensors(one), y = weft::readSafetensors(hosts);
+  for (const auto& [name, t] : x.tensors) {
+    CAPTURE(name);
+    if (t.dtype() == weft::f64) CHECK(relativeDifference(y.tensors.at(name), t) < 1e-12);
+  }
+  const CliRun refused = weftCli(common + "--cluster " + withServers);
+  CHECK(refused.status != 0);
+  CHECK(contains(refused.output, "lists 1 parameter server(s); AMP jobs run workers only"));
+}

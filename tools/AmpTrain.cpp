@@ -43,6 +43,7 @@ struct AmpFlags {
   std::string out;
   std::string trace;
   std::string save;
+  std::string cluster;
   double timeout = 120;
   bool dot = false;
 };
@@ -161,6 +162,19 @@ int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& p
   return 0;
 }
 
+/// A resource specification for an AMP job: CPU workers only (no parameter servers, no GPUs).
+dist::ResourceSpec ampCluster(const std::string& path) {
+  dist::ResourceSpec spec = dist::ResourceSpec::load(path);
+  for (size_t h = 0; h < spec.hosts().size(); ++h) {
+    const dist::HostSpec& host = spec.hosts()[h];
+    WEFT_CHECK(host.servers == 0, "--amp --cluster {}: host {} ({}) lists {} parameter server(s); AMP jobs run workers only "
+               "(set \"servers\": 0)", path, h, host.address, host.servers);
+    WEFT_CHECK(host.gpus.empty(), "--amp --cluster {}: host {} ({}) lists GPUs; AMP transforms run on CPU workers", path, h,
+               host.address);
+  }
+  return spec;
+}
+
 void addModelOptions(CLI::App& cmd, models::AmpModel& model) {
   for (const models::ModelOption& o : model.options()) {
     std::visit(
@@ -210,6 +224,8 @@ int runAmp(int argc, char** argv) {
                    "worker processes on this machine, messages between them over UCX (rank 0 pumps the instances)")
         ->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--save", f.save, "write the trained variables to this safetensors file");
+    app.add_option("--cluster", f.cluster,
+                   "run the worker processes on the hosts of this resource specification (JSON; \"servers\": 0 on every host)");
     app.add_option("--max-active-keys", f.maxActiveKeys, "instances in flight at once")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--min-update-frequency", f.minUpdateFrequency, "gradients a transform gathers before it updates")
         ->capture_default_str()->check(CLI::PositiveNumber);
@@ -244,8 +260,11 @@ int runAmp(int argc, char** argv) {
       std::fputs(model->graph().describe(f.dot).c_str(), stdout);
       return 0;
     }
-    if (f.processes == 1) return train(*model, f, {});
-    const dist::ResourceSpec resources = dist::ResourceSpec::localCpu(f.processes, 0);
+    if (f.processes == 1 && f.cluster.empty()) return train(*model, f, {});
+    WEFT_CHECK(f.processes == 1 || f.cluster.empty(), "--processes {} and --cluster: the specification says the processes",
+               f.processes);
+    const dist::ResourceSpec resources = f.cluster.empty() ? dist::ResourceSpec::localCpu(f.processes, 0) : ampCluster(f.cluster);
+    const int processes = static_cast<int>(resources.workers().size());
     if (!dist::launchIdentityFromEnvironment()) {
       // This process is the launcher: the same command line runs as each worker process.
       std::vector<std::string> command(argv, argv + argc);
@@ -257,7 +276,7 @@ int runAmp(int argc, char** argv) {
       const int status = dist::launch(resources, command, launch);
       if (!f.trace.empty()) {
         std::vector<std::string> parts;
-        for (int r = 0; r < f.processes; ++r) {
+        for (int r = 0; r < processes; ++r) {
           const std::string part = fmt::format("{}.process-{}", f.trace, r);
           std::ifstream in(part);
           parts.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
