@@ -175,21 +175,6 @@ dist::ResourceSpec ampCluster(const std::string& path) {
   return spec;
 }
 
-void addModelOptions(CLI::App& cmd, models::AmpModel& model) {
-  for (const models::ModelOption& o : model.options()) {
-    std::visit(
-        [&](auto* target) {
-          using T = std::remove_pointer_t<decltype(target)>;
-          if constexpr (std::is_same_v<T, bool>) {
-            cmd.add_flag("--" + o.name, *target, o.help);
-          } else {
-            cmd.add_option("--" + o.name, *target, o.help)->capture_default_str();
-          }
-        },
-        o.target);
-  }
-}
-
 }  // namespace
 
 bool wantsAmp(int argc, char** argv) {
@@ -247,7 +232,7 @@ int runAmp(int argc, char** argv) {
   } else {
     app.add_flag("--dot", f.dot, "Graphviz DOT instead of text");
   }
-  if (model) addModelOptions(app, *model);
+  if (model) addModelFlags(app, name, model->options());
   try {
     app.parse(argc - 1, argv + 1);
   } catch (const CLI::ParseError& e) {

@@ -556,11 +556,22 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
 }
 
-void addModelFlags(CLI::App& cmd, const std::string& name, models::ZooModel& model) {
-  for (const models::ModelOption& o : model.options()) {
+
+}  // namespace
+
+std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& s) {
+  if (s.name == "adam") return std::make_unique<optim::Adam>(s.lr, 0.9, 0.999, 1e-8, s.weightDecay);
+  if (s.name == "sgd") return std::make_unique<optim::SGD>(s.lr, s.weightDecay);
+  if (s.name == "momentum") return std::make_unique<optim::Momentum>(s.lr, s.momentum, false, s.weightDecay);
+  if (s.name == "adagrad") return std::make_unique<optim::Adagrad>(s.lr, 1e-10, s.weightDecay);
+  WEFT_THROW("unknown optimizer '{}' (adam, sgd, momentum, adagrad)", s.name);
+}
+
+void addModelFlags(CLI::App& cmd, const std::string& model, const std::vector<models::ModelOption>& options) {
+  for (const models::ModelOption& o : options) {
     const std::string flag = "--" + o.name;
-    WEFT_CHECK(cmd.get_option_no_throw(flag) == nullptr, "model '{}' declares option {}, which the trainer already has", name,
-               flag);
+    WEFT_CHECK(cmd.get_option_no_throw(flag) == nullptr, "model '{}' declares option {}, which the trainer already has",
+               model, flag);
     std::visit(
         [&](auto* target) {
           using T = std::remove_pointer_t<decltype(target)>;
@@ -574,16 +585,6 @@ void addModelFlags(CLI::App& cmd, const std::string& name, models::ZooModel& mod
   }
 }
 
-}  // namespace
-
-std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& s) {
-  if (s.name == "adam") return std::make_unique<optim::Adam>(s.lr, 0.9, 0.999, 1e-8, s.weightDecay);
-  if (s.name == "sgd") return std::make_unique<optim::SGD>(s.lr, s.weightDecay);
-  if (s.name == "momentum") return std::make_unique<optim::Momentum>(s.lr, s.momentum, false, s.weightDecay);
-  if (s.name == "adagrad") return std::make_unique<optim::Adagrad>(s.lr, 1e-10, s.weightDecay);
-  WEFT_THROW("unknown optimizer '{}' (adam, sgd, momentum, adagrad)", s.name);
-}
-
 void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine, int& status) {
   for (const std::string& name : models::zooModelNames()) {
     // The model lives as long as the command line: its options are bound to its fields.
@@ -591,7 +592,7 @@ void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLi
     auto flags = std::make_shared<TrainFlags>();
     CLI::App* cmd = train.add_subcommand(name, "train the " + name + " model");
     addCommonFlags(*cmd, *flags);
-    addModelFlags(*cmd, name, *model);
+    addModelFlags(*cmd, name, model->options());
     cmd->callback([name, model, flags, commandLine, &status] {
       status = Trainer(name, *model, *flags, commandLine).run();
     });

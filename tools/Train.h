@@ -19,6 +19,10 @@ namespace weft::tools {
 /// training run sets `status` to the process's exit status (a parameter server's own).
 void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine, int& status);
 
+/// A flag per option of a model (bound to its configuration's fields); throws naming a flag the
+/// command already has.
+void addModelFlags(CLI::App& cmd, const std::string& model, const std::vector<models::ModelOption>& options);
+
 /// The optimizer a spec names (adam, sgd, momentum, adagrad); throws naming an unknown one.
 std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& spec);
 
