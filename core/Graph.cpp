@@ -146,7 +146,9 @@ Output Graph::variable(const std::string& name, DType dtype, Shape shape, Initia
                "variable '{}' copies '{}', which is missing or of another type", name, init.source);
     attrs.set("source", init.source);
   }
-  return addNode("Variable", {}, std::move(attrs), name)->output();
+  Node* node = addNode("Variable", {}, std::move(attrs), name);
+  if (!partitioners_.empty()) requestedPartitions_[node] = partitioners_.back();
+  return node->output();
 }
 
 Output Graph::constant(Tensor value, const std::string& name) {
@@ -176,6 +178,19 @@ Graph::StageScope::StageScope(Graph& g, int stage) : graph_(g) {
   g.stages_.push_back(stage);
 }
 Graph::StageScope::~StageScope() { graph_.stages_.pop_back(); }
+
+Graph::PartitionerScope::PartitionerScope(Graph& g, int partitions) : graph_(g) {
+  WEFT_CHECK(partitions >= 0, "partitioner({}): a variable is split into at least one partition ({} leaves the count to "
+             "the job)", partitions, kJobPartitions);
+  g.partitioners_.push_back(partitions);
+}
+Graph::PartitionerScope::~PartitionerScope() { graph_.partitioners_.pop_back(); }
+
+std::optional<int> Graph::requestedPartitions(const Node* variable) const {
+  auto it = requestedPartitions_.find(variable);
+  if (it == requestedPartitions_.end()) return std::nullopt;
+  return it->second;
+}
 
 Graph::PrecisionScope::PrecisionScope(Graph& g, DType low) : graph_(g) {
   WEFT_CHECK(low == DType::F32 || low == DType::BF16 || low == DType::F16,

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,27 @@ class Graph {
   /// The stage nodes created now belong to (-1 outside every stage scope).
   int currentStage() const { return stages_.empty() ? -1 : stages_.back(); }
 
+  /// RAII partitioner scope (the `partitioner` of the sparsity-aware Parallax paper): variables
+  /// created while it lives, when a distributed job puts them on parameter servers, are split
+  /// into `partitions` row partitions whatever their size, every variable of the scope alike.
+  /// kJobPartitions leaves the count to the job (dist::Config::partitions, which
+  /// `--partitions auto` searches). Outside every scope a size threshold decides.
+  static constexpr int kJobPartitions = 0;
+  class PartitionerScope {
+   public:
+    PartitionerScope(Graph& g, int partitions);
+    ~PartitionerScope();
+    PartitionerScope(const PartitionerScope&) = delete;
+    PartitionerScope& operator=(const PartitionerScope&) = delete;
+
+   private:
+    Graph& graph_;
+  };
+  PartitionerScope partitioner(int partitions = kJobPartitions) { return PartitionerScope(*this, partitions); }
+  /// The partitions requested for `variable` by the partitioner scope it was created in
+  /// (kJobPartitions: the job's count), or std::nullopt when it was created outside every one.
+  std::optional<int> requestedPartitions(const Node* variable) const;
+
   /// RAII mixed-precision scope: while it lives, matrix products and convolutions built from f32
   /// values compute in `low` (bf16 or f16): their inputs are cast down and their results cast
   /// back to f32, so the rest of the model, the variables and the optimizer stay in f32.
@@ -291,6 +313,8 @@ class Graph {
   std::vector<std::string> scopes_;
   std::vector<std::string> devices_;
   std::vector<int> stages_;
+  std::vector<int> partitioners_;
+  std::map<const Node*, int> requestedPartitions_;
   std::vector<DType> precisions_;
   std::vector<GradientLink> gradientLinks_;
   std::map<std::string, std::vector<Node*>> collections_;

@@ -34,13 +34,25 @@ struct PipelineConfig {
   double linkBytesPerSecond = 1.25e9;
 };
 
+/// How the sparse variables on the parameter servers are split into row partitions (the
+/// sparsity-aware Parallax paper, section 3.2): a variable's partitions are updated in parallel,
+/// and spread over the servers by bytes, so their number is independent of the servers'.
+struct Partitioning {
+  /// A sparse variable outside every partitioner scope (Graph::partitioner) is split when it
+  /// takes at least this many bytes; smaller ones stay whole.
+  size_t bytes = size_t{1} << 20;
+  /// The partitions of a split variable, and of the variables of a partitioner scope that leaves
+  /// the count to the job; 0: one per server. At most the variable's rows.
+  int count = 0;
+};
+
 struct Config {
   Architecture architecture = Architecture::Auto;
   bool averageDense = true;   ///< average (rather than sum) dense gradients over the workers
   bool averageSparse = true;  ///< likewise for sparse gradients
   size_t bucketBytes = size_t{4} << 20;  ///< dense gradients are fused into AllReduce buckets of this size
-  /// A served sparse variable of at least this many bytes is split into one row partition per server.
-  size_t partitionBytes = size_t{1} << 20;
+  /// How served sparse variables are split into row partitions.
+  Partitioning partitioning;
   /// Bounds the rendezvous and every wait for another process (collectives, requests to the
   /// servers, the servers' replies): a stall this long is reported as an error naming the
   /// processes involved, and the job stops.

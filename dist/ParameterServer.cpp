@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -226,7 +227,7 @@ void ParameterServer::PartitionState::runUpdate(const Payload& extrasBytes) {
 }
 
 ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options options)
-    : plan_(plan), server_(server), options_(std::move(options)) {
+    : plan_(plan), server_(server), options_(std::move(options)), pool_(options_.session.threads) {
   if (options_.groups.members.empty()) options_.groups = SenderGroups::separate(options_.workers);
   WEFT_CHECK(static_cast<int>(options_.groups.groupOfWorker.size()) == options_.workers,
              "the sender groups cover {} workers, the job has {}", options_.groups.groupOfWorker.size(), options_.workers);
@@ -235,7 +236,8 @@ ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options opt
   for (size_t i = 0; i < plan.partitions.size(); ++i) {
     if (plan.partitions[i].server != server) continue;
     auto state = std::make_unique<PartitionState>();
-    state->build(plan, static_cast<int>(i), options_.session);
+    // Partitions are served in parallel with one another, each on one thread.
+    state->build(plan, static_cast<int>(i), SessionOptions{1, options_.session.checkNumerics});
     state->pushes.resize(static_cast<size_t>(options_.groups.groups()));
     states_[i] = std::move(state);
   }
@@ -272,8 +274,7 @@ Payload normBytes(double squaredNorm) {
 
 }  // namespace
 
-std::vector<ParameterServer::Reply> ParameterServer::handle(const Message& message) {
-  const RequestHeader h = decodeRequest(message.header);
+void ParameterServer::admit(const RequestHeader& h) const {
   WEFT_CHECK(h.worker < static_cast<uint32_t>(options_.workers), "{} request from worker {}: the job has {} workers",
              requestKindName(h.kind), h.worker, options_.workers);
   const int group = options_.groups.groupOfWorker[h.worker];
@@ -282,12 +283,63 @@ std::vector<ParameterServer::Reply> ParameterServer::handle(const Message& messa
              requestKindName(h.kind), h.worker, options_.groups.leader(group));
   WEFT_CHECK(!leftJob_[static_cast<size_t>(group)], "{} request from worker {}, which has said goodbye",
              requestKindName(h.kind), h.worker);
+}
+
+std::vector<ParameterServer::Reply> ParameterServer::handle(const Message& message) {
+  const RequestHeader h = decodeRequest(message.header);
+  admit(h);
   if (h.kind == RequestKind::Goodbye) {
-    leftJob_[static_cast<size_t>(group)] = true;
+    leftJob_[static_cast<size_t>(options_.groups.groupOfWorker[h.worker])] = true;
     return {replyTo(h, {})};
   }
+  return serveOrRefuse(h, message.payload);
+}
+
+ParameterServer::Handled ParameterServer::handleAll(const std::vector<Message>& messages) {
+  Handled out;
+  // Each partition's requests in arrival order; goodbyes once every request before them is served.
+  std::map<uint32_t, std::vector<std::pair<RequestHeader, const Payload*>>> byPartition;
+  std::vector<RequestHeader> goodbyes;
+  std::vector<bool> leaving(leftJob_.size(), false);
+  for (const Message& m : messages) {
+    try {
+      const RequestHeader h = decodeRequest(m.header);
+      admit(h);
+      const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
+      WEFT_CHECK(!leaving[group], "{} request from worker {}, which has said goodbye", requestKindName(h.kind), h.worker);
+      if (h.kind == RequestKind::Goodbye) {
+        leaving[group] = true;
+        goodbyes.push_back(h);
+      } else {
+        byPartition[h.partition].emplace_back(h, &m.payload);
+      }
+    } catch (const std::exception& e) {
+      out.rejected.emplace_back(e.what());
+    }
+  }
+  std::vector<std::vector<std::pair<RequestHeader, const Payload*>>*> queues;
+  for (auto& [partition, requests] : byPartition) queues.push_back(&requests);
+  std::vector<std::vector<Reply>> replies(queues.size());
+  // A partition's requests cost at least its update's pass over the rows it holds.
+  pool_.parallelFor(static_cast<int64_t>(queues.size()), 1 << 20, [&](int64_t begin, int64_t end) {
+    for (auto q = static_cast<size_t>(begin); q < static_cast<size_t>(end); ++q) {
+      for (const auto& [h, payload] : *queues[q]) {
+        std::vector<Reply> released = serveOrRefuse(h, *payload);
+        std::move(released.begin(), released.end(), std::back_inserter(replies[q]));
+      }
+    }
+  });
+  for (std::vector<Reply>& r : replies) std::move(r.begin(), r.end(), std::back_inserter(out.replies));
+  for (const RequestHeader& h : goodbyes) {
+    leftJob_[static_cast<size_t>(options_.groups.groupOfWorker[h.worker])] = true;
+    out.replies.push_back(replyTo(h, {}));
+  }
+  return out;
+}
+
+std::vector<ParameterServer::Reply> ParameterServer::serveOrRefuse(const RequestHeader& h, const Payload& payload) {
   try {
-    return serve(partitionFor(h), h, message.payload);
+    return serve(partitionFor(h), h, payload);
   } catch (const std::exception& e) {
     const std::string text = fmt::format("server {}: {} request {} of worker {} for partition {}: {}", server_,
                                          requestKindName(h.kind), h.id, h.worker, h.partition, e.what());

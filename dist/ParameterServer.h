@@ -13,6 +13,7 @@
 #pragma once
 
 #include "core/Session.h"
+#include "core/ThreadPool.h"
 #include "dist/LocalAggregator.h"
 #include "dist/Message.h"
 #include "dist/Placement.h"
@@ -55,6 +56,16 @@ class ParameterServer {
   /// out of range, out-of-order clock) gets an error reply and changes nothing; a message whose
   /// header is not a valid request from a worker of the job throws, and changes nothing.
   std::vector<Reply> handle(const Message& message);
+  /// Messages that arrived together, handled as handle() would one by one, except that the
+  /// requests of different partitions are served in parallel (each partition's in arrival
+  /// order, a sender's goodbye after its requests): this is where partitioning a variable pays.
+  /// `rejected` holds, for each message that is not a valid request from a worker of the job,
+  /// why; such a message changes nothing.
+  struct Handled {
+    std::vector<Reply> replies;
+    std::vector<std::string> rejected;
+  };
+  Handled handleAll(const std::vector<Message>& messages);
   /// Whether every sender has said goodbye, and whether the sender of worker `worker` has.
   bool finished() const;
   bool hasLeft(int worker) const;
@@ -66,7 +77,11 @@ class ParameterServer {
 
  private:
   struct PartitionState;
+  /// Throws unless `h` may come from its worker now (in the job, its group's sender, still in).
+  void admit(const RequestHeader& h) const;
   PartitionState& partitionFor(const RequestHeader& h);
+  /// serve(), with a failure answered by an error reply naming the request.
+  std::vector<Reply> serveOrRefuse(const RequestHeader& h, const std::vector<uint8_t>& payload);
   std::vector<Reply> serve(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
   std::vector<Reply> push(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
   std::vector<Reply> apply(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
@@ -78,6 +93,7 @@ class ParameterServer {
   Options options_;
   std::vector<std::unique_ptr<PartitionState>> states_;  // by plan partition index (null: another server's)
   std::vector<bool> leftJob_;  // by sender group
+  ThreadPool pool_;            // serves partitions in parallel
 };
 
 }  // namespace weft::dist

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
 namespace weft::dist {
@@ -134,13 +135,26 @@ bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::ma
   return true;
 }
 
+/// How many partitions `v` is split into under `rule` and the partitioner scope it was made in.
+int64_t partitionCount(const Graph& graph, const ServedVariable& v, int servers, const Partitioning& rule) {
+  if (!v.sparse) return 1;
+  const std::optional<int> requested = graph.requestedPartitions(v.variable);
+  const int64_t jobCount = rule.count > 0 ? rule.count : servers;
+  int64_t count = 1;
+  if (requested) {
+    count = *requested == Graph::kJobPartitions ? jobCount : *requested;
+  } else if (static_cast<size_t>(v.rows()) * v.rowBytes() >= rule.bytes) {
+    count = jobCount;
+  }
+  return std::clamp<int64_t>(count, 1, v.rows());
+}
+
 /// Splits every variable into partitions and spreads them over the servers.
-void partition(ServerPlan& plan, size_t partitionBytes) {
+void partition(const Graph& graph, ServerPlan& plan, const Partitioning& rule) {
   for (size_t i = 0; i < plan.variables.size(); ++i) {
     ServedVariable& v = plan.variables[i];
     const int64_t rows = v.rows();
-    const size_t bytes = static_cast<size_t>(rows) * v.rowBytes();
-    const int64_t parts = v.sparse && bytes >= partitionBytes ? std::min<int64_t>(plan.servers, rows) : 1;
+    const int64_t parts = partitionCount(graph, v, plan.servers, rule);
     for (int64_t k = 0; k < parts; ++k) {
       Partition p;
       p.variable = static_cast<int>(i);
@@ -193,7 +207,13 @@ const ServedVariable* ServerPlan::find(const Node* node) const {
   return nullptr;
 }
 
-ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, size_t partitionBytes) {
+int ServerPlan::largestPartitionCount() const {
+  size_t most = 0;
+  for (const ServedVariable& v : variables) most = std::max(most, v.partitions.size());
+  return static_cast<int>(most);
+}
+
+ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, const Partitioning& partitioning) {
   ServerPlan plan;
   plan.servers = servers;
   if (architecture == Architecture::AllReduce) return plan;
@@ -215,7 +235,7 @@ ServerPlan planServers(const Graph& graph, Architecture architecture, int server
   WEFT_CHECK(plan.empty() || servers > 0,
              "architecture '{}' puts {} variables on parameter servers, but the job has no server", architectureName(architecture),
              plan.variables.size());
-  partition(plan, partitionBytes);
+  partition(graph, plan, partitioning);
   return plan;
 }
 

@@ -3,9 +3,10 @@
 // without exchanging a plan).
 //
 // A variable goes to the servers when the architecture says so (AUTO: variables with sparse
-// gradients; PS: every trained variable) and an optimizer update op writes it. A large one
-// (at least `partitionBytes`) is split into one row partition per server; partitions are spread
-// over the servers by bytes, largest first, each to the least loaded server.
+// gradients; PS: every trained variable) and an optimizer update op writes it. A sparse one is
+// split into row partitions (Partitioning: as many as its partitioner scope says, or the job's
+// count when it is at least Partitioning::bytes); partitions are spread over the servers by
+// bytes, largest first, each to the least loaded server.
 //
 // What the server runs for a variable is the optimizer's update op and the ops between the
 // gradient and it (global-norm clipping's scaling, casts): the "chain". Its inputs besides the
@@ -68,12 +69,14 @@ struct ServerPlan {
   bool empty() const { return variables.empty(); }
   /// The served variable of `node`, or nullptr.
   const ServedVariable* find(const Node* node) const;
+  /// The most partitions any variable is split into (0 without served variables).
+  int largestPartitionCount() const;
 };
 
 /// The plan for `graph` (not modified) under `architecture` with `servers` servers; empty for
 /// the AllReduce architecture. Throws naming the variable when one cannot be served (a gradient
 /// used by something other than its update and clipping, slots of another shape, a variable
 /// without rows).
-ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, size_t partitionBytes);
+ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, const Partitioning& partitioning);
 
 }  // namespace weft::dist

@@ -363,6 +363,7 @@ Session& Runner::session() {
   return state_->activeSession();
 }
 const DistributedGraph& Runner::distribution() const { return state_->distribution; }
+const ServerPlan& Runner::serverPlan() const { return state_->plan; }
 Traffic Runner::traffic() const { return state_->traffic.snapshot(); }
 
 namespace {
@@ -431,7 +432,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
     dense = state->gpuSums.get();
   }
 #endif
-  state->plan = planServers(graph, config.architecture, j.servers(), config.partitionBytes);
+  state->plan = planServers(graph, config.architecture, j.servers(), config.partitioning);
   if (j.servers() > 0) {
     state->client = std::make_unique<ServerClient>(state->traffic, *j.clientTransport, j.rank(), j.routes.serverPeers,
                                                    state->plan, config.timeout, j.relay(), config.sync);

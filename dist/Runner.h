@@ -17,6 +17,7 @@
 #include "core/Session.h"
 #include "dist/Config.h"
 #include "dist/Job.h"
+#include "dist/Placement.h"
 #include "dist/ResourceSpec.h"
 #include "dist/Traffic.h"
 #include "dist/Transform.h"
@@ -96,6 +97,8 @@ class Runner {
   Session& session();
   /// What the distribution pass did.
   const DistributedGraph& distribution() const;
+  /// Which variables the parameter servers hold, in which partitions (empty without servers).
+  const ServerPlan& serverPlan() const;
   /// Bytes this worker sent and received, per kind, since it started.
   Traffic traffic() const;
 

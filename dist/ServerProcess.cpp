@@ -22,8 +22,37 @@ class ServerRouter {
       : server_(server), aggregator_(aggregator), transport_(transport), routes_(routes), timeout_(timeout),
         groups_(server.groups()), host_(routes.serverHosts.at(static_cast<size_t>(routes.self))) {}
 
-  /// Takes one message in; what it releases waits in the outbox. Throws, having released
-  /// nothing more, when the message is not a valid request or reply.
+  /// Takes the messages that arrived together in; what they release waits in the outbox. The
+  /// requests for this server's own partitions are served together (in parallel across
+  /// partitions); a message that is not a valid request or reply is logged, naming `who`, and
+  /// releases nothing.
+  void handleAll(std::vector<Message> messages, const std::string& who) {
+    auto reject = [&](const std::string& why) { std::cerr << fmt::format("weft: {} rejected a message: {}\n", who, why); };
+    std::vector<Message> own;
+    for (Message& m : messages) {
+      try {
+        if (isRequest(m.header) && !fromMember(m)) {
+          checkSender(m, decodeRequest(m.header));
+          own.push_back(std::move(m));
+        } else {
+          handle(m);
+        }
+      } catch (const std::exception& e) {
+        reject(e.what());
+      }
+    }
+    ParameterServer::Handled handled = server_.handleAll(own);
+    for (const std::string& why : handled.rejected) reject(why);
+    for (size_t i = 0; i < own.size(); ++i) {
+      const RequestHeader h = decodeRequest(own[i].header);
+      if (h.worker < routes_.workerPeers.size()) count(traffic_.received, senderHost(static_cast<int>(h.worker)), own[i], h.kind);
+    }
+    for (ParameterServer::Reply& r : handled.replies) route(std::move(r));
+  }
+
+  /// Takes one message that is not a request for this server's own partitions (a reply to a
+  /// forwarded request, or a request of the machine's workers for its aggregator). Throws,
+  /// having released nothing more, when the message is not a valid request or reply.
   void handle(const Message& m) {
     if (!isRequest(m.header)) {
       WEFT_CHECK(aggregator_ != nullptr, "a reply arrived, but this server forwards no requests");
@@ -34,15 +63,13 @@ class ServerRouter {
       deliver(aggregator_->fromServer(m));
       return;
     }
-    const RequestHeader h = decodeRequest(m.header);
-    checkSender(m, h);
-    if (aggregator_ != nullptr && aggregator_->isMember(static_cast<int>(h.worker))) {
-      deliver(aggregator_->fromMember(m));
-      return;
-    }
-    std::vector<ParameterServer::Reply> replies = server_.handle(m);  // throws for a worker outside the job
-    count(traffic_.received, senderHost(static_cast<int>(h.worker)), m, h.kind);
-    for (ParameterServer::Reply& r : replies) route(std::move(r));
+    checkSender(m, decodeRequest(m.header));
+    deliver(aggregator_->fromMember(m));
+  }
+
+  /// Whether `m` is a request of one of the workers this process's aggregator speaks for.
+  bool fromMember(const Message& m) const {
+    return aggregator_ != nullptr && aggregator_->isMember(static_cast<int>(decodeRequest(m.header).worker));
   }
 
   /// Throws unless the request's claimed worker is the sealed sender's: the worker itself, or
@@ -162,17 +189,12 @@ ServerTraffic serve(ParameterServer& server, LocalAggregator* aggregator, Transp
   // aggregates for no machine (AUTO with no sparse variables) only waits for goodbyes.
   const std::chrono::microseconds longestWait = server.partitions().empty() && aggregator == nullptr ? 5ms : 1ms;
   while (!router.finished()) {
-    const std::vector<Message> messages = transport.takeMessages(Clock::now() + timeout);
-    for (const Message& m : messages) {
-      try {
-        router.handle(m);
-      } catch (const std::exception& e) {
-        std::cerr << fmt::format("weft: {} rejected a message: {}\n", who, e.what());
-      }
-      router.flush();
-    }
+    std::vector<Message> messages = transport.takeMessages(Clock::now() + timeout);
+    const bool idle = messages.empty();
+    router.handleAll(std::move(messages), who);
+    router.flush();
     router.checkPeers();
-    if (messages.empty()) transport.waitForActivity(Clock::now() + longestWait, longestWait);
+    if (idle) transport.waitForActivity(Clock::now() + longestWait, longestWait);
   }
   // Every sender has said goodbye: what is left to flush is at most the last acknowledgements,
   // so a peer that does not take them within seconds is not waited for the whole timeout.
@@ -203,7 +225,7 @@ void printServerTraffic(const std::string& who, const ServerTraffic& t) {
 int serveJob(JobContext& job, const Graph& graph, const Config& config) {
   const std::string who = describe(job.identity.id);
   try {
-    const ServerPlan plan = planServers(graph, config.architecture, job.servers(), config.partitionBytes);
+    const ServerPlan plan = planServers(graph, config.architecture, job.servers(), config.partitioning);
     limitPayloads(job, graph);
     const int workers = job.workers();
     ParameterServer::Options options;

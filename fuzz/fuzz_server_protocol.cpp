@@ -25,7 +25,7 @@ struct Model {
     const Output emb = g.variable("emb", f32, {kRows, kWidth}, Initializer::normal(0, 1));
     const Output w = g.variable("w", f32, {kWidth, 2}, Initializer::normal(0, 1));
     optim::SGD(0.5f).minimize(sum(square(matmul(gather(emb, ids), w))));
-    plan = planServers(g, Architecture::Auto, 1, size_t{1} << 20);
+    plan = planServers(g, Architecture::Auto, 1, {size_t{1} << 20});
   }
 };
 

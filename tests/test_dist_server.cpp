@@ -68,7 +68,7 @@ std::string errorIn(const ParameterServer::Reply& r) {
 /// The embedding's server, loaded with 0, 1, 2, ... and with two workers averaging.
 struct Server {
   Model model;
-  ServerPlan plan = planServers(model.g, Architecture::Auto, 1, size_t{1} << 20);
+  ServerPlan plan = planServers(model.g, Architecture::Auto, 1, {size_t{1} << 20});
   ParameterServer server{plan, 0, {.workers = 2, .denseScale = 0.5, .sparseScale = 0.5, .session = {1, false}, .groups = {}}};
   std::vector<float> initial = std::vector<float>(kRows * kWidth);
   Server() {
@@ -88,20 +88,20 @@ struct Server {
 
 TEST_CASE("AUTO serves the sparse embedding alone; PS serves every trained variable") {
   Model m;
-  const ServerPlan automatic = planServers(m.g, Architecture::Auto, 2, size_t{1} << 20);
+  const ServerPlan automatic = planServers(m.g, Architecture::Auto, 2, {size_t{1} << 20});
   REQUIRE(automatic.variables.size() == 1);
   CHECK(automatic.variables[0].variable == m.emb.node());
   CHECK(automatic.variables[0].sparse);
   CHECK(automatic.variables[0].update->op == "SparseApplySGD");
   CHECK(automatic.variables[0].extras.size() == 1);  // the learning rate
-  const ServerPlan everything = planServers(m.g, Architecture::ParameterServer, 2, size_t{1} << 20);
+  const ServerPlan everything = planServers(m.g, Architecture::ParameterServer, 2, {size_t{1} << 20});
   CHECK(everything.variables.size() == 2);
-  CHECK(planServers(m.g, Architecture::AllReduce, 2, size_t{1} << 20).empty());
+  CHECK(planServers(m.g, Architecture::AllReduce, 2, {size_t{1} << 20}).empty());
 }
 
 TEST_CASE("a large variable is dealt out row by row into one partition per server, spread by bytes") {
   Model m;
-  const ServerPlan plan = planServers(m.g, Architecture::ParameterServer, 2, 64);
+  const ServerPlan plan = planServers(m.g, Architecture::ParameterServer, 2, {64});
   const ServedVariable& emb = *plan.find(m.emb.node());
   REQUIRE(emb.partitions.size() == 2);
   const Partition& a = plan.partitions[static_cast<size_t>(emb.partitions[0])];
@@ -114,9 +114,71 @@ TEST_CASE("a large variable is dealt out row by row into one partition per serve
   REQUIRE(plan.find(m.w.node())->partitions.size() == 1);
 }
 
+TEST_CASE("the number of partitions is the job's, independent of the servers, and spread over them by bytes") {
+  Model m;
+  const ServerPlan plan = planServers(m.g, Architecture::Auto, 2, {.bytes = 64, .count = 5});
+  const ServedVariable& emb = *plan.find(m.emb.node());
+  REQUIRE(emb.partitions.size() == 5);
+  std::vector<int> perServer(2, 0);
+  for (size_t k = 0; k < 5; ++k) {
+    const Partition& p = plan.partitions[static_cast<size_t>(emb.partitions[k])];
+    CHECK((p.first == static_cast<int64_t>(k) && p.stride == 5 && p.rows == 2));
+    CHECK(emb.partitionOfRow(static_cast<int64_t>(k) + 5) == k);
+    ++perServer[static_cast<size_t>(p.server)];
+  }
+  CHECK(perServer == std::vector<int>{3, 2});
+}
+
+TEST_CASE("no more partitions than rows") {
+  Model m;
+  const ServerPlan plan = planServers(m.g, Architecture::Auto, 2, {.bytes = 64, .count = 1000});
+  CHECK(plan.find(m.emb.node())->partitions.size() == static_cast<size_t>(kRows));
+}
+
+/// Two embeddings, each created in its own partitioner scope, and one outside any.
+struct ScopedModel {
+  Graph g;
+  Output fixed, job, plain;
+  ScopedModel() {
+    const Output ids = g.placeholder("ids", i32, {4});
+    {
+      auto p = g.partitioner(3);
+      fixed = g.variable("fixed", f32, {kRows, kWidth}, Initializer::normal(0, 1));
+    }
+    {
+      auto p = g.partitioner();
+      job = g.variable("job", f32, {kRows, kWidth}, Initializer::normal(0, 1));
+    }
+    plain = g.variable("plain", f32, {kRows, kWidth}, Initializer::normal(0, 1));
+    const Output loss = sum(square(gather(fixed, ids))) + sum(square(gather(job, ids))) + sum(square(gather(plain, ids)));
+    optim::SGD(kLearningRate).minimize(loss);
+  }
+  size_t partitionsOf(const ServerPlan& plan, const Output& v) const { return plan.find(v.node())->partitions.size(); }
+};
+
+TEST_CASE("a partitioner scope splits its variables whatever their size, by its count or the job's") {
+  ScopedModel m;
+  // 120-byte variables, far below the threshold: only the scoped ones are split.
+  const ServerPlan byServers = planServers(m.g, Architecture::Auto, 2, {size_t{1} << 20});
+  CHECK(m.partitionsOf(byServers, m.fixed) == 3);
+  CHECK(m.partitionsOf(byServers, m.job) == 2);  // the job's count: one per server
+  CHECK(m.partitionsOf(byServers, m.plain) == 1);
+  const ServerPlan counted = planServers(m.g, Architecture::Auto, 2, {.bytes = size_t{1} << 20, .count = 4});
+  CHECK(m.partitionsOf(counted, m.fixed) == 3);
+  CHECK(m.partitionsOf(counted, m.job) == 4);
+  CHECK(m.partitionsOf(counted, m.plain) == 1);
+  // Over the threshold, a variable outside every scope takes the job's count too.
+  CHECK(m.partitionsOf(planServers(m.g, Architecture::Auto, 2, {.bytes = 64, .count = 4}), m.plain) == 4);
+}
+
+TEST_CASE("a partitioner scope refuses a negative count") {
+  Graph g;
+  CHECK_THROWS_WITH_AS(g.partitioner(-2), doctest::Contains("partitioner(-2)"), Error);
+}
+
 TEST_CASE("clipping: the gradient's squared norm becomes a server answer, the scale an extra input") {
   Model m(1.0);
-  const ServerPlan plan = planServers(m.g, Architecture::Auto, 1, size_t{1} << 20);
+  const ServerPlan plan = planServers(m.g, Architecture::Auto, 1, {size_t{1} << 20});
   REQUIRE(plan.variables.size() == 1);
   REQUIRE(plan.variables[0].squaredNorm != nullptr);
   CHECK(plan.variables[0].squaredNorm->op == "SparseSquaredNorm");
@@ -236,7 +298,7 @@ struct Aggregation {
   ServerPlan plan;
   LocalAggregator aggregator;
   explicit Aggregation(Architecture architecture = Architecture::Auto, int servers = 1)
-      : plan(planServers(model.g, architecture, servers, size_t{1} << 20)), aggregator(plan, {1, 2, 3}, servers) {}
+      : plan(planServers(model.g, architecture, servers, {size_t{1} << 20})), aggregator(plan, {1, 2, 3}, servers) {}
   uint32_t partitionOf(const Output& variable) const {
     return static_cast<uint32_t>(plan.find(variable.node())->partitions.at(0));
   }
@@ -427,7 +489,7 @@ TEST_CASE("local aggregation: when its workers have left, the machine says goodb
 
 TEST_CASE("a server counts a machine's workers as one sender: it takes their pushes from the first alone") {
   Model model;
-  const ServerPlan plan = planServers(model.g, Architecture::Auto, 1, size_t{1} << 20);
+  const ServerPlan plan = planServers(model.g, Architecture::Auto, 1, {size_t{1} << 20});
   SenderGroups groups;
   groups.groupOfWorker = {0, 1, 1};
   groups.members = {{0}, {1, 2}};

@@ -213,6 +213,62 @@ TEST_CASE("LM: embeddings split into row partitions over 2 servers train like on
   checkSameVariables("lm", lmFlags, 4, 1e-5, "--servers 2 --partition-bytes 4096 --arch ps");
 }
 
+TEST_CASE("LM: more partitions than servers (7 over 2, served in parallel) train like one process") {
+  checkSameVariables("lm", lmFlags, 2, 1e-5, "--servers 2 --partition-bytes 4096 --partitions 7");
+}
+
+TEST_CASE("--partitions auto samples partition counts on the running job, picks one, and trains on like one process") {
+  TempDir dir;
+  const std::string single = (dir.path / "single").string(), searched = (dir.path / "searched").string();
+  const CliRun one = weftCli("train lm " + lmFlags + " --out " + single);
+  REQUIRE_MESSAGE(one.status == 0, one.output);
+  // Samples of 2 steps: the search ends when the 10 steps run out, if not before.
+  const CliRun job = weftCli("train lm " + lmFlags + " --workers 2 --servers 2 --partition-bytes 4096 --partitions auto "
+                             "--partition-search-steps 2 --out " + searched);
+  REQUIRE_MESSAGE(job.status == 0, job.output);
+  CHECK(contains(job.output, "partition search: 1 partition:"));
+  std::vector<int> sampled;
+  nlohmann::json search;
+  std::ifstream metrics(searched + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("partition_sample")) sampled.push_back(record["partition_sample"]["partitions"]);
+    if (record.contains("partition_search")) search = record["partition_search"];
+  }
+  // One process's machine: the search starts at 1 partition and doubles while faster.
+  REQUIRE(sampled.size() >= 2);
+  CHECK(sampled[0] == 1);
+  CHECK(sampled[1] == 2);
+  REQUIRE(search.is_object());
+  const int chosen = search["partitions"];
+  CHECK(chosen >= *std::min_element(sampled.begin(), sampled.end()));
+  CHECK(chosen <= *std::max_element(sampled.begin(), sampled.end()));
+  CHECK(contains(job.output, fmt::format("at {} partitions", chosen)) == (sampled.size() >= 3));
+  // Every repartition restarted from a checkpoint of whole variables: the training is one
+  // process's, to the last step.
+  const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
+  const weft::TensorFile b = weft::readSafetensors(searched + "/checkpoint.safetensors");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    CHECK(relativeDifference(b.tensors.at(name), t) <= 1e-5);
+  }
+}
+
+TEST_CASE("--partitions is refused where no parameter server runs, and takes auto or a positive count") {
+  TempDir dir;
+  const std::string out = " --steps 1 --threads 1 --out " + (dir.path / "x").string();
+  const CliRun alone = weftCli("train lm --partitions 4" + out);
+  CHECK(alone.status != 0);
+  CHECK(contains(alone.output, "--partitions 4 splits variables on parameter servers, which this run has none of"));
+  const CliRun allReduce = weftCli("train lm --workers 2 --arch ar --partitions auto" + out);
+  CHECK(allReduce.status != 0);
+  CHECK(contains(allReduce.output, "--partitions auto splits variables on parameter servers"));
+  const CliRun zero = weftCli("train lm --workers 2 --partitions 0" + out);
+  CHECK(zero.status != 0);
+  CHECK(contains(zero.output, "auto or a positive count, not '0'"));
+}
+
 TEST_CASE("two machines of two workers, each machine's pushes and pulls aggregated, train like one process") {
   TempDir dir;
   const std::string cluster = "--cluster " + loopbackCluster(dir.path, 2, 2, 1);

@@ -5,6 +5,7 @@
 #include "core/InputFile.h"
 #include "core/Trace.h"
 #include "dist/Launcher.h"
+#include "dist/PartitionSearch.h"
 #include "dist/Pipeline.h"
 #include "dist/Runner.h"
 #include "models/ZooModel.h"
@@ -53,6 +54,9 @@ struct TrainFlags {
   std::string cluster;
   std::string arch = "auto";
   int64_t partitionBytes = int64_t{1} << 20;
+  std::string partitions;  // "": one per server; "auto": searched; else a count
+  int64_t partitionSearchSteps = 100;
+  int64_t partitionSample = 0;  // set by the search's launcher: this run is one sample of that many steps
   double timeout = 60;
   int maxRestarts = 0;
   bool reportComm = false;
@@ -115,6 +119,13 @@ class Trainer {
     WEFT_CHECK(precision != f16 || !flags_.distributed(),
                "--precision f16 scales the loss and skips overflowing steps, which distributed training does not "
                "do yet; use --precision bf16 with --workers");
+    const bool hasServers = flags_.distributed() && flags_.stages == 1 && flags_.arch != "ar";
+    WEFT_CHECK(flags_.partitions != "auto" || flags_.bench == 0,
+               "--bench times one configuration, and --partitions auto runs several: give --partitions a count");
+    WEFT_CHECK(flags_.partitions.empty() || hasServers,
+               "--partitions {} splits variables on parameter servers, which this run has none of (they need --workers "
+               "or --cluster, one pipeline stage and --arch auto or ps)",
+               flags_.partitions);
     if (flags_.distributed() && !dist::launchIdentityFromEnvironment()) {
       // This process is the launcher: the same command line runs as every worker and server.
       dist::LaunchOptions launch;
@@ -125,11 +136,14 @@ class Trainer {
       launch.maxRestarts = flags_.maxRestarts;
       launch.restartCommand = [this](int) {
         std::vector<std::string> command = commandLine_;
-        const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
-        if (!flags_.resume && std::filesystem::exists(out + "/checkpoint.safetensors")) command.push_back("--resume");
+        if (!flags_.resume && hasCheckpoint(outDir())) command.push_back("--resume");
         return command;
       };
-      WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
+      if (flags_.partitions == "auto") {
+        searchPartitions(resources, launch);
+      } else {
+        WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
+      }
       if (!flags_.trace.empty()) mergeWorkerTraces(static_cast<int>(resources.workers().size()));
       return 0;
     }
@@ -159,7 +173,7 @@ class Trainer {
     }
     dist::Config config;
     config.architecture = dist::parseArchitecture(flags_.arch);
-    config.partitionBytes = static_cast<size_t>(flags_.partitionBytes);
+    config.partitioning = {static_cast<size_t>(flags_.partitionBytes), partitionCount()};
     config.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000));
     config.session = SessionOptions{flags_.threads, false};
     config.localAggregation = flags_.localAggregation == "on";
@@ -181,7 +195,7 @@ class Trainer {
     }
 
     identity_ = runIdentity(spec);
-    const std::string out = flags_.out.empty() ? "runs/" + name_ : flags_.out;
+    const std::string out = outDir();
     if (leader_) std::filesystem::create_directories(out);
     checkpointPath_ = out + "/checkpoint.safetensors";
     if (leader_) {
@@ -215,12 +229,18 @@ class Trainer {
     double lossSum = 0, items = 0;
     int64_t lossCount = 0;
     std::string unit = "items";
-    while (step < steps_) {
+    // A sample of the partition search trains a stretch and times its second half.
+    const int64_t stop = flags_.partitionSample > 0 ? std::min(steps_, step + flags_.partitionSample) : steps_;
+    const int64_t timedFrom = step + (stop - step) / 2;
+    double timedSeconds = 0;
+    while (step < stop) {
       const data::Prefetched batch = batches.nextPrefetched();
       const auto [what, count] = model_->itemsIn(batch.source);
       unit = what;
       items += count;
+      const auto started = std::chrono::steady_clock::now();
       const double loss = trainOn(stepFeeds(batch.prepared));
+      if (step >= timedFrom) timedSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       WEFT_CHECK(std::isfinite(loss), "{}: the loss became {} at step {}", name_, loss, step + 1);
       lossSum += loss;
       ++lossCount;
@@ -229,7 +249,7 @@ class Trainer {
       // The workers' mean is the total batch's loss; the progress line between logs shows rank 0's part.
       if (logNow) lossSum = runner_->meanOverWorkers(lossSum);
       const bool evaluateNow = step % evalEvery == 0 || step == steps_;
-      const bool checkpointNow = step % checkpointEvery == 0 || step == steps_;
+      const bool checkpointNow = step % checkpointEvery == 0 || step == stop;
       // Worker 0's session takes the whole model (the servers' variables, the other stages'),
       // for evaluation and the checkpoint.
       if (evaluateNow || checkpointNow) runner_->gatherModel();
@@ -267,6 +287,17 @@ class Trainer {
     if (flags_.reportComm) reportCommunication(step);
     writeTrace();
     if (!leader_) return 0;
+    if (flags_.partitionSample > 0) {
+      const int64_t timed = stop - timedFrom;
+      metrics->write({{"partition_sample",
+                       {{"partitions", partitionCount()},
+                        {"effective", runner_->serverPlan().largestPartitionCount()},
+                        {"seconds_per_step", timed > 0 ? timedSeconds / static_cast<double>(timed) : 0.0},
+                        {"timed_steps", timed},
+                        {"step", step},
+                        {"steps", steps_}}}});
+      return 0;
+    }
     const std::map<std::string, double> result = model_->evaluate(*session_, 0);
     nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
     if (runner_->workers() > 1) summary["workers"] = runner_->workers();
@@ -276,6 +307,98 @@ class Trainer {
   }
 
  private:
+  /// The job's partition count (--partitions N; 0: one per server).
+  int partitionCount() const {
+    if (flags_.partitions.empty()) return 0;
+    WEFT_CHECK(flags_.partitions != "auto", "--partitions auto is resolved by the launcher into a count");
+    return std::stoi(flags_.partitions);
+  }
+
+  std::string outDir() const { return flags_.out.empty() ? "runs/" + name_ : flags_.out; }
+
+  /// `command` with flag `name` set to `value` alone (earlier values of it removed).
+  static std::vector<std::string> withFlag(std::vector<std::string> command, const std::string& name,
+                                           const std::string& value) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < command.size(); ++i) {
+      if (command[i] == name) {
+        ++i;  // and its value
+      } else if (command[i].rfind(name + "=", 0) != 0) {
+        out.push_back(command[i]);
+      }
+    }
+    out.push_back(name);
+    out.push_back(value);
+    return out;
+  }
+
+  /// --partitions auto (the launcher): runs the job a stretch of --partition-search-steps per
+  /// sampled partition count, each stretch continuing from the previous one's checkpoint, so the
+  /// samples are training too; fits the iteration-time model (dist/PartitionSearch.h) and runs
+  /// the rest of the job with the count it chooses. Samples, fit and choice are printed and
+  /// written to metrics.jsonl.
+  void searchPartitions(const dist::ResourceSpec& resources, dist::LaunchOptions launch) {
+    constexpr int kMostPartitions = 1024;
+    const std::string out = outDir();
+    dist::PartitionSearch search(static_cast<int>(resources.hosts().size()), kMostPartitions);
+    bool resume = flags_.resume || flags_.resumeChanged;
+    auto commandFor = [&](int partitions, bool sample, bool resuming) {
+      std::vector<std::string> command = withFlag(commandLine_, "--partitions", std::to_string(partitions));
+      if (sample) command = withFlag(command, "--partition-sample", std::to_string(flags_.partitionSearchSteps));
+      if (resuming && !flags_.resume && !flags_.resumeChanged) command.push_back("--resume");
+      return command;
+    };
+    while (const std::optional<int> partitions = search.next()) {
+      const std::vector<std::string> command = commandFor(*partitions, true, resume);
+      launch.restartCommand = [&](int) { return commandFor(*partitions, true, resume || hasCheckpoint(out)); };
+      WEFT_CHECK(dist::launch(resources, command, launch) == 0,
+                 "the distributed job failed while sampling {} partitions (see the messages above)", *partitions);
+      resume = true;
+      const nlohmann::json sample = lastRecord(out + "/metrics.jsonl", "partition_sample");
+      if (sample.at("timed_steps").get<int64_t>() == 0) {
+        search.stop();  // the job had no steps left to time
+        break;
+      }
+      const double seconds = sample.at("seconds_per_step").get<double>();
+      const int effective = sample.at("effective").get<int>();
+      fmt::print("partition search: {}{}: {:.2f} ms per step over {} steps\n", partitionsText(*partitions),
+                 effective < *partitions ? fmt::format(" ({} used: no variable has more rows)", effective) : "",
+                 seconds * 1e3, sample.at("timed_steps").get<int64_t>());
+      std::fflush(stdout);  // before the next sample's members print
+      search.record(seconds, effective);
+      if (sample.at("step").get<int64_t>() >= sample.at("steps").get<int64_t>()) search.stop();
+    }
+    const dist::PartitionSearch::Choice choice = search.choose();
+    fmt::print("partition search: {}\n", choice.reason);
+    std::fflush(stdout);
+    nlohmann::json samples = nlohmann::json::array();
+    for (const dist::PartitionSample& s : search.samples())
+      samples.push_back({{"partitions", s.partitions}, {"seconds_per_step", s.seconds}});
+    nlohmann::json record{{"samples", samples}, {"partitions", choice.partitions}, {"reason", choice.reason}};
+    if (choice.model) record["theta"] = {choice.model->theta0, choice.model->theta1, choice.model->theta2};
+    MetricsLog(out + "/metrics.jsonl").write({{"partition_search", record}});
+    launch.restartCommand = [&](int) { return commandFor(choice.partitions, false, true); };
+    WEFT_CHECK(dist::launch(resources, commandFor(choice.partitions, false, resume), launch) == 0,
+               "the distributed job failed (see the messages above)");
+  }
+
+  static std::string partitionsText(int n) { return fmt::format("{} partition{}", n, n == 1 ? "" : "s"); }
+
+  static bool hasCheckpoint(const std::string& out) { return std::filesystem::exists(out + "/checkpoint.safetensors"); }
+
+  /// The last record of `path` (JSON lines) that holds `key`: its value.
+  static nlohmann::json lastRecord(const std::string& path, const std::string& key) {
+    std::ifstream in(path);
+    std::string line;
+    nlohmann::json found;
+    while (std::getline(in, line)) {
+      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+      if (record.is_object() && record.contains(key)) found = record.at(key);
+    }
+    WEFT_CHECK(!found.is_null(), "{} holds no '{}' record: the job did not write one", path, key);
+    return found;
+  }
+
   /// This worker's part of a total batch.
   data::Batch myPart(const data::Batch& batch) const {
     // A pipeline's stages each see their replica's whole part.
@@ -537,8 +660,24 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                  "dense, AllGather sparse) or ps (every variable on the parameter servers)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "ar", "ps"}));
   cmd.add_option("--partition-bytes", f.partitionBytes,
-                 "a sparse variable on the servers of at least this many bytes is split into one row partition per server")
+                 "a sparse variable on the servers of at least this many bytes, outside every partitioner scope, is "
+                 "split into row partitions (--partitions)")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--partitions", f.partitions,
+                 "row partitions of each split sparse variable on the servers, independent of the servers' number "
+                 "(default: one per server), or auto: searched by timing samples of the job")
+      ->check([](const std::string& value) -> std::string {
+        if (value == "auto" || (value.find_first_not_of("0123456789") == std::string::npos && value.size() < 7 &&
+                                std::stoi(value) > 0)) {
+          return "";
+        }
+        return "auto or a positive count, not '" + value + "'";
+      });
+  cmd.add_option("--partition-search-steps", f.partitionSearchSteps,
+                 "steps each sample of --partitions auto trains; the second half is timed")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  // The search's launcher runs each sample with this; not for users.
+  cmd.add_option("--partition-sample", f.partitionSample)->group("")->check(CLI::PositiveNumber);
   cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops; a process silent for a third of it (at least 3 s) stops the job at once")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--max-restarts", f.maxRestarts,
