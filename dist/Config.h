@@ -62,7 +62,9 @@ struct Config {
   bool localAggregation = true;
   /// Servers print the pushes and pulls that crossed between machines when the job ends.
   bool reportTraffic = false;
-  /// When the parameter servers take pushes and answer pulls (dist/SyncPolicy.h).
+  /// When the parameter servers take pushes and answer pulls (dist/SyncPolicy.h). The
+  /// asynchronous modes (aspPolicy, sspPolicy, dsspPolicy) need Architecture::ParameterServer and
+  /// one pipeline stage; a machine's workers then reach the servers each on its own.
   std::shared_ptr<const SyncPolicy> sync = bspPolicy();
   SessionOptions session;
   PipelineConfig pipeline;

@@ -307,7 +307,8 @@ void limitPayloads(JobContext& job, const Graph& graph) {
 
 void connectJob(JobContext& job, const Config& config) {
   job.routes = connectPeers(job);
-  job.groups = senderGroups(job.roster, config.localAggregation);
+  // Under the asynchronous modes a machine's workers are at different clocks: none is summed.
+  job.groups = senderGroups(job.roster, config.localAggregation && config.sync->synchronous());
 }
 
 }  // namespace weft::dist

@@ -64,13 +64,29 @@ struct ParameterServer::PartitionState {
   FeedMap aggregate;                           // set once every sender has pushed
   double squaredNorm = 0;
   std::optional<std::pair<RequestHeader, Payload>> pendingApply;
-  std::vector<std::pair<RequestHeader, Payload>> waiting;  // pulls for a later version
+  struct WaitingPull {
+    RequestHeader header;
+    Payload payload;
+    Clock::time_point since;
+  };
+  std::vector<WaitingPull> waiting;  // pulls for a later version, or held by the staleness gate
+
+  // Asynchronous modes, per sender: its updates applied, its aggregated push awaiting its own
+  // APPLY (or an APPLY that came first), when that push arrived, and what its pulls met.
+  std::vector<uint64_t> applied;
+  std::vector<FeedMap> own;
+  std::vector<std::optional<std::pair<RequestHeader, Payload>>> ownApply;
+  std::vector<double> pushedAt;
+  std::unique_ptr<StalenessGate> gate;  // null under ASP
+  std::vector<SenderStaleness> staleness;
 
   void build(const ServerPlan& plan, int partition, const SessionOptions& options);
   Payload answer(const RequestHeader& h, const Payload& payload);
   void load(const Payload& payload);
-  void aggregateGradients(double denseScale, double sparseScale);
-  void runUpdate(const Payload& extrasBytes);
+  /// Aggregates `from` (in order) into `aggregate`, scaled, with its squared norm.
+  void aggregateGradients(const std::vector<const Payload*>& from, double denseScale, double sparseScale);
+  /// Runs the update chain on `gradient` and the extras; makes the next version.
+  void runUpdate(FeedMap gradient, const Payload& extrasBytes);
 };
 
 void ParameterServer::PartitionState::build(const ServerPlan& plan, int partition, const SessionOptions& options) {
@@ -150,17 +166,18 @@ void ParameterServer::PartitionState::load(const Payload& payload) {
     std::memcpy(session->variable(slots[i]).raw(), payload.data() + bytes() * (i + 1), bytes());
 }
 
-void ParameterServer::PartitionState::aggregateGradients(double denseScale, double sparseScale) {
+void ParameterServer::PartitionState::aggregateGradients(const std::vector<const Payload*>& from, double denseScale,
+                                                         double sparseScale) {
   const DType dtype = served->variable->outputs[0].dtype;
   aggregate.clear();
   if (served->sparse) {
     size_t total = 0;
-    for (const std::optional<Payload>& p : pushes) total += readU64(*p, 0);
+    for (const Payload* p : from) total += readU64(*p, 0);
     Tensor ids(indices.dtype(), Shape{static_cast<int64_t>(total)});
     Tensor rowsOut(values.dtype(), withRows(values.shape(), static_cast<int64_t>(total)));
     std::vector<int64_t> allIds;
     size_t at = 0;
-    for (const std::optional<Payload>& p : pushes) {
+    for (const Payload* p : from) {
       const std::vector<int64_t> local = sparsePushRowIds(*p, rows, rowBytes);
       const size_t n = local.size();
       allIds.insert(allIds.end(), local.begin(), local.end());
@@ -197,7 +214,7 @@ void ParameterServer::PartitionState::aggregateGradients(double denseScale, doub
       using T = decltype(z);
       T* out = sum.data<T>();
       const size_t n = bytes() / sizeof(T);
-      for (const std::optional<Payload>& p : pushes) {
+      for (const Payload* p : from) {
         const T* in = reinterpret_cast<const T*>(p->data());
         for (size_t i = 0; i < n; ++i) out[i] += in[i];
       }
@@ -210,8 +227,7 @@ void ParameterServer::PartitionState::aggregateGradients(double denseScale, doub
   }
 }
 
-void ParameterServer::PartitionState::runUpdate(const Payload& extrasBytes) {
-  FeedMap feeds = aggregate;
+void ParameterServer::PartitionState::runUpdate(FeedMap feeds, const Payload& extrasBytes) {
   size_t offset = 0;
   for (const Output& e : extras) {
     Tensor t(e.dtype(), e.shape());
@@ -221,9 +237,6 @@ void ParameterServer::PartitionState::runUpdate(const Payload& extrasBytes) {
   }
   session->run({}, feeds, {update});
   ++version;
-  std::fill(pushes.begin(), pushes.end(), std::nullopt);
-  aggregate.clear();
-  pendingApply.reset();
 }
 
 ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options options)
@@ -238,7 +251,14 @@ ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options opt
     auto state = std::make_unique<PartitionState>();
     // Partitions are served in parallel with one another, each on one thread.
     state->build(plan, static_cast<int>(i), SessionOptions{1, options_.session.checkNumerics});
-    state->pushes.resize(static_cast<size_t>(options_.groups.groups()));
+    const auto senders = static_cast<size_t>(options_.groups.groups());
+    state->pushes.resize(senders);
+    state->applied.assign(senders, 0);
+    state->own.resize(senders);
+    state->ownApply.resize(senders);
+    state->pushedAt.assign(senders, 0.0);
+    state->gate = options_.sync->makeGate(static_cast<int>(senders));
+    state->staleness.resize(senders);
     states_[i] = std::move(state);
   }
 }
@@ -289,8 +309,9 @@ std::vector<ParameterServer::Reply> ParameterServer::handle(const Message& messa
   const RequestHeader h = decodeRequest(message.header);
   admit(h);
   if (h.kind == RequestKind::Goodbye) {
-    leftJob_[static_cast<size_t>(options_.groups.groupOfWorker[h.worker])] = true;
-    return {replyTo(h, {})};
+    std::vector<Reply> out{replyTo(h, {})};
+    leave(options_.groups.groupOfWorker[h.worker], out);
+    return out;
   }
   return serveOrRefuse(h, message.payload);
 }
@@ -331,8 +352,8 @@ ParameterServer::Handled ParameterServer::handleAll(const std::vector<Message>& 
   });
   for (std::vector<Reply>& r : replies) std::move(r.begin(), r.end(), std::back_inserter(out.replies));
   for (const RequestHeader& h : goodbyes) {
-    leftJob_[static_cast<size_t>(options_.groups.groupOfWorker[h.worker])] = true;
     out.replies.push_back(replyTo(h, {}));
+    leave(options_.groups.groupOfWorker[h.worker], out.replies);
   }
   return out;
 }
@@ -364,22 +385,23 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
     case RequestKind::Fetch:
       WEFT_CHECK(h.kind == RequestKind::PullRows || payload.empty(), "{} carries {} bytes, expected none",
                  requestKindName(h.kind), payload.size());
-      options_.sync->checkPull(h.clock, p.version);
-      if (!options_.sync->pullReady(h.clock, p.version)) {
-        const auto sameSender = [&](const auto& w) { return w.first.worker == h.worker; };
+      options_.sync->checkPull(h.clock, versionFor(p, h));
+      if (!pullAnswerable(p, h)) {
+        const auto sameSender = [&](const auto& w) { return w.header.worker == h.worker; };
         WEFT_CHECK(std::count_if(p.waiting.begin(), p.waiting.end(), sameSender) < kMaxWaitingPulls,
                    "worker {} has {} pulls waiting for version {} already", h.worker, kMaxWaitingPulls, h.clock);
-        p.waiting.emplace_back(h, payload);
+        p.waiting.push_back({h, payload, Clock::now()});
         return {};
       }
-      return {replyTo(h, p.answer(h, payload))};
-    case RequestKind::Push: return push(p, h, payload);
-    case RequestKind::Apply: return apply(p, h, payload);
+      return {answerPull(p, h, payload, Clock::now())};
+    case RequestKind::Push: return options_.sync->synchronous() ? push(p, h, payload) : pushOwn(p, h, payload);
+    case RequestKind::Apply: return options_.sync->synchronous() ? apply(p, h, payload) : applyOwn(p, h, payload);
     case RequestKind::Load:
       // Worker 0 publishes the initial (or restored) values before any gradient arrives; later
       // they would overwrite the job's training.
       WEFT_CHECK(h.worker == 0, "LOAD comes from worker 0 alone, not worker {}", h.worker);
-      WEFT_CHECK(p.version == 0 && std::none_of(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); }),
+      WEFT_CHECK(p.version == 0 && std::none_of(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); }) &&
+                     std::all_of(p.own.begin(), p.own.end(), [](const FeedMap& x) { return x.empty(); }),
                  "LOAD at version {}: values are loaded only before training starts", p.version);
       p.load(payload);
       return {replyTo(h, {})};
@@ -393,28 +415,116 @@ std::vector<ParameterServer::Reply> ParameterServer::push(PartitionState& p, con
   options_.sync->checkPush(h.clock, p.version);
   const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
   WEFT_CHECK(!p.pushes[group], "worker {} pushed twice for version {}", h.worker, p.version);
+  checkPushPayload(p, payload);
+  p.pushes[group] = payload;
+  p.pushers.push_back(h);
+  const auto pushed = std::count_if(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); });
+  if (!options_.sync->pushesComplete(static_cast<int>(pushed), static_cast<int>(p.pushes.size()))) return {};
+
+  std::vector<const Payload*> from;
+  for (const std::optional<Payload>& x : p.pushes) from.push_back(&*x);
+  p.aggregateGradients(from, options_.denseScale, options_.sparseScale);
+  std::vector<Reply> out;
+  for (const RequestHeader& pusher : p.pushers) out.push_back(replyTo(pusher, normBytes(p.squaredNorm)));
+  p.pushers.clear();
+  if (p.pendingApply) {
+    const auto [applyHeader, extras] = *p.pendingApply;
+    finishVersion(p, extras);
+    out.push_back(replyTo(applyHeader, {}));
+    releaseWaiting(p, out);
+  }
+  return out;
+}
+
+void ParameterServer::finishVersion(PartitionState& p, const Payload& extras) {
+  p.runUpdate(std::move(p.aggregate), extras);
+  p.aggregate.clear();
+  std::fill(p.pushes.begin(), p.pushes.end(), std::nullopt);
+  p.pendingApply.reset();
+}
+
+std::vector<ParameterServer::Reply> ParameterServer::pushOwn(PartitionState& p, const RequestHeader& h,
+                                                             const Payload& payload) {
+  const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
+  options_.sync->checkPush(h.clock, p.applied[group]);
+  WEFT_CHECK(p.own[group].empty(), "worker {} pushed twice for its update {}", h.worker, p.applied[group]);
+  checkPushPayload(p, payload);
+  p.aggregateGradients({&payload}, options_.denseScale, options_.sparseScale);
+  p.own[group] = std::move(p.aggregate);
+  p.aggregate.clear();
+  p.pushedAt[group] = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  std::vector<Reply> out{replyTo(h, normBytes(p.squaredNorm))};
+  if (p.ownApply[group]) {
+    const auto [applyHeader, extras] = *p.ownApply[group];
+    p.ownApply[group].reset();
+    std::vector<Reply> applied = applyOwn(p, applyHeader, extras);
+    std::move(applied.begin(), applied.end(), std::back_inserter(out));
+  }
+  return out;
+}
+
+std::vector<ParameterServer::Reply> ParameterServer::applyOwn(PartitionState& p, const RequestHeader& h,
+                                                              const Payload& payload) {
+  const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
+  options_.sync->checkApply(h.clock, p.applied[group]);
+  checkExtras(p, payload);
+  if (p.own[group].empty()) {  // its push has not arrived yet
+    WEFT_CHECK(!p.ownApply[group], "a second APPLY of worker {} for its update {}", h.worker, p.applied[group]);
+    p.ownApply[group].emplace(h, payload);
+    return {};
+  }
+  p.runUpdate(std::move(p.own[group]), payload);
+  p.own[group].clear();
+  ++p.applied[group];
+  if (p.gate) p.gate->applied(static_cast<int>(group), p.pushedAt[group]);
+  std::vector<Reply> out{replyTo(h, {})};
+  releaseWaiting(p, out);
+  return out;
+}
+
+void ParameterServer::checkPushPayload(const PartitionState& p, const Payload& payload) const {
   if (p.served->sparse) {
     sparsePushRowIds(payload, p.rows, p.rowBytes);
   } else {
     WEFT_CHECK(payload.size() == p.bytes(), "a dense PUSH carries {} bytes, the partition takes {}", payload.size(),
                p.bytes());
   }
-  p.pushes[group] = payload;
-  p.pushers.push_back(h);
-  const auto pushed = std::count_if(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); });
-  if (!options_.sync->pushesComplete(static_cast<int>(pushed), static_cast<int>(p.pushes.size()))) return {};
+}
 
-  p.aggregateGradients(options_.denseScale, options_.sparseScale);
-  std::vector<Reply> out;
-  for (const RequestHeader& pusher : p.pushers) out.push_back(replyTo(pusher, normBytes(p.squaredNorm)));
-  p.pushers.clear();
-  if (p.pendingApply) {
-    const auto [applyHeader, extras] = *p.pendingApply;
-    p.runUpdate(extras);
-    out.push_back(replyTo(applyHeader, {}));
-    releaseWaiting(p, out);
+void ParameterServer::checkExtras(const PartitionState& p, const Payload& payload) const {
+  size_t expected = 0;
+  for (const Output& e : p.extras) expected += static_cast<size_t>(e.shape().numel()) * dtypeSize(e.dtype());
+  WEFT_CHECK(payload.size() == expected, "APPLY carries {} bytes, the update's {} extra inputs take {}", payload.size(),
+             p.extras.size(), expected);
+}
+
+uint64_t ParameterServer::versionFor(const PartitionState& p, const RequestHeader& h) const {
+  if (options_.sync->synchronous()) return p.version;
+  return p.applied[static_cast<size_t>(options_.groups.groupOfWorker[h.worker])];
+}
+
+bool ParameterServer::pullAnswerable(const PartitionState& p, const RequestHeader& h) const {
+  if (!options_.sync->pullReady(h.clock, versionFor(p, h))) return false;
+  // Reading the whole model to evaluate or save it (FETCH) never waits for other senders.
+  const int group = options_.groups.groupOfWorker[h.worker];
+  return h.kind == RequestKind::Fetch || !p.gate || p.gate->mayProceed(group);
+}
+
+ParameterServer::Reply ParameterServer::answerPull(PartitionState& p, const RequestHeader& h, const Payload& payload,
+                                                   Clock::time_point since) {
+  if (!options_.sync->synchronous() && h.kind != RequestKind::Fetch) {
+    const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
+    uint64_t slowest = p.applied[group];
+    for (size_t g = 0; g < p.applied.size(); ++g)
+      if (!leftJob_[g]) slowest = std::min(slowest, p.applied[g]);
+    const auto gap = static_cast<int64_t>(p.applied[group] - slowest);
+    SenderStaleness& s = p.staleness[group];
+    ++s.pulls;
+    s.gapSum += static_cast<uint64_t>(gap);
+    s.maxGap = std::max(s.maxGap, gap);
+    s.waitedSeconds += std::chrono::duration<double>(Clock::now() - since).count();
   }
-  return out;
+  return replyTo(h, p.answer(h, payload));
 }
 
 std::vector<ParameterServer::Reply> ParameterServer::apply(PartitionState& p, const RequestHeader& h,
@@ -422,30 +532,51 @@ std::vector<ParameterServer::Reply> ParameterServer::apply(PartitionState& p, co
   WEFT_CHECK(h.worker == 0, "APPLY comes from worker 0 alone, not worker {}", h.worker);
   options_.sync->checkApply(h.clock, p.version);
   WEFT_CHECK(!p.pendingApply, "a second APPLY for version {}", p.version);
-  size_t expected = 0;
-  for (const Output& e : p.extras) expected += static_cast<size_t>(e.shape().numel()) * dtypeSize(e.dtype());
-  WEFT_CHECK(payload.size() == expected, "APPLY carries {} bytes, the update's {} extra inputs take {}", payload.size(),
-             p.extras.size(), expected);
+  checkExtras(p, payload);
   if (p.aggregate.empty()) {  // some sender has not pushed yet
     p.pendingApply.emplace(h, payload);
     return {};
   }
-  p.runUpdate(payload);
+  finishVersion(p, payload);
   std::vector<Reply> out{replyTo(h, {})};
   releaseWaiting(p, out);
   return out;
 }
 
 void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out) {
-  std::vector<std::pair<RequestHeader, Payload>> still;
-  for (auto& [h, payload] : p.waiting) {
-    if (options_.sync->pullReady(h.clock, p.version)) {
-      out.push_back(replyTo(h, p.answer(h, payload)));
+  std::vector<PartitionState::WaitingPull> still;
+  for (PartitionState::WaitingPull& w : p.waiting) {
+    if (pullAnswerable(p, w.header)) {
+      out.push_back(answerPull(p, w.header, w.payload, w.since));
     } else {
-      still.emplace_back(h, std::move(payload));
+      still.push_back(std::move(w));
     }
   }
   p.waiting = std::move(still);
+}
+
+void ParameterServer::leave(int group, std::vector<Reply>& out) {
+  leftJob_[static_cast<size_t>(group)] = true;
+  for (const auto& state : states_) {
+    if (!state || !state->gate) continue;
+    state->gate->leave(group);
+    releaseWaiting(*state, out);
+  }
+}
+
+std::vector<SenderStaleness> ParameterServer::staleness() const {
+  std::vector<SenderStaleness> out(leftJob_.size());
+  for (const auto& state : states_) {
+    if (!state) continue;
+    for (size_t g = 0; g < out.size(); ++g) {
+      const SenderStaleness& s = state->staleness[g];
+      out[g].pulls += s.pulls;
+      out[g].gapSum += s.gapSum;
+      out[g].maxGap = std::max(out[g].maxGap, s.maxGap);
+      out[g].waitedSeconds = std::max(out[g].waitedSeconds, s.waitedSeconds);
+    }
+  }
+  return out;
 }
 
 int64_t ParameterServer::steps() const {

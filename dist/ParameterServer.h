@@ -14,6 +14,7 @@
 
 #include "core/Session.h"
 #include "core/ThreadPool.h"
+#include "dist/Deadline.h"
 #include "dist/LocalAggregator.h"
 #include "dist/Message.h"
 #include "dist/Placement.h"
@@ -26,6 +27,16 @@
 #include <vector>
 
 namespace weft::dist {
+
+/// What one sender's pulls met at a server under an asynchronous mode: how far ahead of the
+/// slowest sender it was when each was answered (in clocks), and how long they were held.
+struct SenderStaleness {
+  uint64_t pulls = 0;
+  uint64_t gapSum = 0;
+  int64_t maxGap = 0;
+  double waitedSeconds = 0;  ///< its partitions' waits overlap: the most any one partition held it
+  double meanGap() const { return pulls > 0 ? static_cast<double>(gapSum) / static_cast<double>(pulls) : 0.0; }
+};
 
 class ParameterServer {
  public:
@@ -74,6 +85,8 @@ class ParameterServer {
   std::vector<int> partitions() const;
   /// The most updates applied to any partition it holds.
   int64_t steps() const;
+  /// Asynchronous modes: what each sender group's pulls met, over the partitions held here.
+  std::vector<SenderStaleness> staleness() const;
 
  private:
   struct PartitionState;
@@ -85,8 +98,26 @@ class ParameterServer {
   std::vector<Reply> serve(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
   std::vector<Reply> push(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
   std::vector<Reply> apply(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
-  /// Replies to the pulls that the partition's version now allows.
+  /// BSP: applies the aggregate of every sender's push with `extras`, and opens the next version.
+  void finishVersion(PartitionState& p, const std::vector<uint8_t>& extras);
+  /// Throws unless `payload` is a valid push (sparse rows of the partition, or its dense bytes),
+  /// or the update's extra inputs.
+  void checkPushPayload(const PartitionState& p, const std::vector<uint8_t>& payload) const;
+  void checkExtras(const PartitionState& p, const std::vector<uint8_t>& payload) const;
+  /// Asynchronous modes: the sender's push is its own update, applied with its own APPLY.
+  std::vector<Reply> pushOwn(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
+  std::vector<Reply> applyOwn(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
+  /// The updates that hold the pushes of `h`'s sender: the partition's version under BSP, the
+  /// sender's own otherwise.
+  uint64_t versionFor(const PartitionState& p, const RequestHeader& h) const;
+  /// Whether the pull `h` may be answered now (its version is there; the gate lets it by).
+  bool pullAnswerable(const PartitionState& p, const RequestHeader& h) const;
+  /// The reply to pull `h`, counting what it met under an asynchronous mode.
+  Reply answerPull(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload, Clock::time_point since);
+  /// Replies to the pulls that the partition's version (and gate) now allows.
   void releaseWaiting(PartitionState& p, std::vector<Reply>& out);
+  /// A sender group leaves: it holds no other sender's pulls back any more.
+  void leave(int group, std::vector<Reply>& out);
 
   const ServerPlan& plan_;
   int server_;

@@ -188,13 +188,15 @@ void Ring::ringAllReduce(const Circle& circle, uint64_t sequence, DType dtype, v
   circulate(circle, "AllReduce", sequence, kGatherReduced, chunks, 1, deadline);
 }
 
-std::vector<uint64_t> Ring::allGatherSizes(uint64_t mine) {
+std::vector<uint64_t> Ring::allGatherSizes(uint64_t mine) { return allGatherSizes(mine, Clock::now() + timeout_); }
+
+std::vector<uint64_t> Ring::allGatherSizes(uint64_t mine, Deadline deadline) {
   const uint64_t sequence = sequence_++;
   std::vector<uint64_t> sizes(static_cast<size_t>(size()));
   sizes[static_cast<size_t>(rank_)] = mine;
   std::vector<std::span<uint8_t>> blocks;
   for (uint64_t& s : sizes) blocks.emplace_back(reinterpret_cast<uint8_t*>(&s), sizeof s);
-  circulate(everyone(), "AllGather(sizes)", sequence, kGatherSizes, blocks, 0, Clock::now() + timeout_);
+  circulate(everyone(), "AllGather(sizes)", sequence, kGatherSizes, blocks, 0, deadline);
   return sizes;
 }
 

@@ -49,6 +49,9 @@ class Ring {
   std::vector<uint8_t> allGather(std::span<const uint8_t> block);
   /// Every rank's block size, in rank order.
   std::vector<uint64_t> allGatherSizes(uint64_t mine);
+  /// The same, waiting until `deadline` rather than the ring's timeout (a barrier that workers
+  /// reach far apart).
+  std::vector<uint64_t> allGatherSizes(uint64_t mine, Deadline deadline);
   /// Copies rank `root`'s `data` into every other rank's `data` (same size on every rank).
   void broadcast(std::span<uint8_t> data, int root);
 

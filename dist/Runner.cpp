@@ -36,6 +36,7 @@ struct Runner::State {
   std::unique_ptr<Session> session;
   DistributedGraph distribution;
   std::chrono::milliseconds timeout{0};
+  bool synchronous = true;  // false under the asynchronous modes of the parameter servers
   // A pipeline's stage (instead of a session of a data-parallel replica), and its automatic cut;
   // with replicas of the pipeline, the ring of this stage's replicas.
   std::unique_ptr<Ring> replicaRing;
@@ -66,7 +67,12 @@ struct Runner::State {
   }
 
   void barrier() {
-    communicator->run({}, [](Ring& r, std::vector<uint8_t>&) { r.allGatherSizes(0); }, TrafficKind::Control);
+    // Under the asynchronous modes the workers may finish far apart (ASP bounds nothing): the
+    // last barrier waits as long as the others live. A dead one fails the transport; a frozen
+    // one is stopped by the launcher's heartbeat watch.
+    const auto patience = synchronous ? timeout : std::chrono::hours(24 * 365);
+    communicator->run({}, [patience](Ring& r, std::vector<uint8_t>&) { r.allGatherSizes(0, Clock::now() + patience); },
+                      TrafficKind::Control);
   }
 
   /// The served variable of partition `p`, and its slots: what LOAD carries and FETCH returns.
@@ -405,6 +411,12 @@ void broadcastVariables(Session& session, Communicator& communicator, const Serv
 
 Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   WEFT_CHECK(!job.isServer(), "makeWorker: {} is a server of the job (serve it with serveJob)", describe(job.identity.id));
+  const bool synchronous = config.sync->synchronous();
+  WEFT_CHECK(synchronous || (config.pipeline.stages == 1 && config.architecture == Architecture::ParameterServer),
+             "{} applies each worker's push on the parameter servers as it comes, so every trained variable must be "
+             "there (Architecture::ParameterServer, --arch ps) and the workers data-parallel: AllReduce and pipeline "
+             "stages wait for every worker at every step",
+             config.sync->name());
   if (config.pipeline.stages > 1) {
     auto state = std::make_unique<Runner::State>();
     state->joinPipeline(std::move(job), graph, config);
@@ -418,6 +430,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   }
   auto state = std::make_unique<Runner::State>();
   state->timeout = config.timeout;
+  state->synchronous = synchronous;
   state->job.emplace(std::move(job));
   JobContext& j = *state->job;
   limitPayloads(j, graph);
@@ -445,8 +458,15 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   options.averageDense = config.averageDense;
   options.averageSparse = config.averageSparse;
   options.bucketBytes = config.bucketBytes;
+  options.synchronous = synchronous;
   state->distribution =
       applyPasses(graph, dataParallelPasses(options, state->plan, state->client ? state->client->id() : -1));
+  for (const SyncedVariable& v : state->distribution.variables) {
+    WEFT_CHECK(synchronous || v.onServers,
+               "{}: variable '{}' cannot be served (no optimizer update computed from its gradient writes it) and "
+               "would be summed over the workers at every step, which holds them to the same step",
+               config.sync->name(), v.variable->name);
+  }
   SessionOptions session = config.session;
   session.replica = j.rank();  // each worker feeds the rank-th part of the total batch
   state->session = std::make_unique<Session>(graph, session);

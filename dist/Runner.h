@@ -49,7 +49,8 @@ class Runner {
                                       const std::vector<Node*>& targets);
 
   /// The mean of `value` over the workers (every worker must call it at the same point), e.g.
-  /// the total batch's loss from each worker's part.
+  /// the total batch's loss from each worker's part. It waits for the slowest worker, so under
+  /// the asynchronous modes it bounds how far apart the workers get.
   double meanOverWorkers(double value);
 
   /// Leaves the job: waits until every worker has finished its last step, copies the servers'

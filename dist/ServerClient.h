@@ -51,6 +51,9 @@ class ServerClient {
   bool localCopyCurrent() const { return localCopyCurrent_; }
   void setLocalCopyCurrent(bool current) { localCopyCurrent_ = current && sync_->valuesWaitForOwnPush(); }
 
+  /// Whether this worker applies its own pushes (the asynchronous modes), rather than worker 0
+  /// applying the step's aggregate for every worker (BSP).
+  bool appliesOwnPushes() const { return !sync_->synchronous(); }
   int rank() const { return rank_; }
   TrafficLog& traffic() const { return traffic_; }
   const ServerPlan& plan() const { return plan_; }

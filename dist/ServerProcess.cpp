@@ -116,6 +116,7 @@ class ServerRouter {
     ServerTraffic t = traffic_;
     t.steps = std::max(server_.steps(), aggregator_ != nullptr ? aggregator_->steps() : int64_t{0});
     if (aggregator_ != nullptr) t.aggregatedRows = aggregator_->sparseRows();
+    t.staleness = server_.staleness();
     return t;
   }
 
@@ -220,6 +221,20 @@ void printServerTraffic(const std::string& who, const ServerTraffic& t) {
   std::cout << text << std::flush;
 }
 
+/// What each worker's pulls met here under an asynchronous mode; one line per worker.
+void printStaleness(const std::string& who, const SyncPolicy& sync, const std::vector<SenderStaleness>& senders) {
+  const int64_t bound = sync.stalenessBound();
+  std::string text;
+  for (size_t w = 0; w < senders.size(); ++w) {
+    const SenderStaleness& s = senders[w];
+    text += fmt::format("staleness of worker {} at {} under {}: at most {} clocks ahead of the slowest ({}), {:.2f} on "
+                        "average over {} pulls, held {:.3f} s\n",
+                        w, who, sync.name(), s.maxGap, bound < 0 ? "no bound" : fmt::format("bound {}", bound),
+                        s.meanGap(), s.pulls, s.waitedSeconds);
+  }
+  std::cout << text << std::flush;
+}
+
 }  // namespace
 
 int serveJob(JobContext& job, const Graph& graph, const Config& config) {
@@ -244,6 +259,8 @@ int serveJob(JobContext& job, const Graph& graph, const Config& config) {
     }
     const ServerTraffic traffic = serve(server, aggregator.get(), *job.transport, job.routes, who, config.timeout);
     if (config.reportTraffic) printServerTraffic(who, traffic);
+    if (!config.sync->synchronous() && !server.partitions().empty())
+      printStaleness(who, *config.sync, traffic.staleness);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << fmt::format("weft: {} stops: {}\n", who, e.what());

@@ -21,6 +21,7 @@ struct ServerTraffic {
   uint64_t sent = 0, received = 0;
   int64_t steps = 0;
   std::map<std::string, SparseRows> aggregatedRows;  ///< what the local aggregator merged
+  std::vector<SenderStaleness> staleness;             ///< by worker, under the asynchronous modes
 };
 
 /// Serves on `transport` until every sender has said goodbye and the local aggregator (null

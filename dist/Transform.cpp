@@ -214,7 +214,7 @@ std::vector<GraphPass> dataParallelPasses(const TransformOptions& options, const
                           d.variables.push_back({v.variable, v.sparse, static_cast<size_t>(v.rows()) * v.rowBytes(), -1, true});
                       }});
   }
-  if (options.workers > 1) {
+  if (options.workers > 1 && options.synchronous) {
     passes.push_back({"batch normalisation", [ring = options.hostRing](Graph& g, DistributedGraph&) {
                         synchronizeBatchNorm(g, ring);
                       }});

@@ -31,6 +31,9 @@ struct TransformOptions {
   bool averageDense = true;   ///< divide summed dense gradients by the worker count
   bool averageSparse = true;  ///< likewise for sparse rows
   size_t bucketBytes = size_t{4} << 20;
+  /// False under the asynchronous modes: batch normalisation keeps each worker's own batch
+  /// statistics, since their AllReduce would hold every worker to the same step.
+  bool synchronous = true;
   /// Variables the parameter servers hold: the AllReduce pass leaves their gradients alone
   /// (dataParallelPasses adds its plan's).
   std::vector<const Node*> served;

@@ -69,9 +69,12 @@ std::string errorIn(const ParameterServer::Reply& r) {
 struct Server {
   Model model;
   ServerPlan plan = planServers(model.g, Architecture::Auto, 1, {size_t{1} << 20});
-  ParameterServer server{plan, 0, {.workers = 2, .denseScale = 0.5, .sparseScale = 0.5, .session = {1, false}, .groups = {}}};
+  ParameterServer server;
   std::vector<float> initial = std::vector<float>(kRows * kWidth);
-  Server() {
+  explicit Server(std::shared_ptr<const SyncPolicy> sync = bspPolicy())
+      : server(plan, 0,
+               {.workers = 2, .denseScale = 0.5, .sparseScale = 0.5, .session = {1, false}, .groups = {},
+                .sync = std::move(sync)}) {
     for (size_t i = 0; i < initial.size(); ++i) initial[i] = static_cast<float>(i);
     const auto replies = server.handle(request(RequestKind::Load, 0, 0, bytesOf(initial)));
     REQUIRE(replies.size() == 1);
@@ -219,6 +222,71 @@ TEST_CASE("a pull for the next version waits until the update is applied") {
   REQUIRE(released.size() == 2);  // the APPLY's ack and the waiting pull
   const std::vector<float> row = valuesOf<float>(released[1].payload);
   CHECK(row == std::vector<float>{3 - 0.5f, 4 - 0.5f, 5 - 0.5f});  // 3, 4, 5 minus lr * 2 / 2
+}
+
+/// Worker `worker`'s push of one row `id` of ones, as its `clock`-th update, and its APPLY.
+std::vector<ParameterServer::Reply> pushAndApply(Server& s, uint32_t worker, uint64_t clock, int64_t id) {
+  std::vector<ParameterServer::Reply> out = s.server.handle(request(RequestKind::Push, worker, clock, sparseRows({id}, {1, 1, 1})));
+  REQUIRE(out.size() == 1);  // the norm, at once
+  CHECK(valuesOf<double>(out[0].payload).at(0) == doctest::Approx(3 * 0.25));
+  for (auto& r : s.server.handle(request(RequestKind::Apply, worker, clock, bytesOf(std::vector<float>{kLearningRate}))))
+    out.push_back(std::move(r));
+  return out;
+}
+
+TEST_CASE("ASP: each worker's push is an update of its own, applied with its own APPLY as it comes") {
+  Server s(aspPolicy());
+  // Worker 1 twice before worker 0 pushes at all.
+  CHECK(pushAndApply(s, 1, 0, 2).size() == 2);
+  CHECK(pushAndApply(s, 1, 1, 2).size() == 2);
+  std::vector<float> expected = s.initial;
+  for (int k = 0; k < kWidth; ++k) expected[2 * kWidth + k] -= 2 * kLearningRate * 0.5f;  // two updates of 1/2
+  CHECK(s.fetch(0) == expected);
+  // Its pull is answered at once with the current rows.
+  const auto pulled = s.server.handle(request(RequestKind::PullRows, 1, 2, bytesOf(std::vector<int64_t>{2})));
+  REQUIRE(pulled.size() == 1);
+  CHECK(valuesOf<float>(pulled[0].payload) == std::vector<float>(expected.begin() + 2 * kWidth, expected.begin() + 3 * kWidth));
+  CHECK(s.server.staleness()[1].maxGap == 2);
+}
+
+TEST_CASE("SSP(1): a worker's pull waits while it is more than one update ahead of the slowest") {
+  Server s(sspPolicy(1));
+  pushAndApply(s, 1, 0, 3);
+  CHECK(s.server.handle(request(RequestKind::PullRows, 1, 1, bytesOf(std::vector<int64_t>{3}))).size() == 1);
+  pushAndApply(s, 1, 1, 3);
+  CHECK(s.server.handle(request(RequestKind::PullRows, 1, 2, bytesOf(std::vector<int64_t>{3}))).empty());
+  // Worker 0's update brings worker 1 back within the bound: its APPLY releases the pull.
+  const auto released = pushAndApply(s, 0, 0, 5);
+  REQUIRE(released.size() == 3);
+  CHECK(released[2].worker == 1);
+  CHECK(headerOf(released[2]).status == 0);
+  const SenderStaleness held = s.server.staleness()[1];
+  CHECK(held.pulls == 2);
+  CHECK(held.maxGap == 1);
+  CHECK(held.meanGap() == 1.0);
+}
+
+TEST_CASE("SSP(0): a worker that says goodbye releases the pulls it held back") {
+  Server s(sspPolicy(0));
+  pushAndApply(s, 1, 0, 3);
+  CHECK(s.server.handle(request(RequestKind::PullRows, 1, 1, bytesOf(std::vector<int64_t>{3}))).empty());
+  const auto released = s.server.handle(request(RequestKind::Goodbye, 0, 0));
+  REQUIRE(released.size() == 2);  // the goodbye's ack and the pull
+  CHECK(released[1].worker == 1);
+}
+
+TEST_CASE("asynchronous modes refuse a second push before its update, and an APPLY for another clock") {
+  Server s(sspPolicy(2));
+  CHECK(s.server.handle(request(RequestKind::Push, 1, 0, sparseRows({1}, {1, 1, 1}))).size() == 1);
+  auto single = [&](Message m) {
+    const auto replies = s.server.handle(m);
+    REQUIRE(replies.size() == 1);
+    return errorIn(replies[0]);
+  };
+  CHECK(contains(single(request(RequestKind::Push, 1, 0, sparseRows({1}, {1, 1, 1}))), "worker 1 pushed twice for its update 0"));
+  CHECK(contains(single(request(RequestKind::Apply, 1, 4, bytesOf(std::vector<float>{kLearningRate}))),
+                 "APPLY for clock 4 while 0 of the sender's updates are applied"));
+  CHECK(contains(single(request(RequestKind::PullAll, 1, 3)), "a pull for clock 3 while 0 of the sender's updates"));
 }
 
 TEST_CASE("malformed messages are rejected without changing the server") {

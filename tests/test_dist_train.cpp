@@ -19,6 +19,7 @@
 #include <chrono>
 #include <functional>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -255,18 +256,87 @@ TEST_CASE("--partitions auto samples partition counts on the running job, picks 
   }
 }
 
-TEST_CASE("--partitions is refused where no parameter server runs, and takes auto or a positive count") {
+TEST_CASE("with one worker, ASP, SSP and DSSP train exactly as BSP does") {
+  for (const char* sync : {"asp", "ssp:0", "ssp:3", "dssp:1:4"}) {
+    CAPTURE(sync);
+    checkSameVariablesAs("lm", lmFlags, std::string("--workers 1 --servers 1 --sync ") + sync, 0.0,
+                         "--workers 1 --servers 1 --arch ps");
+  }
+}
+
+/// The largest gap each worker's pulls met at the servers, as the servers report it at the end.
+std::map<int, int64_t> reportedGaps(const std::string& output) {
+  std::map<int, int64_t> gaps;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    int worker = 0;
+    long long gap = 0;
+    const size_t at = line.find("staleness of worker ");
+    const size_t most = line.find(": at most ");
+    if (at == std::string::npos || most == std::string::npos) continue;
+    REQUIRE(std::sscanf(line.c_str() + at, "staleness of worker %d", &worker) == 1);
+    REQUIRE(std::sscanf(line.c_str() + most, ": at most %lld clocks ahead", &gap) == 1);
+    gaps[worker] = std::max<int64_t>(gaps[worker], gap);
+  }
+  return gaps;
+}
+
+TEST_CASE("SSP and DSSP with a slowed worker: no pull is answered beyond the bound, yet the others run ahead") {
+  const std::string job = "train lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
+                          "--heldout-sentences 20 --batch 24 --steps 30 --eval-every 30 --threads 1 --workers 3 "
+                          "--servers 2 --partition-bytes 4096 --slow-worker 2:4 --out ";
+  for (const auto& [sync, bound] : std::vector<std::pair<std::string, int64_t>>{{"ssp:1", 1}, {"ssp:3", 3}, {"dssp:1:4", 4}}) {
+    CAPTURE(sync);
+    TempDir dir;
+    const CliRun run = weftCli(job + (dir.path / "run").string() + " --sync " + sync);
+    REQUIRE_MESSAGE(run.status == 0, run.output);
+    const std::map<int, int64_t> gaps = reportedGaps(run.output);
+    REQUIRE(gaps.size() == 3);
+    for (const auto& [worker, gap] : gaps) {
+      CAPTURE(worker);
+      CHECK(gap <= bound);
+    }
+    CHECK(gaps.at(2) == 0);  // the slowed worker is always the slowest
+    CHECK(std::max(gaps.at(0), gaps.at(1)) >= 1);
+  }
+}
+
+TEST_CASE("ASP with a slowed worker: the others run ahead without bound, and every worker finishes") {
   TempDir dir;
-  const std::string out = " --steps 1 --threads 1 --out " + (dir.path / "x").string();
-  const CliRun alone = weftCli("train lm --partitions 4" + out);
-  CHECK(alone.status != 0);
-  CHECK(contains(alone.output, "--partitions 4 splits variables on parameter servers, which this run has none of"));
-  const CliRun allReduce = weftCli("train lm --workers 2 --arch ar --partitions auto" + out);
-  CHECK(allReduce.status != 0);
-  CHECK(contains(allReduce.output, "--partitions auto splits variables on parameter servers"));
-  const CliRun zero = weftCli("train lm --workers 2 --partitions 0" + out);
-  CHECK(zero.status != 0);
-  CHECK(contains(zero.output, "auto or a positive count, not '0'"));
+  const CliRun run = weftCli("train lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
+                             "--heldout-sentences 20 --batch 16 --steps 30 --eval-every 30 --threads 1 --workers 2 "
+                             "--servers 1 --sync asp --slow-worker 1:4 --out " + (dir.path / "run").string());
+  REQUIRE_MESSAGE(run.status == 0, run.output);
+  CHECK(contains(run.output, "ps architecture, ASP"));
+  CHECK(contains(run.output, "(no bound)"));
+  const std::map<int, int64_t> gaps = reportedGaps(run.output);
+  REQUIRE(gaps.size() == 2);
+  CHECK(gaps.at(0) >= 2);
+}
+
+/// `weft train ARGS` (one short step, output in a temporary directory) fails with `message`.
+void checkRefused(const std::string& args, const std::string& message) {
+  CAPTURE(args);
+  TempDir dir;
+  const CliRun run = weftCli("train " + args + " --steps 1 --threads 1 --out " + (dir.path / "x").string());
+  CHECK(run.status != 0);
+  CHECK(contains(run.output, message));
+}
+
+TEST_CASE("--sync: combinations that cannot work and malformed values are refused before any process starts") {
+  checkRefused("mlp --workers 2 --arch ar --sync ssp:2", "--sync ssp:2 applies each worker's push on the parameter "
+                                                          "servers as it comes");
+  checkRefused("mlp --sync asp", "it needs --workers or --cluster");
+  checkRefused("mlp --stages 2 --sync asp", "one pipeline stage");
+  checkRefused("mlp --workers 2 --sync dssp:4", "--sync dssp:4: expected bsp, asp, ssp:S or dssp:SL:SU");
+  checkRefused("mlp --workers 2 --slow-worker 2:3", "--slow-worker 2:3: the job has 2 workers (rank 0 to 1)");
+  checkRefused("mlp --workers 2 --slow-worker 1:x", "--slow-worker 1:x: expected RANK:FACTOR");
+}
+
+TEST_CASE("--partitions is refused where no parameter server runs, and takes auto or a positive count") {
+  checkRefused("lm --partitions 4", "--partitions 4 splits variables on parameter servers, which this run has none of");
+  checkRefused("lm --workers 2 --arch ar --partitions auto", "--partitions auto splits variables on parameter servers");
+  checkRefused("lm --workers 2 --partitions 0", "auto or a positive count, not '0'");
 }
 
 TEST_CASE("two machines of two workers, each machine's pushes and pulls aggregated, train like one process") {
@@ -453,6 +523,10 @@ TEST_CASE("a pipeline stage killed mid-run stops the whole pipeline, naming it")
 TEST_CASE("an AMP worker process killed mid-run stops the whole job, naming it") {
   checkMemberStopsJob("tree_lstm --amp --processes 2 --workers 1", "worker", 1, SIGKILL, "worker 1 of host 0",
                       "was killed by signal 9", 0, 2, "--epochs 1000000 --target 0", "--amp: ");
+}
+
+TEST_CASE("a worker killed mid-run under SSP stops the whole job, naming it, as under BSP") {
+  checkMemberStopsJob("mlp --workers 2 --sync ssp:2", "worker", 1, SIGKILL, "worker 1 of host 0", "was killed by signal 9");
 }
 
 TEST_CASE("a parameter server killed mid-run stops the whole job, naming it") {

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <thread>
 
 namespace weft::tools {
 namespace {
@@ -57,6 +58,8 @@ struct TrainFlags {
   std::string partitions;  // "": one per server; "auto": searched; else a count
   int64_t partitionSearchSteps = 100;
   int64_t partitionSample = 0;  // set by the search's launcher: this run is one sample of that many steps
+  std::string sync = "bsp";
+  std::string slowWorker;  // "RANK:FACTOR"
   double timeout = 60;
   int maxRestarts = 0;
   bool reportComm = false;
@@ -120,6 +123,16 @@ class Trainer {
                "--precision f16 scales the loss and skips overflowing steps, which distributed training does not "
                "do yet; use --precision bf16 with --workers");
     const bool hasServers = flags_.distributed() && flags_.stages == 1 && flags_.arch != "ar";
+    const std::shared_ptr<const dist::SyncPolicy> sync = dist::parseSyncPolicy(flags_.sync);
+    WEFT_CHECK(sync->synchronous() || hasServers,
+               "--sync {} applies each worker's push on the parameter servers as it comes: it needs --workers or "
+               "--cluster, one pipeline stage, and every variable on the servers (--arch ps; auto means ps under it), "
+               "since AllReduce waits for every worker at every step",
+               flags_.sync);
+    const SlowWorker slow = parseSlowWorker(flags_.slowWorker);
+    const int workers = flags_.distributed() ? static_cast<int>(resources.workers().size()) : 1;
+    WEFT_CHECK(slow.rank < workers, "--slow-worker {}: the job has {} worker{} (rank 0{})", flags_.slowWorker, workers,
+               workers == 1 ? "" : "s", workers == 1 ? "" : fmt::format(" to {}", workers - 1));
     WEFT_CHECK(flags_.partitions != "auto" || flags_.bench == 0,
                "--bench times one configuration, and --partitions auto runs several: give --partitions a count");
     WEFT_CHECK(flags_.partitions.empty() || hasServers,
@@ -173,6 +186,9 @@ class Trainer {
     }
     dist::Config config;
     config.architecture = dist::parseArchitecture(flags_.arch);
+    config.sync = sync;
+    // Under the asynchronous modes every trained variable is served (AllReduce would wait).
+    if (!sync->synchronous()) config.architecture = dist::Architecture::ParameterServer;
     config.partitioning = {static_cast<size_t>(flags_.partitionBytes), partitionCount()};
     config.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000));
     config.session = SessionOptions{flags_.threads, false};
@@ -221,7 +237,8 @@ class Trainer {
                  runner_->stages() > 1 ? fmt::format(", {} pipeline stages, {} micro-batches, {} schedule, {} replicas",
                                                      runner_->stages(), flags_.microbatches, flags_.schedule,
                                                      runner_->replicas())
-                 : runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture", runner_->workers(), flags_.arch)
+                 : runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture, {}", runner_->workers(),
+                                                         dist::architectureName(config.architecture), config.sync->name())
                                           : "",
                  out);
     }
@@ -233,6 +250,7 @@ class Trainer {
     const int64_t stop = flags_.partitionSample > 0 ? std::min(steps_, step + flags_.partitionSample) : steps_;
     const int64_t timedFrom = step + (stop - step) / 2;
     double timedSeconds = 0;
+    double evaluationSeconds = 0;
     while (step < stop) {
       const data::Prefetched batch = batches.nextPrefetched();
       const auto [what, count] = model_->itemsIn(batch.source);
@@ -240,14 +258,18 @@ class Trainer {
       items += count;
       const auto started = std::chrono::steady_clock::now();
       const double loss = trainOn(stepFeeds(batch.prepared));
-      if (step >= timedFrom) timedSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
+      if (step >= timedFrom) timedSeconds += took.count();
+      // An emulated slower machine: this worker's steps take FACTOR times as long.
+      if (runner_->rank() == slow.rank) std::this_thread::sleep_for(took * (slow.factor - 1));
       WEFT_CHECK(std::isfinite(loss), "{}: the loss became {} at step {}", name_, loss, step + 1);
       lossSum += loss;
       ++lossCount;
       ++step;
       const bool logNow = step % flags_.logEvery == 0 || step == steps_;
       // The workers' mean is the total batch's loss; the progress line between logs shows rank 0's part.
-      if (logNow) lossSum = runner_->meanOverWorkers(lossSum);
+      // Under the asynchronous modes the workers are not kept together: worker 0 logs its own part.
+      if (logNow && config.sync->synchronous()) lossSum = runner_->meanOverWorkers(lossSum);
       const bool evaluateNow = step % evalEvery == 0 || step == steps_;
       const bool checkpointNow = step % checkpointEvery == 0 || step == stop;
       // Worker 0's session takes the whole model (the servers' variables, the other stages'),
@@ -271,8 +293,11 @@ class Trainer {
         progress.resetRate();
       }
       if (evaluateNow) {
+        const auto started = std::chrono::steady_clock::now();
         const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
-        metrics->write({{"step", step}, {"eval", result}});
+        evaluationSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        // The time so far without worker 0's evaluations, for time-to-accuracy curves.
+        metrics->write({{"step", step}, {"seconds", progress.elapsed() - evaluationSeconds}, {"eval", result}});
         progress.report(step, result);
       }
       if (checkpointNow) {
@@ -307,6 +332,29 @@ class Trainer {
   }
 
  private:
+  /// --slow-worker RANK:FACTOR; rank -1 when unset.
+  struct SlowWorker {
+    int rank = -1;
+    double factor = 1;
+  };
+  static SlowWorker parseSlowWorker(const std::string& text) {
+    if (text.empty()) return {};
+    const size_t colon = text.find(':');
+    SlowWorker slow;
+    try {
+      size_t used = 0;
+      slow.rank = std::stoi(text.substr(0, colon), &used);
+      WEFT_CHECK(used == colon && colon != std::string::npos, "");
+      slow.factor = std::stod(text.substr(colon + 1), &used);
+      WEFT_CHECK(used == text.size() - colon - 1, "");
+    } catch (const std::exception&) {
+      WEFT_THROW("--slow-worker {}: expected RANK:FACTOR, such as 1:3 (worker 1's steps take three times as long)", text);
+    }
+    WEFT_CHECK(slow.rank >= 0 && slow.factor >= 1 && slow.factor <= 1000,
+               "--slow-worker {}: the rank must be 0 or more and the factor between 1 and 1000", text);
+    return slow;
+  }
+
   /// The job's partition count (--partitions N; 0: one per server).
   int partitionCount() const {
     if (flags_.partitions.empty()) return 0;
@@ -678,6 +726,14 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   // The search's launcher runs each sample with this; not for users.
   cmd.add_option("--partition-sample", f.partitionSample)->group("")->check(CLI::PositiveNumber);
+  cmd.add_option("--sync", f.sync,
+                 "how the parameter servers synchronise the workers: bsp (every step together), asp (every push "
+                 "applied as it comes), ssp:S (at most S steps ahead of the slowest worker) or dssp:SL:SU (SL, and up to "
+                 "SU when the DSSP controller predicts less waiting); all but bsp serve every variable (--arch ps)")
+      ->capture_default_str();
+  cmd.add_option("--slow-worker", f.slowWorker,
+                 "RANK:FACTOR: worker RANK's steps take FACTOR times as long (it sleeps after each), to emulate a "
+                 "slower machine");
   cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops; a process silent for a third of it (at least 3 s) stops the job at once")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--max-restarts", f.maxRestarts,
