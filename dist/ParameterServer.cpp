@@ -53,10 +53,11 @@ struct ParameterServer::PartitionState {
   Graph graph;
   std::unique_ptr<Session> session;
   Node* variable = nullptr;
-  std::vector<Node*> slots;
+  std::vector<Node*> held;  // the slots, then the moving averages' shadows (ServedVariable::heldState)
   Output denseGradient, indices, values;
   std::vector<Output> extras;
   Node* update = nullptr;
+  std::vector<Node*> averages;  // run after the update
 
   uint64_t version = 0;                       // updates applied
   std::vector<std::optional<Payload>> pushes;  // this version's gradient of each sender
@@ -101,9 +102,9 @@ void ParameterServer::PartitionState::build(const ServerPlan& plan, int partitio
   std::map<const Node*, Node*> copies;
   variable = graph.variable(v.variable->name, v.variable->outputs[0].dtype, shape, Initializer::zeros(), false).node();
   mapped[v.variable->output()] = variable->output();
-  for (Node* s : v.slots) {
-    slots.push_back(graph.variable(s->name, s->outputs[0].dtype, shape, Initializer::zeros(), false).node());
-    mapped[s->output()] = slots.back()->output();
+  for (Node* s : v.heldState()) {
+    held.push_back(graph.variable(s->name, s->outputs[0].dtype, shape, Initializer::zeros(), false).node());
+    mapped[s->output()] = held.back()->output();
   }
   if (v.sparse) {
     indices = graph.placeholder("gradient_indices", v.gradient.indices.dtype(), Shape{-1});
@@ -131,6 +132,10 @@ void ParameterServer::PartitionState::build(const ServerPlan& plan, int partitio
       mapped[Output(const_cast<Node*>(n), static_cast<int>(i))] = copy->output(static_cast<int>(i));
   }
   update = copies.at(v.update);
+  for (const Node* a : v.averages) {
+    averages.push_back(graph.addNode(a->op, {mapped.at(a->inputs[0]), variable->output()}, a->attrs, a->name));
+    graph.addControlInput(averages.back(), update);  // it averages the updated value
+  }
   session = std::make_unique<Session>(graph, options);
 }
 
@@ -148,7 +153,7 @@ Payload ParameterServer::PartitionState::answer(const RequestHeader& h, const Pa
     case RequestKind::PullAll: return Payload(base, base + bytes());
     case RequestKind::Fetch: {
       Payload out(base, base + bytes());
-      for (Node* s : slots) {
+      for (Node* s : held) {
         const auto* slot = static_cast<const uint8_t*>(session->variable(s).raw());
         out.insert(out.end(), slot, slot + bytes());
       }
@@ -159,11 +164,12 @@ Payload ParameterServer::PartitionState::answer(const RequestHeader& h, const Pa
 }
 
 void ParameterServer::PartitionState::load(const Payload& payload) {
-  WEFT_CHECK(payload.size() == bytes() * (1 + slots.size()), "LOAD carries {} bytes, the partition and its {} slots take {}",
-             payload.size(), slots.size(), bytes() * (1 + slots.size()));
+  WEFT_CHECK(payload.size() == bytes() * (1 + held.size()),
+             "LOAD carries {} bytes, the partition with its {} slots and moving averages takes {}", payload.size(),
+             held.size(), bytes() * (1 + held.size()));
   std::memcpy(session->variable(variable).raw(), payload.data(), bytes());
-  for (size_t i = 0; i < slots.size(); ++i)
-    std::memcpy(session->variable(slots[i]).raw(), payload.data() + bytes() * (i + 1), bytes());
+  for (size_t i = 0; i < held.size(); ++i)
+    std::memcpy(session->variable(held[i]).raw(), payload.data() + bytes() * (i + 1), bytes());
 }
 
 void ParameterServer::PartitionState::aggregateGradients(const std::vector<const Payload*>& from, double denseScale,
@@ -235,7 +241,9 @@ void ParameterServer::PartitionState::runUpdate(FeedMap feeds, const Payload& ex
     offset += t.bytes();
     feeds.emplace_back(e, t);
   }
-  session->run({}, feeds, {update});
+  std::vector<Node*> targets{update};
+  targets.insert(targets.end(), averages.begin(), averages.end());
+  session->run({}, feeds, targets);
   ++version;
 }
 

@@ -120,6 +120,15 @@ bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::ma
       }
     }
   }
+  for (Node* n : consumers.at(v.variable)) {
+    if (n->op != "AssignMovingAverage" || n->inputs[1] != v.variable->output()) continue;
+    const Node* shadow = n->inputs[0].node();
+    WEFT_CHECK(shadow->op == "Variable" && shadow->outputs[0].shape.dims() == v.variable->outputs[0].shape.dims(),
+               "variable '{}' cannot be served: its moving average {} writes '{}' of shape {}, not a variable of its "
+               "shape {}", name, n->describe(), shadow->name, shadow->outputs[0].shape.str(),
+               v.variable->outputs[0].shape.str());
+    v.averages.push_back(n);
+  }
   std::set<Output> extras;
   for (const Node* n : v.chain) {
     for (const Output& in : n->inputs) {
@@ -199,6 +208,12 @@ size_t ServedVariable::rowBytes() const {
   size_t n = dtypeSize(variable->outputs[0].dtype);
   for (int d = 1; d < s.rank(); ++d) n *= static_cast<size_t>(s[d]);
   return n;
+}
+
+std::vector<Node*> ServedVariable::heldState() const {
+  std::vector<Node*> out = slots;
+  for (const Node* average : averages) out.push_back(average->inputs[0].node());
+  return out;
 }
 
 const ServedVariable* ServerPlan::find(const Node* node) const {

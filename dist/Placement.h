@@ -50,6 +50,10 @@ struct ServedVariable {
   GradientLink gradient;
   Node* update = nullptr;          ///< the optimizer's update op
   std::vector<Node*> slots;        ///< the other variables the update writes (momentum, Adam's m and v)
+  /// AssignMovingAverage ops that average the variable into a shadow variable
+  /// (optim::ExponentialMovingAverage): the servers hold the shadows next to the variable and run
+  /// them after each update.
+  std::vector<Node*> averages;
   std::vector<Node*> chain;        ///< from the gradient to the update (included), in topological order
   std::vector<Output> extras;      ///< what the chain reads besides gradient, variable and slots
   Node* squaredNorm = nullptr;     ///< SquaredNorm / SparseSquaredNorm of the gradient, if clipped
@@ -60,6 +64,9 @@ struct ServedVariable {
   int64_t localRow(int64_t row) const { return row / static_cast<int64_t>(partitions.size()); }
   /// Bytes of one row of the variable.
   size_t rowBytes() const;
+  /// What the servers hold besides the variable, in the order LOAD carries and FETCH returns it
+  /// after the variable: the slots, then the moving averages' shadows.
+  std::vector<Node*> heldState() const;
 };
 
 struct ServerPlan {

@@ -75,10 +75,11 @@ struct Runner::State {
                       TrafficKind::Control);
   }
 
-  /// The served variable of partition `p`, and its slots: what LOAD carries and FETCH returns.
+  /// The served variable of partition `p`, its slots and moving averages: what LOAD carries and
+  /// FETCH returns.
   std::vector<Tensor*> stateOf(const ServedVariable& v) {
     std::vector<Tensor*> out{&session->variable(v.variable)};
-    for (Node* s : v.slots) out.push_back(&session->variable(s));
+    for (Node* s : v.heldState()) out.push_back(&session->variable(s));
     return out;
   }
 
@@ -375,13 +376,13 @@ Traffic Runner::traffic() const { return state_->traffic.snapshot(); }
 namespace {
 
 /// Copies worker rank 0's value of every variable the workers keep to this worker, in one
-/// broadcast. The servers' variables and slots are not sent: worker 0 loads them into the
-/// servers, and a worker reads them from there until it pulls them all.
+/// broadcast. The servers' variables, slots and moving averages are not sent: worker 0 loads
+/// them into the servers, and a worker reads them from there until it pulls them all.
 void broadcastVariables(Session& session, Communicator& communicator, const ServerPlan& plan) {
   std::set<const Node*> served;
   for (const ServedVariable& v : plan.variables) {
     served.insert(v.variable);
-    served.insert(v.slots.begin(), v.slots.end());
+    for (Node* held : v.heldState()) served.insert(held);
   }
   std::vector<Node*> variables;
   for (Node* v : session.graph().variables())

@@ -158,8 +158,8 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
 namespace {
 
 /// Points every reader of the served variable at the servers' value: lookups pull their rows,
-/// anything else reads one pull of the whole variable. The update chain and ops that write the
-/// variable are left alone.
+/// anything else reads one pull of the whole variable. The update chain, the moving averages the
+/// servers run and ops that write the variable are left alone.
 void redirectReads(Graph& graph, const ServedVariable& v, int64_t client, int index) {
   const Output value = v.variable->output();
   Output pulled;
@@ -167,6 +167,7 @@ void redirectReads(Graph& graph, const ServedVariable& v, int64_t client, int in
   for (size_t id = 0; id < existing; ++id) {
     Node* n = graph.node(static_cast<int>(id));
     if (std::find(v.chain.begin(), v.chain.end(), n) != v.chain.end()) continue;
+    if (std::find(v.averages.begin(), v.averages.end(), n) != v.averages.end()) continue;
     for (size_t j = 0; j < n->inputs.size(); ++j) {
       if (n->inputs[j] != value) continue;
       const std::vector<int>& written = n->def->mutatedInputs;
@@ -199,6 +200,17 @@ void distributeParameterServers(Graph& graph, const ServerPlan& plan, int64_t cl
     Node* apply = applyRemote(graph, v.extras, client, index);
     graph.addControlInput(apply, push);
     graph.replaceControlInputs(v.update, apply);
+    // The servers average the variable after their update: the worker's own average op drops
+    // out, and what ran after it runs after the update and after what the average waited for.
+    for (Node* average : v.averages) {
+      std::vector<Node*> dependents;
+      for (const auto& n : graph.nodes())
+        if (std::find(n->controlInputs.begin(), n->controlInputs.end(), average) != n->controlInputs.end())
+          dependents.push_back(n.get());
+      graph.replaceControlInputs(average, apply);
+      for (Node* n : dependents)
+        for (Node* before : average->controlInputs) graph.addControlInput(n, before);
+    }
   }
 }
 

@@ -65,13 +65,14 @@ std::vector<JobContext> loopbackJob(const std::shared_ptr<LoopbackNetwork>& netw
   return members;
 }
 
-/// A regression model with an embedding (sparse gradient) and a dense layer, in float64.
+/// A regression model with an embedding (sparse gradient) and a dense layer, in float64; with
+/// `averaged`, exponential moving averages of both, updated after every step.
 struct Model {
   Graph g;
   Output ids, x, y, loss;
   Node* step = nullptr;
 
-  Model() {
+  explicit Model(bool averaged = false) {
     g.setSeed(3);
     ids = g.placeholder("ids", i64, {-1});
     x = g.placeholder("x", f64, {-1, 6});
@@ -81,6 +82,7 @@ struct Model {
     const Output prediction = matmul(gather(table, ids) * x, w);
     loss = mean(square(prediction - y));
     step = optim::Adam(0.05).minimize(loss);
+    if (averaged) step = optim::ExponentialMovingAverage(0.7).apply({table, w}, step);
   }
 };
 
@@ -119,8 +121,8 @@ std::map<std::string, std::vector<double>> variablesOf(Session& s) {
 }
 
 /// The variables one session reaches on the total batches.
-std::map<std::string, std::vector<double>> trainedAlone() {
-  Model m;
+std::map<std::string, std::vector<double>> trainedAlone(bool averaged = false) {
+  Model m(averaged);
   Session s(m.g, {1, false});
   for (int64_t step = 0; step < kSteps; ++step) s.run({m.loss}, feedsOf(m, batchOf(step, kBatch)), {m.step});
   return variablesOf(s);
@@ -131,7 +133,8 @@ std::map<std::string, std::vector<double>> trainedAlone() {
 /// server requests in the workers' names (a LOAD as worker 0, a PUSH and a GOODBYE as worker 1)
 /// before the job starts.
 std::map<std::string, std::vector<double>> trainedAsJob(const std::vector<int>& hosts, Architecture architecture,
-                                                        bool localAggregation = true, bool impostor = false) {
+                                                        bool localAggregation = true, bool impostor = false,
+                                                        bool averaged = false) {
   auto network = std::make_shared<LoopbackNetwork>();
   Config config = jobConfig(architecture);
   config.localAggregation = localAggregation;
@@ -149,7 +152,7 @@ std::map<std::string, std::vector<double>> trainedAsJob(const std::vector<int>& 
   std::map<std::string, std::vector<double>> result;
   std::vector<int> serverStatus(members.size(), 0);
   const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
-    Model m;
+    Model m(averaged);
     if (members[i].isServer()) {
       serverStatus[i] = serveJob(members[i], m.g, config);
       return;
@@ -226,6 +229,13 @@ TEST_CASE("a job of threads trains like one session on the total batch, under ea
     CAPTURE(architectureName(a));
     checkSame(trainedAsJob({2}, a), alone);
   }
+}
+
+TEST_CASE("moving averages of served variables, kept on the servers, end as one session's") {
+  const auto alone = trainedAlone(true);
+  REQUIRE(alone.count("embedding/ExponentialMovingAverage") == 1);
+  checkSame(trainedAsJob({2}, Architecture::Auto, true, false, true), alone);
+  checkSame(trainedAsJob({2, 2}, Architecture::ParameterServer, true, false, true), alone);
 }
 
 TEST_CASE("two machines of two workers: each machine's pushes and pulls go through its aggregator") {

@@ -179,6 +179,34 @@ TEST_CASE("a partitioner scope refuses a negative count") {
   CHECK_THROWS_WITH_AS(g.partitioner(-2), doctest::Contains("partitioner(-2)"), Error);
 }
 
+TEST_CASE("a moving average of a served variable is held by its server and updated after each update") {
+  Model m;
+  optim::ExponentialMovingAverage ema(0.25);
+  Node* averaged = ema.apply({m.emb}, nullptr);
+  const ServerPlan plan = planServers(m.g, Architecture::Auto, 1, {size_t{1} << 20});
+  const ServedVariable& emb = *plan.find(m.emb.node());
+  REQUIRE(emb.averages.size() == 1);
+  CHECK(emb.heldState() == std::vector<Node*>{ema.average(m.emb).node()});
+  CHECK(averaged->op == "NoOp");
+
+  ParameterServer server(plan, 0, {.workers = 1, .denseScale = 1, .sparseScale = 1, .session = {1, false}, .groups = {}});
+  std::vector<float> values(kRows * kWidth), shadow(kRows * kWidth, 1.0f);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  std::vector<uint8_t> load = bytesOf(values), shadowBytes = bytesOf(shadow);
+  load.insert(load.end(), shadowBytes.begin(), shadowBytes.end());
+  REQUIRE(headerOf(server.handle(request(RequestKind::Load, 0, 0, load))[0]).status == 0);
+  REQUIRE(server.handle(request(RequestKind::Push, 0, 0, sparseRows({4}, {2, 2, 2}))).size() == 1);
+  REQUIRE(server.handle(request(RequestKind::Apply, 0, 0, bytesOf(std::vector<float>{kLearningRate}))).size() == 1);
+  const std::vector<float> fetched = valuesOf<float>(server.handle(request(RequestKind::Fetch, 0, 1))[0].payload);
+  REQUIRE(fetched.size() == 2 * values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    CAPTURE(i);
+    const float updated = values[i] - (i / kWidth == 4 ? kLearningRate * 2 : 0.0f);
+    CHECK(fetched[i] == updated);
+    CHECK(fetched[values.size() + i] == doctest::Approx(0.25 * 1.0 + 0.75 * updated));
+  }
+}
+
 TEST_CASE("clipping: the gradient's squared norm becomes a server answer, the scale an extra input") {
   Model m(1.0);
   const ServerPlan plan = planServers(m.g, Architecture::Auto, 1, {size_t{1} << 20});

@@ -380,13 +380,21 @@ TEST_CASE("the loss a data-parallel run reports is the total batch's") {
   const CliRun two = weftCli("train mlp --workers 2 " + flags + (dir.path / "b").string());
   REQUIRE_MESSAGE(one.status == 0, one.output);
   REQUIRE_MESSAGE(two.status == 0, two.output);
-  auto lossLine = [](const std::string& path) {
+  // The first logged step's loss.
+  auto firstLoss = [](const std::string& path) {
     std::ifstream in(path + "/metrics.jsonl");
-    std::string line;
-    std::getline(in, line);  // the first logged step
-    return line.substr(0, line.find("examples_per_s"));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (record.contains("loss")) return std::pair{record.at("step").get<int>(), record.at("loss").get<double>()};
+    }
+    FAIL("no loss was logged in " << path);
+    return std::pair{0, 0.0};
   };
-  CHECK(lossLine((dir.path / "a").string()) == lossLine((dir.path / "b").string()));
+  const auto [step, loss] = firstLoss((dir.path / "a").string());
+  CHECK(step == 2);
+  const auto [stepOfTwo, lossOfTwo] = firstLoss((dir.path / "b").string());
+  CHECK(stepOfTwo == 2);
+  CHECK(lossOfTwo == doctest::Approx(loss).epsilon(1e-6));
 }
 
 TEST_CASE("a batch that does not divide among the workers is refused naming the field") {
