@@ -217,6 +217,59 @@ TEST_CASE("clipping: the gradient's squared norm becomes a server answer, the sc
   CHECK(plan.variables[0].extras.size() == 2);  // the clipping scale and the learning rate
 }
 
+TEST_CASE("messages that arrive together are served in parallel across partitions, as one by one") {
+  // Five partitions on one server: a whole step of two workers (pushes, APPLYs, the next pulls)
+  // arrives as one batch, handled on 4 threads, and again message by message on one.
+  Model m;
+  const ServerPlan plan = planServers(m.g, Architecture::Auto, 1, {.bytes = 64, .count = 5});
+  REQUIRE(plan.partitions.size() == 5);
+  auto serverOn = [&](int threads) {
+    return std::make_unique<ParameterServer>(
+        plan, 0, ParameterServer::Options{.workers = 2, .denseScale = 0.5, .sparseScale = 0.5, .session = {threads, false}, .groups = {}});
+  };
+  std::vector<Message> loads, step, fetches;
+  for (uint32_t p = 0; p < 5; ++p) {
+    std::vector<float> rows(2 * kWidth);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(p * 10 + i);
+    loads.push_back(request(RequestKind::Load, 0, 0, bytesOf(rows), p));
+    for (uint32_t w : {1u, 0u}) {
+      step.push_back(request(RequestKind::Push, w, 0, sparseRows({1}, {1.0f + w, 2, 3}), p));
+      step.push_back(request(RequestKind::PullRows, w, 1, bytesOf(std::vector<int64_t>{0, 1}), p));
+    }
+    step.push_back(request(RequestKind::Apply, 0, 0, bytesOf(std::vector<float>{kLearningRate}), p));
+    fetches.push_back(request(RequestKind::Fetch, 0, 1, {}, p));
+  }
+  auto byId = [](std::vector<ParameterServer::Reply> replies) {
+    std::map<uint64_t, std::vector<uint8_t>> out;
+    for (ParameterServer::Reply& r : replies) {
+      CHECK(headerOf(r).status == 0);
+      out[headerOf(r).id] = std::move(r.payload);
+    }
+    return out;
+  };
+  auto parallel = serverOn(4), serial = serverOn(1);
+  std::vector<ParameterServer::Reply> together, oneByOne;
+  for (const std::vector<Message>* batch : {&loads, &step, &fetches}) {
+    ParameterServer::Handled handled = parallel->handleAll(*batch);
+    CHECK(handled.rejected.empty());
+    // Per partition of the step: 2 norms, the APPLY's ack and the 2 pulls it released.
+    CHECK(handled.replies.size() == (batch == &step ? 25u : 5u));
+    for (ParameterServer::Reply& r : handled.replies) together.push_back(std::move(r));
+    for (const Message& msg : *batch)
+      for (ParameterServer::Reply& r : serial->handle(msg)) oneByOne.push_back(std::move(r));
+  }
+  const auto answers = byId(std::move(together));
+  CHECK(answers.size() == 35);
+  CHECK(answers == byId(std::move(oneByOne)));
+  for (const Message& f : fetches) {
+    const RequestHeader h = decodeRequest(f.header);
+    const std::vector<float> rows = valuesOf<float>(answers.at(h.id));
+    // Row 1 of each partition moved by lr * ((2 + 1) / 2, (2 + 2) / 2, (3 + 3) / 2).
+    CHECK(rows[kWidth] == static_cast<float>(h.partition * 10 + kWidth) - kLearningRate * 1.5f);
+    CHECK(rows[kWidth + 2] == static_cast<float>(h.partition * 10 + kWidth + 2) - kLearningRate * 3.0f);
+  }
+}
+
 TEST_CASE("pushes are aggregated in worker order, answered with the squared norm, and applied by worker 0") {
   Server s;
   // Worker 1 pushes first: nothing is released until every worker has pushed.
