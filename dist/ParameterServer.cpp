@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <iterator>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <optional>
 

@@ -1,15 +1,18 @@
 // A parameter server: holds the partitions the placement plan gives it, with their optimizer
 // slots, and answers workers' requests (dist/ServerProtocol.h). The workers of a machine may
 // reach it as one sender, through their machine's local aggregator (dist/LocalAggregator.h).
-// Its SyncPolicy (dist/SyncPolicy.h; BSP) says when a push is taken and when a pull is answered.
-// Once a version's pushes are complete, the gradients are aggregated in sender order (sparse
-// rows concatenated, as one worker with the total batch would have them; dense gradients summed)
-// and scaled, their squared norm goes back to the pushers (clipping by global norm needs it),
-// and worker 0's APPLY runs the update chain — the same ops the single-device graph would run —
-// on the server's own copy of the variable and slots, making the next version.
+// Its SyncPolicy (dist/SyncPolicy.h) says when a push is taken and when a pull is answered.
+// Under BSP, once a version's pushes are complete, the gradients are aggregated in sender order
+// (sparse rows concatenated, as one worker with the total batch would have them; dense gradients
+// summed) and scaled, their squared norm goes back to the pushers (clipping by global norm needs
+// it), and worker 0's APPLY runs the update chain — the same ops the single-device graph would
+// run — on the server's own copy of the variable and slots, making the next version; then the
+// moving averages of the variable, if any. Under the asynchronous modes each sender's push is
+// an update of its own, applied by its own APPLY, and a StalenessGate holds its pulls.
 //
 // handle() is a pure step from a message to the replies it releases, so every rule is testable
-// in one process; the loop around it (dist/ServerProcess.h) moves messages over a transport.
+// in one process; handleAll() takes a batch and serves its partitions in parallel. The loop
+// around them (dist/ServerProcess.h) moves messages over a transport.
 #pragma once
 
 #include "core/Session.h"

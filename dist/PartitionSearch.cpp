@@ -130,10 +130,11 @@ PartitionSearch::Choice PartitionSearch::choose() const {
   choice.partitions = best;
   choice.model = model;
   choice.reason = fmt::format("t(P) = {:.4g} + {:.4g} / P + {:.4g} P seconds fits the samples; its minimum over P in "
-                              "[{}, {}] is at {} partitions ({:.2f} ms predicted; the fastest sample: {} partitions at "
+                              "[{}, {}] is at {} partition{} ({:.2f} ms predicted; the fastest sample: {} partition{} at "
                               "{:.2f} ms)",
-                              model.theta0, model.theta1, model.theta2, lowest, highest, best, model.predict(best) * 1e3,
-                              fastest.partitions, fastest.seconds * 1e3);
+                              model.theta0, model.theta1, model.theta2, lowest, highest, best, best == 1 ? "" : "s",
+                              model.predict(best) * 1e3, fastest.partitions, fastest.partitions == 1 ? "" : "s",
+                              fastest.seconds * 1e3);
   return choice;
 }
 

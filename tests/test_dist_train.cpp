@@ -244,7 +244,7 @@ TEST_CASE("--partitions auto samples partition counts on the running job, picks 
   const int chosen = search["partitions"];
   CHECK(chosen >= *std::min_element(sampled.begin(), sampled.end()));
   CHECK(chosen <= *std::max_element(sampled.begin(), sampled.end()));
-  CHECK(contains(job.output, fmt::format("at {} partitions", chosen)) == (sampled.size() >= 3));
+  CHECK(contains(job.output, fmt::format("is at {} partition", chosen)) == (sampled.size() >= 3));
   // Every repartition restarted from a checkpoint of whole variables: the training is one
   // process's, to the last step.
   const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
@@ -254,6 +254,11 @@ TEST_CASE("--partitions auto samples partition counts on the running job, picks 
     CAPTURE(name);
     CHECK(relativeDifference(b.tensors.at(name), t) <= 1e-5);
   }
+  // Resumed at its last step, the job has nothing left to sample and says so.
+  const CliRun again = weftCli("train lm " + lmFlags + " --workers 2 --servers 2 --partition-bytes 4096 --partitions auto "
+                               "--partition-search-steps 2 --resume --out " + searched);
+  REQUIRE_MESSAGE(again.status == 0, again.output);
+  CHECK(contains(again.output, "partition search: no steps left to sample; 1 partition, one per machine"));
 }
 
 TEST_CASE("with one worker, ASP, SSP and DSSP train exactly as BSP does") {

@@ -416,7 +416,13 @@ class Trainer {
       search.record(seconds, effective);
       if (sample.at("step").get<int64_t>() >= sample.at("steps").get<int64_t>()) search.stop();
     }
-    const dist::PartitionSearch::Choice choice = search.choose();
+    dist::PartitionSearch::Choice choice;
+    if (search.samples().empty()) {  // resumed with no steps left: nothing to time
+      choice.partitions = std::max(static_cast<int>(resources.hosts().size()), 1);
+      choice.reason = fmt::format("no steps left to sample; {}, one per machine", partitionsText(choice.partitions));
+    } else {
+      choice = search.choose();
+    }
     fmt::print("partition search: {}\n", choice.reason);
     std::fflush(stdout);
     nlohmann::json samples = nlohmann::json::array();
