@@ -32,9 +32,18 @@ Tensor stack(const std::vector<const Example*>& examples, const std::string& fie
   return out;
 }
 
-/// A batch field made of 1-D sequences: (batch, longest) padded with `pad`, and its mask.
+/// What a part of a batch takes from the whole batch, so that every part pads and normalises as
+/// the whole does: each padded field's width and each counted field's count.
+struct WholeBatch {
+  std::map<std::string, int64_t> widths;
+  std::map<std::string, double> counts;
+  int64_t parts = 1;
+};
+
+/// A batch field made of 1-D sequences: (batch, width) padded with `pad`, and its mask; the
+/// width is the longest sequence, or `width` when that is given.
 std::pair<Tensor, Tensor> padSequences(const std::vector<const Example*>& examples, const std::string& field,
-                                       double pad) {
+                                       double pad, int64_t width) {
   const DType dtype = examples[0]->at(field).dtype();
   int64_t longest = 0;
   for (size_t i = 0; i < examples.size(); ++i) {
@@ -43,6 +52,9 @@ std::pair<Tensor, Tensor> padSequences(const std::vector<const Example*>& exampl
                field, dtypeName(dtype), i, dtypeName(t.dtype()), t.shape().str());
     longest = std::max(longest, t.numel());
   }
+  WEFT_CHECK(width < 0 || width >= longest, "collate: padded field '{}' holds a sequence of {} in a batch {} wide", field,
+             longest, width);
+  if (width >= 0) longest = width;
   const auto n = static_cast<int64_t>(examples.size());
   Tensor out = Tensor::full(dtype, {n, longest}, pad);
   Tensor mask = Tensor::zeros(f32, {n, longest});
@@ -55,24 +67,111 @@ std::pair<Tensor, Tensor> padSequences(const std::vector<const Example*>& exampl
   return {out, mask};
 }
 
-int64_t lengthOf(const Example& e, const std::string& field) { return e.at(field).numel(); }
+bool isCounted(const BatchOptions& o, const std::string& field) {
+  return std::find(o.counted.begin(), o.counted.end(), field) != o.counted.end();
+}
+
+/// collate, for the part of a batch when `whole` is given.
+Batch collateOf(const std::vector<const Example*>& examples, const BatchOptions& options, const WholeBatch* whole) {
+  WEFT_CHECK(!examples.empty(), "collate of no examples");
+  Batch batch;
+  for (const auto& [field, value] : *examples[0]) {
+    for (size_t i = 1; i < examples.size(); ++i) {
+      WEFT_CHECK(examples[i]->count(field), "collate: example {} has no field '{}'", i, field);
+    }
+    if (!isPadded(options, field)) {
+      batch[field] = stack(examples, field);
+      continue;
+    }
+    auto [values, mask] = padSequences(examples, field, options.padValue, whole ? whole->widths.at(field) : -1);
+    if (isCounted(options, field)) {
+      double real = 0;
+      if (whole) {
+        real = whole->counts.at(field) / static_cast<double>(whole->parts);
+      } else {
+        for (const float m : mask.toVector<float>()) real += m;
+      }
+      batch[field + "_count"] = Tensor::scalar(f32, real);
+    }
+    batch[field] = values;
+    batch[field + "_mask"] = mask;
+  }
+  return batch;
+}
 
 }  // namespace
 
+Dataset Dataset::generated(Generator generator) {
+  WEFT_CHECK(static_cast<bool>(generator.make), "a generated dataset of {} examples has no maker", generator.size);
+  Dataset d;
+  d.generator_ = std::make_shared<const Generator>(std::move(generator));
+  return d;
+}
+
+const Example& Dataset::operator[](size_t i) const {
+  WEFT_CHECK(!generator_, "example {} of a generated dataset is made by example({}), not held to be referred to", i, i);
+  WEFT_CHECK(i < size(), "example {} of a dataset of {} examples", i, size());
+  return (*examples_)[i];
+}
+
+Example Dataset::example(size_t i) const {
+  WEFT_CHECK(i < size(), "example {} of a dataset of {} examples", i, size());
+  return generator_ ? generator_->make(i) : (*examples_)[i];
+}
+
+int64_t Dataset::length(size_t i, const std::string& field) const {
+  if (generator_ && generator_->length) return generator_->length(i, field);
+  const Example& example = generator_ ? this->example(i) : (*this)[i];
+  const auto it = example.find(field);
+  WEFT_CHECK(it != example.end(), "example {} has no field '{}'", i, field);
+  return it->second.numel();
+}
+
+Dataset Dataset::held() const {
+  if (!generator_) return *this;
+  std::vector<Example> examples;
+  examples.reserve(size());
+  for (size_t i = 0; i < size(); ++i) examples.push_back(generator_->make(i));
+  return Dataset(std::move(examples));
+}
+
+Dataset Dataset::remapped(size_t size, std::function<size_t(size_t)> index, uint64_t identity) const {
+  if (!generator_) {
+    std::vector<Example> out;
+    out.reserve(size);
+    for (size_t i = 0; i < size; ++i) out.push_back((*examples_)[index(i)]);
+    return Dataset(std::move(out));
+  }
+  Generator g;
+  g.size = size;
+  g.make = [source = generator_, index](size_t i) { return source->make(index(i)); };
+  if (generator_->length) {
+    g.length = [source = generator_, index](size_t i, const std::string& field) { return source->length(index(i), field); };
+  }
+  g.identity = identity;
+  return generated(std::move(g));
+}
+
+uint64_t Dataset::derivedIdentity(const uint64_t (&layout)[3]) const {
+  return generator_ ? xxh64(layout, sizeof layout, generator_->identity) : 0;
+}
+
 Dataset Dataset::shard(int64_t index, int64_t count) const {
   WEFT_CHECK(count > 0 && index >= 0 && index < count, "shard {} of {} is not a valid shard", index, count);
-  std::vector<Example> out;
-  for (size_t i = static_cast<size_t>(index); i < size(); i += static_cast<size_t>(count)) out.push_back((*examples_)[i]);
-  return Dataset(std::move(out));
+  const auto first = static_cast<size_t>(index), step = static_cast<size_t>(count);
+  const size_t n = first < size() ? (size() - first + step - 1) / step : 0;
+  const uint64_t layout[3] = {0x5348415244, first, step};  // "SHARD"
+  return remapped(n, [first, step](size_t i) { return first + i * step; }, derivedIdentity(layout));
 }
 
 Dataset Dataset::range(size_t begin, size_t end) const {
   WEFT_CHECK(begin <= end && end <= size(), "range [{}, {}) of a dataset of {} examples", begin, end, size());
-  return Dataset(std::vector<Example>(examples_->begin() + static_cast<std::ptrdiff_t>(begin),
-                                      examples_->begin() + static_cast<std::ptrdiff_t>(end)));
+  const uint64_t layout[3] = {0x52414e4745, begin, end};  // "RANGE"
+  return remapped(end - begin, [begin](size_t i) { return begin + i; }, derivedIdentity(layout));
 }
 
 uint64_t Dataset::hash() const {
+  if (generator_) return generator_->identity;
   uint64_t h = 0;
   for (const Example& example : *examples_) {
     for (const auto& [field, t] : example) {
@@ -109,26 +208,22 @@ Batch sliceBatch(const Batch& batch, int64_t index, int64_t count, const std::ve
 }
 
 Batch collate(const std::vector<const Example*>& examples, const BatchOptions& options) {
-  WEFT_CHECK(!examples.empty(), "collate of no examples");
-  Batch batch;
-  for (const auto& [field, value] : *examples[0]) {
-    for (size_t i = 1; i < examples.size(); ++i) {
-      WEFT_CHECK(examples[i]->count(field), "collate: example {} has no field '{}'", i, field);
-    }
-    if (isPadded(options, field)) {
-      auto [values, mask] = padSequences(examples, field, options.padValue);
-      batch[field] = values;
-      if (std::find(options.counted.begin(), options.counted.end(), field) != options.counted.end()) {
-        double real = 0;
-        for (const float m : mask.toVector<float>()) real += m;
-        batch[field + "_count"] = Tensor::scalar(f32, real);
-      }
-      batch[field + "_mask"] = mask;
-    } else {
-      batch[field] = stack(examples, field);
-    }
-  }
-  return batch;
+  return collateOf(examples, options, nullptr);
+}
+
+std::vector<const Example*> pointersTo(const std::vector<Example>& examples) {
+  std::vector<const Example*> pointers;
+  pointers.reserve(examples.size());
+  for (const Example& e : examples) pointers.push_back(&e);
+  return pointers;
+}
+
+Batch collate(const Dataset& dataset, size_t begin, size_t end, const BatchOptions& options) {
+  WEFT_CHECK(begin <= end && end <= dataset.size(), "collate of examples [{}, {}) of a dataset of {}", begin, end,
+             dataset.size());
+  std::vector<Example> examples;
+  for (size_t i = begin; i < end; ++i) examples.push_back(dataset.example(i));
+  return collate(pointersTo(examples), options);
 }
 
 Batcher::Batcher(Dataset dataset, BatchOptions options) : dataset_(std::move(dataset)), options_(std::move(options)) {
@@ -136,7 +231,7 @@ Batcher::Batcher(Dataset dataset, BatchOptions options) : dataset_(std::move(dat
   perEpoch_ = static_cast<int64_t>(dataset_.size()) / options_.batchSize;
   WEFT_CHECK(perEpoch_ > 0, "a dataset of {} examples holds no batch of {}", dataset_.size(), options_.batchSize);
   for (const std::string& field : options_.padded) {
-    WEFT_CHECK(dataset_[0].count(field), "padded field '{}' is not a field of the examples", field);
+    WEFT_CHECK(dataset_.example(0).count(field), "padded field '{}' is not a field of the examples", field);
   }
 }
 
@@ -159,7 +254,10 @@ void Batcher::prepareEpoch(int64_t epoch) {
     for (size_t w = 0; w < order.size(); w += window) {
       auto begin = order.begin() + static_cast<std::ptrdiff_t>(w);
       auto end = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), w + window));
-      std::stable_sort(begin, end, [&](size_t a, size_t b) { return lengthOf(dataset_[a], field) < lengthOf(dataset_[b], field); });
+      std::vector<std::pair<int64_t, size_t>> byLength;
+      for (auto it = begin; it != end; ++it) byLength.emplace_back(dataset_.length(*it, field), *it);
+      std::stable_sort(byLength.begin(), byLength.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (auto it = begin; it != end; ++it) *it = byLength[static_cast<size_t>(it - begin)].second;
     }
   }
   batches_.assign(static_cast<size_t>(perEpoch_), {});
@@ -175,17 +273,52 @@ void Batcher::prepareEpoch(int64_t epoch) {
   epoch_ = epoch;
 }
 
+Example Batcher::exampleAt(size_t i) {
+  if (!options_.keepGenerated || !dataset_.isGenerated() || parts_ > 1) return dataset_.example(i);
+  if (kept_.empty()) kept_.resize(dataset_.size());
+  if (kept_[i].empty()) kept_[i] = dataset_.example(i);
+  return kept_[i];
+}
+
+bool Batcher::readPart(int64_t index, int64_t count) {
+  WEFT_CHECK(count > 0 && index >= 0 && index < count, "Batcher: part {} of {} is not a valid part", index, count);
+  WEFT_CHECK(options_.batchSize % count == 0, "Batcher: a batch of {} examples cannot be cut into {} equal parts",
+             options_.batchSize, count);
+  part_ = index;
+  parts_ = count;
+  kept_.clear();
+  return true;
+}
+
 Batch Batcher::next() {
   WEFT_CHECK(position_ < std::numeric_limits<int64_t>::max(), "Batcher: batch position {} is the last an int64_t holds",
              position_);
   const int64_t epoch = position_ / perEpoch_;
   if (epoch != epoch_) prepareEpoch(epoch);
   const std::vector<size_t>& ids = batches_[static_cast<size_t>(position_ % perEpoch_)];
-  std::vector<const Example*> examples;
-  examples.reserve(ids.size());
-  for (size_t i : ids) examples.push_back(&dataset_[i]);
+  const size_t per = ids.size() / static_cast<size_t>(parts_);
+  std::vector<Example> examples;
+  examples.reserve(per);
+  for (size_t k = static_cast<size_t>(part_) * per; k < static_cast<size_t>(part_ + 1) * per; ++k)
+    examples.push_back(exampleAt(ids[k]));
+  const std::vector<const Example*> pointers = pointersTo(examples);
   ++position_;
-  return collate(examples, options_);
+  if (parts_ == 1) return collate(pointers, options_);
+  // The widths and counts of the whole batch, from the lengths of the examples of other parts.
+  WholeBatch whole;
+  whole.parts = parts_;
+  for (const std::string& field : options_.padded) {
+    int64_t width = 0;
+    double count = 0;
+    for (size_t i : ids) {
+      const int64_t length = dataset_.length(i, field);
+      width = std::max(width, length);
+      count += static_cast<double>(length);
+    }
+    whole.widths[field] = width;
+    whole.counts[field] = count;
+  }
+  return collateOf(pointers, options_, &whole);
 }
 
 void Batcher::seek(int64_t position) {

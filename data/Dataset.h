@@ -3,8 +3,9 @@
 // prefetch thread.
 //
 //     Dataset all = loadSomething(...);
-//     Batcher train(all.shard(rank, workers), {.batchSize = 64, .padded = {"tokens"}});
-//     Batch b = train.next();   // b["tokens"] (64, T), b["tokens_mask"] (64, T)
+//     Batcher train(all, {.batchSize = 64, .padded = {"tokens"}});
+//     train.readPart(rank, workers);   // this worker's part of every batch, and only it is read
+//     Batch b = train.next();   // b["tokens"] (64 / workers, T), b["tokens_mask"] likewise
 #pragma once
 
 #include "core/Tensor.h"
@@ -41,28 +42,65 @@ class BatchSource {
   /// A hash of the examples the stream draws from (not of their order), which a checkpoint
   /// records so that a resume on other data is refused. Reads every example once.
   virtual uint64_t dataHash() const = 0;
+  /// Makes the stream give part `index` of `count` of each batch it would give (as a
+  /// data-parallel worker needs), reading only that part. False where the stream cannot: its
+  /// reader then cuts whole batches.
+  virtual bool readPart(int64_t /*index*/, int64_t /*count*/) { return false; }
 };
 
-/// An immutable list of examples; copies share it.
+/// How a generated dataset makes its examples: on demand, from their index alone.
+struct Generator {
+  size_t size = 0;
+  std::function<Example(size_t)> make;
+  /// The length of 1-D field `field` of example i without making the example: a batch's padding
+  /// widths and the bucketing by length need the lengths of examples a worker does not read.
+  /// Unset: the example is made to measure it.
+  std::function<int64_t(size_t, const std::string&)> length;
+  /// Stands for the examples in Dataset::hash(): a hash of the generator's parameters.
+  uint64_t identity = 0;
+};
+
+/// An immutable list of examples, held or generated; copies share it.
 class Dataset {
  public:
   Dataset() : examples_(std::make_shared<std::vector<Example>>()) {}
   explicit Dataset(std::vector<Example> examples)
       : examples_(std::make_shared<std::vector<Example>>(std::move(examples))) {}
+  /// Examples made when read and never held, so that a worker reading a part of every batch
+  /// makes only that part, and a dataset larger than memory costs none.
+  static Dataset generated(Generator generator);
 
-  size_t size() const { return examples_->size(); }
-  const Example& operator[](size_t i) const { return (*examples_)[i]; }
+  size_t size() const { return generator_ ? generator_->size : examples_->size(); }
+  /// Example i of a held dataset; throws for a generated one, whose examples exist only as
+  /// example(i) makes them.
+  const Example& operator[](size_t i) const;
+  /// Example i, made now when generated (a held one's tensors are shared, not copied).
+  Example example(size_t i) const;
+  /// The number of elements of field `field` of example i.
+  int64_t length(size_t i, const std::string& field) const;
+  bool isGenerated() const { return generator_ != nullptr; }
+  /// The same examples, all made now and held: for data read again and again (an evaluation
+  /// set), where making it once beats making it at every read.
+  Dataset held() const;
 
   /// Examples i with i % count == index: shards are disjoint, cover the dataset, and do not
-  /// depend on anything but (index, count).
+  /// depend on anything but (index, count). A generated dataset's shard is generated too.
   Dataset shard(int64_t index, int64_t count) const;
   /// Examples [begin, end).
   Dataset range(size_t begin, size_t end) const;
-  /// XXH64 over every example in order: its fields' names, dtypes, shapes and bytes.
+  /// Held: XXH64 over every example in order, its fields' names, dtypes, shapes and bytes.
+  /// Generated: the generator's identity (mixed with the shard or range taken of it), since
+  /// hashing would make every example.
   uint64_t hash() const;
 
  private:
+  /// The examples of this dataset are examples index(i) of the generator's.
+  Dataset remapped(size_t size, std::function<size_t(size_t)> index, uint64_t identity) const;
+  /// A generated shard's or range's identity: the generator's mixed with `layout`.
+  uint64_t derivedIdentity(const uint64_t (&layout)[3]) const;
+
   std::shared_ptr<const std::vector<Example>> examples_;
+  std::shared_ptr<const Generator> generator_;
 };
 
 struct BatchOptions {
@@ -80,6 +118,10 @@ struct BatchOptions {
   /// "<field>_count": a batch's real tokens, to normalise a loss by the tokens of the whole batch
   /// when workers each take a part of it.
   std::vector<std::string> counted;
+  /// For generated data dearer to make than to hold (images): while whole batches are read, an
+  /// example made once is kept for later epochs. A Batcher reading a part keeps nothing, since
+  /// each epoch's parts hold other examples.
+  bool keepGenerated = false;
 };
 
 /// Part `index` of `count` equal parts of a batch, cut along the leading (example) axis of every
@@ -92,12 +134,24 @@ Batch sliceBatch(const Batch& batch, int64_t index, int64_t count, const std::ve
 /// are padded and masked. Throws naming the field when shapes or dtypes disagree.
 Batch collate(const std::vector<const Example*>& examples, const BatchOptions& options);
 
+/// Pointers to each example, for collate.
+std::vector<const Example*> pointersTo(const std::vector<Example>& examples);
+
+/// collate of examples [begin, end) of `dataset`.
+Batch collate(const Dataset& dataset, size_t begin, size_t end, const BatchOptions& options);
+
 /// Batches of a dataset, epoch after epoch; the order of epoch e is a function of (seed, e).
 /// The last partial batch of an epoch is dropped, so every batch has batchSize examples.
 class Batcher : public BatchSource {
  public:
   Batcher(Dataset dataset, BatchOptions options);
 
+  /// From now on each batch is part `index` of `count` of the batch it would be, exactly as
+  /// sliceBatch cuts it, and only that part's examples are read (or made): padded fields keep
+  /// the whole batch's widths, and each counted field's count is the whole batch's divided by
+  /// `count`, so that the parts' mean loss is the whole batch's. Every part has the same number
+  /// of batches per epoch. Throws when batchSize is not a multiple of `count`.
+  bool readPart(int64_t index, int64_t count) override;
   Batch next() override;
   int64_t position() const override { return position_; }
   void seek(int64_t position) override;
@@ -106,13 +160,18 @@ class Batcher : public BatchSource {
 
  private:
   void prepareEpoch(int64_t epoch);
+  /// Example i, made or kept as options_.keepGenerated says.
+  Example exampleAt(size_t i);
 
   Dataset dataset_;
   BatchOptions options_;
   int64_t perEpoch_;
+  int64_t part_ = 0;
+  int64_t parts_ = 1;
   int64_t position_ = 0;
   int64_t epoch_ = -1;
   std::vector<std::vector<size_t>> batches_;  // example indices of each batch of the epoch
+  std::vector<Example> kept_;                  // see BatchOptions::keepGenerated; empty: not made yet
 };
 
 /// Every field of `batch` on `device` (see uploadTo: through pinned buffers, on the GPU's upload

@@ -491,14 +491,31 @@ void GraphBatcher::seek(int64_t position) {
   position_ = position;
 }
 
+bool GraphBatcher::readPart(int64_t index, int64_t count) {
+  WEFT_CHECK(count > 0 && index >= 0 && index < count, "GraphBatcher: part {} of {} is not a valid part", index, count);
+  WEFT_CHECK(batchSize_ % count == 0, "GraphBatcher: a batch of {} graphs does not divide among {} parts", batchSize_,
+             count);
+  part_ = index;
+  parts_ = count;
+  return true;
+}
+
 Batch GraphBatcher::next() {
   const std::vector<size_t>& order = orderOf(position_ / perEpoch_);
   const auto begin = static_cast<size_t>((position_ % perEpoch_) * batchSize_);
-  std::vector<const Example*> members;
-  for (size_t i = begin; i < begin + static_cast<size_t>(batchSize_); ++i) members.push_back(&graphs_[order[i]]);
+  const auto per = static_cast<size_t>(batchSize_ / parts_);
+  std::vector<Example> members;
+  for (size_t i = begin + static_cast<size_t>(part_) * per; i < begin + static_cast<size_t>(part_ + 1) * per; ++i)
+    members.push_back(graphs_.example(order[i]));
   ++position_;
-  Batch batch = collateGraphs(members);
-  if (countNodes_) batch["node_count"] = Tensor::scalar(f32, static_cast<double>(batch.at("features").shape()[0]));
+  Batch batch = collateGraphs(pointersTo(members));
+  if (countNodes_) {
+    // The whole batch's nodes per part, as sliceGraphs' callers normalise a part's loss.
+    double nodes = 0;
+    for (size_t i = begin; i < begin + static_cast<size_t>(batchSize_); ++i)
+      nodes += static_cast<double>(graphs_.example(order[i]).at("features").shape()[0]);
+    batch["node_count"] = Tensor::scalar(f32, nodes / static_cast<double>(parts_));
+  }
   return batch;
 }
 

@@ -84,21 +84,24 @@ std::vector<Example> basicDeduction(const DeductionSpec& spec, int64_t count, ui
 /// All graphs must have the same fields and feature width.
 Batch collateGraphs(const std::vector<const Example*>& graphs);
 
-/// Batches of graphs, epoch after epoch, in an order that is a function of (seed, epoch); the
-/// last partial batch of an epoch is dropped.
 /// Part `index` of `count` of a batch from collateGraphs, by whole graphs (each part takes
 /// batch-size / count consecutive graphs, their nodes and their edges, renumbered from 0); a
 /// "node_count" field is kept as it is. How data-parallel workers share a batch of graphs;
 /// throws when the graphs do not divide evenly.
 Batch sliceGraphs(const Batch& batch, int64_t index, int64_t count);
 
-/// Batches of `batchSize` graphs through collateGraphs, reshuffled each epoch. With countNodes,
+/// Batches of `batchSize` graphs through collateGraphs, epoch after epoch, in an order that is a
+/// function of (seed, epoch); the last partial batch of an epoch is dropped. With countNodes,
 /// each batch also holds "node_count", f32 []: its nodes, to normalise a per-node loss by the
 /// nodes of the whole batch when workers each take a part of it.
 class GraphBatcher : public BatchSource {
  public:
   GraphBatcher(Dataset graphs, int64_t batchSize, uint64_t seed, bool shuffle = true, bool countNodes = false);
 
+  /// From now on each batch is part `index` of `count` of the batch it would be, as sliceGraphs
+  /// cuts it, and only that part's graphs are read; "node_count" is the whole batch's nodes
+  /// divided by `count`. Throws when the batch size is not a multiple of `count`.
+  bool readPart(int64_t index, int64_t count) override;
   Batch next() override;
   int64_t position() const override { return position_; }
   void seek(int64_t position) override;
@@ -114,6 +117,8 @@ class GraphBatcher : public BatchSource {
   bool shuffle_;
   bool countNodes_;
   int64_t perEpoch_;
+  int64_t part_ = 0;
+  int64_t parts_ = 1;
   int64_t position_ = 0;
   int64_t epoch_ = -1;
   std::vector<size_t> order_;

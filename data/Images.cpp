@@ -2,6 +2,7 @@
 #include "data/Images.h"
 
 #include "core/Error.h"
+#include "core/Hash.h"
 #include "core/InputFile.h"
 #include "core/Random.h"
 
@@ -82,21 +83,24 @@ Dataset syntheticImages(const SyntheticImagesSpec& spec, int64_t n, uint64_t sam
              "syntheticImages: invalid spec (size {}, distractors {}, noise {}, n {})", spec.size, spec.distractors,
              spec.noise, n);
   const uint64_t key = streamKey(sampleSeed, "synthetic-images");
-  const int64_t area = spec.size * spec.size;
-  std::vector<Example> examples;
-  examples.reserve(static_cast<size_t>(n));
-  std::vector<double> planes(static_cast<size_t>(3 * area));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t label = i % kSyntheticClasses;
+  Generator g;
+  g.size = static_cast<size_t>(n);
+  g.make = [spec, key](size_t i) {
+    const auto label = static_cast<int64_t>(i) % kSyntheticClasses;
     Draws draws(mix64(key ^ mix64(static_cast<uint64_t>(i))));
+    std::vector<double> planes(static_cast<size_t>(3 * spec.size * spec.size));
     drawImage(spec, label, draws, planes);
     Tensor image(f32, {3, spec.size, spec.size});
     float* out = image.data<float>();
     // Intensities are about 0.5 +- 0.25; centre and scale them to about unit variance.
     for (size_t k = 0; k < planes.size(); ++k) out[k] = static_cast<float>((planes[k] - 0.5) / 0.25);
-    examples.push_back({{"images", std::move(image)}, {"labels", Tensor::scalar(i64, static_cast<double>(label))}});
-  }
-  return Dataset(std::move(examples));
+    return Example{{"images", std::move(image)}, {"labels", Tensor::scalar(i64, static_cast<double>(label))}};
+  };
+  const uint64_t sizes[] = {static_cast<uint64_t>(spec.size), static_cast<uint64_t>(spec.distractors), key,
+                            static_cast<uint64_t>(n)};
+  const double draws[] = {spec.noise, spec.orientationJitter};
+  g.identity = xxh64(draws, sizeof draws, xxh64(sizes, sizeof sizes, 0x494d414745));  // "IMAGE"
+  return Dataset::generated(std::move(g));
 }
 
 Dataset loadCifar10(const std::vector<std::string>& files, const ChannelStats& stats) {

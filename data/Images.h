@@ -29,7 +29,8 @@ inline constexpr int64_t kSyntheticClasses = 10;
 
 /// n images of the task; example i has label i % 10 (balanced), and its pixels are a function of
 /// (spec, sampleSeed, i) only. Different sampleSeeds give different draws of the same task.
-/// Pixels are roughly zero-mean, unit-variance.
+/// Pixels are roughly zero-mean, unit-variance. Generated when read and never held
+/// (Dataset::held() keeps them).
 Dataset syntheticImages(const SyntheticImagesSpec& spec, int64_t n, uint64_t sampleSeed);
 
 /// Per-channel normalisation: x = (pixel / 255 - mean) / std.

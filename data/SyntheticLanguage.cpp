@@ -3,7 +3,9 @@
 #include "data/SyntheticLanguage.h"
 
 #include "core/Error.h"
+#include "core/Hash.h"
 #include "core/Random.h"
+#include "data/TextCorpus.h"
 
 #include <algorithm>
 #include <cmath>
@@ -95,19 +97,31 @@ int32_t SyntheticLanguage::drawWord(int64_t cls, double u) const {
   return static_cast<int32_t>(kFirstWordId + rank * spec_.classes + cls);
 }
 
-std::vector<int32_t> SyntheticLanguage::sentence(uint64_t index) const {
+template <typename OnWord>
+void SyntheticLanguage::walk(uint64_t index, OnWord onWord) const {
   const uint64_t key = mix64(streamKey(spec_.seed, "sentences") ^ mix64(index));
   uint64_t draw = 0;
-  std::vector<int32_t> words;
   int64_t cls = drawClass(start_, uniformAt(key, draw++));
-  for (;;) {
-    words.push_back(drawWord(cls, uniformAt(key, draw++)));
-    if (static_cast<int64_t>(words.size()) >= spec_.maxLength) break;
+  for (int64_t length = 1;; ++length) {
+    // The word's draw is skipped unread by sentenceLength: draws are addressed, not consumed.
+    onWord(cls, key, draw++);
+    if (length >= spec_.maxLength) break;
     const Transitions& t = classes_[static_cast<size_t>(cls)];
     if (uniformAt(key, draw++) < t.end) break;
     cls = drawClass(t, uniformAt(key, draw++));
   }
+}
+
+std::vector<int32_t> SyntheticLanguage::sentence(uint64_t index) const {
+  std::vector<int32_t> words;
+  walk(index, [&](int64_t cls, uint64_t key, uint64_t draw) { words.push_back(drawWord(cls, uniformAt(key, draw))); });
   return words;
+}
+
+int64_t SyntheticLanguage::sentenceLength(uint64_t index) const {
+  int64_t length = 0;
+  walk(index, [&](int64_t, uint64_t, uint64_t) { ++length; });
+  return length;
 }
 
 int64_t SyntheticLanguage::classOf(int32_t word) const {
@@ -175,6 +189,21 @@ Vocab SyntheticLanguage::vocab() const {
     v.add(name);
   }
   return v;
+}
+
+Dataset lmDataset(std::shared_ptr<const SyntheticLanguage> language, uint64_t count) {
+  const LanguageSpec& spec = language->spec();
+  const uint64_t sizes[] = {static_cast<uint64_t>(spec.vocab), static_cast<uint64_t>(spec.classes),
+                            static_cast<uint64_t>(spec.successors), static_cast<uint64_t>(spec.maxLength), spec.seed,
+                            count};
+  const double shape[] = {spec.zipf, spec.meanLength};
+  Generator g;
+  g.size = count;
+  g.make = [language](size_t i) { return lmExample(language->sentence(i)); };
+  // tokens (<s> and the words) and targets (the words and </s>) are one longer than the sentence.
+  g.length = [language](size_t i, const std::string&) { return language->sentenceLength(i) + 1; };
+  g.identity = xxh64(shape, sizeof shape, xxh64(sizes, sizeof sizes, 0x4c414e47));  // "LANG"
+  return Dataset::generated(std::move(g));
 }
 
 }  // namespace weft::data

@@ -6,9 +6,11 @@
 // be computed for any stretch of the stream.
 #pragma once
 
+#include "data/Dataset.h"
 #include "data/Vocab.h"
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace weft::data {
@@ -30,6 +32,8 @@ class SyntheticLanguage {
   /// Sentence `index` of the language's infinite deterministic stream: word ids (>= 4; no <s>,
   /// </s>).
   std::vector<int32_t> sentence(uint64_t index) const;
+  /// sentence(index).size(), without drawing the words.
+  int64_t sentenceLength(uint64_t index) const;
   /// Natural-log probability of a sentence followed by </s> under the true generating process
   /// (-inf when impossible); throws naming the position of an id outside the language.
   double logProb(const std::vector<int32_t>& sentence) const;
@@ -52,6 +56,10 @@ class SyntheticLanguage {
     double end = 0;              // probability of ending the sentence here
   };
 
+  /// Walks sentence `index`'s class chain, calling onWord(class, key, draw) for each word with
+  /// the counter of the word's draw.
+  template <typename OnWord>
+  void walk(uint64_t index, OnWord onWord) const;
   int64_t drawClass(const Transitions& t, double u) const;
   int32_t drawWord(int64_t cls, double u) const;
   Transitions makeTransitions(uint64_t key, uint64_t row, double end) const;
@@ -63,5 +71,9 @@ class SyntheticLanguage {
   std::vector<std::vector<double>> emissionCdf_;  // per class, over in-class ranks
   std::vector<double> emissionNorm_;              // per class, sum of rank^-zipf
 };
+
+/// Sentences [0, count) of the language as language-model examples (lmExample), made when read
+/// and never held; their lengths come from sentenceLength.
+Dataset lmDataset(std::shared_ptr<const SyntheticLanguage> language, uint64_t count);
 
 }  // namespace weft::data

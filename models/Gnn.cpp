@@ -133,9 +133,9 @@ class GnnZooModel : public ZooModel {
     const auto batch = static_cast<size_t>(batch_);
     for (size_t begin = 0, b = 0; begin < testSet_.size() && (maxBatches <= 0 || static_cast<int64_t>(b) < maxBatches);
          begin += batch, ++b) {
-      std::vector<const data::Example*> members;
-      for (size_t i = begin; i < std::min(testSet_.size(), begin + batch); ++i) members.push_back(&testSet_[i]);
-      const data::Batch feed = data::collateGraphs(members);
+      std::vector<data::Example> members;
+      for (size_t i = begin; i < std::min(testSet_.size(), begin + batch); ++i) members.push_back(testSet_.example(i));
+      const data::Batch feed = data::collateGraphs(data::pointersTo(members));
       const std::vector<Tensor> r = s.run({model_.loss, model_.hits}, feedsFor(s.graph(), feed));
       tally.add(r[0].item(), r[1].toVector<int64_t>(), feed.at("node_graph").toVector<int32_t>(), members.size());
     }
@@ -154,7 +154,7 @@ class GnnZooModel : public ZooModel {
     return part;
   }
   std::pair<std::string, double> itemsIn(const data::Batch& b) const override {
-    return {"nodes", static_cast<double>(b.at("features").shape()[0])};
+    return {"nodes", b.at("node_count").item()};
   }
 
  private:

@@ -68,12 +68,10 @@ class ListReductionZooModel : public ZooModel {
     double count = 0, correct = 0, loss = 0;
     for (size_t begin = 0, b = 0; begin < test_.size() && (maxBatches <= 0 || static_cast<int64_t>(b) < maxBatches);
          begin += static_cast<size_t>(batch_), ++b) {
-      std::vector<const data::Example*> members;
-      for (size_t i = begin; i < std::min(test_.size(), begin + static_cast<size_t>(batch_)); ++i)
-        members.push_back(&test_[i]);
+      const size_t end = std::min(test_.size(), begin + static_cast<size_t>(batch_));
       const std::vector<Tensor> r =
-          s.run({model_.loss, model_.accuracy}, feedsFor(s.graph(), data::collate(members, options)));
-      const auto n = static_cast<double>(members.size());
+          s.run({model_.loss, model_.accuracy}, feedsFor(s.graph(), data::collate(test_, begin, end, options)));
+      const auto n = static_cast<double>(end - begin);
       loss += r[0].item() * n;
       correct += r[1].item() * n;
       count += n;

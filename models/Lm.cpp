@@ -94,12 +94,6 @@ Output sampledSoftmaxLoss(Output hidden, Output outW, Output outB, Output target
          wordCount(mask);
 }
 
-double wordsIn(const data::Batch& batch) {
-  double words = 0;
-  for (const float m : batch.at("targets_mask").toVector<float>()) words += m;
-  return words;
-}
-
 // ---- the training stream: the Batcher's batches plus the step's shared candidates -------------
 
 class LmModel::Batches : public data::BatchSource {
@@ -111,15 +105,13 @@ class LmModel::Batches : public data::BatchSource {
     const auto counter = static_cast<uint64_t>(batcher_.position());
     data::Batch batch = batcher_.next();
     model_.addCandidates(batch, counter);
-    // The loss is normalised by the words of the whole step, so that data-parallel workers,
-    // each with a part of the batch, together compute the gradient of the total batch.
-    batch["targets_words"] = Tensor::scalar(f32, wordsIn(batch));
     return batch;
   }
   int64_t position() const override { return batcher_.position(); }
   void seek(int64_t position) override { batcher_.seek(position); }
   int64_t batchesPerEpoch() const override { return batcher_.batchesPerEpoch(); }
   uint64_t dataHash() const override { return batcher_.dataHash(); }
+  bool readPart(int64_t index, int64_t count) override { return batcher_.readPart(index, count); }
 
  private:
   const LmModel& model_;
@@ -175,7 +167,7 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   WEFT_CHECK(config_.embed > 0 && config_.hidden > 0 && config_.projection >= 0 && config_.sampled >= 0,
              "lm: embed {}, hidden {} must be positive and projection {}, sampled {} non-negative", config_.embed,
              config_.hidden, config_.projection, config_.sampled);
-  std::vector<std::vector<int32_t>> train;
+  data::Dataset train;
   heldout_.clear();
   heldoutLogProb_.clear();
   if (common.data.empty()) {
@@ -184,10 +176,11 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
     spec.classes = config_.classes;
     spec.zipf = config_.zipf;
     spec.successors = std::min(spec.successors, spec.classes);
-    language_.emplace(spec);
+    language_ = std::make_shared<const data::SyntheticLanguage>(spec);
     vocabSize_ = spec.vocab + data::kFirstWordId;
     const auto trainCount = static_cast<uint64_t>(config_.trainSentences);
-    for (uint64_t i = 0; i < trainCount; ++i) train.push_back(language_->sentence(i));
+    // Made as batches are read: a worker makes only the sentences of its part of each batch.
+    train = data::lmDataset(language_, trainCount);
     for (uint64_t i = 0; i < static_cast<uint64_t>(config_.heldoutSentences); ++i) {
       heldout_.push_back(language_->sentence(trainCount + i));
       heldoutLogProb_.push_back(language_->logProb(heldout_.back()));
@@ -202,7 +195,7 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
     }
     const size_t heldoutCount = std::max<size_t>(1, corpus.sentences.size() / 20);
     const size_t split = corpus.sentences.size() - heldoutCount;
-    train.assign(corpus.sentences.begin(), corpus.sentences.begin() + static_cast<std::ptrdiff_t>(split));
+    train = data::lmDataset({corpus.sentences.begin(), corpus.sentences.begin() + static_cast<std::ptrdiff_t>(split)});
     heldout_.assign(corpus.sentences.begin() + static_cast<std::ptrdiff_t>(split), corpus.sentences.end());
   }
   sampler_ = std::make_unique<LogUniformSampler>(vocabSize_);
@@ -211,10 +204,13 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   batching.batchSize = common.batchSize > 0 ? common.batchSize : config_.batchSize;
   batching.seed = common.seed;
   batching.padded = {"tokens", "targets"};
+  // The loss is normalised by the words of the whole step, so that data-parallel workers, each
+  // with a part of the batch, together compute the gradient of the total batch.
+  batching.counted = {"targets"};
   batching.bucketWindow = 32;  // similar lengths per batch: less padding
   WEFT_CHECK(static_cast<int64_t>(train.size()) >= batching.batchSize,
              "lm: {} training sentences do not fill one batch of {}", train.size(), batching.batchSize);
-  train_ = std::make_unique<Batches>(*this, data::lmDataset(train), batching);
+  train_ = std::make_unique<Batches>(*this, std::move(train), batching);
 
   g.setSeed(common.seed);
   const DType dt = parseDType(common.dtype);
@@ -239,7 +235,7 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   const Output targets = reshape(targets_, {-1});
   const Output mask = cast(reshape(targetsMask_, {-1}), dt);
   evalLossSum_ = fullSoftmaxLossSum(hidden, outW, outB, targets, mask);
-  const Output words = maximum(cast(g.placeholder("targets_words", f32, {}), dt), g.scalar(1.0, dt));
+  const Output words = maximum(cast(g.placeholder("targets_count", f32, {}), dt), g.scalar(1.0, dt));
   if (config_.sampled == 0) {
     loss_ = evalLossSum_ / words;
     return;
@@ -285,14 +281,14 @@ std::map<std::string, double> LmModel::evaluate(Session& session, int64_t maxBat
 }
 
 std::pair<std::string, double> LmModel::itemsIn(const data::Batch& batch) const {
-  return {"words", wordsIn(batch)};
+  return {"words", batch.at("targets_count").item()};
 }
 
 data::Batch LmModel::shard(const data::Batch& batch, int64_t index, int64_t count) const {
-  data::Batch part = data::sliceBatch(batch, index, count, {"candidates", "candidates_logq", "targets_words"});
+  data::Batch part = data::sliceBatch(batch, index, count, {"candidates", "candidates_logq", "targets_count"});
   // Each worker's loss is its part's sum over the step's words per worker: the workers' average
   // gradient is then exactly the total batch's.
-  part["targets_words"] = Tensor::scalar(f32, batch.at("targets_words").item() / static_cast<double>(count));
+  part["targets_count"] = Tensor::scalar(f32, batch.at("targets_count").item() / static_cast<double>(count));
   return part;
 }
 

@@ -9,7 +9,7 @@
 #include "models/ZooModel.h"
 
 #include <memory>
-#include <optional>
+#include <memory>
 
 namespace weft::models {
 
@@ -85,7 +85,7 @@ class LmModel : public ZooModel {
   LmConfig config_;
   CommonOptions common_;
   int64_t vocabSize_ = 0;
-  std::optional<data::SyntheticLanguage> language_;
+  std::shared_ptr<const data::SyntheticLanguage> language_;
   std::vector<std::vector<int32_t>> heldout_;
   std::vector<double> heldoutLogProb_;  // under the generator, per held-out sentence
   std::unique_ptr<LogUniformSampler> sampler_;

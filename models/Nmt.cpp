@@ -223,11 +223,9 @@ struct Beam {
 std::vector<int32_t> idsOf(const Tensor& t) { return t.toVector<int32_t>(); }
 
 data::Batch collateRange(const data::Dataset& set, size_t begin, size_t end) {
-  std::vector<const data::Example*> examples;
-  for (size_t i = begin; i < end; ++i) examples.push_back(&set[i]);
   data::BatchOptions options;
   options.padded = {"source", "target_in", "target_out"};
-  return data::collate(examples, options);
+  return data::collate(set, begin, end, options);
 }
 
 }  // namespace
@@ -407,10 +405,7 @@ std::map<std::string, double> NmtModel::evaluate(Session& session, int64_t maxBa
 }
 
 std::pair<std::string, double> NmtModel::itemsIn(const data::Batch& batch) const {
-  const Tensor& mask = batch.at("target_out_mask");
-  double words = 0;
-  for (double v : mask.toDoubles()) words += v;
-  return {"words", words};
+  return {"words", batch.at("target_out_count").item()};
 }
 
 data::Batch NmtModel::shard(const data::Batch& batch, int64_t index, int64_t count) const {

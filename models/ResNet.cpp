@@ -164,7 +164,7 @@ void ResNetModel::build(Graph& g, const CommonOptions& common) {
     config_.classes = data::kSyntheticClasses;
     // Distinct sample seeds: the held-out images are other draws of the same task.
     train = data::syntheticImages(spec, trainImages_, common.seed * 2 + 100);
-    test_ = data::syntheticImages(spec, testImages_, common.seed * 2 + 101);
+    test_ = data::syntheticImages(spec, testImages_, common.seed * 2 + 101).held();  // read at every evaluation
   } else {
     WEFT_CHECK(imageSize_ == 32, "resnet: CIFAR-10 images are 32 pixels wide, not the {} of --image-size", imageSize_);
     config_.classes = 10;
@@ -177,6 +177,7 @@ void ResNetModel::build(Graph& g, const CommonOptions& common) {
   data::BatchOptions batching;
   batching.batchSize = batchSize_;
   batching.seed = common.seed;
+  batching.keepGenerated = true;  // an image costs more to draw than to keep
   train_ = std::make_unique<data::Batcher>(std::move(train), batching);
 }
 
@@ -191,9 +192,8 @@ std::map<std::string, double> ResNetModel::evaluate(Session& session, int64_t ma
   double hits = 0, lossSum = 0;
   for (int64_t begin = 0; begin < total && (maxBatches <= 0 || begin / evalBatch_ < maxBatches); begin += evalBatch_) {
     const int64_t count = std::min(evalBatch_, total - begin);
-    std::vector<const data::Example*> examples;
-    for (int64_t i = begin; i < begin + count; ++i) examples.push_back(&test_[static_cast<size_t>(i)]);
-    const data::Batch batch = data::collate(examples, {});
+    const data::Batch batch =
+        data::collate(test_, static_cast<size_t>(begin), static_cast<size_t>(begin + count), {});
     const auto out = session.run({net_.evalAccuracy, net_.evalLoss},
                                  {{net_.images, batch.at("images")}, {net_.labels, batch.at("labels")}});
     hits += out[0].item() * static_cast<double>(count);

@@ -61,7 +61,8 @@ class ZooModel {
   /// The metric that convergence is judged on, and whether higher is better.
   virtual std::string targetMetric() const = 0;
   virtual bool higherIsBetter() const = 0;
-  /// What a batch holds, for throughput: ("words", 640) or ("images", 128).
+  /// What a training batch holds, for throughput: ("words", 640) or ("images", 128). Of a part
+  /// read with BatchSource::readPart, its share of the whole batch's (the whole's divided by the parts).
   virtual std::pair<std::string, double> itemsIn(const data::Batch& batch) const = 0;
   /// Part `index` of `count` of a training batch, for data-parallel workers: by default every
   /// field cut along its first axis.

@@ -4,6 +4,7 @@
 
 #include "data/Dataset.h"
 
+#include <numeric>
 #include <set>
 
 using namespace weft;
@@ -27,6 +28,41 @@ Dataset numbered(int64_t n) {
 
 std::vector<double> ids(const Batch& b) { return b.at("id").toDoubles(); }
 
+/// numbered(n), generated: example i made when read, counting each make in `made[i]`; lengths
+/// are told without making.
+Dataset numberedGenerated(int64_t n, std::shared_ptr<std::vector<int>> made) {
+  const Dataset held = numbered(n);
+  data::Generator g;
+  g.size = static_cast<size_t>(n);
+  g.make = [held, made](size_t i) {
+    ++(*made)[i];
+    return held.example(i);
+  };
+  g.length = [](size_t i, const std::string&) { return static_cast<int64_t>(1 + i % 5); };
+  g.identity = 42;
+  made->assign(static_cast<size_t>(n), 0);
+  return Dataset::generated(std::move(g));
+}
+
+void checkSameBatch(const Batch& got, const Batch& expected) {
+  REQUIRE(got.size() == expected.size());
+  for (const auto& [field, value] : expected) {
+    INFO("field " << field);
+    REQUIRE(got.count(field));
+    CHECK(got.at(field).dtype() == value.dtype());
+    CHECK(got.at(field).shape() == value.shape());
+    CHECK(got.at(field).toDoubles() == value.toDoubles());
+  }
+}
+
+/// Part `index` of `count` of a whole batch as the trainer cut it before parts were read: the
+/// slice, with the counted field's count divided among the parts.
+Batch slicedPart(const Batch& whole, int64_t index, int64_t count) {
+  Batch part = data::sliceBatch(whole, index, count, {"seq_count"});
+  part["seq_count"] = Tensor::scalar(f32, whole.at("seq_count").item() / static_cast<double>(count));
+  return part;
+}
+
 }  // namespace
 
 TEST_CASE("shards are disjoint, cover the dataset and are deterministic") {
@@ -41,6 +77,110 @@ TEST_CASE("shards are disjoint, cover the dataset and are deterministic") {
   CHECK(std::set<double>(seen.begin(), seen.end()).size() == 10);
   CHECK(d.shard(1, 3)[0].at("id").item() == 1);
   CHECK_THROWS_AS(d.shard(3, 3), Error);
+}
+
+TEST_CASE("a generated dataset makes an example only when it is read, and equals the held one") {
+  auto made = std::make_shared<std::vector<int>>();
+  const Dataset generated = numberedGenerated(20, made);
+  CHECK(generated.isGenerated());
+  CHECK(generated.size() == 20);
+  CHECK(generated.length(7, "seq") == 3);
+  CHECK(std::count(made->begin(), made->end(), 0) == 20);
+  checkSameBatch(generated.example(7), numbered(20)[7]);
+  CHECK(contains(errorOf([&] { generated[7]; }), "example 7 of a generated dataset is made by example(7)"));
+  CHECK((*made)[7] == 1);
+  const Dataset held = generated.held();
+  CHECK_FALSE(held.isGenerated());
+  for (size_t i = 0; i < held.size(); ++i) checkSameBatch(held[i], numbered(20)[i]);
+}
+
+TEST_CASE("a generated dataset's shards and ranges are generated, and hash by identity") {
+  auto made = std::make_shared<std::vector<int>>();
+  const Dataset generated = numberedGenerated(20, made);
+  const Dataset shard = generated.shard(2, 3), range = generated.range(5, 9);
+  CHECK(shard.isGenerated());
+  CHECK(std::count(made->begin(), made->end(), 0) == 20);
+  REQUIRE(shard.size() == 6);
+  for (size_t i = 0; i < shard.size(); ++i) CHECK(shard.example(i).at("id").item() == static_cast<double>(2 + 3 * i));
+  CHECK(shard.length(1, "seq") == 1 + 5 % 5);
+  REQUIRE(range.size() == 4);
+  CHECK(range.example(0).at("id").item() == 5);
+  CHECK(generated.hash() == 42);
+  CHECK(shard.hash() != generated.hash());
+  CHECK(shard.hash() != generated.shard(1, 3).hash());
+  CHECK(range.hash() == generated.range(5, 9).hash());
+}
+
+TEST_CASE("each part of a batch is the whole batch's slice, with its widths and counts") {
+  for (const bool generated : {false, true}) {
+    for (const int64_t parts : {2, 4}) {
+      INFO((generated ? "generated" : "held") << " dataset, " << parts << " parts");
+      auto made = std::make_shared<std::vector<int>>();
+      const Dataset d = generated ? numberedGenerated(64, made) : numbered(64);
+      const BatchOptions options{8, true, 5, {"seq"}, -1, 3, {"seq"}};  // shuffled, padded, counted, bucketed
+      data::Batcher whole(d, options);
+      std::vector<data::Batcher> part;
+      for (int64_t r = 0; r < parts; ++r) {
+        part.emplace_back(d, options);
+        CHECK(part.back().readPart(r, parts));
+      }
+      for (int64_t step = 0; step < 2 * whole.batchesPerEpoch(); ++step) {
+        const Batch batch = whole.next();
+        for (int64_t r = 0; r < parts; ++r) checkSameBatch(part[static_cast<size_t>(r)].next(), slicedPart(batch, r, parts));
+      }
+    }
+  }
+}
+
+TEST_CASE("over an epoch the parts read every example once, each only its own") {
+  auto made = std::make_shared<std::vector<int>>();
+  const Dataset d = numberedGenerated(48, made);
+  const BatchOptions options{12, true, 2, {"seq"}, 0, 2, {"seq"}};
+  std::multiset<double> seen;
+  for (int64_t r = 0; r < 3; ++r) {
+    data::Batcher part(d, options);
+    part.readPart(r, 3);
+    std::fill(made->begin(), made->end(), 0);
+    for (int64_t step = 0; step < part.batchesPerEpoch(); ++step) {
+      for (const double id : ids(part.next())) seen.insert(id);
+    }
+    // This part made its own 16 examples, once each, and none of the other parts'.
+    CHECK(std::count(made->begin(), made->end(), 1) == 16);
+    CHECK(std::count(made->begin(), made->end(), 0) == 32);
+  }
+  CHECK(seen.size() == 48);
+  CHECK(std::set<double>(seen.begin(), seen.end()).size() == 48);
+}
+
+TEST_CASE("keepGenerated makes each example once over epochs of whole batches, and keeps none for a part") {
+  auto made = std::make_shared<std::vector<int>>();
+  BatchOptions options{4, true, 3, {"seq"}, 0, 0, {}};
+  options.keepGenerated = true;
+  data::Batcher whole(numberedGenerated(16, made), options), reference(numbered(16), options);
+  std::fill(made->begin(), made->end(), 0);  // the constructor looked at example 0
+  for (int step = 0; step < 12; ++step) checkSameBatch(whole.next(), reference.next());  // three epochs
+  CHECK(std::count(made->begin(), made->end(), 1) == 16);
+  data::Batcher part(numberedGenerated(16, made), options);
+  part.readPart(1, 2);
+  std::fill(made->begin(), made->end(), 0);
+  for (int step = 0; step < 12; ++step) part.next();
+  CHECK(std::accumulate(made->begin(), made->end(), 0) == 24);  // 2 examples a step, made each time
+}
+
+TEST_CASE("a part resumed at a position continues exactly") {
+  const BatchOptions options{6, true, 11, {"seq"}, 0, 2, {"seq"}};
+  data::Batcher running(numbered(36), options), resumed(numbered(36), options);
+  running.readPart(1, 3);
+  resumed.readPart(1, 3);
+  for (int i = 0; i < 9; ++i) running.next();
+  resumed.seek(9);
+  for (int i = 0; i < 8; ++i) checkSameBatch(resumed.next(), running.next());
+}
+
+TEST_CASE("a batch that does not divide among the parts is refused") {
+  data::Batcher b(numbered(20), {6, true, 1, {}, 0, 0, {}});
+  CHECK(contains(errorOf([&] { b.readPart(0, 4); }), "a batch of 6 examples cannot be cut into 4 equal parts"));
+  CHECK(contains(errorOf([&] { b.readPart(4, 4); }), "part 4 of 4"));
 }
 
 TEST_CASE("an epoch visits every example once, and the next epoch reshuffles") {
@@ -90,12 +230,10 @@ TEST_CASE("bucketing groups similar lengths into a batch") {
 
 TEST_CASE("a counted padded field gets its batch's real positions as a scalar") {
   const Dataset d = numbered(4);  // sequences of 1, 2, 3 and 4 values
-  std::vector<const Example*> members;
-  for (size_t i = 0; i < d.size(); ++i) members.push_back(&d[i]);
-  const Batch counted = data::collate(members, {4, false, 0, {"seq"}, 0, 0, {"seq"}});
+  const Batch counted = data::collate(d, 0, 4, {4, false, 0, {"seq"}, 0, 0, {"seq"}});
   CHECK(counted.at("seq_count").shape() == Shape{});
   CHECK(counted.at("seq_count").item() == 10);
-  CHECK(data::collate(members, {4, false, 0, {"seq"}, 0, 0, {}}).count("seq_count") == 0);
+  CHECK(data::collate(d, 0, 4, {4, false, 0, {"seq"}, 0, 0, {}}).count("seq_count") == 0);
 }
 
 TEST_CASE("collate names the field that does not fit") {

@@ -402,11 +402,11 @@ TEST_CASE("the loss a data-parallel run reports is the total batch's") {
   CHECK(lossOfTwo == doctest::Approx(loss).epsilon(1e-6));
 }
 
-TEST_CASE("a batch that does not divide among the workers is refused naming the field") {
+TEST_CASE("a batch that does not divide among the workers is refused naming its size") {
   TempDir dir;
   const CliRun r = weftCli("train mlp --workers 2 --batch 33 --steps 2 --threads 1 --out " + (dir.path / "x").string());
   CHECK(r.status != 0);
-  CHECK(contains(r.output, "batch field 'features' of shape [33, 32] cannot be cut into 2 equal parts"));
+  CHECK(contains(r.output, "a batch of 33 examples cannot be cut into 2 equal parts"));
   CHECK(contains(r.output, "the distributed job failed"));
 }
 

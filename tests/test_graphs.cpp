@@ -315,6 +315,30 @@ TEST_CASE("GraphBatcher covers each epoch once, reshuffles per epoch and seeks")
   CHECK(contains(errorOf([&] { GraphBatcher(Dataset(graphs), 11, 1); }), "10 graphs do not fill one batch of 11"));
 }
 
+TEST_CASE("a GraphBatcher reading a part gives what sliceGraphs cuts, with the whole batch's nodes per part") {
+  std::vector<Example> graphs;
+  for (int i = 0; i < 12; ++i) graphs.push_back(tinyGraph(static_cast<float>(i), 1 + i % 4));
+  GraphBatcher whole(Dataset(graphs), 4, 3, true, true);
+  std::vector<GraphBatcher> parts;
+  for (int r = 0; r < 2; ++r) {
+    parts.emplace_back(Dataset(graphs), 4, 3, true, true);
+    CHECK(parts.back().readPart(r, 2));
+  }
+  for (int step = 0; step < 6; ++step) {
+    const Batch batch = whole.next();
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(step);
+      CAPTURE(r);
+      const Batch part = parts[static_cast<size_t>(r)].next(), cut = sliceGraphs(batch, r, 2);
+      for (const char* field : {"features", "labels", "node_graph", "edges", "edge_types"})
+        CHECK(part.at(field).toDoubles() == cut.at(field).toDoubles());
+      CHECK(part.at("node_count").item() == batch.at("node_count").item() / 2);
+    }
+  }
+  CHECK(contains(errorOf([&] { GraphBatcher(Dataset(graphs), 4, 3).readPart(0, 3); }),
+                 "a batch of 4 graphs does not divide among 3 parts"));
+}
+
 TEST_CASE("counts a model would allocate by are bounded, with a message naming the line and value") {
   // Edge types and labels decide a GNN's weight shapes: 1e9 was a bad_alloc, INT64_MAX overflowed.
   CHECK(

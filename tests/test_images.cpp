@@ -31,8 +31,8 @@ void writeFile(const std::string& path, const std::vector<std::vector<unsigned c
 
 TEST_CASE("synthetic images are deterministic, shaped (3, 32, 32) with scalar i64 labels, and seeds differ") {
   const data::SyntheticImagesSpec spec;
-  const data::Dataset a = data::syntheticImages(spec, 20, 7), b = data::syntheticImages(spec, 20, 7),
-                      c = data::syntheticImages(spec, 20, 8);
+  const data::Dataset a = data::syntheticImages(spec, 20, 7).held(), b = data::syntheticImages(spec, 20, 7).held(),
+                      c = data::syntheticImages(spec, 20, 8).held();
   REQUIRE(a.size() == 20);
   for (size_t i = 0; i < a.size(); ++i) {
     CHECK(a[i].at("images").shape() == Shape{3, 32, 32});
@@ -43,12 +43,30 @@ TEST_CASE("synthetic images are deterministic, shaped (3, 32, 32) with scalar i6
     CHECK(a[i].at("images").toDoubles() != c[i].at("images").toDoubles());
   }
   // An example depends on its index only, not on how many were generated.
-  const data::Dataset longer = data::syntheticImages(spec, 30, 7);
+  const data::Dataset longer = data::syntheticImages(spec, 30, 7).held();
   CHECK(longer[13].at("images").toDoubles() == a[13].at("images").toDoubles());
 }
 
+TEST_CASE("synthetic images are made when read, and held ones are the same images") {
+  const data::SyntheticImagesSpec spec;
+  const data::Dataset generated = data::syntheticImages(spec, 12, 7);
+  CHECK(generated.isGenerated());
+  const data::Dataset held = generated.held();
+  CHECK_FALSE(held.isGenerated());
+  for (size_t i = 0; i < held.size(); ++i) {
+    CHECK(held[i].at("images").toDoubles() == generated.example(i).at("images").toDoubles());
+    CHECK(held[i].at("labels").item() == generated.example(i).at("labels").item());
+  }
+  // The hash stands for the generator's parameters: equal for equal ones, different otherwise.
+  data::SyntheticImagesSpec noisier = spec;
+  noisier.noise = 0.2;
+  CHECK(generated.hash() == data::syntheticImages(spec, 12, 7).hash());
+  CHECK(generated.hash() != data::syntheticImages(spec, 12, 8).hash());
+  CHECK(generated.hash() != data::syntheticImages(noisier, 12, 7).hash());
+}
+
 TEST_CASE("synthetic images are class-balanced and roughly normalised") {
-  const data::Dataset d = data::syntheticImages({}, 200, 3);
+  const data::Dataset d = data::syntheticImages({}, 200, 3).held();
   std::vector<int> counts(data::kSyntheticClasses, 0);
   double total = 0, squares = 0;
   int64_t n = 0;
@@ -69,7 +87,7 @@ TEST_CASE("synthetic images are class-balanced and roughly normalised") {
 
 TEST_CASE("the synthetic task is not linearly separable by mean colour") {
   // Colour carries no class information: per-class mean intensities are all close.
-  const data::Dataset d = data::syntheticImages({}, 1000, 5);
+  const data::Dataset d = data::syntheticImages({}, 1000, 5).held();
   std::vector<double> sums(data::kSyntheticClasses, 0);
   for (size_t i = 0; i < d.size(); ++i) {
     double s = 0;

@@ -83,10 +83,7 @@ TEST_CASE("one momentum step on a fixed batch lowers the ResNet-20 training loss
   Graph g;
   const models::ResNetNet net = models::buildResNet(g, {});
   Node* step = optim::Momentum(0.05, 0.9, false, 5e-4).minimize(net.loss);
-  const data::Dataset d = data::syntheticImages({}, 16, 1);
-  std::vector<const data::Example*> examples;
-  for (size_t i = 0; i < d.size(); ++i) examples.push_back(&d[i]);
-  const data::Batch batch = data::collate(examples, {});
+  const data::Batch batch = data::collate(data::syntheticImages({}, 16, 1), 0, 16, {});
   const FeedMap feeds{{net.images, batch.at("images")}, {net.labels, batch.at("labels")}};
   Session s(g, {2});
   const double before = s.run({net.loss}, feeds, {step})[0].item();

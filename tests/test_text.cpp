@@ -182,6 +182,37 @@ TEST_CASE("the synthetic language is a deterministic function of (seed, index)")
   CHECK(a.sentence(3) != a.sentence(4));
 }
 
+TEST_CASE("a sentence's length is told without drawing it, as drawing it would give") {
+  LanguageSpec spec;
+  spec.maxLength = 12;  // some sentences stop at the cap
+  const SyntheticLanguage language{spec};
+  bool capped = false;
+  for (uint64_t i = 0; i < 500; ++i) {
+    const auto length = static_cast<int64_t>(language.sentence(i).size());
+    CHECK(language.sentenceLength(i) == length);
+    capped |= length == spec.maxLength;
+  }
+  CHECK(capped);
+}
+
+TEST_CASE("the language's LM dataset makes sentence i as lmExample would, and tells its lengths") {
+  const auto language = std::make_shared<const SyntheticLanguage>(LanguageSpec{});
+  const Dataset d = lmDataset(language, 30);
+  CHECK(d.isGenerated());
+  REQUIRE(d.size() == 30);
+  for (size_t i = 0; i < d.size(); ++i) {
+    const Example expected = lmExample(language->sentence(i));
+    CHECK(d.example(i).at("tokens").toVector<int32_t>() == expected.at("tokens").toVector<int32_t>());
+    CHECK(d.example(i).at("targets").toVector<int32_t>() == expected.at("targets").toVector<int32_t>());
+    CHECK(d.length(i, "tokens") == expected.at("tokens").numel());
+  }
+  CHECK(d.hash() == lmDataset(language, 30).hash());
+  CHECK(d.hash() != lmDataset(language, 31).hash());
+  LanguageSpec other;
+  other.zipf = 1.1;
+  CHECK(d.hash() != lmDataset(std::make_shared<const SyntheticLanguage>(other), 30).hash());
+}
+
 TEST_CASE("the synthetic language's words follow each class's Zipf distribution") {
   const LanguageSpec spec;
   const SyntheticLanguage lang(spec);

@@ -201,6 +201,8 @@ class Trainer {
     if (runner_->served()) return runner_->serverStatus();
     session_ = &runner_->session();
     leader_ = runner_->rank() == 0;
+    // Each replica reads (or generates) only its part of every total batch, where the data can.
+    readsPart_ = runner_->replicas() > 1 && model_->trainData().readPart(runner_->replica(), runner_->replicas());
     if (!flags_.trace.empty()) startTracing();
     steps_ = flags_.epochs > 0   ? flags_.epochs * model_->trainData().batchesPerEpoch()
              : flags_.steps > 0 ? flags_.steps
@@ -253,7 +255,7 @@ class Trainer {
     double evaluationSeconds = 0;
     while (step < stop) {
       const data::Prefetched batch = batches.nextPrefetched();
-      const auto [what, count] = model_->itemsIn(batch.source);
+      const auto [what, count] = itemsIn(batch.source);
       unit = what;
       items += count;
       const auto started = std::chrono::steady_clock::now();
@@ -453,10 +455,16 @@ class Trainer {
     return found;
   }
 
-  /// This worker's part of a total batch.
+  /// This worker's part of a total batch (the batch itself when the data gives only the part).
   data::Batch myPart(const data::Batch& batch) const {
     // A pipeline's stages each see their replica's whole part.
-    return runner_->replicas() > 1 ? model_->shard(batch, runner_->replica(), runner_->replicas()) : batch;
+    return runner_->replicas() > 1 && !readsPart_ ? model_->shard(batch, runner_->replica(), runner_->replicas()) : batch;
+  }
+
+  /// What the total batch of `batch` holds, for throughput.
+  std::pair<std::string, double> itemsIn(const data::Batch& batch) const {
+    auto [what, count] = model_->itemsIn(batch);
+    return {what, readsPart_ ? count * runner_->replicas() : count};
   }
 
   /// This process's trace (--trace): the file itself in one process, a part for the launcher
@@ -606,7 +614,7 @@ class Trainer {
     for (int64_t i = 0; i < flags_.bench; ++i) {
       const data::Batch batch = source.next();
       feeds.push_back(stepFeeds(data::uploadBatch(myPart(batch), feedDevice_)));
-      const auto [what, count] = model_->itemsIn(batch);
+      const auto [what, count] = itemsIn(batch);
       unit = what;
       items += count;
     }
@@ -646,6 +654,7 @@ class Trainer {
   std::optional<dist::Runner> runner_;
   Session* session_ = nullptr;
   bool leader_ = true;  // worker rank 0: prints, logs, evaluates and checkpoints
+  bool readsPart_ = false;  // the training data gives this replica's part of each batch, not the batch
   int64_t steps_ = 0;
   std::string checkpointPath_;
   std::map<std::string, std::string> identity_;  // see runIdentity
