@@ -9,7 +9,6 @@
 #include "models/ZooModel.h"
 
 #include <memory>
-#include <memory>
 
 namespace weft::models {
 
