@@ -7,6 +7,8 @@
 #include "core/Tensor.h"
 #include "dist/Communicator.h"
 
+#include <algorithm>
+#include <cstring>
 #include <mutex>
 
 namespace weft::dist {
@@ -64,6 +66,41 @@ std::vector<TensorType> allGatherWaitInfer(const InferContext& c) {
   return {gathered(1), gathered(2)};
 }
 
+std::vector<TensorType> touchedRowsInfer(const InferContext& c) {
+  c.check(c.shape(0).rank() >= 1, "rows must have a row dimension, got {}", c.shape(0).str());
+  c.check(c.shape(1).rank() == 1 && (c.shape(1)[0] < 0 || c.shape(0)[0] < 0 || c.shape(1)[0] == c.shape(0)[0]),
+          "counts {} must hold one count per row of {}", c.shape(1).str(), c.shape(0).str());
+  const DType index = static_cast<DType>(c.attrs().getInt("index_dtype"));
+  c.check(index == DType::I32 || index == DType::I64, "index_dtype must be i32 or i64, got {}", dtypeName(index));
+  return {{index, Shape{c.shape(0)[0]}}, c.inputs[0]};
+}
+
+/// Row r with count > 0 is (r, rows[r]); every other row becomes (the first counted row, 0),
+/// which adds nothing to that row, so a sparse update reading the result touches exactly the
+/// counted rows with their values.
+void touchedRowsKernel(KernelContext& ctx) {
+  const Tensor &rows = ctx.input(0), &counts = ctx.input(1);
+  const int64_t n = rows.shape()[0];
+  const size_t rowBytes = n > 0 ? rows.bytes() / static_cast<size_t>(n) : 0;
+  const std::vector<double> count = counts.toDoubles();
+  const auto first = std::find_if(count.begin(), count.end(), [](double c) { return c != 0; });
+  WEFT_CHECK(n == 0 || first != count.end(), "{}: no row of {} was touched by any worker", ctx.node->describe(),
+             rows.shape().str());
+  const auto filler = static_cast<int64_t>(first - count.begin());
+  Tensor& ids = ctx.output(0);
+  Tensor& values = ctx.output(1);
+  values.fill(0);
+  for (int64_t r = 0; r < n; ++r) {
+    const bool touched = count[static_cast<size_t>(r)] != 0;
+    const int64_t id = touched ? r : filler;
+    if (ids.dtype() == DType::I32) ids.data<int32_t>()[r] = static_cast<int32_t>(id);
+    else ids.data<int64_t>()[r] = id;
+    if (touched)
+      std::memcpy(static_cast<uint8_t*>(values.raw()) + static_cast<size_t>(r) * rowBytes,
+                  static_cast<const uint8_t*>(rows.raw()) + static_cast<size_t>(r) * rowBytes, rowBytes);
+  }
+}
+
 void allGatherStartKernel(KernelContext& ctx) { communicatorOf(ctx).startGather(ctx); }
 void allGatherWaitKernel(KernelContext& ctx) { communicatorOf(ctx).finishGather(ctx, ctx.attrs().getFloat("scale")); }
 
@@ -81,6 +118,7 @@ void registerCollectiveOps() {
     r.add(OpDef("AllGatherStart").inputs(2).infer(allGatherStartInfer).cpu(allGatherStartKernel)
               .launchAsync().noGradient());
     r.add(OpDef("AllGatherWait").inputs(3).infer(allGatherWaitInfer).cpu(allGatherWaitKernel).noGradient());
+    r.add(OpDef("TouchedRows").inputs(2).infer(touchedRowsInfer).cpu(touchedRowsKernel).noGradient());
   });
 }
 
@@ -107,6 +145,12 @@ std::pair<Output, Output> allGatherRows(Output indices, Output values, int64_t c
   Node* wait = g.addNode("AllGatherWait", {start->output(), indices, values},
                          {{"communicator", communicator}, {"scale", scale}, {"world_size", int64_t{worldSize}}});
   return {wait->output(0), wait->output(1)};
+}
+
+std::pair<Output, Output> touchedRows(Output rows, Output counts, DType indexDType) {
+  registerCollectiveOps();
+  Node* n = rows.graph().addNode("TouchedRows", {rows, counts}, {{"index_dtype", static_cast<int64_t>(indexDType)}});
+  return {n->output(0), n->output(1)};
 }
 
 }  // namespace weft::dist

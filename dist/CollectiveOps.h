@@ -35,4 +35,10 @@ std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t backend, do
 std::pair<Output, Output> allGatherRows(Output indices, Output values, int64_t communicator, int worldSize,
                                         double scale, const std::string& variable, int64_t variableRows);
 
+/// Sparse rows from dense `rows` [R, ...] and a count per row [R]: ids (`indexDType`, R of
+/// them) and values like `rows`, where row r with a non-zero count is (r, rows[r]) and every
+/// other row is (the first counted row, zeros). A sparse update summing rows by id therefore
+/// touches exactly the counted rows, each with its value. Throws when no row is counted.
+std::pair<Output, Output> touchedRows(Output rows, Output counts, DType indexDType);
+
 }  // namespace weft::dist

@@ -4,10 +4,12 @@
 
 #include "core/Session.h"
 #include "dist/Schedule.h"
+#include "dist/Sparsity.h"
 #include "dist/SyncPolicy.h"
 
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -66,6 +68,10 @@ struct Config {
   /// asynchronous modes (aspPolicy, sspPolicy, dsspPolicy) need Architecture::ParameterServer and
   /// one pipeline stage; a machine's workers then reach the servers each on its own.
   std::shared_ptr<const SyncPolicy> sync = bspPolicy();
+  /// Under Auto: the sparse variables' measured alpha, by name (measureSparsity). Each one
+  /// that a dense AllReduce synchronises with fewer bytes per machine than the servers
+  /// (chooseBySparsity) is summed by AllReduce; without a measure a sparse variable is served.
+  std::map<std::string, double> sparsity;
   SessionOptions session;
   PipelineConfig pipeline;
 };

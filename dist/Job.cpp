@@ -311,4 +311,11 @@ void connectJob(JobContext& job, const Config& config) {
   job.groups = senderGroups(job.roster, config.localAggregation && config.sync->synchronous());
 }
 
+int JobContext::machines() const {
+  int highest = 0;
+  for (const std::vector<int>* hosts : {&routes.workerHosts, &routes.serverHosts})
+    for (const int h : *hosts) highest = std::max(highest, h);
+  return highest + 1;
+}
+
 }  // namespace weft::dist

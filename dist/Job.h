@@ -68,6 +68,8 @@ struct JobContext {
   int rank() const { return roster.rank; }
   int workers() const { return static_cast<int>(routes.workerPeers.size()); }
   int servers() const { return static_cast<int>(routes.serverPeers.size()); }
+  /// Machines of the job: one more than the highest host index of a worker or server.
+  int machines() const;
   /// The relay (a server index, or -1) through which this worker reaches the servers.
   int relay() const;
 };

@@ -228,7 +228,8 @@ int ServerPlan::largestPartitionCount() const {
   return static_cast<int>(most);
 }
 
-ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, const Partitioning& partitioning) {
+ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, const Partitioning& partitioning,
+                       const std::set<std::string>& allReduced) {
   ServerPlan plan;
   plan.servers = servers;
   if (architecture == Architecture::AllReduce) return plan;
@@ -236,7 +237,7 @@ ServerPlan planServers(const Graph& graph, Architecture architecture, int server
   std::map<const Node*, size_t> position;  // in topological order, which the chain is copied in
   for (const Node* n : graph.topologicalOrder()) position.emplace(n, position.size());
   for (const GradientLink& link : graph.gradientLinks()) {
-    if (architecture == Architecture::Auto && !link.sparse) continue;
+    if (architecture == Architecture::Auto && (!link.sparse || allReduced.count(link.variable->name))) continue;
     ServedVariable v;
     v.variable = link.variable;
     v.sparse = link.sparse;
@@ -252,6 +253,19 @@ ServerPlan planServers(const Graph& graph, Architecture architecture, int server
              plan.variables.size());
   partition(graph, plan, partitioning);
   return plan;
+}
+
+ServerPlan planServersBySparsity(const Graph& graph, const Config& config, int servers, const std::vector<int>& serverHosts,
+                                 int machines, std::vector<SparsityChoice>& choices) {
+  ServerPlan plan = planServers(graph, config.architecture, servers, config.partitioning);
+  choices.clear();
+  if (config.architecture != Architecture::Auto || config.sparsity.empty()) return plan;
+  choices = chooseBySparsity(plan, config.sparsity, serverHosts, machines);
+  std::set<std::string> allReduced;
+  for (const SparsityChoice& c : choices)
+    if (c.allReduce) allReduced.insert(c.variable);
+  if (allReduced.empty()) return plan;
+  return planServers(graph, config.architecture, servers, config.partitioning, allReduced);
 }
 
 }  // namespace weft::dist

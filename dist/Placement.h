@@ -21,6 +21,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
+#include <string>
 #include <vector>
 
 namespace weft::dist {
@@ -84,6 +86,14 @@ struct ServerPlan {
 /// the AllReduce architecture. Throws naming the variable when one cannot be served (a gradient
 /// used by something other than its update and clipping, slots of another shape, a variable
 /// without rows).
-ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, const Partitioning& partitioning);
+/// Under Auto, the sparse variables named in `allReduced` are left out.
+ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, const Partitioning& partitioning,
+                       const std::set<std::string>& allReduced = {});
+
+/// planServers under `config`, with the choices of chooseBySparsity applied under Auto when
+/// config.sparsity measures variables (server s runs on machine serverHosts[s] of `machines`):
+/// the variables it gives to AllReduce leave the plan. `choices` receives every choice made.
+ServerPlan planServersBySparsity(const Graph& graph, const Config& config, int servers, const std::vector<int>& serverHosts,
+                                 int machines, std::vector<SparsityChoice>& choices);
 
 }  // namespace weft::dist

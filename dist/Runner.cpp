@@ -32,6 +32,7 @@ struct Runner::State {
   std::unique_ptr<Communicator> communicator;  // the host's collectives, and CPU workers' dense sums
   std::unique_ptr<CollectiveBackend> gpuSums;  // GPU workers' dense sums (NCCL)
   ServerPlan plan;
+  std::vector<SparsityChoice> sparsityChoices;
   std::unique_ptr<ServerClient> client;  // with servers in the job
   std::unique_ptr<Session> session;
   DistributedGraph distribution;
@@ -371,6 +372,7 @@ Session& Runner::session() {
 }
 const DistributedGraph& Runner::distribution() const { return state_->distribution; }
 const ServerPlan& Runner::serverPlan() const { return state_->plan; }
+const std::vector<SparsityChoice>& Runner::sparsityChoices() const { return state_->sparsityChoices; }
 Traffic Runner::traffic() const { return state_->traffic.snapshot(); }
 
 namespace {
@@ -446,7 +448,8 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
     dense = state->gpuSums.get();
   }
 #endif
-  state->plan = planServers(graph, config.architecture, j.servers(), config.partitioning);
+  state->plan = planServersBySparsity(graph, config, j.servers(), j.routes.serverHosts, j.machines(),
+                                      state->sparsityChoices);
   if (j.servers() > 0) {
     state->client = std::make_unique<ServerClient>(state->traffic, *j.clientTransport, j.rank(), j.routes.serverPeers,
                                                    state->plan, config.timeout, j.relay(), config.sync);
@@ -460,6 +463,12 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   options.averageSparse = config.averageSparse;
   options.bucketBytes = config.bucketBytes;
   options.synchronous = synchronous;
+  for (const SparsityChoice& c : state->sparsityChoices) {
+    if (!c.allReduce) continue;
+    WEFT_CHECK(!options.denseOnGpu, "{}: summing a sparse gradient by AllReduce runs on CPU workers only",
+               c.describe());
+    options.allReducedSparse.push_back(graph.find(c.variable));
+  }
   state->distribution =
       applyPasses(graph, dataParallelPasses(options, state->plan, state->client ? state->client->id() : -1));
   for (const SyncedVariable& v : state->distribution.variables) {

@@ -100,6 +100,8 @@ class Runner {
   const DistributedGraph& distribution() const;
   /// Which variables the parameter servers hold, in which partitions (empty without servers).
   const ServerPlan& serverPlan() const;
+  /// Under Auto with Config::sparsity: how each measured sparse variable is synchronised, and why.
+  const std::vector<SparsityChoice>& sparsityChoices() const;
   /// Bytes this worker sent and received, per kind, since it started.
   Traffic traffic() const;
 

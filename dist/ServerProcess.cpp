@@ -240,7 +240,9 @@ void printStaleness(const std::string& who, const SyncPolicy& sync, const std::v
 int serveJob(JobContext& job, const Graph& graph, const Config& config) {
   const std::string who = describe(job.identity.id);
   try {
-    const ServerPlan plan = planServers(graph, config.architecture, job.servers(), config.partitioning);
+    std::vector<SparsityChoice> choices;
+    const ServerPlan plan =
+        planServersBySparsity(graph, config, job.servers(), job.routes.serverHosts, job.machines(), choices);
     limitPayloads(job, graph);
     const int workers = job.workers();
     ParameterServer::Options options;

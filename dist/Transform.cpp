@@ -64,6 +64,20 @@ size_t byteSize(const Output& o) {
   return static_cast<size_t>(n) * dtypeSize(o.dtype());
 }
 
+/// A sparse gradient summed by a dense AllReduce, for a sparse variable whose pushes touch so
+/// many of its rows that the dense sum moves fewer bytes (see chooseBySparsity). Each row's count
+/// of ids is summed beside it, and the sparse update still receives sparse rows: exactly the rows
+/// some worker touched, as one process's update would (lazy optimizers decay only those).
+std::pair<Output, Output> allReduceRows(const GradientLink& l, const TransformOptions& options, double scale) {
+  Graph& g = l.indices.graph();
+  auto scope = g.scope(l.variable->name + "/allreduced_rows");
+  const int64_t rows = l.variable->output().shape()[0];
+  const Output counts = unsortedSegmentSum(onesLike(cast(l.indices, l.values.dtype())), l.indices, rows);
+  const std::vector<Output> summed =
+      allReduce({unsortedSegmentSum(l.values, l.indices, rows), counts}, options.hostRing, scale);
+  return touchedRows(summed[0], summed[1], l.indices.dtype());
+}
+
 }  // namespace
 
 int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
@@ -107,7 +121,13 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
   std::vector<const GradientLink*> dense;
   for (const GradientLink& l : links) {
     if (std::find(options.served.begin(), options.served.end(), l.variable) != options.served.end()) continue;
-    if (l.sparse) {
+    if (l.sparse && std::find(options.allReducedSparse.begin(), options.allReducedSparse.end(), l.variable) !=
+                        options.allReducedSparse.end()) {
+      if (!rewirer.consumed(l.indices) && !rewirer.consumed(l.values)) continue;
+      auto [indices, values] = allReduceRows(l, options, sparseScale);
+      rewirer.redirect({{l.indices, indices}, {l.values, values}});
+      result.variables.push_back({l.variable, false, byteSize(l.variable->output()), -1});
+    } else if (l.sparse) {
       if (!rewirer.consumed(l.indices) && !rewirer.consumed(l.values)) continue;
       auto [indices, values] =
           allGatherRows(l.indices, l.values, options.hostRing, options.workers, sparseScale, l.variable->name,

@@ -37,6 +37,9 @@ struct TransformOptions {
   /// Variables the parameter servers hold: the AllReduce pass leaves their gradients alone
   /// (dataParallelPasses adds its plan's).
   std::vector<const Node*> served;
+  /// Sparse variables whose gradients a dense AllReduce sums (chooseBySparsity picked it over
+  /// the servers); other sparse gradients are gathered by AllGather.
+  std::vector<const Node*> allReducedSparse;
 };
 
 /// One synchronised variable.

@@ -365,6 +365,40 @@ TEST_CASE("two machines of two workers, each machine's pushes and pulls aggregat
   }
 }
 
+TEST_CASE("auto on four machines: sparse variables whose measured alpha favours AllReduce are summed by it, like one process") {
+  TempDir dir;
+  const std::string cluster = "--cluster " + loopbackCluster(dir.path, 4, 1, 1);
+  // 20 word ids, a batch of 32 sentences: each worker's 8 touch most rows (alpha 0.7-0.8), and
+  // each small variable sits in one partition on one machine, whose server would move
+  // 2 alpha w (N - 1) a step against AllReduce's 4 w (N - 1) / N.
+  const std::string flags = "--vocab 16 --classes 4 --embed 64 --hidden 32 --sampled 8 --train-sentences 400 "
+                            "--heldout-sentences 20 --batch 32 --steps 10 --clip 1 --eval-every 10 --threads 1 "
+                            "--timeout 30 --dtype f64";
+  const std::string out = (dir.path / "job").string();
+  const CliRun job = weftCli("train lm " + flags + " " + cluster + " --arch auto --out " + out);
+  REQUIRE_MESSAGE(job.status == 0, job.output);
+  CHECK(contains(job.output, "sparse variable 'embedding/table': alpha 0.7"));
+  CHECK(contains(job.output, "by AllReduce: AllReduce"));
+  CHECK(contains(job.output, "sparse variable 'softmax/bias'"));  // 4 bytes a row: the counts tip it to the servers
+  bool recorded = false;
+  std::ifstream metrics(out + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (!record.contains("sparsity")) continue;
+    recorded = true;
+    for (const nlohmann::json& v : record["sparsity"]) {
+      CAPTURE(v.dump());
+      CHECK(v["synchronised_by"] == (v["variable"] == "softmax/bias" ? "servers" : "allreduce"));
+    }
+  }
+  CHECK(recorded);
+  checkSameVariablesAs("lm", flags, cluster + " --arch auto", 1e-9);
+  const CliRun unmeasured = weftCli("train lm " + flags + " " + cluster + " --arch auto --sparsity-batches 0 --out " +
+                                    (dir.path / "unmeasured").string());
+  REQUIRE_MESSAGE(unmeasured.status == 0, unmeasured.output);
+  CHECK_FALSE(contains(unmeasured.output, "sparse variable"));
+}
+
 TEST_CASE("machines of unequal size (three workers and one) train like one process") {
   TempDir dir;
   const std::string cluster = "--cluster " + loopbackCluster(dir.path, std::vector<int>{3, 1}, 1);

@@ -58,6 +58,7 @@ struct TrainFlags {
   std::string partitions;  // "": one per server; "auto": searched; else a count
   int64_t partitionSearchSteps = 100;
   int64_t partitionSample = 0;  // set by the search's launcher: this run is one sample of that many steps
+  int64_t sparsityBatches = 4;
   std::string sync = "bsp";
   std::string slowWorker;  // "RANK:FACTOR"
   double timeout = 60;
@@ -197,6 +198,9 @@ class Trainer {
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
     config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
+    if (config.architecture == dist::Architecture::Auto && sync->synchronous() && flags_.stages == 1 &&
+        resources.hosts().size() > 1 && device.type == DeviceType::CPU)
+      config.sparsity = measureSparsity(static_cast<int>(resources.workers().size()));
     runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here
     if (runner_->served()) return runner_->serverStatus();
     session_ = &runner_->session();
@@ -244,6 +248,7 @@ class Trainer {
                                           : "",
                  out);
     }
+    if (leader_ && !runner_->sparsityChoices().empty()) reportSparsity(*metrics);
     Progress progress(steps_, step);
     double lossSum = 0, items = 0;
     int64_t lossCount = 0;
@@ -453,6 +458,32 @@ class Trainer {
     }
     WEFT_CHECK(!found.is_null(), "{} holds no '{}' record: the job did not write one", path, key);
     return found;
+  }
+
+  /// The sparse gradients of the first --sparsity-batches batches, every worker's part of each,
+  /// measured the same way in every process of the job (the data stream is then rewound).
+  std::map<std::string, double> measureSparsity(int workers) {
+    data::BatchSource& source = model_->trainData();
+    std::vector<FeedMap> feeds;
+    for (int64_t b = 0; b < std::min(flags_.sparsityBatches, source.batchesPerEpoch()); ++b) {
+      const data::Batch batch = source.next();
+      for (int r = 0; r < workers; ++r) feeds.push_back(models::feedsFor(graph_, model_->shard(batch, r, workers)));
+    }
+    source.seek(0);
+    return dist::measureSparsity(graph_, feeds);
+  }
+
+  /// How each measured sparse variable is synchronised: printed, and a "sparsity" metrics record.
+  void reportSparsity(MetricsLog& metrics) const {
+    nlohmann::json record = nlohmann::json::array();
+    for (const dist::SparsityChoice& c : runner_->sparsityChoices()) {
+      fmt::print("{}\n", c.describe());
+      record.push_back({{"variable", c.variable}, {"alpha", c.alpha},
+                        {"machines", c.machines}, {"servers_bytes", c.bytes.servers},
+                        {"allreduce_bytes", c.bytes.allReduce}, {"synchronised_by", c.allReduce ? "allreduce" : "servers"}});
+    }
+    std::fflush(stdout);
+    metrics.write({{"sparsity", record}});
   }
 
   /// This worker's part of a total batch (the batch itself when the data gives only the part).
@@ -741,6 +772,11 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   // The search's launcher runs each sample with this; not for users.
   cmd.add_option("--partition-sample", f.partitionSample)->group("")->check(CLI::PositiveNumber);
+  cmd.add_option("--sparsity-batches", f.sparsityBatches,
+                 "under --arch auto on several machines: batches whose sparse gradients are measured before training, "
+                 "so that a sparse variable that a dense AllReduce moves in fewer bytes than the servers is summed by "
+                 "AllReduce (0: every sparse variable on the servers)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd.add_option("--sync", f.sync,
                  "how the parameter servers synchronise the workers: bsp (every step together), asp (every push "
                  "applied as it comes), ssp:S (at most S steps ahead of the slowest worker) or dssp:SL:SU (SL, and up to "
