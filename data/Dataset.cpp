@@ -120,11 +120,14 @@ Example Dataset::example(size_t i) const {
 }
 
 int64_t Dataset::length(size_t i, const std::string& field) const {
+  WEFT_CHECK(i < size(), "example {} of a dataset of {} examples", i, size());
   if (generator_ && generator_->length) return generator_->length(i, field);
-  const Example& example = generator_ ? this->example(i) : (*this)[i];
-  const auto it = example.find(field);
-  WEFT_CHECK(it != example.end(), "example {} has no field '{}'", i, field);
-  return it->second.numel();
+  const auto numel = [&](const Example& example) {
+    const auto it = example.find(field);
+    WEFT_CHECK(it != example.end(), "example {} has no field '{}'", i, field);
+    return it->second.numel();
+  };
+  return generator_ ? numel(generator_->make(i)) : numel((*this)[i]);
 }
 
 Dataset Dataset::held() const {

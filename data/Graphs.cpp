@@ -512,8 +512,11 @@ Batch GraphBatcher::next() {
   if (countNodes_) {
     // The whole batch's nodes per part, as sliceGraphs' callers normalise a part's loss.
     double nodes = 0;
-    for (size_t i = begin; i < begin + static_cast<size_t>(batchSize_); ++i)
-      nodes += static_cast<double>(graphs_.example(order[i]).at("features").shape()[0]);
+    for (size_t i = begin; i < begin + static_cast<size_t>(batchSize_); ++i) {
+      const size_t g = order[i];
+      nodes += static_cast<double>(graphs_.isGenerated() ? graphs_.example(g).at("features").shape()[0]
+                                                         : graphs_[g].at("features").shape()[0]);
+    }
     batch["node_count"] = Tensor::scalar(f32, nodes / static_cast<double>(parts_));
   }
   return batch;

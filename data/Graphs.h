@@ -99,7 +99,7 @@ class GraphBatcher : public BatchSource {
   GraphBatcher(Dataset graphs, int64_t batchSize, uint64_t seed, bool shuffle = true, bool countNodes = false);
 
   /// From now on each batch is part `index` of `count` of the batch it would be, as sliceGraphs
-  /// cuts it, and only that part's graphs are read; "node_count" is the whole batch's nodes
+  /// cuts it, and only that part's graphs are collated; "node_count" is the whole batch's nodes
   /// divided by `count`. Throws when the batch size is not a multiple of `count`.
   bool readPart(int64_t index, int64_t count) override;
   Batch next() override;

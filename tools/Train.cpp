@@ -198,9 +198,12 @@ class Trainer {
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
     config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
+    // Every process of the job (servers too) decides alike: from the specification, not its own device.
+    const std::vector<dist::WorkerSlot> slots = resources.workers();
+    const bool cpuWorkers = std::all_of(slots.begin(), slots.end(), [](const dist::WorkerSlot& w) { return w.device == "cpu"; });
     if (config.architecture == dist::Architecture::Auto && sync->synchronous() && flags_.stages == 1 &&
-        resources.hosts().size() > 1 && device.type == DeviceType::CPU)
-      config.sparsity = measureSparsity(static_cast<int>(resources.workers().size()));
+        resources.hosts().size() > 1 && cpuWorkers)
+      config.sparsity = measureSparsity(static_cast<int>(slots.size()));
     runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here
     if (runner_->served()) return runner_->serverStatus();
     session_ = &runner_->session();
