@@ -1,6 +1,7 @@
 #include "models/Mlp.h"
 
 #include "data/GaussianMixture.h"
+#include "data/Mnist.h"
 
 #include <string>
 
@@ -49,21 +50,33 @@ class MlpZooModel : public ZooModel {
   std::vector<ModelOption> options() override {
     return {{"hidden-width", "width of each of the two hidden layers", &width_},
             {"dropout", "dropout rate after each hidden layer", &config_.dropout},
-            {"train-size", "generated training examples", &trainSize_},
-            {"test-size", "generated held-out examples", &testSize_}};
+            {"train-size", "generated training examples (without --data)", &trainSize_},
+            {"test-size", "generated held-out examples (without --data)", &testSize_}};
   }
 
   void build(Graph& g, const CommonOptions& common) override {
-    WEFT_CHECK(common.data.empty(), "mlp trains on its built-in generated task only; --data is not supported");
     WEFT_CHECK(common.dtype == "f32" || common.dtype == "f64", "mlp: dtype '{}' is not f32 or f64", common.dtype);
+    data::Dataset train;
+    if (common.data.empty()) {
+      train = mixtureDataset(task_, trainSize_, common.seed * 2 + 100);
+      test_ = mixtureDataset(task_, testSize_, common.seed * 2 + 101);
+    } else {
+      train = data::loadMnistSplit(common.data, true);
+      test_ = data::loadMnistSplit(common.data, false);
+      WEFT_CHECK(train.size() > 0 && test_.size() > 0, "mlp: MNIST in '{}' has {} training and {} test images; both "
+                 "are needed", common.data, train.size(), test_.size());
+      config_.inputs = train[0].at("features").numel();
+      WEFT_CHECK(test_[0].at("features").numel() == config_.inputs, "mlp: MNIST in '{}': training images of {} "
+                 "pixels, test images of {}", common.data, config_.inputs, test_[0].at("features").numel());
+      config_.classes = 10;
+    }
     config_.hidden = {width_, width_};
     config_.seed = common.seed;
     config_.dtype = common.dtype == "f64" ? f64 : f32;
     model_ = buildMlp(g, config_);
     const int64_t batch = common.batchSize > 0 ? common.batchSize : 128;
-    data::BatchOptions train{batch, true, common.seed, {}, 0, 0, {}};
-    train_ = std::make_unique<data::Batcher>(mixtureDataset(task_, trainSize_, common.seed * 2 + 100), train);
-    test_ = mixtureDataset(task_, testSize_, common.seed * 2 + 101);
+    data::BatchOptions batching{batch, true, common.seed, {}, 0, 0, {}};
+    train_ = std::make_unique<data::Batcher>(std::move(train), batching);
   }
   Output loss() const override { return model_.loss; }
   data::BatchSource& trainData() override { return *train_; }

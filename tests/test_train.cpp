@@ -141,6 +141,39 @@ TEST_CASE("--epochs trains for whole passes over the training data") {
   CHECK(weftCli("train mlp --epochs 2 --steps 5").status != 0);
 }
 
+TEST_CASE("the MLP trains on MNIST's IDX files with --data and learns them") {
+  // 4x4 images whose one lit pixel is the label's: learnable in a few dozen steps.
+  auto idx = [](uint32_t magic, std::vector<uint32_t> dims, const std::string& body) {
+    std::string out;
+    dims.insert(dims.begin(), magic);
+    for (const uint32_t v : dims)
+      for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
+    return out + body;
+  };
+  auto write = [&](const fs::path& dir, const std::string& split, uint32_t count) {
+    std::string pixels, labels;
+    for (uint32_t i = 0; i < count; ++i) {
+      std::string image(16, '\0');
+      image[i % 10] = static_cast<char>(255);
+      pixels += image;
+      labels.push_back(static_cast<char>(i % 10));
+    }
+    std::ofstream(dir / (split + "-images-idx3-ubyte"), std::ios::binary) << idx(0x803, {count, 4, 4}, pixels);
+    std::ofstream(dir / (split + "-labels-idx1-ubyte"), std::ios::binary) << idx(0x801, {count}, labels);
+  };
+  TempDir dir;
+  write(dir.path, "train", 200);
+  write(dir.path, "t10k", 50);
+  const CliRun r = weftCli("train mlp --data " + dir.path.string() + " --hidden-width 16 --batch 20 --steps 60 --lr 0.02 --out " +
+                           (dir.path / "out").string());
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output, "accuracy 1.0000"));
+  std::ofstream(dir.path / "t10k-labels-idx1-ubyte", std::ios::binary) << idx(0x801, {49}, std::string(49, '\1'));
+  const CliRun bad = weftCli("train mlp --data " + dir.path.string() + " --steps 1 --out " + (dir.path / "bad").string());
+  CHECK(bad.status != 0);
+  CHECK(contains(bad.output, "disagree: 50 images, 49 labels"));
+}
+
 TEST_CASE("a resumed language model continues its sampled candidates exactly") {
   TempDir dir;
   const std::string common = "train lm --vocab 500 --classes 8 --train-sentences 2000 --heldout-sentences 50 --embed 16 "
