@@ -103,36 +103,55 @@ Dataset syntheticImages(const SyntheticImagesSpec& spec, int64_t n, uint64_t sam
   return Dataset::generated(std::move(g));
 }
 
-Dataset loadCifar10(const std::vector<std::string>& files, const ChannelStats& stats) {
-  constexpr size_t kPixels = 3 * 32 * 32, kRecord = kCifar10RecordBytes;
+namespace {
+
+/// A CIFAR binary format: its name in messages, the label bytes before each image, which of them
+/// is the label, and the classes.
+struct CifarLayout {
+  const char* name;
+  size_t labelBytes;
+  size_t labelIndex;
+  int classes;
+};
+
+Dataset loadCifarRecords(const std::vector<std::string>& files, const CifarLayout& layout, const ChannelStats& stats) {
+  constexpr size_t kPixels = 3 * 32 * 32;
+  const size_t recordBytes = layout.labelBytes + kPixels;
   std::vector<Example> examples;
-  std::vector<uint8_t> buffer(kRecord);
+  std::vector<uint8_t> buffer(recordBytes);
   for (const std::string& file : files) {
-    InputFile in(file, "CIFAR-10 file", kMaxCifar10Records * kRecord);
+    InputFile in(file, std::string(layout.name) + " file", kMaxCifar10Records * recordBytes);
     const std::string& name = in.name();
     const uint64_t size = in.size();
-    WEFT_CHECK(size % kRecord == 0,
-               "CIFAR-10 file '{}': truncated record {} at byte offset {} ({} of {} bytes; file size {})", name,
-               size / kRecord, size / kRecord * kRecord, size % kRecord, kRecord, size);
-    WEFT_CHECK(size > 0, "CIFAR-10 file '{}' is empty", name);
+    WEFT_CHECK(size % recordBytes == 0,
+               "{} file '{}': truncated record {} at byte offset {} ({} of {} bytes; file size {})", layout.name, name,
+               size / recordBytes, size / recordBytes * recordBytes, size % recordBytes, recordBytes, size);
+    WEFT_CHECK(size > 0, "{} file '{}' is empty", layout.name, name);
     // Record by record, never more than the size checked at open, however the file changes.
-    for (size_t r = 0; r < size / kRecord; ++r) {
+    for (size_t r = 0; r < size / recordBytes; ++r) {
       const size_t got = in.read(buffer);
-      WEFT_CHECK(got == kRecord, "CIFAR-10 file '{}': record {} at byte offset {} ends after {} of {} bytes", name, r,
-                 r * kRecord, got, kRecord);
+      WEFT_CHECK(got == recordBytes, "{} file '{}': record {} at byte offset {} ends after {} of {} bytes", layout.name,
+                 name, r, r * recordBytes, got, recordBytes);
       const unsigned char* record = buffer.data();
-      WEFT_CHECK(record[0] <= 9, "CIFAR-10 file '{}': record {} (byte offset {}) has label {}, expected 0..9", name, r,
-                 r * kRecord, static_cast<int>(record[0]));
+      const int label = record[layout.labelIndex];
+      WEFT_CHECK(label < layout.classes, "{} file '{}': record {} (byte offset {}) has label {}, expected 0..{}",
+                 layout.name, name, r, r * recordBytes, label, layout.classes - 1);
       Tensor image(f32, {3, 32, 32});
       float* out = image.data<float>();
       for (size_t k = 0; k < kPixels; ++k) {
         const size_t c = k / 1024;
-        out[k] = (static_cast<float>(record[1 + k]) / 255.0f - stats.mean[c]) / stats.std[c];
+        out[k] = (static_cast<float>(record[layout.labelBytes + k]) / 255.0f - stats.mean[c]) / stats.std[c];
       }
-      examples.push_back({{"images", std::move(image)}, {"labels", Tensor::scalar(i64, record[0])}});
+      examples.push_back({{"images", std::move(image)}, {"labels", Tensor::scalar(i64, label)}});
     }
   }
   return Dataset(std::move(examples));
+}
+
+}  // namespace
+
+Dataset loadCifar10(const std::vector<std::string>& files, const ChannelStats& stats) {
+  return loadCifarRecords(files, {"CIFAR-10", 1, 0, 10}, stats);
 }
 
 Dataset loadCifar10Split(const std::string& directory, bool train, const ChannelStats& stats) {
@@ -144,6 +163,15 @@ Dataset loadCifar10Split(const std::string& directory, bool train, const Channel
     files.push_back((dir / "test_batch.bin").string());
   }
   return loadCifar10(files, stats);
+}
+
+Dataset loadCifar100(const std::vector<std::string>& files, Cifar100Labels labels, const ChannelStats& stats) {
+  const bool fine = labels == Cifar100Labels::Fine;
+  return loadCifarRecords(files, {"CIFAR-100", 2, fine ? size_t{1} : size_t{0}, fine ? 100 : 20}, stats);
+}
+
+Dataset loadCifar100Split(const std::string& directory, bool train, Cifar100Labels labels, const ChannelStats& stats) {
+  return loadCifar100({(std::filesystem::path(directory) / (train ? "train.bin" : "test.bin")).string()}, labels, stats);
 }
 
 }  // namespace weft::data

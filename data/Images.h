@@ -1,6 +1,6 @@
 // Image classification data: a seeded generator of 32x32 colour images in 10 classes that need
-// spatial features to tell apart, and a loader for the CIFAR-10 binary batches. Both give
-// examples {"images": f32 (3, H, W), "labels": i64 scalar}.
+// spatial features to tell apart, and loaders for the CIFAR-10 and CIFAR-100 binary files. All
+// give examples {"images": f32 (3, H, W), "labels": i64 scalar}.
 #pragma once
 
 #include "data/Dataset.h"
@@ -43,7 +43,8 @@ inline constexpr ChannelStats kCifar10Stats{{0.4914f, 0.4822f, 0.4465f}, {0.2470
 
 /// A CIFAR-10 record: 1 label byte and 3072 pixel bytes.
 inline constexpr size_t kCifar10RecordBytes = 1 + 3 * 32 * 32;
-/// The most records one file may hold (the whole data set, 60000 images, in one file).
+/// The most records one file may hold (the whole data set, 60000 images, in one file; CIFAR-100
+/// too).
 inline constexpr uint64_t kMaxCifar10Records = 60000;
 
 /// Loads CIFAR-10 binary batches (records of 1 label byte and 3072 pixel bytes: the R, G and B
@@ -55,5 +56,22 @@ Dataset loadCifar10(const std::vector<std::string>& files, const ChannelStats& s
 
 /// data_batch_1..5.bin (train) or test_batch.bin (held-out) from a CIFAR-10 binary directory.
 Dataset loadCifar10Split(const std::string& directory, bool train, const ChannelStats& stats = kCifar10Stats);
+
+/// The CIFAR-100 training set's statistics.
+inline constexpr ChannelStats kCifar100Stats{{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
+/// A CIFAR-100 record: a coarse label byte (0..19), a fine label byte (0..99), 3072 pixel bytes.
+inline constexpr size_t kCifar100RecordBytes = 2 + 3 * 32 * 32;
+/// Which of a CIFAR-100 record's labels the examples carry.
+enum class Cifar100Labels { Fine, Coarse };
+
+/// Loads CIFAR-100 binary files (train.bin, test.bin) like loadCifar10, with the fine (100
+/// classes) or coarse (20 superclasses) label; a label out of its range is an error naming the
+/// file and the record.
+Dataset loadCifar100(const std::vector<std::string>& files, Cifar100Labels labels = Cifar100Labels::Fine,
+                     const ChannelStats& stats = kCifar100Stats);
+
+/// train.bin (train) or test.bin (held-out) from a CIFAR-100 binary directory.
+Dataset loadCifar100Split(const std::string& directory, bool train, Cifar100Labels labels = Cifar100Labels::Fine,
+                          const ChannelStats& stats = kCifar100Stats);
 
 }  // namespace weft::data

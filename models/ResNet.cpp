@@ -2,6 +2,7 @@
 #include "models/ResNet.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 
 namespace weft::models {
@@ -134,10 +135,11 @@ std::vector<ModelOption> ResNetModel::options() {
   return {
       {"depth", "6n+2 (CIFAR layout: 20, 56, ...) or 50 (ImageNet layout)", &config_.depth},
       {"width", "channels of the first stage (0: 16, or 64 for depth 50)", &config_.width},
-      {"image-size", "side of the synthetic images, in pixels (CIFAR-10 files: 32)", &imageSize_},
+      {"image-size", "side of the synthetic images, in pixels (CIFAR files: 32)", &imageSize_},
       {"train-images", "synthetic training images", &trainImages_},
       {"test-images", "synthetic held-out images", &testImages_},
       {"eval-batch", "batch size of evaluation", &evalBatch_},
+      {"cifar100-labels", "with CIFAR-100 as --data: fine (100 classes) or coarse (20 superclasses)", &cifar100Labels_},
   };
 }
 
@@ -166,10 +168,20 @@ void ResNetModel::build(Graph& g, const CommonOptions& common) {
     train = data::syntheticImages(spec, trainImages_, common.seed * 2 + 100);
     test_ = data::syntheticImages(spec, testImages_, common.seed * 2 + 101).held();  // read at every evaluation
   } else {
-    WEFT_CHECK(imageSize_ == 32, "resnet: CIFAR-10 images are 32 pixels wide, not the {} of --image-size", imageSize_);
-    config_.classes = 10;
-    train = data::loadCifar10Split(common.data, true);
-    test_ = data::loadCifar10Split(common.data, false);
+    WEFT_CHECK(imageSize_ == 32, "resnet: CIFAR images are 32 pixels wide, not the {} of --image-size", imageSize_);
+    WEFT_CHECK(cifar100Labels_ == "fine" || cifar100Labels_ == "coarse", "resnet: --cifar100-labels is fine or coarse, not '{}'",
+               cifar100Labels_);
+    // CIFAR-100's directory holds train.bin and test.bin; CIFAR-10's data_batch_1..5.bin and test_batch.bin.
+    if (std::filesystem::exists(std::filesystem::path(common.data) / "train.bin")) {
+      const auto labels = cifar100Labels_ == "fine" ? data::Cifar100Labels::Fine : data::Cifar100Labels::Coarse;
+      config_.classes = labels == data::Cifar100Labels::Fine ? 100 : 20;
+      train = data::loadCifar100Split(common.data, true, labels);
+      test_ = data::loadCifar100Split(common.data, false, labels);
+    } else {
+      config_.classes = 10;
+      train = data::loadCifar10Split(common.data, true);
+      test_ = data::loadCifar10Split(common.data, false);
+    }
   }
   WEFT_CHECK(train.size() >= static_cast<size_t>(batchSize_), "resnet: {} training images are fewer than a batch of {}",
              train.size(), batchSize_);

@@ -9,6 +9,7 @@
 #include "nn/Layers.h"
 
 #include <memory>
+#include <string>
 
 namespace weft::models {
 
@@ -59,6 +60,7 @@ class ResNetModel : public ZooModel {
   int64_t trainImages_ = 40000;  // synthetic task only
   int64_t testImages_ = 2000;
   int64_t evalBatch_ = 250;
+  std::string cifar100Labels_ = "fine";
   ResNetNet net_;
   data::Dataset test_;
   std::unique_ptr<data::Batcher> train_;

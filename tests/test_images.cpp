@@ -123,6 +123,40 @@ TEST_CASE("CIFAR-10 batches load labels and normalised R, G, B planes in file or
   }
 }
 
+TEST_CASE("CIFAR-100 records give the fine or the coarse label, and normalised planes after both") {
+  TempDir dir;
+  // A CIFAR-100 record is a coarse label byte, then a CIFAR-10-like record whose label is the fine one.
+  auto record100 = [](unsigned char coarse, unsigned char fine, int seed) {
+    std::vector<unsigned char> r = record(fine, seed);
+    r.insert(r.begin(), coarse);
+    return r;
+  };
+  writeFile(dir.file("train.bin"), {record100(19, 99, 0), record100(4, 37, 5)});
+  const data::ChannelStats stats{{0.5f, 0.25f, 0.0f}, {0.5f, 0.25f, 1.0f}};
+  const data::Dataset fine = data::loadCifar100({dir.file("train.bin")}, data::Cifar100Labels::Fine, stats);
+  const data::Dataset coarse = data::loadCifar100Split(dir.path.string(), true, data::Cifar100Labels::Coarse);
+  REQUIRE(fine.size() == 2);
+  CHECK(fine[0].at("labels").item() == 99);
+  CHECK(fine[1].at("labels").item() == 37);
+  CHECK(coarse[0].at("labels").item() == 19);
+  CHECK(coarse[1].at("labels").item() == 4);
+  const Tensor& image = fine[1].at("images");
+  for (int64_t k : {0, 1024 + 31, 2048 + 1023}) {
+    const int64_t c = k / 1024;
+    const double pixel = static_cast<double>((k + 5) % 256) / 255;
+    CHECK(image.at(k) == doctest::Approx((pixel - stats.mean[c]) / stats.std[c]).epsilon(1e-5));
+  }
+  writeFile(dir.file("bad-fine.bin"), {record100(1, 100, 0)});
+  CHECK(contains(errorOf([&] { data::loadCifar100({dir.file("bad-fine.bin")}); }),
+                 "record 0 (byte offset 0) has label 100, expected 0..99"));
+  writeFile(dir.file("bad-coarse.bin"), {record100(0, 1, 0), record100(20, 1, 0)});
+  CHECK(contains(errorOf([&] { data::loadCifar100({dir.file("bad-coarse.bin")}, data::Cifar100Labels::Coarse); }),
+                 "CIFAR-100 file '" + dir.file("bad-coarse.bin") + "': record 1 (byte offset 3074) has label 20, expected 0..19"));
+  writeFile(dir.file("short.bin"), {record100(0, 1, 0)}, 1);
+  CHECK(contains(errorOf([&] { data::loadCifar100({dir.file("short.bin")}); }), "truncated record 0"));
+  CHECK(contains(errorOf([&] { data::loadCifar100Split(dir.path.string(), false); }), "test.bin"));
+}
+
 TEST_CASE("CIFAR-10 splits name data_batch_1..5 and test_batch") {
   TempDir dir;
   for (int k = 1; k <= 5; ++k) writeFile(dir.file("data_batch_" + std::to_string(k) + ".bin"), {record(k, k)});

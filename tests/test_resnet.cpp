@@ -205,6 +205,43 @@ TEST_CASE("the resnet zoo model reports a missing CIFAR-10 directory by file") {
   CHECK(contains(errorOf([&] { model->build(g, common); }), "data_batch_1.bin"));
 }
 
+TEST_CASE("the resnet zoo model takes a CIFAR-100 directory with 100 fine or 20 coarse classes") {
+  TempDir dir;
+  auto write = [&](const std::string& name, int records) {
+    std::string bytes;
+    for (int r = 0; r < records; ++r) {
+      bytes.push_back(static_cast<char>(r % 20));  // coarse
+      bytes.push_back(static_cast<char>(r % 100)); // fine
+      bytes.append(3072, static_cast<char>(r));
+    }
+    dir.write(name, bytes);
+  };
+  write("train.bin", 8);
+  write("test.bin", 4);
+  for (const char* labels : {"fine", "coarse"}) {
+    CAPTURE(labels);
+    std::unique_ptr<models::ZooModel> model = models::makeResNetModel();
+    for (const models::ModelOption& o : model->options()) {
+      if (o.name == "depth") *std::get<int64_t*>(o.target) = 8;
+      if (o.name == "cifar100-labels") *std::get<std::string*>(o.target) = labels;
+    }
+    Graph g;
+    models::CommonOptions common;
+    common.batchSize = 4;
+    common.data = dir.path.string();
+    model->build(g, common);
+    CHECK(g.find("fc/weight")->output().shape()[1] == (std::string(labels) == "fine" ? 100 : 20));
+    CHECK(model->trainData().next().at("labels").shape() == Shape{4});
+  }
+  std::unique_ptr<models::ZooModel> model = models::makeResNetModel();
+  for (const models::ModelOption& o : model->options())
+    if (o.name == "cifar100-labels") *std::get<std::string*>(o.target) = "medium";
+  Graph g;
+  models::CommonOptions common;
+  common.data = dir.path.string();
+  CHECK(contains(errorOf([&] { model->build(g, common); }), "--cifar100-labels is fine or coarse, not 'medium'"));
+}
+
 TEST_CASE("the resnet zoo model draws synthetic images of the size asked, and refuses it for CIFAR-10") {
   auto withSize = [](int64_t size) {
     std::unique_ptr<models::ZooModel> model = models::makeResNetModel();
