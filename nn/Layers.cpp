@@ -30,15 +30,18 @@ Output Linear::operator()(Output x) const {
   return bias.valid() ? y + bias : y;
 }
 
-Embedding::Embedding(Graph& g, const std::string& layerName, int64_t vocab, int64_t dim, DType dtype)
-    : name(layerName) {
+Embedding::Embedding(Graph& g, const std::string& layerName, int64_t vocab, int64_t dim, DType dtype,
+                     EmbeddingGradient gradientKind)
+    : name(layerName), gradient(gradientKind) {
   auto scope = g.scope(name);
   table = g.variable("table", dtype, {vocab, dim}, Initializer::normal(0, 1.0 / std::sqrt(static_cast<double>(dim))));
 }
 
 Output Embedding::operator()(Output ids) const {
   auto scope = ids.graph().scope(name);
-  return gather(table, ids);
+  // Through an Identity the rows' gradient reaches the table summed into a dense one: autodiff
+  // keeps a gradient sparse only where it meets a variable.
+  return gather(gradient == EmbeddingGradient::Dense ? identity(table) : table, ids);
 }
 
 LSTM::LSTM(Graph& g, const std::string& layerName, int64_t in, int64_t hiddenSize, DType dtype)

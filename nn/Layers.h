@@ -21,14 +21,22 @@ class Linear {
   Output weight, bias;  // bias is invalid when disabled
 };
 
-/// Rows of a (vocab, dim) table, N(0, 1/sqrt(dim))-initialised; its gradient is sparse.
+/// How an Embedding's table gets its gradient.
+enum class EmbeddingGradient {
+  Sparse,  ///< the looked-up rows (lazy optimizers update only those; servers take only those)
+  Dense,   ///< the whole table, zero where nothing was looked up (every row updated, as PyTorch's default)
+};
+
+/// Rows of a (vocab, dim) table, N(0, 1/sqrt(dim))-initialised.
 class Embedding {
  public:
-  Embedding(Graph& g, const std::string& name, int64_t vocab, int64_t dim, DType dtype = f32);
+  Embedding(Graph& g, const std::string& name, int64_t vocab, int64_t dim, DType dtype = f32,
+            EmbeddingGradient gradient = EmbeddingGradient::Sparse);
   Output operator()(Output ids) const;
 
   std::string name;
   Output table;
+  EmbeddingGradient gradient;
 };
 
 /// A whole-sequence LSTM over x (T, B, in); zero initial state when h0/c0 are not given. The
