@@ -44,12 +44,18 @@ Output Embedding::operator()(Output ids) const {
   return gather(gradient == EmbeddingGradient::Dense ? identity(table) : table, ids);
 }
 
-LSTM::LSTM(Graph& g, const std::string& layerName, int64_t in, int64_t hiddenSize, DType dtype)
-    : name(layerName), hidden(hiddenSize) {
+LSTM::LSTM(Graph& g, const std::string& layerName, int64_t in, int64_t hiddenSize, DType dtype, LSTMOptions lstmOptions)
+    : name(layerName), hidden(hiddenSize), options(lstmOptions) {
   auto scope = g.scope(name);
   const double limit = 1.0 / std::sqrt(static_cast<double>(hidden));
   wx = g.variable("wx", dtype, {in, 4 * hidden}, Initializer::uniform(-limit, limit));
   wh = g.variable("wh", dtype, {hidden, 4 * hidden}, Initializer::uniform(-limit, limit));
+  if (options.twoBiases) {
+    bih = g.variable("bias_ih", dtype, {4 * hidden}, Initializer::uniform(-limit, limit));
+    bhh = g.variable("bias_hh", dtype, {4 * hidden}, Initializer::uniform(-limit, limit));
+    b = bih + bhh;
+    return;
+  }
   Tensor bias = Tensor::zeros(dtype, {4 * hidden});
   for (int64_t j = hidden; j < 2 * hidden; ++j) {
     if (dtype == f32) bias.data<float>()[j] = 1;
@@ -60,6 +66,7 @@ LSTM::LSTM(Graph& g, const std::string& layerName, int64_t in, int64_t hiddenSiz
 
 LstmOutputs LSTM::operator()(Output x, Output h0, Output c0) const {
   auto scope = x.graph().scope(name);
+  if (options.batchFirst) x = transpose(x, {1, 0, 2});
   if (!h0.valid() || !c0.valid()) {
     // Zeros of (B, hidden), with B known only at run time: (B, 1) zeros + (1, hidden) zeros.
     Output first = reshape(slice(x, {0, 0, 0}, {1, -1, -1}), {-1, x.shape()[2]});
@@ -68,7 +75,9 @@ LstmOutputs LSTM::operator()(Output x, Output h0, Output c0) const {
     if (!h0.valid()) h0 = zeros;
     if (!c0.valid()) c0 = zeros;
   }
-  return lstm(x, h0, c0, wx, wh, b);
+  LstmOutputs out = lstm(x, h0, c0, wx, wh, b);
+  if (options.batchFirst) out.y = transpose(out.y, {1, 0, 2});
+  return out;
 }
 
 GRUCell::GRUCell(Graph& g, const std::string& layerName, int64_t in, int64_t hidden, DType dtype) : name(layerName) {

@@ -39,16 +39,30 @@ class Embedding {
   EmbeddingGradient gradient;
 };
 
-/// A whole-sequence LSTM over x (T, B, in); zero initial state when h0/c0 are not given. The
-/// forget-gate bias starts at 1.
+/// How an LSTM lays out its input and its biases.
+struct LSTMOptions {
+  /// x (B, T, in) and y (B, T, hidden) instead of time-major (T, B, ...).
+  bool batchFirst = false;
+  /// Two bias vectors, "bias_ih" and "bias_hh", summed (PyTorch's layout, so that its weights can
+  /// be loaded), each uniform in +-1/sqrt(hidden) as PyTorch draws them; otherwise one "bias"
+  /// whose forget-gate part starts at 1.
+  bool twoBiases = false;
+};
+
+/// A whole-sequence LSTM; zero initial state when h0/c0 are not given. Gate order i, f, g, o
+/// (PyTorch's): wx (in, 4 hidden) and wh (hidden, 4 hidden) are PyTorch's weight_ih and
+/// weight_hh transposed.
 class LSTM {
  public:
-  LSTM(Graph& g, const std::string& name, int64_t in, int64_t hidden, DType dtype = f32);
+  LSTM(Graph& g, const std::string& name, int64_t in, int64_t hidden, DType dtype = f32, LSTMOptions options = {});
   LstmOutputs operator()(Output x, Output h0 = {}, Output c0 = {}) const;
 
   std::string name;
-  Output wx, wh, b;
+  Output wx, wh;
+  Output b;         ///< the bias the gates add: the "bias" variable, or bias_ih + bias_hh
+  Output bih, bhh;  ///< the two bias variables with twoBiases; invalid otherwise
   int64_t hidden;
+  LSTMOptions options;
 };
 
 /// One GRU step: h' = GRU(x (B, in), h (B, hidden)).

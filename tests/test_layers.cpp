@@ -1,5 +1,6 @@
-// nn::Embedding's gradient: sparse rows by default, or the dense table gradient on request,
-// recorded as such in the graph's gradient links (which decide lazy updates and the servers).
+// Layer options of nn/Layers.h: Embedding's gradient, sparse rows by default or the dense table
+// gradient on request (recorded as such in the gradient links, which decide lazy updates and the
+// servers); LSTM's batch-first layout and PyTorch's two biases.
 #include "tests/TestUtil.h"
 
 #include "autodiff/Gradients.h"
@@ -7,7 +8,10 @@
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
 
+#include <cmath>
+
 using namespace weft;
+using weft::testing::randomTensor;
 
 namespace {
 
@@ -59,4 +63,49 @@ TEST_CASE("with a dense gradient Adam keeps moving rows the batch did not look u
     CHECK(afterSecond[4] != afterFirst[4]);  // row 2 moves either way
     CHECK(afterSecond[0] == afterFirst[0]);  // row 0 never looked up, never moved
   }
+}
+
+TEST_CASE("a batch-first LSTM gives the time-major LSTM's outputs, transposed") {
+  const Tensor x = randomTensor(f64, {2, 5, 3}, 11);  // (B, T, in)
+  auto run = [&](bool batchFirst) {
+    Graph g;  // the same seed and names: the same initial weights
+    nn::LSTM lstm(g, "lstm", 3, 4, f64, {.batchFirst = batchFirst});
+    const Output given = g.constant(x);
+    const LstmOutputs out = lstm(batchFirst ? given : transpose(given, {1, 0, 2}));
+    Session s(g);
+    return s.run({batchFirst ? out.y : transpose(out.y, {1, 0, 2}), out.hLast});
+  };
+  const std::vector<Tensor> first = run(true), major = run(false);
+  CHECK(first[0].shape() == Shape{2, 5, 4});
+  CHECK(first[0].toDoubles() == major[0].toDoubles());
+  CHECK(first[1].toDoubles() == major[1].toDoubles());
+}
+
+TEST_CASE("an LSTM with two biases adds them, each drawn as PyTorch draws it, and each gets the bias gradient") {
+  Graph g;
+  nn::LSTM lstm(g, "lstm", 3, 4, f64, {.twoBiases = true});
+  REQUIRE(lstm.bih.valid());
+  CHECK(lstm.bih.node()->name == "lstm/bias_ih");
+  CHECK(lstm.bhh.node()->name == "lstm/bias_hh");
+  const Output x = g.constant(randomTensor(f64, {5, 2, 3}, 3));
+  const Output y = lstm(x).y;
+  const Output loss = sum(square(y));
+  const std::vector<Grad> grads = gradients(loss, {lstm.bih, lstm.bhh});
+  Session s(g);
+  const std::vector<Tensor> got = s.run({lstm.bih, lstm.bhh, y, toDense(grads[0]), toDense(grads[1])});
+  const double limit = 1 / std::sqrt(4.0);
+  for (const Tensor& bias : {got[0], got[1]})
+    for (const double v : bias.toDoubles()) CHECK((v >= -limit && v <= limit));
+  CHECK(got[0].toDoubles() != got[1].toDoubles());
+  // The same LSTM op with their sum as its one bias gives the same outputs.
+  const Output summed = g.constant(Tensor::fromVector<double>(
+      [&] {
+        std::vector<double> b = got[0].toDoubles(), c = got[1].toDoubles();
+        for (size_t i = 0; i < b.size(); ++i) b[i] += c[i];
+        return b;
+      }(),
+      {16}));
+  const Output zeros = g.constant(Tensor::zeros(f64, {2, 4}));
+  CHECK(s.run({weft::lstm(x, zeros, zeros, lstm.wx, lstm.wh, summed).y})[0].toDoubles() == got[2].toDoubles());
+  CHECK(got[3].toDoubles() == got[4].toDoubles());
 }
