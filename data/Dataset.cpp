@@ -233,8 +233,9 @@ Batcher::Batcher(Dataset dataset, BatchOptions options) : dataset_(std::move(dat
   WEFT_CHECK(options_.batchSize > 0, "batch size must be positive, got {}", options_.batchSize);
   perEpoch_ = static_cast<int64_t>(dataset_.size()) / options_.batchSize;
   WEFT_CHECK(perEpoch_ > 0, "a dataset of {} examples holds no batch of {}", dataset_.size(), options_.batchSize);
+  const Example first = dataset_.example(0);  // made once, however many fields are padded
   for (const std::string& field : options_.padded) {
-    WEFT_CHECK(dataset_.example(0).count(field), "padded field '{}' is not a field of the examples", field);
+    WEFT_CHECK(first.count(field), "padded field '{}' is not a field of the examples", field);
   }
 }
 
