@@ -68,4 +68,29 @@ Tensor evaluate(Graph& graph, Output y, const FeedMap& feeds, int threads) {
   return s.run({y}, feeds)[0];
 }
 
+std::string compareDevices(const std::function<Computation(Graph&)>& build, const std::string& device, double tol) {
+  Graph onCpu, onDevice;
+  const Computation reference = build(onCpu);
+  Computation tested;
+  {
+    auto placed = onDevice.onDevice(device);
+    tested = build(onDevice);
+  }
+  if (tested.outputs.size() != reference.outputs.size())
+    return fmt::format("the builder made {} outputs on {} but {} on the CPU", tested.outputs.size(), device,
+                       reference.outputs.size());
+  Session cpuSession(onCpu), deviceSession(onDevice);
+  const std::vector<Tensor> want = cpuSession.run(reference.outputs, reference.feeds, reference.targets);
+  const std::vector<Tensor> got = deviceSession.run(tested.outputs, tested.feeds, tested.targets);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::string name = reference.outputs[i].name();
+    if (got[i].dtype() != want[i].dtype() || got[i].shape() != want[i].shape())
+      return fmt::format("output {} ({}): {} gives {}{}, the CPU {}{}", i, name, device, dtypeName(got[i].dtype()),
+                         got[i].shape().str(), dtypeName(want[i].dtype()), want[i].shape().str());
+    const std::string differs = compare(got[i], want[i].toDoubles(), tol);
+    if (!differs.empty()) return fmt::format("output {} ({}) on {}: {}", i, name, device, differs);
+  }
+  return "";
+}
+
 }  // namespace weft::testing

@@ -1,10 +1,12 @@
 // Helpers for testing ops one by one: seeded random inputs, tolerance by dtype, element-wise
-// comparison with a reference computed in double, and one-shot evaluation. Used by weft's own
-// tests and meant for users who add ops. Pair with checkGradients (autodiff/GradCheck.h).
+// comparison with a reference computed in double, one-shot evaluation, and the same computation
+// on two devices compared. Used by weft's own tests and meant for users who add ops. Pair with
+// checkGradients (autodiff/GradCheck.h).
 #pragma once
 
 #include "core/Session.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,5 +28,18 @@ std::string compare(const Tensor& actual, const std::vector<double>& expected, d
 
 /// Runs `y` once in a fresh session.
 Tensor evaluate(Graph& graph, Output y, const FeedMap& feeds = {}, int threads = 1);
+
+/// What a builder puts in a graph for compareDevices: the outputs to compare, their feeds, and
+/// targets to run in the same step (a training step, whose effect fetched variables show).
+struct Computation {
+  std::vector<Output> outputs;
+  FeedMap feeds;
+  std::vector<Node*> targets;
+};
+
+/// Builds the computation twice, on the CPU and under `graph.onDevice(device)` (e.g. "cuda:0"),
+/// runs each once and compares every output: dtype, shape, and values within `tol` as compare()
+/// judges them. "" when they agree, else the first output that differs and how.
+std::string compareDevices(const std::function<Computation(Graph&)>& build, const std::string& device, double tol);
 
 }  // namespace weft::testing

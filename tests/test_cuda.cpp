@@ -23,34 +23,11 @@ using testing::randomTensor;
 
 namespace {
 
-struct Computation {
-  std::vector<Output> outputs;
-  FeedMap feeds;
-  std::vector<Node*> targets;  // run too (a training step); fetched variables show its effect
-};
+using testing::Computation;
 using Build = std::function<Computation(Graph&)>;
 
 /// Builds the computation twice, on the CPU and on cuda:0, runs both and compares each output.
-void checkParity(const Build& build, double tol) {
-  Graph onCpu, onGpu;
-  const Computation c = build(onCpu);
-  Computation d;
-  {
-    auto placed = onGpu.onDevice("cuda:0");
-    d = build(onGpu);
-  }
-  Session cpuSession(onCpu), gpuSession(onGpu);
-  const std::vector<Tensor> want = cpuSession.run(c.outputs, c.feeds, c.targets);
-  const std::vector<Tensor> got = gpuSession.run(d.outputs, d.feeds, d.targets);
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    CAPTURE(i);
-    CHECK(got[i].device() == cpu());
-    CHECK(got[i].dtype() == want[i].dtype());
-    CHECK(got[i].shape() == want[i].shape());
-    CHECK_CLOSE(got[i], want[i].toDoubles(), tol);
-  }
-}
+void checkParity(const Build& build, double tol) { CHECK(testing::compareDevices(build, "cuda:0", tol) == ""); }
 
 /// A placeholder fed with seeded random values.
 Output input(Graph& g, FeedMap& feeds, const std::string& name, DType dtype, const Shape& shape, uint64_t seed,
