@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -146,6 +147,11 @@ Entry parseEntry(const std::string& path, const std::string& name, const nlohman
       known = true;
     }
   }
+  // The other safetensors dtypes make a valid file that weft cannot hold (PyTorch's bool buffers, say).
+  static const std::set<std::string> kForeign{"BOOL", "U8", "I8", "U16", "I16", "U32", "U64", "F8_E4M3", "F8_E5M2", "C64"};
+  WEFT_CHECK(known || !dtype.is_string() || !kForeign.count(dtype.get<std::string>()),
+             "checkpoint {}: tensor '{}' has dtype {}, which weft does not support (F32, F64, I32, I64, BF16, F16)", path,
+             name, dtype.get<std::string>());
   WEFT_CHECK(known, "{}: field 'dtype' is {}, an unsupported dtype (F32, F64, I32, I64, BF16, F16)", where, shown(dtype));
 
   const nlohmann::json& shape = e["shape"];
