@@ -25,6 +25,9 @@ enum class Architecture {
 const char* architectureName(Architecture a);
 /// Parses "auto", "ar", "ps" (the --arch flag); throws naming the value otherwise.
 Architecture parseArchitecture(const std::string& name);
+/// The environment variable through which `weft launch --arch` chooses the architecture of a
+/// program that calls get_runner(graph, config).
+inline constexpr char kArchitectureVariable[] = "WEFT_ARCH";
 
 /// Pipelined model parallelism (dist/PipelineStage.h): with more than one stage, each worker of
 /// the job runs one stage of the model.

@@ -378,13 +378,15 @@ Outcome runOnce(const ResourceSpec& spec, const std::vector<std::string>& comman
   const std::string coordinatorHost = spec.bind() == "0.0.0.0" ? spec.hosts().front().address : spec.bind();
   Job running(options.grace);
   for (const MemberId& id : members) {
-    const std::map<std::string, std::string> environment{
+    std::map<std::string, std::string> environment{
         {"WEFT_COORDINATOR", fmt::format("{}:{}", coordinatorHost, coordinator.port())},
         {"WEFT_ROLE", id.role == Role::Worker ? "worker" : "server"},
         {"WEFT_HOST", std::to_string(id.host)},
         {"WEFT_SLOT", std::to_string(id.slot)},
         {"WEFT_JOB_ID", toHex(job)},
+        {kResourcesVariable, spec.toJson()},
     };
+    environment.insert(options.environment.begin(), options.environment.end());  // the identity wins
     running.add({id, start(spec.hosts()[static_cast<size_t>(id.host)], id, command, environment, secretMemory, secret)});
   }
   return running.supervise(coordinator, options.silenceLimit);

@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,9 @@ struct LaunchOptions {
   /// --resume). A stop signal to the launcher is never restarted.
   int maxRestarts = 0;
   std::function<std::vector<std::string>(int restart)> restartCommand;
+  /// Variables every process of the job gets in its environment, beside its identity (on remote
+  /// hosts too, where the launcher's own environment does not reach).
+  std::map<std::string, std::string> environment;
 };
 
 /// Runs the job and returns the launcher's exit status: 0 when every worker succeeded (in the

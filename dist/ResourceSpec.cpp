@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <limits>
 #include <set>
 
@@ -172,6 +173,24 @@ ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sou
   if (doc.contains("bind")) spec.bind_ = p.address(doc["bind"], "bind");
   if (doc.contains("coordinator_port")) spec.coordinatorPort_ = p.port(doc["coordinator_port"]);
   return spec;
+}
+
+std::optional<ResourceSpec> ResourceSpec::fromEnvironment() {
+  const char* text = std::getenv(kResourcesVariable);
+  if (text == nullptr) return std::nullopt;
+  return parse(text, kResourcesVariable);
+}
+
+std::string ResourceSpec::toJson() const {
+  json hosts = json::array();
+  for (const HostSpec& h : hosts_) {
+    json host{{"address", h.address}, {"servers", h.servers}};
+    if (h.cpuWorkers > 0) host["cpu_workers"] = h.cpuWorkers;
+    else host["gpus"] = h.gpus;
+    if (!h.launchPrefix.empty()) host["launch_prefix"] = h.launchPrefix;
+    hosts.push_back(std::move(host));
+  }
+  return json{{"hosts", std::move(hosts)}, {"bind", bind_}, {"coordinator_port", coordinatorPort_}}.dump();
 }
 
 ResourceSpec ResourceSpec::localCpu(int workers, int servers) {

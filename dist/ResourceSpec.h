@@ -18,10 +18,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace weft::dist {
+
+/// The environment variable through which launched processes get the job's specification.
+inline constexpr char kResourcesVariable[] = "WEFT_RESOURCES";
 
 /// The largest resource specification file read.
 inline constexpr uint64_t kMaxResourceSpecBytes = uint64_t{1} << 20;
@@ -53,6 +57,11 @@ class ResourceSpec {
   static ResourceSpec parse(const std::string& text, const std::string& sourceName);
   /// The single-host default: `workers` CPU workers on 127.0.0.1, any free port.
   static ResourceSpec localCpu(int workers, int servers = 1);
+  /// The specification of the job this process was launched in (the launcher puts it in
+  /// WEFT_RESOURCES); nullopt when the variable is unset. Errors name the variable.
+  static std::optional<ResourceSpec> fromEnvironment();
+  /// The specification as JSON that parse() reads back as it is.
+  std::string toJson() const;
 
   const std::vector<HostSpec>& hosts() const { return hosts_; }
   const std::string& bind() const { return bind_; }

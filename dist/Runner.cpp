@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <set>
@@ -509,6 +510,18 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
     return Runner(std::move(state));  // the job's transports close here, once served
   }
   return makeWorker(std::move(*job), graph, config);
+}
+
+Runner get_runner(Graph& graph, const Config& config) {
+  std::optional<ResourceSpec> resources = ResourceSpec::fromEnvironment();
+  if (!resources) {
+    WEFT_CHECK(!launchIdentityFromEnvironment(), "this process was launched (WEFT_COORDINATOR is set) without its "
+               "job's specification in {}: start it with `weft launch`", kResourcesVariable);
+    resources = ResourceSpec::localCpu(1, 0);
+  }
+  Config chosen = config;
+  if (const char* arch = std::getenv(kArchitectureVariable)) chosen.architecture = parseArchitecture(arch);
+  return get_runner(graph, *resources, chosen);
 }
 
 }  // namespace weft::dist

@@ -123,5 +123,10 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config);
 /// Throws when the job cannot be joined (no launcher environment for a multi-worker
 /// specification, refused, timed out) or the graph cannot be distributed.
 Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& config = {});
+/// get_runner on the specification of the job `weft launch` started this process in
+/// (ResourceSpec::fromEnvironment); a process started on its own is a job of one worker, which
+/// trains locally. The same program thus runs alone or as every process of a launched job.
+/// `weft launch --arch` (WEFT_ARCH) overrides config.architecture.
+Runner get_runner(Graph& graph, const Config& config = {});
 
 }  // namespace weft::dist

@@ -6,6 +6,7 @@
 #include "tests/TrainerCompare.h"
 
 #include "dist/Nccl.h"
+#include "dist/ResourceSpec.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -434,6 +435,39 @@ TEST_CASE("the loss a data-parallel run reports is the total batch's") {
   const auto [stepOfTwo, lossOfTwo] = firstLoss((dir.path / "b").string());
   CHECK(stepOfTwo == 2);
   CHECK(lossOfTwo == doctest::Approx(loss).epsilon(1e-6));
+}
+
+TEST_CASE("weft launch starts a program as every worker and server, each told its role and the job's specification") {
+  TempDir dir;
+  const std::string out = (dir.path / "roles").string();
+  const CliRun r = weftCli("launch --workers 2 --servers 1 --arch ps -- sh -c 'echo $WEFT_ROLE $WEFT_SLOT $WEFT_ARCH "
+                           "$WEFT_RESOURCES >> " + out + "'");
+  CHECK(r.status == 0);
+  std::ifstream in(out);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::sort(lines.begin(), lines.end());
+  const std::string spec = weft::dist::ResourceSpec::localCpu(2, 1).toJson();
+  CHECK(lines == std::vector<std::string>{"server 0 ps " + spec, "worker 0 ps " + spec, "worker 1 ps " + spec});
+}
+
+TEST_CASE("weft launch: a failing program stops the job, named, and the launcher fails") {
+  const CliRun r = weftCli("launch --workers 2 --servers 0 -- sh -c 'test $WEFT_SLOT = 0 || exit 3; sleep 60'");
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "worker 1 of host 0"));
+  CHECK(contains(r.output, "exited with status 3"));
+}
+
+TEST_CASE("weft launch refuses a command line without a program or without workers, saying what is missing") {
+  const CliRun noProgram = weftCli("launch --workers 2");
+  CHECK(noProgram.status != 0);
+  CHECK(contains(noProgram.output, "name the program to run after \"--\""));
+  const CliRun noWorkers = weftCli("launch -- true");
+  CHECK(noWorkers.status != 0);
+  CHECK(contains(noWorkers.output, "--workers or --cluster"));
+  const CliRun missing = weftCli("launch --workers 1 -- ./no-such-program");
+  CHECK(missing.status != 0);
+  CHECK(contains(missing.output, "no-such-program"));
 }
 
 TEST_CASE("a batch that does not divide among the workers is refused naming its size") {

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 using namespace weft;
@@ -127,6 +128,39 @@ TEST_CASE("resource spec: servers per host default to one and may be set, includ
   CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1, "servers": -1}]})") ==
         "cluster.json: hosts[0].servers is -1; it must be >= 0");
   CHECK(ResourceSpec::localCpu(2, 2).serverCount() == 2);
+}
+
+TEST_CASE("resource spec: toJson reads back as the same specification") {
+  const ResourceSpec spec = ResourceSpec::parse(
+      R"({"hosts": [{"address": "user@10.1.0.1", "cpu_workers": 2, "servers": 0, "launch_prefix": ["ip", "netns", "exec", "h1"]},
+                    {"address": "gpu-box", "gpus": [3, 1], "servers": 2}],
+          "bind": "0.0.0.0", "coordinator_port": 4711})",
+      "cluster.json");
+  const ResourceSpec back = ResourceSpec::parse(spec.toJson(), "toJson");
+  REQUIRE(back.hosts().size() == 2);
+  for (size_t h = 0; h < 2; ++h) {
+    CAPTURE(h);
+    CHECK(back.hosts()[h].address == spec.hosts()[h].address);
+    CHECK(back.hosts()[h].cpuWorkers == spec.hosts()[h].cpuWorkers);
+    CHECK(back.hosts()[h].gpus == spec.hosts()[h].gpus);
+    CHECK(back.hosts()[h].servers == spec.hosts()[h].servers);
+    CHECK(back.hosts()[h].launchPrefix == spec.hosts()[h].launchPrefix);
+  }
+  CHECK(back.bind() == "0.0.0.0");
+  CHECK(back.coordinatorPort() == 4711);
+}
+
+TEST_CASE("resource spec: a launched process reads its job's specification from WEFT_RESOURCES") {
+  ::unsetenv(kResourcesVariable);
+  CHECK_FALSE(ResourceSpec::fromEnvironment().has_value());
+  ::setenv(kResourcesVariable, ResourceSpec::localCpu(3, 2).toJson().c_str(), 1);
+  const std::optional<ResourceSpec> spec = ResourceSpec::fromEnvironment();
+  REQUIRE(spec.has_value());
+  CHECK(spec->workers().size() == 3);
+  CHECK(spec->serverCount() == 2);
+  ::setenv(kResourcesVariable, R"({"hosts": []})", 1);
+  CHECK(errorOf([] { ResourceSpec::fromEnvironment(); }) == "WEFT_RESOURCES: hosts is empty; list at least one host");
+  ::unsetenv(kResourcesVariable);
 }
 
 TEST_CASE("resource spec: every error names the file and the JSON path") {

@@ -1,7 +1,8 @@
-// The weft command line: `weft train MODEL`, `weft graph MODEL`, and their --amp forms.
+// The weft command line: `weft train MODEL`, `weft graph MODEL`, their --amp forms, and `weft launch`.
 #include "core/Error.h"
 #include "models/ZooModel.h"
 #include "tools/AmpTrain.h"
+#include "tools/Launch.h"
 #include "tools/Train.h"
 
 #include <CLI/CLI.hpp>
@@ -12,6 +13,7 @@
 
 int main(int argc, char** argv) {
   if (weft::tools::wantsAmp(argc, argv)) return weft::tools::runAmp(argc, argv);
+  if (weft::tools::wantsLaunch(argc, argv)) return weft::tools::runLaunch(argc, argv);
   CLI::App app("weft: a C++ deep-learning framework with distribution built in");
   app.require_subcommand(1);
   CLI::App* train = app.add_subcommand("train", "train a model-zoo model (weft train MODEL --help)");
