@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The projects under examples/ built against an installed weft, as a user builds them: weft is
+# installed (cmake --install) into a temporary prefix; each example is configured with
+# find_package(weft), built and run; the op example is built once more with pkg-config's flags;
+# README's authoring example must be the mlp example's code; and the data-parallel example,
+# launched with `weft launch --workers 2 --servers 1`, must train what it trains alone.
+#
+#   tests/test_examples.sh BUILD_DIR SOURCE_DIR [CXX_FLAGS]   (CXX_FLAGS: the sanitizer build's)
+set -euo pipefail
+
+build="$1"
+source="$2"
+flags="${3:-}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+fail() {
+  echo "test_examples: $*" >&2
+  exit 1
+}
+# quietly CMD...: runs CMD, showing its output only when it fails.
+quietly() {
+  "$@" >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "failed: $*"; }
+}
+
+prefix="$work/prefix"
+quietly cmake --install "$build" --prefix "$prefix"
+launcher=()
+! command -v ccache >/dev/null || launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+for example in mlp custom_op data_parallel; do
+  quietly cmake -S "$source/examples/$example" -B "$work/$example" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" "${launcher[@]}"
+  quietly cmake --build "$work/$example"
+done
+
+"$work/mlp/mlp" || fail "the mlp example did not learn"
+"$work/custom_op/custom_op" || fail "the custom op example's checks failed"
+
+# README's "Writing a model" block, line by line (indentation aside), in order, in the example.
+awk '/^## Writing a model/ {section = 1} section && /^```cpp/ {block = 1; next} block && /^```/ {exit}
+     block && NF {sub(/^ +/, ""); print}' "$source/README.md" >"$work/readme-lines"
+[ -s "$work/readme-lines" ] || fail "README.md has no C++ block under \"## Writing a model\""
+sed 's/^ *//' "$source/examples/mlp/main.cpp" >"$work/example-lines"
+awk 'NR == FNR {want[++n] = $0; next} $0 == want[i + 1] {i++} END {if (i < n) {print want[i + 1]; exit 1}}' \
+  "$work/readme-lines" "$work/example-lines" >"$work/missing" ||
+  fail "README's authoring example differs from examples/mlp/main.cpp at: $(cat "$work/missing")"
+
+pc_dir="$(dirname "$(find "$prefix" -name weft.pc)")"
+read -r -a pc_flags <<<"$(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs weft)"
+read -r -a extra <<<"$flags"
+quietly "${CXX:-c++}" "${extra[@]}" "$source/examples/custom_op/main.cpp" -o "$work/custom_op_pc" "${pc_flags[@]}"
+"$work/custom_op_pc" >/dev/null || fail "the custom op example built with pkg-config failed"
+
+"$work/data_parallel/data_parallel" >"$work/alone" || fail "the data-parallel example failed alone"
+"$prefix/bin/weft" launch --workers 2 --servers 1 -- "$work/data_parallel/data_parallel" >"$work/launched" ||
+  fail "the data-parallel example failed under weft launch"
+grep -q "^workers 2$" "$work/launched" || fail "the launched example did not run as 2 workers: $(cat "$work/launched")"
+# The loss and the variables' sums agree to rounding: the job sums in another order.
+awk 'NR == FNR {alone[$1] = $2; next} $1 != "workers" {
+       d = $2 - alone[$1]; if (d < 0) d = -d; a = alone[$1] < 0 ? -alone[$1] : alone[$1]
+       if (!($1 in alone) || d > 1e-9 * (1 + a)) {print $1 ": alone " alone[$1] ", launched " $2; bad = 1}}
+     END {exit bad}' "$work/alone" "$work/launched" >"$work/differs" ||
+  fail "the launched job trained something else: $(cat "$work/differs")"
+echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch trained the data-parallel one as one process"
