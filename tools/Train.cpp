@@ -3,6 +3,7 @@
 #include "core/Checkpoint.h"
 #include "core/Hash.h"
 #include "core/InputFile.h"
+#include "core/TensorBoard.h"
 #include "core/Trace.h"
 #include "dist/Launcher.h"
 #include "dist/PartitionSearch.h"
@@ -65,6 +66,7 @@ struct TrainFlags {
   int maxRestarts = 0;
   bool reportComm = false;
   std::string trace;  // a Chrome trace of every process's ops and pipeline actions
+  std::string tensorboard;  // a directory for TensorBoard event files
   std::string localAggregation = "on";
 
   bool distributed() const { return workers > 0 || !cluster.empty() || stages > 1; }
@@ -96,6 +98,22 @@ class MetricsLog {
  private:
   std::ofstream out_;
 };
+
+/// Worker 0's bytes sent and received per step since `before`, `steps` steps ago, by kind.
+void writeBytesPerStep(TensorBoardWriter& board, const dist::Traffic& now, const dist::Traffic& before, int64_t steps,
+                       int64_t step) {
+  if (steps <= 0) return;
+  constexpr std::pair<dist::TrafficKind, const char*> kKinds[] = {
+      {dist::TrafficKind::Dense, "dense"}, {dist::TrafficKind::Sparse, "sparse"}, {dist::TrafficKind::Control, "control"}};
+  double total = 0;
+  for (const auto& [kind, name] : kKinds) {
+    const auto k = static_cast<size_t>(kind);
+    const double bytes = static_cast<double>((now.sent[k] - before.sent[k]) + (now.received[k] - before.received[k]));
+    board.scalar(fmt::format("dist/{}_bytes_per_step", name), bytes / static_cast<double>(steps), step);
+    total += bytes;
+  }
+  board.scalar("dist/bytes_per_step", total / static_cast<double>(steps), step);
+}
 
 class Trainer {
  public:
@@ -238,6 +256,10 @@ class Trainer {
     if (flags_.resume || flags_.resumeChanged) step = resume(batches);
     std::optional<MetricsLog> metrics;
     if (leader_) metrics.emplace(out + "/metrics.jsonl");
+    std::optional<TensorBoardWriter> board;
+    if (leader_ && !flags_.tensorboard.empty()) board.emplace(flags_.tensorboard);
+    dist::Traffic trafficAtLog = runner_->traffic();
+    int64_t stepAtLog = step;
     const int64_t evalEvery = flags_.evalEvery > 0 ? flags_.evalEvery : std::max<int64_t>(1, steps_ / 10);
     const int64_t checkpointEvery = flags_.checkpointEvery > 0 ? flags_.checkpointEvery : evalEvery;
     if (leader_) {
@@ -295,8 +317,20 @@ class Trainer {
       if (step == 1 && !runner_->pipelinePlan().empty()) fmt::print("pipeline cut:\n{}", runner_->pipelinePlan());
       progress.update(step, lossSum / static_cast<double>(lossCount), items, unit);
       if (logNow) {
-        metrics->write({{"step", step}, {"loss", lossSum / static_cast<double>(lossCount)}, {unit + "_per_s", progress.rate(items)}});
-        progress.log(step, lossSum / static_cast<double>(lossCount), items, unit);
+        const double meanLoss = lossSum / static_cast<double>(lossCount), rate = progress.rate(items);
+        metrics->write({{"step", step}, {"loss", meanLoss}, {unit + "_per_s", rate}});
+        if (board) {
+          board->scalar("train/loss", meanLoss, step);
+          board->scalar("train/" + unit + "_per_s", rate, step);
+          board->scalar("train/learning_rate", spec.lr, step);
+          if (runner_->workers() > 1) {
+            const dist::Traffic traffic = runner_->traffic();
+            writeBytesPerStep(*board, traffic, trafficAtLog, step - stepAtLog, step);
+            trafficAtLog = traffic;
+          }
+          stepAtLog = step;
+        }
+        progress.log(step, meanLoss, items, unit);
         lossSum = 0;
         lossCount = 0;
         items = 0;
@@ -308,6 +342,8 @@ class Trainer {
         evaluationSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
         // The time so far without worker 0's evaluations, for time-to-accuracy curves.
         metrics->write({{"step", step}, {"seconds", progress.elapsed() - evaluationSeconds}, {"eval", result}});
+        if (board)
+          for (const auto& [metric, value] : result) board->scalar("eval/" + metric, value, step);
         progress.report(step, result);
       }
       if (checkpointNow) {
@@ -337,6 +373,8 @@ class Trainer {
     nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
     if (runner_->workers() > 1) summary["workers"] = runner_->workers();
     metrics->write(summary);
+    if (board)  // on the whole held-out set, unlike the evaluations during training
+      for (const auto& [metric, value] : result) board->scalar("final/" + metric, value, step);
     fmt::print("{}\n", summary.dump());
     return 0;
   }
@@ -797,6 +835,9 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--trace", f.trace,
                  "write a Chrome trace (chrome://tracing, Perfetto) of every op and pipeline action of every process, "
                  "one track per process");
+  cmd.add_option("--tensorboard", f.tensorboard,
+                 "also write TensorBoard event files into DIR: train/loss, train/learning_rate, the throughput, eval/ "
+                 "and final/ metrics, and in a distributed job worker 0's dist/ bytes per step (tensorboard --logdir DIR)");
   cmd.add_flag("--report-comm", f.reportComm,
                "print each worker's bytes sent and received per step, and each server's bytes to and from other machines");
   cmd.add_option("--local-aggregation", f.localAggregation,
