@@ -6,8 +6,11 @@
 #include "core/InputFile.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <climits>
 #include <fstream>
+#include <string_view>
 
 namespace weft::data {
 namespace {
@@ -15,6 +18,33 @@ namespace {
 const std::vector<std::string>& specialWords() {
   static const std::vector<std::string> words{"<pad>", "<unk>", "<s>", "</s>"};
   return words;
+}
+
+/// The special id a corpus's marker stands for (1B-Word writes <S>, </S>, <UNK>), or -1.
+int32_t corpusSpecial(const std::string& word) {
+  static const std::unordered_map<std::string, int32_t> markers{
+      {"<pad>", kPad}, {"<PAD>", kPad}, {"<unk>", kUnk}, {"<UNK>", kUnk},
+      {"<s>", kBos},   {"<S>", kBos},   {"</s>", kEos},  {"</S>", kEos}};
+  const auto it = markers.find(word);
+  return it == markers.end() ? -1 : it->second;
+}
+
+std::vector<std::string_view> whitespaceFields(std::string_view line) {
+  std::vector<std::string_view> fields;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+    const size_t begin = i;
+    while (i < line.size() && !std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+    if (i > begin) fields.push_back(line.substr(begin, i - begin));
+  }
+  return fields;
+}
+
+bool isCount(std::string_view text) {
+  int64_t count = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), count);
+  return ec == std::errc() && end == text.data() + text.size() && count >= 0;
 }
 
 bool isSpecial(const std::string& word) {
@@ -99,6 +129,30 @@ Vocab Vocab::load(const std::string& path) {
   }
   WEFT_CHECK(in.line() >= kFirstWordId, "{}: vocabulary file has {} lines; it must start with the {} special words",
              in.name(), in.line(), kFirstWordId);
+  return v;
+}
+
+Vocab Vocab::loadWordList(const std::string& path, int64_t maxSize) {
+  WEFT_CHECK(maxSize >= kFirstWordId, "Vocab::loadWordList: maxSize {} leaves no room for the {} special ids", maxSize,
+             kFirstWordId);
+  InputFile in(path, "vocabulary file", kMaxVocabFileBytes);
+  Vocab v;
+  std::unordered_map<std::string, int64_t> lineOf;  // a duplicate is named with its first line
+  std::string line;
+  while (v.size() < maxSize && in.readLine(line)) {
+    const int64_t bad = invalidUtf8Offset(line);
+    if (bad >= 0) in.fail("invalid UTF-8 at byte {} of the line", bad);
+    const std::vector<std::string_view> fields = whitespaceFields(line);
+    if (fields.empty()) in.fail("empty line in vocabulary file");
+    if (fields.size() > 2) in.fail("'{}' after the word and its count; expected WORD [COUNT]", escapeBytes(std::string(fields[2])));
+    if (fields.size() == 2 && !isCount(fields[1])) in.fail("the count '{}' is not a number", escapeBytes(std::string(fields[1])));
+    const std::string word(fields[0]);
+    const int32_t special = corpusSpecial(word);
+    const std::string key = special >= 0 ? specialWords()[static_cast<size_t>(special)] : word;
+    const auto [first, fresh] = lineOf.emplace(key, in.line());
+    if (!fresh) in.fail("duplicate word '{}' (first on line {})", escapeBytes(word), first->second);
+    if (special < 0) v.add(word);
+  }
   return v;
 }
 

@@ -43,6 +43,13 @@ class Vocab {
   /// specials, empty line, duplicate word, invalid UTF-8, a line over kMaxLineBytes). Only a
   /// regular file of at most kMaxVocabFileBytes is read.
   static Vocab load(const std::string& path);
+  /// Reads a word list as corpora ship one (1B-Word's vocabulary, say): one word per line, most
+  /// frequent first, optionally followed by whitespace and its count ("the 41767866"). The
+  /// corpus's markers <S>, </S> and <UNK> (in either case) and <pad> are weft's specials, wherever
+  /// they stand; the other words take ids from kFirstWordId in file order, up to maxSize ids in
+  /// all (specials included). Errors name the file and line (empty line, a third field or a
+  /// count that is not a number, duplicate word, invalid UTF-8, a line over kMaxLineBytes).
+  static Vocab loadWordList(const std::string& path, int64_t maxSize);
 
  private:
   std::vector<std::string> words_;

@@ -134,6 +134,11 @@ std::vector<ModelOption> LmModel::options() {
       {"min-count", "text corpus: minimum count of a vocabulary word", &c.minCount},
       {"max-vocab", "text corpus: most ids in the vocabulary (specials included)", &c.maxVocab},
       {"max-length", "text corpus: longer sentences are truncated", &c.maxLength},
+      {"vocab-file", "text corpus: the vocabulary, one word per line (optionally with its count), most frequent "
+                     "first, as 1B-Word ships it; the first --max-vocab ids are used (default: built from the "
+                     "corpus with --min-count)", &c.vocabFile},
+      {"heldout-data", "text corpus: held-out sentences, a file or a directory of files (default: the corpus's "
+                       "last 5%)", &c.heldoutData},
   };
 }
 
@@ -161,6 +166,29 @@ void LmModel::addCandidates(data::Batch& batch, uint64_t counter) const {
   batch["targets_logq"] = targetLogQ;
 }
 
+data::Dataset LmModel::loadCorpus(const std::string& path) {
+  const std::vector<std::string> files = data::corpusFiles(path);
+  const data::Vocab vocab = config_.vocabFile.empty()
+                                ? data::Vocab::build(data::countTokens(files), config_.minCount, config_.maxVocab)
+                                : data::Vocab::loadWordList(config_.vocabFile, config_.maxVocab);
+  vocabSize_ = vocab.size();
+  auto sentences =
+      std::make_shared<const data::PackedSentences>(data::readPackedSentences(files, vocab, config_.maxLength));
+  size_t trainCount = sentences->size();
+  if (config_.heldoutData.empty()) {
+    WEFT_CHECK(sentences->size() >= 2, "lm: text corpus '{}' has {} non-empty lines; at least 2 are needed", path,
+               sentences->size());
+    trainCount -= std::max<size_t>(1, sentences->size() / 20);
+    for (size_t i = trainCount; i < sentences->size(); ++i) heldout_.emplace_back((*sentences)[i].begin(), (*sentences)[i].end());
+  } else {
+    const data::PackedSentences heldout =
+        data::readPackedSentences(data::corpusFiles(config_.heldoutData), vocab, config_.maxLength);
+    WEFT_CHECK(heldout.size() >= 1, "lm: held-out corpus '{}' has no non-empty lines", config_.heldoutData);
+    for (size_t i = 0; i < heldout.size(); ++i) heldout_.emplace_back(heldout[i].begin(), heldout[i].end());
+  }
+  return data::lmDataset(std::move(sentences), 0, trainCount);
+}
+
 void LmModel::build(Graph& g, const CommonOptions& common) {
   common_ = common;
   graph_ = &g;
@@ -186,17 +214,7 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
       heldoutLogProb_.push_back(language_->logProb(heldout_.back()));
     }
   } else {
-    data::TextCorpus corpus = data::loadTextCorpus(common.data, config_.minCount, config_.maxVocab);
-    WEFT_CHECK(corpus.sentences.size() >= 2, "lm: text corpus '{}' has {} non-empty lines; at least 2 are needed",
-               common.data, corpus.sentences.size());
-    vocabSize_ = corpus.vocab.size();
-    for (auto& s : corpus.sentences) {
-      if (static_cast<int64_t>(s.size()) > config_.maxLength) s.resize(static_cast<size_t>(config_.maxLength));
-    }
-    const size_t heldoutCount = std::max<size_t>(1, corpus.sentences.size() / 20);
-    const size_t split = corpus.sentences.size() - heldoutCount;
-    train = data::lmDataset({corpus.sentences.begin(), corpus.sentences.begin() + static_cast<std::ptrdiff_t>(split)});
-    heldout_.assign(corpus.sentences.begin() + static_cast<std::ptrdiff_t>(split), corpus.sentences.end());
+    train = loadCorpus(common.data);
   }
   sampler_ = std::make_unique<LogUniformSampler>(vocabSize_);
 

@@ -53,6 +53,8 @@ struct LmConfig {
   int64_t minCount = 1;
   int64_t maxVocab = 100000;
   int64_t maxLength = 100;      // longer sentences are truncated
+  std::string vocabFile;        // a word list, most frequent first (1B-Word's); empty: built from the counts
+  std::string heldoutData;      // held-out file or directory; empty: the corpus's last 5%
   double lr = 2e-3;
 };
 
@@ -80,6 +82,9 @@ class LmModel : public ZooModel {
 
  private:
   class Batches;
+  /// The training sentences of the corpus at `path` (a file, or a directory of shards); sets the
+  /// vocabulary size and the held-out sentences.
+  data::Dataset loadCorpus(const std::string& path);
 
   LmConfig config_;
   CommonOptions common_;

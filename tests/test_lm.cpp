@@ -256,6 +256,37 @@ TEST_CASE("the LM trains on a text corpus and holds out its last lines") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the LM trains on a directory of shards with a word list and a held-out directory, as 1B-Word ships") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path / "train");
+  std::filesystem::create_directories(dir.path / "heldout");
+  for (int shard = 0; shard < 3; ++shard) {
+    std::string lines;
+    for (int i = 0; i < 20; ++i) lines += "the cat sat on mat " + std::to_string((shard + i) % 5) + "\n";
+    dir.write("train/news.en-0000" + std::to_string(shard), lines);
+  }
+  dir.write("heldout/news.en.heldout-00000", "the cat sat\nthe dog sat\n");
+  const std::string vocab = dir.write("vocab.txt", "<S> 60\n</S> 60\n<UNK> 0\nthe 60\ncat 60\nsat 60\non 60\nmat 60\n0 12\n1 12\n");
+  LmConfig config = tinyConfig();
+  config.sampled = 0;
+  config.vocabFile = vocab;
+  config.heldoutData = (dir.path / "heldout").string();
+  TinyLm lm(config, "f32", (dir.path / "train").string());
+  CHECK(lm.model.vocabSize() == 4 + 7);  // the word list's seven words, not the corpus's counts
+  Session s(lm.g, {1});
+  const data::Batch b = lm.model.trainData().next();
+  CHECK(b.at("tokens").shape()[0] == config.batchSize);
+  const auto metrics = lm.model.evaluate(s, 0);
+  CHECK(std::isfinite(metrics.at("perplexity")));
+  config.heldoutData = (dir.path / "train" / "news.en-00000").string() + "-missing";
+  LmModel missing;
+  missing.config() = config;
+  Graph g;
+  CommonOptions common;
+  common.data = (dir.path / "train").string();
+  CHECK(contains(errorOf([&] { missing.build(g, common); }), "news.en-00000-missing"));
+}
+
 TEST_CASE("the LM's options and defaults") {
   LmModel m;
   std::vector<std::string> names;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 
 using namespace weft;
 using namespace weft::data;
@@ -92,6 +93,87 @@ TEST_CASE("Vocab::load names the file and line of each error") {
   CHECK(contains(errorOf([&] { Vocab::load(shortFile); }), "2 lines"));
 }
 
+TEST_CASE("a word list as 1B-Word ships it: counts beside the words, its markers as the specials, cut at maxSize") {
+  TempDir dir;
+  const std::string path = dir.write("vocab.txt", "<S> 30301028\n</S> 30301028\n<UNK> 0\nthe 41767866\n,\t38500000\n"
+                                                   "of 19000000\nzebra 3\n");
+  const Vocab v = Vocab::loadWordList(path, 100);
+  CHECK(v.size() == kFirstWordId + 4);
+  CHECK(v.id("the") == kFirstWordId);
+  CHECK(v.id(",") == kFirstWordId + 1);
+  CHECK(v.id("zebra") == kFirstWordId + 3);
+  CHECK(v.id("<S>") == kUnk);  // a marker is not a word: the corpus's <S> is no token of a sentence
+  CHECK(v.word(kBos) == "<s>");
+  const Vocab cut = Vocab::loadWordList(path, kFirstWordId + 2);
+  CHECK(cut.size() == kFirstWordId + 2);
+  CHECK(cut.id("of") == kUnk);
+}
+
+TEST_CASE("Vocab::loadWordList names the file and line of each error") {
+  TempDir dir;
+  const std::string dup = dir.write("dup.txt", "a 5\nb 4\na 3\n");
+  CHECK(contains(errorOf([&] { Vocab::loadWordList(dup, 100); }), dup + ":3: duplicate word 'a' (first on line 1)"));
+  const std::string twoMarkers = dir.write("markers.txt", "<S>\nb\n<s>\n");
+  CHECK(contains(errorOf([&] { Vocab::loadWordList(twoMarkers, 100); }), twoMarkers + ":3: duplicate word '<s>' (first on line 1)"));
+  const std::string count = dir.write("count.txt", "a 5\nb many\n");
+  CHECK(contains(errorOf([&] { Vocab::loadWordList(count, 100); }), count + ":2: the count 'many' is not a number"));
+  const std::string negative = dir.write("negative.txt", "a -5\n");
+  CHECK(contains(errorOf([&] { Vocab::loadWordList(negative, 100); }), negative + ":1: the count '-5' is not a number"));
+  const std::string third = dir.write("third.txt", "a 5 x\n");
+  CHECK(contains(errorOf([&] { Vocab::loadWordList(third, 100); }), third + ":1: 'x' after the word and its count"));
+  const std::string empty = dir.write("empty.txt", "a\n  \nb\n");
+  CHECK(contains(errorOf([&] { Vocab::loadWordList(empty, 100); }), empty + ":2: empty line"));
+  CHECK(contains(errorOf([&] { Vocab::loadWordList(empty, 3); }), "maxSize 3 leaves no room"));
+}
+
+TEST_CASE("a corpus directory is its files in name order; subdirectories are not read") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path / "shards" / "nested");
+  dir.write("shards/news-00002", "c d\n");
+  dir.write("shards/news-00001", "a b\n\nb\n");
+  dir.write("shards/nested/other", "x\n");
+  const std::vector<std::string> files = corpusFiles((dir.path / "shards").string());
+  CHECK(files == std::vector<std::string>{dir.file("shards/news-00001"), dir.file("shards/news-00002")});
+  CHECK(corpusFiles(dir.file("shards/news-00001")) == std::vector<std::string>{dir.file("shards/news-00001")});
+  std::filesystem::create_directories(dir.path / "none");
+  CHECK(contains(errorOf([&] { corpusFiles((dir.path / "none").string()); }), "directory " + dir.file("none") + " holds no files"));
+}
+
+TEST_CASE("packed sentences: every file's non-empty lines in order, unknown words as <unk>, cut at maxLength") {
+  TempDir dir;
+  const std::string first = dir.write("1.txt", "a b c\n\nb q\n"), second = dir.write("2.txt", "c c c c c\n");
+  Vocab v;
+  const int32_t a = v.add("a"), b = v.add("b"), c = v.add("c");
+  const PackedSentences packed = readPackedSentences({first, second}, v, 4);
+  REQUIRE(packed.size() == 3);
+  auto words = [&](size_t i) { return std::vector<int32_t>(packed[i].begin(), packed[i].end()); };
+  CHECK(words(0) == std::vector<int32_t>{a, b, c});
+  CHECK(words(1) == std::vector<int32_t>{b, kUnk});
+  CHECK(words(2) == std::vector<int32_t>{c, c, c, c});
+  CHECK(packed.words() == 9);
+  const auto counts = countTokens(std::vector<std::string>{first, second});
+  CHECK(counts.at("c") == 6);
+  CHECK(counts.at("q") == 1);
+}
+
+TEST_CASE("the packed LM dataset makes sentence first + i as lmExample would, holding nothing else") {
+  auto packed = std::make_shared<PackedSentences>();
+  const std::vector<std::vector<int32_t>> sentences{{5, 6}, {7}, {8, 9, 10}, {11}};
+  for (const auto& s : sentences) packed->add(s);
+  const Dataset d = lmDataset(packed, 1, 3);
+  REQUIRE(d.size() == 3);
+  CHECK(d.isGenerated());
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const Example made = d.example(i), expected = lmExample(sentences[1 + i]);
+    CHECK(made.at("tokens").toDoubles() == expected.at("tokens").toDoubles());
+    CHECK(made.at("targets").toDoubles() == expected.at("targets").toDoubles());
+    CHECK(d.length(i, "tokens") == static_cast<int64_t>(sentences[1 + i].size()) + 1);
+  }
+  CHECK(d.hash() != lmDataset(packed, 0, 3).hash());
+  CHECK(contains(errorOf([&] { lmDataset(packed, 2, 3); }), "sentences [2, 5) of 4"));
+}
+
 TEST_CASE("invalidUtf8Offset finds the first bad sequence") {
   CHECK(invalidUtf8Offset("plain ascii") == -1);
   CHECK(invalidUtf8Offset("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") == -1);
@@ -145,7 +227,7 @@ TEST_CASE("pre-tokenised id files are read and their ids checked") {
 }
 
 TEST_CASE("LM examples shift the sentence by one and batch with masks") {
-  const Example e = lmExample({7, 8, 9});
+  const Example e = lmExample(std::vector<int32_t>{7, 8, 9});
   CHECK(e.at("tokens").toVector<int32_t>() == std::vector<int32_t>{kBos, 7, 8, 9});
   CHECK(e.at("targets").toVector<int32_t>() == std::vector<int32_t>{7, 8, 9, kEos});
   const Dataset d = lmDataset({{7, 8, 9}, {5}});
