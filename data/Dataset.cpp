@@ -229,6 +229,10 @@ Batch collate(const Dataset& dataset, size_t begin, size_t end, const BatchOptio
   return collate(pointersTo(examples), options);
 }
 
+uint64_t augmentKey(uint64_t seed, int64_t epoch, size_t index) {
+  return stepKey(stepKey(streamKey(seed, "augment"), static_cast<uint64_t>(epoch)), index);
+}
+
 Batcher::Batcher(Dataset dataset, BatchOptions options) : dataset_(std::move(dataset)), options_(std::move(options)) {
   WEFT_CHECK(options_.batchSize > 0, "batch size must be positive, got {}", options_.batchSize);
   perEpoch_ = static_cast<int64_t>(dataset_.size()) / options_.batchSize;
@@ -303,8 +307,11 @@ Batch Batcher::next() {
   const size_t per = ids.size() / static_cast<size_t>(parts_);
   std::vector<Example> examples;
   examples.reserve(per);
-  for (size_t k = static_cast<size_t>(part_) * per; k < static_cast<size_t>(part_ + 1) * per; ++k)
-    examples.push_back(exampleAt(ids[k]));
+  for (size_t k = static_cast<size_t>(part_) * per; k < static_cast<size_t>(part_ + 1) * per; ++k) {
+    Example example = exampleAt(ids[k]);
+    if (options_.augment) example = options_.augment(std::move(example), augmentKey(options_.seed, epoch, ids[k]));
+    examples.push_back(std::move(example));
+  }
   const std::vector<const Example*> pointers = pointersTo(examples);
   ++position_;
   if (parts_ == 1) return collate(pointers, options_);

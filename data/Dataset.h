@@ -122,7 +122,21 @@ struct BatchOptions {
   /// example made once is kept for later epochs. A Batcher reading a part keeps nothing, since
   /// each epoch's parts hold other examples.
   bool keepGenerated = false;
+  /// Applied to each example, as made (or kept), while its batch is made — on the prefetch thread
+  /// in training — and before collate: random crops and flips of images, say. `key` is
+  /// augmentKey(seed, epoch, i) for example i of the dataset in the batch's epoch and depends on
+  /// nothing else, so an example is augmented afresh each epoch, a resumed run (Batcher::seek)
+  /// sees the augmentations an uninterrupted one would, and a part read with Batcher::readPart
+  /// holds exactly the examples of the whole batch's part. Draw from the key alone (Draws in
+  /// core/Random.h). It must keep the lengths of padded fields, which bucketing and a part's
+  /// widths measure without it. Unset: the examples as they are.
+  ///
+  ///     options.augment = imageFolderAugment({.size = 224});   // data/ImageFolder.h
+  std::function<Example(Example, uint64_t key)> augment = {};
 };
+
+/// The key BatchOptions::augment receives for example `index` of the dataset in epoch `epoch`.
+uint64_t augmentKey(uint64_t seed, int64_t epoch, size_t index);
 
 /// Part `index` of `count` equal parts of a batch, cut along the leading (example) axis of every
 /// field except the `shared` ones, which every part keeps whole (per-step values such as sampled

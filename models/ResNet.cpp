@@ -1,6 +1,9 @@
 // ResNet layouts built from conv + batch-norm units, and the "resnet" zoo model.
 #include "models/ResNet.h"
 
+#include "core/Escape.h"
+#include "data/ImageFolder.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <optional>
@@ -135,7 +138,8 @@ std::vector<ModelOption> ResNetModel::options() {
   return {
       {"depth", "6n+2 (CIFAR layout: 20, 56, ...) or 50 (ImageNet layout)", &config_.depth},
       {"width", "channels of the first stage (0: 16, or 64 for depth 50)", &config_.width},
-      {"image-size", "side of the synthetic images, in pixels (CIFAR files: 32)", &imageSize_},
+      {"image-size", "side of the images, in pixels (0: 224 for an image folder, else 32; CIFAR files: 32)",
+       &imageSize_},
       {"train-images", "synthetic training images", &trainImages_},
       {"test-images", "synthetic held-out images", &testImages_},
       {"eval-batch", "batch size of evaluation", &evalBatch_},
@@ -158,39 +162,72 @@ void ResNetModel::build(Graph& g, const CommonOptions& common) {
   config_.seed = common.seed;
   config_.dtype = common.dtype == "f64" ? f64 : f32;
   if (common.batchSize > 0) batchSize_ = common.batchSize;
-  data::Dataset train;
-  WEFT_CHECK(imageSize_ >= 8, "resnet: image-size {} is below 8 pixels", imageSize_);
-  if (common.data.empty()) {
-    data::SyntheticImagesSpec spec;
-    spec.size = imageSize_;
-    config_.classes = data::kSyntheticClasses;
-    // Distinct sample seeds: the held-out images are other draws of the same task.
-    train = data::syntheticImages(spec, trainImages_, common.seed * 2 + 100);
-    test_ = data::syntheticImages(spec, testImages_, common.seed * 2 + 101).held();  // read at every evaluation
-  } else {
-    WEFT_CHECK(imageSize_ == 32, "resnet: CIFAR images are 32 pixels wide, not the {} of --image-size", imageSize_);
-    WEFT_CHECK(cifar100Labels_ == "fine" || cifar100Labels_ == "coarse", "resnet: --cifar100-labels is fine or coarse, not '{}'",
-               cifar100Labels_);
-    // CIFAR-100's directory holds train.bin and test.bin; CIFAR-10's data_batch_1..5.bin and test_batch.bin.
-    if (std::filesystem::exists(std::filesystem::path(common.data) / "train.bin")) {
-      const auto labels = cifar100Labels_ == "fine" ? data::Cifar100Labels::Fine : data::Cifar100Labels::Coarse;
-      config_.classes = labels == data::Cifar100Labels::Fine ? 100 : 20;
-      train = data::loadCifar100Split(common.data, true, labels);
-      test_ = data::loadCifar100Split(common.data, false, labels);
-    } else {
-      config_.classes = 10;
-      train = data::loadCifar10Split(common.data, true);
-      test_ = data::loadCifar10Split(common.data, false);
-    }
-  }
-  WEFT_CHECK(train.size() >= static_cast<size_t>(batchSize_), "resnet: {} training images are fewer than a batch of {}",
-             train.size(), batchSize_);
-  net_ = buildResNet(g, config_);
+  // An ImageNet-style directory holds train/ and val/ class folders.
+  const bool folder =
+      !common.data.empty() && std::filesystem::is_directory(std::filesystem::path(common.data) / "train");
+  const int64_t size = imageSize_ != 0 ? imageSize_ : folder ? 224 : 32;
+  WEFT_CHECK(size >= 8, "resnet: image-size {} is below 8 pixels", size);
   data::BatchOptions batching;
   batching.batchSize = batchSize_;
   batching.seed = common.seed;
   batching.keepGenerated = true;  // an image costs more to draw than to keep
+  data::Dataset train = common.data.empty() ? syntheticData(common, size)
+                        : folder            ? imageFolderData(common.data, size, batching)
+                                            : cifarData(common.data, size);
+  WEFT_CHECK(train.size() >= static_cast<size_t>(batchSize_), "resnet: {} training images are fewer than a batch of {}",
+             train.size(), batchSize_);
+  net_ = buildResNet(g, config_);
   train_ = std::make_unique<data::Batcher>(std::move(train), batching);
+}
+
+data::Dataset ResNetModel::syntheticData(const CommonOptions& common, int64_t size) {
+  data::SyntheticImagesSpec spec;
+  spec.size = size;
+  config_.classes = data::kSyntheticClasses;
+  // Distinct sample seeds: the held-out images are other draws of the same task.
+  test_ = data::syntheticImages(spec, testImages_, common.seed * 2 + 101).held();  // read at every evaluation
+  return data::syntheticImages(spec, trainImages_, common.seed * 2 + 100);
+}
+
+data::Dataset ResNetModel::cifarData(const std::string& directory, int64_t size) {
+  WEFT_CHECK(size == 32, "resnet: CIFAR images are 32 pixels wide, not the {} of --image-size", size);
+  WEFT_CHECK(cifar100Labels_ == "fine" || cifar100Labels_ == "coarse",
+             "resnet: --cifar100-labels is fine or coarse, not '{}'", cifar100Labels_);
+  // CIFAR-100's directory holds train.bin and test.bin; CIFAR-10's data_batch_1..5.bin and test_batch.bin.
+  if (std::filesystem::exists(std::filesystem::path(directory) / "train.bin")) {
+    const auto labels = cifar100Labels_ == "fine" ? data::Cifar100Labels::Fine : data::Cifar100Labels::Coarse;
+    config_.classes = labels == data::Cifar100Labels::Fine ? 100 : 20;
+    data::Dataset train = data::loadCifar100Split(directory, true, labels);
+    test_ = data::loadCifar100Split(directory, false, labels);
+    return train;
+  }
+  config_.classes = 10;
+  data::Dataset train = data::loadCifar10Split(directory, true);
+  test_ = data::loadCifar10Split(directory, false);
+  return train;
+}
+
+data::Dataset ResNetModel::imageFolderData(const std::string& directory, int64_t size, data::BatchOptions& batching) {
+  const std::filesystem::path dir(directory);
+  data::ImageFolderOptions options{.size = size, .training = true};
+  const data::ImageFolder train = data::loadImageFolder((dir / "train").string(), options);
+  const data::ImageFolder val = data::loadImageFolder((dir / "val").string(), {.size = size});
+  if (val.classes != train.classes) {
+    const auto [t, v] =
+        std::mismatch(train.classes.begin(), train.classes.end(), val.classes.begin(), val.classes.end());
+    WEFT_THROW("resnet: the class folders of '{}' ({} classes) and '{}' ({} classes) differ, first at {} against {}",
+               escapeBytes((dir / "train").string(), 4096), train.classes.size(),
+               escapeBytes((dir / "val").string(), 4096), val.classes.size(),
+               t == train.classes.end() ? "no class" : "'" + escapeBytes(*t) + "'",
+               v == val.classes.end() ? "no class" : "'" + escapeBytes(*v) + "'");
+  }
+  config_.classes = static_cast<int64_t>(train.classes.size());
+  // Never held: an ImageNet validation set is decoded at every evaluation, since it does not fit
+  // in memory, and a training image's decoded pixels are many times its file.
+  test_ = val.examples;
+  batching.augment = data::imageFolderAugment(options);
+  batching.keepGenerated = false;
+  return train.examples;
 }
 
 data::BatchSource& ResNetModel::trainData() {

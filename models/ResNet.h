@@ -1,7 +1,9 @@
 // Residual networks with batch normalisation: the CIFAR layout (ResNet-20, -56, any depth 6n+2:
 // a 3x3 stem, three stages of basic blocks at 1x, 2x, 4x the base width) and ResNet-50 (7x7
 // stem, max pool, bottleneck blocks [3, 4, 6, 3] at 64..2048 channels), as a zoo model trained
-// on the synthetic image task or on CIFAR-10 binaries.
+// on the synthetic image task, on CIFAR-10 or CIFAR-100 binaries, or on an ImageNet-style
+// directory of train/ and val/ image folders (data/ImageFolder.h: random resized crops and flips
+// for training, centre crops for evaluation).
 #pragma once
 
 #include "data/Images.h"
@@ -54,9 +56,15 @@ class ResNetModel : public ZooModel {
   const ResNetNet& net() const { return net_; }
 
  private:
+  // The training data of each source; each sets test_ and config_.classes.
+  data::Dataset syntheticData(const CommonOptions& common, int64_t size);
+  data::Dataset cifarData(const std::string& directory, int64_t size);
+  /// DIRECTORY/train and DIRECTORY/val, whose class folders must agree; sets the augmentation.
+  data::Dataset imageFolderData(const std::string& directory, int64_t size, data::BatchOptions& batching);
+
   ResNetConfig config_;
   int64_t batchSize_ = 128;
-  int64_t imageSize_ = 32;
+  int64_t imageSize_ = 0;  // 0: the data's (224 for an image folder, else 32)
   int64_t trainImages_ = 40000;  // synthetic task only
   int64_t testImages_ = 2000;
   int64_t evalBatch_ = 250;
