@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -95,8 +96,13 @@ std::string shellQuote(const std::string& s) {
 struct Child {
   MemberId id;
   pid_t pid = -1;  // also its process group
+  bool remote = false;  // pid is the ssh that runs it on its host
   bool running = true;
 };
+
+/// How long a failure waits for a remote member's ssh to report that member's death, which its
+/// peers, failing on it at once, may be reaped before.
+constexpr std::chrono::milliseconds kRemoteDeathReport{2000};
 
 /// Starts one member of the job in a process group of its own, with the parent-death signal:
 /// locally (through the host's launch prefix, if any) with its identity in the environment and
@@ -273,16 +279,22 @@ class Job {
   /// member whose main thread made no progress all that while, computing or stopped, is named.
   std::string verdict(const Coordinator& coordinator, const Child& failed, int status, std::chrono::milliseconds limit) {
     std::pair<const Child*, int> cause{&failed, status};
-    int other = 0;
-    for (pid_t pid; (pid = ::waitpid(-1, &other, WNOHANG)) > 0;) {
-      Child* child = find(pid);
-      if (child == nullptr) continue;
-      child->running = false;
-      if (WIFSIGNALED(other) && !WIFSIGNALED(cause.second)) cause = {child, other};
+    const bool anyRemote = std::any_of(children_.begin(), children_.end(), [](const Child& c) { return c.remote; });
+    const auto deadline = std::chrono::steady_clock::now() + (anyRemote ? kRemoteDeathReport : std::chrono::milliseconds(0));
+    for (;;) {
+      int other = 0;
+      for (pid_t pid; (pid = ::waitpid(-1, &other, WNOHANG)) > 0;) {
+        Child* child = find(pid);
+        if (child == nullptr) continue;
+        child->running = false;
+        if (killed(*child, other) && !killed(*cause.first, cause.second)) cause = {child, other};
+      }
+      if (killed(*cause.first, cause.second) || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     const std::string ended = fmt::format("{} (pid {}) {}", describe(cause.first->id), cause.first->pid,
                                           howItEnded(cause.second));
-    if (WIFSIGNALED(cause.second)) return ended;
+    if (killed(*cause.first, cause.second)) return ended;
     const auto liveness = coordinator.liveness();
     const Child* stuck = stuckMember(liveness, *cause.first, limit);
     if (stuck == nullptr) return ended;
@@ -294,6 +306,11 @@ class Job {
                        describe(stuck->id), stuck->pid, static_cast<double>(l.stalled.count()) / 1000.0,
                        stopped(l) ? "stopped" : "computing", describe(waiter->id),
                        waiter == cause.first ? howItEnded(cause.second) : "first to end: " + ended);
+  }
+  /// Whether a member ended by a signal: locally, or on its host, where the remote shell reports
+  /// it as status 128 + N and ssh, when sshd reports the signal, as 255.
+  static bool killed(const Child& c, int status) {
+    return WIFSIGNALED(status) || (c.remote && WIFEXITED(status) && WEXITSTATUS(status) > 128);
   }
   static bool stopped(const MemberLiveness& l) { return l.mainThread == 'T' || l.mainThread == 't'; }
   /// The running member other than `cause` stalled longest, `limit` or more, while stopped or
@@ -387,7 +404,9 @@ Outcome runOnce(const ResourceSpec& spec, const std::vector<std::string>& comman
         {kResourcesVariable, spec.toJson()},
     };
     environment.insert(options.environment.begin(), options.environment.end());  // the identity wins
-    running.add({id, start(spec.hosts()[static_cast<size_t>(id.host)], id, command, environment, secretMemory, secret)});
+    const HostSpec& host = spec.hosts()[static_cast<size_t>(id.host)];
+    const bool remote = !isLocal(host.address) && host.launchPrefix.empty();
+    running.add({id, start(host, id, command, environment, secretMemory, secret), remote});
   }
   return running.supervise(coordinator, options.silenceLimit);
 }

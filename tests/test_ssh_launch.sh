@@ -40,6 +40,13 @@ for n in "$here" "$ns"; do
 done
 ip netns exec "$here" ip link set "${tag}a" up
 ip netns exec "$ns" ip link set "${tag}b" up
+# The kernel reports a link running (IFF_RUNNING, which UCX requires of a device) only once its
+# operational state has caught up, up to a second after traffic already flows.
+for _ in $(seq 100); do
+  [[ $(ip netns exec "$here" cat "/sys/class/net/${tag}a/operstate") == up &&
+     $(ip netns exec "$ns" cat "/sys/class/net/${tag}b/operstate") == up ]] && break
+  sleep 0.1
+done
 at_host0() { ip netns exec "$here" "$@"; }
 
 ssh-keygen -q -t ed25519 -N "" -f "$work/client_key"
