@@ -302,7 +302,8 @@ TEST_CASE("SSP and DSSP with a slowed worker: no pull is answered beyond the bou
       CAPTURE(worker);
       CHECK(gap <= bound);
     }
-    CHECK(gaps.at(2) == 0);  // the slowed worker is always the slowest
+    // The slowed worker is not checked to stay behind: on a loaded machine a descheduled peer
+    // lets it catch up and pass. Over 30 steps at a quarter of their speed, the others do get ahead.
     CHECK(std::max(gaps.at(0), gaps.at(1)) >= 1);
   }
 }
