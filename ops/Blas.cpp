@@ -1,6 +1,8 @@
 // CPU matrix products (see the header).
 #include "ops/Blas.h"
 
+#include "ops/SgemmAvx512.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -14,6 +16,10 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
   if (k == 0) {
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == T(0) ? T(0) : beta * c[r * ldc + j];
+    return;
+  }
+  if constexpr (std::is_same_v<T, float> && detail::kHaveSgemmAvx512) {
+    detail::sgemmAvx512(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   // OpenBLAS's own threads would compete with the pool's.

@@ -1,5 +1,6 @@
-// Row-major matrix products on the CPU through OpenBLAS's CBLAS, for the op kernels (the CPU twin
-// of ops/cuda/Blas.h); the one place weft calls CBLAS. Each call is single-threaded: weft's pool
+// Row-major matrix products on the CPU, for the op kernels (the CPU twin of ops/cuda/Blas.h):
+// f32 through weft's own kernel on AVX-512 builds (ops/SgemmAvx512.h), everything else through
+// OpenBLAS's CBLAS; the one place weft calls CBLAS. Each call is single-threaded: weft's pool
 // spreads a product's blocks, so the thread count is the session's.
 #pragma once
 

@@ -1,0 +1,164 @@
+// weft's AVX-512 f32 matrix product (see the header). The classic blocked layout: a panel of B
+// (kDepth x kPanelCols) and a block of A (kBlockRows x kDepth) are packed into contiguous slivers,
+// then a register tile of 12 rows x 32 columns (24 of the 32 vector registers as accumulators)
+// runs down the depth with two vector loads of B, twelve broadcasts of A and 24 multiply-adds per
+// step. The B sliver (32 KB at full depth) stays in L1 while the A slivers stream from L2.
+#include "ops/SgemmAvx512.h"
+
+#if defined(__AVX512F__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+namespace weft::blas::detail {
+namespace {
+
+constexpr int64_t kTileRows = 12;
+constexpr int64_t kTileCols = 32;
+constexpr int64_t kDepth = 256;
+constexpr int64_t kBlockRows = 120;  // ten tiles of rows
+constexpr int64_t kPanelCols = 1024;
+
+/// The packing buffers of the calling thread, allocated on its first product.
+struct PackBuffers {
+  float* a = allocate(kBlockRows * kDepth);
+  float* b = allocate(kPanelCols * kDepth);
+  ~PackBuffers() {
+    std::free(a);
+    std::free(b);
+  }
+  static float* allocate(int64_t floats) {
+    void* p = std::aligned_alloc(64, static_cast<size_t>(floats) * sizeof(float));
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<float*>(p);
+  }
+};
+
+PackBuffers& packBuffers() {
+  thread_local PackBuffers buffers;
+  return buffers;
+}
+
+/// The lanes of a sliver's two vectors that hold its first `live` columns.
+struct ColumnMasks {
+  __mmask16 low, high;
+};
+
+ColumnMasks columnMasks(int64_t live) {
+  const auto lanes = [](int64_t count) {
+    return count <= 0 ? __mmask16(0) : count >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+  };
+  return {lanes(live), lanes(live - 16)};
+}
+
+/// Rows [i0, i0 + rows) and depth [p0, p0 + depth) of op(A), as slivers of kTileRows rows laid
+/// out depth-major (sliver[p * kTileRows + r]); the rows past the end are zero.
+void packA(bool ta, const float* a, int64_t lda, int64_t i0, int64_t rows, int64_t p0, int64_t depth, float* out) {
+  for (int64_t s = 0; s < rows; s += kTileRows, out += kTileRows * depth) {
+    const int64_t live = std::min(kTileRows, rows - s);
+    for (int64_t p = 0; p < depth; ++p) {
+      float* dst = out + p * kTileRows;
+      if (ta) {
+        const float* src = a + (p0 + p) * lda + i0 + s;
+        for (int64_t r = 0; r < live; ++r) dst[r] = src[r];
+      } else {
+        const float* src = a + (i0 + s) * lda + p0 + p;
+        for (int64_t r = 0; r < live; ++r) dst[r] = src[r * lda];
+      }
+      for (int64_t r = live; r < kTileRows; ++r) dst[r] = 0.0f;
+    }
+  }
+}
+
+/// Columns [j0, j0 + cols) and depth [p0, p0 + depth) of op(B), as slivers of kTileCols columns
+/// laid out depth-major (sliver[p * kTileCols + c]); the columns past the end are zero.
+void packB(bool tb, const float* b, int64_t ldb, int64_t j0, int64_t cols, int64_t p0, int64_t depth, float* out) {
+  for (int64_t s = 0; s < cols; s += kTileCols, out += kTileCols * depth) {
+    const int64_t live = std::min(kTileCols, cols - s);
+    if (tb) {
+      for (int64_t c = 0; c < live; ++c) {
+        const float* src = b + (j0 + s + c) * ldb + p0;
+        for (int64_t p = 0; p < depth; ++p) out[p * kTileCols + c] = src[p];
+      }
+      for (int64_t p = 0; p < depth; ++p)
+        for (int64_t c = live; c < kTileCols; ++c) out[p * kTileCols + c] = 0.0f;
+    } else {
+      const ColumnMasks mask = columnMasks(live);
+      for (int64_t p = 0; p < depth; ++p) {
+        const float* src = b + (p0 + p) * ldb + j0 + s;
+        _mm512_store_ps(out + p * kTileCols, _mm512_maskz_loadu_ps(mask.low, src));
+        _mm512_store_ps(out + p * kTileCols + 16, _mm512_maskz_loadu_ps(mask.high, src + 16));
+      }
+    }
+  }
+}
+
+/// One register tile: C[Rows x 32] (columns masked by low and high) = beta C + A B over the
+/// packed slivers on the first depth block, C += A B on the later ones.
+template <int Rows>
+void tile(int64_t depth, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc, __mmask16 low,
+          __mmask16 high, float beta, bool accumulate) {
+  __m512 left[Rows], right[Rows];
+#pragma GCC unroll 12
+  for (int r = 0; r < Rows; ++r) left[r] = right[r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < depth; ++p, a += kTileRows, b += kTileCols) {
+    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 12
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r]);
+      left[r] = _mm512_fmadd_ps(x, b0, left[r]);
+      right[r] = _mm512_fmadd_ps(x, b1, right[r]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+  for (int r = 0; r < Rows; ++r) {
+    float* row = c + r * ldc;
+    __m512 l = left[r], h = right[r];
+    if (accumulate) {
+      l = _mm512_add_ps(_mm512_maskz_loadu_ps(low, row), l);
+      h = _mm512_add_ps(_mm512_maskz_loadu_ps(high, row + 16), h);
+    } else if (beta != 0.0f) {
+      l = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(low, row), l);
+      h = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(high, row + 16), h);
+    }
+    _mm512_mask_storeu_ps(row, low, l);
+    _mm512_mask_storeu_ps(row + 16, high, h);
+  }
+}
+
+using TileKernel = void (*)(int64_t, const float*, const float*, float*, int64_t, __mmask16, __mmask16, float, bool);
+constexpr TileKernel kTiles[kTileRows + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
+                                              tile<7>,  tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
+
+}  // namespace
+
+void sgemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float beta, float* c, int64_t ldc) {
+  PackBuffers& buffers = packBuffers();
+  for (int64_t j0 = 0; j0 < n; j0 += kPanelCols) {
+    const int64_t cols = std::min(kPanelCols, n - j0);
+    for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
+      const int64_t depth = std::min(kDepth, k - p0);
+      packB(tb, b, ldb, j0, cols, p0, depth, buffers.b);
+      for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
+        const int64_t rows = std::min(kBlockRows, m - i0);
+        packA(ta, a, lda, i0, rows, p0, depth, buffers.a);
+        for (int64_t jt = 0; jt < cols; jt += kTileCols) {
+          const ColumnMasks mask = columnMasks(cols - jt);
+          for (int64_t it = 0; it < rows; it += kTileRows) {
+            kTiles[std::min(kTileRows, rows - it)](depth, buffers.a + it * depth, buffers.b + jt * depth,
+                                                   c + (i0 + it) * ldc + j0 + jt, ldc, mask.low, mask.high, beta, p0 > 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace weft::blas::detail
+
+#endif  // __AVX512F__

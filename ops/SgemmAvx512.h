@@ -1,0 +1,24 @@
+// weft's own f32 matrix product for CPUs with AVX-512 (internal to ops/Blas.cpp). Debian's
+// OpenBLAS is often held to its AVX2 kernels (OPENBLAS_CORETYPE=Haswell, set on machines where
+// its newer kernels misbehave), which leaves half of an AVX-512 core's multiply-add width unused;
+// this kernel uses all of it whatever the environment says.
+#pragma once
+
+#include <cstdint>
+
+namespace weft::blas::detail {
+
+#if defined(__AVX512F__)
+inline constexpr bool kHaveSgemmAvx512 = true;
+#else
+inline constexpr bool kHaveSgemmAvx512 = false;
+#endif
+
+/// C (m x n) = op(A) op(B) + beta C, row-major, single-threaded, with the conventions of
+/// blas::gemm; m, n and k are at least 1. Each element of C is computed by the same sequence of
+/// operations wherever it lies in C and however C is cut into calls, so products split across
+/// threads give the same bits as one call. Defined only when kHaveSgemmAvx512.
+void sgemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float beta, float* c, int64_t ldc);
+
+}  // namespace weft::blas::detail

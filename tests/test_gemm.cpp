@@ -1,0 +1,168 @@
+// Tests of the CPU matrix product under every op (ops/Blas.h): f32 and f64 against a naive double
+// reference across the register tile's and the cache blocks' edges, every transpose, beta, and
+// stored rows longer than the operands; and the same bits however the pool cuts the product.
+#include "core/ThreadPool.h"
+#include "ops/Blas.h"
+#include "ops/SgemmAvx512.h"
+#include "tests/TestUtil.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace weft;
+
+namespace {
+
+struct Product {
+  bool ta, tb;
+  int64_t m, n, k;
+  int64_t pad = 0;  // extra elements at the end of every stored row
+};
+
+/// A stored operand of `rows` x `cols` with `ld` elements a row, uniform in [-1, 1).
+template <class T>
+std::vector<T> randomMatrix(int64_t rows, int64_t ld, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<T> v(static_cast<size_t>(rows * ld));
+  for (T& x : v) x = static_cast<T>(u(rng));
+  return v;
+}
+
+template <class T>
+struct Operands {
+  int64_t lda, ldb, ldc;
+  std::vector<T> a, b, c;
+};
+
+template <class T>
+Operands<T> operands(const Product& p) {
+  Operands<T> o;
+  o.lda = (p.ta ? p.m : p.k) + p.pad;
+  o.ldb = (p.tb ? p.k : p.n) + p.pad;
+  o.ldc = p.n + p.pad;
+  o.a = randomMatrix<T>(p.ta ? p.k : p.m, o.lda, 1);
+  o.b = randomMatrix<T>(p.tb ? p.n : p.k, o.ldb, 2);
+  o.c = randomMatrix<T>(p.m, o.ldc, 3);
+  return o;
+}
+
+/// Checks gemm's C against sum_k op(A) op(B) + beta C0 in double, and that the padding of
+/// every row of C is untouched.
+template <class T>
+void checkAgainstReference(const Product& p, T beta, bool nanInC) {
+  Operands<T> o = operands<T>(p);
+  std::vector<T> c = o.c;
+  if (nanInC) {
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t j = 0; j < p.n; ++j) c[static_cast<size_t>(i * o.ldc + j)] = std::numeric_limits<T>::quiet_NaN();
+  }
+  blas::gemm<T>(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, beta, c.data(), o.ldc);
+  const double eps = std::numeric_limits<T>::epsilon();
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      double sum = 0, magnitude = 0;
+      for (int64_t q = 0; q < p.k; ++q) {
+        const double x = o.a[static_cast<size_t>(p.ta ? q * o.lda + i : i * o.lda + q)];
+        const double y = o.b[static_cast<size_t>(p.tb ? j * o.ldb + q : q * o.ldb + j)];
+        sum += x * y;
+        magnitude += std::abs(x * y);
+      }
+      const double c0 = o.c[static_cast<size_t>(i * o.ldc + j)];
+      if (beta != T(0)) {
+        sum += static_cast<double>(beta) * c0;
+        magnitude += std::abs(static_cast<double>(beta) * c0);
+      }
+      const double got = c[static_cast<size_t>(i * o.ldc + j)];
+      if (!(std::abs(got - sum) <= 2 * eps * (static_cast<double>(p.k) + 2) * (magnitude + 1e-30))) {
+        FAIL_CHECK("C[" << i << ", " << j << "] = " << got << ", expected " << sum);
+        return;
+      }
+    }
+    for (int64_t j = p.n; j < o.ldc; ++j) REQUIRE(c[static_cast<size_t>(i * o.ldc + j)] == o.c[static_cast<size_t>(i * o.ldc + j)]);
+  }
+}
+
+// Around the f32 kernel's register tile (12 x 32), its depth block (256), its row block (120)
+// and its column panel (1024); and the small and skinny shapes of the models' backward passes.
+const std::vector<Product> kShapes = {
+    {false, false, 1, 1, 1},      {false, false, 11, 31, 7},     {false, false, 12, 32, 256},
+    {false, false, 13, 33, 257},  {false, false, 121, 17, 300},  {false, false, 25, 1030, 40},
+    {false, false, 130, 70, 520}, {false, false, 3, 500, 2},     {false, false, 500, 3, 90},
+    {false, false, 37, 45, 53, 5}};
+
+template <class T>
+void checkEveryTranspose(T beta, bool nanInC) {
+  for (Product p : kShapes) {
+    for (const auto& [ta, tb] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+      p.ta = ta;
+      p.tb = tb;
+      CAPTURE(p.ta);
+      CAPTURE(p.tb);
+      CAPTURE(p.m);
+      CAPTURE(p.n);
+      CAPTURE(p.k);
+      CAPTURE(p.pad);
+      checkAgainstReference<T>(p, beta, nanInC);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gemm in f32 matches a double reference across tile and block edges, for every transpose") {
+  checkEveryTranspose<float>(0.0f, false);
+}
+
+TEST_CASE("gemm in f64 matches a double reference for every transpose") { checkEveryTranspose<double>(0.0, false); }
+
+TEST_CASE("gemm with beta 0 never reads C, whatever C holds") {
+  checkEveryTranspose<float>(0.0f, true);
+  checkEveryTranspose<double>(0.0, true);
+}
+
+TEST_CASE("gemm adds beta C: beta 1 accumulates, other betas scale") {
+  for (float beta : {1.0f, 0.5f, -2.0f}) {
+    CAPTURE(beta);
+    checkEveryTranspose<float>(beta, false);
+  }
+  checkEveryTranspose<double>(1.0, false);
+}
+
+TEST_CASE("gemm with an empty depth gives beta C, and with no rows or columns writes nothing") {
+  std::vector<float> c = {1, 2, 3, 4};
+  blas::gemm<float>(false, false, 2, 2, 0, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  CHECK(c == std::vector<float>{0.5f, 1, 1.5f, 2});
+  blas::gemm<float>(false, false, 2, 2, 0, nullptr, 1, nullptr, 2, 0.0f, c.data(), 2);
+  CHECK(c == std::vector<float>{0, 0, 0, 0});
+  blas::gemm<float>(false, false, 0, 2, 3, nullptr, 3, nullptr, 2, 0.0f, nullptr, 2);
+  blas::gemm<float>(false, false, 2, 0, 3, nullptr, 3, nullptr, 0, 0.0f, nullptr, 0);
+}
+
+TEST_CASE("parallelGemm gives the same bits at any thread count") {
+  for (const Product& p : {Product{false, false, 700, 90, 300}, Product{true, true, 60, 900, 270},
+                           Product{false, true, 257, 333, 513}}) {
+    CAPTURE(p.m);
+    const Operands<float> o = operands<float>(p);
+    std::vector<float> first;
+    for (int threads : {1, 2, 3, 8}) {
+      CAPTURE(threads);
+      ThreadPool pool(threads);
+      KernelContext ctx;
+      ctx.pool = &pool;
+      std::vector<float> c = o.c;
+      blas::parallelGemm<float>(ctx, p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 1.0f, c.data(),
+                                o.ldc);
+      if (first.empty()) first = c;
+      CHECK(c == first);
+    }
+    // weft's own kernel computes every element alike wherever it lies: one call gives the bits too.
+    if (blas::detail::kHaveSgemmAvx512) {
+      std::vector<float> whole = o.c;
+      blas::gemm<float>(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 1.0f, whole.data(), o.ldc);
+      CHECK(whole == first);
+    }
+  }
+}
