@@ -1,4 +1,4 @@
-// Intra-op parallelism: a fixed pool of threads (Eigen's non-blocking pool) and parallelFor.
+// Intra-op parallelism: a fixed team of threads and parallelFor (see ThreadPool.cpp).
 #pragma once
 
 #include <cstdint>
@@ -17,8 +17,9 @@ class ThreadPool {
   int numThreads() const { return threads_; }
 
   /// Runs `body(begin, end)` over disjoint ranges covering [0, n), in parallel when the work
-  /// (n * costPerItem, in rough nanoseconds) is large enough to pay for the hand-off. Must not
-  /// throw from worker ranges: validate inputs before calling.
+  /// (n * costPerItem, in rough nanoseconds) is large enough to pay for the hand-off. A call
+  /// made while another runs (from inside a body, or from another thread) runs on its caller
+  /// alone. An exception from any range is rethrown once all ranges have ended.
   void parallelFor(int64_t n, int64_t costPerItem,
                    const std::function<void(int64_t, int64_t)>& body) const;
 
