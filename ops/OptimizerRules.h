@@ -16,7 +16,7 @@ struct Hyper {
 
 enum class Rule { SGD, Momentum, Adam, Adagrad };
 
-inline int slotCount(Rule r) { return r == Rule::SGD ? 0 : r == Rule::Adam ? 2 : 1; }
+constexpr int slotCount(Rule r) { return r == Rule::SGD ? 0 : r == Rule::Adam ? 2 : 1; }
 
 // w -= lr (g + wd w)
 template <class T>
