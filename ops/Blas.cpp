@@ -55,6 +55,48 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
   });
 }
 
+template <class T>
+PackedOperand<T>::PackedOperand(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb)
+    : tb(tb), k(k), n(n), b(b), ldb(ldb) {
+  if constexpr (std::is_same_v<T, float> && detail::kHaveSgemmAvx512) {
+    packed = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(detail::packedSgemmSize(k, n)));
+    detail::packSgemmOperand(tb, k, n, b, ldb, packed.get());
+  }
+}
+
+template <class T>
+void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int64_t lda, const PackedOperand<T>& b,
+                  T beta, T* c, int64_t ldc) {
+  if (!b.packed || m == 0 || b.n == 0 || b.k == 0) {
+    parallelGemm(ctx, ta, b.tb, m, b.n, b.k, a, lda, b.b, b.ldb, beta, c, ldc);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float> && detail::kHaveSgemmAvx512) {
+    // Blocks of whole tiles, about four, none under 64 rows or columns; from the shape alone.
+    const bool splitRows = m > b.n;
+    const int64_t unit = splitRows ? 12 : detail::kSgemmTileCols, extent = splitRows ? m : b.n;
+    const int64_t per = std::max<int64_t>(64, (extent / 4 + unit - 1) / unit * unit);
+    const int64_t blocks = (extent + per - 1) / per;
+    ctx.parallelFor(blocks, m * b.n * b.k / blocks, [&](int64_t lo, int64_t hi) {
+      for (int64_t blk = lo; blk < hi; ++blk) {
+        const int64_t begin = blk * per, end = std::min(extent, begin + per);
+        if (splitRows) {
+          detail::sgemmAvx512Packed(ta, end - begin, b.n, b.k, ta ? a + begin : a + begin * lda, lda, b.packed.get(),
+                                    0, b.n, beta, c + begin * ldc, ldc);
+        } else {
+          detail::sgemmAvx512Packed(ta, m, b.n, b.k, a, lda, b.packed.get(), begin, end, beta, c, ldc);
+        }
+      }
+    });
+  }
+}
+
+template class PackedOperand<float>;
+template class PackedOperand<double>;
+template void parallelGemm<float>(const KernelContext&, bool, int64_t, const float*, int64_t,
+                                  const PackedOperand<float>&, float, float*, int64_t);
+template void parallelGemm<double>(const KernelContext&, bool, int64_t, const double*, int64_t,
+                                   const PackedOperand<double>&, double, double*, int64_t);
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float,
                           float*, int64_t);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*, int64_t,

@@ -6,6 +6,8 @@
 
 #include "core/OpRegistry.h"
 
+#include <memory>
+
 namespace weft::blas {
 
 /// C (m x n) = op(A) op(B) + beta C, row-major, as one single-threaded call. A is stored (k x m)
@@ -22,5 +24,25 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
 template <class T>
 void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                   const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+/// op(B) (k x n; B stored n x k when tb) laid out once for many products with it: an RNN
+/// multiplies its recurrent weight at every step. Holds a copy when weft's own kernel runs the
+/// products (f32 on AVX-512), otherwise B's address, which must then outlive it.
+template <class T>
+class PackedOperand {
+ public:
+  PackedOperand(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb);
+  bool tb;
+  int64_t k, n;
+  const T* b;
+  int64_t ldb;
+  std::unique_ptr<float[]> packed;  // empty unless weft's kernel runs the products
+};
+
+/// parallelGemm with a packed B, with the bits parallelGemm gives. C is cut into finer blocks
+/// than parallelGemm's, since no block packs B again: an RNN step's product is small.
+template <class T>
+void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int64_t lda, const PackedOperand<T>& b,
+                  T beta, T* c, int64_t ldc);
 
 }  // namespace weft::blas

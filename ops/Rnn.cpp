@@ -1,7 +1,8 @@
 // Fused recurrent layers: a whole-sequence LSTM and a GRU cell. Each is one forward op that also
 // outputs the activations its backward needs, plus one fused backward op (BPTT for the LSTM).
-// Matrix products go through OpenBLAS (single-threaded calls split across weft's pool); the
-// pointwise gate math runs on Eigen arrays so that sigmoid and tanh vectorise.
+// Matrix products go through ops/Blas.h (single-threaded calls split across weft's pool; the
+// recurrent weight packed once per op); the pointwise gate math runs on Eigen arrays so that
+// sigmoid and tanh vectorise.
 #include "ops/Blas.h"
 #include "ops/OpUtil.h"
 #include "ops/RnnSequence.h"
@@ -252,7 +253,7 @@ void gruGateStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, co
   });
 }
 
-/// The CPU side of ops/RnnSequence.h: products on OpenBLAS split across the pool, gate math on
+/// The CPU side of ops/RnnSequence.h: products through ops/Blas.h split across the pool, gate math on
 /// Eigen arrays.
 template <class T>
 struct CpuBackend {
@@ -262,6 +263,10 @@ struct CpuBackend {
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
             T beta, T* c, int64_t ldc) {
     blas::parallelGemm(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  }
+  blas::PackedOperand<T> pack(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb) { return {tb, k, n, b, ldb}; }
+  void gemm(int64_t m, const T* a, int64_t lda, const blas::PackedOperand<T>& b, T beta, T* c, int64_t ldc) {
+    blas::parallelGemm(ctx, false, m, a, lda, b, beta, c, ldc);
   }
   void lstmStep(int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates, T* c, T* h) {
     lstmGateStep(ctx, batch, hidden, bias, cPrev, gates, c, h);

@@ -3,6 +3,8 @@
 // they multiply matrices and run the gate math. Formulas and layouts are documented in
 // ops/Rnn.cpp. A backend for element type T provides:
 //   gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc)  row-major C = op(A) op(B) + beta C
+//   pack(tb, k, n, b, ldb): op(B) prepared for many products (the recurrent weight, used at
+//     every step); gemm(m, a, lda, packed, beta, c, ldc) multiplies A (m x k) by it
 //   lstmStep(batch, hidden, bias, cPrev, gates, c, h)
 //   lstmStepGrad(batch, hidden, gates, c, cPrev, dy, dh, dc, dGates)
 //   gruStep(batch, hidden, bx, bh, h, gates, hn, hNew)
@@ -25,11 +27,12 @@ void lstmForward(const KernelContext& ctx, Backend& be) {
   T *y = ctx.out<T>(0), *gates = ctx.out<T>(3), *cells = ctx.out<T>(4);
   // The input projection of every step at once: gates (T*B, 4H) = x (T*B, I) wx (I, 4H).
   be.gemm(false, false, steps * batch, g4, input, ctx.in<T>(0), input, ctx.in<T>(3), g4, T(0), gates, g4);
+  const auto recurrent = be.pack(false, hidden, g4, wh, g4);
   for (int64_t t = 0; t < steps; ++t) {
     const T* hPrev = t == 0 ? h0 : y + (t - 1) * state;
     const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
     T* gt = gates + t * batch * g4;
-    be.gemm(false, false, batch, g4, hidden, hPrev, hidden, wh, g4, T(1), gt, g4);
+    be.gemm(batch, hPrev, hidden, recurrent, T(1), gt, g4);
     be.lstmStep(batch, hidden, bias, cPrev, gt, cells + t * state, y + t * state);
   }
   be.copy(steps == 0 ? h0 : y + (steps - 1) * state, ctx.out<T>(1), state);
@@ -52,11 +55,12 @@ void lstmBackward(const KernelContext& ctx, Backend& be) {
   be.copy(ctx.in<T>(9), dh, state);
   be.copy(ctx.in<T>(10), dc, state);
   T* dG = be.scratch(rows * g4);  // (T, B, 4H)
+  const auto recurrentT = be.pack(true, g4, hidden, wh, g4);
   for (int64_t t = steps - 1; t >= 0; --t) {
     const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
     T* dg = dG + t * batch * g4;
     be.lstmStepGrad(batch, hidden, gates + t * batch * g4, cells + t * state, cPrev, dy + t * state, dh, dc, dg);
-    be.gemm(false, true, batch, hidden, g4, dg, g4, wh, g4, T(0), dh, hidden);
+    be.gemm(batch, dg, g4, recurrentT, T(0), dh, hidden);
   }
   be.gemm(false, true, rows, input, g4, dG, g4, wx, g4, T(0), ctx.out<T>(0), input);
   be.gemm(true, false, input, g4, rows, x, input, dG, g4, T(0), ctx.out<T>(3), g4);

@@ -2,7 +2,8 @@
 // (kDepth x kPanelCols) and a block of A (kBlockRows x kDepth) are packed into contiguous slivers,
 // then a register tile of 12 rows x 32 columns (24 of the 32 vector registers as accumulators)
 // runs down the depth with two vector loads of B, twelve broadcasts of A and 24 multiply-adds per
-// step. The B sliver (32 KB at full depth) stays in L1 while the A slivers stream from L2.
+// step. The B sliver (32 KB at full depth) stays in L1 while the A slivers stream from L2. An
+// operand used in many products (an RNN's recurrent weight) can be packed once, whole.
 #include "ops/SgemmAvx512.h"
 
 #if defined(__AVX512F__)
@@ -17,7 +18,7 @@ namespace weft::blas::detail {
 namespace {
 
 constexpr int64_t kTileRows = 12;
-constexpr int64_t kTileCols = 32;
+constexpr int64_t kTileCols = kSgemmTileCols;
 constexpr int64_t kDepth = 256;
 constexpr int64_t kBlockRows = 120;  // ten tiles of rows
 constexpr int64_t kPanelCols = 1024;
@@ -89,8 +90,8 @@ void packB(bool tb, const float* b, int64_t ldb, int64_t j0, int64_t cols, int64
       const ColumnMasks mask = columnMasks(live);
       for (int64_t p = 0; p < depth; ++p) {
         const float* src = b + (p0 + p) * ldb + j0 + s;
-        _mm512_store_ps(out + p * kTileCols, _mm512_maskz_loadu_ps(mask.low, src));
-        _mm512_store_ps(out + p * kTileCols + 16, _mm512_maskz_loadu_ps(mask.high, src + 16));
+        _mm512_storeu_ps(out + p * kTileCols, _mm512_maskz_loadu_ps(mask.low, src));
+        _mm512_storeu_ps(out + p * kTileCols + 16, _mm512_maskz_loadu_ps(mask.high, src + 16));
       }
     }
   }
@@ -105,7 +106,7 @@ void tile(int64_t depth, const float* __restrict a, const float* __restrict b, f
 #pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) left[r] = right[r] = _mm512_setzero_ps();
   for (int64_t p = 0; p < depth; ++p, a += kTileRows, b += kTileCols) {
-    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 12
     for (int r = 0; r < Rows; ++r) {
       const __m512 x = _mm512_set1_ps(a[r]);
@@ -136,26 +137,58 @@ constexpr TileKernel kTiles[kTileRows + 1] = {nullptr,  tile<1>, tile<2>, tile<3
 
 }  // namespace
 
+namespace {
+
+/// C[:, 0 .. cols) += op(A) B over depth [p0, p0 + depth) (C = beta C + ... on the first depth
+/// block), with B's slivers for those columns and that depth at `slivers`.
+void multiplyDepthBlock(bool ta, int64_t m, const float* a, int64_t lda, int64_t p0, int64_t depth,
+                        const float* slivers, int64_t cols, float beta, float* c, int64_t ldc) {
+  float* packedA = packBuffers().a;
+  for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
+    const int64_t rows = std::min(kBlockRows, m - i0);
+    packA(ta, a, lda, i0, rows, p0, depth, packedA);
+    for (int64_t jt = 0; jt < cols; jt += kTileCols) {
+      const ColumnMasks mask = columnMasks(cols - jt);
+      for (int64_t it = 0; it < rows; it += kTileRows) {
+        kTiles[std::min(kTileRows, rows - it)](depth, packedA + it * depth, slivers + jt * depth,
+                                               c + (i0 + it) * ldc + jt, ldc, mask.low, mask.high, beta, p0 > 0);
+      }
+    }
+  }
+}
+
+int64_t paddedCols(int64_t n) { return (n + kTileCols - 1) / kTileCols * kTileCols; }
+
+}  // namespace
+
 void sgemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float beta, float* c, int64_t ldc) {
-  PackBuffers& buffers = packBuffers();
+  float* packedB = packBuffers().b;
   for (int64_t j0 = 0; j0 < n; j0 += kPanelCols) {
     const int64_t cols = std::min(kPanelCols, n - j0);
     for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
       const int64_t depth = std::min(kDepth, k - p0);
-      packB(tb, b, ldb, j0, cols, p0, depth, buffers.b);
-      for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
-        const int64_t rows = std::min(kBlockRows, m - i0);
-        packA(ta, a, lda, i0, rows, p0, depth, buffers.a);
-        for (int64_t jt = 0; jt < cols; jt += kTileCols) {
-          const ColumnMasks mask = columnMasks(cols - jt);
-          for (int64_t it = 0; it < rows; it += kTileRows) {
-            kTiles[std::min(kTileRows, rows - it)](depth, buffers.a + it * depth, buffers.b + jt * depth,
-                                                   c + (i0 + it) * ldc + j0 + jt, ldc, mask.low, mask.high, beta, p0 > 0);
-          }
-        }
-      }
+      packB(tb, b, ldb, j0, cols, p0, depth, packedB);
+      multiplyDepthBlock(ta, m, a, lda, p0, depth, packedB, cols, beta, c + j0, ldc);
     }
+  }
+}
+
+// Packed whole, depth block after depth block; each block holds the slivers of all n columns.
+int64_t packedSgemmSize(int64_t k, int64_t n) { return k * paddedCols(n); }
+
+void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, float* packed) {
+  for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
+    packB(tb, b, ldb, 0, n, p0, std::min(kDepth, k - p0), packed + p0 * paddedCols(n));
+  }
+}
+
+void sgemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
+                       int64_t c0, int64_t c1, float beta, float* c, int64_t ldc) {
+  for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
+    const int64_t depth = std::min(kDepth, k - p0);
+    multiplyDepthBlock(ta, m, a, lda, p0, depth, packed + p0 * paddedCols(n) + c0 * depth, c1 - c0, beta, c + c0,
+                       ldc);
   }
 }
 

@@ -21,4 +21,18 @@ inline constexpr bool kHaveSgemmAvx512 = false;
 void sgemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float beta, float* c, int64_t ldc);
 
+/// The register tile's columns: a product with a packed operand is split at multiples of it.
+inline constexpr int64_t kSgemmTileCols = 32;
+
+/// The floats op(B) (k x n) takes packed whole by packSgemmOperand.
+int64_t packedSgemmSize(int64_t k, int64_t n);
+
+/// Lays op(B) (k x n; B stored n x k when tb) out as the kernel reads it, for many products.
+void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, float* packed);
+
+/// Columns [c0, c1) of C (m x n) = op(A) B + beta C with B packed by packSgemmOperand; c0 is a
+/// multiple of kSgemmTileCols. Gives the bits sgemmAvx512 gives.
+void sgemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
+                       int64_t c0, int64_t c1, float beta, float* c, int64_t ldc);
+
 }  // namespace weft::blas::detail

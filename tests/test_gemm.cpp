@@ -166,3 +166,37 @@ TEST_CASE("parallelGemm gives the same bits at any thread count") {
     }
   }
 }
+
+TEST_CASE("products with a packed operand give parallelGemm's bits, for either layout of B and any thread count") {
+  for (const Product& p : {Product{false, false, 64, 512, 128}, Product{false, true, 64, 128, 512},
+                           Product{true, false, 300, 70, 257, 3}, Product{false, true, 5, 33, 9}}) {
+    CAPTURE(p.m);
+    CAPTURE(p.n);
+    const Operands<float> o = operands<float>(p);
+    const blas::PackedOperand<float> packed(p.tb, p.k, p.n, o.b.data(), o.ldb);
+    for (int threads : {1, 2, 3}) {
+      CAPTURE(threads);
+      ThreadPool pool(threads);
+      KernelContext ctx;
+      ctx.pool = &pool;
+      std::vector<float> plain = o.c, withPacked = o.c;
+      blas::parallelGemm<float>(ctx, p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 1.0f,
+                                plain.data(), o.ldc);
+      blas::parallelGemm<float>(ctx, p.ta, p.m, o.a.data(), o.lda, packed, 1.0f, withPacked.data(), o.ldc);
+      CHECK(withPacked == plain);
+    }
+  }
+}
+
+TEST_CASE("a packed f64 operand multiplies as gemm does") {
+  const Product p{false, true, 20, 30, 40};
+  const Operands<double> o = operands<double>(p);
+  const blas::PackedOperand<double> packed(p.tb, p.k, p.n, o.b.data(), o.ldb);
+  ThreadPool pool(2);
+  KernelContext ctx;
+  ctx.pool = &pool;
+  std::vector<double> plain = o.c, withPacked = o.c;
+  blas::gemm<double>(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0, plain.data(), o.ldc);
+  blas::parallelGemm<double>(ctx, p.ta, p.m, o.a.data(), o.lda, packed, 0.0, withPacked.data(), o.ldc);
+  CHECK(withPacked == plain);
+}

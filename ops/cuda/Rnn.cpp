@@ -18,6 +18,17 @@ struct CudaBackend {
             T beta, T* c, int64_t ldc) {
     cudaops::gemm<T>(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
   }
+  /// cuBLAS packs nothing ahead: the "packed" operand is B where it lies.
+  struct Operand {
+    bool tb;
+    int64_t k, n;
+    const T* b;
+    int64_t ldb;
+  };
+  Operand pack(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb) { return {tb, k, n, b, ldb}; }
+  void gemm(int64_t m, const T* a, int64_t lda, const Operand& b, T beta, T* c, int64_t ldc) {
+    gemm(false, b.tb, m, b.n, b.k, a, lda, b.b, b.ldb, beta, c, ldc);
+  }
   void lstmStep(int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates, T* c, T* h) {
     if (batch * hidden != 0) WEFT_CUDA_CHECK(launch::lstmStep<T>(batch, hidden, bias, cPrev, gates, c, h, streamOf(ctx)));
   }
