@@ -4,7 +4,12 @@
 // batch shape, then N timed steps; weft runs its N batches once untimed, then times them again;
 // median, p10, p90, and throughput = items of the timed steps / their total time).
 //
-//     bench_zoo_torch MODEL STEPS [THREADS]      MODEL: lm nmt resnet gnn list_reduction
+//     bench_zoo_torch MODEL STEPS [THREADS] [--hidden H] [--batch B] [--width W]
+//         MODEL: lm nmt resnet gnn list_reduction
+//         --hidden: the recurrent or node state width of lm, nmt, gnn, list_reduction (weft's
+//         --hidden); --batch and --width: ResNet's images per step and first-stage channels
+//         (weft's --batch and --width). The sequence models keep their batch: its padded
+//         widths below were measured at weft's default batch.
 //
 // prints {"model": ..., "impl": "libtorch", "steps": N, "threads": T, "median_ms": ...,
 // "p10_ms": ..., "p90_ms": ..., "<unit>_per_s": ...} on stdout; on stderr the parameter counts,
@@ -239,6 +244,13 @@ Tensor perTokenCrossEntropy(const Tensor& logits, const Tensor& targets) {
 // ---- the peers -------------------------------------------------------------------------------------
 
 /// One model: its update rule, a training-step loss on its fixed batch, and what a batch counts.
+/// The sizes a run overrides; 0 keeps the model's default.
+struct Sizes {
+  int64_t hidden = 0, batch = 0, width = 0;
+};
+
+int64_t orDefault(int64_t value, int64_t fallback) { return value > 0 ? value : fallback; }
+
 struct Peer {
   std::unique_ptr<Updater> updater;
   std::function<Tensor()> loss;
@@ -247,12 +259,13 @@ struct Peer {
   std::string shapes;
 };
 
-Peer lm() {
-  constexpr int64_t kVocab = 50000 + 4, kEmbed = 128, kHidden = 256, kSampled = 1024, kBatch = 64, kWidth = 22;
+Peer lm(const Sizes& sizes) {
+  const int64_t hiddenSize = orDefault(sizes.hidden, 256);
+  constexpr int64_t kVocab = 50000 + 4, kEmbed = 128, kSampled = 1024, kBatch = 64, kWidth = 22;
   constexpr double kMeanWidth = 21.503, kMeanWords = 1302.79;
   auto embedding = normal({kVocab, kEmbed}, 1.0 / std::sqrt(static_cast<double>(kEmbed)));
-  auto lstm = std::make_shared<Lstm>(kEmbed, kHidden);
-  auto outW = normal({kVocab, kHidden}, 1.0 / std::sqrt(static_cast<double>(kHidden)));
+  auto lstm = std::make_shared<Lstm>(kEmbed, hiddenSize);
+  auto outW = normal({kVocab, hiddenSize}, 1.0 / std::sqrt(static_cast<double>(hiddenSize)));
   // The bias is a (V, 1) table so that its rows, too, are gathered with a sparse gradient.
   const Tensor all = torch::arange(kVocab);
   auto outB = param(logQ(all, kVocab, 1).reshape({kVocab, 1}).clone());
@@ -267,7 +280,7 @@ Peer lm() {
   p.loss = [=] {
     // (B, T) -> time-major (T, B, E), as weft's graph does.
     const Tensor x = gatherRows(embedding, tokens).transpose(0, 1);
-    const Tensor hidden = std::get<0>((*lstm)(x)).transpose(0, 1).reshape({-1, kHidden});
+    const Tensor hidden = std::get<0>((*lstm)(x)).transpose(0, 1).reshape({-1, hiddenSize});
     const Tensor trueLogit = (hidden * gatherRows(outW, targets)).sum(1, true) +
                              (gatherRows(outB, targets).reshape({-1}) - targetLogQ).unsqueeze(1);
     const Tensor hits = targets.unsqueeze(1).eq(candidates.unsqueeze(0)).to(torch::kFloat);
@@ -282,16 +295,17 @@ Peer lm() {
   return p;
 }
 
-Peer nmt() {
-  constexpr int64_t kVocab = 2000 + 4, kEmbed = 128, kHidden = 256, kBatch = 64, kWidth = 10;
+Peer nmt(const Sizes& sizes) {
+  const int64_t hiddenSize = orDefault(sizes.hidden, 256);
+  constexpr int64_t kVocab = 2000 + 4, kEmbed = 128, kBatch = 64, kWidth = 10;
   constexpr double kMeanWidth = 10.093, kMeanWords = 632.88;
   const double embedScale = 1.0 / std::sqrt(static_cast<double>(kEmbed));
   auto sourceEmbedding = normal({kVocab, kEmbed}, embedScale), targetEmbedding = normal({kVocab, kEmbed}, embedScale);
-  auto forward = std::make_shared<Lstm>(kEmbed, kHidden), backward = std::make_shared<Lstm>(kEmbed, kHidden),
-       decoder = std::make_shared<Lstm>(kEmbed, kHidden);
-  auto initH = std::make_shared<Linear>(kHidden, kHidden), initC = std::make_shared<Linear>(kHidden, kHidden);
-  auto attentional = std::make_shared<Linear>(2 * kHidden, kHidden, false);
-  auto output = std::make_shared<Linear>(kHidden, kVocab);
+  auto forward = std::make_shared<Lstm>(kEmbed, hiddenSize), backward = std::make_shared<Lstm>(kEmbed, hiddenSize),
+       decoder = std::make_shared<Lstm>(kEmbed, hiddenSize);
+  auto initH = std::make_shared<Linear>(hiddenSize, hiddenSize), initC = std::make_shared<Linear>(hiddenSize, hiddenSize);
+  auto attentional = std::make_shared<Linear>(2 * hiddenSize, hiddenSize, false);
+  auto output = std::make_shared<Linear>(hiddenSize, kVocab);
   const Tensor source = torch::randint(4, kVocab, {kBatch, kWidth}), targetIn = torch::randint(4, kVocab, {kBatch, kWidth});
   const Tensor targetOut = torch::randint(4, kVocab, {kBatch * kWidth});
   const Tensor sourceMask = torch::ones({kBatch, kWidth}), targetMask = torch::ones({kBatch * kWidth});
@@ -317,7 +331,7 @@ Peer nmt() {
     const Tensor states = std::get<0>((*decoder)(y, h0, c0)).transpose(0, 1);  // (B, Tt, H)
     const Tensor scores = torch::bmm(states, encoded.transpose(1, 2)) + ((sourceMask - 1.0) * 1e9).unsqueeze(1);
     const Tensor context = torch::bmm(torch::softmax(scores, -1), encoded);
-    const Tensor attended = torch::tanh((*attentional)(torch::cat({states, context}, 2).reshape({-1, 2 * kHidden})));
+    const Tensor attended = torch::tanh((*attentional)(torch::cat({states, context}, 2).reshape({-1, 2 * hiddenSize})));
     return maskedMean(perTokenCrossEntropy((*output)(attended), targetOut), targetMask);
   };
   p.unit = "words";
@@ -358,10 +372,10 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct ResNet20Impl : torch::nn::Module {
-  ResNet20Impl() : stem(register_module("stem", ConvBn(3, 16, 3, 1))) {
-    int64_t in = 16;
+  explicit ResNet20Impl(int64_t width) : stem(register_module("stem", ConvBn(3, width, 3, 1))) {
+    int64_t in = width;
     for (int64_t stage = 0; stage < 3; ++stage) {
-      const int64_t out = 16 << stage;
+      const int64_t out = width << stage;
       for (int64_t b = 0; b < 3; ++b) {
         blocks.push_back(register_module("block" + std::to_string(stage * 3 + b), Block(in, out, stage > 0 && b == 0 ? 2 : 1)));
         in = out;
@@ -369,7 +383,8 @@ struct ResNet20Impl : torch::nn::Module {
     }
     fc = register_module("fc", torch::nn::Linear(in, 10));
     torch::NoGradGuard noGrad;
-    fc->weight.uniform_(-std::sqrt(6.0 / (64 + 10)), std::sqrt(6.0 / (64 + 10)));
+    const double limit = std::sqrt(6.0 / static_cast<double>(in + 10));
+    fc->weight.uniform_(-limit, limit);
     fc->bias.zero_();
   }
   Tensor forward(Tensor x) {
@@ -383,9 +398,9 @@ struct ResNet20Impl : torch::nn::Module {
 };
 TORCH_MODULE(ResNet20);
 
-Peer resnet() {
-  constexpr int64_t kBatch = 128;
-  ResNet20 net;
+Peer resnet(const Sizes& sizes) {
+  const int64_t kBatch = orDefault(sizes.batch, 128);
+  ResNet20 net(orDefault(sizes.width, 16));
   net->train();
   const Tensor images = torch::randn({kBatch, 3, 32, 32});
   const Tensor labels = torch::randint(0, 10, {kBatch});
@@ -395,17 +410,18 @@ Peer resnet() {
   p.loss = [=]() mutable { return torch::nn::functional::cross_entropy(net(images), labels); };
   p.unit = "images";
   p.items = kBatch;
-  p.shapes = "images 128 x 3 x 32 x 32";
+  p.shapes = "images " + std::to_string(kBatch) + " x 3 x 32 x 32";
   return p;
 }
 
-Peer gnn() {
-  constexpr int64_t kNodes = 312, kEdges = 474, kFeatures = 2, kTypes = 3, kHidden = 32, kSteps = 5, kClasses = 3;
-  auto message = std::make_shared<Linear>(kHidden, kTypes * kHidden);
-  const double limit = 1.0 / std::sqrt(static_cast<double>(kHidden));
+Peer gnn(const Sizes& sizes) {
+  const int64_t hiddenSize = orDefault(sizes.hidden, 32);
+  constexpr int64_t kNodes = 312, kEdges = 474, kFeatures = 2, kTypes = 3, kSteps = 5, kClasses = 3;
+  auto message = std::make_shared<Linear>(hiddenSize, kTypes * hiddenSize);
+  const double limit = 1.0 / std::sqrt(static_cast<double>(hiddenSize));
   auto gru = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{
-      uniform({3 * kHidden, kHidden}, limit), uniform({3 * kHidden, kHidden}, limit), zeros({3 * kHidden}), zeros({3 * kHidden})});
-  auto readout = std::make_shared<Linear>(2 * kHidden, kHidden), logits = std::make_shared<Linear>(kHidden, kClasses);
+      uniform({3 * hiddenSize, hiddenSize}, limit), uniform({3 * hiddenSize, hiddenSize}, limit), zeros({3 * hiddenSize}), zeros({3 * hiddenSize})});
+  auto readout = std::make_shared<Linear>(2 * hiddenSize, hiddenSize), logits = std::make_shared<Linear>(hiddenSize, kClasses);
   const Tensor features = torch::rand({kNodes, kFeatures}).round();
   const Tensor src = torch::randint(0, kNodes, {kEdges}), dst = torch::randint(0, kNodes, {kEdges});
   const Tensor types = torch::randint(0, kTypes, {kEdges});
@@ -419,10 +435,10 @@ Peer gnn() {
   p.updater = std::make_unique<Updater>(dense, std::vector<Tensor>{}, Updater::Spec{"adam", 3e-3, 0.9, 0, 5.0});
   p.loss = [=] {
     const Tensor messageRow = src * kTypes + types;
-    const Tensor h0 = torch::constant_pad_nd(features, {0, kHidden - kFeatures});
+    const Tensor h0 = torch::constant_pad_nd(features, {0, hiddenSize - kFeatures});
     Tensor h = h0;
     for (int64_t t = 0; t < kSteps; ++t) {
-      const Tensor perType = (*message)(h).reshape({-1, kHidden});
+      const Tensor perType = (*message)(h).reshape({-1, hiddenSize});
       const Tensor incoming = torch::zeros_like(h).index_add(0, dst, perType.index_select(0, messageRow));
       h = torch::gru_cell(incoming, h, (*gru)[0], (*gru)[1], (*gru)[2], (*gru)[3]);
     }
@@ -435,11 +451,12 @@ Peer gnn() {
   return p;
 }
 
-Peer listReduction() {
-  constexpr int64_t kVocab = 16, kEmbed = 32, kHidden = 128, kClasses = 10, kBatch = 64, kWidth = 11;
+Peer listReduction(const Sizes& sizes) {
+  const int64_t hiddenSize = orDefault(sizes.hidden, 128);
+  constexpr int64_t kVocab = 16, kEmbed = 32, kClasses = 10, kBatch = 64, kWidth = 11;
   auto embedding = normal({kVocab, kEmbed}, 1.0 / std::sqrt(static_cast<double>(kEmbed)));
-  auto lstm = std::make_shared<Lstm>(kEmbed, kHidden);
-  auto out = std::make_shared<Linear>(kHidden, kClasses);
+  auto lstm = std::make_shared<Lstm>(kEmbed, hiddenSize);
+  auto out = std::make_shared<Linear>(hiddenSize, kClasses);
   const Tensor tokens = torch::randint(0, kVocab, {kBatch, kWidth});
   // Each list's real length (1 + 1..10 digits) as a prefix mask.
   const Tensor lengths = torch::randint(2, kWidth + 1, {kBatch, 1});
@@ -465,25 +482,37 @@ Peer listReduction() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s MODEL STEPS [THREADS]   (MODEL: lm nmt resnet gnn list_reduction)\n", argv[0]);
+  const auto usage = [&] {
+    std::fprintf(stderr,
+                 "usage: %s MODEL STEPS [THREADS] [--hidden H] [--batch B] [--width W]   "
+                 "(MODEL: lm nmt resnet gnn list_reduction)\n",
+                 argv[0]);
     return 2;
-  }
+  };
+  if (argc < 3) return usage();
   const std::string model = argv[1];
   const int steps = std::atoi(argv[2]);
-  const int threads = argc > 3 ? std::atoi(argv[3]) : 2;
-  if (steps < 1 || threads < 1) {
-    std::fprintf(stderr, "STEPS and THREADS must be positive\n");
-    return 2;
+  int next = 3;
+  const int threads = argc > 3 && argv[3][0] != '-' ? std::atoi(argv[next++]) : 2;
+  Sizes sizes;
+  for (; next + 1 < argc; next += 2) {
+    const std::string flag = argv[next];
+    const int64_t value = std::atoll(argv[next + 1]);
+    if (value < 1) return usage();
+    if (flag == "--hidden" && model != "resnet") sizes.hidden = value;
+    else if (flag == "--batch" && model == "resnet") sizes.batch = value;
+    else if (flag == "--width" && model == "resnet") sizes.width = value;
+    else return usage();
   }
+  if (next != argc || steps < 1 || threads < 1) return usage();
   torch::set_num_threads(threads);
   torch::manual_seed(1);
   Peer peer;
-  if (model == "lm") peer = lm();
-  else if (model == "nmt") peer = nmt();
-  else if (model == "resnet") peer = resnet();
-  else if (model == "gnn") peer = gnn();
-  else if (model == "list_reduction") peer = listReduction();
+  if (model == "lm") peer = lm(sizes);
+  else if (model == "nmt") peer = nmt(sizes);
+  else if (model == "resnet") peer = resnet(sizes);
+  else if (model == "gnn") peer = gnn(sizes);
+  else if (model == "list_reduction") peer = listReduction(sizes);
   else {
     std::fprintf(stderr, "unknown model '%s' (known: lm nmt resnet gnn list_reduction)\n", model.c_str());
     return 2;
