@@ -43,33 +43,74 @@ PackBuffers& packBuffers() {
   return buffers;
 }
 
+/// The lanes of a vector that hold its first `count` elements.
+__mmask16 lanes(int64_t count) {
+  return count <= 0 ? __mmask16(0) : count >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+}
+
 /// The lanes of a sliver's two vectors that hold its first `live` columns.
 struct ColumnMasks {
   __mmask16 low, high;
 };
 
-ColumnMasks columnMasks(int64_t live) {
-  const auto lanes = [](int64_t count) {
-    return count <= 0 ? __mmask16(0) : count >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
-  };
-  return {lanes(live), lanes(live - 16)};
+ColumnMasks columnMasks(int64_t live) { return {lanes(live), lanes(live - 16)}; }
+
+/// Transposes 16 vectors in registers: on exit r[j] holds lane j of each input, in order.
+void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+/// Calls store(q, column) for the first `cols` columns of the block of `rows` rows (row i at
+/// src + i * ld) and 16 columns, rows past `rows` read as zero: the block transposed.
+template <class Store>
+void transposedColumns(const float* src, int64_t ld, int64_t rows, int64_t cols, Store store) {
+  __m512 r[16];
+  const __mmask16 read = lanes(cols);
+  for (int64_t i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(read, src + i * ld) : _mm512_setzero_ps();
+  transpose16(r);
+  for (int64_t q = 0; q < cols; ++q) store(q, r[q]);
 }
 
 /// Rows [i0, i0 + rows) and depth [p0, p0 + depth) of op(A), as slivers of kTileRows rows laid
-/// out depth-major (sliver[p * kTileRows + r]); the rows past the end are zero.
+/// out depth-major (sliver[p * kTileRows + r]); the rows past the end are zero. A stored
+/// row-major is transposed 16 depths at a time in registers.
 void packA(bool ta, const float* a, int64_t lda, int64_t i0, int64_t rows, int64_t p0, int64_t depth, float* out) {
+  const __mmask16 tileLanes = lanes(kTileRows);
   for (int64_t s = 0; s < rows; s += kTileRows, out += kTileRows * depth) {
     const int64_t live = std::min(kTileRows, rows - s);
-    for (int64_t p = 0; p < depth; ++p) {
-      float* dst = out + p * kTileRows;
-      if (ta) {
-        const float* src = a + (p0 + p) * lda + i0 + s;
-        for (int64_t r = 0; r < live; ++r) dst[r] = src[r];
-      } else {
-        const float* src = a + (i0 + s) * lda + p0 + p;
-        for (int64_t r = 0; r < live; ++r) dst[r] = src[r * lda];
+    if (ta) {
+      const __mmask16 liveLanes = lanes(live);
+      for (int64_t p = 0; p < depth; ++p) {
+        _mm512_mask_storeu_ps(out + p * kTileRows, tileLanes,
+                              _mm512_maskz_loadu_ps(liveLanes, a + (p0 + p) * lda + i0 + s));
       }
-      for (int64_t r = live; r < kTileRows; ++r) dst[r] = 0.0f;
+      continue;
+    }
+    for (int64_t p = 0; p < depth; p += 16) {
+      float* dst = out + p * kTileRows;
+      transposedColumns(a + (i0 + s) * lda + p0 + p, lda, live, std::min<int64_t>(16, depth - p),
+                        [&](int64_t q, __m512 column) { _mm512_mask_storeu_ps(dst + q * kTileRows, tileLanes, column); });
     }
   }
 }
@@ -80,12 +121,16 @@ void packB(bool tb, const float* b, int64_t ldb, int64_t j0, int64_t cols, int64
   for (int64_t s = 0; s < cols; s += kTileCols, out += kTileCols * depth) {
     const int64_t live = std::min(kTileCols, cols - s);
     if (tb) {
-      for (int64_t c = 0; c < live; ++c) {
-        const float* src = b + (j0 + s + c) * ldb + p0;
-        for (int64_t p = 0; p < depth; ++p) out[p * kTileCols + c] = src[p];
+      // Column c of the sliver is row j0 + s + c of B: blocks of 16 rows by 16 depths transposed.
+      for (int64_t half = 0; half < kTileCols; half += 16) {
+        const int64_t rowsLive = std::max<int64_t>(0, std::min<int64_t>(16, live - half));
+        const float* src = rowsLive > 0 ? b + (j0 + s + half) * ldb + p0 : b;  // not read when no row is live
+        for (int64_t p = 0; p < depth; p += 16) {
+          float* dst = out + p * kTileCols + half;
+          transposedColumns(src + p, ldb, rowsLive, std::min<int64_t>(16, depth - p),
+                            [&](int64_t q, __m512 column) { _mm512_storeu_ps(dst + q * kTileCols, column); });
+        }
       }
-      for (int64_t p = 0; p < depth; ++p)
-        for (int64_t c = live; c < kTileCols; ++c) out[p * kTileCols + c] = 0.0f;
     } else {
       const ColumnMasks mask = columnMasks(live);
       for (int64_t p = 0; p < depth; ++p) {
