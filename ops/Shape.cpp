@@ -368,14 +368,18 @@ void reverseSequenceKernel(KernelContext& ctx) {
   const size_t elem = dtypeSize(x.dtype());
   const char* src = static_cast<const char*>(x.raw());
   char* dst = static_cast<char*>(out.raw());
-  const int64_t n = x.numel();
-  ctx.parallelFor(n, 2, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
+  // Elements move in runs: the dimensions after both axes stay together.
+  const int64_t run = strides[static_cast<size_t>(std::max(seqAxis, batchAxis))];
+  const int64_t runs = run == 0 ? 0 : x.numel() / run;
+  const auto bytes = static_cast<int64_t>(elem);
+  ctx.parallelFor(runs, run + 8, [&](int64_t lo, int64_t hi) {
+    for (int64_t q = lo; q < hi; ++q) {
+      const int64_t i = q * run;
       const int64_t t = (i / strides[static_cast<size_t>(seqAxis)]) % seqLen;
       const int64_t b = (i / strides[static_cast<size_t>(batchAxis)]) % x.shape()[batchAxis];
       const int64_t len = lengths[static_cast<size_t>(b)];
       const int64_t j = t < len ? i + (len - 1 - 2 * t) * strides[static_cast<size_t>(seqAxis)] : i;
-      std::memcpy(dst + i * static_cast<int64_t>(elem), src + j * static_cast<int64_t>(elem), elem);
+      std::memcpy(dst + i * bytes, src + j * bytes, static_cast<size_t>(run * bytes));
     }
   });
 }
