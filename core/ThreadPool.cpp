@@ -39,6 +39,18 @@ void relax() {
 #endif
 }
 
+/// Counts spins and reads the clock every 64th: reading it on every spin cost more than the
+/// spinning saved.
+class SpinBudget {
+ public:
+  SpinBudget() : until_(Clock::now() + kSpin) {}
+  bool spent() { return (++spins_ & 63) == 0 && Clock::now() >= until_; }
+
+ private:
+  Clock::time_point until_;
+  unsigned spins_ = 0;
+};
+
 using Body = std::function<void(int64_t, int64_t)>;
 
 }  // namespace
@@ -101,9 +113,9 @@ struct ThreadPool::Impl {
 
   /// The caller's wait for chunks that workers started: spinning, then sleeping.
   void waitForChunks(int64_t chunks) {
-    const auto until = Clock::now() + kSpin;
+    SpinBudget budget;
     for (int64_t d; (d = done.load(std::memory_order_acquire)) != chunks;) {
-      if (Clock::now() < until) {
+      if (!budget.spent()) {
         relax();
         continue;
       }
@@ -115,16 +127,16 @@ struct ThreadPool::Impl {
 
   void work() {
     uint64_t seen = 0;
-    auto idleSince = Clock::now();
+    SpinBudget budget;
     while (!stop.load(std::memory_order_relaxed)) {
       const uint64_t generation = ticket.load(std::memory_order_acquire) >> 32;
       if (generation != seen) {
         seen = generation;
         claimAndRun(generation);
-        idleSince = Clock::now();
+        budget = SpinBudget();
         continue;
       }
-      if (Clock::now() - idleSince < kSpin) {
+      if (!budget.spent()) {
         relax();
         continue;
       }
@@ -134,7 +146,7 @@ struct ThreadPool::Impl {
       sleepers.fetch_add(1, std::memory_order_seq_cst);
       if ((ticket.load(std::memory_order_seq_cst) >> 32) == seen && !stop.load()) wake.wait(before);
       sleepers.fetch_sub(1, std::memory_order_seq_cst);
-      idleSince = Clock::now();
+      budget = SpinBudget();
     }
   }
 
