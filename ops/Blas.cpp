@@ -33,24 +33,63 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
   }
 }
 
+namespace {
+
+/// How C is cut into blocks for the pool: along rows or columns, `per` at a time.
+struct Split {
+  bool rows;
+  int64_t extent, per, blocks;
+};
+
+Split makeSplit(bool rows, int64_t extent, int64_t per) { return {rows, extent, per, (extent + per - 1) / per}; }
+
+/// For BLAS, which may round a block of another shape differently: from the shape alone, about
+/// four blocks, in 16s (its register tiles), none below 128 (smaller ones cost BLAS more in
+/// packing than the pool gains).
+Split shapeSplit(int64_t m, int64_t n) {
+  const bool rows = m >= n;
+  const int64_t extent = rows ? m : n;
+  return makeSplit(rows, extent, std::max<int64_t>(128, (extent / 4 + 15) / 16 * 16));
+}
+
+/// For weft's own kernel, whose bits no cut changes: one block per thread, none under 16 rows
+/// or 64 columns, columns in whole tiles. Blocks of rows each pack all of B unless it is packed
+/// already; blocks of columns each pack all of A.
+Split threadSplit(const KernelContext& ctx, int64_t m, int64_t n, bool bPacked) {
+  const int64_t threads = ctx.pool ? ctx.pool->numThreads() : 1;
+  const bool rows = bPacked ? m >= 16 * threads : m >= n;
+  const int64_t extent = rows ? m : n, unit = rows ? 8 : detail::kSgemmTileCols, least = rows ? 16 : 64;
+  const int64_t blocks = std::clamp<int64_t>(extent / least, 1, threads);
+  const int64_t per = ((extent + blocks - 1) / blocks + unit - 1) / unit * unit;
+  return makeSplit(rows, extent, per);
+}
+
+/// Runs block(begin, length) over the split's blocks on the pool.
+template <class F>
+void forEachBlock(const KernelContext& ctx, const Split& split, int64_t m, int64_t n, int64_t k, F block) {
+  const int64_t cost = std::max<int64_t>(1, m * n * std::max<int64_t>(k, 1) / split.blocks);
+  ctx.parallelFor(split.blocks, cost, [&](int64_t lo, int64_t hi) {
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      const int64_t begin = blk * split.per;
+      block(begin, std::min(split.extent, begin + split.per) - begin);
+    }
+  });
+}
+
+constexpr bool ownKernel(bool isFloat) { return isFloat && detail::kHaveSgemmAvx512; }
+
+}  // namespace
+
 template <class T>
 void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                   const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const bool splitRows = m >= n;
-  const int64_t extent = splitRows ? m : n;
-  // About four blocks, in 16s (the BLAS kernels' register tiles), and none below 128: smaller
-  // blocks cost BLAS more in packing than the pool gains.
-  const int64_t per = std::max<int64_t>(128, (extent / 4 + 15) / 16 * 16);
-  const int64_t blocks = (extent + per - 1) / per;
-  ctx.parallelFor(blocks, std::max<int64_t>(1, m * n * std::max<int64_t>(k, 1) / blocks), [&](int64_t lo, int64_t hi) {
-    for (int64_t blk = lo; blk < hi; ++blk) {
-      const int64_t begin = blk * per, len = std::min(extent, begin + per) - begin;
-      if (splitRows) {
-        gemm(ta, tb, len, n, k, ta ? a + begin : a + begin * lda, lda, b, ldb, beta, c + begin * ldc, ldc);
-      } else {
-        gemm(ta, tb, m, len, k, a, lda, tb ? b + begin * ldb : b + begin, ldb, beta, c + begin, ldc);
-      }
+  const Split split = ownKernel(std::is_same_v<T, float>) ? threadSplit(ctx, m, n, false) : shapeSplit(m, n);
+  forEachBlock(ctx, split, m, n, k, [&](int64_t begin, int64_t len) {
+    if (split.rows) {
+      gemm(ta, tb, len, n, k, ta ? a + begin : a + begin * lda, lda, b, ldb, beta, c + begin * ldc, ldc);
+    } else {
+      gemm(ta, tb, m, len, k, a, lda, tb ? b + begin * ldb : b + begin, ldb, beta, c + begin, ldc);
     }
   });
 }
@@ -58,7 +97,7 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
 template <class T>
 PackedOperand<T>::PackedOperand(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb)
     : tb(tb), k(k), n(n), b(b), ldb(ldb) {
-  if constexpr (std::is_same_v<T, float> && detail::kHaveSgemmAvx512) {
+  if constexpr (ownKernel(std::is_same_v<T, float>)) {
     packed = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(detail::packedSgemmSize(k, n)));
     detail::packSgemmOperand(tb, k, n, b, ldb, packed.get());
   }
@@ -71,21 +110,14 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
     parallelGemm(ctx, ta, b.tb, m, b.n, b.k, a, lda, b.b, b.ldb, beta, c, ldc);
     return;
   }
-  if constexpr (std::is_same_v<T, float> && detail::kHaveSgemmAvx512) {
-    // Blocks of whole tiles, about four, none under 64 rows or columns; from the shape alone.
-    const bool splitRows = m > b.n;
-    const int64_t unit = splitRows ? 12 : detail::kSgemmTileCols, extent = splitRows ? m : b.n;
-    const int64_t per = std::max<int64_t>(64, (extent / 4 + unit - 1) / unit * unit);
-    const int64_t blocks = (extent + per - 1) / per;
-    ctx.parallelFor(blocks, m * b.n * b.k / blocks, [&](int64_t lo, int64_t hi) {
-      for (int64_t blk = lo; blk < hi; ++blk) {
-        const int64_t begin = blk * per, end = std::min(extent, begin + per);
-        if (splitRows) {
-          detail::sgemmAvx512Packed(ta, end - begin, b.n, b.k, ta ? a + begin : a + begin * lda, lda, b.packed.get(),
-                                    0, b.n, beta, c + begin * ldc, ldc);
-        } else {
-          detail::sgemmAvx512Packed(ta, m, b.n, b.k, a, lda, b.packed.get(), begin, end, beta, c, ldc);
-        }
+  if constexpr (ownKernel(std::is_same_v<T, float>)) {
+    const Split split = threadSplit(ctx, m, b.n, true);
+    forEachBlock(ctx, split, m, b.n, b.k, [&](int64_t begin, int64_t len) {
+      if (split.rows) {
+        detail::sgemmAvx512Packed(ta, len, b.n, b.k, ta ? a + begin : a + begin * lda, lda, b.packed.get(), 0, b.n,
+                                  beta, c + begin * ldc, ldc);
+      } else {
+        detail::sgemmAvx512Packed(ta, m, b.n, b.k, a, lda, b.packed.get(), begin, begin + len, beta, c, ldc);
       }
     });
   }

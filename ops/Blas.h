@@ -17,10 +17,10 @@ template <class T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
           T* c, int64_t ldc);
 
-/// The same product with C cut into blocks of rows (or of columns, when it is wider than tall)
-/// that the kernel's pool computes. The blocks follow from the shape alone, never from the
-/// thread count: BLAS may round a block of another shape differently, and results must not
-/// depend on the number of threads.
+/// The same product with C cut into blocks of rows or of columns that the kernel's pool
+/// computes. Results never depend on the number of threads: for BLAS, which may round a block
+/// of another shape differently, the blocks follow from the shape alone; weft's own kernel gives
+/// the same bits however C is cut, so it takes one block per thread.
 template <class T>
 void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                   const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
@@ -39,8 +39,8 @@ class PackedOperand {
   std::unique_ptr<float[]> packed;  // empty unless weft's kernel runs the products
 };
 
-/// parallelGemm with a packed B, with the bits parallelGemm gives. C is cut into finer blocks
-/// than parallelGemm's, since no block packs B again: an RNN step's product is small.
+/// parallelGemm with a packed B, with the bits parallelGemm gives; C is cut into blocks of rows
+/// where it is tall enough, since no block then packs anything twice.
 template <class T>
 void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int64_t lda, const PackedOperand<T>& b,
                   T beta, T* c, int64_t ldc);
