@@ -11,6 +11,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <memory>
 
 namespace weft {
 namespace {
@@ -258,7 +259,7 @@ void gruGateStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, co
 template <class T>
 struct CpuBackend {
   const KernelContext& ctx;
-  std::vector<T> scratchStore;
+  std::unique_ptr<T[]> scratchStore;
 
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
             T beta, T* c, int64_t ldc) {
@@ -286,8 +287,8 @@ struct CpuBackend {
   void zero(T* dst, int64_t n) { std::fill(dst, dst + n, T(0)); }
   void columnSums(int64_t rows, int64_t cols, const T* src, T* dst) { sumColumns(ctx, rows, cols, src, dst); }
   T* scratch(int64_t n) {
-    scratchStore.assign(static_cast<size_t>(n), T(0));
-    return scratchStore.data();
+    scratchStore = std::make_unique_for_overwrite<T[]>(static_cast<size_t>(n));  // every element is written first
+    return scratchStore.get();
   }
 };
 
