@@ -1,13 +1,15 @@
 // Batch normalisation over every axis but 1 (the channel axis of (N, C) and (N, C, H, W)), in
 // training mode (batch statistics) and inference mode (given statistics), with fused backward
 // ops. Kernels view x as (N, C, S), split the channels across the pool and accumulate in double,
-// in interleaved partial sums that the compiler turns into vector additions.
+// in interleaved partial sums held in vectors.
 #include "ops/NormFormulas.h"
 #include "ops/OpUtil.h"
 #include "ops/cuda/Kernels.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace weft {
@@ -50,29 +52,49 @@ Coeffs load(const T* p, int64_t lo, int64_t hi) {
   return Coeffs(p + lo, p + hi);
 }
 
-/// (sum of first(j), sum of second(j)) over j in [0, n). Each sum is kept in kLanes interleaved
-/// partial sums, added in a fixed order at the end: the order of every addition is written out,
-/// so the compiler vectorises the loop without reassociating anything, and a result does not
-/// depend on how the channels were split.
-template <class A, class B>
-std::pair<double, double> pairedSums(int64_t n, A first, B second) {
-  constexpr int64_t kLanes = 16;
-  double a[kLanes] = {}, b[kLanes] = {};
+typedef double Doubles __attribute__((vector_size(64)));  // 8 lanes
+typedef float Floats __attribute__((vector_size(32)));
+
+/// u[j .. j + 8) as doubles.
+template <class T>
+Doubles loadDoubles(const T* u) {
+  if constexpr (std::is_same_v<T, float>) {
+    Floats f;
+    std::memcpy(&f, u, sizeof f);
+    return __builtin_convertvector(f, Doubles);
+  } else {
+    Doubles d;
+    for (int k = 0; k < 8; ++k) d[k] = double(u[k]);
+    return d;
+  }
+}
+
+/// (sum of first(u_j), sum of second(u_j, w_j)) over j in [0, n), the elements read as doubles;
+/// first and second take doubles or vectors of 8. Each sum is kept in 16 interleaved partial
+/// sums, two vectors, added in a fixed order at the end: the order of every addition is written
+/// out, so nothing is reassociated, and a result does not depend on how the channels were split.
+template <class T, class A, class B>
+std::pair<double, double> pairedSums(int64_t n, const T* u, const T* w, A first, B second) {
+  Doubles a[2] = {}, b[2] = {};
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int64_t k = 0; k < kLanes; ++k) {
-      a[k] += first(j + k);
-      b[k] += second(j + k);
+  for (; j + 16 <= n; j += 16) {
+    for (int h = 0; h < 2; ++h) {
+      const Doubles x = loadDoubles(u + j + 8 * h), y = loadDoubles(w + j + 8 * h);
+      a[h] += first(x);
+      b[h] += second(x, y);
     }
   }
+  double lanesA[16], lanesB[16];
+  std::memcpy(lanesA, a, sizeof lanesA);
+  std::memcpy(lanesB, b, sizeof lanesB);
   for (int64_t k = 0; j < n; ++j, ++k) {
-    a[k] += first(j);
-    b[k] += second(j);
+    lanesA[k] += first(double(u[j]));
+    lanesB[k] += second(double(u[j]), double(w[j]));
   }
   double sumA = 0, sumB = 0;
-  for (int64_t k = 0; k < kLanes; ++k) {
-    sumA += a[k];
-    sumB += b[k];
+  for (int k = 0; k < 16; ++k) {
+    sumA += lanesA[k];
+    sumB += lanesB[k];
   }
   return {sumA, sumB};
 }
@@ -97,7 +119,7 @@ void gradSums(const ChannelLayout& l, int64_t lo, int64_t hi, const T* dy, const
     const T* v = x + off;
     const double mu = mean[k];
     const auto [a, b] = pairedSums(
-        l.s, [&](int64_t j) { return double(g[j]); }, [&](int64_t j) { return double(g[j]) * (double(v[j]) - mu); });
+        l.s, g, v, [](auto dyj) { return dyj; }, [&](auto dyj, auto xj) { return dyj * (xj - mu); });
     sumDy[k] += a;
     sumDyXhat[k] += b * invstd[k];
   });
@@ -144,8 +166,7 @@ void batchNormTrainKernel(KernelContext& ctx) {
         const T* v = px + off;
         const double p = pivot[k];
         const auto [shifted, squares] = pairedSums(
-            l.s, [&](int64_t j) { return double(v[j]) - p; },
-            [&](int64_t j) { return (double(v[j]) - p) * (double(v[j]) - p); });
+            l.s, v, v, [&](auto xj) { return xj - p; }, [&](auto xj, auto) { return (xj - p) * (xj - p); });
         mean[k] += shifted;
         var[k] += squares;
       });
@@ -218,7 +239,7 @@ void momentsKernel(KernelContext& ctx) {
       sweep(l, lo, hi, [&](int64_t k, int64_t off) {
         const T* v = px + off;
         const auto [s1, s2] = pairedSums(
-            l.s, [&](int64_t j) { return double(v[j]); }, [&](int64_t j) { return double(v[j]) * double(v[j]); });
+            l.s, v, v, [](auto xj) { return xj; }, [](auto xj, auto) { return xj * xj; });
         sum[static_cast<size_t>(k)] += s1;
         squares[static_cast<size_t>(k)] += s2;
       });
