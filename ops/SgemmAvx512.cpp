@@ -92,25 +92,34 @@ void transposedColumns(const float* src, int64_t ld, int64_t rows, int64_t cols,
   for (int64_t q = 0; q < cols; ++q) store(q, r[q]);
 }
 
-/// Rows [i0, i0 + rows) and depth [p0, p0 + depth) of op(A), as slivers of kTileRows rows laid
-/// out depth-major (sliver[p * kTileRows + r]); the rows past the end are zero. A stored
-/// row-major is transposed 16 depths at a time in registers.
+/// The height of the register tile that starts `done` rows into a block of `rows`: 12 where
+/// that leaves no sliver of fewer than 8 behind, otherwise the rest in two halves (16 rows run as
+/// 8 + 8, not 12 + 4, whose 4-row tile wastes most of a step's loads).
+int64_t tileHeight(int64_t rows, int64_t done) {
+  const int64_t left = rows - done;
+  if (left <= kTileRows) return left;
+  if (left < kTileRows + 8) return (left + 1) / 2;
+  return kTileRows;
+}
+
+/// Rows [i0, i0 + rows) and depth [p0, p0 + depth) of op(A), as one sliver per register tile
+/// (tileHeight), each laid out depth-major (sliver[p * height + r]) at `out + first row * depth`.
+/// A stored row-major is transposed 16 depths at a time in registers.
 void packA(bool ta, const float* a, int64_t lda, int64_t i0, int64_t rows, int64_t p0, int64_t depth, float* out) {
-  const __mmask16 tileLanes = lanes(kTileRows);
-  for (int64_t s = 0; s < rows; s += kTileRows, out += kTileRows * depth) {
-    const int64_t live = std::min(kTileRows, rows - s);
+  for (int64_t s = 0, height; s < rows; s += height) {
+    height = tileHeight(rows, s);
+    const __mmask16 tileLanes = lanes(height);
+    float* sliver = out + s * depth;
     if (ta) {
-      const __mmask16 liveLanes = lanes(live);
       for (int64_t p = 0; p < depth; ++p) {
-        _mm512_mask_storeu_ps(out + p * kTileRows, tileLanes,
-                              _mm512_maskz_loadu_ps(liveLanes, a + (p0 + p) * lda + i0 + s));
+        _mm512_mask_storeu_ps(sliver + p * height, tileLanes, _mm512_maskz_loadu_ps(tileLanes, a + (p0 + p) * lda + i0 + s));
       }
       continue;
     }
     for (int64_t p = 0; p < depth; p += 16) {
-      float* dst = out + p * kTileRows;
-      transposedColumns(a + (i0 + s) * lda + p0 + p, lda, live, std::min<int64_t>(16, depth - p),
-                        [&](int64_t q, __m512 column) { _mm512_mask_storeu_ps(dst + q * kTileRows, tileLanes, column); });
+      float* dst = sliver + p * height;
+      transposedColumns(a + (i0 + s) * lda + p0 + p, lda, height, std::min<int64_t>(16, depth - p),
+                        [&](int64_t q, __m512 column) { _mm512_mask_storeu_ps(dst + q * height, tileLanes, column); });
     }
   }
 }
@@ -150,7 +159,7 @@ void tile(int64_t depth, const float* __restrict a, const float* __restrict b, f
   __m512 left[Rows], right[Rows];
 #pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) left[r] = right[r] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < depth; ++p, a += kTileRows, b += kTileCols) {
+  for (int64_t p = 0; p < depth; ++p, a += Rows, b += kTileCols) {
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 12
     for (int r = 0; r < Rows; ++r) {
@@ -194,8 +203,9 @@ void multiplyDepthBlock(bool ta, int64_t m, const float* a, int64_t lda, int64_t
     packA(ta, a, lda, i0, rows, p0, depth, packedA);
     for (int64_t jt = 0; jt < cols; jt += kTileCols) {
       const ColumnMasks mask = columnMasks(cols - jt);
-      for (int64_t it = 0; it < rows; it += kTileRows) {
-        kTiles[std::min(kTileRows, rows - it)](depth, packedA + it * depth, slivers + jt * depth,
+      for (int64_t it = 0, height; it < rows; it += height) {
+        height = tileHeight(rows, it);
+        kTiles[height](depth, packedA + it * depth, slivers + jt * depth,
                                                c + (i0 + it) * ldc + jt, ldc, mask.low, mask.high, beta, p0 > 0);
       }
     }
