@@ -83,9 +83,9 @@ Output sampledSoftmaxLossSum(Output hidden, Output outW, Output outB, Output tar
   const Output hits = cast(equal(expandDims(targets, 1), candidates), hidden.dtype());
   const Output sampledLogits =
       matmul(hidden, gather(outW, candidates), false, true) + (gather(outB, candidates) - candidateLogQ) - hits * kHitPenalty;
+  // The true word's logit comes first: its loss is the fused cross-entropy with label 0.
   const Output logits = concat({trueLogit, sampledLogits}, 1);
-  const Output perPosition = -reshape(slice(logSoftmax(logits), {0, 0}, {-1, 1}), {-1});
-  return maskedSum(perPosition, mask);
+  return maskedSum(sparseSoftmaxCrossEntropy(logits, zerosLike(targets)), mask);
 }
 
 Output sampledSoftmaxLoss(Output hidden, Output outW, Output outB, Output targets, Output mask,
