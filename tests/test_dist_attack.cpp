@@ -31,9 +31,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const std::string lmFlags = "lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
-                            "--heldout-sentences 20 --batch 16 --steps 2500 --eval-every 2500 --threads 1 --timeout 60 "
-                            "--workers 2 --servers 1";
+/// The attacked LM job, training for `steps` steps.
+std::string lmFlags(int64_t steps) {
+  return fmt::format("lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
+                     "--heldout-sentences 20 --batch 16 --steps {} --eval-every {} --threads 1 --timeout 60 "
+                     "--workers 2 --servers 1",
+                     steps, steps);
+}
 
 std::string readFile(const fs::path& path) {
   std::ifstream in(path);
@@ -144,24 +148,27 @@ void attack(const std::vector<Published>& book) {
 
 }  // namespace
 
-TEST_CASE("an outsider without the secret changes nothing: the attacked job ends as an unattacked one, bit for bit") {
-  TempDir dir;
-  const std::string quiet = (dir.path / "quiet").string(), attacked = (dir.path / "attacked").string();
-  const CliRun reference = weftCli("train " + lmFlags + " --out " + quiet);
-  REQUIRE_MESSAGE(reference.status == 0, reference.output);
+namespace {
 
-  const fs::path book = dir.path / "addresses", log = dir.path / "log";
+/// Starts the attacked job of `steps` steps in the background (its output in `log`, its
+/// members' addresses in `book`) and returns the launcher's pid.
+pid_t launchAttackedJob(int64_t steps, const fs::path& book, const fs::path& log, const std::string& out) {
   const pid_t launcher = ::fork();
   REQUIRE(launcher >= 0);
   if (launcher == 0) {
     ::setenv("WEFT_ADDRESS_BOOK", book.c_str(), 1);
     const std::string command =
-        std::string("exec ") + WEFT_CLI + " train " + lmFlags + " --out " + attacked + " > " + log.string() + " 2>&1";
+        std::string("exec ") + WEFT_CLI + " train " + lmFlags(steps) + " --out " + out + " > " + log.string() + " 2>&1";
     ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
     std::_Exit(127);
   }
-  const std::vector<Published> members = awaitAddressBook(book, 5);
-  const pid_t attacker = ::fork();  // its own process: the job sees a stranger, and UCX state stays apart
+  return launcher;
+}
+
+/// Runs every attack from a process of its own (the job sees a stranger, and UCX state stays
+/// apart) and returns once it is done.
+void attackFromOutside(const std::vector<Published>& members) {
+  const pid_t attacker = ::fork();
   REQUIRE(attacker >= 0);
   if (attacker == 0) {
     ::signal(SIGABRT, SIG_DFL);  // not the test framework's handler: this process is no test
@@ -173,17 +180,42 @@ TEST_CASE("an outsider without the secret changes nothing: the attacked job ends
   int attackerStatus = 0;
   ::waitpid(attacker, &attackerStatus, 0);
   MESSAGE("the attack took ", WIFEXITED(attackerStatus) ? WEXITSTATUS(attackerStatus) : -1, " s");
-  int status = 0;
-  ::waitpid(launcher, &status, 0);
-  const std::string output = readFile(log);
+}
+
+}  // namespace
+
+TEST_CASE("an outsider without the secret changes nothing: the attacked job ends as an unattacked one, bit for bit") {
+  TempDir dir;
+  const std::string quiet = (dir.path / "quiet").string(), attacked = (dir.path / "attacked").string();
+  // The attack must end while the job still trains, however fast the job and however slow the
+  // attacker on a loaded machine: a job that ended first is run again four times as long.
+  int64_t steps = 2500;
+  std::string output;
+  for (;;) {
+    fs::remove_all(dir.path / "addresses");
+    fs::remove_all(attacked);
+    const pid_t launcher = launchAttackedJob(steps, dir.path / "addresses", dir.path / "log", attacked);
+    attackFromOutside(awaitAddressBook(dir.path / "addresses", 5));
+    // The job checkpoints once, after its last step: no checkpoint yet, the attack met it training.
+    const bool endedFirst = fs::exists(attacked + "/checkpoint.safetensors");
+    int status = 0;
+    ::waitpid(launcher, &status, 0);
+    output = readFile(dir.path / "log");
+    CAPTURE(output);
+    REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    if (!endedFirst) break;
+    MESSAGE("the job of ", steps, " steps ended before the attack did; again with ", 4 * steps);
+    steps *= 4;
+  }
   CAPTURE(output);
-  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   // Each victim noticed (the log is rate-limited: the first rejection of each is there).
   CHECK(contains(output, "endpoint 0 of server 0 of host 0 dropped a message: it claims to come from endpoint 1 of "
                          "worker 0 of host 0 but its seal does not verify"));
   CHECK(contains(output, "endpoint 0 of worker 0 of host 0 dropped a message"));
   CHECK(contains(output, "endpoint 1 of worker 0 of host 0 dropped a message"));
 
+  const CliRun reference = weftCli("train " + lmFlags(steps) + " --out " + quiet);
+  REQUIRE_MESSAGE(reference.status == 0, reference.output);
   const TensorFile a = readSafetensors(quiet + "/checkpoint.safetensors");
   const TensorFile b = readSafetensors(attacked + "/checkpoint.safetensors");
   REQUIRE(a.tensors.size() == b.tensors.size());
