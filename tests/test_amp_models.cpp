@@ -208,22 +208,26 @@ TEST_CASE("list_reduction with replicas of its heavy layer: every step runs on o
   CHECK(relativeDifference(v.at("linear/replica0/linear/weight"), v.at("linear/replica2/linear/weight")) == 0);
 }
 
+// Asynchronous updates interleave as the threads are scheduled, so the epochs a model takes vary
+// from run to run (the GGSNN took 1 to 6 in fourteen runs, and more than 8 once on a loaded
+// machine): the bounds are twice what was seen, and the convergence runs of docs/convergence.md
+// measure the epochs themselves.
 TEST_CASE("asynchronous training reaches each model's accuracy target") {
   amp::AmpOptions options{.workers = 2, .maxActiveKeys = 4, .minUpdateFrequency = 8};
   SUBCASE("mlp") {
     auto model = smallModel("mlp", {}, 1, f32);
     options.optimizer = std::make_shared<optim::Adam>(1e-3);
-    CHECK(epochsToTarget(*model, options, 8) <= 8);
+    CHECK(epochsToTarget(*model, options, 16) <= 16);
   }
   SUBCASE("ggsnn") {
     auto model = smallModel("ggsnn", {}, 1, f32);
     options.optimizer = std::make_shared<optim::Adam>(5e-3);
-    CHECK(epochsToTarget(*model, options, 8) <= 8);
+    CHECK(epochsToTarget(*model, options, 20) <= 20);
   }
   SUBCASE("list_reduction") {
     auto model = smallModel("list_reduction", {}, 1, f32);
     options.optimizer = std::make_shared<optim::Adam>(1e-3);
-    CHECK(epochsToTarget(*model, options, 12) <= 12);
+    CHECK(epochsToTarget(*model, options, 24) <= 24);
   }
   SUBCASE("ggsnn selecting the answer of basic deduction (bAbI 15, enlarged)") {
     auto model = models::makeAmpModel("ggsnn");
