@@ -4,6 +4,7 @@
 // in interleaved partial sums held in vectors.
 #include "ops/NormFormulas.h"
 #include "ops/OpUtil.h"
+#include "ops/Simd.h"
 #include "ops/cuda/Kernels.h"
 
 #include <algorithm>
@@ -52,10 +53,13 @@ Coeffs load(const T* p, int64_t lo, int64_t hi) {
   return Coeffs(p + lo, p + hi);
 }
 
-typedef double Doubles __attribute__((vector_size(64)));  // 8 lanes
-typedef float Floats __attribute__((vector_size(32)));
+// Vectors of doubles as wide as the target's registers (ops/Simd.h), and floats to fill them.
+constexpr int kDoubleLanes = detail::simd::kVectorBytes / static_cast<int>(sizeof(double));
+typedef double Doubles __attribute__((vector_size(detail::simd::kVectorBytes)));
+typedef float Floats __attribute__((vector_size(detail::simd::kVectorBytes / 2)));
+constexpr int kPartialSums = 16, kVectors = kPartialSums / kDoubleLanes;
 
-/// u[j .. j + 8) as doubles.
+/// u[j .. j + kDoubleLanes) as doubles.
 template <class T>
 Doubles loadDoubles(const T* u) {
   if constexpr (std::is_same_v<T, float>) {
@@ -64,27 +68,27 @@ Doubles loadDoubles(const T* u) {
     return __builtin_convertvector(f, Doubles);
   } else {
     Doubles d;
-    for (int k = 0; k < 8; ++k) d[k] = double(u[k]);
+    for (int k = 0; k < kDoubleLanes; ++k) d[k] = double(u[k]);
     return d;
   }
 }
 
 /// (sum of first(u_j), sum of second(u_j, w_j)) over j in [0, n), the elements read as doubles;
-/// first and second take doubles or vectors of 8. Each sum is kept in 16 interleaved partial
-/// sums, two vectors, added in a fixed order at the end: the order of every addition is written
+/// first and second take doubles or vectors of them. Each sum is kept in 16 interleaved partial
+/// sums, in vectors, added in a fixed order at the end: the order of every addition is written
 /// out, so nothing is reassociated, and a result does not depend on how the channels were split.
 template <class T, class A, class B>
 std::pair<double, double> pairedSums(int64_t n, const T* u, const T* w, A first, B second) {
-  Doubles a[2] = {}, b[2] = {};
+  Doubles a[kVectors] = {}, b[kVectors] = {};
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    for (int h = 0; h < 2; ++h) {
-      const Doubles x = loadDoubles(u + j + 8 * h), y = loadDoubles(w + j + 8 * h);
+  for (; j + kPartialSums <= n; j += kPartialSums) {
+    for (int h = 0; h < kVectors; ++h) {
+      const Doubles x = loadDoubles(u + j + kDoubleLanes * h), y = loadDoubles(w + j + kDoubleLanes * h);
       a[h] += first(x);
       b[h] += second(x, y);
     }
   }
-  double lanesA[16], lanesB[16];
+  double lanesA[kPartialSums], lanesB[kPartialSums];
   std::memcpy(lanesA, a, sizeof lanesA);
   std::memcpy(lanesB, b, sizeof lanesB);
   for (int64_t k = 0; j < n; ++j, ++k) {
@@ -92,7 +96,7 @@ std::pair<double, double> pairedSums(int64_t n, const T* u, const T* w, A first,
     lanesB[k] += second(double(u[j]), double(w[j]));
   }
   double sumA = 0, sumB = 0;
-  for (int k = 0; k < 16; ++k) {
+  for (int k = 0; k < kPartialSums; ++k) {
     sumA += lanesA[k];
     sumB += lanesB[k];
   }
