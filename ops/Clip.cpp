@@ -1,12 +1,15 @@
 // Gradient checks: the squared norms of dense and sparse gradients (SquaredNorm,
 // SparseSquaredNorm), clipByGlobalNorm, which composes them, and AllFinite, which loss scaling
-// uses to skip a step whose gradients overflowed. Sums are taken in double over
-// fixed blocks, so a norm does not depend on the thread count.
+// uses to skip a step whose gradients overflowed. Sums are taken in double over fixed blocks,
+// each in a fixed order (detail::simd::interleavedSums), so a norm does not depend on the thread
+// count.
 #include "ops/OpUtil.h"
 #include "ops/RowIds.h"
+#include "ops/Simd.h"
 #include "ops/cuda/Kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <numeric>
@@ -49,11 +52,9 @@ void squaredNormKernel(KernelContext& ctx) {
     std::vector<double> partial(static_cast<size_t>((n + kBlock - 1) / kBlock));
     ctx.parallelFor(static_cast<int64_t>(partial.size()), kBlock, [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b < hi; ++b) {
-        double s = 0;
-        for (int64_t i = b * kBlock, end = std::min(n, i + kBlock); i < end; ++i) {
-          s += static_cast<double>(px[i]) * static_cast<double>(px[i]);
-        }
-        partial[static_cast<size_t>(b)] = s;
+        const T* block = px + b * kBlock;
+        partial[static_cast<size_t>(b)] = detail::simd::interleavedSums<1>(
+            std::min(kBlock, n - b * kBlock), block, block, [](auto x, auto) { return std::array{x * x}; })[0];
       }
     });
     ctx.output(0).data<T>()[0] = static_cast<T>(std::accumulate(partial.begin(), partial.end(), 0.0));

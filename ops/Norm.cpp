@@ -8,6 +8,7 @@
 #include "ops/cuda/Kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -53,54 +54,14 @@ Coeffs load(const T* p, int64_t lo, int64_t hi) {
   return Coeffs(p + lo, p + hi);
 }
 
-// Vectors of doubles as wide as the target's registers (ops/Simd.h), and floats to fill them.
-constexpr int kDoubleLanes = detail::simd::kVectorBytes / static_cast<int>(sizeof(double));
-typedef double Doubles __attribute__((vector_size(detail::simd::kVectorBytes)));
-typedef float Floats __attribute__((vector_size(detail::simd::kVectorBytes / 2)));
-constexpr int kPartialSums = 16, kVectors = kPartialSums / kDoubleLanes;
-
-/// u[j .. j + kDoubleLanes) as doubles.
-template <class T>
-Doubles loadDoubles(const T* u) {
-  if constexpr (std::is_same_v<T, float>) {
-    Floats f;
-    std::memcpy(&f, u, sizeof f);
-    return __builtin_convertvector(f, Doubles);
-  } else {
-    Doubles d;
-    for (int k = 0; k < kDoubleLanes; ++k) d[k] = double(u[k]);
-    return d;
-  }
-}
-
-/// (sum of first(u_j), sum of second(u_j, w_j)) over j in [0, n), the elements read as doubles;
-/// first and second take doubles or vectors of them. Each sum is kept in 16 interleaved partial
-/// sums, in vectors, added in a fixed order at the end: the order of every addition is written
-/// out, so nothing is reassociated, and a result does not depend on how the channels were split.
+/// (sum of first(u_j), sum of second(u_j, w_j)) over j in [0, n), in double
+/// (detail::simd::interleavedSums): a result does not depend on how the channels were split.
 template <class T, class A, class B>
 std::pair<double, double> pairedSums(int64_t n, const T* u, const T* w, A first, B second) {
-  Doubles a[kVectors] = {}, b[kVectors] = {};
-  int64_t j = 0;
-  for (; j + kPartialSums <= n; j += kPartialSums) {
-    for (int h = 0; h < kVectors; ++h) {
-      const Doubles x = loadDoubles(u + j + kDoubleLanes * h), y = loadDoubles(w + j + kDoubleLanes * h);
-      a[h] += first(x);
-      b[h] += second(x, y);
-    }
-  }
-  double lanesA[kPartialSums], lanesB[kPartialSums];
-  std::memcpy(lanesA, a, sizeof lanesA);
-  std::memcpy(lanesB, b, sizeof lanesB);
-  for (int64_t k = 0; j < n; ++j, ++k) {
-    lanesA[k] += first(double(u[j]));
-    lanesB[k] += second(double(u[j]), double(w[j]));
-  }
-  double sumA = 0, sumB = 0;
-  for (int k = 0; k < kPartialSums; ++k) {
-    sumA += lanesA[k];
-    sumB += lanesB[k];
-  }
-  return {sumA, sumB};
+  const auto sums = detail::simd::interleavedSums<2>(n, u, w, [&](auto x, auto y) {
+    return std::array{first(x), second(x, y)};
+  });
+  return {sums[0], sums[1]};
 }
 
 /// out = scale * x + shift, per channel.
