@@ -95,11 +95,15 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
 }
 
 template <class T>
-PackedOperand<T>::PackedOperand(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb)
+PackedOperand<T>::PackedOperand(const KernelContext& ctx, bool tb, int64_t k, int64_t n, const T* b, int64_t ldb)
     : tb(tb), k(k), n(n), b(b), ldb(ldb) {
   if constexpr (ownKernel(std::is_same_v<T, float>)) {
     packed = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(detail::packedSgemmSize(k, n)));
-    detail::packSgemmOperand(tb, k, n, b, ldb, packed.get());
+    const int64_t slivers = (n + detail::kSgemmTileCols - 1) / detail::kSgemmTileCols;
+    ctx.parallelFor(slivers, k * detail::kSgemmTileCols, [&](int64_t lo, int64_t hi) {
+      detail::packSgemmOperand(tb, k, n, b, ldb, lo * detail::kSgemmTileCols,
+                               std::min(n, hi * detail::kSgemmTileCols), packed.get());
+    });
   }
 }
 

@@ -27,11 +27,12 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
 
 /// op(B) (k x n; B stored n x k when tb) laid out once for many products with it: an RNN
 /// multiplies its recurrent weight at every step. Holds a copy when weft's own kernel runs the
-/// products (f32 on AVX-512), otherwise B's address, which must then outlive it.
+/// products (f32 on AVX-512), packed on ctx's pool, otherwise B's address, which must then
+/// outlive it.
 template <class T>
 class PackedOperand {
  public:
-  PackedOperand(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb);
+  PackedOperand(const KernelContext& ctx, bool tb, int64_t k, int64_t n, const T* b, int64_t ldb);
   bool tb;
   int64_t k, n;
   const T* b;

@@ -265,7 +265,7 @@ struct CpuBackend {
             T beta, T* c, int64_t ldc) {
     blas::parallelGemm(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
   }
-  blas::PackedOperand<T> pack(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb) { return {tb, k, n, b, ldb}; }
+  blas::PackedOperand<T> pack(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb) { return {ctx, tb, k, n, b, ldb}; }
   void gemm(int64_t m, const T* a, int64_t lda, const blas::PackedOperand<T>& b, T beta, T* c, int64_t ldc) {
     blas::parallelGemm(ctx, false, m, a, lda, b, beta, c, ldc);
   }

@@ -11,8 +11,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <new>
+#include <utility>
 
 namespace weft::blas::detail {
 namespace {
@@ -22,6 +24,7 @@ constexpr int64_t kTileCols = kSgemmTileCols;
 constexpr int64_t kDepth = 256;
 constexpr int64_t kBlockRows = 120;  // ten tiles of rows
 constexpr int64_t kPanelCols = 1024;
+constexpr int64_t kDirectACols = 2 * kTileCols;  // B no wider than this: A is read in place
 
 /// The packing buffers of the calling thread, allocated on its first product.
 struct PackBuffers {
@@ -151,19 +154,20 @@ void packB(bool tb, const float* b, int64_t ldb, int64_t j0, int64_t cols, int64
   }
 }
 
-/// One register tile: C[Rows x 32] (columns masked by low and high) = beta C + A B over the
-/// packed slivers on the first depth block, C += A B on the later ones.
-template <int Rows>
-void tile(int64_t depth, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc, __mmask16 low,
-          __mmask16 high, float beta, bool accumulate) {
+/// One register tile: C[Rows x 32] (columns masked by low and high) = beta C + A B over a sliver
+/// of B on the first depth block, C += A B on the later ones. A is a packed sliver, or with
+/// DirectA the rows of A in place (row r at a + r * lda).
+template <int Rows, bool DirectA>
+void tile(int64_t depth, const float* __restrict a, int64_t lda, const float* __restrict b, float* c, int64_t ldc,
+          __mmask16 low, __mmask16 high, float beta, bool accumulate) {
   __m512 left[Rows], right[Rows];
 #pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) left[r] = right[r] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < depth; ++p, a += Rows, b += kTileCols) {
+  for (int64_t p = 0; p < depth; ++p, a += DirectA ? 1 : Rows, b += kTileCols) {
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 12
     for (int r = 0; r < Rows; ++r) {
-      const __m512 x = _mm512_set1_ps(a[r]);
+      const __m512 x = _mm512_set1_ps(DirectA ? a[r * lda] : a[r]);
       left[r] = _mm512_fmadd_ps(x, b0, left[r]);
       right[r] = _mm512_fmadd_ps(x, b1, right[r]);
     }
@@ -185,18 +189,42 @@ void tile(int64_t depth, const float* __restrict a, const float* __restrict b, f
   }
 }
 
-using TileKernel = void (*)(int64_t, const float*, const float*, float*, int64_t, __mmask16, __mmask16, float, bool);
-constexpr TileKernel kTiles[kTileRows + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
-                                              tile<7>,  tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
+using TileKernel = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, __mmask16, __mmask16, float,
+                            bool);
+template <bool DirectA, int... Rows>
+constexpr std::array<TileKernel, kTileRows + 1> tileKernels(std::integer_sequence<int, 0, Rows...>) {
+  return {nullptr, tile<Rows, DirectA>...};
+}
+// Indexed by the tile's height.
+constexpr auto kPackedTiles = tileKernels<false>(std::make_integer_sequence<int, kTileRows + 1>());
+constexpr auto kDirectTiles = tileKernels<true>(std::make_integer_sequence<int, kTileRows + 1>());
 
 }  // namespace
 
 namespace {
 
+/// C[:, 0 .. cols) += A B over one depth block with A read in place (A row-major, at its first
+/// depth): where B is at most kDirectACols wide, packing A would cost as much as the product.
+void multiplyDirect(int64_t m, const float* a, int64_t lda, int64_t depth, const float* slivers, int64_t cols,
+                    float beta, bool accumulate, float* c, int64_t ldc) {
+  for (int64_t jt = 0; jt < cols; jt += kTileCols) {
+    const ColumnMasks mask = columnMasks(cols - jt);
+    for (int64_t i = 0, height; i < m; i += height) {
+      height = tileHeight(m, i);
+      kDirectTiles[height](depth, a + i * lda, lda, slivers + jt * depth, c + i * ldc + jt, ldc, mask.low, mask.high,
+                           beta, accumulate);
+    }
+  }
+}
+
 /// C[:, 0 .. cols) += op(A) B over depth [p0, p0 + depth) (C = beta C + ... on the first depth
 /// block), with B's slivers for those columns and that depth at `slivers`.
 void multiplyDepthBlock(bool ta, int64_t m, const float* a, int64_t lda, int64_t p0, int64_t depth,
                         const float* slivers, int64_t cols, float beta, float* c, int64_t ldc) {
+  if (!ta && cols <= kDirectACols) {
+    multiplyDirect(m, a + p0, lda, depth, slivers, cols, beta, p0 > 0, c, ldc);
+    return;
+  }
   float* packedA = packBuffers().a;
   for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
     const int64_t rows = std::min(kBlockRows, m - i0);
@@ -205,8 +233,8 @@ void multiplyDepthBlock(bool ta, int64_t m, const float* a, int64_t lda, int64_t
       const ColumnMasks mask = columnMasks(cols - jt);
       for (int64_t it = 0, height; it < rows; it += height) {
         height = tileHeight(rows, it);
-        kTiles[height](depth, packedA + it * depth, slivers + jt * depth,
-                                               c + (i0 + it) * ldc + jt, ldc, mask.low, mask.high, beta, p0 > 0);
+        kPackedTiles[height](depth, packedA + it * depth, 0, slivers + jt * depth, c + (i0 + it) * ldc + jt, ldc,
+                             mask.low, mask.high, beta, p0 > 0);
       }
     }
   }
@@ -232,9 +260,11 @@ void sgemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float*
 // Packed whole, depth block after depth block; each block holds the slivers of all n columns.
 int64_t packedSgemmSize(int64_t k, int64_t n) { return k * paddedCols(n); }
 
-void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, float* packed) {
+void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, int64_t c0, int64_t c1,
+                      float* packed) {
   for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
-    packB(tb, b, ldb, 0, n, p0, std::min(kDepth, k - p0), packed + p0 * paddedCols(n));
+    const int64_t depth = std::min(kDepth, k - p0);
+    packB(tb, b, ldb, c0, c1 - c0, p0, depth, packed + p0 * paddedCols(n) + c0 * depth);
   }
 }
 

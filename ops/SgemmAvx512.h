@@ -27,8 +27,11 @@ inline constexpr int64_t kSgemmTileCols = 32;
 /// The floats op(B) (k x n) takes packed whole by packSgemmOperand.
 int64_t packedSgemmSize(int64_t k, int64_t n);
 
-/// Lays op(B) (k x n; B stored n x k when tb) out as the kernel reads it, for many products.
-void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, float* packed);
+/// Lays columns [c0, c1) of op(B) (k x n; B stored n x k when tb) out as the kernel reads it, for
+/// many products, in their place in `packed` (packedSgemmSize floats); c0 is a multiple of
+/// kSgemmTileCols, so that disjoint ranges can be packed at once.
+void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, int64_t c0, int64_t c1,
+                      float* packed);
 
 /// Columns [c0, c1) of C (m x n) = op(A) B + beta C with B packed by packSgemmOperand; c0 is a
 /// multiple of kSgemmTileCols. Gives the bits sgemmAvx512 gives.

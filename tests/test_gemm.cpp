@@ -85,13 +85,14 @@ void checkAgainstReference(const Product& p, T beta, bool nanInC) {
   }
 }
 
-// Around the f32 kernel's register tile (12 x 32), its depth block (256), its row block (120)
-// and its column panel (1024); and the small and skinny shapes of the models' backward passes.
+// Around the f32 kernel's register tile (12 x 32), its depth block (256), its row block (120),
+// its column panel (1024) and the widest B (64) with A read in place; and the small and skinny
+// shapes of the models' backward passes.
 const std::vector<Product> kShapes = {
     {false, false, 1, 1, 1},      {false, false, 11, 31, 7},     {false, false, 12, 32, 256},
     {false, false, 13, 33, 257},  {false, false, 121, 17, 300},  {false, false, 25, 1030, 40},
     {false, false, 130, 70, 520}, {false, false, 3, 500, 2},     {false, false, 500, 3, 90},
-    {false, false, 37, 45, 53, 5}};
+    {false, false, 37, 45, 53, 5}, {false, false, 40, 64, 300},  {false, false, 41, 65, 300}};
 
 template <class T>
 void checkEveryTranspose(T beta, bool nanInC) {
@@ -173,12 +174,12 @@ TEST_CASE("products with a packed operand give parallelGemm's bits, for either l
     CAPTURE(p.m);
     CAPTURE(p.n);
     const Operands<float> o = operands<float>(p);
-    const blas::PackedOperand<float> packed(p.tb, p.k, p.n, o.b.data(), o.ldb);
     for (int threads : {1, 2, 3}) {
       CAPTURE(threads);
       ThreadPool pool(threads);
       KernelContext ctx;
       ctx.pool = &pool;
+      const blas::PackedOperand<float> packed(ctx, p.tb, p.k, p.n, o.b.data(), o.ldb);
       std::vector<float> plain = o.c, withPacked = o.c;
       blas::parallelGemm<float>(ctx, p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 1.0f,
                                 plain.data(), o.ldc);
@@ -191,10 +192,10 @@ TEST_CASE("products with a packed operand give parallelGemm's bits, for either l
 TEST_CASE("a packed f64 operand multiplies as gemm does") {
   const Product p{false, true, 20, 30, 40};
   const Operands<double> o = operands<double>(p);
-  const blas::PackedOperand<double> packed(p.tb, p.k, p.n, o.b.data(), o.ldb);
   ThreadPool pool(2);
   KernelContext ctx;
   ctx.pool = &pool;
+  const blas::PackedOperand<double> packed(ctx, p.tb, p.k, p.n, o.b.data(), o.ldb);
   std::vector<double> plain = o.c, withPacked = o.c;
   blas::gemm<double>(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0, plain.data(), o.ldc);
   blas::parallelGemm<double>(ctx, p.ta, p.m, o.a.data(), o.lda, packed, 0.0, withPacked.data(), o.ldc);
