@@ -75,7 +75,17 @@ void binaryLoop(const KernelContext& ctx, F f, int64_t cost = 1) {
         const T* ra = pa + ba.rowOffset(r);
         const T* rb = pb + bb.rowOffset(r);
         T* ro = po + r * inner;
-        for (int64_t j = 0; j < inner; ++j) ro[j] = f(ra[j * sa], rb[j * sb]);
+        // Strides known at compile time let the common cases (a bias row, a scale per row)
+        // vectorise.
+        if (sa == 1 && sb == 1) {
+          for (int64_t j = 0; j < inner; ++j) ro[j] = f(ra[j], rb[j]);
+        } else if (sa == 1 && sb == 0) {
+          for (int64_t j = 0; j < inner; ++j) ro[j] = f(ra[j], rb[0]);
+        } else if (sa == 0 && sb == 1) {
+          for (int64_t j = 0; j < inner; ++j) ro[j] = f(ra[0], rb[j]);
+        } else {
+          for (int64_t j = 0; j < inner; ++j) ro[j] = f(ra[j * sa], rb[j * sb]);
+        }
       }
     });
   }
