@@ -219,6 +219,20 @@ std::vector<Node*> scheduleNodes(const std::vector<Node*>& nodes, const std::set
   return order;
 }
 
+/// The bytes an op reads and writes: its inputs and outputs, each counted once, except an output
+/// that is a view of an input (a reshape), which moves neither.
+int64_t operandBytes(const KernelContext& ctx) {
+  int64_t bytes = 0;
+  for (const Tensor* t : ctx.inputs) bytes += static_cast<int64_t>(t->bytes());
+  for (const Tensor* out : ctx.outputs) {
+    const auto view = std::find_if(ctx.inputs.begin(), ctx.inputs.end(), [&](const Tensor* in) {
+      return out->bytes() > 0 && in->raw() == out->raw();
+    });
+    bytes += static_cast<int64_t>(out->bytes()) * (view == ctx.inputs.end() ? 1 : -1);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 Session::Session(Graph& graph, SessionOptions options)
@@ -607,7 +621,7 @@ void Session::runSteps(Plan& plan) {
     if (timed) {
       const auto ended = std::chrono::steady_clock::now();
       if (opSeconds_ != nullptr) (*opSeconds_)[s.ctx.node] += std::chrono::duration<double>(ended - started).count();
-      traceEvent(s.ctx.node->name, s.ctx.node->op, "ops", started, ended);
+      if (tracing()) traceEvent(s.ctx.node->name, s.ctx.node->op, "ops", started, ended, operandBytes(s.ctx));
     }
     if (s.checkFinite) {
       for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);

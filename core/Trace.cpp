@@ -19,6 +19,7 @@ struct Event {
   std::string category;
   const char* track;
   int64_t start, duration;  // microseconds
+  int64_t bytes;             // -1: none
 };
 
 std::atomic<bool> recording{false};
@@ -37,14 +38,16 @@ void startTracing() {
   recording = true;
 }
 
+void stopTracing() { recording = false; }
+
 bool tracing() { return recording.load(std::memory_order_relaxed); }
 
 void traceEvent(const std::string& name, const std::string& category, const char* track,
-                TraceClock::time_point start, TraceClock::time_point end) {
+                TraceClock::time_point start, TraceClock::time_point end, int64_t bytes) {
   if (!tracing()) return;
   const int64_t begin = microseconds(start);
   std::lock_guard lock(eventsMutex);
-  events.push_back({name, category, track, begin, std::max<int64_t>(microseconds(end) - begin, 0)});
+  events.push_back({name, category, track, begin, std::max<int64_t>(microseconds(end) - begin, 0), bytes});
 }
 
 TraceScope::TraceScope(std::string name, std::string category, const char* track)
@@ -66,8 +69,10 @@ std::string traceEventsJson(int pid, const std::string& process) {
     if (added) {
       list.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", it->second}, {"args", {{"name", e.track}}}});
     }
-    list.push_back({{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", pid}, {"tid", it->second},
-                    {"ts", e.start}, {"dur", e.duration}});
+    nlohmann::json event{{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", pid}, {"tid", it->second},
+                         {"ts", e.start}, {"dur", e.duration}};
+    if (e.bytes >= 0) event["args"] = {{"bytes", e.bytes}};
+    list.push_back(std::move(event));
   }
   return nlohmann::json{{"traceEvents", std::move(list)}, {"displayTimeUnit", "ms"}}.dump();
 }

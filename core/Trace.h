@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,11 +19,14 @@ using TraceClock = std::chrono::steady_clock;
 
 /// Starts recording this process's events (dropping any recorded before).
 void startTracing();
+/// Stops recording; the events recorded so far are kept.
+void stopTracing();
 bool tracing();
 /// Records `name` from `start` until `end` on track `track` (a row of the viewer), in `category`.
-/// Does nothing unless tracing.
+/// `bytes`, when not negative, is stored in the event's args: for an op, the bytes of its inputs
+/// and outputs (what a memory roofline counts). Does nothing unless tracing.
 void traceEvent(const std::string& name, const std::string& category, const char* track,
-                TraceClock::time_point start, TraceClock::time_point end);
+                TraceClock::time_point start, TraceClock::time_point end, int64_t bytes = -1);
 
 /// Records from its construction to its destruction (when tracing).
 class TraceScope {

@@ -1,10 +1,15 @@
 // The executor: pruning, ordering of variable reads and writes, memory plan, plan cache,
-// determinism, feeds and their errors.
+// determinism, feeds and their errors, and the bytes a trace records per op.
 #include "tests/TestUtil.h"
 
 #include "autodiff/Gradients.h"
+#include "core/Trace.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <map>
 
 using namespace weft;
 
@@ -245,4 +250,24 @@ TEST_CASE("profile times every op of a training step and leaves the variables as
   for (const auto& [node, t] : seconds) CHECK(t >= 0);
   CHECK(s.variable("w").toDoubles() == std::vector<double>(6, 0.5));
   CHECK(s.variable("global_step").item() == 0);
+}
+
+TEST_CASE("a traced op records the bytes of its inputs and outputs, and a view of its input none") {
+  Graph g;
+  Output x = g.placeholder("x", f32, {3, 4});
+  Output sum = x + x;                      // two 48-byte inputs and a 48-byte output
+  Output flat = reshape(sum, {12});        // a view of its input: moves nothing
+  Output wide = cast(flat, f64);           // 48 bytes in, 96 out
+  Session s(g);
+  startTracing();
+  s.run({wide}, {{x, Tensor::zeros(f32, {3, 4})}});
+  const nlohmann::json trace = nlohmann::json::parse(traceEventsJson(0, "test"));
+  stopTracing();
+  std::map<std::string, int64_t> bytes;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") bytes[e["cat"].get<std::string>()] = e["args"]["bytes"].get<int64_t>();
+  }
+  CHECK(bytes.at("Add") == 3 * 48);
+  CHECK(bytes.at("Reshape") == 0);
+  CHECK(bytes.at("Cast") == 48 + 96);
 }

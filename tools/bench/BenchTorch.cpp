@@ -22,9 +22,11 @@ void gemm() {
 
 void elementwise() {
   torch::NoGradGuard noGrad;
-  auto a = torch::rand({bench::kElementwiseSize}), b = torch::rand({bench::kElementwiseSize});
-  const auto t = bench::time([&] { auto c = a + b; }, 3, 20);
-  bench::report("add_16M", "libtorch", t, "gb_per_s", 3.0 * 4 * static_cast<double>(bench::kElementwiseSize) / t.median / 1e9);
+  for (const auto& [name, n] : bench::kElementwiseSizes) {
+    auto a = torch::rand({n}), b = torch::rand({n});
+    const auto t = bench::time([&] { auto c = a + b; }, 3, 20);
+    bench::report(name, "libtorch", t, "gb_per_s", 3.0 * 4 * static_cast<double>(n) / t.median / 1e9);
+  }
 }
 
 void overhead() {

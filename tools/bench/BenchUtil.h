@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace bench {
@@ -63,7 +64,9 @@ struct ConvShape {
 inline const ConvShape kConvs[] = {{"conv3x3_16x32", 64, 16, 32}, {"conv3x3_32x16", 64, 32, 16}, {"conv3x3_64x8", 64, 64, 8}};
 
 inline const int64_t kGemmSizes[] = {256, 512, 1024};
-inline constexpr int64_t kElementwiseSize = 1 << 24;
+/// Elementwise sizes: 1M floats (12 MB moved per add, within the last-level cache, like the model
+/// zoo's tensors) and 16M (192 MB, main memory).
+inline const std::pair<const char*, int64_t> kElementwiseSizes[] = {{"add_1M", 1 << 20}, {"add_16M", 1 << 24}};
 inline constexpr int kOverheadChain = 1000;
 
 }  // namespace bench

@@ -30,14 +30,15 @@ void gemm() {
 }
 
 void elementwise() {
-  const int64_t n = bench::kElementwiseSize;
-  Graph g;
-  Output a = g.placeholder("a", f32, {n}), b = g.placeholder("b", f32, {n});
-  Output c = a + b;
-  Session s(g, {threads, false});
-  const FeedMap feeds{{a, testing::randomTensor(f32, {n}, 1)}, {b, testing::randomTensor(f32, {n}, 2)}};
-  const auto t = bench::time([&] { s.run({c}, feeds); }, 3, 20);
-  bench::report("add_16M", "weft", t, "gb_per_s", 3.0 * 4 * static_cast<double>(n) / t.median / 1e9);
+  for (const auto& [name, n] : bench::kElementwiseSizes) {
+    Graph g;
+    Output a = g.placeholder("a", f32, {n}), b = g.placeholder("b", f32, {n});
+    Output c = a + b;
+    Session s(g, {threads, false});
+    const FeedMap feeds{{a, testing::randomTensor(f32, {n}, 1)}, {b, testing::randomTensor(f32, {n}, 2)}};
+    const auto t = bench::time([&] { s.run({c}, feeds); }, 3, 20);
+    bench::report(name, "weft", t, "gb_per_s", 3.0 * 4 * static_cast<double>(n) / t.median / 1e9);
+  }
 }
 
 void overhead() {
