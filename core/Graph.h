@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace weft {
@@ -221,12 +222,16 @@ class Graph {
   /// (kJobPartitions: the job's count), or std::nullopt when it was created outside every one.
   std::optional<int> requestedPartitions(const Node* variable) const;
 
-  /// RAII mixed-precision scope: while it lives, matrix products and convolutions built from f32
-  /// values compute in `low` (bf16 or f16): their inputs are cast down and their results cast
-  /// back to f32, so the rest of the model, the variables and the optimizer stay in f32.
+  /// Which ops a mixed-precision scope computes in 16 bits: a CPU has fast bf16 matrix products
+  /// (AVX512_BF16) but no 16-bit convolutions, which would only add the casts.
+  enum class MixedOps { ProductsAndConvolutions, Products };
+  /// RAII mixed-precision scope: while it lives, matrix products and convolutions (or products
+  /// alone) built from f32 values compute in `low` (bf16 or f16): their inputs are cast down and
+  /// their results cast back to f32, so the rest of the model, the variables and the optimizer
+  /// stay in f32.
   class PrecisionScope {
    public:
-    PrecisionScope(Graph& g, DType low);
+    PrecisionScope(Graph& g, DType low, MixedOps ops = MixedOps::ProductsAndConvolutions);
     ~PrecisionScope();
     PrecisionScope(const PrecisionScope&) = delete;
     PrecisionScope& operator=(const PrecisionScope&) = delete;
@@ -234,10 +239,15 @@ class Graph {
    private:
     Graph& graph_;
   };
-  PrecisionScope mixedPrecision(DType low) { return PrecisionScope(*this, low); }
-  /// The compute type of matrix products and convolutions of f32 values here (f32 outside any
-  /// mixed-precision scope).
-  DType computeDType() const { return precisions_.empty() ? DType::F32 : precisions_.back(); }
+  PrecisionScope mixedPrecision(DType low, MixedOps ops = MixedOps::ProductsAndConvolutions) {
+    return PrecisionScope(*this, low, ops);
+  }
+  /// The compute type here of matrix products (or convolutions) of f32 values: f32 outside any
+  /// mixed-precision scope, and for convolutions in a scope of products alone.
+  DType computeDType(bool convolution = false) const {
+    if (precisions_.empty() || (convolution && precisions_.back().second == MixedOps::Products)) return DType::F32;
+    return precisions_.back().first;
+  }
 
   /// Makes `node` (an op without outputs, such as an update) run only in steps where the scalar
   /// `condition` is nonzero (NaN counts as zero); the condition is computed first.
@@ -315,7 +325,7 @@ class Graph {
   std::vector<int> stages_;
   std::vector<int> partitioners_;
   std::map<const Node*, int> requestedPartitions_;
-  std::vector<DType> precisions_;
+  std::vector<std::pair<DType, MixedOps>> precisions_;
   std::vector<GradientLink> gradientLinks_;
   std::map<std::string, std::vector<Node*>> collections_;
   uint64_t seed_ = 0;

@@ -127,6 +127,29 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
   }
 }
 
+bool haveBf16Gemm() { return detail::kHaveBf16GemmAvx512; }
+
+void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                      const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc) {
+  if constexpr (detail::kHaveBf16GemmAvx512) {
+    if (m == 0 || n == 0) return;
+    static_assert(sizeof(BFloat16) == sizeof(uint16_t));
+    const auto* pa = reinterpret_cast<const uint16_t*>(a);
+    const auto* pb = reinterpret_cast<const uint16_t*>(b);
+    const Split split = threadSplit(ctx, m, n, false);
+    forEachBlock(ctx, split, m, n, k, [&](int64_t begin, int64_t len) {
+      if (split.rows) {
+        detail::bf16GemmAvx512(ta, tb, len, n, k, ta ? pa + begin : pa + begin * lda, lda, pb, ldb, c + begin * ldc,
+                               ldc);
+      } else {
+        detail::bf16GemmAvx512(ta, tb, m, len, k, pa, lda, tb ? pb + begin * ldb : pb + begin, ldb, c + begin, ldc);
+      }
+    });
+  } else {
+    WEFT_THROW("parallelGemmBf16: this build has no bf16 matrix product (it needs AVX512_BF16)");
+  }
+}
+
 template class PackedOperand<float>;
 template class PackedOperand<double>;
 template void parallelGemm<float>(const KernelContext&, bool, int64_t, const float*, int64_t,

@@ -1,6 +1,7 @@
-// Matrix products through ops/Blas.h (OpenBLAS; weft's pool runs the blocks of the output, so
-// the thread count is the session's). bf16/f16 products
-// compute in f32 on the CPU (and in 16 bits with f32 accumulation on the GPU).
+// Matrix products through ops/Blas.h (weft's own kernels or OpenBLAS; weft's pool runs the blocks
+// of the output, so the thread count is the session's). bf16 products run on weft's bf16 kernel
+// where the CPU has AVX512_BF16, other 16-bit products in f32 on the CPU; on the GPU all run in
+// 16 bits with f32 accumulation.
 #include "ops/Blas.h"
 #include "ops/OpUtil.h"
 
@@ -83,7 +84,28 @@ Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
   });
 }
 
-void matmulAnyPrecision(KernelContext& ctx) { detail::runInFloat32(ctx, matmulKernel); }
+/// A bf16 product on weft's bf16 kernel (dot products of bf16 pairs accumulated in f32): the f32
+/// result, rounded once into the bf16 output.
+void matmulBf16Kernel(KernelContext& ctx) {
+  const Tensor &a = ctx.input(0), &b = ctx.input(1);
+  const bool ta = ctx.attrs().get<bool>("transpose_a"), tb = ctx.attrs().get<bool>("transpose_b");
+  const MatDims d = matDims(a.shape(), b.shape(), ta, tb);
+  Tensor wide(f32, ctx.output(0).shape());
+  const BFloat16* pa = a.data<BFloat16>();
+  const BFloat16* pb = b.data<BFloat16>();
+  float* pc = wide.data<float>();
+  for (int64_t i = 0; i < d.batch; ++i) {
+    blas::parallelGemmBf16(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, ta ? d.m : d.k, pb + i * d.k * d.n,
+                           tb ? d.k : d.n, pc + i * d.m * d.n, d.n);
+  }
+  detail::castElements(ctx, wide, ctx.output(0));
+}
+
+/// bf16 products on the bf16 kernel where the CPU has one; other 16-bit products in f32.
+void matmulAnyPrecision(KernelContext& ctx) {
+  if (ctx.input(0).dtype() == bf16 && blas::haveBf16Gemm()) return matmulBf16Kernel(ctx);
+  detail::runInFloat32(ctx, matmulKernel);
+}
 
 std::atomic<bool> tf32{false};
 

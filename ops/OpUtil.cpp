@@ -54,8 +54,9 @@ bool broadcastShapes(const Shape& a, const Shape& b, Shape& out) {
 
 std::vector<TensorType> sameAsInput(const InferContext& c) { return {c.inputs[0]}; }
 
-Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build) {
-  const DType low = inputs[0].graph().computeDType();
+Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build,
+                          bool convolution) {
+  const DType low = inputs[0].graph().computeDType(convolution);
   const bool allF32 = std::all_of(inputs.begin(), inputs.end(), [](const Output& x) { return x.dtype() == f32; });
   if (low == f32 || !allF32) return build(inputs);
   for (Output& x : inputs) x = cast(x, low);

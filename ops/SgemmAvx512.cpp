@@ -154,6 +154,28 @@ void packB(bool tb, const float* b, int64_t ldb, int64_t j0, int64_t cols, int64
   }
 }
 
+/// Stores a tile's accumulators: C = beta C + tile (C = tile when beta is 0, C never read), or
+/// C += tile when accumulating the later depth blocks.
+template <int Rows>
+void storeTile(const __m512 left[Rows], const __m512 right[Rows], float* c, int64_t ldc, __mmask16 low, __mmask16 high,
+               float beta, bool accumulate) {
+  const __m512 scale = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+  for (int r = 0; r < Rows; ++r) {
+    float* row = c + r * ldc;
+    __m512 l = left[r], h = right[r];
+    if (accumulate) {
+      l = _mm512_add_ps(_mm512_maskz_loadu_ps(low, row), l);
+      h = _mm512_add_ps(_mm512_maskz_loadu_ps(high, row + 16), h);
+    } else if (beta != 0.0f) {
+      l = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(low, row), l);
+      h = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(high, row + 16), h);
+    }
+    _mm512_mask_storeu_ps(row, low, l);
+    _mm512_mask_storeu_ps(row + 16, high, h);
+  }
+}
+
 /// One register tile: C[Rows x 32] (columns masked by low and high) = beta C + A B over a sliver
 /// of B on the first depth block, C += A B on the later ones. A is a packed sliver, or with
 /// DirectA the rows of A in place (row r at a + r * lda).
@@ -172,21 +194,7 @@ void tile(int64_t depth, const float* __restrict a, int64_t lda, const float* __
       right[r] = _mm512_fmadd_ps(x, b1, right[r]);
     }
   }
-  const __m512 scale = _mm512_set1_ps(beta);
-#pragma GCC unroll 12
-  for (int r = 0; r < Rows; ++r) {
-    float* row = c + r * ldc;
-    __m512 l = left[r], h = right[r];
-    if (accumulate) {
-      l = _mm512_add_ps(_mm512_maskz_loadu_ps(low, row), l);
-      h = _mm512_add_ps(_mm512_maskz_loadu_ps(high, row + 16), h);
-    } else if (beta != 0.0f) {
-      l = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(low, row), l);
-      h = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(high, row + 16), h);
-    }
-    _mm512_mask_storeu_ps(row, low, l);
-    _mm512_mask_storeu_ps(row + 16, high, h);
-  }
+  storeTile<Rows>(left, right, c, ldc, low, high, beta, accumulate);
 }
 
 using TileKernel = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, __mmask16, __mmask16, float,
@@ -276,6 +284,127 @@ void sgemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a,
                        ldc);
   }
 }
+
+// ---- bf16 with f32 accumulation ------------------------------------------------------------
+// The same blocking with pairs of depths in place of single ones: a 32-bit lane holds two bf16
+// values, depth 2q in its low half and 2q + 1 in its high half, and one dot-product instruction
+// adds both products of a pair to each f32 accumulator: twice the multiply-adds of an f32 FMA.
+// An odd depth is padded with a zero.
+
+#if defined(__AVX512BF16__)
+namespace {
+
+constexpr int64_t kDepthBf16 = 512;  // a B sliver stays 32 KB: 32 columns x 512 depths x 2 bytes
+
+/// The bf16 packing buffers of the calling thread: A and B slivers of whole pairs.
+struct Bf16PackBuffers {
+  uint32_t* a = reinterpret_cast<uint32_t*>(PackBuffers::allocate(kBlockRows * kDepthBf16 / 2));
+  uint32_t* b = reinterpret_cast<uint32_t*>(PackBuffers::allocate(kPanelCols * kDepthBf16 / 2));
+  ~Bf16PackBuffers() {
+    std::free(a);
+    std::free(b);
+  }
+};
+
+Bf16PackBuffers& bf16PackBuffers() {
+  thread_local Bf16PackBuffers buffers;
+  return buffers;
+}
+
+/// Element (row, depth) of op(X) for X stored with row length ld, transposed when t; zero past
+/// `depths` (the padding of an odd depth).
+uint32_t bf16At(const uint16_t* x, int64_t ld, bool t, int64_t row, int64_t depth, int64_t depths) {
+  if (depth >= depths) return 0;
+  return t ? x[depth * ld + row] : x[row * ld + depth];
+}
+
+uint32_t bf16Pair(const uint16_t* x, int64_t ld, bool t, int64_t row, int64_t depth, int64_t depths) {
+  return bf16At(x, ld, t, row, depth, depths) | bf16At(x, ld, t, row, depth + 1, depths) << 16;
+}
+
+/// Rows [i0, i0 + rows) of op(A) over depths [p0, p0 + depth), as one sliver of pairs per register
+/// tile (tileHeight), each laid out pair-major (sliver[q * height + r]) at out + first row * pairs.
+void packABf16(bool ta, const uint16_t* a, int64_t lda, int64_t k, int64_t i0, int64_t rows, int64_t p0,
+               int64_t depth, uint32_t* out) {
+  const int64_t pairs = (depth + 1) / 2;
+  for (int64_t s = 0, height; s < rows; s += height) {
+    height = tileHeight(rows, s);
+    uint32_t* sliver = out + s * pairs;
+    for (int64_t q = 0; q < pairs; ++q) {
+      for (int64_t r = 0; r < height; ++r) sliver[q * height + r] = bf16Pair(a, lda, ta, i0 + s + r, p0 + 2 * q, k);
+    }
+  }
+}
+
+/// Columns [j0, j0 + cols) of op(B) over depths [p0, p0 + depth), as slivers of kTileCols
+/// columns laid out pair-major (sliver[q * kTileCols + c]); columns past the end are zero.
+void packBBf16(bool tb, const uint16_t* b, int64_t ldb, int64_t k, int64_t j0, int64_t cols, int64_t p0,
+               int64_t depth, uint32_t* out) {
+  const int64_t pairs = (depth + 1) / 2;
+  for (int64_t s = 0; s < cols; s += kTileCols, out += kTileCols * pairs) {
+    const int64_t live = std::min(kTileCols, cols - s);
+    for (int64_t q = 0; q < pairs; ++q) {
+      uint32_t* row = out + q * kTileCols;
+      // op(B) column j is row j of B^T: bf16Pair reads it as a row of the transposed operand.
+      for (int64_t c = 0; c < live; ++c) row[c] = bf16Pair(b, ldb, !tb, j0 + s + c, p0 + 2 * q, k);
+      std::fill(row + live, row + kTileCols, 0u);
+    }
+  }
+}
+
+/// One register tile over a depth block: C[Rows x 32] = A B on the first block, C += A B on the
+/// later ones.
+template <int Rows>
+void tileBf16(int64_t pairs, const uint32_t* __restrict a, const uint32_t* __restrict b, float* c, int64_t ldc,
+              __mmask16 low, __mmask16 high, bool accumulate) {
+  __m512 left[Rows], right[Rows];
+#pragma GCC unroll 12
+  for (int r = 0; r < Rows; ++r) left[r] = right[r] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < pairs; ++q, a += Rows, b += kTileCols) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+#pragma GCC unroll 12
+    for (int r = 0; r < Rows; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r]));
+      left[r] = _mm512_dpbf16_ps(left[r], x, b0);
+      right[r] = _mm512_dpbf16_ps(right[r], x, b1);
+    }
+  }
+  storeTile<Rows>(left, right, c, ldc, low, high, 0.0f, accumulate);
+}
+
+using Bf16TileKernel = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, __mmask16, __mmask16, bool);
+template <int... Rows>
+constexpr std::array<Bf16TileKernel, kTileRows + 1> bf16TileKernels(std::integer_sequence<int, 0, Rows...>) {
+  return {nullptr, tileBf16<Rows>...};
+}
+constexpr auto kBf16Tiles = bf16TileKernels(std::make_integer_sequence<int, kTileRows + 1>());
+
+}  // namespace
+
+void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                    const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+  Bf16PackBuffers& buffers = bf16PackBuffers();
+  for (int64_t j0 = 0; j0 < n; j0 += kPanelCols) {
+    const int64_t cols = std::min(kPanelCols, n - j0);
+    for (int64_t p0 = 0; p0 == 0 || p0 < k; p0 += kDepthBf16) {
+      const int64_t depth = std::min(kDepthBf16, k - p0), pairs = (depth + 1) / 2;
+      packBBf16(tb, b, ldb, k, j0, cols, p0, depth, buffers.b);
+      for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
+        const int64_t rows = std::min(kBlockRows, m - i0);
+        packABf16(ta, a, lda, k, i0, rows, p0, depth, buffers.a);
+        for (int64_t jt = 0; jt < cols; jt += kTileCols) {
+          const ColumnMasks mask = columnMasks(cols - jt);
+          for (int64_t it = 0, height; it < rows; it += height) {
+            height = tileHeight(rows, it);
+            kBf16Tiles[height](pairs, buffers.a + it * pairs, buffers.b + jt * pairs, c + (i0 + it) * ldc + j0 + jt,
+                               ldc, mask.low, mask.high, p0 > 0);
+          }
+        }
+      }
+    }
+  }
+}
+#endif  // __AVX512BF16__
 
 }  // namespace weft::blas::detail
 

@@ -1,4 +1,5 @@
-// weft's own f32 matrix product for CPUs with AVX-512 (internal to ops/Blas.cpp). Debian's
+// weft's own matrix products for CPUs with AVX-512 (internal to ops/Blas.cpp): f32, and bf16 with
+// f32 accumulation where the CPU has AVX512_BF16. Debian's
 // OpenBLAS is often held to its AVX2 kernels (OPENBLAS_CORETYPE=Haswell, set on machines where
 // its newer kernels misbehave), which leaves half of an AVX-512 core's multiply-add width unused;
 // this kernel uses all of it whatever the environment says.
@@ -37,5 +38,19 @@ void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb
 /// multiple of kSgemmTileCols. Gives the bits sgemmAvx512 gives.
 void sgemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
                        int64_t c0, int64_t c1, float beta, float* c, int64_t ldc);
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+inline constexpr bool kHaveBf16GemmAvx512 = true;
+#else
+inline constexpr bool kHaveBf16GemmAvx512 = false;
+#endif
+
+/// C (m x n, f32) = op(A) op(B) for A and B in bfloat16 (their bit patterns), with f32
+/// accumulation: the AVX512_BF16 dot products multiply pairs of depths exactly and add them in
+/// f32. Single-threaded, blas::gemm's layout conventions; every element of C is computed by the
+/// same sequence of operations wherever it lies, so any cut of C gives the same bits. Defined
+/// only when kHaveBf16GemmAvx512.
+void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                    const uint16_t* b, int64_t ldb, float* c, int64_t ldc);
 
 }  // namespace weft::blas::detail

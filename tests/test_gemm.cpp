@@ -94,8 +94,9 @@ const std::vector<Product> kShapes = {
     {false, false, 130, 70, 520}, {false, false, 3, 500, 2},     {false, false, 500, 3, 90},
     {false, false, 37, 45, 53, 5}, {false, false, 40, 64, 300},  {false, false, 41, 65, 300}};
 
-template <class T>
-void checkEveryTranspose(T beta, bool nanInC) {
+/// Calls check(p) for every shape of kShapes with every transpose of A and B.
+template <class F>
+void forEveryTranspose(F check) {
   for (Product p : kShapes) {
     for (const auto& [ta, tb] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
       p.ta = ta;
@@ -106,9 +107,14 @@ void checkEveryTranspose(T beta, bool nanInC) {
       CAPTURE(p.n);
       CAPTURE(p.k);
       CAPTURE(p.pad);
-      checkAgainstReference<T>(p, beta, nanInC);
+      check(p);
     }
   }
+}
+
+template <class T>
+void checkEveryTranspose(T beta, bool nanInC) {
+  forEveryTranspose([&](const Product& p) { checkAgainstReference<T>(p, beta, nanInC); });
 }
 
 }  // namespace
@@ -200,4 +206,81 @@ TEST_CASE("a packed f64 operand multiplies as gemm does") {
   blas::gemm<double>(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0, plain.data(), o.ldc);
   blas::parallelGemm<double>(ctx, p.ta, p.m, o.a.data(), o.lda, packed, 0.0, withPacked.data(), o.ldc);
   CHECK(withPacked == plain);
+}
+
+namespace {
+
+/// The operands of p in bfloat16, and C (m x ldc, f32) = op(A) op(B) of them in double.
+struct Bf16Product {
+  std::vector<BFloat16> a, b;
+  std::vector<double> exact, magnitude;
+  int64_t lda, ldb, ldc;
+};
+
+Bf16Product bf16Product(const Product& p) {
+  const Operands<float> o = operands<float>(p);
+  Bf16Product r{{}, {}, {}, {}, o.lda, o.ldb, o.ldc};
+  for (float x : o.a) r.a.emplace_back(x);
+  for (float x : o.b) r.b.emplace_back(x);
+  r.exact.assign(static_cast<size_t>(p.m * o.ldc), 0.0);
+  r.magnitude = r.exact;
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      for (int64_t q = 0; q < p.k; ++q) {
+        const double x = static_cast<float>(r.a[static_cast<size_t>(p.ta ? q * o.lda + i : i * o.lda + q)]);
+        const double y = static_cast<float>(r.b[static_cast<size_t>(p.tb ? j * o.ldb + q : q * o.ldb + j)]);
+        r.exact[static_cast<size_t>(i * o.ldc + j)] += x * y;
+        r.magnitude[static_cast<size_t>(i * o.ldc + j)] += std::abs(x * y);
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the bf16 product matches the double product of its bf16 operands, for every transpose") {
+  if (!blas::haveBf16Gemm()) {
+    MESSAGE("this build has no bf16 matrix product (no AVX512_BF16)");
+    return;
+  }
+  ThreadPool pool(1);
+  KernelContext ctx;
+  ctx.pool = &pool;
+  forEveryTranspose([&](const Product& p) {
+    const Bf16Product r = bf16Product(p);
+    // The padding of every row of C must stay as it was.
+    std::vector<float> c(r.exact.size(), -7.0f);
+    blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, c.data(), r.ldc);
+    const double eps = std::numeric_limits<float>::epsilon();
+    bool close = true;
+    for (int64_t i = 0; i < p.m && close; ++i) {
+      for (int64_t j = 0; j < r.ldc && close; ++j) {
+        const size_t at = static_cast<size_t>(i * r.ldc + j);
+        const double bound = 2 * eps * (static_cast<double>(p.k) + 2) * (r.magnitude[at] + 1e-30);
+        close = j < p.n ? std::abs(c[at] - r.exact[at]) <= bound : c[at] == -7.0f;
+        if (!close) FAIL_CHECK("C[" << i << ", " << j << "] = " << c[at] << ", expected " << r.exact[at]);
+      }
+    }
+  });
+}
+
+TEST_CASE("the bf16 product gives the same bits for any thread count") {
+  if (!blas::haveBf16Gemm()) return;
+  for (const Product& p : {Product{false, false, 130, 70, 520}, Product{true, true, 25, 1030, 40},
+                           Product{false, true, 300, 20, 33}}) {
+    CAPTURE(p.m);
+    const Bf16Product r = bf16Product(p);
+    std::vector<float> first;
+    for (int threads : {1, 2, 3, 8}) {
+      CAPTURE(threads);
+      ThreadPool pool(threads);
+      KernelContext ctx;
+      ctx.pool = &pool;
+      std::vector<float> c(r.exact.size());
+      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, c.data(), r.ldc);
+      if (first.empty()) first = c;
+      CHECK(c == first);
+    }
+  }
 }
