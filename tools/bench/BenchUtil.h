@@ -15,10 +15,15 @@ struct Timing {
   double median, p10, p90;  // seconds per call
 };
 
-/// Calls `step` `warmup` times, then `reps` times, timing each call.
+/// Calls `step` `warmup` times and for at least kWarmupSeconds, then `reps` times, timing each
+/// call. The time floor matters for short steps: a new thread team's threads start on the core
+/// of the thread that made them, and the kernel takes some milliseconds to spread them over the
+/// cores (a 256 GEMM measured at half speed in most processes with 3 warm-up calls).
+inline constexpr double kWarmupSeconds = 0.2;
 template <class F>
 Timing time(F&& step, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) step();
+  const auto warmupEnd = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWarmupSeconds);
+  for (int i = 0; i < warmup || std::chrono::steady_clock::now() < warmupEnd; ++i) step();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     const auto start = std::chrono::steady_clock::now();

@@ -17,15 +17,18 @@ namespace {
 
 int threads = 2;
 
-void gemm() {
+/// Square products in `dtype` (bf16: weft's bf16 kernel where the CPU has AVX512_BF16, f32 arithmetic
+/// elsewhere), reported as PREFIX_N.
+void gemm(DType dtype, const std::string& prefix) {
   for (int64_t n : bench::kGemmSizes) {
     Graph g;
-    Output a = g.placeholder("a", f32, {n, n}), b = g.placeholder("b", f32, {n, n});
+    Output a = g.placeholder("a", dtype, {n, n}), b = g.placeholder("b", dtype, {n, n});
     Output c = matmul(a, b);
     Session s(g, {threads, false});
-    const FeedMap feeds{{a, testing::randomTensor(f32, {n, n}, 1)}, {b, testing::randomTensor(f32, {n, n}, 2)}};
+    const FeedMap feeds{{a, testing::randomTensor(f32, {n, n}, 1).cast(dtype)},
+                        {b, testing::randomTensor(f32, {n, n}, 2).cast(dtype)}};
     const auto t = bench::time([&] { s.run({c}, feeds); }, 3, 20);
-    bench::report("gemm_" + std::to_string(n), "weft", t, "gflops", 2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
+    bench::report(prefix + std::to_string(n), "weft", t, "gflops", 2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
   }
 }
 
@@ -111,7 +114,8 @@ void lm() {
 
 int main(int argc, char** argv) {
   if (argc > 1) threads = std::atoi(argv[1]);
-  gemm();
+  gemm(f32, "gemm_");
+  gemm(bf16, "bf16_gemm_");
   elementwise();
   overhead();
   conv();
