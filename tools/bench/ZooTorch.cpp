@@ -1,19 +1,21 @@
 // The LibTorch peers of the model zoo's training-step benchmark (`weft train MODEL --bench N`):
 // the same architectures, sizes, initial-value scales and optimizers, in LibTorch eager mode at
-// the same thread count, timed in the steady state as weft is (5 warm-up steps on the peer's one
-// batch shape, then N timed steps; weft runs its N batches once untimed, then times them again;
-// median, p10, p90, and throughput = items of the timed steps / their total time).
+// the same thread count, timed in the steady state as weft is (warm-up steps on the peer's one
+// batch shape, at least 5 and 200 ms, then N timed steps; weft runs its N batches untimed, at
+// least once and for 200 ms, then times them again; median, p10, p90, and throughput = items of
+// the timed steps / their total time).
 //
-//     bench_zoo_torch MODEL STEPS [THREADS] [--hidden H] [--batch B] [--width W]
-//         MODEL: lm nmt resnet gnn list_reduction
+//     bench_zoo_torch MODEL STEPS [THREADS] [--hidden H] [--hidden-width H] [--batch B] [--width W]
+//         MODEL: mlp lm nmt resnet gnn list_reduction
 //         --hidden: the recurrent or node state width of lm, nmt, gnn, list_reduction (weft's
-//         --hidden); --batch and --width: ResNet's images per step and first-stage channels
-//         (weft's --batch and --width). The sequence models keep their batch: its padded
+//         --hidden); --hidden-width: the MLP's hidden layers' width (weft's flag of that name);
+//         --batch: the MLP's examples or ResNet's images per step; --width: ResNet's first-stage
+//         channels (weft's --batch and --width). The sequence models keep their batch: its padded
 //         widths below were measured at weft's default batch.
 //
 // prints {"model": ..., "impl": "libtorch", "steps": N, "threads": T, "median_ms": ...,
 // "p10_ms": ..., "p90_ms": ..., "<unit>_per_s": ...} on stdout; on stderr the parameter counts,
-// the batch shapes and the loss of every warm-up step and of the last timed step (the peers
+// the batch shapes and the loss of the first 5 warm-up steps and of the last timed step (the peers
 // train on one fixed random batch, so the loss falls from step to step).
 //
 // Batches. Each peer runs one random batch with the shape of weft's default batches. weft's
@@ -24,6 +26,7 @@
 // (rounded width / mean width) so that rounding does not change the work per item.
 //
 //   model           weft's default batch (mean of 300)               peer's batch            items credited per batch
+//   mlp             128 examples of 32 features                       the same                examples 128
 //   lm              64 sentences, padded width 21.50, 1302.8 words    64 x 22, 1024 candidates  words 1302.8 x 22 / 21.50
 //   nmt             64 pairs, source and target width 10.09, 632.9    64 x 10 (both)          words 632.9 x 10 / 10.09
 //                   target words
@@ -31,7 +34,7 @@
 //   gnn             32 graphs: 311.5 nodes, 474.4 edges               312 nodes, 474 edges    nodes 312
 //   list_reduction  64 lists, padded width 11.00                      64 x 11                 lists 64
 //
-// Parameters (trainable, weft's count = the peer's): lm 19,645,780 (19,251,540 with sparse
+// Parameters (trainable, weft's count = the peer's): mlp 76,810; lm 19,645,780 (19,251,540 with sparse
 // gradients: embedding, softmax weight and bias); nmt 2,473,428 (513,024 sparse: the two
 // embeddings); resnet 272,474; gnn 11,683; list_reduction 84,234 (512 sparse: the embedding).
 //
@@ -40,6 +43,8 @@
 // distinct rows); the other models' ids are uniform.
 //
 // Models and optimizers (weft's defaults; see models/*.cpp):
+//   mlp     Linear(32 -> 256) -> ReLU -> Linear(256 -> 256) -> ReLU -> Linear(256 -> 10), softmax
+//           cross-entropy; Adam 1e-3.
 //   lm      embedding (50004 x 128) -> LSTM 128 -> 256 -> sampled softmax over 50004 words with 1024
 //           shared log-uniform candidates, logQ correction and accidental-hit removal; Adam 2e-3,
 //           clip 1.0. The embedding, the softmax weight and the softmax bias are read only through
@@ -451,6 +456,30 @@ Peer gnn(const Sizes& sizes) {
   return p;
 }
 
+Peer mlp(const Sizes& sizes) {
+  const int64_t width = orDefault(sizes.hidden, 256), batch = orDefault(sizes.batch, 128);
+  constexpr int64_t kInputs = 32, kClasses = 10;
+  auto fc1 = std::make_shared<Linear>(kInputs, width);
+  auto fc2 = std::make_shared<Linear>(width, width);
+  auto out = std::make_shared<Linear>(width, kClasses);
+  const Tensor features = torch::randn({batch, kInputs});
+  const Tensor labels = torch::randint(0, kClasses, {batch});
+  std::vector<Tensor> dense;
+  for (const auto& layer : {fc1, fc2, out}) {
+    for (const Tensor& t : layer->params()) dense.push_back(t);
+  }
+  Peer p;
+  p.updater = std::make_unique<Updater>(dense, std::vector<Tensor>{}, Updater::Spec{"adam", 1e-3, 0.9, 0, 0});
+  p.loss = [=] {
+    const Tensor h = torch::relu((*fc2)(torch::relu((*fc1)(features))));
+    return torch::nn::functional::cross_entropy((*out)(h), labels);
+  };
+  p.unit = "examples";
+  p.items = static_cast<double>(batch);
+  p.shapes = "features " + std::to_string(batch) + " x 32";
+  return p;
+}
+
 Peer listReduction(const Sizes& sizes) {
   const int64_t hiddenSize = orDefault(sizes.hidden, 128);
   constexpr int64_t kVocab = 16, kEmbed = 32, kClasses = 10, kBatch = 64, kWidth = 11;
@@ -484,8 +513,8 @@ Peer listReduction(const Sizes& sizes) {
 int main(int argc, char** argv) {
   const auto usage = [&] {
     std::fprintf(stderr,
-                 "usage: %s MODEL STEPS [THREADS] [--hidden H] [--batch B] [--width W]   "
-                 "(MODEL: lm nmt resnet gnn list_reduction)\n",
+                 "usage: %s MODEL STEPS [THREADS] [--hidden H] [--hidden-width H] [--batch B] [--width W]   "
+                 "(MODEL: mlp lm nmt resnet gnn list_reduction)\n",
                  argv[0]);
     return 2;
   };
@@ -499,8 +528,9 @@ int main(int argc, char** argv) {
     const std::string flag = argv[next];
     const int64_t value = std::atoll(argv[next + 1]);
     if (value < 1) return usage();
-    if (flag == "--hidden" && model != "resnet") sizes.hidden = value;
-    else if (flag == "--batch" && model == "resnet") sizes.batch = value;
+    if (flag == "--hidden" && model != "resnet" && model != "mlp") sizes.hidden = value;
+    else if (flag == "--hidden-width" && model == "mlp") sizes.hidden = value;
+    else if (flag == "--batch" && (model == "resnet" || model == "mlp")) sizes.batch = value;
     else if (flag == "--width" && model == "resnet") sizes.width = value;
     else return usage();
   }
@@ -508,13 +538,14 @@ int main(int argc, char** argv) {
   torch::set_num_threads(threads);
   torch::manual_seed(1);
   Peer peer;
-  if (model == "lm") peer = lm(sizes);
+  if (model == "mlp") peer = mlp(sizes);
+  else if (model == "lm") peer = lm(sizes);
   else if (model == "nmt") peer = nmt(sizes);
   else if (model == "resnet") peer = resnet(sizes);
   else if (model == "gnn") peer = gnn(sizes);
   else if (model == "list_reduction") peer = listReduction(sizes);
   else {
-    std::fprintf(stderr, "unknown model '%s' (known: lm nmt resnet gnn list_reduction)\n", model.c_str());
+    std::fprintf(stderr, "unknown model '%s' (known: mlp lm nmt resnet gnn list_reduction)\n", model.c_str());
     return 2;
   }
   std::fprintf(stderr, "%s: %lld parameters (%lld dense, %lld with sparse gradients); %s\n", model.c_str(),
@@ -531,7 +562,13 @@ int main(int argc, char** argv) {
   };
   constexpr int kWarmup = 5;
   std::fprintf(stderr, "%s: warm-up losses", model.c_str());
-  for (int i = 0; i < kWarmup; ++i) std::fprintf(stderr, " %.4f", step());
+  // At least kWarmup steps and 200 ms, as weft's --bench: a new thread team takes
+  // milliseconds to spread over the cores.
+  const auto warmupEnd = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  for (int i = 0; i < kWarmup || std::chrono::steady_clock::now() < warmupEnd; ++i) {
+    const double loss = step();
+    if (i < kWarmup) std::fprintf(stderr, " %.4f", loss);
+  }
   std::vector<double> times;
   double last = 0;
   for (int i = 0; i < steps; ++i) {
