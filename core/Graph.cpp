@@ -195,7 +195,7 @@ std::optional<int> Graph::requestedPartitions(const Node* variable) const {
 Graph::PrecisionScope::PrecisionScope(Graph& g, DType low, MixedOps ops) : graph_(g) {
   WEFT_CHECK(low == DType::F32 || low == DType::BF16 || low == DType::F16,
              "mixed precision computes in bf16 or f16 (or f32 for none), not {}", dtypeName(low));
-  g.precisions_.emplace_back(low, ops);
+  g.precisions_.push_back({low, ops});
 }
 Graph::PrecisionScope::~PrecisionScope() { graph_.precisions_.pop_back(); }
 

@@ -222,16 +222,22 @@ class Graph {
   /// (kJobPartitions: the job's count), or std::nullopt when it was created outside every one.
   std::optional<int> requestedPartitions(const Node* variable) const;
 
-  /// Which ops a mixed-precision scope computes in 16 bits: a CPU has fast bf16 matrix products
-  /// (AVX512_BF16) but no 16-bit convolutions, which would only add the casts.
-  enum class MixedOps { ProductsAndConvolutions, Products };
-  /// RAII mixed-precision scope: while it lives, matrix products and convolutions (or products
-  /// alone) built from f32 values compute in `low` (bf16 or f16): their inputs are cast down and
-  /// their results cast back to f32, so the rest of the model, the variables and the optimizer
-  /// stay in f32.
+  /// How a mixed-precision scope lowers its ops to 16 bits.
+  enum class MixedOps {
+    /// Matrix products and convolutions run on 16-bit copies of their f32 operands and their
+    /// results are cast back to f32: for GPUs, whose 16-bit kernels also read half the bytes.
+    CastOperands,
+    /// Matrix products alone, marked to round their f32 operands to 16 bits as their kernel
+    /// packs them, with f32 results and no copies: for CPUs with bf16 dot products
+    /// (AVX512_BF16), which have no 16-bit convolutions to gain from.
+    RoundInProducts,
+  };
+  /// RAII mixed-precision scope: while it lives, matrix products and convolutions built from f32
+  /// values compute in `low` (bf16 or f16) as `ops` says, so the rest of the model, the variables
+  /// and the optimizer stay in f32.
   class PrecisionScope {
    public:
-    PrecisionScope(Graph& g, DType low, MixedOps ops = MixedOps::ProductsAndConvolutions);
+    PrecisionScope(Graph& g, DType low, MixedOps ops = MixedOps::CastOperands);
     ~PrecisionScope();
     PrecisionScope(const PrecisionScope&) = delete;
     PrecisionScope& operator=(const PrecisionScope&) = delete;
@@ -239,14 +245,16 @@ class Graph {
    private:
     Graph& graph_;
   };
-  PrecisionScope mixedPrecision(DType low, MixedOps ops = MixedOps::ProductsAndConvolutions) {
+  PrecisionScope mixedPrecision(DType low, MixedOps ops = MixedOps::CastOperands) {
     return PrecisionScope(*this, low, ops);
   }
-  /// The compute type here of matrix products (or convolutions) of f32 values: f32 outside any
-  /// mixed-precision scope, and for convolutions in a scope of products alone.
-  DType computeDType(bool convolution = false) const {
-    if (precisions_.empty() || (convolution && precisions_.back().second == MixedOps::Products)) return DType::F32;
-    return precisions_.back().first;
+  /// The innermost scope's precision: f32 (and CastOperands) outside every scope.
+  struct ComputePrecision {
+    DType dtype;
+    MixedOps ops;
+  };
+  ComputePrecision computePrecision() const {
+    return precisions_.empty() ? ComputePrecision{DType::F32, MixedOps::CastOperands} : precisions_.back();
   }
 
   /// Makes `node` (an op without outputs, such as an update) run only in steps where the scalar
@@ -325,7 +333,7 @@ class Graph {
   std::vector<int> stages_;
   std::vector<int> partitioners_;
   std::map<const Node*, int> requestedPartitions_;
-  std::vector<std::pair<DType, MixedOps>> precisions_;
+  std::vector<ComputePrecision> precisions_;
   std::vector<GradientLink> gradientLinks_;
   std::map<std::string, std::vector<Node*>> collections_;
   uint64_t seed_ = 0;

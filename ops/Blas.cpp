@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace weft::blas {
 
@@ -129,13 +130,16 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
 
 bool haveBf16Gemm() { return detail::kHaveBf16GemmAvx512; }
 
-void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                      const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc) {
+template <class T>
+void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
+                      int64_t lda, const T* b, int64_t ldb, float* c, int64_t ldc) {
   if constexpr (detail::kHaveBf16GemmAvx512) {
     if (m == 0 || n == 0) return;
-    static_assert(sizeof(BFloat16) == sizeof(uint16_t));
-    const auto* pa = reinterpret_cast<const uint16_t*>(a);
-    const auto* pb = reinterpret_cast<const uint16_t*>(b);
+    // The kernel takes bf16 operands as their bit patterns.
+    using Element = std::conditional_t<std::is_same_v<T, BFloat16>, uint16_t, float>;
+    static_assert(sizeof(Element) == sizeof(T));
+    const auto* pa = reinterpret_cast<const Element*>(a);
+    const auto* pb = reinterpret_cast<const Element*>(b);
     const Split split = threadSplit(ctx, m, n, false);
     forEachBlock(ctx, split, m, n, k, [&](int64_t begin, int64_t len) {
       if (split.rows) {
@@ -150,6 +154,10 @@ void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int
   }
 }
 
+template void parallelGemmBf16<BFloat16>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t,
+                                         const BFloat16*, int64_t, const BFloat16*, int64_t, float*, int64_t);
+template void parallelGemmBf16<float>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const float*,
+                                      int64_t, const float*, int64_t, float*, int64_t);
 template class PackedOperand<float>;
 template class PackedOperand<double>;
 template void parallelGemm<float>(const KernelContext&, bool, int64_t, const float*, int64_t,

@@ -50,10 +50,12 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
 /// Whether parallelGemmBf16 is built: weft's bf16 kernel, for CPUs with AVX512_BF16.
 bool haveBf16Gemm();
 
-/// C (m x n, f32) = op(A) op(B) for A and B in bfloat16, with f32 accumulation (products of
-/// bf16 values are exact in f32), C cut into blocks across ctx's pool with the bits of one call;
-/// blas::gemm's layout conventions. Only where haveBf16Gemm().
-void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                      const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc);
+/// C (m x n, f32) = op(A) op(B) for A and B in bfloat16 (T = BFloat16), or in f32 rounded to
+/// bfloat16 element by element as the kernel packs them (T = float), with f32 accumulation
+/// (products of bf16 values are exact in f32); C cut into blocks across ctx's pool with the bits
+/// of one call; blas::gemm's layout conventions. Only where haveBf16Gemm().
+template <class T>
+void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
+                      int64_t lda, const T* b, int64_t ldb, float* c, int64_t ldc);
 
 }  // namespace weft::blas

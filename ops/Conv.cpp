@@ -465,9 +465,9 @@ Output addPool(const char* op, Output x, std::vector<int64_t> kernel, std::vecto
 }  // namespace
 
 Output conv2d(Output x, Output filter, const Conv2dOptions& options) {
-  return detail::inComputePrecision(
-      {x, filter}, [&](const std::vector<Output>& in) { return addOp1(x.graph(), "Conv2D", in, convAttrs(options)); },
-      true);
+  return detail::inComputePrecision({x, filter}, [&](const std::vector<Output>& in) {
+    return addOp1(x.graph(), "Conv2D", in, convAttrs(options));
+  });
 }
 Output maxPool2d(Output x, std::vector<int64_t> kernel, std::vector<int64_t> stride, std::vector<int64_t> padding) {
   return addPool("MaxPool2D", x, std::move(kernel), std::move(stride), std::move(padding));

@@ -1,7 +1,10 @@
 // Matrix products through ops/Blas.h (weft's own kernels or OpenBLAS; weft's pool runs the blocks
 // of the output, so the thread count is the session's). bf16 products run on weft's bf16 kernel
 // where the CPU has AVX512_BF16, other 16-bit products in f32 on the CPU; on the GPU all run in
-// 16 bits with f32 accumulation.
+// 16 bits with f32 accumulation. A product of f32 values marked "round_operands_to" (bf16 or f16:
+// a mixed-precision scope's MixedOps::RoundInProducts) multiplies its operands rounded to that
+// type and sums in f32: the CPU's bf16 kernel rounds them as it packs them, so no rounded copy
+// is made; elsewhere the operands are rounded into copies first.
 #include "ops/Blas.h"
 #include "ops/OpUtil.h"
 
@@ -26,6 +29,11 @@ MatDims matDims(const Shape& a, const Shape& b, bool ta, bool tb) {
 std::vector<TensorType> matmulInfer(const InferContext& c, bool batched) {
   detail::requireSameDType(c, 0, 1);
   detail::requireFloat(c, 0);
+  if (c.attrs().has("round_operands_to")) {
+    const DType low = c.attrs().get<DType>("round_operands_to");
+    c.check(low == bf16 || low == f16, "round_operands_to is bf16 or f16, not {}", dtypeName(low));
+    c.check(c.dtype(0) == f32, "rounds f32 operands to {}, not {}", dtypeName(low), dtypeName(c.dtype(0)));
+  }
   const Shape &a = c.shape(0), &b = c.shape(1);
   if (batched) {
     c.check(a.rank() >= 3 && a.rank() == b.rank(), "needs two tensors of equal rank >= 3");
@@ -45,19 +53,48 @@ std::vector<TensorType> matmulInfer(const InferContext& c, bool batched) {
   return {{c.dtype(0), Shape(std::move(out))}};
 }
 
-void matmulKernel(KernelContext& ctx) {
-  const Tensor &a = ctx.input(0), &b = ctx.input(1);
-  const bool ta = ctx.attrs().get<bool>("transpose_a"), tb = ctx.attrs().get<bool>("transpose_b");
+/// The f32 or f64 product of a and b into c, each matrix of a batch in turn.
+void gemmEach(const KernelContext& ctx, const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb) {
   const MatDims d = matDims(a.shape(), b.shape(), ta, tb);
   dispatchFloat(a.dtype(), [&](auto z) {
     using T = decltype(z);
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
-    T* pc = ctx.output(0).data<T>();
+    T* pc = c.data<T>();
     for (int64_t i = 0; i < d.batch; ++i) {
       blas::parallelGemm(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, ta ? d.m : d.k, pb + i * d.k * d.n,
                          tb ? d.k : d.n, T(0), pc + i * d.m * d.n, d.n);
     }
+  });
+}
+
+bool transposeA(const Attrs& attrs) { return attrs.get<bool>("transpose_a"); }
+bool transposeB(const Attrs& attrs) { return attrs.get<bool>("transpose_b"); }
+
+void matmulKernel(KernelContext& ctx) {
+  gemmEach(ctx, ctx.input(0), ctx.input(1), ctx.output(0), transposeA(ctx.attrs()), transposeB(ctx.attrs()));
+}
+
+/// The 16-bit type a product's f32 operands are rounded to, or f32 for none.
+DType roundedTo(const Attrs& attrs) {
+  return attrs.get<DType>("round_operands_to", f32);
+}
+
+/// The product op, its f32 operands rounded to `low` (f32: not rounded).
+Output addMatmulOp(const char* op, Output a, Output b, bool ta, bool tb, DType low) {
+  Attrs attrs{{"transpose_a", ta}, {"transpose_b", tb}};
+  if (low != f32) attrs.set("round_operands_to", low);
+  return detail::addOp1(a.graph(), op, {a, b}, std::move(attrs));
+}
+
+/// The product in the graph's compute precision (Graph::computePrecision).
+Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
+  const Graph::ComputePrecision p = a.graph().computePrecision();
+  if (p.ops == Graph::MixedOps::RoundInProducts && a.dtype() == f32 && b.dtype() == f32) {
+    return addMatmulOp(op, a, b, ta, tb, p.dtype);
+  }
+  return detail::inComputePrecision({a, b}, [&](const std::vector<Output>& x) {
+    return addMatmulOp(op, x[0], x[1], ta, tb, f32);
   });
 }
 
@@ -67,9 +104,11 @@ void matmulKernel(KernelContext& ctx) {
 //   A^T B:   dA = B G^T,   dB = A G
 //   A^T B^T: dA = B^T G^T, dB = G^T A^T
 std::vector<Grad> matmulGrad(GradContext& c, bool batched) {
-  const bool ta = c.attrs().get<bool>("transpose_a"), tb = c.attrs().get<bool>("transpose_b");
-  auto mm = [batched](Output x, Output y, bool tx, bool ty) {
-    return batched ? batchMatmul(x, y, tx, ty) : matmul(x, y, tx, ty);
+  const bool ta = transposeA(c.attrs()), tb = transposeB(c.attrs());
+  // The gradient's products round their operands as the forward product does.
+  const DType low = roundedTo(c.attrs());
+  auto mm = [batched, low](Output x, Output y, bool tx, bool ty) {
+    return addMatmulOp(batched ? "BatchMatMul" : "MatMul", x, y, tx, ty, low);
   };
   Output a = c.x(0), b = c.x(1), g = c.dy();
   if (!ta && !tb) return {mm(g, b, false, true), mm(a, g, true, false)};
@@ -78,17 +117,12 @@ std::vector<Grad> matmulGrad(GradContext& c, bool batched) {
   return {mm(b, g, true, true), mm(g, a, true, true)};
 }
 
-Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
-  return detail::inComputePrecision({a, b}, [&](const std::vector<Output>& x) {
-    return detail::addOp1(a.graph(), op, x, {{"transpose_a", ta}, {"transpose_b", tb}});
-  });
-}
 
 /// A bf16 product on weft's bf16 kernel (dot products of bf16 pairs accumulated in f32): the f32
 /// result, rounded once into the bf16 output.
 void matmulBf16Kernel(KernelContext& ctx) {
   const Tensor &a = ctx.input(0), &b = ctx.input(1);
-  const bool ta = ctx.attrs().get<bool>("transpose_a"), tb = ctx.attrs().get<bool>("transpose_b");
+  const bool ta = transposeA(ctx.attrs()), tb = transposeB(ctx.attrs());
   const MatDims d = matDims(a.shape(), b.shape(), ta, tb);
   Tensor wide(f32, ctx.output(0).shape());
   const BFloat16* pa = a.data<BFloat16>();
@@ -101,8 +135,35 @@ void matmulBf16Kernel(KernelContext& ctx) {
   detail::castElements(ctx, wide, ctx.output(0));
 }
 
-/// bf16 products on the bf16 kernel where the CPU has one; other 16-bit products in f32.
-void matmulAnyPrecision(KernelContext& ctx) {
+/// f32 operands rounded to `low`, f32 result: bf16 on the bf16 kernel, which rounds as it packs;
+/// otherwise the f32 product of rounded copies.
+void matmulRoundedKernel(KernelContext& ctx, DType low) {
+  const Tensor &a = ctx.input(0), &b = ctx.input(1);
+  const bool ta = transposeA(ctx.attrs()), tb = transposeB(ctx.attrs());
+  if (low == bf16 && blas::haveBf16Gemm()) {
+    const MatDims d = matDims(a.shape(), b.shape(), ta, tb);
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    float* pc = ctx.output(0).data<float>();
+    for (int64_t i = 0; i < d.batch; ++i) {
+      blas::parallelGemmBf16(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, ta ? d.m : d.k, pb + i * d.k * d.n,
+                             tb ? d.k : d.n, pc + i * d.m * d.n, d.n);
+    }
+    return;
+  }
+  auto rounded = [&](const Tensor& x) {
+    Tensor narrow(low, x.shape()), wide(f32, x.shape());
+    detail::castElements(ctx, x, narrow);
+    detail::castElements(ctx, narrow, wide);
+    return wide;
+  };
+  gemmEach(ctx, rounded(a), rounded(b), ctx.output(0), ta, tb);
+}
+
+/// Products of f32 values rounded as marked; bf16 products on the bf16 kernel where the CPU has
+/// one; other 16-bit products in f32.
+void matmulCpu(KernelContext& ctx) {
+  if (const DType low = roundedTo(ctx.attrs()); low != f32) return matmulRoundedKernel(ctx, low);
   if (ctx.input(0).dtype() == bf16 && blas::haveBf16Gemm()) return matmulBf16Kernel(ctx);
   detail::runInFloat32(ctx, matmulKernel);
 }
@@ -125,13 +186,13 @@ void detail::registerMatMulOps(OpRegistry& r) {
   r.add(OpDef("MatMul")
             .inputs(2)
             .infer([](const InferContext& c) { return matmulInfer(c, false); })
-            .cpu(matmulAnyPrecision)
+            .cpu(matmulCpu)
             .cuda(WEFT_CUDA_KERNEL(matmul))
             .grad([](GradContext& c) { return matmulGrad(c, false); }));
   r.add(OpDef("BatchMatMul")
             .inputs(2)
             .infer([](const InferContext& c) { return matmulInfer(c, true); })
-            .cpu(matmulAnyPrecision)
+            .cpu(matmulCpu)
             .cuda(WEFT_CUDA_KERNEL(matmul))
             .grad([](GradContext& c) { return matmulGrad(c, true); }));
 }

@@ -54,11 +54,11 @@ bool broadcastShapes(const Shape& a, const Shape& b, Shape& out) {
 
 std::vector<TensorType> sameAsInput(const InferContext& c) { return {c.inputs[0]}; }
 
-Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build,
-                          bool convolution) {
-  const DType low = inputs[0].graph().computeDType(convolution);
+Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build) {
+  const Graph::ComputePrecision p = inputs[0].graph().computePrecision();
   const bool allF32 = std::all_of(inputs.begin(), inputs.end(), [](const Output& x) { return x.dtype() == f32; });
-  if (low == f32 || !allF32) return build(inputs);
+  if (p.dtype == f32 || p.ops != Graph::MixedOps::CastOperands || !allF32) return build(inputs);
+  const DType low = p.dtype;
   for (Output& x : inputs) x = cast(x, low);
   return cast(build(inputs), f32);
 }

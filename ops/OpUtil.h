@@ -28,11 +28,11 @@ void requireFloat(const InferContext& c, int i);
 /// Checks that inputs i and j have the same dtype.
 void requireSameDType(const InferContext& c, int i, int j);
 
-/// Builds a matrix product or a convolution in the graph's compute precision for it
-/// (Graph::computeDType): when that is bf16/f16 and every input is f32, `build` gets the inputs
-/// cast down and its result is cast back to f32; otherwise `build` gets the inputs as they are.
-Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build,
-                          bool convolution = false);
+/// Builds a matrix product or a convolution in the graph's compute precision
+/// (Graph::computePrecision): when that is bf16/f16 on 16-bit copies (MixedOps::CastOperands) and
+/// every input is f32, `build` gets the inputs cast down and its result is cast back to f32;
+/// otherwise `build` gets the inputs as they are.
+Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build);
 
 /// Converts every element of `from` into `to` (same element count, any two dtypes), across the
 /// kernel's pool.

@@ -291,7 +291,7 @@ void sgemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a,
 // adds both products of a pair to each f32 accumulator: twice the multiply-adds of an f32 FMA.
 // An odd depth is padded with a zero.
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 namespace {
 
 constexpr int64_t kDepthBf16 = 512;  // a B sliver stays 32 KB: 32 columns x 512 depths x 2 bytes
@@ -311,43 +311,101 @@ Bf16PackBuffers& bf16PackBuffers() {
   return buffers;
 }
 
-/// Element (row, depth) of op(X) for X stored with row length ld, transposed when t; zero past
-/// `depths` (the padding of an odd depth).
-uint32_t bf16At(const uint16_t* x, int64_t ld, bool t, int64_t row, int64_t depth, int64_t depths) {
-  if (depth >= depths) return 0;
-  return t ? x[depth * ld + row] : x[row * ld + depth];
+/// The lanes of a 32-element vector of 16-bit values that hold its first `count` elements.
+__mmask32 lanes32(int64_t count) {
+  return count <= 0 ? __mmask32(0) : count >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << count) - 1);
 }
 
-uint32_t bf16Pair(const uint16_t* x, int64_t ld, bool t, int64_t row, int64_t depth, int64_t depths) {
-  return bf16At(x, ld, t, row, depth, depths) | bf16At(x, ld, t, row, depth + 1, depths) << 16;
+/// 16 bf16 values of f32 or bf16 elements in the 32-bit lanes' low halves, lanes outside `live`
+/// zero. f32 rounds to nearest even, with f32 subnormals (below 2^-126) taken as zero, as the
+/// instruction does.
+__m512i widened(const float* x, __mmask16 live) {
+  return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, x)));
+}
+__m512i widened(const uint16_t* x, __mmask16 live) { return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, x)); }
+
+/// Pairs of two runs of 16 elements: lane i holds low[i] in its low half and high[i] (zero where
+/// high is null, an odd depth's padding) in its high half.
+template <class Src>
+__m512i pairsAcross(const Src* low, const Src* high, __mmask16 live) {
+  const __m512i l = widened(low, live);
+  return high == nullptr ? l : _mm512_or_si512(l, _mm512_slli_epi32(widened(high, live), 16));
+}
+
+/// The 16 pairs of the first `count` (at most 32) consecutive elements of x, zero past count.
+__m512i pairsAlong(const float* x, int64_t count) {
+  // The second operand fills the low 16 values.
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(lanes(count - 16), x + 16),
+                                      _mm512_maskz_loadu_ps(lanes(count), x));
+}
+__m512i pairsAlong(const uint16_t* x, int64_t count) { return _mm512_maskz_loadu_epi16(lanes32(count), x); }
+
+/// Calls store(q, pairs) for q < count of the pairs along `rows` rows (row i at x + i * ld, at
+/// most 16 rows; the others zero) over 2 count depths: lane i of `pairs` is row i's pair q.
+template <class Src, class Store>
+void transposedPairs(const Src* x, int64_t ld, int64_t rows, int64_t depths, Store store) {
+  __m512 r[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    r[i] = i < rows ? _mm512_castsi512_ps(pairsAlong(x + i * ld, depths)) : _mm512_setzero_ps();
+  }
+  transpose16(r);
+  for (int64_t q = 0; q < (depths + 1) / 2; ++q) store(q, _mm512_castps_si512(r[q]));
 }
 
 /// Rows [i0, i0 + rows) of op(A) over depths [p0, p0 + depth), as one sliver of pairs per register
-/// tile (tileHeight), each laid out pair-major (sliver[q * height + r]) at out + first row * pairs.
-void packABf16(bool ta, const uint16_t* a, int64_t lda, int64_t k, int64_t i0, int64_t rows, int64_t p0,
-               int64_t depth, uint32_t* out) {
+/// tile (tileHeight), each laid out pair-major (sliver[q * height + r]) at out + first row * pairs;
+/// depths past k are zero.
+template <class Src>
+void packABf16(bool ta, const Src* a, int64_t lda, int64_t k, int64_t i0, int64_t rows, int64_t p0, int64_t depth,
+               uint32_t* out) {
   const int64_t pairs = (depth + 1) / 2;
   for (int64_t s = 0, height; s < rows; s += height) {
     height = tileHeight(rows, s);
+    const __mmask16 tileLanes = lanes(height);
     uint32_t* sliver = out + s * pairs;
-    for (int64_t q = 0; q < pairs; ++q) {
-      for (int64_t r = 0; r < height; ++r) sliver[q * height + r] = bf16Pair(a, lda, ta, i0 + s + r, p0 + 2 * q, k);
+    if (ta) {
+      for (int64_t q = 0; q < pairs; ++q) {
+        const Src* low = a + (p0 + 2 * q) * lda + i0 + s;
+        const __m512i v = pairsAcross(low, p0 + 2 * q + 1 < k ? low + lda : nullptr, tileLanes);
+        _mm512_mask_storeu_epi32(sliver + q * height, tileLanes, v);
+      }
+      continue;
+    }
+    for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
+      transposedPairs(a + (i0 + s) * lda + p0 + 2 * q0, lda, height, std::min<int64_t>(32, depth - 2 * q0),
+                      [&](int64_t q, __m512i v) { _mm512_mask_storeu_epi32(sliver + (q0 + q) * height, tileLanes, v); });
     }
   }
 }
 
 /// Columns [j0, j0 + cols) of op(B) over depths [p0, p0 + depth), as slivers of kTileCols
-/// columns laid out pair-major (sliver[q * kTileCols + c]); columns past the end are zero.
-void packBBf16(bool tb, const uint16_t* b, int64_t ldb, int64_t k, int64_t j0, int64_t cols, int64_t p0,
-               int64_t depth, uint32_t* out) {
+/// columns laid out pair-major (sliver[q * kTileCols + c]); columns past the end and depths past
+/// k are zero.
+template <class Src>
+void packBBf16(bool tb, const Src* b, int64_t ldb, int64_t k, int64_t j0, int64_t cols, int64_t p0, int64_t depth,
+               uint32_t* out) {
   const int64_t pairs = (depth + 1) / 2;
   for (int64_t s = 0; s < cols; s += kTileCols, out += kTileCols * pairs) {
     const int64_t live = std::min(kTileCols, cols - s);
+    if (tb) {
+      // Column c of the sliver is row j0 + s + c of B: pairs along 16 rows at a time, transposed.
+      for (int64_t half = 0; half < kTileCols; half += 16) {
+        const int64_t rowsLive = std::max<int64_t>(0, std::min<int64_t>(16, live - half));
+        const Src* src = rowsLive > 0 ? b + (j0 + s + half) * ldb + p0 : b;  // not read when no row is live
+        for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
+          uint32_t* dst = out + q0 * kTileCols + half;
+          transposedPairs(src + 2 * q0, ldb, rowsLive, std::min<int64_t>(32, depth - 2 * q0),
+                          [&](int64_t q, __m512i v) { _mm512_storeu_si512(dst + q * kTileCols, v); });
+        }
+      }
+      continue;
+    }
+    const ColumnMasks mask = columnMasks(live);
     for (int64_t q = 0; q < pairs; ++q) {
-      uint32_t* row = out + q * kTileCols;
-      // op(B) column j is row j of B^T: bf16Pair reads it as a row of the transposed operand.
-      for (int64_t c = 0; c < live; ++c) row[c] = bf16Pair(b, ldb, !tb, j0 + s + c, p0 + 2 * q, k);
-      std::fill(row + live, row + kTileCols, 0u);
+      const Src* low = b + (p0 + 2 * q) * ldb + j0 + s;
+      const Src* high = p0 + 2 * q + 1 < k ? low + ldb : nullptr;
+      _mm512_storeu_si512(out + q * kTileCols, pairsAcross(low, high, mask.low));
+      _mm512_storeu_si512(out + q * kTileCols + 16, pairsAcross(low + 16, high ? high + 16 : nullptr, mask.high));
     }
   }
 }
@@ -379,10 +437,9 @@ constexpr std::array<Bf16TileKernel, kTileRows + 1> bf16TileKernels(std::integer
 }
 constexpr auto kBf16Tiles = bf16TileKernels(std::make_integer_sequence<int, kTileRows + 1>());
 
-}  // namespace
-
-void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
-                    const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+template <class Src>
+void bf16Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Src* a, int64_t lda, const Src* b, int64_t ldb,
+              float* c, int64_t ldc) {
   Bf16PackBuffers& buffers = bf16PackBuffers();
   for (int64_t j0 = 0; j0 < n; j0 += kPanelCols) {
     const int64_t cols = std::min(kPanelCols, n - j0);
@@ -404,7 +461,18 @@ void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uin
     }
   }
 }
-#endif  // __AVX512BF16__
+}  // namespace
+
+void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                    const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+  bf16Gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+}
+
+void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                    int64_t ldb, float* c, int64_t ldc) {
+  bf16Gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+}
+#endif  // __AVX512BF16__ && __AVX512BW__ && __AVX512VL__
 
 }  // namespace weft::blas::detail
 

@@ -39,7 +39,7 @@ void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb
 void sgemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
                        int64_t c0, int64_t c1, float beta, float* c, int64_t ldc);
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 inline constexpr bool kHaveBf16GemmAvx512 = true;
 #else
 inline constexpr bool kHaveBf16GemmAvx512 = false;
@@ -52,5 +52,10 @@ inline constexpr bool kHaveBf16GemmAvx512 = false;
 /// only when kHaveBf16GemmAvx512.
 void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                     const uint16_t* b, int64_t ldb, float* c, int64_t ldc);
+/// The same for f32 operands, each element rounded to bf16 (to nearest even; f32 subnormals,
+/// below 2^-126, count as zero) as it is packed: the product of the rounded operands, with no
+/// rounded copy of either.
+void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                    int64_t ldb, float* c, int64_t ldc);
 
 }  // namespace weft::blas::detail

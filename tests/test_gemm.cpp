@@ -212,6 +212,7 @@ namespace {
 
 /// The operands of p in bfloat16, and C (m x ldc, f32) = op(A) op(B) of them in double.
 struct Bf16Product {
+  std::vector<float> wideA, wideB;  // the f32 operands the bf16 ones were rounded from
   std::vector<BFloat16> a, b;
   std::vector<double> exact, magnitude;
   int64_t lda, ldb, ldc;
@@ -219,7 +220,7 @@ struct Bf16Product {
 
 Bf16Product bf16Product(const Product& p) {
   const Operands<float> o = operands<float>(p);
-  Bf16Product r{{}, {}, {}, {}, o.lda, o.ldb, o.ldc};
+  Bf16Product r{o.a, o.b, {}, {}, {}, {}, o.lda, o.ldb, o.ldc};
   for (float x : o.a) r.a.emplace_back(x);
   for (float x : o.b) r.b.emplace_back(x);
   r.exact.assign(static_cast<size_t>(p.m * o.ldc), 0.0);
@@ -237,6 +238,22 @@ Bf16Product bf16Product(const Product& p) {
   return r;
 }
 
+/// Checks C (rows of r.ldc) against the double product of the bf16 operands: f32 accumulation of
+/// exact products, and the padding of every row of C (set to -7) as it was.
+void checkBf16Product(const Product& p, const Bf16Product& r, const std::vector<float>& c) {
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < r.ldc; ++j) {
+      const size_t at = static_cast<size_t>(i * r.ldc + j);
+      const double bound = 2 * eps * (static_cast<double>(p.k) + 2) * (r.magnitude[at] + 1e-30);
+      if (j < p.n ? std::abs(c[at] - r.exact[at]) > bound : c[at] != -7.0f) {
+        FAIL_CHECK("C[" << i << ", " << j << "] = " << c[at] << ", expected " << r.exact[at]);
+        return;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the bf16 product matches the double product of its bf16 operands, for every transpose") {
@@ -249,23 +266,27 @@ TEST_CASE("the bf16 product matches the double product of its bf16 operands, for
   ctx.pool = &pool;
   forEveryTranspose([&](const Product& p) {
     const Bf16Product r = bf16Product(p);
-    // The padding of every row of C must stay as it was.
     std::vector<float> c(r.exact.size(), -7.0f);
     blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, c.data(), r.ldc);
-    const double eps = std::numeric_limits<float>::epsilon();
-    bool close = true;
-    for (int64_t i = 0; i < p.m && close; ++i) {
-      for (int64_t j = 0; j < r.ldc && close; ++j) {
-        const size_t at = static_cast<size_t>(i * r.ldc + j);
-        const double bound = 2 * eps * (static_cast<double>(p.k) + 2) * (r.magnitude[at] + 1e-30);
-        close = j < p.n ? std::abs(c[at] - r.exact[at]) <= bound : c[at] == -7.0f;
-        if (!close) FAIL_CHECK("C[" << i << ", " << j << "] = " << c[at] << ", expected " << r.exact[at]);
-      }
-    }
+    checkBf16Product(p, r, c);
   });
 }
 
-TEST_CASE("the bf16 product gives the same bits for any thread count") {
+TEST_CASE("the bf16 product of f32 operands rounds them to bf16 as it packs them, for every transpose") {
+  if (!blas::haveBf16Gemm()) return;
+  ThreadPool pool(1);
+  KernelContext ctx;
+  ctx.pool = &pool;
+  forEveryTranspose([&](const Product& p) {
+    const Bf16Product r = bf16Product(p);
+    std::vector<float> c(r.exact.size(), -7.0f);
+    blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb, c.data(),
+                           r.ldc);
+    checkBf16Product(p, r, c);
+  });
+}
+
+TEST_CASE("the bf16 product gives the same bits for any thread count, and for f32 operands as for rounded ones") {
   if (!blas::haveBf16Gemm()) return;
   for (const Product& p : {Product{false, false, 130, 70, 520}, Product{true, true, 25, 1030, 40},
                            Product{false, true, 300, 20, 33}}) {
@@ -277,10 +298,13 @@ TEST_CASE("the bf16 product gives the same bits for any thread count") {
       ThreadPool pool(threads);
       KernelContext ctx;
       ctx.pool = &pool;
-      std::vector<float> c(r.exact.size());
+      std::vector<float> c(r.exact.size()), fromWide(r.exact.size());
       blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, c.data(), r.ldc);
+      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb,
+                             fromWide.data(), r.ldc);
       if (first.empty()) first = c;
       CHECK(c == first);
+      CHECK(fromWide == first);
     }
   }
 }

@@ -195,10 +195,11 @@ class Trainer {
       auto placed = graph_.onDevice(device.type == DeviceType::CPU ? "" : device.str());
       {
         // A CPU computes bf16 products fast (AVX512_BF16) but convolutions only in f32, where
-        // 16-bit operands would add casts and no speed: there bf16 covers the products alone.
+        // 16-bit copies would add casts and no speed: there bf16 covers the products alone,
+        // which round their operands as they pack them.
         const bool cpuBf16 = device.type == DeviceType::CPU && precision == bf16;
-        auto mixed = graph_.mixedPrecision(precision, cpuBf16 ? Graph::MixedOps::Products
-                                                              : Graph::MixedOps::ProductsAndConvolutions);
+        auto mixed = graph_.mixedPrecision(precision, cpuBf16 ? Graph::MixedOps::RoundInProducts
+                                                              : Graph::MixedOps::CastOperands);
         model_->build(graph_, common);
       }
       spec = optimizerSpec(*model_, flags_);
