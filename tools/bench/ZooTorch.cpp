@@ -6,11 +6,14 @@
 // the timed steps / their total time).
 //
 //     bench_zoo_torch MODEL STEPS [THREADS] [--hidden H] [--hidden-width H] [--batch B] [--width W]
+//                     [--precision bf16]
 //         MODEL: mlp lm nmt resnet gnn list_reduction
 //         --hidden: the recurrent or node state width of lm, nmt, gnn, list_reduction (weft's
 //         --hidden); --hidden-width: the MLP's hidden layers' width (weft's flag of that name);
 //         --batch: the MLP's examples or ResNet's images per step; --width: ResNet's first-stage
-//         channels (weft's --batch and --width). The sequence models keep their batch: its padded
+//         channels (weft's --batch and --width). --precision bf16: the forward pass under
+//         CPU autocast to bf16 (as `with torch.autocast("cpu", torch.bfloat16)` in Python; the
+//         backward pass follows the dtypes it recorded), against weft's --precision bf16. The sequence models keep their batch: its padded
 //         widths below were measured at weft's default batch.
 //
 // prints {"model": ..., "impl": "libtorch", "steps": N, "threads": T, "median_ms": ...,
@@ -67,7 +70,9 @@
 //
 // weft's LSTM has one bias vector (4H), LibTorch's LSTM two; the peers call at::lstm with the
 // trained bias as b_ih and a constant zero b_hh, so the trained parameters match weft's exactly.
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -247,6 +252,18 @@ Tensor perTokenCrossEntropy(const Tensor& logits, const Tensor& targets) {
 }
 
 // ---- the peers -------------------------------------------------------------------------------------
+
+/// Turns CPU autocast to bf16 on or off, in either LibTorch's API.
+void autocastBf16(bool on) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, on);
+#else
+  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  at::autocast::set_cpu_enabled(on);
+#endif
+  if (!on) at::autocast::clear_cache();  // as leaving Python's outermost autocast block does
+}
 
 /// One model: its update rule, a training-step loss on its fixed batch, and what a batch counts.
 /// The sizes a run overrides; 0 keeps the model's default.
@@ -513,7 +530,8 @@ Peer listReduction(const Sizes& sizes) {
 int main(int argc, char** argv) {
   const auto usage = [&] {
     std::fprintf(stderr,
-                 "usage: %s MODEL STEPS [THREADS] [--hidden H] [--hidden-width H] [--batch B] [--width W]   "
+                 "usage: %s MODEL STEPS [THREADS] [--hidden H] [--hidden-width H] [--batch B] [--width W] "
+                 "[--precision bf16]   "
                  "(MODEL: mlp lm nmt resnet gnn list_reduction)\n",
                  argv[0]);
     return 2;
@@ -524,8 +542,13 @@ int main(int argc, char** argv) {
   int next = 3;
   const int threads = argc > 3 && argv[3][0] != '-' ? std::atoi(argv[next++]) : 2;
   Sizes sizes;
+  bool bf16 = false;
   for (; next + 1 < argc; next += 2) {
     const std::string flag = argv[next];
+    if (flag == "--precision" && (std::string(argv[next + 1]) == "bf16" || std::string(argv[next + 1]) == "f32")) {
+      bf16 = std::string(argv[next + 1]) == "bf16";
+      continue;
+    }
     const int64_t value = std::atoll(argv[next + 1]);
     if (value < 1) return usage();
     if (flag == "--hidden" && model != "resnet" && model != "mlp") sizes.hidden = value;
@@ -555,7 +578,9 @@ int main(int argc, char** argv) {
 
   auto step = [&] {
     peer.updater->zeroGrad();
+    if (bf16) autocastBf16(true);
     Tensor loss = peer.loss();
+    if (bf16) autocastBf16(false);
     loss.backward();
     peer.updater->step();
     return loss.item<double>();
