@@ -10,8 +10,8 @@
 //         MODEL: mlp lm nmt resnet gnn list_reduction
 //         --hidden: the recurrent or node state width of lm, nmt, gnn, list_reduction (weft's
 //         --hidden); --hidden-width: the MLP's hidden layers' width (weft's flag of that name);
-//         --batch: the MLP's examples or ResNet's images per step; --width: ResNet's first-stage
-//         channels (weft's --batch and --width). --precision bf16: the forward pass under
+//         --batch: the MLP's examples, ResNet's images, the GGSNN's graphs or list reduction's
+//         lists per step; --width: ResNet's first-stage channels (weft's --batch and --width). --precision bf16: the forward pass under
 //         CPU autocast to bf16 (as `with torch.autocast("cpu", torch.bfloat16)` in Python; the
 //         backward pass follows the dtypes it recorded), against weft's --precision bf16. The sequence models keep their batch: its padded
 //         widths below were measured at weft's default batch.
@@ -35,7 +35,9 @@
 //                   target words
 //   resnet          128 images 3 x 32 x 32                            the same                images 128
 //   gnn             32 graphs: 311.5 nodes, 474.4 edges               312 nodes, 474 edges    nodes 312
+//                   (--batch B: 312 B / 32 nodes and 474 B / 32 edges, rounded)
 //   list_reduction  64 lists, padded width 11.00                      64 x 11                 lists 64
+//                   (--batch B >= 64: B x 11, lists B)
 //
 // Parameters (trainable, weft's count = the peer's): mlp 76,810; lm 19,645,780 (19,251,540 with sparse
 // gradients: embedding, softmax weight and bias); nmt 2,473,428 (513,024 sparse: the two
@@ -438,16 +440,19 @@ Peer resnet(const Sizes& sizes) {
 
 Peer gnn(const Sizes& sizes) {
   const int64_t hiddenSize = orDefault(sizes.hidden, 32);
-  constexpr int64_t kNodes = 312, kEdges = 474, kFeatures = 2, kTypes = 3, kSteps = 5, kClasses = 3;
+  // weft's batches of 32 graphs average 311.5 nodes and 474.4 edges; other batch sizes scale them.
+  const int64_t graphs = orDefault(sizes.batch, 32);
+  const int64_t nodes = (312 * graphs + 16) / 32, edges = (474 * graphs + 16) / 32;
+  constexpr int64_t kFeatures = 2, kTypes = 3, kSteps = 5, kClasses = 3;
   auto message = std::make_shared<Linear>(hiddenSize, kTypes * hiddenSize);
   const double limit = 1.0 / std::sqrt(static_cast<double>(hiddenSize));
   auto gru = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{
       uniform({3 * hiddenSize, hiddenSize}, limit), uniform({3 * hiddenSize, hiddenSize}, limit), zeros({3 * hiddenSize}), zeros({3 * hiddenSize})});
   auto readout = std::make_shared<Linear>(2 * hiddenSize, hiddenSize), logits = std::make_shared<Linear>(hiddenSize, kClasses);
-  const Tensor features = torch::rand({kNodes, kFeatures}).round();
-  const Tensor src = torch::randint(0, kNodes, {kEdges}), dst = torch::randint(0, kNodes, {kEdges});
-  const Tensor types = torch::randint(0, kTypes, {kEdges});
-  const Tensor labels = torch::randint(0, kClasses, {kNodes});
+  const Tensor features = torch::rand({nodes, kFeatures}).round();
+  const Tensor src = torch::randint(0, nodes, {edges}), dst = torch::randint(0, nodes, {edges});
+  const Tensor types = torch::randint(0, kTypes, {edges});
+  const Tensor labels = torch::randint(0, kClasses, {nodes});
   std::vector<Tensor> dense = message->params();
   for (const Tensor& t : *gru) dense.push_back(t);
   for (const auto& l : {readout, logits}) {
@@ -468,8 +473,8 @@ Peer gnn(const Sizes& sizes) {
     return torch::nn::functional::cross_entropy((*logits)(torch::tanh((*readout)(states))), labels);
   };
   p.unit = "nodes";
-  p.items = kNodes;
-  p.shapes = "312 nodes, 474 edges";
+  p.items = static_cast<double>(nodes);
+  p.shapes = std::to_string(nodes) + " nodes, " + std::to_string(edges) + " edges";
   return p;
 }
 
@@ -499,15 +504,16 @@ Peer mlp(const Sizes& sizes) {
 
 Peer listReduction(const Sizes& sizes) {
   const int64_t hiddenSize = orDefault(sizes.hidden, 128);
-  constexpr int64_t kVocab = 16, kEmbed = 32, kClasses = 10, kBatch = 64, kWidth = 11;
+  constexpr int64_t kVocab = 16, kEmbed = 32, kClasses = 10, kWidth = 11;
+  const int64_t batch = orDefault(sizes.batch, 64);
   auto embedding = normal({kVocab, kEmbed}, 1.0 / std::sqrt(static_cast<double>(kEmbed)));
   auto lstm = std::make_shared<Lstm>(kEmbed, hiddenSize);
   auto out = std::make_shared<Linear>(hiddenSize, kClasses);
-  const Tensor tokens = torch::randint(0, kVocab, {kBatch, kWidth});
+  const Tensor tokens = torch::randint(0, kVocab, {batch, kWidth});
   // Each list's real length (1 + 1..10 digits) as a prefix mask.
-  const Tensor lengths = torch::randint(2, kWidth + 1, {kBatch, 1});
+  const Tensor lengths = torch::randint(2, kWidth + 1, {batch, 1});
   const Tensor mask = torch::arange(kWidth).unsqueeze(0).lt(lengths).to(torch::kFloat);
-  const Tensor labels = torch::randint(0, kClasses, {kBatch});
+  const Tensor labels = torch::randint(0, kClasses, {batch});
   std::vector<Tensor> dense = lstm->params();
   for (const Tensor& t : out->params()) dense.push_back(t);
   Peer p;
@@ -520,8 +526,8 @@ Peer listReduction(const Sizes& sizes) {
     return torch::nn::functional::cross_entropy((*out)(states), labels);
   };
   p.unit = "lists";
-  p.items = kBatch;
-  p.shapes = "tokens 64 x 11";
+  p.items = static_cast<double>(batch);
+  p.shapes = "tokens " + std::to_string(batch) + " x 11";
   return p;
 }
 
@@ -553,7 +559,7 @@ int main(int argc, char** argv) {
     if (value < 1) return usage();
     if (flag == "--hidden" && model != "resnet" && model != "mlp") sizes.hidden = value;
     else if (flag == "--hidden-width" && model == "mlp") sizes.hidden = value;
-    else if (flag == "--batch" && (model == "resnet" || model == "mlp")) sizes.batch = value;
+    else if (flag == "--batch" && model != "lm" && model != "nmt") sizes.batch = value;
     else if (flag == "--width" && model == "resnet") sizes.width = value;
     else return usage();
   }
