@@ -254,6 +254,25 @@ void checkBf16Product(const Product& p, const Bf16Product& r, const std::vector<
   }
 }
 
+/// Checks the bf16 product of every shape and transpose against the double reference, its
+/// operands given in bf16, or (wide) in f32 for the kernel to round.
+void checkEveryBf16Product(bool wide) {
+  ThreadPool pool(1);
+  KernelContext ctx;
+  ctx.pool = &pool;
+  forEveryTranspose([&](const Product& p) {
+    const Bf16Product r = bf16Product(p);
+    std::vector<float> c(r.exact.size(), -7.0f);
+    if (wide) {
+      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb, c.data(),
+                             r.ldc);
+    } else {
+      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, c.data(), r.ldc);
+    }
+    checkBf16Product(p, r, c);
+  });
+}
+
 }  // namespace
 
 TEST_CASE("the bf16 product matches the double product of its bf16 operands, for every transpose") {
@@ -261,29 +280,12 @@ TEST_CASE("the bf16 product matches the double product of its bf16 operands, for
     MESSAGE("this build has no bf16 matrix product (no AVX512_BF16)");
     return;
   }
-  ThreadPool pool(1);
-  KernelContext ctx;
-  ctx.pool = &pool;
-  forEveryTranspose([&](const Product& p) {
-    const Bf16Product r = bf16Product(p);
-    std::vector<float> c(r.exact.size(), -7.0f);
-    blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, c.data(), r.ldc);
-    checkBf16Product(p, r, c);
-  });
+  checkEveryBf16Product(false);
 }
 
 TEST_CASE("the bf16 product of f32 operands rounds them to bf16 as it packs them, for every transpose") {
   if (!blas::haveBf16Gemm()) return;
-  ThreadPool pool(1);
-  KernelContext ctx;
-  ctx.pool = &pool;
-  forEveryTranspose([&](const Product& p) {
-    const Bf16Product r = bf16Product(p);
-    std::vector<float> c(r.exact.size(), -7.0f);
-    blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb, c.data(),
-                           r.ldc);
-    checkBf16Product(p, r, c);
-  });
+  checkEveryBf16Product(true);
 }
 
 TEST_CASE("the bf16 product gives the same bits for any thread count, and for f32 operands as for rounded ones") {

@@ -466,7 +466,8 @@ Peer gnn(const Sizes& sizes) {
     Tensor h = h0;
     for (int64_t t = 0; t < kSteps; ++t) {
       const Tensor perType = (*message)(h).reshape({-1, hiddenSize});
-      const Tensor incoming = torch::zeros_like(h).index_add(0, dst, perType.index_select(0, messageRow));
+      const Tensor sent = perType.index_select(0, messageRow);  // bf16 under autocast
+      const Tensor incoming = torch::zeros({h.size(0), hiddenSize}, sent.options()).index_add(0, dst, sent);
       h = torch::gru_cell(incoming, h, (*gru)[0], (*gru)[1], (*gru)[2], (*gru)[3]);
     }
     const Tensor states = torch::cat({h, h0}, 1);
