@@ -117,21 +117,25 @@ std::vector<Grad> matmulGrad(GradContext& c, bool batched) {
   return {mm(b, g, true, true), mm(g, a, true, true)};
 }
 
+/// Each matrix of a batch on the bf16 kernel, into f32 c: operands in bf16 (T = BFloat16), or in
+/// f32 that the kernel rounds to bf16 (T = float).
+template <class T>
+void bf16GemmEach(const KernelContext& ctx, const Tensor& a, const Tensor& b, float* c, bool ta, bool tb) {
+  const MatDims d = matDims(a.shape(), b.shape(), ta, tb);
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  for (int64_t i = 0; i < d.batch; ++i) {
+    blas::parallelGemmBf16(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, ta ? d.m : d.k, pb + i * d.k * d.n,
+                           tb ? d.k : d.n, c + i * d.m * d.n, d.n);
+  }
+}
 
 /// A bf16 product on weft's bf16 kernel (dot products of bf16 pairs accumulated in f32): the f32
 /// result, rounded once into the bf16 output.
 void matmulBf16Kernel(KernelContext& ctx) {
-  const Tensor &a = ctx.input(0), &b = ctx.input(1);
-  const bool ta = transposeA(ctx.attrs()), tb = transposeB(ctx.attrs());
-  const MatDims d = matDims(a.shape(), b.shape(), ta, tb);
   Tensor wide(f32, ctx.output(0).shape());
-  const BFloat16* pa = a.data<BFloat16>();
-  const BFloat16* pb = b.data<BFloat16>();
-  float* pc = wide.data<float>();
-  for (int64_t i = 0; i < d.batch; ++i) {
-    blas::parallelGemmBf16(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, ta ? d.m : d.k, pb + i * d.k * d.n,
-                           tb ? d.k : d.n, pc + i * d.m * d.n, d.n);
-  }
+  bf16GemmEach<BFloat16>(ctx, ctx.input(0), ctx.input(1), wide.data<float>(), transposeA(ctx.attrs()),
+                         transposeB(ctx.attrs()));
   detail::castElements(ctx, wide, ctx.output(0));
 }
 
@@ -140,17 +144,7 @@ void matmulBf16Kernel(KernelContext& ctx) {
 void matmulRoundedKernel(KernelContext& ctx, DType low) {
   const Tensor &a = ctx.input(0), &b = ctx.input(1);
   const bool ta = transposeA(ctx.attrs()), tb = transposeB(ctx.attrs());
-  if (low == bf16 && blas::haveBf16Gemm()) {
-    const MatDims d = matDims(a.shape(), b.shape(), ta, tb);
-    const float* pa = a.data<float>();
-    const float* pb = b.data<float>();
-    float* pc = ctx.output(0).data<float>();
-    for (int64_t i = 0; i < d.batch; ++i) {
-      blas::parallelGemmBf16(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, ta ? d.m : d.k, pb + i * d.k * d.n,
-                             tb ? d.k : d.n, pc + i * d.m * d.n, d.n);
-    }
-    return;
-  }
+  if (low == bf16 && blas::haveBf16Gemm()) return bf16GemmEach<float>(ctx, a, b, ctx.output(0).data<float>(), ta, tb);
   auto rounded = [&](const Tensor& x) {
     Tensor narrow(low, x.shape()), wide(f32, x.shape());
     detail::castElements(ctx, x, narrow);

@@ -6,12 +6,15 @@
 #include "core/Checkpoint.h"
 #include "data/Graphs.h"
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -223,6 +226,40 @@ TEST_CASE("--precision takes f32, bf16 or f16, and f16 only in one process") {
   const CliRun distributed = weftCli("train mlp --precision f16 --workers 2");
   CHECK(distributed.status != 0);
   CHECK(contains(distributed.output, "use --precision bf16 with --workers"));
+}
+
+TEST_CASE("--precision bf16 on a CPU adds no op to the step and keeps the products' operands in f32") {
+  TempDir dir;
+  // Each op of the step's trace, by node name, with the bytes it read and wrote.
+  auto opsOf = [&](const std::string& precision) {
+    const std::string trace = dir.file(precision + ".json");
+    const CliRun r = weftCli("train mlp --bench 2 --precision " + precision + " --train-size 500 --test-size 100 --trace " +
+                             trace + " --out " + dir.file(precision));
+    REQUIRE_MESSAGE(r.status == 0, r.output);
+    std::map<std::string, int64_t> bytes;
+    const nlohmann::json events = nlohmann::json::parse(readText(trace));
+    for (const auto& e : events["traceEvents"]) {
+      if (e.value("ph", "") == "X" && e.contains("args") && e["args"].contains("bytes")) {
+        bytes[e["name"].get<std::string>()] = e["args"]["bytes"].get<int64_t>();
+      }
+    }
+    return bytes;
+  };
+  const auto f32 = opsOf("f32"), bf16 = opsOf("bf16");
+  std::vector<std::string> f32Ops, bf16Ops;
+  for (const auto& [name, b] : f32) f32Ops.push_back(name);
+  for (const auto& [name, b] : bf16) bf16Ops.push_back(name);
+  CHECK(!f32Ops.empty());
+  CHECK(bf16Ops == f32Ops);
+  // The products round their operands inside the kernel: they read and write f32 tensors.
+  int products = 0;
+  for (const auto& [name, b] : f32) {
+    if (name.find("MatMul") == std::string::npos) continue;
+    CAPTURE(name);
+    CHECK(bf16.at(name) == b);
+    ++products;
+  }
+  CHECK(products == 8);  // three layers: each forward product and two gradient products, less dx of the input
 }
 
 TEST_CASE("a checkpoint of a run with other settings is refused, naming each, unless --resume-changed") {
