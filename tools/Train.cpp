@@ -697,8 +697,8 @@ class Trainer {
     }
     // One process repeats the untimed pass for at least kBenchWarmup: a new thread team's threads
     // start on their creator's core, and the kernel takes milliseconds to spread them, longer
-    // than a pass of a small model's steps. (A job's processes
-    // must run the same steps, so they make one pass.)
+    // than a pass of a small model's steps. A job's processes must run the same steps, so they
+    // make one pass.
     constexpr std::chrono::milliseconds kBenchWarmup{200};
     const auto warmupEnd = std::chrono::steady_clock::now() + kBenchWarmup;
     do {
