@@ -77,6 +77,20 @@ void forEachBlock(const KernelContext& ctx, const Split& split, int64_t m, int64
   });
 }
 
+/// Runs product(rows, cols, aOffset, bOffset, cOffset) for each block of C (m x n) the split
+/// makes: the block's extent, and where its parts of A, B and C begin in the caller's operands.
+template <class F>
+void forEachSubproduct(const KernelContext& ctx, const Split& split, bool ta, bool tb, int64_t m, int64_t n,
+                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, F product) {
+  forEachBlock(ctx, split, m, n, k, [&](int64_t begin, int64_t len) {
+    if (split.rows) {
+      product(len, n, ta ? begin : begin * lda, int64_t{0}, begin * ldc);
+    } else {
+      product(m, len, int64_t{0}, tb ? begin * ldb : begin, begin);
+    }
+  });
+}
+
 constexpr bool ownKernel(bool isFloat) { return isFloat && detail::kHaveSgemmAvx512; }
 
 }  // namespace
@@ -86,13 +100,10 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
                   const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   const Split split = ownKernel(std::is_same_v<T, float>) ? threadSplit(ctx, m, n, false) : shapeSplit(m, n);
-  forEachBlock(ctx, split, m, n, k, [&](int64_t begin, int64_t len) {
-    if (split.rows) {
-      gemm(ta, tb, len, n, k, ta ? a + begin : a + begin * lda, lda, b, ldb, beta, c + begin * ldc, ldc);
-    } else {
-      gemm(ta, tb, m, len, k, a, lda, tb ? b + begin * ldb : b + begin, ldb, beta, c + begin, ldc);
-    }
-  });
+  forEachSubproduct(ctx, split, ta, tb, m, n, k, lda, ldb, ldc,
+                    [&](int64_t rows, int64_t cols, int64_t atA, int64_t atB, int64_t atC) {
+                      gemm(ta, tb, rows, cols, k, a + atA, lda, b + atB, ldb, beta, c + atC, ldc);
+                    });
 }
 
 template <class T>
@@ -141,14 +152,10 @@ void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int
     const auto* pa = reinterpret_cast<const Element*>(a);
     const auto* pb = reinterpret_cast<const Element*>(b);
     const Split split = threadSplit(ctx, m, n, false);
-    forEachBlock(ctx, split, m, n, k, [&](int64_t begin, int64_t len) {
-      if (split.rows) {
-        detail::bf16GemmAvx512(ta, tb, len, n, k, ta ? pa + begin : pa + begin * lda, lda, pb, ldb, c + begin * ldc,
-                               ldc);
-      } else {
-        detail::bf16GemmAvx512(ta, tb, m, len, k, pa, lda, tb ? pb + begin * ldb : pb + begin, ldb, c + begin, ldc);
-      }
-    });
+    forEachSubproduct(ctx, split, ta, tb, m, n, k, lda, ldb, ldc,
+                      [&](int64_t rows, int64_t cols, int64_t atA, int64_t atB, int64_t atC) {
+                        detail::bf16GemmAvx512(ta, tb, rows, cols, k, pa + atA, lda, pb + atB, ldb, c + atC, ldc);
+                      });
   } else {
     WEFT_THROW("parallelGemmBf16: this build has no bf16 matrix product (it needs AVX512_BF16)");
   }
