@@ -80,8 +80,8 @@ void forEachBlock(const KernelContext& ctx, const Split& split, int64_t m, int64
 /// Runs product(rows, cols, aOffset, bOffset, cOffset) for each block of C (m x n) the split
 /// makes: the block's extent, and where its parts of A, B and C begin in the caller's operands.
 template <class F>
-void forEachSubproduct(const KernelContext& ctx, const Split& split, bool ta, bool tb, int64_t m, int64_t n,
-                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, F product) {
+void forEachSubproduct(const KernelContext& ctx, const Split& split, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                       int64_t lda, int64_t ldb, int64_t ldc, F product) {
   forEachBlock(ctx, split, m, n, k, [&](int64_t begin, int64_t len) {
     if (split.rows) {
       product(len, n, ta ? begin : begin * lda, int64_t{0}, begin * ldc);
@@ -107,33 +107,58 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
 }
 
 template <class T>
-PackedOperand<T>::PackedOperand(const KernelContext& ctx, bool tb, int64_t k, int64_t n, const T* b, int64_t ldb)
+PackedOperand<T>::PackedOperand(const KernelContext& ctx, bool tb, int64_t k, int64_t n, const T* b, int64_t ldb,
+                                bool roundToBf16)
     : tb(tb), k(k), n(n), b(b), ldb(ldb) {
+  WEFT_CHECK(!roundToBf16 || (std::is_same_v<T, float> && haveBf16Gemm()),
+             "PackedOperand: rounding to bf16 needs f32 operands and a bf16 matrix product (AVX512_BF16)");
+    const int64_t slivers = (n + detail::kSgemmTileCols - 1) / detail::kSgemmTileCols;
+  // Disjoint ranges of whole slivers, packed across the pool.
+  auto packAcross = [&](auto packRange) {
+    ctx.parallelFor(slivers, k * detail::kSgemmTileCols, [&](int64_t lo, int64_t hi) {
+      packRange(lo * detail::kSgemmTileCols, std::min(n, hi * detail::kSgemmTileCols));
+    });
+  };
+  if constexpr (std::is_same_v<T, float> && detail::kHaveBf16GemmAvx512) {
+    if (roundToBf16) {
+      packedBf16 = std::make_unique_for_overwrite<uint32_t[]>(static_cast<size_t>(detail::packedBf16Size(k, n)));
+      packAcross([&](int64_t c0, int64_t c1) { detail::packBf16Operand(tb, k, n, b, ldb, c0, c1, packedBf16.get()); });
+      return;
+    }
+  }
   if constexpr (ownKernel(std::is_same_v<T, float>)) {
     packed = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(detail::packedSgemmSize(k, n)));
-    const int64_t slivers = (n + detail::kSgemmTileCols - 1) / detail::kSgemmTileCols;
-    ctx.parallelFor(slivers, k * detail::kSgemmTileCols, [&](int64_t lo, int64_t hi) {
-      detail::packSgemmOperand(tb, k, n, b, ldb, lo * detail::kSgemmTileCols,
-                               std::min(n, hi * detail::kSgemmTileCols), packed.get());
-    });
+    packAcross([&](int64_t c0, int64_t c1) { detail::packSgemmOperand(tb, k, n, b, ldb, c0, c1, packed.get()); });
   }
 }
 
 template <class T>
 void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int64_t lda, const PackedOperand<T>& b,
                   T beta, T* c, int64_t ldc) {
-  if (!b.packed || m == 0 || b.n == 0 || b.k == 0) {
+  if (m == 0 || b.n == 0) return;
+  if (b.k == 0 || (!b.packed && !b.packedBf16)) {
     parallelGemm(ctx, ta, b.tb, m, b.n, b.k, a, lda, b.b, b.ldb, beta, c, ldc);
     return;
   }
   if constexpr (ownKernel(std::is_same_v<T, float>)) {
+    // Columns [c0, c1) of rows [i0, i0 + rows) of C.
+    auto product = [&](int64_t i0, int64_t rows, int64_t c0, int64_t c1) {
+      const float* at = ta ? a + i0 : a + i0 * lda;
+      if (b.packedBf16) {
+        if constexpr (detail::kHaveBf16GemmAvx512) {
+          detail::bf16GemmAvx512Packed(ta, rows, b.n, b.k, at, lda, b.packedBf16.get(), c0, c1, beta, c + i0 * ldc,
+                                       ldc);
+        }
+      } else {
+        detail::sgemmAvx512Packed(ta, rows, b.n, b.k, at, lda, b.packed.get(), c0, c1, beta, c + i0 * ldc, ldc);
+      }
+    };
     const Split split = threadSplit(ctx, m, b.n, true);
     forEachBlock(ctx, split, m, b.n, b.k, [&](int64_t begin, int64_t len) {
       if (split.rows) {
-        detail::sgemmAvx512Packed(ta, len, b.n, b.k, ta ? a + begin : a + begin * lda, lda, b.packed.get(), 0, b.n,
-                                  beta, c + begin * ldc, ldc);
+        product(begin, len, 0, b.n);
       } else {
-        detail::sgemmAvx512Packed(ta, m, b.n, b.k, a, lda, b.packed.get(), begin, begin + len, beta, c, ldc);
+        product(0, m, begin, begin + len);
       }
     });
   }
@@ -143,7 +168,7 @@ bool haveBf16Gemm() { return detail::kHaveBf16GemmAvx512; }
 
 template <class T>
 void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
-                      int64_t lda, const T* b, int64_t ldb, float* c, int64_t ldc) {
+                      int64_t lda, const T* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if constexpr (detail::kHaveBf16GemmAvx512) {
     if (m == 0 || n == 0) return;
     // The kernel takes bf16 operands as their bit patterns.
@@ -154,17 +179,17 @@ void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int
     const Split split = threadSplit(ctx, m, n, false);
     forEachSubproduct(ctx, split, ta, tb, m, n, k, lda, ldb, ldc,
                       [&](int64_t rows, int64_t cols, int64_t atA, int64_t atB, int64_t atC) {
-                        detail::bf16GemmAvx512(ta, tb, rows, cols, k, pa + atA, lda, pb + atB, ldb, c + atC, ldc);
+                        detail::bf16GemmAvx512(ta, tb, rows, cols, k, pa + atA, lda, pb + atB, ldb, beta, c + atC, ldc);
                       });
   } else {
     WEFT_THROW("parallelGemmBf16: this build has no bf16 matrix product (it needs AVX512_BF16)");
   }
 }
 
-template void parallelGemmBf16<BFloat16>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t,
-                                         const BFloat16*, int64_t, const BFloat16*, int64_t, float*, int64_t);
+template void parallelGemmBf16<BFloat16>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const BFloat16*,
+                                         int64_t, const BFloat16*, int64_t, float, float*, int64_t);
 template void parallelGemmBf16<float>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const float*,
-                                      int64_t, const float*, int64_t, float*, int64_t);
+                                      int64_t, const float*, int64_t, float, float*, int64_t);
 template class PackedOperand<float>;
 template class PackedOperand<double>;
 template void parallelGemm<float>(const KernelContext&, bool, int64_t, const float*, int64_t,

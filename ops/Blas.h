@@ -29,20 +29,24 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
 /// op(B) (k x n; B stored n x k when tb) laid out once for many products with it: an RNN
 /// multiplies its recurrent weight at every step. Holds a copy when weft's own kernel runs the
 /// products (f32 on AVX-512), packed on ctx's pool, otherwise B's address, which must then
-/// outlive it.
+/// outlive it. With roundToBf16 (f32 only, where haveBf16Gemm()) the copy holds B rounded to
+/// bf16, and the products with it are parallelGemmBf16's: A is rounded too.
 template <class T>
 class PackedOperand {
  public:
-  PackedOperand(const KernelContext& ctx, bool tb, int64_t k, int64_t n, const T* b, int64_t ldb);
+  PackedOperand(const KernelContext& ctx, bool tb, int64_t k, int64_t n, const T* b, int64_t ldb,
+                bool roundToBf16 = false);
   bool tb;
   int64_t k, n;
   const T* b;
   int64_t ldb;
-  std::unique_ptr<float[]> packed;  // empty unless weft's kernel runs the products
+  std::unique_ptr<float[]> packed;         // empty unless weft's f32 kernel runs the products
+  std::unique_ptr<uint32_t[]> packedBf16;  // empty unless rounded to bf16
 };
 
-/// parallelGemm with a packed B, with the bits parallelGemm gives; C is cut into blocks of rows
-/// where it is tall enough, since no block then packs anything twice.
+/// parallelGemm with a packed B, with the bits parallelGemm (or, for a B rounded to bf16,
+/// parallelGemmBf16) gives; C is cut into blocks of rows where it is tall enough, since no block
+/// then packs anything twice.
 template <class T>
 void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int64_t lda, const PackedOperand<T>& b,
                   T beta, T* c, int64_t ldc);
@@ -50,12 +54,12 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
 /// Whether parallelGemmBf16 is built: weft's bf16 kernel, for CPUs with AVX512_BF16.
 bool haveBf16Gemm();
 
-/// C (m x n, f32) = op(A) op(B) for A and B in bfloat16 (T = BFloat16), or in f32 rounded to
-/// bfloat16 element by element as the kernel packs them (T = float), with f32 accumulation
-/// (products of bf16 values are exact in f32); C cut into blocks across ctx's pool with the bits
-/// of one call; blas::gemm's layout conventions. Only where haveBf16Gemm().
+/// C (m x n, f32) = op(A) op(B) + beta C for A and B in bfloat16 (T = BFloat16), or in f32
+/// rounded to bfloat16 element by element as the kernel packs them (T = float), with f32
+/// accumulation (products of bf16 values are exact in f32); C cut into blocks across ctx's pool
+/// with the bits of one call; blas::gemm's layout conventions. Only where haveBf16Gemm().
 template <class T>
 void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
-                      int64_t lda, const T* b, int64_t ldb, float* c, int64_t ldc);
+                      int64_t lda, const T* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 }  // namespace weft::blas

@@ -29,11 +29,7 @@ MatDims matDims(const Shape& a, const Shape& b, bool ta, bool tb) {
 std::vector<TensorType> matmulInfer(const InferContext& c, bool batched) {
   detail::requireSameDType(c, 0, 1);
   detail::requireFloat(c, 0);
-  if (c.attrs().has("round_operands_to")) {
-    const DType low = c.attrs().get<DType>("round_operands_to");
-    c.check(low == bf16 || low == f16, "round_operands_to is bf16 or f16, not {}", dtypeName(low));
-    c.check(c.dtype(0) == f32, "rounds f32 operands to {}, not {}", dtypeName(low), dtypeName(c.dtype(0)));
-  }
+  detail::checkProductRounding(c);
   const Shape &a = c.shape(0), &b = c.shape(1);
   if (batched) {
     c.check(a.rank() >= 3 && a.rank() == b.rank(), "needs two tensors of equal rank >= 3");
@@ -75,11 +71,6 @@ void matmulKernel(KernelContext& ctx) {
   gemmEach(ctx, ctx.input(0), ctx.input(1), ctx.output(0), transposeA(ctx.attrs()), transposeB(ctx.attrs()));
 }
 
-/// The 16-bit type a product's f32 operands are rounded to, or f32 for none.
-DType roundedTo(const Attrs& attrs) {
-  return attrs.get<DType>("round_operands_to", f32);
-}
-
 /// The product op, its f32 operands rounded to `low` (f32: not rounded).
 Output addMatmulOp(const char* op, Output a, Output b, bool ta, bool tb, DType low) {
   Attrs attrs{{"transpose_a", ta}, {"transpose_b", tb}};
@@ -89,13 +80,9 @@ Output addMatmulOp(const char* op, Output a, Output b, bool ta, bool tb, DType l
 
 /// The product in the graph's compute precision (Graph::computePrecision).
 Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
-  const Graph::ComputePrecision p = a.graph().computePrecision();
-  if (p.ops == Graph::MixedOps::RoundInProducts && a.dtype() == f32 && b.dtype() == f32) {
-    return addMatmulOp(op, a, b, ta, tb, p.dtype);
-  }
-  return detail::inComputePrecision({a, b}, [&](const std::vector<Output>& x) {
-    return addMatmulOp(op, x[0], x[1], ta, tb, f32);
-  });
+  if (const DType low = detail::productRounding({a, b}); low != f32) return addMatmulOp(op, a, b, ta, tb, low);
+  return detail::inComputePrecision(
+      {a, b}, [&](const std::vector<Output>& x) { return addMatmulOp(op, x[0], x[1], ta, tb, f32); });
 }
 
 // Y = op(A) op(B). With G = dY:
@@ -106,7 +93,7 @@ Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
 std::vector<Grad> matmulGrad(GradContext& c, bool batched) {
   const bool ta = transposeA(c.attrs()), tb = transposeB(c.attrs());
   // The gradient's products round their operands as the forward product does.
-  const DType low = roundedTo(c.attrs());
+  const DType low = detail::productRounding(c.attrs());
   auto mm = [batched, low](Output x, Output y, bool tx, bool ty) {
     return addMatmulOp(batched ? "BatchMatMul" : "MatMul", x, y, tx, ty, low);
   };
@@ -126,7 +113,7 @@ void bf16GemmEach(const KernelContext& ctx, const Tensor& a, const Tensor& b, fl
   const T* pb = b.data<T>();
   for (int64_t i = 0; i < d.batch; ++i) {
     blas::parallelGemmBf16(ctx, ta, tb, d.m, d.n, d.k, pa + i * d.m * d.k, ta ? d.m : d.k, pb + i * d.k * d.n,
-                           tb ? d.k : d.n, c + i * d.m * d.n, d.n);
+                           tb ? d.k : d.n, 0.0f, c + i * d.m * d.n, d.n);
   }
 }
 
@@ -157,7 +144,7 @@ void matmulRoundedKernel(KernelContext& ctx, DType low) {
 /// Products of f32 values rounded as marked; bf16 products on the bf16 kernel where the CPU has
 /// one; other 16-bit products in f32.
 void matmulCpu(KernelContext& ctx) {
-  if (const DType low = roundedTo(ctx.attrs()); low != f32) return matmulRoundedKernel(ctx, low);
+  if (const DType low = detail::productRounding(ctx.attrs()); low != f32) return matmulRoundedKernel(ctx, low);
   if (ctx.input(0).dtype() == bf16 && blas::haveBf16Gemm()) return matmulBf16Kernel(ctx);
   detail::runInFloat32(ctx, matmulKernel);
 }

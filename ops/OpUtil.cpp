@@ -27,8 +27,7 @@ void registerAllOps() {
 
 namespace detail {
 
-Node* addOp(Graph& g, const std::string& op, std::vector<Output> inputs, Attrs attrs,
-            const std::string& name) {
+Node* addOp(Graph& g, const std::string& op, std::vector<Output> inputs, Attrs attrs, const std::string& name) {
   registerAllOps();
   return g.addNode(op, std::move(inputs), std::move(attrs), name);
 }
@@ -40,12 +39,18 @@ bool broadcastShapes(const Shape& a, const Shape& b, Shape& out) {
     const int ia = a.rank() - r + i, ib = b.rank() - r + i;
     const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
     int64_t d;
-    if (da == 1) d = db;
-    else if (db == 1) d = da;
-    else if (da < 0) d = db;
-    else if (db < 0) d = da;
-    else if (da == db) d = da;
-    else return false;
+    if (da == 1)
+      d = db;
+    else if (db == 1)
+      d = da;
+    else if (da < 0)
+      d = db;
+    else if (db < 0)
+      d = da;
+    else if (da == db)
+      d = da;
+    else
+      return false;
     dims[static_cast<size_t>(i)] = d;
   }
   out = Shape(std::move(dims));
@@ -61,6 +66,21 @@ Output inComputePrecision(std::vector<Output> inputs, const std::function<Output
   const DType low = p.dtype;
   for (Output& x : inputs) x = cast(x, low);
   return cast(build(inputs), f32);
+}
+
+DType productRounding(const std::vector<Output>& inputs) {
+  const Graph::ComputePrecision p = inputs[0].graph().computePrecision();
+  const bool allF32 = std::all_of(inputs.begin(), inputs.end(), [](const Output& x) { return x.dtype() == f32; });
+  return p.ops == Graph::MixedOps::RoundInProducts && allF32 ? p.dtype : f32;
+}
+
+DType productRounding(const Attrs& attrs) { return attrs.get<DType>("round_operands_to", f32); }
+
+void checkProductRounding(const InferContext& c) {
+  if (!c.attrs().has("round_operands_to")) return;
+  const DType low = c.attrs().get<DType>("round_operands_to");
+  c.check(low == bf16 || low == f16, "round_operands_to is bf16 or f16, not {}", dtypeName(low));
+  c.check(c.dtype(0) == f32, "rounds f32 operands to {}, not {}", dtypeName(low), dtypeName(c.dtype(0)));
 }
 
 void castElements(const KernelContext& ctx, const Tensor& from, Tensor& to) {

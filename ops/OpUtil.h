@@ -34,6 +34,15 @@ void requireSameDType(const InferContext& c, int i, int j);
 /// otherwise `build` gets the inputs as they are.
 Output inComputePrecision(std::vector<Output> inputs, const std::function<Output(const std::vector<Output>&)>& build);
 
+/// The 16-bit type that a new matrix product's f32 operands round to in the graph's compute
+/// precision (a scope with MixedOps::RoundInProducts; the product op carries it as its attribute
+/// "round_operands_to"), or f32 for none: also f32 when an input is not f32.
+DType productRounding(const std::vector<Output>& inputs);
+/// A product op's "round_operands_to", f32 when absent.
+DType productRounding(const Attrs& attrs);
+/// Checks a product op's "round_operands_to", if any: bf16 or f16, on f32 inputs.
+void checkProductRounding(const InferContext& c);
+
 /// Converts every element of `from` into `to` (same element count, any two dtypes), across the
 /// kernel's pool.
 void castElements(const KernelContext& ctx, const Tensor& from, Tensor& to);

@@ -2,7 +2,10 @@
 // outputs the activations its backward needs, plus one fused backward op (BPTT for the LSTM).
 // Matrix products go through ops/Blas.h (single-threaded calls split across weft's pool; the
 // recurrent weight packed once per op); the pointwise gate math runs on Eigen arrays so that
-// sigmoid and tanh vectorise.
+// sigmoid and tanh vectorise. Built in a scope that rounds in products
+// (Graph::MixedOps::RoundInProducts), an op and its gradient carry "round_operands_to" as MatMul
+// does: every product rounds its f32 operands to bf16 or f16 and sums in f32; the gate math and
+// the states stay f32.
 #include "ops/Blas.h"
 #include "ops/OpUtil.h"
 #include "ops/RnnSequence.h"
@@ -79,15 +82,14 @@ int64_t times(int64_t k, int64_t d) { return d < 0 ? -1 : k * d; }
 int64_t hiddenFrom(const InferContext& c, const RnnLayout& l, int input, int axis) {
   const int64_t d = c.shape(input)[axis];
   if (d < 0) return -1;
-  c.check(d % l.gates == 0, "{}'s dimension {} ({}) must be {}H, a multiple of {}", l.names[input], axis, d,
-          l.gates, l.gates);
+  c.check(d % l.gates == 0, "{}'s dimension {} ({}) must be {}H, a multiple of {}", l.names[input], axis, d, l.gates,
+          l.gates);
   return d / l.gates;
 }
 
-void expectShape(const InferContext& c, const RnnLayout& l, int input, const std::string& form,
-                 const Shape& expected) {
-  c.check(c.shape(input).compatibleWith(expected), "{} must be {} = {}, got {}", l.names[input], form,
-          expected.str(), c.shape(input).str());
+void expectShape(const InferContext& c, const RnnLayout& l, int input, const std::string& form, const Shape& expected) {
+  c.check(c.shape(input).compatibleWith(expected), "{} must be {} = {}, got {}", l.names[input], form, expected.str(),
+          c.shape(input).str());
 }
 
 /// Checks dtypes, ranks and the agreement of B, I and H across the inputs.
@@ -126,6 +128,7 @@ const RnnLayout kGruLayout{3, 2, {1}, 2, 3, {4, 5}, {"x", "h", "wx", "wh", "bx",
 // cells (T, B, H)
 std::vector<TensorType> lstmInfer(const InferContext& c) {
   const RnnDims d = checkRnnInputs(c, kLstmLayout);
+  detail::checkProductRounding(c);
   const int64_t steps = c.shape(0)[0];
   const DType t = c.dtype(0);
   return {{t, {steps, d.batch, d.hidden}},
@@ -138,6 +141,7 @@ std::vector<TensorType> lstmInfer(const InferContext& c) {
 // inputs: x, h0, c0, wx, wh, gates, cells, y, dy, dhLast, dcLast
 // outputs: dx, dh0, dc0, dwx, dwh, db, shaped like x, h0, c0, wx, wh, b
 std::vector<TensorType> lstmGradInfer(const InferContext& c) {
+  detail::checkProductRounding(c);
   c.check(c.shape(8).compatibleWith(c.shape(7)) && c.shape(9).compatibleWith(c.shape(1)) &&
               c.shape(10).compatibleWith(c.shape(2)),
           "output gradients must match y, hLast and cLast");
@@ -147,6 +151,7 @@ std::vector<TensorType> lstmGradInfer(const InferContext& c) {
 // outputs: h' (B, H), gates (B, 3H) holding r, z, n after activation, hn = h wh_n + bh_n (B, H)
 std::vector<TensorType> gruCellInfer(const InferContext& c) {
   const RnnDims d = checkRnnInputs(c, kGruLayout);
+  detail::checkProductRounding(c);
   const DType t = c.dtype(0);
   return {{t, {d.batch, d.hidden}}, {t, {d.batch, times(3, d.hidden)}}, {t, {d.batch, d.hidden}}};
 }
@@ -154,6 +159,7 @@ std::vector<TensorType> gruCellInfer(const InferContext& c) {
 // inputs: x, h, wx, wh, gates, hn, dh'
 // outputs: dx, dh, dwx, dwh, dbx, dbh, shaped like x, h, wx, wh, bx, bh
 std::vector<TensorType> gruCellGradInfer(const InferContext& c) {
+  detail::checkProductRounding(c);
   c.check(c.shape(6).compatibleWith(c.shape(1)), "the output gradient must match h");
   const TensorType bias{c.dtype(0), {c.shape(3)[1]}};
   return {c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], bias, bias};
@@ -164,8 +170,8 @@ std::vector<TensorType> gruCellGradInfer(const InferContext& c) {
 /// One step's gate math. `gates` (B, 4H) holds x_t wx + h_{t-1} wh without the bias on entry
 /// and the activations i, f, g, o on exit; c = f c_{t-1} + i g; h = o tanh(c).
 template <class T>
-void lstmGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bias, const T* cPrev,
-              T* gates, T* c, T* h) {
+void lstmGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates,
+                  T* c, T* h) {
   forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
     T* g = gates + r * 4 * hidden + j;
     Vec<T> gi(g, len), gf(g + hidden, len), gg(g + 2 * hidden, len), go(g + 3 * hidden, len);
@@ -255,19 +261,43 @@ void gruGateStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, co
 }
 
 /// The CPU side of ops/RnnSequence.h: products through ops/Blas.h split across the pool, gate math on
-/// Eigen arrays.
+/// Eigen arrays. Products marked to round their f32 operands to bf16 run on the bf16 kernel where
+/// the CPU has one, which rounds as it packs; otherwise on rounded copies.
 template <class T>
 struct CpuBackend {
   const KernelContext& ctx;
+  DType low;  // what the products round f32 operands to (f32: nothing)
   std::unique_ptr<T[]> scratchStore;
+  std::vector<T> packedSource;  // the rounded copy a packed operand reads, where it keeps B's address
 
-  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
-            T beta, T* c, int64_t ldc) {
-    blas::parallelGemm(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  bool onBf16Kernel() const { return std::is_same_v<T, float> && low == bf16 && blas::haveBf16Gemm(); }
+
+  /// A stored matrix of `rows` rows of `cols`, rows `ld` apart, with its elements rounded to low
+  /// into `copy` where the product will not round them itself; x itself otherwise.
+  const T* operand(const T* x, int64_t rows, int64_t cols, int64_t ld, std::vector<T>& copy) const {
+    if (low == f32 || onBf16Kernel() || rows == 0 || cols == 0) return x;
+    copy.assign(x, x + (rows - 1) * ld + cols);
+    if constexpr (std::is_same_v<T, float>) {
+      for (T& v : copy) v = low == bf16 ? static_cast<float>(BFloat16(v)) : static_cast<float>(Float16(v));
+    }
+    return copy.data();
   }
-  blas::PackedOperand<T> pack(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb) { return {ctx, tb, k, n, b, ldb}; }
+
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
+            T* c, int64_t ldc) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (onBf16Kernel()) return blas::parallelGemmBf16(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    }
+    std::vector<T> roundedA, roundedB;
+    blas::parallelGemm(ctx, ta, tb, m, n, k, operand(a, ta ? k : m, ta ? m : k, lda, roundedA), lda,
+                       operand(b, tb ? n : k, tb ? k : n, ldb, roundedB), ldb, beta, c, ldc);
+  }
+  blas::PackedOperand<T> pack(bool tb, int64_t k, int64_t n, const T* b, int64_t ldb) {
+    return {ctx, tb, k, n, operand(b, tb ? n : k, tb ? k : n, ldb, packedSource), ldb, onBf16Kernel()};
+  }
   void gemm(int64_t m, const T* a, int64_t lda, const blas::PackedOperand<T>& b, T beta, T* c, int64_t ldc) {
-    blas::parallelGemm(ctx, false, m, a, lda, b, beta, c, ldc);
+    std::vector<T> roundedA;
+    blas::parallelGemm(ctx, false, m, operand(a, m, b.k, lda, roundedA), lda, b, beta, c, ldc);
   }
   void lstmStep(int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates, T* c, T* h) {
     lstmGateStep(ctx, batch, hidden, bias, cPrev, gates, c, h);
@@ -296,7 +326,7 @@ struct CpuBackend {
   void Name(KernelContext& ctx) {                    \
     dispatchFloat(ctx.input(0).dtype(), [&](auto z) { \
       using T = decltype(z);                         \
-      CpuBackend<T> backend{ctx, {}};                \
+      CpuBackend<T> backend{ctx, detail::productRounding(ctx.attrs()), {}, {}}; \
       rnn::sequence<T>(ctx, backend);                \
     });                                              \
   }
@@ -311,27 +341,40 @@ WEFT_CPU_RNN_KERNEL(gruCellGradKernel, gruBackward)
 /// The gradient of forward output i, zeros where none flows (e.g. y unused, only hLast).
 Output outputGrad(GradContext& c, int i) { return c.dy(i).valid() ? c.dy(i) : zerosLike(c.y(i)); }
 
+/// An RNN op's attributes: its products' rounding, which the gradient's products share.
+Attrs rnnAttrs(DType low) {
+  Attrs attrs;
+  if (low != f32) attrs.set("round_operands_to", low);
+  return attrs;
+}
+
 std::vector<Grad> lstmGrad(GradContext& c) {
   Node* n = addOp(c.graph(), "LSTMGrad",
-                  {c.x(0), c.x(1), c.x(2), c.x(3), c.x(4), c.y(3), c.y(4), c.y(0), outputGrad(c, 0),
-                   outputGrad(c, 1), outputGrad(c, 2)});
+                  {c.x(0), c.x(1), c.x(2), c.x(3), c.x(4), c.y(3), c.y(4), c.y(0), outputGrad(c, 0), outputGrad(c, 1),
+                   outputGrad(c, 2)},
+                  rnnAttrs(detail::productRounding(c.attrs())));
   return {n->output(0), n->output(1), n->output(2), n->output(3), n->output(4), n->output(5)};
 }
 
 std::vector<Grad> gruCellGrad(GradContext& c) {
-  Node* n = addOp(c.graph(), "GRUCellGrad", {c.x(0), c.x(1), c.x(2), c.x(3), c.y(1), c.y(2), outputGrad(c, 0)});
+  Node* n = addOp(c.graph(), "GRUCellGrad", {c.x(0), c.x(1), c.x(2), c.x(3), c.y(1), c.y(2), outputGrad(c, 0)},
+                  rnnAttrs(detail::productRounding(c.attrs())));
   return {n->output(0), n->output(1), n->output(2), n->output(3), n->output(4), n->output(5)};
 }
 
 }  // namespace
 
 LstmOutputs lstm(Output x, Output h0, Output c0, Output wx, Output wh, Output b) {
-  Node* n = addOp(x.graph(), "LSTM", {x, h0, c0, wx, wh, b});
+  std::vector<Output> inputs{x, h0, c0, wx, wh, b};
+  const DType low = detail::productRounding(inputs);
+  Node* n = addOp(x.graph(), "LSTM", std::move(inputs), rnnAttrs(low));
   return {n->output(0), n->output(1), n->output(2)};
 }
 
 Output gruCell(Output x, Output h, Output wx, Output wh, Output bx, Output bh) {
-  return addOp(x.graph(), "GRUCell", {x, h, wx, wh, bx, bh})->output(0);
+  std::vector<Output> inputs{x, h, wx, wh, bx, bh};
+  const DType low = detail::productRounding(inputs);
+  return addOp(x.graph(), "GRUCell", std::move(inputs), rnnAttrs(low))->output(0);
 }
 
 void detail::registerRnnOps(OpRegistry& r) {

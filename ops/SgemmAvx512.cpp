@@ -410,11 +410,11 @@ void packBBf16(bool tb, const Src* b, int64_t ldb, int64_t k, int64_t j0, int64_
   }
 }
 
-/// One register tile over a depth block: C[Rows x 32] = A B on the first block, C += A B on the
-/// later ones.
+/// One register tile over a depth block: C[Rows x 32] = beta C + A B on the first block, C += A B
+/// on the later ones.
 template <int Rows>
 void tileBf16(int64_t pairs, const uint32_t* __restrict a, const uint32_t* __restrict b, float* c, int64_t ldc,
-              __mmask16 low, __mmask16 high, bool accumulate) {
+              __mmask16 low, __mmask16 high, float beta, bool accumulate) {
   __m512 left[Rows], right[Rows];
 #pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) left[r] = right[r] = _mm512_setzero_ps();
@@ -427,50 +427,82 @@ void tileBf16(int64_t pairs, const uint32_t* __restrict a, const uint32_t* __res
       right[r] = _mm512_dpbf16_ps(right[r], x, b1);
     }
   }
-  storeTile<Rows>(left, right, c, ldc, low, high, 0.0f, accumulate);
+  storeTile<Rows>(left, right, c, ldc, low, high, beta, accumulate);
 }
 
-using Bf16TileKernel = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, __mmask16, __mmask16, bool);
+using Bf16TileKernel = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, __mmask16, __mmask16, float,
+                                bool);
 template <int... Rows>
 constexpr std::array<Bf16TileKernel, kTileRows + 1> bf16TileKernels(std::integer_sequence<int, 0, Rows...>) {
   return {nullptr, tileBf16<Rows>...};
 }
 constexpr auto kBf16Tiles = bf16TileKernels(std::make_integer_sequence<int, kTileRows + 1>());
 
+/// C[:, 0 .. cols) += op(A) B over depths [p0, p0 + depth) (C = beta C + ... on the first depth
+/// block), with B's slivers of pairs for those columns and depths at `slivers`.
+template <class Src>
+void multiplyDepthBlockBf16(bool ta, int64_t m, int64_t k, const Src* a, int64_t lda, int64_t p0, int64_t depth,
+                            const uint32_t* slivers, int64_t cols, float beta, float* c, int64_t ldc) {
+  const int64_t pairs = (depth + 1) / 2;
+  uint32_t* packedA = bf16PackBuffers().a;
+  for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
+    const int64_t rows = std::min(kBlockRows, m - i0);
+    packABf16(ta, a, lda, k, i0, rows, p0, depth, packedA);
+    for (int64_t jt = 0; jt < cols; jt += kTileCols) {
+      const ColumnMasks mask = columnMasks(cols - jt);
+      for (int64_t it = 0, height; it < rows; it += height) {
+        height = tileHeight(rows, it);
+        kBf16Tiles[height](pairs, packedA + it * pairs, slivers + jt * pairs, c + (i0 + it) * ldc + jt, ldc, mask.low,
+                           mask.high, beta, p0 > 0);
+      }
+    }
+  }
+}
+
 template <class Src>
 void bf16Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Src* a, int64_t lda, const Src* b, int64_t ldb,
-              float* c, int64_t ldc) {
-  Bf16PackBuffers& buffers = bf16PackBuffers();
+              float beta, float* c, int64_t ldc) {
+  uint32_t* packedB = bf16PackBuffers().b;
   for (int64_t j0 = 0; j0 < n; j0 += kPanelCols) {
     const int64_t cols = std::min(kPanelCols, n - j0);
     for (int64_t p0 = 0; p0 == 0 || p0 < k; p0 += kDepthBf16) {
-      const int64_t depth = std::min(kDepthBf16, k - p0), pairs = (depth + 1) / 2;
-      packBBf16(tb, b, ldb, k, j0, cols, p0, depth, buffers.b);
-      for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
-        const int64_t rows = std::min(kBlockRows, m - i0);
-        packABf16(ta, a, lda, k, i0, rows, p0, depth, buffers.a);
-        for (int64_t jt = 0; jt < cols; jt += kTileCols) {
-          const ColumnMasks mask = columnMasks(cols - jt);
-          for (int64_t it = 0, height; it < rows; it += height) {
-            height = tileHeight(rows, it);
-            kBf16Tiles[height](pairs, buffers.a + it * pairs, buffers.b + jt * pairs, c + (i0 + it) * ldc + j0 + jt,
-                               ldc, mask.low, mask.high, p0 > 0);
-          }
-        }
-      }
+      const int64_t depth = std::min(kDepthBf16, k - p0);
+      packBBf16(tb, b, ldb, k, j0, cols, p0, depth, packedB);
+      multiplyDepthBlockBf16(ta, m, k, a, lda, p0, depth, packedB, cols, beta, c + j0, ldc);
     }
   }
 }
 }  // namespace
 
 void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
-                    const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
-  bf16Gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+                    const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  bf16Gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                    int64_t ldb, float* c, int64_t ldc) {
-  bf16Gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+                    int64_t ldb, float beta, float* c, int64_t ldc) {
+  bf16Gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Packed whole, depth block after depth block, as for f32: a block of full depth holds
+// kDepthBf16 / 2 pairs of every column, so block p0 begins p0 / 2 pairs of padded rows in.
+int64_t packedBf16Size(int64_t k, int64_t n) { return (k + 1) / 2 * paddedCols(n); }
+
+void packBf16Operand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, int64_t c0, int64_t c1,
+                     uint32_t* packed) {
+  for (int64_t p0 = 0; p0 < k; p0 += kDepthBf16) {
+    const int64_t depth = std::min(kDepthBf16, k - p0);
+    packBBf16(tb, b, ldb, k, c0, c1 - c0, p0, depth, packed + p0 / 2 * paddedCols(n) + c0 * ((depth + 1) / 2));
+  }
+}
+
+void bf16GemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint32_t* packed,
+                          int64_t c0, int64_t c1, float beta, float* c, int64_t ldc) {
+  for (int64_t p0 = 0; p0 < k; p0 += kDepthBf16) {
+    const int64_t depth = std::min(kDepthBf16, k - p0);
+    multiplyDepthBlockBf16(ta, m, k, a, lda, p0, depth, packed + p0 / 2 * paddedCols(n) + c0 * ((depth + 1) / 2),
+                           c1 - c0, beta, c + c0, ldc);
+  }
 }
 #endif  // __AVX512BF16__ && __AVX512BW__ && __AVX512VL__
 

@@ -174,8 +174,13 @@ TEST_CASE("parallelGemm gives the same bits at any thread count") {
   }
 }
 
-TEST_CASE("products with a packed operand give parallelGemm's bits, for either layout of B and any thread count") {
-  for (const Product& p : {Product{false, false, 64, 512, 128}, Product{false, true, 64, 128, 512},
+namespace {
+
+/// Checks products with a packed B, rounded to bf16 or not, against the unpacked product
+/// (parallelGemmBf16 or parallelGemm), for beta 0 and 1 at 1, 2 and 3 threads.
+void checkPackedProducts(bool roundToBf16) {
+  // Depth blocks (1030 > 512 and 257 > 256), odd depths, tile and panel edges, padded rows.
+  for (const Product& p : {Product{false, false, 64, 512, 128}, Product{false, true, 64, 128, 1030},
                            Product{true, false, 300, 70, 257, 3}, Product{false, true, 5, 33, 9}}) {
     CAPTURE(p.m);
     CAPTURE(p.n);
@@ -185,14 +190,28 @@ TEST_CASE("products with a packed operand give parallelGemm's bits, for either l
       ThreadPool pool(threads);
       KernelContext ctx;
       ctx.pool = &pool;
-      const blas::PackedOperand<float> packed(ctx, p.tb, p.k, p.n, o.b.data(), o.ldb);
-      std::vector<float> plain = o.c, withPacked = o.c;
-      blas::parallelGemm<float>(ctx, p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 1.0f,
-                                plain.data(), o.ldc);
-      blas::parallelGemm<float>(ctx, p.ta, p.m, o.a.data(), o.lda, packed, 1.0f, withPacked.data(), o.ldc);
-      CHECK(withPacked == plain);
+      const blas::PackedOperand<float> packed(ctx, p.tb, p.k, p.n, o.b.data(), o.ldb, roundToBf16);
+      for (const float beta : {0.0f, 1.0f}) {
+        CAPTURE(beta);
+        std::vector<float> plain = o.c, withPacked = o.c;
+        if (roundToBf16) {
+          blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, beta,
+                                 plain.data(), o.ldc);
+        } else {
+          blas::parallelGemm<float>(ctx, p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, beta,
+                                    plain.data(), o.ldc);
+        }
+        blas::parallelGemm<float>(ctx, p.ta, p.m, o.a.data(), o.lda, packed, beta, withPacked.data(), o.ldc);
+        CHECK(withPacked == plain);
+      }
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("products with a packed operand give parallelGemm's bits, for either layout of B and any thread count") {
+  checkPackedProducts(false);
 }
 
 TEST_CASE("a packed f64 operand multiplies as gemm does") {
@@ -210,17 +229,20 @@ TEST_CASE("a packed f64 operand multiplies as gemm does") {
 
 namespace {
 
-/// The operands of p in bfloat16, and C (m x ldc, f32) = op(A) op(B) of them in double.
+/// The operands of p in bfloat16, a C to start from (its rows' padding -7), and op(A) op(B) of
+/// them in double (m x ldc).
 struct Bf16Product {
   std::vector<float> wideA, wideB;  // the f32 operands the bf16 ones were rounded from
   std::vector<BFloat16> a, b;
+  std::vector<float> c0;
   std::vector<double> exact, magnitude;
   int64_t lda, ldb, ldc;
 };
 
 Bf16Product bf16Product(const Product& p) {
   const Operands<float> o = operands<float>(p);
-  Bf16Product r{o.a, o.b, {}, {}, {}, {}, o.lda, o.ldb, o.ldc};
+  Bf16Product r{o.a, o.b, {}, {}, o.c, {}, {}, o.lda, o.ldb, o.ldc};
+  for (int64_t i = 0; i < p.m; ++i) std::fill(r.c0.begin() + i * o.ldc + p.n, r.c0.begin() + (i + 1) * o.ldc, -7.0f);
   for (float x : o.a) r.a.emplace_back(x);
   for (float x : o.b) r.b.emplace_back(x);
   r.exact.assign(static_cast<size_t>(p.m * o.ldc), 0.0);
@@ -238,38 +260,44 @@ Bf16Product bf16Product(const Product& p) {
   return r;
 }
 
-/// Checks C (rows of r.ldc) against the double product of the bf16 operands: f32 accumulation of
-/// exact products, and the padding of every row of C (set to -7) as it was.
-void checkBf16Product(const Product& p, const Bf16Product& r, const std::vector<float>& c) {
+/// Checks C (rows of r.ldc) against the double product of the bf16 operands plus beta C0: f32
+/// accumulation of exact products, and the padding of every row of C (-7) as it was.
+void checkBf16Product(const Product& p, const Bf16Product& r, float beta, const std::vector<float>& c) {
   const double eps = std::numeric_limits<float>::epsilon();
   for (int64_t i = 0; i < p.m; ++i) {
     for (int64_t j = 0; j < r.ldc; ++j) {
       const size_t at = static_cast<size_t>(i * r.ldc + j);
-      const double bound = 2 * eps * (static_cast<double>(p.k) + 2) * (r.magnitude[at] + 1e-30);
-      if (j < p.n ? std::abs(c[at] - r.exact[at]) > bound : c[at] != -7.0f) {
-        FAIL_CHECK("C[" << i << ", " << j << "] = " << c[at] << ", expected " << r.exact[at]);
+      const double expected = r.exact[at] + beta * static_cast<double>(r.c0[at]);
+      const double magnitude = r.magnitude[at] + std::abs(beta * static_cast<double>(r.c0[at]));
+      const double bound = 2 * eps * (static_cast<double>(p.k) + 2) * (magnitude + 1e-30);
+      if (j < p.n ? std::abs(c[at] - expected) > bound : c[at] != -7.0f) {
+        FAIL_CHECK("C[" << i << ", " << j << "] = " << c[at] << ", expected " << expected);
         return;
       }
     }
   }
 }
 
-/// Checks the bf16 product of every shape and transpose against the double reference, its
-/// operands given in bf16, or (wide) in f32 for the kernel to round.
+/// Checks the bf16 product of every shape and transpose against the double reference, with beta
+/// 0 and 1, its operands given in bf16, or (wide) in f32 for the kernel to round.
 void checkEveryBf16Product(bool wide) {
   ThreadPool pool(1);
   KernelContext ctx;
   ctx.pool = &pool;
   forEveryTranspose([&](const Product& p) {
     const Bf16Product r = bf16Product(p);
-    std::vector<float> c(r.exact.size(), -7.0f);
-    if (wide) {
-      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb, c.data(),
-                             r.ldc);
-    } else {
-      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, c.data(), r.ldc);
+    for (const float beta : {0.0f, 1.0f}) {
+      CAPTURE(beta);
+      std::vector<float> c = r.c0;
+      if (wide) {
+        blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb, beta,
+                               c.data(), r.ldc);
+      } else {
+        blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, beta, c.data(),
+                               r.ldc);
+      }
+      checkBf16Product(p, r, beta, c);
     }
-    checkBf16Product(p, r, c);
   });
 }
 
@@ -290,8 +318,8 @@ TEST_CASE("the bf16 product of f32 operands rounds them to bf16 as it packs them
 
 TEST_CASE("the bf16 product gives the same bits for any thread count, and for f32 operands as for rounded ones") {
   if (!blas::haveBf16Gemm()) return;
-  for (const Product& p : {Product{false, false, 130, 70, 520}, Product{true, true, 25, 1030, 40},
-                           Product{false, true, 300, 20, 33}}) {
+  for (const Product& p :
+       {Product{false, false, 130, 70, 520}, Product{true, true, 25, 1030, 40}, Product{false, true, 300, 20, 33}}) {
     CAPTURE(p.m);
     const Bf16Product r = bf16Product(p);
     std::vector<float> first;
@@ -301,12 +329,28 @@ TEST_CASE("the bf16 product gives the same bits for any thread count, and for f3
       KernelContext ctx;
       ctx.pool = &pool;
       std::vector<float> c(r.exact.size()), fromWide(r.exact.size());
-      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, c.data(), r.ldc);
-      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb,
+      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, 0.0f, c.data(),
+                             r.ldc);
+      blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb, 0.0f,
                              fromWide.data(), r.ldc);
       if (first.empty()) first = c;
       CHECK(c == first);
       CHECK(fromWide == first);
     }
   }
+}
+
+TEST_CASE(
+    "a packed operand rounded to bf16 gives parallelGemmBf16's bits, for either layout of B and any thread count") {
+  if (!blas::haveBf16Gemm()) return;
+  checkPackedProducts(true);
+}
+
+TEST_CASE("a packed operand is rounded to bf16 only for f32 on a CPU with a bf16 product") {
+  ThreadPool pool(1);
+  KernelContext ctx;
+  ctx.pool = &pool;
+  const std::vector<double> b(12, 1.0);
+  CHECK_THROWS_WITH_AS(blas::PackedOperand<double>(ctx, false, 3, 4, b.data(), 4, true),
+                       doctest::Contains("rounding to bf16 needs f32 operands"), Error);
 }

@@ -12,8 +12,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <random>
+#include <set>
 
 using namespace weft;
 using weft::testing::evaluate;
@@ -99,8 +102,8 @@ Tensor halfTensor(DType dtype, const Tensor& f32Values) {
 }
 
 /// C = A B in double, from inputs rounded to `dtype` (the reference of a 16-bit product).
-std::vector<double> referenceProduct(const std::vector<double>& a, const std::vector<double>& b, int64_t m,
-                                     int64_t k, int64_t n) {
+std::vector<double> referenceProduct(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k,
+                                     int64_t n) {
   std::vector<double> c(static_cast<size_t>(m * n), 0.0);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -113,7 +116,8 @@ std::vector<double> referenceProduct(const std::vector<double>& a, const std::ve
 }
 
 int countOps(const Graph& g, const std::string& op) {
-  return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const auto& n) { return n->op == op; }));
+  return static_cast<int>(
+      std::count_if(g.nodes().begin(), g.nodes().end(), [&](const auto& n) { return n->op == op; }));
 }
 
 /// Matrix products and convolutions that compute in `dtype`.
@@ -178,7 +182,8 @@ TEST_CASE("Cast converts between f32, f64, integers and the 16-bit types") {
     CHECK_CLOSE(down, want, 0.0);
     CHECK_CLOSE(evaluate(g, cast(cast(c, low), f64)), want, 0.0);
     // Integers go through float: 1000 is exact in both formats, 1001 is not in bf16.
-    const Tensor ints = evaluate(g, cast(cast(g.constant(Tensor::fromVector<int32_t>({1000, 1001, -7}, {3})), low), i64));
+    const Tensor ints =
+        evaluate(g, cast(cast(g.constant(Tensor::fromVector<int32_t>({1000, 1001, -7}, {3})), low), i64));
     CHECK_CLOSE(ints, (std::vector<double>{1000, low == bf16 ? 1000.0 : 1001.0, -7}), 0.0);
   }
 }
@@ -194,7 +199,8 @@ TEST_CASE("a 16-bit matrix product matches the double product of the rounded inp
       auto transpose = [](const std::vector<double>& x, int64_t rows, int64_t cols) {
         std::vector<double> t(x.size());
         for (int64_t i = 0; i < rows; ++i) {
-          for (int64_t j = 0; j < cols; ++j) t[static_cast<size_t>(j * rows + i)] = x[static_cast<size_t>(i * cols + j)];
+          for (int64_t j = 0; j < cols; ++j)
+            t[static_cast<size_t>(j * rows + i)] = x[static_cast<size_t>(i * cols + j)];
         }
         return t;
       };
@@ -215,7 +221,8 @@ TEST_CASE("a batched 16-bit product matches per-matrix products") {
   const std::vector<double> ra = a.toDoubles(), rb = b.toDoubles();
   std::vector<double> want;
   for (int64_t i = 0; i < 3; ++i) {
-    const std::vector<double> ai(ra.begin() + i * 24, ra.begin() + (i + 1) * 24), bi(rb.begin() + i * 30, rb.begin() + (i + 1) * 30);
+    const std::vector<double> ai(ra.begin() + i * 24, ra.begin() + (i + 1) * 24),
+        bi(rb.begin() + i * 30, rb.begin() + (i + 1) * 30);
     for (double v : referenceProduct(ai, bi, 4, 6, 5)) want.push_back(v);
   }
   Graph g;
@@ -332,16 +339,271 @@ TEST_CASE("a product that rounds its operands is the f32-accumulated product of 
   }
 }
 
+namespace {
+
+/// v rounded to `low` (as f32 rounds it) and widened back; v itself for f32.
+double roundTo(double v, DType low) {
+  const float f = static_cast<float>(v);
+  if (low == bf16) return static_cast<float>(BFloat16(f));
+  if (low == f16) return static_cast<float>(Float16(f));
+  return v;
+}
+
+/// C (m x n) = op(A) op(B) in double, every operand element rounded to `low` first: A is (m x k),
+/// or (k x m) when ta; B is (k x n), or (n x k) when tb.
+std::vector<double> roundedProduct(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k,
+                                   int64_t n, bool ta, bool tb, DType low) {
+  std::vector<double> c(static_cast<size_t>(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int64_t q = 0; q < k; ++q) {
+        sum += roundTo(a[static_cast<size_t>(ta ? q * m + i : i * k + q)], low) *
+               roundTo(b[static_cast<size_t>(tb ? j * k + q : q * n + j)], low);
+      }
+      c[static_cast<size_t>(i * n + j)] = sum;
+    }
+  }
+  return c;
+}
+
+std::vector<double> slice(const std::vector<double>& v, int64_t at, int64_t count) {
+  return {v.begin() + at, v.begin() + at + count};
+}
+
+double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
+
+/// Largest |got - want| relative to the largest |want|.
+double relativeError(const Tensor& got, const std::vector<double>& want) {
+  const std::vector<double> g = got.toDoubles();
+  REQUIRE(g.size() == want.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    diff = std::max(diff, std::abs(g[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return diff / scale;
+}
+
+struct LstmCase {
+  int64_t steps = 4, batch = 5, input = 24, hidden = 16;
+  Tensor x = randomTensor(f32, {steps, batch, input}, 21), h0 = randomTensor(f32, {batch, hidden}, 22),
+         c0 = randomTensor(f32, {batch, hidden}, 23), wx = randomTensor(f32, {input, 4 * hidden}, 24, -0.4, 0.4),
+         wh = randomTensor(f32, {hidden, 4 * hidden}, 25, -0.4, 0.4), b = randomTensor(f32, {4 * hidden}, 26),
+         r = randomTensor(f32, {steps, batch, hidden}, 27);  // the loss is sum(y * r)
+};
+
+/// y and the gradients of sum(y * r) with respect to x, h0, c0, wx, wh and b: the LSTM of
+/// ops/Rnn.cpp in double, every matrix product's operands rounded to `low`.
+std::vector<std::vector<double>> lstmReference(const LstmCase& p, DType low) {
+  const int64_t B = p.batch, I = p.input, H = p.hidden, G = 4 * H;
+  const std::vector<double> x = p.x.toDoubles(), wx = p.wx.toDoubles(), wh = p.wh.toDoubles(), b = p.b.toDoubles(),
+                            r = p.r.toDoubles();
+  std::vector<std::vector<double>> h{p.h0.toDoubles()}, c{p.c0.toDoubles()}, gates;
+  for (int64_t t = 0; t < p.steps; ++t) {
+    std::vector<double> pre = roundedProduct(slice(x, t * B * I, B * I), wx, B, I, G, false, false, low);
+    const std::vector<double> recurrent = roundedProduct(h[t], wh, B, H, G, false, false, low);
+    std::vector<double> hNew(static_cast<size_t>(B * H)), cNew(hNew.size());
+    for (int64_t i = 0; i < B; ++i) {
+      for (int64_t j = 0; j < H; ++j) {
+        double* g = &pre[static_cast<size_t>(i * G + j)];
+        for (int64_t q = 0; q < 4; ++q)
+          g[q * H] += recurrent[static_cast<size_t>(i * G + q * H + j)] + b[static_cast<size_t>(q * H + j)];
+        g[0] = sigmoid(g[0]), g[H] = sigmoid(g[H]), g[2 * H] = std::tanh(g[2 * H]), g[3 * H] = sigmoid(g[3 * H]);
+        const size_t at = static_cast<size_t>(i * H + j);
+        cNew[at] = g[H] * c[t][at] + g[0] * g[2 * H];
+        hNew[at] = g[3 * H] * std::tanh(cNew[at]);
+      }
+    }
+    gates.push_back(pre);
+    h.push_back(hNew);
+    c.push_back(cNew);
+  }
+  std::vector<double> y, dx(x.size()), dwx(wx.size(), 0.0), dwh(wh.size(), 0.0), db(b.size(), 0.0);
+  for (int64_t t = 0; t < p.steps; ++t) y.insert(y.end(), h[t + 1].begin(), h[t + 1].end());
+  std::vector<double> dh(static_cast<size_t>(B * H), 0.0), dc = dh;
+  for (int64_t t = p.steps - 1; t >= 0; --t) {
+    std::vector<double> dG(static_cast<size_t>(B * G));
+    for (int64_t i = 0; i < B; ++i) {
+      for (int64_t j = 0; j < H; ++j) {
+        const size_t at = static_cast<size_t>(i * H + j);
+        const double* g = &gates[static_cast<size_t>(t)][static_cast<size_t>(i * G + j)];
+        const double tc = std::tanh(c[t + 1][at]);
+        dh[at] += r[static_cast<size_t>(t * B * H) + at];
+        dc[at] += dh[at] * g[3 * H] * (1 - tc * tc);
+        double* d = &dG[static_cast<size_t>(i * G + j)];
+        d[0] = dc[at] * g[2 * H] * g[0] * (1 - g[0]);
+        d[H] = dc[at] * c[t][at] * g[H] * (1 - g[H]);
+        d[2 * H] = dc[at] * g[0] * (1 - g[2 * H] * g[2 * H]);
+        d[3 * H] = dh[at] * tc * g[3 * H] * (1 - g[3 * H]);
+        dc[at] *= g[H];
+      }
+    }
+    dh = roundedProduct(dG, wh, B, G, H, false, true, low);
+    const std::vector<double> dxt = roundedProduct(dG, wx, B, G, I, false, true, low);
+    std::copy(dxt.begin(), dxt.end(), dx.begin() + t * B * I);
+    const std::vector<double> dwxt = roundedProduct(slice(x, t * B * I, B * I), dG, I, B, G, true, false, low);
+    const std::vector<double> dwht = roundedProduct(h[t], dG, H, B, G, true, false, low);
+    for (size_t q = 0; q < dwx.size(); ++q) dwx[q] += dwxt[q];
+    for (size_t q = 0; q < dwh.size(); ++q) dwh[q] += dwht[q];
+    for (int64_t q = 0; q < B * G; ++q) db[static_cast<size_t>(q % G)] += dG[static_cast<size_t>(q)];
+  }
+  return {y, dx, dh, dc, dwx, dwh, db};
+}
+
+/// The output of `build` on constants holding `inputs`, built in a scope that rounds products'
+/// operands to `low` (none for f32), and the gradients of sum(output * r) with respect to the
+/// inputs, built outside it; `marked` tells whether the op and its gradient op carry the rounding.
+std::vector<Tensor> recurrentFromOps(const std::vector<Tensor>& inputs, const Tensor& r, DType low,
+                                     const std::function<Output(const std::vector<Output>&)>& build,
+                                     bool* marked = nullptr) {
+  Graph g;
+  std::vector<Output> in;
+  for (const Tensor& t : inputs) in.push_back(g.constant(t));
+  std::optional<Graph::PrecisionScope> scope;
+  if (low != f32) scope.emplace(g, low, Graph::MixedOps::RoundInProducts);
+  const Output out = build(in);
+  scope.reset();
+  std::vector<Output> wanted{out};
+  for (const Grad& d : gradients(sum(mul(out, g.constant(r))), in)) wanted.push_back(d.dense);
+  if (marked != nullptr) {
+    const auto rounding = [](const Output& o) { return o.node()->attrs.get<DType>("round_operands_to", f32); };
+    *marked = rounding(out) == low && rounding(wanted[1]) == low;
+  }
+  Session s(g, SessionOptions{.threads = 2});
+  return s.run(wanted);
+}
+
+std::vector<Tensor> lstmFromOps(const LstmCase& p, DType low, bool* marked = nullptr) {
+  return recurrentFromOps(
+      {p.x, p.h0, p.c0, p.wx, p.wh, p.b}, p.r, low,
+      [](const std::vector<Output>& in) { return lstm(in[0], in[1], in[2], in[3], in[4], in[5]).y; }, marked);
+}
+
+}  // namespace
+
+namespace {
+
+struct GruCase {
+  int64_t batch = 6, input = 20, hidden = 16;
+  Tensor x = randomTensor(f32, {batch, input}, 31), h = randomTensor(f32, {batch, hidden}, 32),
+         wx = randomTensor(f32, {input, 3 * hidden}, 33, -0.4, 0.4),
+         wh = randomTensor(f32, {hidden, 3 * hidden}, 34, -0.4, 0.4), bx = randomTensor(f32, {3 * hidden}, 35),
+         bh = randomTensor(f32, {3 * hidden}, 36), r = randomTensor(f32, {batch, hidden}, 37);  // loss sum(h' r)
+};
+
+/// h' and the gradients of sum(h' * r) with respect to x, h, wx, wh, bx and bh: the GRU cell of
+/// ops/Rnn.cpp in double, every matrix product's operands rounded to `low`.
+std::vector<std::vector<double>> gruReference(const GruCase& p, DType low) {
+  const int64_t B = p.batch, I = p.input, H = p.hidden, G = 3 * H;
+  const std::vector<double> x = p.x.toDoubles(), h = p.h.toDoubles(), wx = p.wx.toDoubles(), wh = p.wh.toDoubles(),
+                            bx = p.bx.toDoubles(), bh = p.bh.toDoubles(), r = p.r.toDoubles();
+  const std::vector<double> xw = roundedProduct(x, wx, B, I, G, false, false, low);
+  const std::vector<double> hw = roundedProduct(h, wh, B, H, G, false, false, low);
+  std::vector<double> hNew(static_cast<size_t>(B * H)), dGx(static_cast<size_t>(B * G)), dGh(dGx.size()),
+      dh(hNew.size());
+  for (int64_t i = 0; i < B; ++i) {
+    for (int64_t j = 0; j < H; ++j) {
+      const auto at = [&](int64_t gate) { return static_cast<size_t>(i * G + gate * H + j); };
+      const size_t s = static_cast<size_t>(i * H + j);
+      const double rg = sigmoid(xw[at(0)] + bx[at(0) % G] + hw[at(0)] + bh[at(0) % G]);
+      const double zg = sigmoid(xw[at(1)] + bx[at(1) % G] + hw[at(1)] + bh[at(1) % G]);
+      const double hn = hw[at(2)] + bh[at(2) % G];
+      const double ng = std::tanh(xw[at(2)] + bx[at(2) % G] + rg * hn);
+      hNew[s] = (1 - zg) * ng + zg * h[s];
+      const double dout = r[s];
+      dGx[at(2)] = dout * (1 - zg) * (1 - ng * ng);
+      dGx[at(1)] = dout * (h[s] - ng) * zg * (1 - zg);
+      dGx[at(0)] = dGx[at(2)] * hn * rg * (1 - rg);
+      dGh[at(0)] = dGx[at(0)];
+      dGh[at(1)] = dGx[at(1)];
+      dGh[at(2)] = dGx[at(2)] * rg;
+      dh[s] = dout * zg;
+    }
+  }
+  const std::vector<double> dhThroughWh = roundedProduct(dGh, wh, B, G, H, false, true, low);
+  for (size_t q = 0; q < dh.size(); ++q) dh[q] += dhThroughWh[q];
+  std::vector<double> dbx(static_cast<size_t>(G), 0.0), dbh = dbx;
+  for (int64_t q = 0; q < B * G; ++q) {
+    dbx[static_cast<size_t>(q % G)] += dGx[static_cast<size_t>(q)];
+    dbh[static_cast<size_t>(q % G)] += dGh[static_cast<size_t>(q)];
+  }
+  return {hNew,
+          roundedProduct(dGx, wx, B, G, I, false, true, low),
+          dh,
+          roundedProduct(x, dGx, I, B, G, true, false, low),
+          roundedProduct(h, dGh, H, B, G, true, false, low),
+          dbx,
+          dbh};
+}
+
+std::vector<Tensor> gruFromOps(const GruCase& p, DType low, bool* marked = nullptr) {
+  return recurrentFromOps(
+      {p.x, p.h, p.wx, p.wh, p.bx, p.bh}, p.r, low,
+      [](const std::vector<Output>& in) { return gruCell(in[0], in[1], in[2], in[3], in[4], in[5]); }, marked);
+}
+
+}  // namespace
+
+namespace {
+
+/// Checks an RNN op's output and gradients (fromOps) against its double reference in bf16 and
+/// f16 within 1e-5 of each tensor's largest element, and that this bound tells rounded products
+/// from exact ones: the f32 op misses the bf16 reference by far more.
+void checkRoundedRecurrentOp(const std::vector<std::string>& names,
+                             const std::function<std::vector<Tensor>(DType, bool*)>& fromOps,
+                             const std::function<std::vector<std::vector<double>>(DType)>& reference) {
+  for (const DType low : {bf16, f16}) {
+    CAPTURE(dtypeName(low));
+    bool marked = false;
+    const std::vector<Tensor> got = fromOps(low, &marked);
+    CHECK(marked);
+    const auto want = reference(low);
+    for (size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(names[i]);
+      CHECK(relativeError(got[i], want[i]) < 1e-5);
+    }
+  }
+  const std::vector<Tensor> exact = fromOps(f32, nullptr);
+  const auto rounded = reference(bf16);
+  for (size_t i = 0; i < rounded.size(); ++i) {
+    CAPTURE(names[i]);
+    CHECK(relativeError(exact[i], rounded[i]) > 1e-4);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a fused LSTM that rounds in products matches the double LSTM of rounded operands, with its gradients") {
+  const LstmCase p;
+  checkRoundedRecurrentOp({"y", "dx", "dh0", "dc0", "dwx", "dwh", "db"},
+                          [&](DType low, bool* marked) { return lstmFromOps(p, low, marked); },
+                          [&](DType low) { return lstmReference(p, low); });
+}
+
+TEST_CASE("a GRU cell that rounds in products matches the double GRU cell of rounded operands, with its gradients") {
+  const GruCase p;
+  checkRoundedRecurrentOp({"h'", "dx", "dh", "dwx", "dwh", "dbx", "dbh"},
+                          [&](DType low, bool* marked) { return gruFromOps(p, low, marked); },
+                          [&](DType low) { return gruReference(p, low); });
+}
+
 TEST_CASE("a product that rounds its operands is refused for other dtypes and rounding types") {
+  registerAllOps();  // the nodes below are added directly, not through the op builders
   Graph g;
   const Output x = g.constant(randomTensor(f64, {2, 2}, 1));
-  CHECK_THROWS_WITH_AS(g.addNode("MatMul", {x, x}, {{"transpose_a", false}, {"transpose_b", false},
-                                                             {"round_operands_to", bf16}}),
+  CHECK_THROWS_WITH_AS(
+      g.addNode("MatMul", {x, x}, {{"transpose_a", false}, {"transpose_b", false}, {"round_operands_to", bf16}}),
                        doctest::Contains("rounds f32 operands to bf16, not f64"), Error);
   const Output y = g.constant(randomTensor(f32, {2, 2}, 1));
-  CHECK_THROWS_WITH_AS(g.addNode("MatMul", {y, y}, {{"transpose_a", false}, {"transpose_b", false},
-                                                             {"round_operands_to", i32}}),
+  CHECK_THROWS_WITH_AS(
+      g.addNode("MatMul", {y, y}, {{"transpose_a", false}, {"transpose_b", false}, {"round_operands_to", i32}}),
                        doctest::Contains("round_operands_to is bf16 or f16, not i32"), Error);
+  // The fused recurrent ops check it the same way.
+  const Output x3 = g.constant(randomTensor(f64, {1, 2, 2}, 1)), b = g.constant(randomTensor(f64, {8}, 1));
+  const Output w = g.constant(randomTensor(f64, {2, 8}, 1));
+  CHECK_THROWS_WITH_AS(g.addNode("LSTM", {x3, x, x, w, w, b}, {{"round_operands_to", bf16}}),
+                       doctest::Contains("rounds f32 operands to bf16, not f64"), Error);
 }
 
 TEST_CASE("every zoo model computes its products and convolutions in the scope's precision") {
@@ -377,7 +639,9 @@ TEST_CASE("every zoo model's matrix products round their operands in a scope tha
     gradients(model->loss(), vars);
     int rounded = 0, exact = 0;
     for (const auto& n : g.nodes()) {
-      if (n->op == "MatMul" || n->op == "BatchMatMul") ++(n->attrs.has("round_operands_to") ? rounded : exact);
+      static const std::set<std::string> products{"MatMul",   "BatchMatMul", "LSTM",
+                                                  "LSTMGrad", "GRUCell",     "GRUCellGrad"};
+      if (products.count(n->op)) ++(n->attrs.has("round_operands_to") ? rounded : exact);
     }
     CHECK(exact == 0);
     CHECK(rounded > 0);
@@ -405,7 +669,8 @@ TEST_CASE("gradients through a bf16 product are f32 and close to the f32 gradien
 TEST_CASE("a convolution in the mixed-precision scope stays close to the f32 convolution") {
   for (const DType low : {bf16, f16}) {
     Graph g;
-    const Output x = g.constant(randomTensor(f32, {2, 3, 7, 7}, 9)), f = g.constant(randomTensor(f32, {4, 3, 3, 3}, 10));
+    const Output x = g.constant(randomTensor(f32, {2, 3, 7, 7}, 9)),
+                 f = g.constant(randomTensor(f32, {4, 3, 3, 3}, 10));
     Conv2dOptions options;
     options.padding = {1, 1};
     Output y;
@@ -547,7 +812,9 @@ TEST_CASE("a session checking numerics leaves an overflowing scaled gradient to 
   s.run({}, {{x, Tensor::fromVector<float>({1e36f, 1}, {2})}}, {train});  // 1e36 x 65536 overflows
   CHECK(s.variable("w").toDoubles() == std::vector<double>{1, 1});
   CHECK(s.variable("loss_scale").item() == 32768);
-  const std::string forward = errorOf([&] { s.run({}, {{x, Tensor::fromVector<float>({INFINITY, 1}, {2})}}, {train}); });
+  const std::string forward = errorOf([&] {
+    s.run({}, {{x, Tensor::fromVector<float>({INFINITY, 1}, {2})}}, {train});
+  });
   CHECK(contains(forward, "numerics check"));
   CHECK(contains(forward, "'Mul'"));
 }

@@ -72,24 +72,26 @@ namespace {
 /// A cublasGemmStridedBatchedEx product of `element` matrices computed as `compute` says, its
 /// split-K partial sums in f32, so C is rounded once.
 void gemmEx(const KernelContext& ctx, cudaDataType element, size_t elementBytes, cublasComputeType_t compute, bool ta,
-            bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
-            int64_t ldc, int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC) {
+            bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
+            float beta, void* c, int64_t ldc, int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC) {
   if (m == 0 || n == 0 || batch == 0) return;
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  WEFT_CHECK(beta == 0.0f || beta == 1.0f, "gemmEx takes beta 0 or 1, got {}", beta);
   if (k == 0) {
+    if (beta != 0.0f) return;  // C = beta C: with beta 1 nothing changes
     WEFT_CHECK(ldc == n && (batch == 1 || strideC == m * n), "an empty GEMM into a strided C");
     WEFT_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(batch * m * n) * elementBytes, stream));  // +0.0
     return;
   }
   cublasHandle_t h = handleFor(ctx.device.index);
   checkBlas(cublasSetStream(h, stream), "cublasSetStream");
-  checkBlas(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+  checkBlas(cublasSetMathMode(
+                h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
             "cublasSetMathMode");
-  const float one = 1, zero = 0;
+  const float one = 1;
   checkBlas(cublasGemmStridedBatchedEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, asInt(n, "n"),
                                        asInt(m, "m"), asInt(k, "k"), &one, b, element, asInt(ldb, "ldb"), strideB, a,
-                                       element, asInt(lda, "lda"), strideA, &zero, c, element, asInt(ldc, "ldc"),
+                                       element, asInt(lda, "lda"), strideA, &beta, c, element, asInt(ldc, "ldc"),
                                        strideC, asInt(batch, "batch"), compute, CUBLAS_GEMM_DEFAULT),
             "cublasGemmStridedBatchedEx");
 }
@@ -100,16 +102,16 @@ void gemmHalf(const KernelContext& ctx, DType type, bool ta, bool tb, int64_t m,
               int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc, int64_t batch, int64_t strideA,
               int64_t strideB, int64_t strideC) {
   WEFT_CHECK(type == bf16 || type == f16, "gemmHalf takes bf16 or f16, got {}", dtypeName(type));
-  gemmEx(ctx, type == bf16 ? CUDA_R_16BF : CUDA_R_16F, 2, CUBLAS_COMPUTE_32F, ta, tb, m, n, k, a, lda, b, ldb, c, ldc,
-         batch, strideA, strideB, strideC);
+  gemmEx(ctx, type == bf16 ? CUDA_R_16BF : CUDA_R_16F, 2, CUBLAS_COMPUTE_32F, ta, tb, m, n, k, a, lda, b, ldb, 0.0f, c,
+         ldc, batch, strideA, strideB, strideC);
 }
 
 void gemmRounded(const KernelContext& ctx, DType low, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t batch, int64_t strideA,
-                 int64_t strideB, int64_t strideC) {
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int64_t batch,
+                 int64_t strideA, int64_t strideB, int64_t strideC) {
   WEFT_CHECK(low == bf16 || low == f16, "gemmRounded rounds to bf16 or f16, not {}", dtypeName(low));
   gemmEx(ctx, CUDA_R_32F, 4, low == bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F, ta, tb, m, n, k,
-         a, lda, b, ldb, c, ldc, batch, strideA, strideB, strideC);
+         a, lda, b, ldb, beta, c, ldc, batch, strideA, strideB, strideC);
 }
 
 template void gemm<float>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t,

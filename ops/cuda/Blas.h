@@ -19,10 +19,11 @@ void gemmHalf(const KernelContext& ctx, DType type, bool ta, bool tb, int64_t m,
               int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc, int64_t batch, int64_t strideA,
               int64_t strideB, int64_t strideC);
 
-/// The same product of f32 matrices with their elements rounded to bf16 or f16 (`low`) on tensor
-/// cores (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF or _16F), accumulated in f32 into an f32 C.
+/// C = op(A) op(B) + beta C (beta 0 or 1) of f32 matrices with their elements rounded to bf16 or
+/// f16 (`low`) on tensor cores (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF or _16F), accumulated in
+/// f32 into an f32 C.
 void gemmRounded(const KernelContext& ctx, DType low, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t batch, int64_t strideA,
-                 int64_t strideB, int64_t strideC);
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int64_t batch = 1,
+                 int64_t strideA = 0, int64_t strideB = 0, int64_t strideC = 0);
 
 }  // namespace weft::cudaops

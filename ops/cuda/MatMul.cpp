@@ -17,7 +17,7 @@ void matmul(KernelContext& ctx) {
   int64_t batch = 1;
   for (int i = 0; i < r - 2; ++i) batch *= a.shape()[i];
   if (const DType low = ctx.attrs().get<DType>("round_operands_to", f32); low != f32) {
-    return gemmRounded(ctx, low, ta, tb, m, n, k, a.data<float>(), ta ? m : k, b.data<float>(), tb ? k : n,
+    return gemmRounded(ctx, low, ta, tb, m, n, k, a.data<float>(), ta ? m : k, b.data<float>(), tb ? k : n, 0.0f,
                        c.data<float>(), n, batch, m * k, k * n, m * n);
   }
   if (isHalfPrecision(a.dtype())) {
