@@ -243,7 +243,6 @@ void addNKernel(KernelContext& ctx) {
   });
 }
 
-void copyKernel(KernelContext& ctx) { ctx.output(0).copyFrom(ctx.input(0)); }
 void zerosKernel(KernelContext& ctx) { ctx.output(0).fill(0); }
 void onesKernel(KernelContext& ctx) { ctx.output(0).fill(1); }
 
@@ -266,10 +265,7 @@ void checkNumericsKernel(KernelContext& ctx) {
 void reduceToLikeKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& out = ctx.output(0);
-  if (x.numel() == out.numel()) {
-    out.copyFrom(x);
-    return;
-  }
+  if (x.numel() == out.numel()) return detail::copyElements(ctx, x, out);
   dispatchDType(x.dtype(), [&](auto z) {
     using T = decltype(z);
     const T* px = static_cast<const T*>(x.raw());
@@ -522,9 +518,9 @@ void detail::registerElementwiseOps(OpRegistry& r) {
             .grad([](GradContext& c) -> std::vector<Grad> {
               return std::vector<Grad>(c.node->inputs.size(), Grad(c.dy()));
             }));
-  r.add(OpDef("Identity").inputs(1).infer(detail::sameAsInput).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
+  r.add(OpDef("Identity").inputs(1).infer(detail::sameAsInput).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy()}; }));
-  r.add(OpDef("StopGradient").inputs(1).infer(detail::sameAsInput).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).noGradient());
+  r.add(OpDef("StopGradient").inputs(1).infer(detail::sameAsInput).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).noGradient());
   r.add(OpDef("ZerosLike").inputs(1).infer(detail::sameAsInput).cpu(zerosKernel).cuda(WEFT_CUDA_KERNEL(zeros)).inplace(0).noGradient());
   r.add(OpDef("OnesLike").inputs(1).infer(detail::sameAsInput).cpu(onesKernel).cuda(WEFT_CUDA_KERNEL(ones)).inplace(0).noGradient());
   r.add(OpDef("CheckNumerics").inputs(1).infer(floatUnaryInfer).cpu(checkNumericsKernel)

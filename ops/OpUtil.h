@@ -47,6 +47,13 @@ void checkProductRounding(const InferContext& c);
 /// kernel's pool.
 void castElements(const KernelContext& ctx, const Tensor& from, Tensor& to);
 
+/// Copies `from` into `to` (same dtype and element count; nothing when they share storage), in
+/// blocks across the kernel's pool: a single thread's copy leaves half of a CPU's load and store
+/// bandwidth unused.
+void copyElements(const KernelContext& ctx, const Tensor& from, Tensor& to);
+/// The kernel of ops whose output holds input 0's elements as they are (Identity, Reshape, ...).
+void copyKernel(KernelContext& ctx);
+
 /// Runs a float kernel on bf16/f16 values: those inputs are widened to f32, the kernel computes
 /// in f32, and its f32 results are rounded into the 16-bit outputs. Other dtypes pass straight
 /// through. The CPU side of mixed precision; the GPU computes in 16 bits natively.

@@ -58,7 +58,6 @@ std::vector<TensorType> reshapeInfer(const InferContext& c) {
   return {{c.dtype(0), Shape(std::move(dims))}};
 }
 
-void copyKernel(KernelContext& ctx) { ctx.output(0).copyFrom(ctx.input(0)); }
 
 std::vector<TensorType> reshapeLikeInfer(const InferContext& c) {
   c.check(c.shape(0).numel() < 0 || c.shape(1).numel() < 0 || c.shape(0).numel() == c.shape(1).numel(),
@@ -420,10 +419,10 @@ Output reverseSequence(Output x, Output lengths, int64_t seqAxis, int64_t batchA
 // ---- registration ---------------------------------------------------------------------------
 
 void detail::registerShapeOps(OpRegistry& r) {
-  r.add(OpDef("Reshape").inputs(1).infer(reshapeInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("ExpandDims").inputs(1).infer(expandDimsInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("Squeeze").inputs(1).infer(squeezeInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("ReshapeLike").inputs(2).infer(reshapeLikeInfer).cpu(copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
+  r.add(OpDef("Reshape").inputs(1).infer(reshapeInfer).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
+  r.add(OpDef("ExpandDims").inputs(1).infer(expandDimsInfer).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
+  r.add(OpDef("Squeeze").inputs(1).infer(squeezeInfer).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
+  r.add(OpDef("ReshapeLike").inputs(2).infer(reshapeLikeInfer).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {addOp1(c.graph(), "ReshapeLike", {c.dy(), c.x(0)}), Grad()}; }));
   r.add(OpDef("Transpose").inputs(1).infer(transposeInfer).cpu(transposeKernel).cuda(WEFT_CUDA_KERNEL(transpose))
             .grad([](GradContext& c) -> std::vector<Grad> {

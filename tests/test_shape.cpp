@@ -69,6 +69,20 @@ TEST_CASE("reshape keeps the elements in order and infers one -1 dimension") {
   }
 }
 
+TEST_CASE("a reshape whose input lives on copies every element, in blocks across threads") {
+  // 300,007 floats: eighteen 64 KB blocks and a partial one. The input's second reader keeps the
+  // reshape from taking over its buffer, so the kernel copies.
+  Graph g;
+  const Tensor tx = randomTensor(f32, {300007}, 3);
+  const Output x = g.placeholder("x", f32, {300007});
+  const Output y = reshape(x, {-1, 1});
+  const Output alsoX = -x;
+  Session s(g, SessionOptions{.threads = 2});
+  const auto out = s.run({y, alsoX}, {{x, tx}});
+  CHECK(out[0].shape() == Shape{300007, 1});
+  CHECK(out[0].toDoubles() == tx.toDoubles());
+}
+
 TEST_CASE("reshape of an input with an unknown dimension") {
   Graph g;
   Output x = g.placeholder("x", f32, {-1, 4});
