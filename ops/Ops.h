@@ -119,6 +119,11 @@ Output softmaxCrossEntropy(Output logits, Output labels);
 /// Per-example -log softmax(logits)[id]; ids (N) i32/i64; ids equal to ignoreIndex give 0 loss
 /// and 0 gradient. Ids outside [0, C) other than ignoreIndex are an error.
 Output sparseSoftmaxCrossEntropy(Output logits, Output ids, int64_t ignoreIndex = -100);
+/// logits (N, C) with `penalty` subtracted where rowIds[n] == columnIds[c] (ids i32 or i64, of
+/// one dtype), other elements as they are: a sampled softmax's accidental hits, a candidate that
+/// is the row's own target, pushed out of the softmax. One pass over the matches alone where it
+/// runs in place; the gradient passes through unchanged (the penalty is a constant).
+Output penalizeMatches(Output logits, Output rowIds, Output columnIds, double penalty);
 
 // ---- Embedding.cpp: gather and scatter ---------------------------------------------------
 /// Rows of params (V, ...) at ids (...): (..., ...). The gradient for params is sparse.

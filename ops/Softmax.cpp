@@ -6,7 +6,10 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 namespace weft {
 namespace {
@@ -253,6 +256,49 @@ std::vector<Grad> sparseSoftmaxXentGrad(GradContext& c) {
 
 }  // namespace
 
+// ---- matches penalized ---------------------------------------------------------------------
+
+// logits (N, C), rowIds (N), columnIds (C) -> logits
+std::vector<TensorType> penalizeMatchesInfer(const InferContext& c) {
+  detail::requireFloat(c, 0);
+  c.check(c.dtype(1) == i32 || c.dtype(1) == i64, "ids must be i32 or i64, got {}", dtypeName(c.dtype(1)));
+  detail::requireSameDType(c, 1, 2);
+  const Shape &x = c.shape(0), &rows = c.shape(1), &cols = c.shape(2);
+  c.check(x.rank() == 2 && rows.rank() == 1 && cols.rank() == 1,
+          "needs logits (N, C), row ids (N) and column ids (C), got shapes {}, {} and {}", x.str(), rows.str(),
+          cols.str());
+  c.check(rows.compatibleWith(Shape{x[0]}) && cols.compatibleWith(Shape{x[1]}),
+          "row ids {} and column ids {} do not match logits {}", rows.str(), cols.str(), x.str());
+  return {c.inputs[0]};
+}
+
+/// Copies the logits unless in place, then visits only the matches: the column ids sorted with
+/// their columns, each row's id looked up among them.
+void penalizeMatchesKernel(KernelContext& ctx) {
+  detail::copyElements(ctx, ctx.input(0), ctx.output(0));
+  const Rows rows = rowsOf(ctx.input(0).shape());
+  const double penalty = ctx.attrs().get<double>("penalty");
+  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    T* y = ctx.out<T>(0);
+    dispatchIndex(ctx.input(1).dtype(), [&](auto zi) {
+      using I = decltype(zi);
+      const I *rowIds = ctx.in<I>(1), *columnIds = ctx.in<I>(2);
+      std::vector<std::pair<I, int64_t>> columns;
+      for (int64_t j = 0; j < rows.width; ++j) columns.emplace_back(columnIds[j], j);
+      std::sort(columns.begin(), columns.end());
+      for (int64_t r = 0; r < rows.count; ++r) {
+        auto match = std::lower_bound(columns.begin(), columns.end(), std::pair<I, int64_t>{rowIds[r], 0});
+        for (; match != columns.end() && match->first == rowIds[r]; ++match) {
+          y[r * rows.width + match->second] -= static_cast<T>(penalty);
+        }
+      }
+    });
+  });
+}
+
+void penalizeMatchesCpu(KernelContext& ctx) { detail::runInFloat32(ctx, penalizeMatchesKernel); }
+
 // ---- builders ------------------------------------------------------------------------------
 
 Output softmax(Output logits) { return addOp1(logits.graph(), "Softmax", {logits}); }
@@ -262,6 +308,9 @@ Output softmaxCrossEntropy(Output logits, Output labels) {
 }
 Output sparseSoftmaxCrossEntropy(Output logits, Output ids, int64_t ignoreIndex) {
   return addOp1(logits.graph(), "SparseSoftmaxCrossEntropy", {logits, ids}, {{"ignore_index", ignoreIndex}});
+}
+Output penalizeMatches(Output logits, Output rowIds, Output columnIds, double penalty) {
+  return addOp1(logits.graph(), "PenalizeMatches", {logits, rowIds, columnIds}, {{"penalty", penalty}});
 }
 
 // ---- registration --------------------------------------------------------------------------
@@ -275,6 +324,12 @@ void detail::registerSoftmaxOps(OpRegistry& r) {
             .infer(sparseXentInfer)
             .cpu(sparseSoftmaxXentKernel).cuda(WEFT_CUDA_KERNEL(sparseSoftmaxXent))
             .grad(sparseSoftmaxXentGrad));
+  r.add(OpDef("PenalizeMatches")
+            .inputs(3)
+            .infer(penalizeMatchesInfer)
+            .cpu(penalizeMatchesCpu).cuda(WEFT_CUDA_KERNEL(penalizeMatches))
+            .inplace(0)
+            .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy(), Grad(), Grad()}; }));
   r.add(OpDef("SoftmaxXentGrad")
             .inputs(3)
             .infer([](const InferContext& c) {

@@ -236,6 +236,20 @@ TEST_CASE("softmax, log-softmax and sparse cross-entropy match the CPU") {
   }
 }
 
+TEST_CASE("penalizeMatches matches the CPU, in place and over a live input") {
+  for (DType idType : {i32, i64}) {
+    CAPTURE(dtypeName(idType));
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output x = input(g, c.feeds, "x", f32, {40, 300}, 18, -5, 5);
+      Output rows = input(g, c.feeds, "rows", idType, {40}, 19, 0, 50);
+      Output columns = input(g, c.feeds, "columns", idType, {300}, 20, 0, 50);
+      c.outputs = {penalizeMatches(x, rows, columns, 1e9), penalizeMatches(x * 2.0, rows, columns, 3.0), x};
+      return c;
+    }, 1e-6);
+  }
+}
+
 TEST_CASE("shape ops and their gradients match the CPU") {
   for (DType dt : {f32, f64, i64}) {
     CAPTURE(dtypeName(dt));

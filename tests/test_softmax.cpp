@@ -282,3 +282,73 @@ TEST_CASE("sparseSoftmaxCrossEntropy rejects out-of-range ids at run time") {
     CHECK_THROWS_AS(evaluate(h, lu, {{xu, xv}, {iu, Tensor::fromVector<int32_t>({0, 1}, {2})}}), weft::Error);
   }
 }
+
+// ---- penalizeMatches -----------------------------------------------------------------------
+
+namespace {
+
+/// x (rows, width) less `penalty` where rowIds[r] == columnIds[c], subtracted in f32.
+std::vector<double> refPenalized(const std::vector<double>& x, const std::vector<int64_t>& rowIds,
+                                 const std::vector<int64_t>& columnIds, double penalty) {
+  std::vector<double> y = x;
+  const size_t width = columnIds.size();
+  for (size_t r = 0; r < rowIds.size(); ++r) {
+    for (size_t c = 0; c < width; ++c) {
+      double& v = y[r * width + c];
+      if (rowIds[r] == columnIds[c]) v = static_cast<double>(static_cast<float>(v) - static_cast<float>(penalty));
+    }
+  }
+  return y;
+}
+
+template <class I>
+Tensor idTensor(const std::vector<int64_t>& ids) {
+  return Tensor::fromVector(std::vector<I>(ids.begin(), ids.end()), {static_cast<int64_t>(ids.size())});
+}
+
+}  // namespace
+
+TEST_CASE("penalizeMatches subtracts the penalty exactly where a row's id equals a column's id") {
+  // Repeated ids among the columns (7 twice) and the rows (3 twice), rows with no match, an id
+  // only one side has.
+  const std::vector<int64_t> rowIds{3, 7, 0, 3, 9, 5}, columnIds{7, 3, 1, 7, 5, 2, 8};
+  const Shape shape{6, 7};
+  for (const DType idType : {i32, i64}) {
+    const std::string ids = dtypeName(idType);
+    CAPTURE(ids);
+    const Tensor rows = idType == i32 ? idTensor<int32_t>(rowIds) : idTensor<int64_t>(rowIds);
+    const Tensor columns = idType == i32 ? idTensor<int32_t>(columnIds) : idTensor<int64_t>(columnIds);
+    const Tensor xv = randomTensor(f32, shape, 21);
+    const std::vector<double> want = refPenalized(xv.toDoubles(), rowIds, columnIds, 1000.0);
+    Graph g;
+    const Output x = g.placeholder("x", f32, shape);
+    const Output r = g.placeholder("r", idType, {-1}), c = g.placeholder("c", idType, {-1});
+    const FeedMap feeds{{x, xv}, {r, rows}, {c, columns}};
+    // Over a fed tensor, which it copies, and in place over a product of its own.
+    CHECK_CLOSE(evaluate(g, penalizeMatches(x, r, c, 1000.0), feeds), want, 0.0);
+    std::vector<double> twice = xv.toDoubles();
+    for (double& v : twice) v *= 2;
+    CHECK_CLOSE(evaluate(g, penalizeMatches(x * 2.0, r, c, 1000.0), feeds),
+                refPenalized(twice, rowIds, columnIds, 1000.0), 0.0);
+  }
+}
+
+TEST_CASE("penalizeMatches passes the gradient through unchanged") {
+  Graph g;
+  const Output x = g.placeholder("x", f64, {3, 4});
+  const Output r = g.constant(idTensor<int32_t>({1, 2, 1})), c = g.constant(idTensor<int32_t>({2, 1, 0, 1}));
+  const FeedMap feeds{{x, randomTensor(f64, {3, 4}, 22)}};
+  CHECK_GRADIENTS(checkGradients(g, square(penalizeMatches(x, r, c, 3.0)), {x}, feeds));
+}
+
+TEST_CASE("penalizeMatches rejects ids that do not fit the logits") {
+  Graph g;
+  const Output x = g.placeholder("x", f32, {4, 5});
+  const Output r4 = g.placeholder("r4", i32, {4}), c5 = g.placeholder("c5", i32, {5});
+  CHECK(contains(errorOf([&] { penalizeMatches(x, g.placeholder("r3", i32, {3}), c5, 1.0); }),
+                 "row ids [3] and column ids [5] do not match logits [4, 5]"));
+  CHECK(contains(errorOf([&] { penalizeMatches(x, r4, g.placeholder("c5l", i64, {5}), 1.0); }), "PenalizeMatches"));
+  CHECK(contains(errorOf([&] { penalizeMatches(x, g.placeholder("rf", f32, {4}), c5, 1.0); }), "i32 or i64"));
+  CHECK(contains(errorOf([&] { penalizeMatches(g.placeholder("x3", f32, {4, 5, 1}), r4, c5, 1.0); }),
+                 "needs logits (N, C)"));
+}

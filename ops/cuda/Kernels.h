@@ -108,6 +108,7 @@ void softmax(KernelContext& ctx);
 void logSoftmax(KernelContext& ctx);
 void sparseSoftmaxXent(KernelContext& ctx);
 void sparseSoftmaxXentGrad(KernelContext& ctx);
+void penalizeMatches(KernelContext& ctx);
 
 // ops/cuda/Optimizers.cpp (dense optimizer updates and variable updates)
 void applySGD(KernelContext& ctx);

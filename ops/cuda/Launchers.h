@@ -99,6 +99,9 @@ cudaError_t sparseXent(const T* x, const I* ids, T* loss, T* probs, Rows rows, i
 template <class T, class I>
 cudaError_t sparseXentGrad(const T* probs, const I* ids, const T* dy, T* out, Rows rows, int64_t ignoreIndex,
                            ErrorSink errors, cudaStream_t stream);
+/// y[r, c] -= penalty where rowIds[r] == columnIds[c], in place over y (rows x width).
+template <class T, class I>
+cudaError_t penalizeMatches(T* y, const I* rowIds, const I* columnIds, Rows rows, T penalty, cudaStream_t stream);
 
 // ---- Shape.cu ----
 /// dst[dstBase + dstMap.offset(i)] = src[srcBase + srcMap.offset(i)] for the n elements of the box

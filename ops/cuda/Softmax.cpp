@@ -54,4 +54,21 @@ void sparseSoftmaxXentGrad(KernelContext& ctx) {
   });
 }
 
+void penalizeMatches(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.output(0);
+  copyOnDevice(ctx, x, y);
+  const Rows rows = rowsOf(x.shape());
+  if (rows.count * rows.width == 0) return;
+  dispatchFloating(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    dispatchIds(ctx.input(1).dtype(), [&](auto zi) {
+      using I = decltype(zi);
+      WEFT_CUDA_CHECK(launch::penalizeMatches<T, I>(y.data<T>(), ctx.input(1).data<I>(), ctx.input(2).data<I>(), rows,
+                                                    static_cast<T>(ctx.attrs().get<double>("penalty")),
+                                                    streamOf(ctx)));
+    });
+  });
+}
+
 }  // namespace weft::cudaops

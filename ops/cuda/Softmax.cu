@@ -71,6 +71,13 @@ __global__ void sparseXentGradKernel(const T* probs, const I* ids, const T* dy, 
   }
 }
 
+template <class T, class I>
+__global__ void penalizeMatchesKernel(T* y, const I* rowIds, const I* columnIds, Rows rows, T penalty) {
+  WEFT_GRID_STRIDE(i, rows.count * rows.width) {
+    if (rowIds[i / rows.width] == columnIds[i % rows.width]) y[i] -= penalty;
+  }
+}
+
 }  // namespace
 
 namespace launch {
@@ -98,10 +105,18 @@ cudaError_t sparseXentGrad(const T* probs, const I* ids, const T* dy, T* out, Ro
   return cudaGetLastError();
 }
 
+template <class T, class I>
+cudaError_t penalizeMatches(T* y, const I* rowIds, const I* columnIds, Rows rows, T penalty, cudaStream_t stream) {
+  penalizeMatchesKernel<T, I><<<blocksFor(rows.count * rows.width), kThreads, 0, stream>>>(y, rowIds, columnIds, rows,
+                                                                                           penalty);
+  return cudaGetLastError();
+}
+
 #define WEFT_SOFTMAX(T, I)                                                                                     \
   template cudaError_t sparseXent<T, I>(const T*, const I*, T*, T*, Rows, int64_t, ErrorSink, cudaStream_t);   \
   template cudaError_t sparseXentGrad<T, I>(const T*, const I*, const T*, T*, Rows, int64_t, ErrorSink,        \
-                                            cudaStream_t);
+                                            cudaStream_t);                                                     \
+  template cudaError_t penalizeMatches<T, I>(T*, const I*, const I*, Rows, T, cudaStream_t);
 WEFT_SOFTMAX(float, int32_t)
 WEFT_SOFTMAX(float, int64_t)
 WEFT_SOFTMAX(double, int32_t)
