@@ -79,14 +79,12 @@ Output fullSoftmaxLoss(Output hidden, Output outW, Output outB, Output targets, 
 /// The sampled-softmax loss summed over the unmasked positions.
 Output sampledSoftmaxLossSum(Output hidden, Output outW, Output outB, Output targets, Output mask, Output candidates,
                              Output candidateLogQ, Output targetLogQ) {
-  const Output trueLogit = sum(hidden * gather(outW, targets), {1}, true) + expandDims(gather(outB, targets) - targetLogQ, 1);
+  const Output trueLogit = sum(hidden * gather(outW, targets), {1}) + (gather(outB, targets) - targetLogQ);
   // A candidate that is the row's own target (an accidental hit) is pushed out of the softmax.
   const Output sampledLogits =
       penalizeMatches(matmul(hidden, gather(outW, candidates), false, true) + (gather(outB, candidates) - candidateLogQ),
                       targets, candidates, kHitPenalty);
-  // The true word's logit comes first: its loss is the fused cross-entropy with label 0.
-  const Output logits = concat({trueLogit, sampledLogits}, 1);
-  return maskedSum(sparseSoftmaxCrossEntropy(logits, zerosLike(targets)), mask);
+  return maskedSum(sampledSoftmaxCrossEntropy(trueLogit, sampledLogits), mask);
 }
 
 Output sampledSoftmaxLoss(Output hidden, Output outW, Output outB, Output targets, Output mask,

@@ -119,6 +119,10 @@ Output softmaxCrossEntropy(Output logits, Output labels);
 /// Per-example -log softmax(logits)[id]; ids (N) i32/i64; ids equal to ignoreIndex give 0 loss
 /// and 0 gradient. Ids outside [0, C) other than ignoreIndex are an error.
 Output sparseSoftmaxCrossEntropy(Output logits, Output ids, int64_t ignoreIndex = -100);
+/// Per-row -log softmax([t, s_1 .. s_S])[0] for true logits t (N) and sampled logits s (N, S):
+/// a sampled softmax's loss with the true class's logit kept apart, so that no (N, S + 1) matrix
+/// is concatenated, nor its gradient split.
+Output sampledSoftmaxCrossEntropy(Output trueLogits, Output sampledLogits);
 /// logits (N, C) with `penalty` subtracted where rowIds[n] == columnIds[c] (ids i32 or i64, of
 /// one dtype), other elements as they are: a sampled softmax's accidental hits, a candidate that
 /// is the row's own target, pushed out of the softmax. One pass over the matches alone where it

@@ -254,8 +254,6 @@ std::vector<Grad> sparseSoftmaxXentGrad(GradContext& c) {
           Grad()};
 }
 
-}  // namespace
-
 // ---- matches penalized ---------------------------------------------------------------------
 
 // logits (N, C), rowIds (N), columnIds (C) -> logits
@@ -299,6 +297,68 @@ void penalizeMatchesKernel(KernelContext& ctx) {
 
 void penalizeMatchesCpu(KernelContext& ctx) { detail::runInFloat32(ctx, penalizeMatchesKernel); }
 
+// ---- the sampled softmax's cross-entropy ---------------------------------------------------
+
+// trueLogits (N), sampledLogits (N, S) -> loss (N), probs (N, S), trueProbs (N)
+std::vector<TensorType> sampledXentInfer(const InferContext& c) {
+  detail::requireFloat(c, 0);
+  detail::requireSameDType(c, 0, 1);
+  const Shape &trueLogits = c.shape(0), &sampled = c.shape(1);
+  c.check(trueLogits.rank() == 1 && sampled.rank() == 2, "needs true logits (N) and sampled logits (N, S), got {} and {}",
+          trueLogits.str(), sampled.str());
+  c.check(trueLogits.compatibleWith(Shape{sampled[0]}), "{} true logits for {} rows of sampled logits", trueLogits[0],
+          sampled[0]);
+  return {c.inputs[0], c.inputs[1], c.inputs[0]};
+}
+
+// Over the row [t, s_1 .. s_S] with m its maximum and Z = exp(t - m) + sum_j exp(s_j - m):
+// loss = log Z - (t - m), probs_j = exp(s_j - m) / Z, trueProb = exp(t - m) / Z.
+void sampledXentKernel(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(1).shape());
+  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T *trueLogits = ctx.in<T>(0), *ps = ctx.in<T>(1);
+    T *loss = ctx.out<T>(0), *pp = ctx.out<T>(1), *trueProbs = ctx.out<T>(2);
+    ctx.parallelFor(rows.count, kCostPerElement * (rows.width + 1), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        ConstArrayMap<T> s(ps + r * rows.width, rows.width);
+        ArrayMap<T> p(pp + r * rows.width, rows.width);
+        const T t = trueLogits[r], m = rows.width == 0 ? t : std::max(t, s.maxCoeff());
+        p = (s - m).exp();
+        const T trueExp = std::exp(t - m), total = trueExp + p.sum();
+        p /= total;
+        loss[r] = std::log(total) - (t - m);
+        trueProbs[r] = trueExp / total;
+      }
+    });
+  });
+}
+
+// dSampled = dy probs (in place over probs), dTrue = dy (trueProb - 1)
+void sampledXentGradKernel(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(0).shape());
+  dispatchFloat(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T *pp = ctx.in<T>(0), *trueProbs = ctx.in<T>(1), *dy = ctx.in<T>(2);
+    T *dSampled = ctx.out<T>(0), *dTrue = ctx.out<T>(1);
+    ctx.parallelFor(rows.count, rows.width + 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        ArrayMap<T>(dSampled + r * rows.width, rows.width) = dy[r] * ConstArrayMap<T>(pp + r * rows.width, rows.width);
+        dTrue[r] = dy[r] * (trueProbs[r] - T(1));
+      }
+    });
+  });
+}
+
+// Only the loss is differentiable; the probabilities are by-products kept for the backward op.
+std::vector<Grad> sampledXentGrad(GradContext& c) {
+  if (!c.dy().valid()) return {Grad(), Grad()};
+  Node* n = detail::addOp(c.graph(), "SampledSoftmaxXentGrad", {c.y(1), c.y(2), c.dy()});
+  return {n->output(1), n->output(0)};
+}
+
+}  // namespace
+
 // ---- builders ------------------------------------------------------------------------------
 
 Output softmax(Output logits) { return addOp1(logits.graph(), "Softmax", {logits}); }
@@ -308,6 +368,9 @@ Output softmaxCrossEntropy(Output logits, Output labels) {
 }
 Output sparseSoftmaxCrossEntropy(Output logits, Output ids, int64_t ignoreIndex) {
   return addOp1(logits.graph(), "SparseSoftmaxCrossEntropy", {logits, ids}, {{"ignore_index", ignoreIndex}});
+}
+Output sampledSoftmaxCrossEntropy(Output trueLogits, Output sampledLogits) {
+  return detail::addOp(trueLogits.graph(), "SampledSoftmaxCrossEntropy", {trueLogits, sampledLogits})->output(0);
 }
 Output penalizeMatches(Output logits, Output rowIds, Output columnIds, double penalty) {
   return addOp1(logits.graph(), "PenalizeMatches", {logits, rowIds, columnIds}, {{"penalty", penalty}});
@@ -324,6 +387,25 @@ void detail::registerSoftmaxOps(OpRegistry& r) {
             .infer(sparseXentInfer)
             .cpu(sparseSoftmaxXentKernel).cuda(WEFT_CUDA_KERNEL(sparseSoftmaxXent))
             .grad(sparseSoftmaxXentGrad));
+  r.add(OpDef("SampledSoftmaxCrossEntropy")
+            .inputs(2)
+            .infer(sampledXentInfer)
+            .cpu(sampledXentKernel).cuda(WEFT_CUDA_KERNEL(sampledSoftmaxXent))
+            .grad(sampledXentGrad));
+  r.add(OpDef("SampledSoftmaxXentGrad")
+            .inputs(3)
+            .infer([](const InferContext& c) -> std::vector<TensorType> {
+              detail::requireFloat(c, 0);
+              detail::requireSameDType(c, 0, 1);
+              detail::requireSameDType(c, 0, 2);
+              c.check(c.shape(1).compatibleWith(batchShape(c.shape(0))) && c.shape(2).compatibleWith(c.shape(1)),
+                      "probabilities {}, {} and gradient {} do not match", c.shape(0).str(), c.shape(1).str(),
+                      c.shape(2).str());
+              return {c.inputs[0], c.inputs[1]};
+            })
+            .cpu(sampledXentGradKernel).cuda(WEFT_CUDA_KERNEL(sampledSoftmaxXentGrad))
+            .inplace(0)
+            .noGradient());
   r.add(OpDef("PenalizeMatches")
             .inputs(3)
             .infer(penalizeMatchesInfer)

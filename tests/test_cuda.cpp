@@ -236,6 +236,21 @@ TEST_CASE("softmax, log-softmax and sparse cross-entropy match the CPU") {
   }
 }
 
+TEST_CASE("the sampled softmax's cross-entropy and its gradients match the CPU") {
+  for (int64_t samples : {1, 7, 1000}) {
+    CAPTURE(samples);
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output t = input(g, c.feeds, "t", f32, {9}, 21, -5, 5);
+      Output s = input(g, c.feeds, "s", f32, {9, samples}, 22, -5, 5);
+      Output loss = sampledSoftmaxCrossEntropy(t, s);
+      const auto grads = gradients(sum(loss * loss), {t, s});
+      c.outputs = {loss, grads[0].dense, grads[1].dense};
+      return c;
+    }, 1e-5);
+  }
+}
+
 TEST_CASE("penalizeMatches matches the CPU, in place and over a live input") {
   for (DType idType : {i32, i64}) {
     CAPTURE(dtypeName(idType));

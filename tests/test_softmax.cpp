@@ -352,3 +352,48 @@ TEST_CASE("penalizeMatches rejects ids that do not fit the logits") {
   CHECK(contains(errorOf([&] { penalizeMatches(g.placeholder("x3", f32, {4, 5, 1}), r4, c5, 1.0); }),
                  "needs logits (N, C)"));
 }
+
+// ---- sampledSoftmaxCrossEntropy ------------------------------------------------------------
+
+TEST_CASE("sampledSoftmaxCrossEntropy is -log softmax of the row with the true logit in front") {
+  FOR_EACH_FLOAT_DTYPE(dt)
+  for (const int64_t samples : {int64_t{0}, int64_t{1}, int64_t{9}, int64_t{700}}) {
+    CAPTURE(samples);
+    // Logits far apart (their exp overflows unless the row's maximum is taken out first), and in
+    // row 2 every candidate pushed out by a penalty.
+    const Tensor trueLogits = randomTensor(dt, {5}, 24, -60, 60), sampled = randomTensor(dt, {5, samples}, 23, -60, 60);
+    Graph g;
+    const Output t = g.placeholder("t", dt, {-1}), s = g.placeholder("s", dt, {-1, samples});
+    const Output rowIds = g.constant(idTensor<int32_t>({0, 1, 2, 3, 4}));
+    const Output columnIds = g.constant(idTensor<int32_t>(std::vector<int64_t>(static_cast<size_t>(samples), 2)));
+    const Output loss = sampledSoftmaxCrossEntropy(t, penalizeMatches(s, rowIds, columnIds, 1e9));
+    std::vector<double> want;
+    const std::vector<double> tv = trueLogits.toDoubles(), sv = sampled.toDoubles();
+    for (int64_t r = 0; r < 5; ++r) {
+      std::vector<double> row{tv[static_cast<size_t>(r)]};
+      for (int64_t j = 0; j < samples; ++j) row.push_back(sv[static_cast<size_t>(r * samples + j)] - (r == 2 ? 1e9 : 0));
+      want.push_back(refLogSumExp(row, 0, samples + 1) - row[0]);
+    }
+    CHECK_CLOSE(evaluate(g, loss, {{t, trueLogits}, {s, sampled}}), want, toleranceFor(dt));
+  }
+}
+
+TEST_CASE("sampledSoftmaxCrossEntropy gradients match finite differences") {
+  Graph g;
+  const Output t = g.placeholder("t", f64, {4}), s = g.placeholder("s", f64, {4, 6});
+  const FeedMap feeds{{t, randomTensor(f64, {4}, 25, -2, 2)}, {s, randomTensor(f64, {4, 6}, 26, -2, 2)}};
+  // A weighted sum, so that every row's gradient is scaled differently.
+  const Output weights = g.constant(randomTensor(f64, {4}, 27, 0.5, 2));
+  CHECK_GRADIENTS(checkGradients(g, sum(sampledSoftmaxCrossEntropy(t, s) * weights), {t, s}, feeds));
+}
+
+TEST_CASE("sampledSoftmaxCrossEntropy rejects logits that do not fit together") {
+  Graph g;
+  const Output s = g.placeholder("s", f32, {4, 5});
+  CHECK(contains(errorOf([&] { sampledSoftmaxCrossEntropy(g.placeholder("t3", f32, {3}), s); }),
+                 "3 true logits for 4 rows of sampled logits"));
+  CHECK(contains(errorOf([&] { sampledSoftmaxCrossEntropy(g.placeholder("t41", f32, {4, 1}), s); }),
+                 "needs true logits (N) and sampled logits (N, S)"));
+  CHECK(contains(errorOf([&] { sampledSoftmaxCrossEntropy(g.placeholder("t64", f64, {4}), s); }),
+                 "SampledSoftmaxCrossEntropy"));
+}

@@ -109,6 +109,8 @@ void logSoftmax(KernelContext& ctx);
 void sparseSoftmaxXent(KernelContext& ctx);
 void sparseSoftmaxXentGrad(KernelContext& ctx);
 void penalizeMatches(KernelContext& ctx);
+void sampledSoftmaxXent(KernelContext& ctx);
+void sampledSoftmaxXentGrad(KernelContext& ctx);
 
 // ops/cuda/Optimizers.cpp (dense optimizer updates and variable updates)
 void applySGD(KernelContext& ctx);

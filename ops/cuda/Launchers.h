@@ -99,6 +99,14 @@ cudaError_t sparseXent(const T* x, const I* ids, T* loss, T* probs, Rows rows, i
 template <class T, class I>
 cudaError_t sparseXentGrad(const T* probs, const I* ids, const T* dy, T* out, Rows rows, int64_t ignoreIndex,
                            ErrorSink errors, cudaStream_t stream);
+/// The sampled softmax's cross-entropy (ops/Softmax.cpp): rows of sampled logits beside their
+/// true logits, and its gradient (dSampled may be probs).
+template <class T>
+cudaError_t sampledXent(const T* trueLogits, const T* sampled, T* loss, T* probs, T* trueProbs, Rows rows,
+                        cudaStream_t stream);
+template <class T>
+cudaError_t sampledXentGrad(const T* probs, const T* trueProbs, const T* dy, T* dSampled, T* dTrue, Rows rows,
+                            cudaStream_t stream);
 /// y[r, c] -= penalty where rowIds[r] == columnIds[c], in place over y (rows x width).
 template <class T, class I>
 cudaError_t penalizeMatches(T* y, const I* rowIds, const I* columnIds, Rows rows, T penalty, cudaStream_t stream);

@@ -54,6 +54,26 @@ void sparseSoftmaxXentGrad(KernelContext& ctx) {
   });
 }
 
+void sampledSoftmaxXent(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(1).shape());
+  if (rows.count == 0) return;
+  dispatchFloating(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    WEFT_CUDA_CHECK(launch::sampledXent<T>(ctx.input(0).data<T>(), ctx.input(1).data<T>(), ctx.output(0).data<T>(),
+                                           ctx.output(1).data<T>(), ctx.output(2).data<T>(), rows, streamOf(ctx)));
+  });
+}
+
+void sampledSoftmaxXentGrad(KernelContext& ctx) {
+  const Rows rows = rowsOf(ctx.input(0).shape());
+  if (rows.count == 0) return;
+  dispatchFloating(ctx.input(0).dtype(), [&](auto z) {
+    using T = decltype(z);
+    WEFT_CUDA_CHECK(launch::sampledXentGrad<T>(ctx.input(0).data<T>(), ctx.input(1).data<T>(), ctx.input(2).data<T>(),
+                                               ctx.output(0).data<T>(), ctx.output(1).data<T>(), rows, streamOf(ctx)));
+  });
+}
+
 void penalizeMatches(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0);

@@ -71,6 +71,45 @@ __global__ void sparseXentGradKernel(const T* probs, const I* ids, const T* dy, 
   }
 }
 
+// Over the row [t, s] with m its maximum and Z = exp(t - m) + sum(exp(s - m)): loss = log Z - (t - m),
+// probs = exp(s - m) / Z, trueProb = exp(t - m) / Z.
+template <class T>
+__global__ void sampledXentRows(const T* trueLogits, const T* sampled, T* loss, T* probs, T* trueProbs, Rows rows) {
+  __shared__ T scratch[kThreads];
+  for (int64_t r = blockIdx.x; r < rows.count; r += gridDim.x) {
+    const T* sr = sampled + r * rows.width;
+    T* pr = probs + r * rows.width;
+    const T t = trueLogits[r];
+    T local = t;
+    for (int64_t j = threadIdx.x; j < rows.width; j += blockDim.x) local = ::fmax(local, sr[j]);
+    const T m = blockReduce(local, [](T a, T b) { return ::fmax(a, b); }, scratch);
+    T sum = 0;
+    for (int64_t j = threadIdx.x; j < rows.width; j += blockDim.x) sum += ::exp(sr[j] - m);
+    const T total = blockReduce(sum, [](T a, T b) { return a + b; }, scratch) + ::exp(t - m);
+    for (int64_t j = threadIdx.x; j < rows.width; j += blockDim.x) pr[j] = ::exp(sr[j] - m) / total;
+    if (threadIdx.x == 0) {
+      loss[r] = ::log(total) - (t - m);
+      trueProbs[r] = ::exp(t - m) / total;
+    }
+  }
+}
+
+// dSampled = dy probs (in place over probs), dTrue = dy (trueProb - 1): the first rows * width
+// indices are dSampled's, the last rows dTrue's.
+template <class T>
+__global__ void sampledXentGradKernel(const T* probs, const T* trueProbs, const T* dy, T* dSampled, T* dTrue,
+                                      Rows rows) {
+  const int64_t sampledCount = rows.count * rows.width;
+  WEFT_GRID_STRIDE(i, sampledCount + rows.count) {
+    if (i < sampledCount) {
+      dSampled[i] = dy[i / rows.width] * probs[i];
+    } else {
+      const int64_t r = i - sampledCount;
+      dTrue[r] = dy[r] * (trueProbs[r] - T(1));
+    }
+  }
+}
+
 template <class T, class I>
 __global__ void penalizeMatchesKernel(T* y, const I* rowIds, const I* columnIds, Rows rows, T penalty) {
   WEFT_GRID_STRIDE(i, rows.count * rows.width) {
@@ -105,6 +144,22 @@ cudaError_t sparseXentGrad(const T* probs, const I* ids, const T* dy, T* out, Ro
   return cudaGetLastError();
 }
 
+template <class T>
+cudaError_t sampledXent(const T* trueLogits, const T* sampled, T* loss, T* probs, T* trueProbs, Rows rows,
+                        cudaStream_t stream) {
+  sampledXentRows<T><<<blocksForRows(rows.count), threadsFor(rows.width), 0, stream>>>(trueLogits, sampled, loss,
+                                                                                       probs, trueProbs, rows);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t sampledXentGrad(const T* probs, const T* trueProbs, const T* dy, T* dSampled, T* dTrue, Rows rows,
+                            cudaStream_t stream) {
+  sampledXentGradKernel<T><<<blocksFor(rows.count * (rows.width + 1)), kThreads, 0, stream>>>(probs, trueProbs, dy,
+                                                                                               dSampled, dTrue, rows);
+  return cudaGetLastError();
+}
+
 template <class T, class I>
 cudaError_t penalizeMatches(T* y, const I* rowIds, const I* columnIds, Rows rows, T penalty, cudaStream_t stream) {
   penalizeMatchesKernel<T, I><<<blocksFor(rows.count * rows.width), kThreads, 0, stream>>>(y, rowIds, columnIds, rows,
@@ -122,8 +177,13 @@ WEFT_SOFTMAX(float, int64_t)
 WEFT_SOFTMAX(double, int32_t)
 WEFT_SOFTMAX(double, int64_t)
 #undef WEFT_SOFTMAX
-template cudaError_t softmax<float>(bool, const float*, float*, Rows, cudaStream_t);
-template cudaError_t softmax<double>(bool, const double*, double*, Rows, cudaStream_t);
+#define WEFT_SAMPLED_XENT(T)                                                                          \
+  template cudaError_t softmax<T>(bool, const T*, T*, Rows, cudaStream_t);                            \
+  template cudaError_t sampledXent<T>(const T*, const T*, T*, T*, T*, Rows, cudaStream_t);            \
+  template cudaError_t sampledXentGrad<T>(const T*, const T*, const T*, T*, T*, Rows, cudaStream_t);
+WEFT_SAMPLED_XENT(float)
+WEFT_SAMPLED_XENT(double)
+#undef WEFT_SAMPLED_XENT
 
 }  // namespace launch
 }  // namespace weft::cudaops
