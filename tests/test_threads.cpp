@@ -11,7 +11,9 @@
 #include "optim/Optimizer.h"
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 
 using namespace weft;
 using weft::testing::randomTensor;
@@ -123,9 +125,12 @@ TEST_CASE("softmax, log-softmax and the cross-entropies") {
     const Output logits = floatInput(g, f, "logits", {512, 400}, 1);
     const Output labels = fed(g, f, "labels", ids(512, 400, 2));
     const Output soft = floatInput(g, f, "soft", {512, 400}, 3);
+    const Output trueLogits = floatInput(g, f, "true", {512}, 4);
+    const Output candidates = fed(g, f, "candidates", ids(400, 400, 5));
+    const Output sampled = sampledSoftmaxCrossEntropy(trueLogits, penalizeMatches(logits, labels, candidates, 50.0));
     return Built{{softmax(logits), logSoftmax(logits), sparseSoftmaxCrossEntropy(logits, labels),
-                  softmaxCrossEntropy(logits, softmax(soft))},
-                 {logits},
+                  softmaxCrossEntropy(logits, softmax(soft)), sampled},
+                 {logits, trueLogits},
                  {}};
   });
 }
@@ -168,10 +173,13 @@ TEST_CASE("batch normalisation and dropout") {
   });
 }
 
-TEST_CASE("the fused LSTM and GRU, forward and backward") {
-  for (DType dt : {f32, f64}) {
+TEST_CASE("the fused LSTM and GRU, forward and backward, with products exact or rounded to bf16") {
+  for (const auto& [dt, rounded] : {std::pair{f32, false}, {f64, false}, {f32, true}}) {
     CAPTURE(dtypeName(dt));
-    checkThreadIndependent([dt](Graph& g, FeedMap& f) {
+    CAPTURE(rounded);
+    checkThreadIndependent([dt, rounded](Graph& g, FeedMap& f) {
+      std::optional<Graph::PrecisionScope> scope;
+      if (rounded) scope.emplace(g, bf16, Graph::MixedOps::RoundInProducts);
       const int64_t steps = 6, batch = 48, input = 96, hidden = 160;
       const Output x = floatInput(g, f, "x", {steps, batch, input}, 1, dt);
       const Output h0 = floatInput(g, f, "h0", {batch, hidden}, 2, dt), c0 = floatInput(g, f, "c0", {batch, hidden}, 3, dt);
