@@ -28,6 +28,24 @@ void copyRow(const T* src, int64_t n, T* dst) {
   for (; x < n; ++x) dst[x] = src[x];
 }
 
+/// Splits a row of n values whose first sits at column `first` of a padded row: the values at even
+/// columns go to even[column / 2], those at odd columns to odd[column / 2]. Two strided runs, with
+/// no division per value.
+template <class T>
+void deinterleave(const T* row, int64_t n, int64_t first, T* even, T* odd) {
+  const int64_t x0 = first % 2;  // the first x whose column is even
+  for (int64_t x = x0, to = (x0 + first) / 2; x < n; x += 2, ++to) even[to] = row[x];
+  for (int64_t x = 1 - x0, to = (1 - x0 + first) / 2; x < n; x += 2, ++to) odd[to] = row[x];
+}
+
+/// The inverse: row[x] for n values from column `first` on, read from the even and odd columns.
+template <class T>
+void interleave(const T* even, const T* odd, int64_t n, int64_t first, T* row) {
+  const int64_t x0 = first % 2;
+  for (int64_t x = x0, from = (x0 + first) / 2; x < n; x += 2, ++from) row[x] = even[from];
+  for (int64_t x = 1 - x0, from = (1 - x0 + first) / 2; x < n; x += 2, ++from) row[x] = odd[from];
+}
+
 /// What a forward tile needs of a flat layout: each tap's offset from its output position within
 /// one input channel, the values per input channel, and the flat output positions computed.
 struct Taps {
@@ -84,11 +102,11 @@ struct FlatPlane : Taps {
           copyRow(row, w, channel + (y + ph) * width + pw);
           continue;
         }
-        const int64_t py = y + ph;  // padded row and column coordinates, split into phases
-        for (int64_t x = 0; x < w; ++x) {
-          const int64_t px = x + pw;
-          channel[((py % 2) * 2 + px % 2) * phaseStride + (py / 2) * width + px / 2] = row[x];
-        }
+        // The padded row py goes to the phases (py % 2, 0) and (py % 2, 1): its even and its odd
+        // padded columns px = x + pw, each phase's run contiguous.
+        const int64_t py = y + ph;
+        T* even = channel + (py % 2) * 2 * phaseStride + (py / 2) * width;
+        deinterleave(row, w, pw, even, even + phaseStride);
       }
     }
   }
@@ -283,14 +301,13 @@ void stridedInputGradient(const KernelContext& ctx, const DirectConv& s, const T
         sweepImage(phases[phase], s.o, s.c, padded.data(), packed[phase].data(), flat.data() + phase * s.c * outLen,
                    prefetch);
       }
+      // Row y of dx interleaves the phases (py % 2, 0) and (py % 2, 1) of padded row py.
       T* out = dx + img * dxSize;
       for (int64_t c = 0; c < s.c; ++c) {
         for (int64_t y = 0; y < s.h; ++y) {
           const int64_t py = y + s.ph;
-          for (int64_t x = 0; x < s.w; ++x) {
-            const int64_t px = x + s.pw;
-            out[(c * s.h + y) * s.w + x] = flat[((py % 2 * 2 + px % 2) * s.c + c) * outLen + (py / 2) * width + px / 2];
-          }
+          const T* even = flat.data() + (py % 2 * 2 * s.c + c) * outLen + (py / 2) * width;
+          interleave(even, even + s.c * outLen, s.w, s.pw, out + (c * s.h + y) * s.w);
         }
       }
     }
