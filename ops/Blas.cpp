@@ -112,7 +112,7 @@ PackedOperand<T>::PackedOperand(const KernelContext& ctx, bool tb, int64_t k, in
     : tb(tb), k(k), n(n), b(b), ldb(ldb) {
   WEFT_CHECK(!roundToBf16 || (std::is_same_v<T, float> && haveBf16Gemm()),
              "PackedOperand: rounding to bf16 needs f32 operands and a bf16 matrix product (AVX512_BF16)");
-    const int64_t slivers = (n + detail::kSgemmTileCols - 1) / detail::kSgemmTileCols;
+  const int64_t slivers = (n + detail::kSgemmTileCols - 1) / detail::kSgemmTileCols;
   // Disjoint ranges of whole slivers, packed across the pool.
   auto packAcross = [&](auto packRange) {
     ctx.parallelFor(slivers, k * detail::kSgemmTileCols, [&](int64_t lo, int64_t hi) {

@@ -81,8 +81,9 @@ Output addMatmulOp(const char* op, Output a, Output b, bool ta, bool tb, DType l
 /// The product in the graph's compute precision (Graph::computePrecision).
 Output addMatmul(const char* op, Output a, Output b, bool ta, bool tb) {
   if (const DType low = detail::productRounding({a, b}); low != f32) return addMatmulOp(op, a, b, ta, tb, low);
-  return detail::inComputePrecision(
-      {a, b}, [&](const std::vector<Output>& x) { return addMatmulOp(op, x[0], x[1], ta, tb, f32); });
+  return detail::inComputePrecision({a, b}, [&](const std::vector<Output>& x) {
+    return addMatmulOp(op, x[0], x[1], ta, tb, f32);
+  });
 }
 
 // Y = op(A) op(B). With G = dY:

@@ -29,7 +29,8 @@ void registerAllOps() {
 
 namespace detail {
 
-Node* addOp(Graph& g, const std::string& op, std::vector<Output> inputs, Attrs attrs, const std::string& name) {
+Node* addOp(Graph& g, const std::string& op, std::vector<Output> inputs, Attrs attrs,
+            const std::string& name) {
   registerAllOps();
   return g.addNode(op, std::move(inputs), std::move(attrs), name);
 }
@@ -41,18 +42,12 @@ bool broadcastShapes(const Shape& a, const Shape& b, Shape& out) {
     const int ia = a.rank() - r + i, ib = b.rank() - r + i;
     const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
     int64_t d;
-    if (da == 1)
-      d = db;
-    else if (db == 1)
-      d = da;
-    else if (da < 0)
-      d = db;
-    else if (db < 0)
-      d = da;
-    else if (da == db)
-      d = da;
-    else
-      return false;
+    if (da == 1) d = db;
+    else if (db == 1) d = da;
+    else if (da < 0) d = db;
+    else if (db < 0) d = da;
+    else if (da == db) d = da;
+    else return false;
     dims[static_cast<size_t>(i)] = d;
   }
   out = Shape(std::move(dims));

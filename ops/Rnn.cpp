@@ -82,14 +82,15 @@ int64_t times(int64_t k, int64_t d) { return d < 0 ? -1 : k * d; }
 int64_t hiddenFrom(const InferContext& c, const RnnLayout& l, int input, int axis) {
   const int64_t d = c.shape(input)[axis];
   if (d < 0) return -1;
-  c.check(d % l.gates == 0, "{}'s dimension {} ({}) must be {}H, a multiple of {}", l.names[input], axis, d, l.gates,
-          l.gates);
+  c.check(d % l.gates == 0, "{}'s dimension {} ({}) must be {}H, a multiple of {}", l.names[input], axis, d,
+          l.gates, l.gates);
   return d / l.gates;
 }
 
-void expectShape(const InferContext& c, const RnnLayout& l, int input, const std::string& form, const Shape& expected) {
-  c.check(c.shape(input).compatibleWith(expected), "{} must be {} = {}, got {}", l.names[input], form, expected.str(),
-          c.shape(input).str());
+void expectShape(const InferContext& c, const RnnLayout& l, int input, const std::string& form,
+                 const Shape& expected) {
+  c.check(c.shape(input).compatibleWith(expected), "{} must be {} = {}, got {}", l.names[input], form,
+          expected.str(), c.shape(input).str());
 }
 
 /// Checks dtypes, ranks and the agreement of B, I and H across the inputs.
@@ -170,8 +171,8 @@ std::vector<TensorType> gruCellGradInfer(const InferContext& c) {
 /// One step's gate math. `gates` (B, 4H) holds x_t wx + h_{t-1} wh without the bias on entry
 /// and the activations i, f, g, o on exit; c = f c_{t-1} + i g; h = o tanh(c).
 template <class T>
-void lstmGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates,
-                  T* c, T* h) {
+void lstmGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bias, const T* cPrev,
+              T* gates, T* c, T* h) {
   forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
     T* g = gates + r * 4 * hidden + j;
     Vec<T> gi(g, len), gf(g + hidden, len), gg(g + 2 * hidden, len), go(g + 3 * hidden, len);
@@ -283,8 +284,8 @@ struct CpuBackend {
     return copy.data();
   }
 
-  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
-            T* c, int64_t ldc) {
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+            T beta, T* c, int64_t ldc) {
     if constexpr (std::is_same_v<T, float>) {
       if (onBf16Kernel()) return blas::parallelGemmBf16(ctx, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
     }

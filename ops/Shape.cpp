@@ -58,7 +58,6 @@ std::vector<TensorType> reshapeInfer(const InferContext& c) {
   return {{c.dtype(0), Shape(std::move(dims))}};
 }
 
-
 std::vector<TensorType> reshapeLikeInfer(const InferContext& c) {
   c.check(c.shape(0).numel() < 0 || c.shape(1).numel() < 0 || c.shape(0).numel() == c.shape(1).numel(),
           "element counts differ");

@@ -85,8 +85,8 @@ void gemmEx(const KernelContext& ctx, cudaDataType element, size_t elementBytes,
   }
   cublasHandle_t h = handleFor(ctx.device.index);
   checkBlas(cublasSetStream(h, stream), "cublasSetStream");
-  checkBlas(cublasSetMathMode(
-                h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+  checkBlas(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
             "cublasSetMathMode");
   const float one = 1;
   checkBlas(cublasGemmStridedBatchedEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, asInt(n, "n"),

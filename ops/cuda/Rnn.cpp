@@ -15,8 +15,8 @@ struct CudaBackend {
   DType low;                         // what the products round f32 operands to (f32: nothing)
   std::vector<Tensor> scratchStore;  // freed in stream order when the op returns
 
-  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
-            T* c, int64_t ldc) {
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+            T beta, T* c, int64_t ldc) {
     if constexpr (std::is_same_v<T, float>) {
       if (low != f32) return gemmRounded(ctx, low, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
     }
@@ -34,8 +34,7 @@ struct CudaBackend {
     gemm(false, b.tb, m, b.n, b.k, a, lda, b.b, b.ldb, beta, c, ldc);
   }
   void lstmStep(int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates, T* c, T* h) {
-    if (batch * hidden != 0)
-      WEFT_CUDA_CHECK(launch::lstmStep<T>(batch, hidden, bias, cPrev, gates, c, h, streamOf(ctx)));
+    if (batch * hidden != 0) WEFT_CUDA_CHECK(launch::lstmStep<T>(batch, hidden, bias, cPrev, gates, c, h, streamOf(ctx)));
   }
   void lstmStepGrad(int64_t batch, int64_t hidden, const T* gates, const T* c, const T* cPrev, const T* dy, T* dh,
                     T* dc, T* dGates) {
@@ -44,8 +43,7 @@ struct CudaBackend {
     }
   }
   void gruStep(int64_t batch, int64_t hidden, const T* bx, const T* bh, const T* h, T* gates, T* hn, T* hNew) {
-    if (batch * hidden != 0)
-      WEFT_CUDA_CHECK(launch::gruCell<T>(batch, hidden, bx, bh, h, gates, hn, hNew, streamOf(ctx)));
+    if (batch * hidden != 0) WEFT_CUDA_CHECK(launch::gruCell<T>(batch, hidden, bx, bh, h, gates, hn, hNew, streamOf(ctx)));
   }
   void gruStepGrad(int64_t batch, int64_t hidden, const T* gates, const T* hn, const T* h, const T* dhNew, T* dGx,
                    T* dGh, T* dh) {
@@ -55,8 +53,8 @@ struct CudaBackend {
   }
   void copy(const T* src, T* dst, int64_t n) {
     if (n && src != dst) {
-      WEFT_CUDA_CHECK(
-          cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, streamOf(ctx)));
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice,
+                                      streamOf(ctx)));
     }
   }
   void zero(T* dst, int64_t n) {
