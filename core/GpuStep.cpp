@@ -6,11 +6,93 @@
 #include "core/cuda/Runtime.h"
 #endif
 
+#include "core/Trace.h"
+
 #include <fmt/format.h>
+
+#include <map>
+#include <vector>
 
 namespace weft::detail {
 
 #ifdef WEFT_HAVE_CUDA
+
+struct GpuTimeline::Impl {
+  struct Op {
+    int gpu;
+    cudaEvent_t start = nullptr, end = nullptr;
+    TraceClock::time_point launched;
+    std::string name, op;
+    int64_t bytes = 0;
+  };
+  std::vector<Op> ops;
+  std::map<int, std::vector<cudaEvent_t>> spare;  // events of each GPU, for reuse
+
+  cudaEvent_t recorded(int gpu) {
+    std::vector<cudaEvent_t>& events = spare[gpu];
+    cudaEvent_t e = nullptr;
+    if (events.empty()) {
+      WEFT_CUDA_CHECK(cudaEventCreate(&e));
+    } else {
+      e = events.back();
+      events.pop_back();
+    }
+    WEFT_CUDA_CHECK(cudaEventRecord(e, cuda::device(gpu).compute));
+    return e;
+  }
+
+  void release() {
+    for (const Op& op : ops) {
+      for (cudaEvent_t e : {op.start, op.end})
+        if (e) spare[op.gpu].push_back(e);
+    }
+    ops.clear();
+  }
+};
+
+GpuTimeline::GpuTimeline() : impl_(std::make_unique<Impl>()) {}
+
+GpuTimeline::~GpuTimeline() {
+  impl_->release();
+  for (auto& [gpu, events] : impl_->spare) {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+}
+
+void GpuTimeline::begin(int gpu) {
+  Impl::Op op;
+  op.gpu = gpu;
+  op.launched = TraceClock::now();
+  op.start = impl_->recorded(gpu);
+  impl_->ops.push_back(std::move(op));
+}
+
+void GpuTimeline::end(std::string name, std::string op, int64_t bytes) {
+  Impl::Op& last = impl_->ops.back();
+  last.end = impl_->recorded(last.gpu);
+  last.name = std::move(name);
+  last.op = std::move(op);
+  last.bytes = bytes;
+}
+
+void GpuTimeline::flush() {
+  std::map<int, const Impl::Op*> first;  // each GPU's first op of the step: the anchor
+  for (const Impl::Op& op : impl_->ops) {
+    const Impl::Op*& anchor = first[op.gpu];
+    if (!anchor) anchor = &op;
+    float sinceAnchor = 0, took = 0;  // milliseconds
+    WEFT_CUDA_CHECK(cudaEventElapsedTime(&sinceAnchor, anchor->start, op.start));
+    WEFT_CUDA_CHECK(cudaEventElapsedTime(&took, op.start, op.end));
+    const auto at = [](double ms) {
+      return std::chrono::duration_cast<TraceClock::duration>(std::chrono::duration<double, std::milli>(ms));
+    };
+    const TraceClock::time_point start = anchor->launched + at(sinceAnchor);
+    traceEvent(op.name, op.op, "gpu", start, start + at(took), op.bytes);
+  }
+  impl_->release();
+}
+
+void GpuTimeline::discard() { impl_->release(); }
 
 void* computeStream(const Device& device) { return cuda::device(device.index).compute; }
 
@@ -43,6 +125,15 @@ void* computeStream(const Device& device) {
 void makeGpuCurrent(int gpu) { WEFT_THROW("device cuda:{} is not available: {}", gpu, cudaUnavailableReason()); }
 
 std::string finishGpuStep(int, const std::function<std::string(int)>&) { return {}; }
+
+// Without the CUDA backend no plan runs on a GPU, so nothing is ever marked.
+struct GpuTimeline::Impl {};
+GpuTimeline::GpuTimeline() = default;
+GpuTimeline::~GpuTimeline() = default;
+void GpuTimeline::begin(int) {}
+void GpuTimeline::end(std::string, std::string, int64_t) {}
+void GpuTimeline::flush() {}
+void GpuTimeline::discard() {}
 
 #endif
 

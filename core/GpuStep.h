@@ -6,7 +6,9 @@
 
 #include "core/Device.h"
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace weft::detail {
@@ -18,5 +20,30 @@ void makeGpuCurrent(int gpu);
 /// Waits for GPU `gpu`'s work in this step and returns the data error a kernel recorded, as a
 /// message naming the op (`describeStep` names plan step i), and clears the record; "" when none.
 std::string finishGpuStep(int gpu, const std::function<std::string(int)>& describeStep);
+
+/// The GPU's own times of the ops a plan launches, for the trace: an event on the compute stream
+/// before and after each op's launch, read once the step's GPU work has finished.
+class GpuTimeline {
+ public:
+  GpuTimeline();
+  ~GpuTimeline();
+  GpuTimeline(const GpuTimeline&) = delete;
+  GpuTimeline& operator=(const GpuTimeline&) = delete;
+
+  /// Marks the start of an op's work on GPU `gpu` (the thread's current GPU), before its launch.
+  void begin(int gpu);
+  /// Marks the end of the op begun last, after its launch.
+  void end(std::string name, std::string op, int64_t bytes);
+  /// Records each op marked since the last call as a trace event on the track "gpu", lasting
+  /// what it took on the GPU. Events start where the first op of the step was launched on the
+  /// host and keep the GPU's spacing from there. Call once the step's GPU work has finished.
+  void flush();
+  /// Drops the marks of a step that failed.
+  void discard();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace weft::detail

@@ -343,6 +343,49 @@ void Graph::retarget(Node* node, const std::string& op, Attrs attrs, const std::
   node->device = device;
 }
 
+void Graph::retype(Node* node, const std::vector<std::pair<int, Output>>& inputs,
+                   const std::function<Output(Output)>& convert) {
+  WEFT_CHECK(node && node->graph == this, "retype: the node belongs to another graph");
+  Node changed = *node;
+  for (const auto& [i, value] : inputs) {
+    WEFT_CHECK(i >= 0 && i < static_cast<int>(node->inputs.size()), "retype: {} has no input {}", node->describe(), i);
+    WEFT_CHECK(value.valid() && &value.graph() == this && value.node() != node,
+               "retype: input {} of {} must be another node's output in this graph", i, node->describe());
+    changed.inputs[static_cast<size_t>(i)] = value;
+  }
+  std::vector<TensorType> inputTypes;
+  for (const Output& in : changed.inputs) inputTypes.push_back(in.type());
+  const std::vector<TensorType> outputs = node->def->inferFn(InferContext{changed, inputTypes});
+  WEFT_CHECK(outputs.size() == node->outputs.size(), "retype {}: {} outputs would become {}", node->describe(),
+             node->outputs.size(), outputs.size());
+  std::vector<int> retyped;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    WEFT_CHECK(outputs[i].shape.compatibleWith(node->outputs[i].shape), "retype {}: output {} would be {}, not {}",
+               node->describe(), i, outputs[i].str(), node->outputs[i].str());
+    if (outputs[i].dtype != node->outputs[i].dtype) retyped.push_back(static_cast<int>(i));
+  }
+  // The readers of each retyped output, found before any new node reads it.
+  std::vector<std::pair<Output*, int>> readers;  // (input, output index)
+  for (const auto& n : nodes_) {
+    for (Output& in : n->inputs) {
+      if (in.node() == node && std::count(retyped.begin(), retyped.end(), in.index())) readers.emplace_back(&in, in.index());
+    }
+    WEFT_CHECK(n->condition.node() != node || !std::count(retyped.begin(), retyped.end(), n->condition.index()),
+               "retype {}: output {} is the condition of {}", node->describe(), n->condition.index(), n->describe());
+  }
+  const std::vector<TensorType> before = node->outputs;
+  node->inputs = std::move(changed.inputs);
+  node->outputs = outputs;
+  for (int i : retyped) {
+    const Output converted = convert(node->output(i));
+    WEFT_CHECK(converted.valid() && converted.dtype() == before[static_cast<size_t>(i)].dtype,
+               "retype {}: output {} must be converted back to {}", node->describe(), i,
+               dtypeName(before[static_cast<size_t>(i)].dtype));
+    for (auto& [input, index] : readers)
+      if (index == i) *input = converted;
+  }
+}
+
 void Graph::addControlInput(Node* node, Node* before) {
   WEFT_CHECK(node && before && node->graph == this && before->graph == this && node != before,
              "addControlInput: both nodes must be distinct nodes of this graph");

@@ -279,6 +279,13 @@ class Graph {
   /// its output types inferred again. Throws, changing nothing, when the op refuses the inputs or
   /// its outputs would not fit what its consumers read (count, dtypes, shapes).
   void retarget(Node* node, const std::string& op, Attrs attrs, const std::string& device);
+  /// Points inputs of `node` at values of other dtypes (mixed precision's 16-bit activations,
+  /// ops/MixedPrecision.h) and infers its outputs again. Where an output's dtype changes, its
+  /// readers read `convert(output)` instead, a value of the old type that `convert` builds, so
+  /// nothing downstream changes type. Throws, changing nothing, when the op refuses the inputs or
+  /// an output's shape would change.
+  void retype(Node* node, const std::vector<std::pair<int, Output>>& inputs,
+              const std::function<Output(Output)>& convert);
   /// Makes `node` run after `before`.
   void addControlInput(Node* node, Node* before);
   /// Every node that ran after `from` runs after `to` instead.

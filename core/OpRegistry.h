@@ -142,6 +142,16 @@ struct OpDef {
   /// The kernel draws random numbers keyed by the session's random step (KernelContext::step),
   /// which advances only in runs that contain such an op.
   OpDef& random() { drawsRandom = true; return *this; }
+  /// Mixed precision: `inputs` may hold 16-bit floats (bf16 or f16, one type for all of them)
+  /// while the op's other floating inputs stay f32; the kernels then compute in f32 and the
+  /// `outputs` take the 16-bit type. keepActivationsLow (ops/MixedPrecision.h) reads this to keep
+  /// the activations between such ops in 16 bits. kAllInputs stands for every input.
+  static constexpr int kAllInputs = -1;
+  OpDef& halfActivations(std::vector<int> inputs, std::vector<int> outputs) {
+    halfInputs = std::move(inputs);
+    halfOutputs = std::move(outputs);
+    return *this;
+  }
 
   std::string name;
   int minInputs = 0, maxInputs = 0;
@@ -155,6 +165,7 @@ struct OpDef {
   bool launchesAsync = false;
   std::vector<int> inputsNotCopied;
   bool drawsRandom = false;
+  std::vector<int> halfInputs, halfOutputs;
 
   Kernel kernelFor(DeviceType t) const { return kernels[static_cast<size_t>(t)]; }
 };

@@ -454,6 +454,15 @@ void buildSteps(detail::Plan& plan, const std::vector<Item>& items, const Graph&
   }
 }
 
+/// A step's name and category in the trace: its node's, or for a copy the executor added, what
+/// it copies and for whom.
+std::string traceName(const detail::Plan::Step& s) {
+  if (s.kernel != copyKernel) return s.ctx.node->name;
+  return fmt::format("copy to {} for {}", s.ctx.device.str(), s.ctx.node->name);
+}
+
+std::string traceCategory(const detail::Plan::Step& s) { return s.kernel == copyKernel ? "Copy" : s.ctx.node->op; }
+
 }  // namespace
 
 // Compiling runs in phases: (1) prune to what the fetches and targets need and order it,
@@ -494,6 +503,8 @@ std::unique_ptr<detail::Plan> Session::compile(const std::vector<Output>& fetche
     if (isKernelOutput) plan->stats.fetchBytes += slots.bytes(s);
   }
   plan->stats.opCount = plan->steps.size();
+  plan->stats.castOps = static_cast<size_t>(
+      std::count_if(order.begin(), order.end(), [](const Node* n) { return n->op == "Cast"; }));
   plan->stats.peakBytes = plan->stats.arenaBytes + plan->stats.fetchBytes;
   return plan;
 }
@@ -555,6 +566,7 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
   try {
     runSteps(plan);
   } catch (const std::exception& e) {
+    if (gpuTimeline_) gpuTimeline_->discard();
     // A GPU error recorded earlier in the step is the likelier cause; it is also cleared here.
     std::string gpuError;
     for (int gpu : plan.gpus) {
@@ -573,6 +585,10 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
   for (int gpu : plan.gpus) {
     const std::string m = detail::finishGpuStep(gpu, describeStep);
     if (gpuError.empty()) gpuError = m;
+  }
+  if (gpuTimeline_) {
+    if (gpuError.empty()) gpuTimeline_->flush();
+    else gpuTimeline_->discard();
   }
   if (!gpuError.empty()) throw Error(gpuError);
   if (plan.drawsRandom) ++step_;
@@ -608,6 +624,12 @@ void Session::runSteps(Plan& plan) {
     if (s.ctx.device.type == DeviceType::CUDA) detail::makeGpuCurrent(s.ctx.device.index);
     const bool timed = opSeconds_ != nullptr || tracing();
     const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    // A traced GPU op also gets its kernels' own time, from events around its launch.
+    const bool gpuTimed = tracing() && s.ctx.device.type == DeviceType::CUDA;
+    if (gpuTimed) {
+      if (!gpuTimeline_) gpuTimeline_ = std::make_unique<detail::GpuTimeline>();
+      gpuTimeline_->begin(s.ctx.device.index);
+    }
     try {
       s.kernel(s.ctx);
     } catch (const Error& e) {
@@ -621,8 +643,9 @@ void Session::runSteps(Plan& plan) {
     if (timed) {
       const auto ended = std::chrono::steady_clock::now();
       if (opSeconds_ != nullptr) (*opSeconds_)[s.ctx.node] += std::chrono::duration<double>(ended - started).count();
-      if (tracing()) traceEvent(s.ctx.node->name, s.ctx.node->op, "ops", started, ended, operandBytes(s.ctx));
+      if (tracing()) traceEvent(traceName(s), traceCategory(s), "ops", started, ended, operandBytes(s.ctx));
     }
+    if (gpuTimed) gpuTimeline_->end(traceName(s), traceCategory(s), operandBytes(s.ctx));
     if (s.checkFinite) {
       for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
     }

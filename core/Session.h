@@ -20,6 +20,7 @@ namespace weft {
 
 namespace detail {
 struct Plan;
+class GpuTimeline;
 }
 
 using FeedMap = std::vector<std::pair<Output, Tensor>>;
@@ -40,6 +41,7 @@ struct SessionOptions {
 /// What a compiled plan costs.
 struct PlanStats {
   size_t opCount = 0;        // kernels run per step
+  size_t castOps = 0;        // of them, dtype conversions (Cast ops; mixed precision's count)
   size_t arenaBytes = 0;     // the static buffer all intermediate values share
   size_t unplannedBytes = 0; // what the intermediates would take without reuse
   size_t fetchBytes = 0;     // outputs handed back to the caller
@@ -122,6 +124,7 @@ class Session {
   uint64_t arenaGeneration_ = 0;
   std::unordered_map<const Node*, double>* opSeconds_ = nullptr;  // while profiling: summed per op
   std::function<void()> afterEachOp_;
+  std::unique_ptr<detail::GpuTimeline> gpuTimeline_;  // while tracing GPU ops: their kernels' times
   uint64_t step_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include "ops/cuda/Kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 namespace weft {
@@ -475,6 +476,13 @@ Output maxPool2d(Output x, std::vector<int64_t> kernel, std::vector<int64_t> str
 Output avgPool2d(Output x, std::vector<int64_t> kernel, std::vector<int64_t> stride, std::vector<int64_t> padding) {
   return addPool("AvgPool2D", x, std::move(kernel), std::move(stride), std::move(padding));
 }
+namespace {
+std::atomic<bool> nondeterministicConvolutions{false};
+}  // namespace
+
+void allowNondeterministicConvolutions(bool allow) { nondeterministicConvolutions = allow; }
+bool nondeterministicConvolutionsAllowed() { return nondeterministicConvolutions; }
+
 Output globalAvgPool(Output x) {
   WEFT_CHECK(x.rank() == 4, "globalAvgPool: {} must have rank 4 (N, C, H, W), got {}", x.name(), x.type().str());
   return mean(x, {2, 3});  // (N, C)
@@ -507,17 +515,19 @@ void detail::registerConvOps(OpRegistry& r) {
   r.add(OpDef("MaxPool2D")
             .inputs(1)
             .infer(poolInfer)
-            .cpu(maxPoolKernel)
+            .cpu(detail::inFloat32<maxPoolKernel>)
             .cuda(WEFT_CUDA_KERNEL(maxPool))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {addOp1(c.graph(), "MaxPool2DGrad", {c.x(0), c.y(), c.dy()}, c.attrs())};
-            }));
+            })
+            .halfActivations({0}, {0}));
   r.add(OpDef("MaxPool2DGrad")
             .inputs(3)
             .infer([](const InferContext& c) { return poolGradInfer(c, 0, 2, 1); })
-            .cpu(maxPoolGradKernel)
+            .cpu(detail::inFloat32<maxPoolGradKernel>)
             .cuda(WEFT_CUDA_KERNEL(maxPoolGrad))
-            .noGradient());
+            .noGradient()
+            .halfActivations({0, 1, 2}, {0}));
   r.add(OpDef("AvgPool2D")
             .inputs(1)
             .infer(poolInfer)

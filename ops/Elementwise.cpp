@@ -330,19 +330,25 @@ std::vector<Grad> powGrad(GradContext& c) {
 Output op1(const std::string& op, Output x) { return addOp1(x.graph(), op, {x}); }
 Output op2(const std::string& op, Output a, Output b) { return addOp1(a.graph(), op, {a, b}); }
 
-void registerBinary(OpRegistry& r, const std::string& name, Kernel k, Kernel cudaKernel, GradFn grad) {
+/// `halfInputs`: the inputs that may be 16-bit activations (OpDef::halfActivations); the CPU
+/// kernel `k` is then run in f32 on such values.
+void registerBinary(OpRegistry& r, const std::string& name, Kernel k, Kernel cudaKernel, GradFn grad,
+                    std::vector<int> halfInputs = {}) {
   OpDef d(name);
   d.inputs(2).infer(broadcastInfer).cpu(k).cuda(cudaKernel).inplace(0);
   if (grad) d.grad(std::move(grad));
   else d.noGradient();
+  if (!halfInputs.empty()) d.halfActivations(std::move(halfInputs), {0});
   r.add(std::move(d));
 }
 
-void registerUnary(OpRegistry& r, const std::string& name, Kernel k, Kernel cudaKernel, GradFn grad) {
+void registerUnary(OpRegistry& r, const std::string& name, Kernel k, Kernel cudaKernel, GradFn grad,
+                   std::vector<int> halfInputs = {}) {
   OpDef d(name);
   d.inputs(1).infer(floatUnaryInfer).cpu(k).cuda(cudaKernel).inplace(0);
   if (grad) d.grad(std::move(grad));
   else d.noGradient();
+  if (!halfInputs.empty()) d.halfActivations(std::move(halfInputs), {0});
   r.add(std::move(d));
 }
 
@@ -423,7 +429,10 @@ Output checkNumerics(Output x, const std::string& message) {
 // ---- registration --------------------------------------------------------------------------
 
 void detail::registerElementwiseOps(OpRegistry& r) {
-  registerBinary(r, "Add", binaryKernel<functors::Add>, WEFT_CUDA_KERNEL(binary<functors::Add>), addGrad);
+  // Mixed precision keeps Add (residual sums), Relu, its gradient and AddN (gradient sums) in 16
+  // bits between convolutions (ops/MixedPrecision.h).
+  registerBinary(r, "Add", detail::inFloat32<binaryKernel<functors::Add>>, WEFT_CUDA_KERNEL(binary<functors::Add>),
+                 addGrad, {0, 1});
   registerBinary(r, "Sub", binaryKernel<functors::Sub>, WEFT_CUDA_KERNEL(binary<functors::Sub>), subGrad);
   registerBinary(r, "Mul", binaryKernel<functors::Mul>, WEFT_CUDA_KERNEL(binary<functors::Mul>), mulGrad);
   registerBinary(r, "Div", divKernel, WEFT_CUDA_KERNEL(div), divGrad);
@@ -448,9 +457,9 @@ void detail::registerElementwiseOps(OpRegistry& r) {
   registerUnary(r, "Sigmoid", sigmoidKernel, WEFT_CUDA_KERNEL(sigmoid), [](GradContext& c) -> std::vector<Grad> {
     return {op2("SigmoidGrad", c.dy(), c.y())};
   });
-  registerUnary(r, "Relu", reluKernel, WEFT_CUDA_KERNEL(relu), [](GradContext& c) -> std::vector<Grad> {
+  registerUnary(r, "Relu", detail::inFloat32<reluKernel>, WEFT_CUDA_KERNEL(relu), [](GradContext& c) -> std::vector<Grad> {
     return {op2("ReluGrad", c.dy(), c.y())};
-  });
+  }, {0});
   // d/dx sqrt x = 1 / (2 y)
   registerUnary(r, "Sqrt", sqrtKernel, WEFT_CUDA_KERNEL(sqrt), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 0.5 / c.y()}; });
   // d/dx x^-1/2 = -y^3 / 2
@@ -471,11 +480,18 @@ void detail::registerElementwiseOps(OpRegistry& r) {
     const char* name;
     Kernel cpu, cuda;
   };
-  for (const Helper& h : {Helper{"ReluGrad", reluGradKernel, WEFT_CUDA_KERNEL(reluGrad)},
-                          Helper{"SigmoidGrad", sigmoidGradKernel, WEFT_CUDA_KERNEL(sigmoidGrad)},
+  for (const Helper& h : {Helper{"SigmoidGrad", sigmoidGradKernel, WEFT_CUDA_KERNEL(sigmoidGrad)},
                           Helper{"TanhGrad", tanhGradKernel, WEFT_CUDA_KERNEL(tanhGrad)}}) {
     r.add(OpDef(h.name).inputs(2).infer(gradHelperInfer).cpu(h.cpu).cuda(h.cuda).inplace(0).noGradient());
   }
+  r.add(OpDef("ReluGrad")
+            .inputs(2)
+            .infer(gradHelperInfer)
+            .cpu(detail::inFloat32<reluGradKernel>)
+            .cuda(WEFT_CUDA_KERNEL(reluGrad))
+            .inplace(0)
+            .noGradient()
+            .halfActivations({0, 1}, {0}));
 
   r.add(OpDef("Where")
             .inputs(3)
@@ -514,10 +530,11 @@ void detail::registerElementwiseOps(OpRegistry& r) {
               }
               return {c.inputs[0]};
             })
-            .cpu(addNKernel).cuda(WEFT_CUDA_KERNEL(addN))
+            .cpu(detail::inFloat32<addNKernel>).cuda(WEFT_CUDA_KERNEL(addN))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return std::vector<Grad>(c.node->inputs.size(), Grad(c.dy()));
-            }));
+            })
+            .halfActivations({OpDef::kAllInputs}, {0}));
   r.add(OpDef("Identity").inputs(1).infer(detail::sameAsInput).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy()}; }));
   r.add(OpDef("StopGradient").inputs(1).infer(detail::sameAsInput).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).noGradient());
@@ -534,9 +551,10 @@ void detail::registerElementwiseOps(OpRegistry& r) {
                       "shape {} is not a broadcast of {}", c.shape(0).str(), c.shape(1).str());
               return {c.inputs[1]};
             })
-            .cpu(reduceToLikeKernel).cuda(WEFT_CUDA_KERNEL(reduceToLike))
+            .cpu(detail::inFloat32<reduceToLikeKernel>).cuda(WEFT_CUDA_KERNEL(reduceToLike))
             .inplace(0)
-            .grad([](GradContext& c) -> std::vector<Grad> { return {broadcastLike(c.dy(), c.x(0)), Grad()}; }));
+            .grad([](GradContext& c) -> std::vector<Grad> { return {broadcastLike(c.dy(), c.x(0)), Grad()}; })
+            .halfActivations({0, 1}, {0}));
   r.add(OpDef("BroadcastLike")
             .inputs(2)
             .infer([](const InferContext& c) -> std::vector<TensorType> {

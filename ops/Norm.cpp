@@ -17,6 +17,8 @@
 namespace weft {
 namespace {
 
+using detail::inFloat32;
+
 // ---- layout --------------------------------------------------------------------------------
 
 /// x as (N, C, S): S is the product of the axes after the channel axis.
@@ -360,15 +362,25 @@ void batchNormInferenceGradKernel(KernelContext& ctx) {
 
 // ---- shape functions -----------------------------------------------------------------------
 
+/// The dtype of the per-channel values (parameters, statistics) that go with x of dtype `x`:
+/// f32 for 16-bit activations (OpDef::halfActivations), x's own otherwise.
+DType statisticsDType(DType x) { return isHalfPrecision(x) ? f32 : x; }
+
 /// Checks x (input xIndex, rank >= 2, floating) and the per-channel inputs `vectors` (rank 1 of
-/// size C, x's dtype); returns C (-1 when unknown everywhere).
+/// size C, of statisticsDType); returns C (-1 when unknown everywhere).
 int64_t checkChannels(const InferContext& c, int xIndex, std::initializer_list<int> vectors) {
   detail::requireFloat(c, xIndex);
   const Shape& x = c.shape(xIndex);
   c.check(x.rank() >= 2, "input must have rank >= 2 (N, C, ...), got {}", x.str());
   int64_t channels = x[1];
+  const bool half = isHalfPrecision(c.dtype(xIndex));
   for (int i : vectors) {
-    detail::requireSameDType(c, xIndex, i);
+    if (half) {
+      c.check(c.dtype(i) == f32, "input {} must be f32 to go with the 16-bit input {} ({}), got {}", i, xIndex,
+              dtypeName(c.dtype(xIndex)), dtypeName(c.dtype(i)));
+    } else {
+      detail::requireSameDType(c, xIndex, i);
+    }
     const Shape& v = c.shape(i);
     c.check(v.rank() == 1, "input {} must be a vector of one value per channel, got {}", i, v.str());
     c.check(v[0] < 0 || channels < 0 || v[0] == channels, "input {} has {} values but the input has {} channels", i,
@@ -393,7 +405,7 @@ void checkGradient(const InferContext& c) {
 /// `count` outputs of shape (channels) after one of x's type.
 std::vector<TensorType> xAndVectors(const InferContext& c, int xIndex, int64_t channels, int count) {
   std::vector<TensorType> out{c.inputs[static_cast<size_t>(xIndex)]};
-  for (int i = 0; i < count; ++i) out.push_back({c.dtype(xIndex), Shape{channels}});
+  for (int i = 0; i < count; ++i) out.push_back({statisticsDType(c.dtype(xIndex)), Shape{channels}});
   return out;
 }
 
@@ -498,29 +510,44 @@ BatchNormOutputs batchNormFromMoments(Output x, Output gamma, Output beta, Outpu
 }
 
 void detail::registerNormOps(OpRegistry& r) {
-  r.add(OpDef("BatchNormTrain").inputs(3).infer(trainInfer).cpu(batchNormTrainKernel).cuda(WEFT_CUDA_KERNEL(batchNormTrain)).grad(batchNormTrainGrad));
-  r.add(OpDef("BatchNormGrad").inputs(5, 7).infer(trainGradInfer).cpu(batchNormGradKernel).cuda(WEFT_CUDA_KERNEL(batchNormGrad)).noGradient());
+  // x (and dy) may be 16-bit with f32 statistics and parameters; the CPU computes those in f32.
+  r.add(OpDef("BatchNormTrain")
+            .inputs(3)
+            .infer(trainInfer)
+            .cpu(inFloat32<batchNormTrainKernel>)
+            .cuda(WEFT_CUDA_KERNEL(batchNormTrain))
+            .grad(batchNormTrainGrad)
+            .halfActivations({0}, {0}));
+  r.add(OpDef("BatchNormGrad")
+            .inputs(5, 7)
+            .infer(trainGradInfer)
+            .cpu(inFloat32<batchNormGradKernel>)
+            .cuda(WEFT_CUDA_KERNEL(batchNormGrad))
+            .noGradient()
+            .halfActivations({0, 1}, {0}));
   r.add(OpDef("BatchNormInference")
             .inputs(5)
             .infer(inferenceInfer)
-            .cpu(batchNormInferenceKernel).cuda(WEFT_CUDA_KERNEL(batchNormInference))
-            .grad(batchNormInferenceGrad));
-  r.add(OpDef("BatchNormMoments").inputs(1).infer(momentsInfer).cpu(momentsKernel).noGradient());
+            .cpu(inFloat32<batchNormInferenceKernel>)
+            .cuda(WEFT_CUDA_KERNEL(batchNormInference))
+            .grad(batchNormInferenceGrad)
+            .halfActivations({0}, {0}));
+  r.add(OpDef("BatchNormMoments").inputs(1).infer(momentsInfer).cpu(inFloat32<momentsKernel>).noGradient());
   r.add(OpDef("BatchNormFromMoments")
             .inputs(4)
             .infer(normalizeFromMomentsInfer)
-            .cpu(normalizeFromMomentsKernel)
+            .cpu(inFloat32<normalizeFromMomentsKernel>)
             .noGradient());
-  r.add(OpDef("BatchNormGradMoments").inputs(4, 6).infer(gradMomentsInfer).cpu(gradMomentsKernel).noGradient());
+  r.add(OpDef("BatchNormGradMoments").inputs(4, 6).infer(gradMomentsInfer).cpu(inFloat32<gradMomentsKernel>).noGradient());
   r.add(OpDef("BatchNormGradFromMoments")
             .inputs(8)
             .infer(gradFromMomentsInfer)
-            .cpu(gradFromMomentsKernel)
+            .cpu(inFloat32<gradFromMomentsKernel>)
             .noGradient());
   r.add(OpDef("BatchNormInferenceGrad")
             .inputs(5)
             .infer(inferenceGradInfer)
-            .cpu(batchNormInferenceGradKernel)
+            .cpu(inFloat32<batchNormInferenceGradKernel>)
             .noGradient());
 }
 

@@ -58,6 +58,12 @@ void copyKernel(KernelContext& ctx);
 /// in f32, and its f32 results are rounded into the 16-bit outputs. Other dtypes pass straight
 /// through. The CPU side of mixed precision; the GPU computes in 16 bits natively.
 void runInFloat32(KernelContext& ctx, Kernel kernel);
+/// runInFloat32 as a kernel of its own: the CPU kernel of an op whose activations may be 16-bit
+/// (OpDef::halfActivations).
+template <Kernel kernel>
+void inFloat32(KernelContext& ctx) {
+  runInFloat32(ctx, kernel);
+}
 
 /// The axis list of a reduction normalised to [0, rank), sorted, all axes when empty.
 std::vector<int> normaliseAxes(const InferContext& c, const std::vector<int64_t>& axes, int rank);

@@ -152,6 +152,12 @@ Output avgPool2d(Output x, std::vector<int64_t> kernel, std::vector<int64_t> str
                  std::vector<int64_t> padding = {0, 0});
 /// (N, C, H, W) -> (N, C).
 Output globalAvgPool(Output x);
+/// Lets GPU convolutions take cuDNN's non-deterministic algorithms (which sum partial results
+/// with atomics, so their bits vary from run to run) where cuDNN's timing finds them fastest, as
+/// PyTorch's cudnn.benchmark does without cudnn.deterministic. Off by default: every algorithm is
+/// deterministic and a step gives the same bits every run. Applies to shapes planned afterwards.
+void allowNondeterministicConvolutions(bool allow);
+bool nondeterministicConvolutionsAllowed();
 
 // ---- Norm.cpp: batch normalisation over all axes but 1 ------------------------------------
 struct BatchNormOutputs {

@@ -177,10 +177,17 @@ void detail::registerReduceOps(OpRegistry& r) {
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {broadcastReduced(c.dy(), c.x(0), axesAttr(c.attrs()), false)};
             }));
-  r.add(OpDef("Mean").inputs(1).infer(reduceInfer).cpu(reduceKernel<Reduction::Mean>).cuda(WEFT_CUDA_KERNEL(mean))
+  // Mean and its gradient take 16-bit activations (a global average pool between a network's
+  // last activation and its classifier's product), computing in f32.
+  r.add(OpDef("Mean")
+            .inputs(1)
+            .infer(reduceInfer)
+            .cpu(detail::inFloat32<reduceKernel<Reduction::Mean>>)
+            .cuda(WEFT_CUDA_KERNEL(mean))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {broadcastReduced(c.dy(), c.x(0), axesAttr(c.attrs()), true)};
-            }));
+            })
+            .halfActivations({0}, {0}));
   // The gradient is shared equally among the elements equal to the maximum.
   r.add(OpDef("Max").inputs(1).infer(reduceInfer).cpu(reduceKernel<Reduction::Max>).cuda(WEFT_CUDA_KERNEL(max))
             .grad([](GradContext& c) -> std::vector<Grad> {
@@ -213,12 +220,13 @@ void detail::registerReduceOps(OpRegistry& r) {
                       "gradient of shape {} does not match a reduction of {}", c.shape(0).str(), c.shape(1).str());
               return {c.inputs[1]};
             })
-            .cpu(broadcastReducedKernel).cuda(WEFT_CUDA_KERNEL(broadcastReduced))
+            .cpu(detail::inFloat32<broadcastReducedKernel>).cuda(WEFT_CUDA_KERNEL(broadcastReduced))
             .grad([](GradContext& c) -> std::vector<Grad> {
               const auto axes = axesAttr(c.attrs());
               Output g = c.attrs().get<bool>("mean") ? mean(c.dy(), axes, false) : sum(c.dy(), axes, false);
               return {reshape(g, c.x(0).shape().dims()), Grad()};
-            }));
+            })
+            .halfActivations({0, 1}, {0}));
 }
 
 }  // namespace weft

@@ -1,6 +1,9 @@
 #include "optim/Optimizer.h"
 
+#include "ops/MixedPrecision.h"
+
 #include <cmath>
+#include <map>
 
 namespace weft::optim {
 namespace {
@@ -70,10 +73,13 @@ Node* Optimizer::minimize(Output loss, const MinimizeOptions& options) {
     if (grads[i].valid()) pairs.emplace_back(grads[i], vars[i]);
   }
   Node* step = applyGradients(pairs, finite);
-  if (!options.lossScaling) return step;
-  std::vector<Node*> all = updateLossScale(*options.lossScaling, finite);
-  all.push_back(step);
-  return g.group(all, "train_step_scaled");
+  if (options.lossScaling) {
+    std::vector<Node*> all = updateLossScale(*options.lossScaling, finite);
+    all.push_back(step);
+    step = g.group(all, "train_step_scaled");
+  }
+  if (options.keepActivationsLow) keepActivationsLow(g);
+  return step;
 }
 
 std::vector<Grad> Optimizer::scaledGradients(Output loss, const std::vector<Output>& vars, const LossScaling& scaling,
@@ -122,9 +128,12 @@ Node* Optimizer::applyGradients(const std::vector<std::pair<Grad, Output>>& grad
   Output step = globalStep(g);
   auto scope = g.scope(name_);
   lrOutput_ = lr_(step);
+  std::map<DType, Output> lrIn;  // the learning rate in each variable dtype, cast once
   std::vector<Node*> updates;
   for (const auto& [grad, var] : gradsAndVariables) {
-    updates.push_back(applyOne(grad, var, cast(lrOutput_, var.dtype()), step));
+    Output& lr = lrIn[var.dtype()];
+    if (!lr.valid()) lr = cast(lrOutput_, var.dtype());
+    updates.push_back(applyOne(grad, var, lr, step));
   }
   updates.push_back(assignAdd(step, g.scalar(1, i64)));
   if (condition.valid()) {

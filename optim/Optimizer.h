@@ -58,6 +58,10 @@ struct MinimizeOptions {
   std::vector<Output> variables;
   /// Scale the loss (for f16 mixed precision); unset: no scaling.
   std::optional<LossScaling> lossScaling;
+  /// Under mixed precision with 16-bit copies (Graph::MixedOps::CastOperands), keep the
+  /// activations between ops that take 16-bit values in 16 bits once the step is built
+  /// (keepActivationsLow, ops/MixedPrecision.h): no casts back and forth between convolutions.
+  bool keepActivationsLow = true;
 };
 
 class Optimizer {

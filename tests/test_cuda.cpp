@@ -7,13 +7,18 @@
 #include "tests/TestUtil.h"
 
 #include "autodiff/Gradients.h"
+#include "core/Trace.h"
 #include "data/Dataset.h"
+#include "models/ResNet.h"
 #include "models/ZooModel.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
 
+#include <nlohmann/json.hpp>
+
 #include <functional>
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -272,8 +277,9 @@ TEST_CASE("shape ops and their gradients match the CPU") {
       Computation c;
       Output x = input(g, c.feeds, "x", dt, {3, 4, 5}, 30, -9, 9);
       Output y = input(g, c.feeds, "y", dt, {3, 2, 5}, 31, -9, 9);
+      Output z = input(g, c.feeds, "z", dt, {3, 4, 2}, 29, -9, 9);  // joins x along the last axis
       const std::vector<Output> pieces = split(x, {1, -1, 2}, 1);
-      c.outputs = {transpose(x, {2, 0, 1}), transpose(x, {1, 0, 2}), concat({x, y}, 1), concat({y, x, y}, -1),
+      c.outputs = {transpose(x, {2, 0, 1}), transpose(x, {1, 0, 2}), concat({x, y}, 1), concat({z, x, z}, -1),
                    pieces[0], pieces[1], pieces[2], slice(x, {1, 1, 0}, {2, -1, 3}), pad(x, {0, 1, 2, 0, 1, 1}, 7.0)};
       return c;
     }, 0);
@@ -422,6 +428,66 @@ TEST_CASE("batch normalisation, training and inference, matches the CPU") {
       c.outputs = {bn.y, bn.batchMean, bn.batchVar, inference, grads[0].dense, grads[1].dense, grads[2].dense};
       return c;
     }, 1e-9);
+  }
+}
+
+TEST_CASE("batch normalisation split over many blocks per channel matches the CPU") {
+  // Channels cut into many parts; planes whose length allows 16-byte vectors and planes that do
+  // not (7 x 7, 3 x 5, 300 x 301); a 2-D input; one channel.
+  const std::vector<Shape> shapes{{32, 64, 28, 28}, {16, 96, 7, 7}, {4, 5, 3, 5}, {512, 3}, {2, 1, 300, 301}};
+  for (DType dt : {f32, f64}) {
+    for (const Shape& shape : shapes) {
+      CAPTURE(dtypeName(dt));
+      CAPTURE(shape.str());
+      checkParity([&](Graph& g) {
+        Computation c;
+        const int64_t channels = shape[1];
+        Output x = input(g, c.feeds, "x", dt, shape, 56, -3, 5);
+        Output gamma = input(g, c.feeds, "gamma", dt, {channels}, 57);
+        Output beta = input(g, c.feeds, "beta", dt, {channels}, 58);
+        const BatchNormOutputs bn = batchNormTrain(x, gamma, beta, 1e-5);
+        Output loss = sum(bn.y * x);
+        const std::vector<Grad> grads = gradients(loss, {x, gamma, beta});
+        Output inference = batchNormInference(x, gamma, beta, bn.batchMean, bn.batchVar, 1e-3);
+        c.outputs = {bn.y, bn.batchMean, bn.batchVar, inference, grads[0].dense, grads[1].dense, grads[2].dense};
+        return c;
+      }, dt == f32 ? 2e-4 : 1e-9);
+    }
+  }
+}
+
+TEST_CASE("16-bit batch norm, ReLU, residual sums, gradient sums and max pooling match the CPU") {
+  for (DType low : {bf16, f16}) {
+    CAPTURE(dtypeName(low));
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output x = cast(input(g, c.feeds, "x", f32, {4, 8, 15, 14}, 81, -2, 2), low);
+      Output gamma = input(g, c.feeds, "gamma", f32, {8}, 82);
+      Output beta = input(g, c.feeds, "beta", f32, {8}, 83);
+      const BatchNormOutputs bn = batchNormTrain(x, gamma, beta, 1e-5);
+      Output sumOf = relu(bn.y) + x;
+      Output pooled = maxPool2d(sumOf, {3, 3}, {2, 2}, {1, 1});
+      Output inference = batchNormInference(x, gamma, beta, bn.batchMean, bn.batchVar, 1e-3);
+      // x feeds batch norm and the sum: its gradient is an AddN of two 16-bit gradients.
+      const std::vector<Grad> grads = gradients(sum(square(cast(pooled, f32))), {x, gamma, beta});
+      CHECK(grads[0].dense.dtype() == low);
+      c.outputs = {bn.y, bn.batchMean, sumOf, pooled, inference, grads[0].dense, grads[1].dense, grads[2].dense};
+      return c;
+    }, low == bf16 ? 4.0 / 128 : 4.0 / 512);
+  }
+}
+
+TEST_CASE("a max pool's gradient goes to the first maximum of each window when values tie") {
+  for (DType dt : {f32, f64}) {
+    CAPTURE(dtypeName(dt));
+    checkParity([&](Graph& g) {
+      Computation c;
+      Output x = cast(input(g, c.feeds, "x", i32, {3, 5, 17, 16}, 84, 0, 3), dt);  // many ties
+      Output pooled = maxPool2d(x, {3, 3}, {2, 2}, {1, 1});
+      Output weights = input(g, c.feeds, "w", dt, pooled.shape(), 85);
+      c.outputs = {pooled, gradients(sum(pooled * weights), {x})[0].dense};
+      return c;
+    }, dt == f32 ? 1e-6 : 1e-12);
   }
 }
 
@@ -601,6 +667,36 @@ TEST_CASE("values cross between devices where their consumers run") {
   CHECK_CLOSE(out[2], a3, 1e-6);
 }
 
+TEST_CASE("a trace gives every GPU op its kernels' time on the track \"gpu\"") {
+  Graph g;
+  auto placed = g.onDevice("cuda:0");
+  const Output x = g.placeholder("x", f32, {1 << 20});
+  const Output y = tanh(x) * 2.0;
+  Session s(g);
+  const FeedMap feeds{{x, randomTensor(f32, {1 << 20}, 90)}};
+  s.run({y}, feeds);  // compiles the plan
+  startTracing();
+  s.run({y}, feeds);
+  s.run({y}, feeds);
+  stopTracing();
+  const auto trace = nlohmann::json::parse(traceEventsJson(0, "test"));
+  int gpuTrack = -1;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "gpu") gpuTrack = e["tid"].get<int>();
+  }
+  REQUIRE(gpuTrack >= 0);
+  std::map<std::string, int> runs;  // by category: the op, or Copy for the executor's copies
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["tid"].get<int>() != gpuTrack) continue;
+    ++runs[e["cat"].get<std::string>()];
+    CHECK(e["dur"].get<int64_t>() >= 0);
+    CHECK(e["args"].contains("bytes"));
+  }
+  CHECK(runs["Tanh"] == 2);
+  CHECK(runs["Mul"] == 2);
+  CHECK(runs["Copy"] == 2);  // x, fed from the host
+}
+
 TEST_CASE("the caching allocator serves every step after the first from its cache") {
   Graph g;
   auto placed = g.onDevice("cuda:0");
@@ -775,6 +871,32 @@ TEST_CASE("16-bit convolutions (cuDNN) and their gradients match the CPU") {
       return c;
     }, low == bf16 ? 4.0 / 128 : 4.0 / 512);
   }
+}
+
+TEST_CASE("a small ResNet trains on the GPU in bf16 as on the CPU, with its activations in bf16") {
+  SideBySide resnet([](Graph& g) {
+    models::ResNetNet net;
+    {
+      auto mixed = g.mixedPrecision(bf16);
+      net = models::buildResNet(g, {8, 8, 4, 3, 0.9, 3, f32});
+    }
+    Classifier m{net.images, net.labels, net.loss, nullptr};
+    m.step = optim::Momentum(0.05, 0.9).minimize(m.loss);
+    return m;
+  });
+  const Tensor xv = randomTensor(f32, {16, 3, 16, 16}, 310);
+  const Tensor yv = randomInts(i64, {16}, 0, 4, 311);
+  for (int i = 0; i < 10; ++i) {
+    const auto [a, b] = resnet.step(xv, yv);
+    CAPTURE(i);
+    CHECK(b == doctest::Approx(a).epsilon(0.03));  // bf16 rounding differs in summation order
+  }
+  const FeedMap feeds{{resnet.gpuModel.x, xv}, {resnet.gpuModel.labels, yv}};
+  const PlanStats gpu = resnet.gpuSession->planStats({resnet.gpuModel.loss}, feeds, {resnet.gpuModel.step});
+  const FeedMap cpuFeeds{{resnet.cpuModel.x, xv}, {resnet.cpuModel.labels, yv}};
+  const PlanStats cpu = resnet.cpuSession->planStats({resnet.cpuModel.loss}, cpuFeeds, {resnet.cpuModel.step});
+  CHECK(gpu.castOps == cpu.castOps);
+  CHECK(gpu.castOps < 60);  // filters down, filter gradients up, images, the classifier's product
 }
 
 TEST_CASE("AllFinite and an update it gates run on the GPU as on the CPU") {

@@ -162,3 +162,30 @@ TEST_CASE("verify names a node whose recorded outputs its op no longer infers") 
   a.node()->outputs[0].dtype = f64;  // what editing nodes field by field can leave behind
   CHECK(contains(errorOf([&] { g.verify(); }), a.node()->describe()));
 }
+
+TEST_CASE("retype feeds a node values of another dtype and gives its other readers a conversion") {
+  Graph g;
+  const Output x = g.placeholder("x", f32, {4});
+  const Output half = cast(x, bf16);
+  const Output r = relu(cast(half, f32));
+  const Output reader = r * 2.0;
+  Node* converted = nullptr;
+  g.retype(r.node(), {{0, half}}, [&](Output low) {
+    const Output wide = cast(low, f32);
+    converted = wide.node();
+    return wide;
+  });
+  CHECK(r.dtype() == bf16);
+  CHECK(r.node()->inputs[0] == half);
+  REQUIRE(converted != nullptr);
+  CHECK(converted->inputs[0] == r);
+  CHECK(reader.node()->inputs[0] == converted->output());
+  CHECK(reader.dtype() == f32);
+  g.verify();
+  // An input the op refuses changes nothing.
+  const Output ints = g.placeholder("ints", i32, {4});
+  CHECK(contains(errorOf([&] { g.retype(reader.node(), {{0, ints}}, [](Output o) { return o; }); }),
+                 "must have the same dtype"));
+  CHECK(reader.node()->inputs[0] == converted->output());
+  g.verify();
+}

@@ -35,6 +35,7 @@ struct TrainFlags {
   int threads = 2;
   std::string device = "cpu";
   std::string precision = "f32";
+  std::string deterministic = "on";
   std::string dtype = "f32";
   uint64_t seed = 1;
   std::string data;
@@ -135,6 +136,7 @@ class Trainer {
                "specification says (a host's \"gpus\", or its \"cpu_workers\")",
                flags_.device);
     const DType precision = parseDType(flags_.precision);
+    allowNondeterministicConvolutions(flags_.deterministic == "off");
     WEFT_CHECK(flags_.dtype == "f32" || precision == f32,
                "--dtype {} computes everything in {}; mixed precision (--precision {}) needs f32", flags_.dtype,
                flags_.dtype, flags_.precision);
@@ -765,6 +767,11 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                  "(f16 adds dynamic loss scaling; on the CPU, bf16 covers the products alone)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  cmd.add_option("--deterministic", f.deterministic,
+                 "on: every GPU kernel gives the same bits every run; off: GPU convolutions may take cuDNN's faster "
+                 "non-deterministic algorithms, as PyTorch's cudnn.benchmark does")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   cmd.add_option("--dtype", f.dtype, "f32, or f64 for every variable and computation (to check numerics)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "f64"}));

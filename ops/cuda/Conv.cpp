@@ -1,6 +1,7 @@
 // The CUDA kernels of the convolutions (ops/Conv.cpp defines the ops): cuDNN, NCHW, with the
-// algorithm of each shape chosen once by cuDNN's heuristics (deterministic algorithms first, so a
-// step gives the same bits every run) and cached with its descriptors.
+// algorithm of each shape chosen once by timing cuDNN's candidates on the GPU (the fastest
+// deterministic one, so a step gives the same bits every run, unless
+// allowNondeterministicConvolutions) and cached with its descriptors.
 #include "ops/Ops.h"
 #include "ops/cuda/Host.h"
 #include "ops/cuda/Kernels.h"
@@ -29,9 +30,11 @@ cudnnHandle_t handleFor(int gpu) {
 struct ConvKey {
   int gpu;
   DType dtype;
-  bool tf32;
+  bool tf32, anyDeterminism;
   std::vector<int64_t> dims;  // n, c, h, w, o, kh, kw, strides, padding, dilation
-  bool operator<(const ConvKey& o) const { return std::tie(gpu, dtype, tf32, dims) < std::tie(o.gpu, o.dtype, o.tf32, o.dims); }
+  bool operator<(const ConvKey& o) const {
+    return std::tie(gpu, dtype, tf32, anyDeterminism, dims) < std::tie(o.gpu, o.dtype, o.tf32, o.anyDeterminism, o.dims);
+  }
 };
 
 /// Descriptors and the chosen algorithms of one convolution shape.
@@ -52,18 +55,21 @@ struct Chosen {
   size_t bytes;
 };
 
-/// The first algorithm cuDNN's heuristics rank that works: those of the descriptor's math type
-/// before others (the heuristics list both tensor-op and plain versions, and an algorithm runs
-/// under the descriptor's type), deterministic ones first within each. The workspace is asked of
-/// cuDNN for the descriptors as set, not taken from the ranking; an algorithm whose size query
-/// fails is passed over.
-template <class Perf, class Get, class WorkspaceOf>
-Chosen<decltype(Perf::algo)> pickAlgorithm(Get get, WorkspaceOf workspaceOf, cudnnMathType_t math, const char* what) {
+/// The fastest algorithm of cuDNN's measured ranking (cudnnFind*, which runs each algorithm once on
+/// this GPU, as PyTorch's cudnn.benchmark does) that works: those of the descriptor's math type
+/// before others (the ranking lists both tensor-op and plain versions, and an algorithm runs
+/// under the descriptor's type), deterministic ones first within each unless `anyDeterminism`,
+/// so that a step gives the same bits every run. The workspace is asked of cuDNN for the
+/// descriptors as set, not taken from the ranking; an algorithm whose size query fails is passed
+/// over.
+template <class Perf, class Find, class WorkspaceOf>
+Chosen<decltype(Perf::algo)> pickAlgorithm(Find find, WorkspaceOf workspaceOf, cudnnMathType_t math, bool anyDeterminism,
+                                           const char* what) {
   static thread_local std::vector<Perf> perfs(16);
   int count = 0;
-  checkDnn(get(static_cast<int>(perfs.size()), &count, perfs.data()), what);
+  checkDnn(find(static_cast<int>(perfs.size()), &count, perfs.data()), what);
   for (const bool sameMath : {true, false}) {
-    for (const bool deterministic : {true, false}) {
+    for (const bool deterministic : {!anyDeterminism, false}) {
       for (int i = 0; i < count; ++i) {
         const Perf& perf = perfs[static_cast<size_t>(i)];
         if (perf.status != CUDNN_STATUS_SUCCESS || (sameMath && perf.mathType != math) ||
@@ -84,7 +90,7 @@ const ConvPlan& planFor(const KernelContext& ctx, const Shape& x, const Shape& f
   const auto& dilation = ctx.attrs().get<std::vector<int64_t>>("dilation");
   const DType dtype = ctx.inputs[0]->dtype();
   const bool tf32 = dtype == f32 && tf32Allowed();
-  ConvKey key{ctx.device.index, dtype, tf32, {x[0], x[1], x[2], x[3], filter[0], filter[2], filter[3], strides[0],
+  ConvKey key{ctx.device.index, dtype, tf32, nondeterministicConvolutionsAllowed(), {x[0], x[1], x[2], x[3], filter[0], filter[2], filter[3], strides[0],
                                               strides[1], padding[0], padding[1], dilation[0], dilation[1]}};
   for (int64_t d : key.dims) {
     WEFT_CHECK(d >= 0 && d <= 2147483647, "{}: a dimension of {} exceeds cuDNN's 32-bit sizes", ctx.node->describe(), d);
@@ -128,32 +134,32 @@ const ConvPlan& planFor(const KernelContext& ctx, const Shape& x, const Shape& f
   cudnnHandle_t handle = handleFor(ctx.device.index);
   const auto fwd = pickAlgorithm<cudnnConvolutionFwdAlgoPerf_t>(
       [&](int want, int* got, cudnnConvolutionFwdAlgoPerf_t* out) {
-        return cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->filter, p->conv, p->y, want, got, out);
+        return cudnnFindConvolutionForwardAlgorithm(handle, p->x, p->filter, p->conv, p->y, want, got, out);
       },
       [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle, p->x, p->filter, p->conv, p->y, algo, bytes);
       },
-      math, "the forward convolution");
+      math, key.anyDeterminism, "the forward convolution");
   p->forward = fwd.algo;
   p->forwardBytes = fwd.bytes;
   const auto data = pickAlgorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
       [&](int want, int* got, cudnnConvolutionBwdDataAlgoPerf_t* out) {
-        return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->filter, p->y, p->conv, p->x, want, got, out);
+        return cudnnFindConvolutionBackwardDataAlgorithm(handle, p->filter, p->y, p->conv, p->x, want, got, out);
       },
       [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, p->filter, p->y, p->conv, p->x, algo, bytes);
       },
-      math, "the input gradient");
+      math, key.anyDeterminism, "the input gradient");
   p->backwardData = data.algo;
   p->backwardDataBytes = data.bytes;
   const auto filterAlgo = pickAlgorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
       [&](int want, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* out) {
-        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, p->x, p->y, p->conv, p->filter, want, got, out);
+        return cudnnFindConvolutionBackwardFilterAlgorithm(handle, p->x, p->y, p->conv, p->filter, want, got, out);
       },
       [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p->x, p->y, p->conv, p->filter, algo, bytes);
       },
-      math, "the filter gradient");
+      math, key.anyDeterminism, "the filter gradient");
   p->backwardFilter = filterAlgo.algo;
   p->backwardFilterBytes = filterAlgo.bytes;
   slot = std::move(p);

@@ -4,6 +4,8 @@
 #include "ops/cuda/Host.h"
 #include "ops/cuda/Kernels.h"
 
+#include <algorithm>
+
 namespace weft::cudaops {
 
 BroadcastMap broadcastMap(const Shape& out, const Shape& in) {
@@ -33,7 +35,7 @@ namespace {
 void unaryOp(KernelContext& ctx, launch::Unary op) {
   const Tensor& x = ctx.input(0);
   if (x.numel() == 0) return;
-  dispatchFloating(x.dtype(), [&](auto z) {
+  dispatchFloatingOrHalf(x.dtype(), [&](auto z) {
     using T = decltype(z);
     WEFT_CUDA_CHECK(launch::unary<T>(op, x.data<T>(), ctx.output(0).data<T>(), x.numel(), streamOf(ctx)));
   });
@@ -42,7 +44,7 @@ void unaryOp(KernelContext& ctx, launch::Unary op) {
 void activationGradOp(KernelContext& ctx, launch::ActivationGrad op) {
   const int64_t n = ctx.output(0).numel();
   if (n == 0) return;
-  dispatchFloating(ctx.input(0).dtype(), [&](auto z) {
+  dispatchFloatingOrHalf(ctx.input(0).dtype(), [&](auto z) {
     using T = decltype(z);
     WEFT_CUDA_CHECK(launch::activationGrad<T>(op, ctx.input(0).data<T>(), ctx.input(1).data<T>(),
                                               ctx.output(0).data<T>(), n, streamOf(ctx)));
@@ -60,7 +62,7 @@ void binary(KernelContext& ctx) {
   const bool same = a.numel() == n && b.numel() == n;
   const BroadcastMap ma = same ? BroadcastMap{} : broadcastMap(out.shape(), a.shape());
   const BroadcastMap mb = same ? BroadcastMap{} : broadcastMap(out.shape(), b.shape());
-  dispatchAll(a.dtype(), [&](auto z) {
+  dispatchAllOrHalf(a.dtype(), [&](auto z) {
     using T = decltype(z);
     WEFT_CUDA_CHECK(launch::binary<F, T>(a.data<T>(), b.data<T>(), out.data<T>(), n, same ? nullptr : &ma,
                                          same ? nullptr : &mb, streamOf(ctx)));
@@ -126,27 +128,32 @@ void where(KernelContext& ctx) {
   });
 }
 
-void cast(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
-  if (x.numel() == 0) return;
-  dispatchStorage(x.dtype(), [&](auto zs) {
+void castOnDevice(const KernelContext& ctx, const Tensor& from, Tensor& to) {
+  WEFT_CHECK(from.numel() == to.numel(), "castOnDevice: {} elements into {}", from.numel(), to.numel());
+  if (from.numel() == 0) return;
+  dispatchStorage(from.dtype(), [&](auto zs) {
     using S = decltype(zs);
-    dispatchStorage(ctx.output(0).dtype(), [&](auto zd) {
+    dispatchStorage(to.dtype(), [&](auto zd) {
       using D = decltype(zd);
-      WEFT_CUDA_CHECK(launch::cast<S, D>(x.data<S>(), ctx.output(0).data<D>(), x.numel(), streamOf(ctx)));
+      WEFT_CUDA_CHECK(launch::cast<S, D>(from.data<S>(), to.data<D>(), from.numel(), streamOf(ctx)));
     });
   });
 }
 
+void cast(KernelContext& ctx) { castOnDevice(ctx, ctx.input(0), ctx.output(0)); }
+
+// One pass over every input (launch::kMaxAddends at a time), summed in input order as on the CPU.
 void addN(KernelContext& ctx) {
   Tensor& out = ctx.output(0);
   const int64_t n = out.numel();
   if (n == 0) return;
-  copyOnDevice(ctx, ctx.input(0), out);
-  dispatchAll(out.dtype(), [&](auto z) {
+  dispatchAllOrHalf(out.dtype(), [&](auto z) {
     using T = decltype(z);
-    for (int j = 1; j < ctx.numInputs(); ++j) {
-      WEFT_CUDA_CHECK(launch::accumulate<T>(ctx.input(j).data<T>(), out.data<T>(), n, streamOf(ctx)));
+    for (int first = 0; first < ctx.numInputs(); first += launch::kMaxAddends) {
+      launch::Addends addends{};
+      addends.count = std::min(launch::kMaxAddends, ctx.numInputs() - first);
+      for (int k = 0; k < addends.count; ++k) addends.x[k] = ctx.input(first + k).raw();
+      WEFT_CUDA_CHECK(launch::addN<T>(addends, out.data<T>(), n, first > 0, streamOf(ctx)));
     }
   });
 }
@@ -167,7 +174,7 @@ void broadcastLike(KernelContext& ctx) {
   const BroadcastMap m = broadcastMap(out.shape(), x.shape());
   dispatchAll(x.dtype(), [&](auto z) {
     using T = decltype(z);
-    WEFT_CUDA_CHECK(launch::spread<T>(x.data<T>(), out.data<T>(), out.numel(), m, T(1), streamOf(ctx)));
+    WEFT_CUDA_CHECK(launch::spread<T>(x.data<T>(), out.data<T>(), out.numel(), m, 1.0, streamOf(ctx)));
   });
 }
 

@@ -2,11 +2,13 @@
 // the executor's stream, broadcast maps from shapes, dtype dispatch and error sinks.
 #pragma once
 
+#include "core/Half.h"
 #include "core/OpRegistry.h"
 #include "core/cuda/Runtime.h"
 #include "ops/cuda/Launchers.h"
 
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace weft::cudaops {
@@ -44,6 +46,8 @@ class HandlePerGpu {
 
 /// Copies a tensor's bytes on the device (nothing when they are the same memory).
 void copyOnDevice(const KernelContext& ctx, const Tensor& src, Tensor& dst);
+/// Converts every element of `from` into `to` on the device (same element count, any dtypes).
+void castOnDevice(const KernelContext& ctx, const Tensor& from, Tensor& to);
 
 /// Calls f(T{}) for the dtypes CUDA kernels compute in.
 template <class F>
@@ -63,6 +67,26 @@ void dispatchFloating(DType t, F&& f) {
     case DType::F32: f(float{}); break;
     case DType::F64: f(double{}); break;
     default: WEFT_THROW("dtype {} is not a floating type with CUDA kernels", dtypeName(t));
+  }
+}
+
+/// dispatchFloating, and the 16-bit types (BFloat16, Float16), whose kernels compute in f32.
+template <class F>
+void dispatchFloatingOrHalf(DType t, F&& f) {
+  switch (t) {
+    case DType::BF16: f(BFloat16{}); break;
+    case DType::F16: f(Float16{}); break;
+    default: dispatchFloating(t, std::forward<F>(f));
+  }
+}
+
+/// dispatchAll, and the 16-bit types.
+template <class F>
+void dispatchAllOrHalf(DType t, F&& f) {
+  switch (t) {
+    case DType::BF16: f(BFloat16{}); break;
+    case DType::F16: f(Float16{}); break;
+    default: dispatchAll(t, std::forward<F>(f));
   }
 }
 

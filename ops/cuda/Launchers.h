@@ -72,14 +72,21 @@ cudaError_t where(const C* c, const T* a, const T* b, T* out, int64_t n, const B
                   const BroadcastMap& ma, const BroadcastMap& mb, cudaStream_t stream);
 template <class S, class D>
 cudaError_t cast(const S* x, D* out, int64_t n, cudaStream_t stream);
-/// out += x
+/// Up to kMaxAddends inputs of AddN.
+constexpr int kMaxAddends = 16;
+struct Addends {
+  const void* x[kMaxAddends];
+  int count;
+};
+/// out = the sum of the addends in order (computed in f32 for 16-bit types, rounded once), plus
+/// out's own value first when `accumulate`.
 template <class T>
-cudaError_t accumulate(const T* x, T* out, int64_t n, cudaStream_t stream);
+cudaError_t addN(const Addends& addends, T* out, int64_t n, bool accumulate, cudaStream_t stream);
 template <class T>
 cudaError_t fill(T* out, T value, int64_t n, cudaStream_t stream);
-/// out[i] = x[m.offset(i)] * scale
+/// out[i] = x[m.offset(i)] * scale (computed in f32 for the 16-bit types)
 template <class T>
-cudaError_t spread(const T* x, T* out, int64_t n, const BroadcastMap& m, T scale, cudaStream_t stream);
+cudaError_t spread(const T* x, T* out, int64_t n, const BroadcastMap& m, double scale, cudaStream_t stream);
 /// Records an integer division by zero, naming a zero divisor (the first to reach the record).
 template <class T>
 cudaError_t checkDivisors(const T* b, int64_t n, ErrorSink errors, cudaStream_t stream);
@@ -181,32 +188,43 @@ template <class T, class I>
 cudaError_t sparseSquaredNorm(const I* ids, const T* values, int64_t n, int64_t width, T* out, double* partials,
                               void* workspace, cudaStream_t stream);
 
-// ---- Norm.cu (x seen as (N, C, S); one block per channel, sums in double) ----
+// ---- Norm.cu ----
+// x is seen as (N, C, S). T is the element type of x, y, dy and dx: f32 or f64, or a 16-bit type
+// (BFloat16, Float16) whose statistics, gamma and beta are f32 (P). Each channel's N * S elements
+// are split into parts, one block each; a part's sums land in `partials` (two doubles per part,
+// batchNormPartials of them) and are combined in a fixed order, so results do not vary between
+// runs.
+struct NormShape {
+  int64_t n, c, s;
+};
+/// Doubles of the `partials` workspace that the training ops need for this shape.
+int64_t batchNormPartials(const NormShape& shape);
 /// y = gamma (x - mean) invstd + beta with the batch's mean and biased variance, which are
 /// written with invstd = 1 / sqrt(var + eps).
-template <class T>
-cudaError_t batchNormTrain(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* var, T* invstd, int64_t n,
-                           int64_t c, int64_t s, double eps, cudaStream_t stream);
+template <class T, class P>
+cudaError_t batchNormTrain(const T* x, const P* gamma, const P* beta, T* y, P* mean, P* var, P* invstd,
+                           const NormShape& shape, double eps, double* partials, cudaStream_t stream);
 /// dx, dgamma, dbeta of batchNormTrain; dmean and dvar may be null.
-template <class T>
-cudaError_t batchNormGrad(const T* dy, const T* x, const T* gamma, const T* mean, const T* invstd, const T* dmean,
-                          const T* dvar, T* dx, T* dgamma, T* dbeta, int64_t n, int64_t c, int64_t s,
+template <class T, class P>
+cudaError_t batchNormGrad(const T* dy, const T* x, const P* gamma, const P* mean, const P* invstd, const P* dmean,
+                          const P* dvar, T* dx, P* dgamma, P* dbeta, const NormShape& shape, double* partials,
                           cudaStream_t stream);
 /// y = gamma (x - mean) / sqrt(var + eps) + beta with given statistics.
-template <class T>
-cudaError_t batchNormInference(const T* x, const T* gamma, const T* beta, const T* mean, const T* var, T* y,
-                               int64_t n, int64_t c, int64_t s, double eps, cudaStream_t stream);
+template <class T, class P>
+cudaError_t batchNormInference(const T* x, const P* gamma, const P* beta, const P* mean, const P* var, T* y,
+                               const NormShape& shape, double eps, cudaStream_t stream);
 
-// ---- Pool.cu (planes = N * C of an NCHW tensor) ----
+// ---- Pool.cu (planes = N * C of an NCHW tensor; T also a 16-bit type, computed in f32) ----
 struct PoolShape {
   int64_t planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
 };
 template <class T>
 cudaError_t maxPool(const T* x, T* y, const PoolShape& p, cudaStream_t stream);
 /// Each output's gradient goes to the first element of its window equal to its maximum; an
-/// input sums what reaches it in output order (as on the CPU).
+/// input sums what reaches it in output order (as on the CPU). `winners`: one int32 per output.
 template <class T>
-cudaError_t maxPoolGrad(const T* x, const T* y, const T* dy, T* dx, const PoolShape& p, cudaStream_t stream);
+cudaError_t maxPoolGrad(const T* x, const T* y, const T* dy, T* dx, const PoolShape& p, int32_t* winners,
+                        cudaStream_t stream);
 template <class T>
 cudaError_t avgPool(const T* x, T* y, const PoolShape& p, cudaStream_t stream);
 template <class T>

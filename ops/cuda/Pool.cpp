@@ -3,6 +3,9 @@
 #include "ops/cuda/Host.h"
 #include "ops/cuda/Kernels.h"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace weft::cudaops {
 namespace {
 
@@ -21,7 +24,7 @@ void poolForward(KernelContext& ctx, bool max) {
   Tensor& y = ctx.output(0);
   if (y.numel() == 0) return;
   const PoolShape p = poolShape(ctx, x.shape(), y.shape());
-  dispatchFloating(x.dtype(), [&](auto z) {
+  dispatchFloatingOrHalf(x.dtype(), [&](auto z) {
     using T = decltype(z);
     WEFT_CUDA_CHECK(max ? launch::maxPool<T>(x.data<T>(), y.data<T>(), p, streamOf(ctx))
                         : launch::avgPool<T>(x.data<T>(), y.data<T>(), p, streamOf(ctx)));
@@ -38,9 +41,13 @@ void maxPoolGrad(KernelContext& ctx) {
   Tensor& dx = ctx.output(0);
   if (dx.numel() == 0) return;
   const PoolShape p = poolShape(ctx, x.shape(), y.shape());
-  dispatchFloating(x.dtype(), [&](auto z) {
+  WEFT_CHECK(p.h * p.w <= INT32_MAX, "{}: planes of {} elements exceed the kernel's 32-bit positions",
+             ctx.node->describe(), p.h * p.w);
+  const Tensor winners(i32, {std::max<int64_t>(y.numel(), 1)}, ctx.device);  // freed in stream order
+  dispatchFloatingOrHalf(x.dtype(), [&](auto z) {
     using T = decltype(z);
-    WEFT_CUDA_CHECK(launch::maxPoolGrad<T>(x.data<T>(), y.data<T>(), dy.data<T>(), dx.data<T>(), p, streamOf(ctx)));
+    WEFT_CUDA_CHECK(launch::maxPoolGrad<T>(x.data<T>(), y.data<T>(), dy.data<T>(), dx.data<T>(), p,
+                                           winners.data<int32_t>(), streamOf(ctx)));
   });
 }
 
@@ -52,7 +59,7 @@ void avgPoolGrad(KernelContext& ctx) {
   Tensor& dx = ctx.output(0);
   if (dx.numel() == 0) return;
   const PoolShape p = poolShape(ctx, x.shape(), dy.shape());
-  dispatchFloating(x.dtype(), [&](auto z) {
+  dispatchFloatingOrHalf(x.dtype(), [&](auto z) {
     using T = decltype(z);
     WEFT_CUDA_CHECK(launch::avgPoolGrad<T>(dy.data<T>(), dx.data<T>(), p, streamOf(ctx)));
   });

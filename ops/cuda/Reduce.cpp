@@ -40,9 +40,19 @@ void reduceInto(const KernelContext& ctx, Reduction kind, const Tensor& x, Tenso
   });
 }
 
+/// x reduced into out over the axes marked; 16-bit values are reduced in f32 and rounded once.
+void reduceWidened(const KernelContext& ctx, Reduction kind, const Tensor& x, Tensor& out,
+                   const std::vector<bool>& isReduced) {
+  if (!isHalfPrecision(x.dtype())) return reduceInto(ctx, kind, x, out, isReduced);
+  Tensor wide(f32, x.shape(), ctx.device), result(f32, out.shape(), ctx.device);  // freed in stream order
+  castOnDevice(ctx, x, wide);
+  reduceInto(ctx, kind, wide, result, isReduced);
+  castOnDevice(ctx, result, out);
+}
+
 void reduceOp(KernelContext& ctx, Reduction kind) {
   const Tensor& x = ctx.input(0);
-  reduceInto(ctx, kind, x, ctx.output(0), reducedAxes(x.shape(), ctx.attrs().get<std::vector<int64_t>>("axes")));
+  reduceWidened(ctx, kind, x, ctx.output(0), reducedAxes(x.shape(), ctx.attrs().get<std::vector<int64_t>>("axes")));
 }
 
 }  // namespace
@@ -65,7 +75,8 @@ void argmax(KernelContext& ctx) {
   });
 }
 
-// Sums x over the axes on which `like` (the output's shape) was broadcast to reach x's shape.
+// Sums x over the axes on which `like` (the output's shape) was broadcast to reach x's shape;
+// 16-bit values are summed in f32 and rounded once, as on the CPU.
 void reduceToLike(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& out = ctx.output(0);
@@ -79,7 +90,7 @@ void reduceToLike(KernelContext& ctx) {
     const int likeAxis = like.rank() - (s.rank() - d);
     isReduced[static_cast<size_t>(d)] = likeAxis < 0 || (like[likeAxis] == 1 && s[d] != 1);
   }
-  reduceInto(ctx, Reduction::Sum, x, out, isReduced);
+  reduceWidened(ctx, Reduction::Sum, x, out, isReduced);
 }
 
 // out (x's shape) = dy spread over the reduced axes, divided by their count when "mean" is set.
@@ -98,9 +109,9 @@ void broadcastReduced(KernelContext& ctx) {
   }
   const double scale = ctx.attrs().get<bool>("mean") && count > 0 ? 1.0 / static_cast<double>(count) : 1.0;
   const BroadcastMap m = broadcastMap(out.shape(), kept);
-  dispatchAll(dy.dtype(), [&](auto z) {
+  dispatchAllOrHalf(dy.dtype(), [&](auto z) {
     using T = decltype(z);
-    WEFT_CUDA_CHECK(launch::spread<T>(dy.data<T>(), out.data<T>(), out.numel(), m, static_cast<T>(scale), streamOf(ctx)));
+    WEFT_CUDA_CHECK(launch::spread<T>(dy.data<T>(), out.data<T>(), out.numel(), m, scale, streamOf(ctx)));
   });
 }
 
