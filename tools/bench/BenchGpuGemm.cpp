@@ -13,6 +13,7 @@
 // measurements, their TFLOP/s and weft / cuBLAS.
 #include "tools/bench/BenchUtil.h"
 
+#include "core/Half.h"
 #include "core/Session.h"
 #include "ops/Ops.h"
 
@@ -21,8 +22,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 using namespace weft;
 
@@ -65,16 +68,33 @@ bench::Timing timeWeft(const GemmShape& s, DType type, bool tf32, int reps) {
   return bench::time([&] { session.run(all); }, 3, reps);
 }
 
-/// Seconds per kChain products through cuBLAS directly, on operands of the same size.
+/// Fills `count` elements of `type` (f32 or bf16) at device address `to` with values uniform in
+/// [-1, 1), as weft's Initializer::uniform(-1, 1) draws its operands.
+void uploadUniform(void* to, int64_t count, DType type, unsigned seed) {
+  std::mt19937 draw(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  if (type == f32) {
+    std::vector<float> host(static_cast<size_t>(count));
+    for (float& v : host) v = uniform(draw);
+    check(cudaMemcpy(to, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  } else {
+    std::vector<BFloat16> host(static_cast<size_t>(count));
+    for (BFloat16& v : host) v = BFloat16(uniform(draw));
+    check(cudaMemcpy(to, host.data(), host.size() * sizeof(BFloat16), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+}
+
+/// Seconds per kChain products through cuBLAS directly, on operands of the same size and kind.
 bench::Timing timeCublas(const GemmShape& s, DType type, bool tf32, int reps) {
   const size_t element = type == f32 ? 4 : 2;
   void *a = nullptr, *b = nullptr, *c = nullptr;
   check(cudaMalloc(&a, static_cast<size_t>(s.m * s.k) * element), "cudaMalloc");
   check(cudaMalloc(&b, static_cast<size_t>(s.k * s.n) * element), "cudaMalloc");
   check(cudaMalloc(&c, static_cast<size_t>(s.m * s.n) * element), "cudaMalloc");
-  // Small values, so no product overflows or runs into denormals.
-  check(cudaMemset(a, 0x3c, static_cast<size_t>(s.m * s.k) * element), "cudaMemset");
-  check(cudaMemset(b, 0x3c, static_cast<size_t>(s.k * s.n) * element), "cudaMemset");
+  // Values drawn as weft's operands are: a large product's speed depends on its data (a GPU
+  // held at its power limit clocks higher on constant operands, whose bits rarely toggle).
+  uploadUniform(a, s.m * s.k, type, 1);
+  uploadUniform(b, s.k * s.n, type, 2);
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cublasHandle_t h = nullptr;

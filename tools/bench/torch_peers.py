@@ -4,6 +4,7 @@
 its steps (warm-up steps first, then N timed steps, each ending when its loss is on the host).
 
     torch_peers.py MODEL STEPS [--device cuda:0] [--precision f32|bf16] [--batch B] [--image-size S]
+                               [--profile K]
 
 MODEL:
   resnet50  ResNet-50 v1.5 (torchvision's layout, which is weft's --depth 50: 7x7/2 stem, 3x3/2
@@ -21,7 +22,9 @@ MODEL:
 
 In f32, TF32 is off for products and cuDNN (weft's default); prints one JSON line like weft's
 --bench: {"model", "impl": "pytorch", "steps", "median_ms", "p10_ms", "p90_ms", "<unit>_per_s"},
-plus the device and versions; the losses go to stderr.
+plus the device and versions; the losses go to stderr. --profile K then profiles STEPS more steps
+with torch.profiler and prints the K kernels that took the most GPU time, per step (the peer's side
+of weft's `--trace` with tools/bench/trace_ops.py).
 """
 import argparse
 import json
@@ -129,6 +132,7 @@ def main():
     p.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     p.add_argument("--batch", type=int, default=128, help="resnet50's images per step")
     p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--profile", type=int, default=0, metavar="K", help="print the K kernels that took the most time")
     a = p.parse_args()
     if a.steps < 1:
         p.error("STEPS must be positive")
@@ -155,6 +159,23 @@ def main():
     print(json.dumps({"model": a.model, "impl": "pytorch", "steps": a.steps, "precision": a.precision,
                       "median_ms": at(0.5), "p10_ms": at(0.1), "p90_ms": at(0.9),
                       f"{unit}_per_s": items * a.steps / sum(times), "device": name, "torch": torch.__version__}))
+    if a.profile > 0:
+        profile(step, a.steps, a.profile)
+
+
+def profile(step, steps, top):
+    """The `top` kernels by GPU time over `steps` steps, per step, and the step's kernel total."""
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    device_us = lambda e: getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
+    kernels.sort(key=device_us, reverse=True)
+    total = sum(device_us(e) for e in kernels)
+    print(f"kernels: {total / steps / 1e3:.2f} ms a step")
+    for e in kernels[:top]:
+        print(f"{device_us(e) / steps / 1e3:9.3f} ms {e.count / steps:6.1f}x  {e.key[:110]}")
 
 
 if __name__ == "__main__":
