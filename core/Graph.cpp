@@ -343,6 +343,27 @@ void Graph::retarget(Node* node, const std::string& op, Attrs attrs, const std::
   node->device = device;
 }
 
+void Graph::rebuild(Node* node, const std::string& op, std::vector<Output> inputs, Attrs attrs) {
+  WEFT_CHECK(node && node->graph == this, "rebuild: the node belongs to another graph");
+  for (const Output& in : inputs) {
+    WEFT_CHECK(in.valid() && &in.graph() == this && in.node() != node,
+               "rebuild {}: every input must be another node's output in this graph", node->describe());
+  }
+  Node before = *node;
+  node->inputs = std::move(inputs);
+  try {
+    retarget(node, op, std::move(attrs), node->device);
+    topologicalOrder();  // throws when the new inputs close a cycle
+  } catch (...) {
+    node->inputs = std::move(before.inputs);
+    node->op = before.op;
+    node->def = before.def;
+    node->attrs = std::move(before.attrs);
+    node->outputs = std::move(before.outputs);
+    throw;
+  }
+}
+
 void Graph::retype(Node* node, const std::vector<std::pair<int, Output>>& inputs,
                    const std::function<Output(Output)>& convert) {
   WEFT_CHECK(node && node->graph == this, "retype: the node belongs to another graph");

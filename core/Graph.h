@@ -279,6 +279,12 @@ class Graph {
   /// its output types inferred again. Throws, changing nothing, when the op refuses the inputs or
   /// its outputs would not fit what its consumers read (count, dtypes, shapes).
   void retarget(Node* node, const std::string& op, Attrs attrs, const std::string& device);
+  /// Makes `node` an instance of `op` reading `inputs`, with `attrs`, on its device: a fusion
+  /// (ops/Fusion.h) turns a node into the fused op that computes its value from further upstream.
+  /// Its output types are inferred again; those its readers read must not change. Throws,
+  /// changing nothing, when the op refuses the inputs, an output would change, or the new inputs
+  /// would close a cycle.
+  void rebuild(Node* node, const std::string& op, std::vector<Output> inputs, Attrs attrs);
   /// Points inputs of `node` at values of other dtypes (mixed precision's 16-bit activations,
   /// ops/MixedPrecision.h) and infers its outputs again. Where an output's dtype changes, its
   /// readers read `convert(output)` instead, a value of the old type that `convert` builds, so

@@ -80,18 +80,22 @@ std::pair<Output, Output> allReduceRows(const GradientLink& l, const TransformOp
 
 }  // namespace
 
+// A batch norm fused with its ReLU (ops/Fusion.h) normalises from the summed moments with the
+// ReLU applied ("relu"), and its gradient op's ReLU mask is applied to dy before the moments.
 int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
   std::vector<Node*> forward, backward;
   for (const auto& n : graph.nodes()) {
-    if (n->op == "BatchNormTrain") forward.push_back(n.get());
-    if (n->op == "BatchNormGrad") backward.push_back(n.get());
+    if (n->op == "BatchNormTrain" || n->op == "BatchNormReluTrain") forward.push_back(n.get());
+    if (n->op == "BatchNormGrad" || n->op == "BatchNormReluGrad") backward.push_back(n.get());
   }
   std::map<Output, Output> totalMomentsOf;  // a replacement's invstd output -> its summed moments
   for (Node* n : forward) {
     auto scope = graph.scope(n->name + "/synchronized");
     const Output x = n->inputs[0];
     const Output total = allReduce({batchNormMoments(x)}, hostRing, 1.0)[0];
-    Node* replacement = graph.addNode("BatchNormFromMoments", {x, n->inputs[1], n->inputs[2], total}, n->attrs);
+    Attrs attrs = n->attrs;
+    attrs.set("relu", n->op == "BatchNormReluTrain");
+    Node* replacement = graph.addNode("BatchNormFromMoments", {x, n->inputs[1], n->inputs[2], total}, attrs);
     for (int i = 0; i < 4; ++i) graph.replaceUses(n->output(i), replacement->output(i));
     totalMomentsOf[replacement->output(3)] = total;
   }
@@ -99,13 +103,15 @@ int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
     auto scope = graph.scope(n->name + "/synchronized");
     const auto moments = totalMomentsOf.find(n->inputs[4]);  // invstd of its forward op
     WEFT_CHECK(moments != totalMomentsOf.end(), "{} does not read the statistics of a BatchNormTrain", n->describe());
-    std::vector<Output> gradInputs{n->inputs[0], n->inputs[1], n->inputs[3], n->inputs[4]};
-    if (n->inputs.size() == 7) gradInputs.insert(gradInputs.end(), {n->inputs[5], n->inputs[6]});
+    const bool relu = n->op == "BatchNormReluGrad";
+    const Output dy = relu ? graph.addNode("ReluGrad", {n->inputs[0], n->inputs[5]})->output(0) : n->inputs[0];
+    const auto statGrads = n->inputs.begin() + (relu ? 6 : 5);  // dmean, dvar when given
+    std::vector<Output> gradInputs{dy, n->inputs[1], n->inputs[3], n->inputs[4]};
+    gradInputs.insert(gradInputs.end(), statGrads, n->inputs.end());
     const Output local = graph.addNode("BatchNormGradMoments", gradInputs)->output(0);
     const Output total = allReduce({local}, hostRing, 1.0)[0];
-    Node* replacement = graph.addNode("BatchNormGradFromMoments", {n->inputs[0], n->inputs[1], n->inputs[2],
-                                                                    n->inputs[3], n->inputs[4], local, total,
-                                                                    moments->second});
+    Node* replacement = graph.addNode("BatchNormGradFromMoments", {dy, n->inputs[1], n->inputs[2], n->inputs[3],
+                                                                    n->inputs[4], local, total, moments->second});
     for (int i = 0; i < 3; ++i) graph.replaceUses(n->output(i), replacement->output(i));
   }
   return static_cast<int>(forward.size());

@@ -66,12 +66,19 @@ std::pair<double, double> pairedSums(int64_t n, const T* u, const T* w, A first,
   return {sums[0], sums[1]};
 }
 
-/// out = scale * x + shift, per channel.
+/// out = scale * x + shift, per channel; with `relu`, max(0, that) (NaN stays NaN, as ReLU's).
 template <class T>
 void affine(const ChannelLayout& l, int64_t lo, int64_t hi, const T* x, const Coeffs& scale, const Coeffs& shift,
-            T* out) {
+            T* out, bool relu = false) {
   sweep(l, lo, hi, [&](int64_t k, int64_t off) {
-    for (int64_t j = 0; j < l.s; ++j) out[off + j] = static_cast<T>(scale[k] * x[off + j] + shift[k]);
+    if (!relu) {
+      for (int64_t j = 0; j < l.s; ++j) out[off + j] = static_cast<T>(scale[k] * x[off + j] + shift[k]);
+      return;
+    }
+    for (int64_t j = 0; j < l.s; ++j) {
+      const double v = scale[k] * x[off + j] + shift[k];
+      out[off + j] = static_cast<T>(v < 0 ? 0.0 : v);
+    }
   });
 }
 
@@ -107,8 +114,9 @@ void combineGrad(const ChannelLayout& l, int64_t lo, int64_t hi, const T* dy, co
 
 // ---- kernels -------------------------------------------------------------------------------
 
-// Inputs x, gamma, beta; outputs y, mean (C), biased var (C), invstd = 1 / sqrt(var + eps) (C).
-void batchNormTrainKernel(KernelContext& ctx) {
+// Inputs x, gamma, beta; outputs y, mean (C), biased var (C), invstd = 1 / sqrt(var + eps) (C);
+// with `relu`, y = max(0, normalised x) (BatchNormReluTrain).
+void batchNormTrain(KernelContext& ctx, bool relu) {
   const Tensor& x = ctx.input(0);
   const ChannelLayout l = channelLayout(x.shape());
   const double eps = ctx.attrs().getFloat("epsilon");
@@ -149,10 +157,13 @@ void batchNormTrainKernel(KernelContext& ctx) {
         outVar[ch] = static_cast<T>(var[k]);
         outInvstd[ch] = static_cast<T>(invstd);
       }
-      affine(l, lo, hi, px, scale, shift, ctx.output(0).data<T>());
+      affine(l, lo, hi, px, scale, shift, ctx.output(0).data<T>(), relu);
     });
   });
 }
+
+void batchNormTrainKernel(KernelContext& ctx) { batchNormTrain(ctx, false); }
+void batchNormReluTrainKernel(KernelContext& ctx) { batchNormTrain(ctx, true); }
 
 // Inputs dy, x, gamma, mean, invstd[, dmean, dvar]; outputs dx, dgamma, dbeta:
 //   dx = gamma invstd / M (M dy - sum(dy) - xhat sum(dy xhat)) + dmean / M + 2 dvar (x - mean) / M
@@ -187,6 +198,31 @@ void batchNormGradKernel(KernelContext& ctx) {
   });
 }
 
+/// dy where mask > 0, else 0: ReLU's gradient (ReluGrad) for the fused ops.
+Tensor maskedByRelu(const KernelContext& ctx, const Tensor& dy, const Tensor& mask) {
+  Tensor out(dy.dtype(), dy.shape());
+  dispatchFloat(dy.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* g = dy.data<T>();
+    const T* r = mask.data<T>();
+    T* o = out.data<T>();
+    ctx.parallelFor(dy.numel(), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) o[i] = r[i] > 0 ? g[i] : T(0);
+    });
+  });
+  return out;
+}
+
+// BatchNormReluGrad: inputs dy, x, gamma, mean, invstd, y (the forward's ReLU output)[, dmean,
+// dvar]; BatchNormGrad of dy masked where y is not positive (ReLU's gradient, fused).
+void batchNormReluGradKernel(KernelContext& ctx) {
+  const Tensor masked = maskedByRelu(ctx, ctx.input(0), ctx.input(5));
+  KernelContext unfused = ctx;
+  unfused.inputs = {&masked, ctx.inputs[1], ctx.inputs[2], ctx.inputs[3], ctx.inputs[4]};
+  if (ctx.numInputs() == 8) unfused.inputs.insert(unfused.inputs.end(), {ctx.inputs[6], ctx.inputs[7]});
+  batchNormGradKernel(unfused);
+}
+
 // ---- a batch split across workers ---------------------------------------------------------
 // The distribution layer replaces BatchNormTrain and BatchNormGrad by these when workers share a
 // batch: each worker computes per-channel moments that add up across workers, the moments are
@@ -219,7 +255,8 @@ void momentsKernel(KernelContext& ctx) {
   });
 }
 
-// Inputs x, gamma, beta, summed moments (3, C); outputs as BatchNormTrain's.
+// Inputs x, gamma, beta, summed moments (3, C); outputs as BatchNormTrain's (BatchNormReluTrain's
+// with the attribute "relu").
 void normalizeFromMomentsKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const ChannelLayout l = channelLayout(x.shape());
@@ -243,7 +280,7 @@ void normalizeFromMomentsKernel(KernelContext& ctx) {
         ctx.output(2).data<T>()[ch] = static_cast<T>(var);
         ctx.output(3).data<T>()[ch] = static_cast<T>(invstd);
       }
-      affine(l, lo, hi, x.data<T>(), scale, shift, ctx.output(0).data<T>());
+      affine(l, lo, hi, x.data<T>(), scale, shift, ctx.output(0).data<T>(), ctx.attrs().get<bool>("relu", false));
     });
   });
 }
@@ -422,6 +459,18 @@ std::vector<TensorType> trainGradInfer(const InferContext& c) {
   return xAndVectors(c, 1, channels, 2);
 }
 
+// BatchNormReluGrad: BatchNormGrad's inputs with the forward's ReLU output after invstd.
+std::vector<TensorType> reluGradInfer(const InferContext& c) {
+  c.check(c.numInputs() == 6 || c.numInputs() == 8, "needs 6 or 8 inputs, got {}", c.numInputs());
+  checkGradient(c);
+  detail::requireSameDType(c, 1, 5);
+  c.check(c.shape(5).compatibleWith(c.shape(1)), "the ReLU output of shape {} does not match the input shape {}",
+          c.shape(5).str(), c.shape(1).str());
+  const int64_t channels =
+      c.numInputs() == 8 ? checkChannels(c, 1, {2, 3, 4, 6, 7}) : checkChannels(c, 1, {2, 3, 4});
+  return xAndVectors(c, 1, channels, 2);
+}
+
 std::vector<TensorType> inferenceInfer(const InferContext& c) {
   checkEpsilon(c);
   checkChannels(c, 0, {1, 2, 3, 4});
@@ -474,14 +523,17 @@ std::vector<TensorType> gradFromMomentsInfer(const InferContext& c) {
 // Gradients reach the statistics outputs only when a loss uses them directly (moving-average
 // updates have no gradient); their terms d mean/dx = 1/M and d var/dx = 2 (x - mean)/M are
 // added by the fused op when given. Output 3 (invstd) is internal and takes no gradient.
+// BatchNormReluTrain's gradient masks dy by its output (ReLU's gradient) in BatchNormReluGrad.
 std::vector<Grad> batchNormTrainGrad(GradContext& c) {
   const bool yGrad = c.dy(0).valid();
+  const bool relu = c.node->op == "BatchNormReluTrain";
   std::vector<Output> inputs{yGrad ? c.dy(0) : zerosLike(c.y(0)), c.x(0), c.x(1), c.y(1), c.y(3)};
+  if (relu) inputs.push_back(c.y(0));
   if (c.dy(1).valid() || c.dy(2).valid()) {
     inputs.push_back(c.dy(1).valid() ? c.dy(1) : zerosLike(c.y(1)));
     inputs.push_back(c.dy(2).valid() ? c.dy(2) : zerosLike(c.y(2)));
   }
-  Node* n = detail::addOp(c.graph(), "BatchNormGrad", inputs);
+  Node* n = detail::addOp(c.graph(), relu ? "BatchNormReluGrad" : "BatchNormGrad", inputs);
   if (!yGrad) return {n->output(0), Grad(), Grad()};
   return {n->output(0), n->output(1), n->output(2)};
 }
@@ -493,8 +545,9 @@ std::vector<Grad> batchNormInferenceGrad(GradContext& c) {
 
 }  // namespace
 
-BatchNormOutputs batchNormTrain(Output x, Output gamma, Output beta, double epsilon) {
-  Node* n = detail::addOp(x.graph(), "BatchNormTrain", {x, gamma, beta}, {{"epsilon", epsilon}});
+BatchNormOutputs batchNormTrain(Output x, Output gamma, Output beta, double epsilon, bool relu) {
+  Node* n = detail::addOp(x.graph(), relu ? "BatchNormReluTrain" : "BatchNormTrain", {x, gamma, beta},
+                          {{"epsilon", epsilon}});
   return {n->output(0), n->output(1), n->output(2)};
 }
 
@@ -525,6 +578,22 @@ void detail::registerNormOps(OpRegistry& r) {
             .cuda(WEFT_CUDA_KERNEL(batchNormGrad))
             .noGradient()
             .halfActivations({0, 1}, {0}));
+  // Batch norm with the ReLU after it, one pass over memory fewer each way (fuseBatchNormRelu,
+  // ops/Fusion.h, forms them).
+  r.add(OpDef("BatchNormReluTrain")
+            .inputs(3)
+            .infer(trainInfer)
+            .cpu(inFloat32<batchNormReluTrainKernel>)
+            .cuda(WEFT_CUDA_KERNEL(batchNormReluTrain))
+            .grad(batchNormTrainGrad)
+            .halfActivations({0}, {0}));
+  r.add(OpDef("BatchNormReluGrad")
+            .inputs(6, 8)
+            .infer(reluGradInfer)
+            .cpu(inFloat32<batchNormReluGradKernel>)
+            .cuda(WEFT_CUDA_KERNEL(batchNormReluGrad))
+            .noGradient()
+            .halfActivations({0, 1, 5}, {0}));
   r.add(OpDef("BatchNormInference")
             .inputs(5)
             .infer(inferenceInfer)

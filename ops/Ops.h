@@ -163,8 +163,10 @@ bool nondeterministicConvolutionsAllowed();
 struct BatchNormOutputs {
   Output y, batchMean, batchVar;
 };
-/// Training mode: normalises with the batch's statistics (biased variance).
-BatchNormOutputs batchNormTrain(Output x, Output gamma, Output beta, double epsilon);
+/// Training mode: normalises with the batch's statistics (biased variance). With `relu`, y is
+/// max(0, the normalised x) in the same op (minimize() fuses a batch norm and the ReLU after it
+/// this way by itself).
+BatchNormOutputs batchNormTrain(Output x, Output gamma, Output beta, double epsilon, bool relu = false);
 /// Training mode from per-channel moments summed over a batch that is split across workers:
 /// batchNormMoments gives x's (count, sum, sum of squares) per channel as f64 (3, C); once they
 /// are summed over every worker's part, batchNormFromMoments normalises x with the total batch's

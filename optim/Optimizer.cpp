@@ -1,5 +1,6 @@
 #include "optim/Optimizer.h"
 
+#include "ops/Fusion.h"
 #include "ops/MixedPrecision.h"
 
 #include <cmath>
@@ -79,6 +80,7 @@ Node* Optimizer::minimize(Output loss, const MinimizeOptions& options) {
     step = g.group(all, "train_step_scaled");
   }
   if (options.keepActivationsLow) keepActivationsLow(g);
+  if (options.fuse) fuseBatchNormRelu(g);
   return step;
 }
 

@@ -62,6 +62,9 @@ struct MinimizeOptions {
   /// activations between ops that take 16-bit values in 16 bits once the step is built
   /// (keepActivationsLow, ops/MixedPrecision.h): no casts back and forth between convolutions.
   bool keepActivationsLow = true;
+  /// Once the step is built, fuse ops whose values are the same bits computed in one pass (a
+  /// batch norm and the ReLU after it, forward and backward; ops/Fusion.h).
+  bool fuse = true;
 };
 
 class Optimizer {

@@ -477,6 +477,29 @@ TEST_CASE("16-bit batch norm, ReLU, residual sums, gradient sums and max pooling
   }
 }
 
+TEST_CASE("batch norm fused with its ReLU matches the CPU, forward and backward") {
+  // One block per channel, and (a ResNet stem's shape) channels split over many blocks.
+  for (const Shape& shape : {Shape{8, 16, 15, 14}, Shape{32, 16, 32, 32}})
+  for (DType dt : {f32, f64, bf16}) {
+    CAPTURE(shape.str());
+    CAPTURE(dtypeName(dt));
+    checkParity([&](Graph& g) {
+      Computation c;
+      const DType stats = dt == bf16 ? f32 : dt;
+      Output x = input(g, c.feeds, "x", stats, shape, 86, -2, 2);
+      if (dt == bf16) x = cast(x, bf16);
+      Output gamma = input(g, c.feeds, "gamma", stats, {16}, 87);
+      Output beta = input(g, c.feeds, "beta", stats, {16}, 88);
+      Output w = input(g, c.feeds, "w", stats, shape, 89);
+      const BatchNormOutputs bn = batchNormTrain(x, gamma, beta, 1e-5, true);
+      const std::vector<Grad> grads = gradients(sum(cast(bn.y, stats) * w), {x, gamma, beta});
+      CHECK(grads[1].dense.node()->op == "BatchNormReluGrad");
+      c.outputs = {bn.y, bn.batchMean, bn.batchVar, grads[0].dense, grads[1].dense, grads[2].dense};
+      return c;
+    }, dt == f64 ? 1e-9 : dt == f32 ? 2e-4 : 4.0 / 128);
+  }
+}
+
 TEST_CASE("a max pool's gradient goes to the first maximum of each window when values tie") {
   for (DType dt : {f32, f64}) {
     CAPTURE(dtypeName(dt));

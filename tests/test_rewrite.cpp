@@ -189,3 +189,21 @@ TEST_CASE("retype feeds a node values of another dtype and gives its other reade
   CHECK(reader.node()->inputs[0] == converted->output());
   g.verify();
 }
+
+TEST_CASE("rebuild turns a node into another op on other inputs, and refuses a change its readers would see") {
+  Graph g;
+  const Output x = g.placeholder("x", f32, {4});
+  const Output r = relu(x * 2.0);
+  const Output reader = r + 1.0;
+  g.rebuild(r.node(), "Abs", {x}, {});
+  CHECK(r.node()->op == "Abs");
+  CHECK(r.node()->inputs[0] == x);
+  CHECK(reader.node()->inputs[0] == r);
+  g.verify();
+  // Another output type, or a cycle, changes nothing.
+  CHECK(contains(errorOf([&] { g.rebuild(r.node(), "Cast", {x}, {{"dtype", f64}}); }), "output 0 would be f64[4]"));
+  CHECK(contains(errorOf([&] { g.rebuild(r.node(), "Neg", {reader}, {}); }), "cycle"));
+  CHECK(r.node()->op == "Abs");
+  CHECK(r.node()->inputs[0] == x);
+  g.verify();
+}

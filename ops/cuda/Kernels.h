@@ -87,6 +87,8 @@ void allFinite(KernelContext& ctx);
 // ops/cuda/Norm.cpp
 void batchNormTrain(KernelContext& ctx);
 void batchNormGrad(KernelContext& ctx);
+void batchNormReluTrain(KernelContext& ctx);
+void batchNormReluGrad(KernelContext& ctx);
 void batchNormInference(KernelContext& ctx);
 
 // ops/cuda/Conv.cpp (cuDNN)

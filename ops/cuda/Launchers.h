@@ -200,15 +200,16 @@ struct NormShape {
 /// Doubles of the `partials` workspace that the training ops need for this shape.
 int64_t batchNormPartials(const NormShape& shape);
 /// y = gamma (x - mean) invstd + beta with the batch's mean and biased variance, which are
-/// written with invstd = 1 / sqrt(var + eps).
+/// written with invstd = 1 / sqrt(var + eps); with `relu`, y = max(0, that).
 template <class T, class P>
-cudaError_t batchNormTrain(const T* x, const P* gamma, const P* beta, T* y, P* mean, P* var, P* invstd,
+cudaError_t batchNormTrain(const T* x, const P* gamma, const P* beta, T* y, P* mean, P* var, P* invstd, bool relu,
                            const NormShape& shape, double eps, double* partials, cudaStream_t stream);
-/// dx, dgamma, dbeta of batchNormTrain; dmean and dvar may be null.
+/// dx, dgamma, dbeta of batchNormTrain; dmean and dvar may be null. `mask`, when not null, is the
+/// fused ReLU's output: dy counts only where it is positive.
 template <class T, class P>
-cudaError_t batchNormGrad(const T* dy, const T* x, const P* gamma, const P* mean, const P* invstd, const P* dmean,
-                          const P* dvar, T* dx, P* dgamma, P* dbeta, const NormShape& shape, double* partials,
-                          cudaStream_t stream);
+cudaError_t batchNormGrad(const T* dy, const T* x, const T* mask, const P* gamma, const P* mean, const P* invstd,
+                          const P* dmean, const P* dvar, T* dx, P* dgamma, P* dbeta, const NormShape& shape,
+                          double* partials, cudaStream_t stream);
 /// y = gamma (x - mean) / sqrt(var + eps) + beta with given statistics.
 template <class T, class P>
 cudaError_t batchNormInference(const T* x, const P* gamma, const P* beta, const P* mean, const P* var, T* y,

@@ -31,10 +31,8 @@ Tensor partialsFor(const KernelContext& ctx, const launch::NormShape& l) {
   return Tensor(f64, {launch::batchNormPartials(l)}, ctx.device);
 }
 
-}  // namespace
-
-// Inputs x, gamma, beta; outputs y, mean, biased var, invstd.
-void batchNormTrain(KernelContext& ctx) {
+// Inputs x, gamma, beta; outputs y, mean, biased var, invstd; with `relu`, y = max(0, ...).
+void train(KernelContext& ctx, bool relu) {
   const launch::NormShape l = layoutOf(ctx.input(0).shape());
   if (l.c == 0) return;
   const Tensor partials = partialsFor(ctx, l);
@@ -42,27 +40,38 @@ void batchNormTrain(KernelContext& ctx) {
     using T = decltype(zt);
     using P = decltype(zp);
     WEFT_CUDA_CHECK(launch::batchNormTrain<T, P>(ctx.in<T>(0), ctx.in<P>(1), ctx.in<P>(2), ctx.out<T>(0),
-                                                 ctx.out<P>(1), ctx.out<P>(2), ctx.out<P>(3), l,
+                                                 ctx.out<P>(1), ctx.out<P>(2), ctx.out<P>(3), relu, l,
                                                  ctx.attrs().getFloat("epsilon"), partials.data<double>(),
                                                  streamOf(ctx)));
   });
 }
 
-// Inputs dy, x, gamma, mean, invstd[, dmean, dvar]; outputs dx, dgamma, dbeta.
-void batchNormGrad(KernelContext& ctx) {
+// Inputs dy, x, gamma, mean, invstd[, the fused ReLU's output][, dmean, dvar]; outputs dx,
+// dgamma, dbeta.
+void grad(KernelContext& ctx, bool relu) {
   const launch::NormShape l = layoutOf(ctx.input(1).shape());
   if (l.c == 0) return;
-  const bool statGrads = ctx.numInputs() == 7;
+  const int stats = relu ? 6 : 5;  // where dmean and dvar are, when given
+  const bool statGrads = ctx.numInputs() == stats + 2;
   const Tensor partials = partialsFor(ctx, l);
   dispatchNorm(ctx.input(1).dtype(), [&](auto zt, auto zp) {
     using T = decltype(zt);
     using P = decltype(zp);
-    WEFT_CUDA_CHECK(launch::batchNormGrad<T, P>(ctx.in<T>(0), ctx.in<T>(1), ctx.in<P>(2), ctx.in<P>(3), ctx.in<P>(4),
-                                                statGrads ? ctx.in<P>(5) : nullptr, statGrads ? ctx.in<P>(6) : nullptr,
-                                                ctx.out<T>(0), ctx.out<P>(1), ctx.out<P>(2), l,
-                                                partials.data<double>(), streamOf(ctx)));
+    WEFT_CUDA_CHECK(launch::batchNormGrad<T, P>(ctx.in<T>(0), ctx.in<T>(1), relu ? ctx.in<T>(5) : nullptr,
+                                                ctx.in<P>(2), ctx.in<P>(3), ctx.in<P>(4),
+                                                statGrads ? ctx.in<P>(stats) : nullptr,
+                                                statGrads ? ctx.in<P>(stats + 1) : nullptr, ctx.out<T>(0),
+                                                ctx.out<P>(1), ctx.out<P>(2), l, partials.data<double>(),
+                                                streamOf(ctx)));
   });
 }
+
+}  // namespace
+
+void batchNormTrain(KernelContext& ctx) { train(ctx, false); }
+void batchNormReluTrain(KernelContext& ctx) { train(ctx, true); }
+void batchNormGrad(KernelContext& ctx) { grad(ctx, false); }
+void batchNormReluGrad(KernelContext& ctx) { grad(ctx, true); }
 
 // Inputs x, gamma, beta, mean, var; output y.
 void batchNormInference(KernelContext& ctx) {

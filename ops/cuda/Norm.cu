@@ -96,16 +96,26 @@ __device__ inline void storePartial(double first, double second, double* partial
   }
 }
 
-/// out = scale * in + shift over the block's part.
-template <class T, int V>
+/// out = scale * in + shift over the block's part; with kRelu, max(0, that) (NaN stays NaN, as
+/// on the CPU).
+template <class T, int V, bool kRelu = false>
 __device__ void affinePart(const Split& sp, const T* x, double scale, double shift, T* y) {
   forPart<V>(sp, [&](int64_t off) {
     const Pack<T, V> in = *reinterpret_cast<const Pack<T, V>*>(x + off);
     Pack<T, V> out;
 #pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = narrow<T>(scale * widen(in.v[j]) + shift);
+    for (int j = 0; j < V; ++j) {
+      const double v = scale * widen(in.v[j]) + shift;
+      out.v[j] = narrow<T>(kRelu && v < 0 ? 0.0 : v);
+    }
     *reinterpret_cast<Pack<T, V>*>(y + off) = out;
   });
+}
+
+/// dy, or 0 where the fused ReLU's output is not positive (no mask: dy).
+template <class T>
+__device__ inline double maskedGrad(T dy, const T* mask, int64_t at) {
+  return mask && !(widen(mask[at]) > 0) ? 0.0 : widen(dy);
 }
 
 // Sums about a pivot, a value of the channel itself, keep the variance accurate when
@@ -126,7 +136,7 @@ __global__ void momentsKernel(const T* x, Split sp, int64_t s, double* partials)
   storePartial(shifted, squares, partials);
 }
 
-template <class T, class P, int V>
+template <class T, class P, int V, bool kRelu>
 __global__ void normalizeKernel(const T* x, const P* gamma, const P* beta, T* y, P* outMean, P* outVar, P* outInvstd,
                                 Split sp, int64_t s, double eps, const double* partials) {
   __shared__ double coefficients[2];
@@ -150,12 +160,12 @@ __global__ void normalizeKernel(const T* x, const P* gamma, const P* beta, T* y,
     }
   }
   __syncthreads();
-  affinePart<T, V>(sp, x, coefficients[0], coefficients[1], y);
+  affinePart<T, V, kRelu>(sp, x, coefficients[0], coefficients[1], y);
 }
 
-// Per part: sum(dy) and sum(dy (x - mean)).
+// Per part: sum(dy) and sum(dy (x - mean)), dy masked by the fused ReLU's output where given.
 template <class T, class P, int V>
-__global__ void gradSumsKernel(const T* dy, const T* x, const P* meanIn, Split sp, double* partials) {
+__global__ void gradSumsKernel(const T* dy, const T* x, const T* mask, const P* meanIn, Split sp, double* partials) {
   const double mean = static_cast<double>(meanIn[sp.channel()]);
   double sumDy = 0, sumDyCentered = 0;
   forPart<V>(sp, [&](int64_t off) {
@@ -163,7 +173,7 @@ __global__ void gradSumsKernel(const T* dy, const T* x, const P* meanIn, Split s
     const Pack<T, V> v = *reinterpret_cast<const Pack<T, V>*>(x + off);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const double gj = widen(g.v[j]);
+      const double gj = maskedGrad(g.v[j], mask, off + j);
       sumDy += gj;
       sumDyCentered += gj * (widen(v.v[j]) - mean);
     }
@@ -173,9 +183,9 @@ __global__ void gradSumsKernel(const T* dy, const T* x, const P* meanIn, Split s
 
 // dx = a dy + b (x - mean) + c (ops/NormFormulas.h), dgamma = sum(dy xhat), dbeta = sum(dy).
 template <class T, class P, int V>
-__global__ void gradApplyKernel(const T* dy, const T* x, const P* gamma, const P* meanIn, const P* invstdIn,
-                                const P* dmean, const P* dvar, T* dx, P* dgamma, P* dbeta, Split sp, int64_t s,
-                                const double* partials) {
+__global__ void gradApplyKernel(const T* dy, const T* x, const T* mask, const P* gamma, const P* meanIn,
+                                const P* invstdIn, const P* dmean, const P* dvar, T* dx, P* dgamma, P* dbeta, Split sp,
+                                int64_t s, const double* partials) {
   __shared__ double coefficients[4];
   const int64_t ch = sp.channel();
   double sumDy = 0, sumDyCentered = 0;
@@ -203,7 +213,7 @@ __global__ void gradApplyKernel(const T* dy, const T* x, const P* gamma, const P
     const Pack<T, V> v = *reinterpret_cast<const Pack<T, V>*>(x + off);
     Pack<T, V> out;
 #pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = narrow<T>(a * widen(g.v[j]) + b * (widen(v.v[j]) - mean) + c);
+    for (int j = 0; j < V; ++j) out.v[j] = narrow<T>(a * maskedGrad(g.v[j], mask, off + j) + b * (widen(v.v[j]) - mean) + c);
     *reinterpret_cast<Pack<T, V>*>(dx + off) = out;
   });
 }
@@ -265,28 +275,33 @@ int64_t batchNormPartials(const NormShape& shape) {
 }
 
 template <class T, class P>
-cudaError_t batchNormTrain(const T* x, const P* gamma, const P* beta, T* y, P* mean, P* var, P* invstd,
+cudaError_t batchNormTrain(const T* x, const P* gamma, const P* beta, T* y, P* mean, P* var, P* invstd, bool relu,
                            const NormShape& shape, double eps, double* partials, cudaStream_t stream) {
   withWidth<T>(vectorWidth<T>(shape.s, {x, y}), [&](auto width) {
     constexpr int V = decltype(width)::value;
     const Split sp = splitFor(shape, V);
     momentsKernel<T, V><<<blocksOf(sp), kThreads, 0, stream>>>(x, sp, shape.s, partials);
-    normalizeKernel<T, P, V><<<blocksOf(sp), kThreads, 0, stream>>>(x, gamma, beta, y, mean, var, invstd, sp, shape.s,
-                                                                     eps, partials);
+    if (relu) {
+      normalizeKernel<T, P, V, true><<<blocksOf(sp), kThreads, 0, stream>>>(x, gamma, beta, y, mean, var, invstd, sp,
+                                                                             shape.s, eps, partials);
+    } else {
+      normalizeKernel<T, P, V, false><<<blocksOf(sp), kThreads, 0, stream>>>(x, gamma, beta, y, mean, var, invstd, sp,
+                                                                              shape.s, eps, partials);
+    }
   });
   return cudaGetLastError();
 }
 
 template <class T, class P>
-cudaError_t batchNormGrad(const T* dy, const T* x, const P* gamma, const P* mean, const P* invstd, const P* dmean,
-                          const P* dvar, T* dx, P* dgamma, P* dbeta, const NormShape& shape, double* partials,
-                          cudaStream_t stream) {
-  withWidth<T>(vectorWidth<T>(shape.s, {dy, x, dx}), [&](auto width) {
+cudaError_t batchNormGrad(const T* dy, const T* x, const T* mask, const P* gamma, const P* mean, const P* invstd,
+                          const P* dmean, const P* dvar, T* dx, P* dgamma, P* dbeta, const NormShape& shape,
+                          double* partials, cudaStream_t stream) {
+  withWidth<T>(vectorWidth<T>(shape.s, {dy, x, dx, mask}), [&](auto width) {
     constexpr int V = decltype(width)::value;
     const Split sp = splitFor(shape, V);
-    gradSumsKernel<T, P, V><<<blocksOf(sp), kThreads, 0, stream>>>(dy, x, mean, sp, partials);
-    gradApplyKernel<T, P, V><<<blocksOf(sp), kThreads, 0, stream>>>(dy, x, gamma, mean, invstd, dmean, dvar, dx,
-                                                                     dgamma, dbeta, sp, shape.s, partials);
+    gradSumsKernel<T, P, V><<<blocksOf(sp), kThreads, 0, stream>>>(dy, x, mask, mean, sp, partials);
+    gradApplyKernel<T, P, V><<<blocksOf(sp), kThreads, 0, stream>>>(dy, x, mask, gamma, mean, invstd, dmean, dvar,
+                                                                     dx, dgamma, dbeta, sp, shape.s, partials);
   });
   return cudaGetLastError();
 }
@@ -303,10 +318,10 @@ cudaError_t batchNormInference(const T* x, const P* gamma, const P* beta, const 
 }
 
 #define WEFT_NORM(T, P)                                                                                          \
-  template cudaError_t batchNormTrain<T, P>(const T*, const P*, const P*, T*, P*, P*, P*, const NormShape&,      \
+  template cudaError_t batchNormTrain<T, P>(const T*, const P*, const P*, T*, P*, P*, P*, bool, const NormShape&, \
                                             double, double*, cudaStream_t);                                      \
-  template cudaError_t batchNormGrad<T, P>(const T*, const T*, const P*, const P*, const P*, const P*, const P*, \
-                                           T*, P*, P*, const NormShape&, double*, cudaStream_t);                 \
+  template cudaError_t batchNormGrad<T, P>(const T*, const T*, const T*, const P*, const P*, const P*, const P*, \
+                                           const P*, T*, P*, P*, const NormShape&, double*, cudaStream_t);       \
   template cudaError_t batchNormInference<T, P>(const T*, const P*, const P*, const P*, const P*, T*,            \
                                                 const NormShape&, double, cudaStream_t);
 WEFT_NORM(float, float)
