@@ -62,6 +62,7 @@ bool fuseGradient(Graph& g, Node* grad, Node* fused) {
                              fused->output(0)};
   inputs.insert(inputs.end(), grad->inputs.begin() + 5, grad->inputs.end());
   g.rebuild(grad, "BatchNormReluGrad", std::move(inputs), grad->attrs);
+  grad->gradientOf = fused;  // the gradient of the fused op now: a pipeline cut puts it in that op's stage
   return true;
 }
 

@@ -80,6 +80,7 @@ TEST_CASE("after fusing, the batch norm's own output still holds the values befo
   CHECK(fuseBatchNormRelu(g) == 1);
   CHECK(activated.node()->op == "BatchNormReluTrain");
   CHECK(grads[0].dense.node()->op == "BatchNormReluGrad");
+  CHECK(grads[0].dense.node()->gradientOf == activated.node());  // a pipeline cut keeps them together
   Session s(g);
   const std::vector<Tensor> v = s.run({bn.y, activated, bn.batchMean});
   int negatives = 0;
