@@ -411,6 +411,21 @@ void broadcastVariables(Session& session, Communicator& communicator, const Serv
   }
 }
 
+/// A conditional update (a loss scale's skipped step) runs where its condition is computed: on
+/// the workers, from gradients that every worker has summed alike, so all skip together. The
+/// parameter servers apply their variables' updates whatever a worker's condition, so a job
+/// with a condition must keep every variable on the workers.
+void refuseConditionalServedUpdates(const Graph& graph, const ServerPlan& plan) {
+  if (plan.empty()) return;
+  for (const auto& n : graph.nodes()) {
+    WEFT_CHECK(!n->condition.valid(),
+               "{} runs only when {} holds, which the parameter servers do not see: '{}' is updated there whatever "
+               "the condition; keep every variable on the workers (Architecture::AllReduce, --arch ar) to train "
+               "with conditional updates such as a loss scale's skipped steps",
+               n->describe(), n->condition.name(), plan.variables.front().variable->name);
+  }
+}
+
 }  // namespace
 
 Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
@@ -425,12 +440,6 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
     auto state = std::make_unique<Runner::State>();
     state->joinPipeline(std::move(job), graph, config);
     return Runner(std::move(state));
-  }
-  for (const auto& n : graph.nodes()) {
-    WEFT_CHECK(!n->condition.valid(),
-               "{} runs only when {} holds; distributed training does not run conditional updates (such as a loss "
-               "scale's skipped steps) yet",
-               n->describe(), n->condition.name());
   }
   auto state = std::make_unique<Runner::State>();
   state->timeout = config.timeout;
@@ -451,6 +460,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
 #endif
   state->plan = planServersBySparsity(graph, config, j.servers(), j.routes.serverHosts, j.machines(),
                                       state->sparsityChoices);
+  refuseConditionalServedUpdates(graph, state->plan);
   if (j.servers() > 0) {
     state->client = std::make_unique<ServerClient>(state->traffic, *j.clientTransport, j.rank(), j.routes.serverPeers,
                                                    state->plan, config.timeout, j.relay(), config.sync);

@@ -13,7 +13,10 @@
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
 
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <map>
 #include <thread>
 
 using namespace weft;
@@ -278,4 +281,94 @@ TEST_CASE("a worker that dies mid-job stops the other worker and the server with
   CAPTURE(errors[0]);
   CHECK((contains(errors[0], "killed by the test") || contains(errors[0], "on server 0")));
   CHECK(serverStatus == 1);
+}
+
+namespace {
+
+/// A dense regression model whose loss is scaled (optim::LossScaling), in float64; its feeds
+/// may hold an infinity, which overflows the scaled gradient of whoever reads it.
+struct ScaledModel {
+  Graph g;
+  Output x, y, loss;
+  Node* step = nullptr;
+
+  explicit ScaledModel(bool embedding = false) {
+    g.setSeed(4);
+    x = g.placeholder("x", f64, {-1, 6});
+    y = g.placeholder("y", f64, {-1, 1});
+    Output features = x;
+    if (embedding) {  // a sparse gradient, which Architecture::Auto serves from the servers
+      const Output table = g.variable("embedding", f64, {8, 6}, Initializer::normal(0, 0.5));
+      features = features * gather(table, cast(sum(x * 0.0, {1}) + 1.0, i64));
+    }
+    const Output w = g.variable("w", f64, {6, 1}, Initializer::glorotUniform());
+    loss = mean(square(matmul(features, w) - y));
+    optim::MinimizeOptions options;
+    options.lossScaling = optim::LossScaling{};
+    step = optim::SGD(0.1).minimize(loss, options);
+  }
+};
+
+/// The total batch of `step`; the first step's last example is infinite, in the second half.
+std::pair<Tensor, Tensor> scaledBatch(int64_t step) {
+  Tensor x = randomTensor(f64, {kBatch, 6}, 300 + static_cast<uint64_t>(step));
+  if (step == 0) x.data<double>()[x.numel() - 1] = INFINITY;
+  return {x, randomTensor(f64, {kBatch, 1}, 400 + static_cast<uint64_t>(step))};
+}
+
+Tensor rowsOf(const Tensor& t, int64_t begin, int64_t end) {
+  Shape s = t.shape();
+  s[0] = end - begin;
+  Tensor out(t.dtype(), s);
+  const int64_t width = t.numel() / t.shape()[0];
+  std::memcpy(out.raw(), t.data<double>() + begin * width, out.bytes());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a step that overflows on one worker is skipped by every worker, as one session skips it") {
+  std::map<std::string, std::vector<double>> alone;
+  {
+    ScaledModel m;
+    Session s(m.g, {1, false});
+    for (int64_t step = 0; step < kSteps; ++step) {
+      const auto [x, y] = scaledBatch(step);
+      s.run({m.loss}, {{m.x, x}, {m.y, y}}, {m.step});
+    }
+    alone = variablesOf(s);
+  }
+  // One step skipped, the scale halved once, every other step applied.
+  CHECK(alone.at("global_step")[0] == kSteps - 1);
+  CHECK(alone.at("loss_scale")[0] == optim::LossScaling{}.initial / 2);
+
+  auto network = std::make_shared<LoopbackNetwork>();
+  const Config config = jobConfig(Architecture::AllReduce);
+  std::vector<JobContext> members = loopbackJob(network, {2}, false, config);
+  std::vector<std::map<std::string, std::vector<double>>> workers(2);
+  const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
+    ScaledModel m;
+    Runner runner = makeWorker(std::move(members[i]), m.g, config);
+    const int64_t part = kBatch / 2, rank = runner.rank();
+    for (int64_t step = 0; step < kSteps; ++step) {
+      const auto [x, y] = scaledBatch(step);  // only worker 1's half holds the infinity
+      runner.run({m.loss}, {{m.x, rowsOf(x, rank * part, (rank + 1) * part)}, {m.y, rowsOf(y, rank * part, (rank + 1) * part)}},
+                 {m.step});
+    }
+    runner.finish();
+    workers[static_cast<size_t>(rank)] = variablesOf(runner.session());
+  });
+  for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  checkSame(workers[0], alone);
+  checkSame(workers[1], alone);
+}
+
+TEST_CASE("a loss-scaled step with a variable on the parameter servers is refused, naming the variable") {
+  auto network = std::make_shared<LoopbackNetwork>();
+  const Config config = jobConfig(Architecture::Auto);
+  std::vector<JobContext> members = loopbackJob(network, {1}, true, config);
+  ScaledModel m(true);
+  const std::string e = errorOf([&] { makeWorker(std::move(members[0]), m.g, config); });
+  CHECK(contains(e, "which the parameter servers do not see: 'embedding' is updated there"));
+  CHECK(contains(e, "--arch ar"));
 }

@@ -81,6 +81,16 @@ TEST_CASE("MLP: 1, 2 and 4 workers with a part each train like one process with 
   }
 }
 
+TEST_CASE("MLP in f16 with loss scaling: 2 workers train like one process, with one loss scale") {
+  // f16 products round per worker's part of the batch before the sum, one process's after it:
+  // the weights agree to f16's rounding; the loss scale (a power of two), its count of good steps
+  // and the step count of a job whose workers had skipped different steps would differ by 2x
+  // and more. (A step that overflows on one worker alone: test_dist_loopback.)
+  const std::string flags = "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 "
+                            "--timeout 30 --precision f16";
+  checkSameVariables("mlp", flags, 2, 0.05, "--arch ar");
+}
+
 TEST_CASE("MLP pipelined over 2 and 3 stage processes trains like one process, under every schedule") {
   for (const char* schedule : {"gpipe", "1f1b", "zb"}) {
     for (int stages : {2, 3}) {

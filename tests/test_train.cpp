@@ -218,14 +218,18 @@ TEST_CASE("--precision f16 trains with a loss scale that the checkpoint carries 
   }
 }
 
-TEST_CASE("--precision takes f32, bf16 or f16, and f16 only in one process") {
+TEST_CASE("--precision takes f32, bf16 or f16; f16's skipped steps refuse variables on the parameter servers") {
   CHECK(weftCli("train mlp --precision bf16 --steps 5 --train-size 500 --test-size 100 --out " + TempDir().file("o")).status == 0);
   const CliRun f8 = weftCli("train mlp --precision f8");
   CHECK(f8.status != 0);
   CHECK(contains(f8.output, "--precision"));
-  const CliRun distributed = weftCli("train mlp --precision f16 --workers 2");
-  CHECK(distributed.status != 0);
-  CHECK(contains(distributed.output, "use --precision bf16 with --workers"));
+  // The LM's embedding and softmax weights live on the server under --arch auto.
+  const CliRun served = weftCli("train lm --precision f16 --workers 2 --servers 1 --vocab 500 --classes 10 --embed 16 "
+                                "--hidden 32 --sampled 64 --train-sentences 400 --heldout-sentences 20 --batch 16 "
+                                "--steps 2 --threads 1 --timeout 30 --out " + TempDir().file("o"));
+  CHECK(served.status != 0);
+  CHECK(contains(served.output, "which the parameter servers do not see"));
+  CHECK(contains(served.output, "--arch ar"));
 }
 
 TEST_CASE("--precision bf16 on a CPU adds no op to the step and keeps the products' operands in f32") {

@@ -140,9 +140,6 @@ class Trainer {
     WEFT_CHECK(flags_.dtype == "f32" || precision == f32,
                "--dtype {} computes everything in {}; mixed precision (--precision {}) needs f32", flags_.dtype,
                flags_.dtype, flags_.precision);
-    WEFT_CHECK(precision != f16 || !flags_.distributed(),
-               "--precision f16 scales the loss and skips overflowing steps, which distributed training does not "
-               "do yet; use --precision bf16 with --workers");
     const bool hasServers = flags_.distributed() && flags_.stages == 1 && flags_.arch != "ar";
     const std::shared_ptr<const dist::SyncPolicy> sync = dist::parseSyncPolicy(flags_.sync);
     WEFT_CHECK(sync->synchronous() || hasServers,
