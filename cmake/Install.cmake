@@ -6,11 +6,11 @@
 #   target_link_libraries(app PRIVATE weft::weft)
 #
 # weft::weft is the whole library (every layer, the testing helpers included); weft::authoring is
-# the layers below data/, models/ and dist/. Included from the top-level CMakeLists.txt after the
+# the layers below data/, amp/, models/ and dist/. Included from the top-level CMakeLists.txt after the
 # layers are defined.
 include(CMakePackageConfigHelpers)
 
-set(WEFT_LAYERS core ops autodiff nn optim testing data models)
+set(WEFT_LAYERS core ops autodiff nn optim testing data amp models)
 if(TARGET weft_dist)
   list(APPEND WEFT_LAYERS dist)
 endif()
@@ -57,7 +57,7 @@ install(FILES ${PROJECT_BINARY_DIR}/weftConfig.cmake ${PROJECT_BINARY_DIR}/weftC
 # The pkg-config file lists the static libraries in link order (each before the layers it uses)
 # and the Debian packages' own pkg-config names for the dependencies.
 set(weft_pc_libs "")
-foreach(layer models dist data testing optim nn autodiff ops core)
+foreach(layer models dist amp data testing optim nn autodiff ops core)
   if(layer IN_LIST WEFT_LAYERS)
     string(APPEND weft_pc_libs " -lweft_${layer}")
   endif()

@@ -1,4 +1,4 @@
-// The multi-core runtime of an AMP graph (dist/AmpGraph.h): worker threads, each owning some
+// The multi-core runtime of an AMP graph (amp/AmpGraph.h): worker threads, each owning some
 // nodes (a heavy transform per worker, the light nodes beside the transform they follow), pass
 // messages through per-worker queues, backward messages first; nothing waits for a global
 // barrier. A controller thread (the caller's) pumps instances in, at most maxActiveKeys at a
@@ -19,7 +19,7 @@
 // training on the mean loss per instance.
 #pragma once
 
-#include "dist/AmpGraph.h"
+#include "amp/AmpGraph.h"
 #include "dist/Transport.h"
 
 #include <chrono>
@@ -47,18 +47,6 @@ struct AmpOptions {
   std::chrono::milliseconds timeout{120000};
   /// Record each worker's forward, backward and update work (core/Trace.h, when tracing).
   bool trace = false;
-};
-
-/// What the controller pumps in for one instance: its data and a payload per input it enters by
-/// (the state's instance field is set by the runtime; the other fields start as given).
-struct Pumped {
-  std::shared_ptr<const Instance> instance;
-  struct Entry {
-    Port input;
-    Tensor payload;
-    State state;
-  };
-  std::vector<Entry> entries;
 };
 
 /// This process's place in a job of several (each running the same graph and the same calls):

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "core/Tensor.h"
-#include "dist/AmpGraph.h"
+#include "amp/AmpGraph.h"
 
 #include <cstdint>
 #include <string>

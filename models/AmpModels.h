@@ -1,4 +1,4 @@
-// The models of the AMPNet paper as AMP graphs (dist/AmpGraph.h), trained by `weft train MODEL
+// The models of the AMPNet paper as AMP graphs (amp/AmpGraph.h), trained by `weft train MODEL
 // --amp`: an MLP (a static sanity check), list reduction as a vanilla RNN loop with a replicable
 // heavy layer, a GGSNN that passes messages over each instance's own graph, and a Tree-LSTM over
 // binarised sentiment trees. The instance types are public, so tests can build the same
@@ -6,7 +6,7 @@
 #pragma once
 
 #include "data/Trees.h"
-#include "dist/AmpRuntime.h"
+#include "amp/AmpGraph.h"
 #include "models/ZooModel.h"
 
 #include <memory>

@@ -1,4 +1,4 @@
-// The AMP graph and its multi-core runtime (dist/AmpGraph.h, dist/AmpRuntime.h): synchronous
+// The AMP graph and its multi-core runtime (amp/AmpGraph.h, dist/AmpRuntime.h): synchronous
 // training equals batched (or unrolled) training, gradients through every control and batching
 // node equal finite differences, every forward message is answered once, the asynchrony knobs are
 // obeyed, replicas synchronise, and bad graphs and failing nodes are refused by name.

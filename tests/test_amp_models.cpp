@@ -3,6 +3,7 @@
 // reaches each model's accuracy target.
 #include "tests/TestUtil.h"
 
+#include "dist/AmpRuntime.h"
 #include "models/AmpModels.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"

@@ -5,6 +5,7 @@
 #include "tests/TestUtil.h"
 
 #include "dist/LoopbackTransport.h"
+#include "dist/AmpRuntime.h"
 #include "models/AmpModels.h"
 #include "optim/Optimizer.h"
 

@@ -4,6 +4,7 @@
 #include "core/Checkpoint.h"
 #include "core/Trace.h"
 #include "dist/Job.h"
+#include "dist/AmpRuntime.h"
 #include "dist/Launcher.h"
 #include "models/AmpModels.h"
 #include "tools/Train.h"

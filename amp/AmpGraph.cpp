@@ -1,4 +1,4 @@
-#include "dist/AmpGraph.h"
+#include "amp/AmpGraph.h"
 
 #include "core/Error.h"
 

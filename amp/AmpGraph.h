@@ -6,7 +6,8 @@
 //
 // The invariant every node keeps: each forward message it sends with state s is answered by
 // exactly one backward message with state s. Nodes key what they keep for backward by the state,
-// so many instances interleave (dist/AmpRuntime.h runs the graph).
+// so many instances interleave (dist/AmpRuntime.h runs the graph; models/AmpModels.h builds the
+// paper's models on this layer alone).
 //
 //     amp::Graph g;
 //     auto x = g.input("x", {f32, {4}});
@@ -61,6 +62,18 @@ struct Port {
   int node = -1;
   int output = 0;
   bool valid() const { return node >= 0; }
+};
+
+/// What a controller pumps in for one instance: its data and a payload per input it enters by
+/// (the state's instance field is set by the runtime; the other fields start as given).
+struct Pumped {
+  std::shared_ptr<const Instance> instance;
+  struct Entry {
+    Port input;
+    Tensor payload;
+    State state;
+  };
+  std::vector<Entry> entries;
 };
 
 /// A tensor computed from a message's state and instance (a word id, a label) and fed to a
