@@ -230,7 +230,7 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
   std::vector<ModelOption> options() override {
     return {{"task", "reachability (a class per node) or deduction (bAbI 15: select the answer node)", &task_},
             {"hidden", "node state width", &hidden_},
-            {"steps", "propagation steps", &steps_},
+            {"propagation-steps", "propagation steps", &steps_},
             {"train-size", "training graphs (generated task)", &trainCount_},
             {"eval-size", "held-out graphs (generated task)", &evalCount_},
             {"min-nodes", "fewest nodes of a generated reachability graph", &minNodes_},
@@ -522,12 +522,12 @@ class AmpTreeLstm : public ModelOf<TreeInstance> {
 
 }  // namespace
 
-std::vector<std::string> ampModelNames() { return {"ggsnn", "list_reduction", "mlp", "tree_lstm"}; }
+std::vector<std::string> ampModelNames() { return {"gnn", "list_reduction", "mlp", "tree_lstm"}; }
 
 std::unique_ptr<AmpModel> makeAmpModel(const std::string& name) {
   if (name == "mlp") return std::make_unique<AmpMlp>();
   if (name == "list_reduction") return std::make_unique<AmpListReduction>();
-  if (name == "ggsnn" || name == "gnn") return std::make_unique<AmpGgsnn>();
+  if (name == "gnn" || name == "ggsnn") return std::make_unique<AmpGgsnn>();  // the zoo's name, and the paper's
   if (name == "tree_lstm") return std::make_unique<AmpTreeLstm>();
   std::string known;
   for (const std::string& n : ampModelNames()) known += (known.empty() ? "" : ", ") + n;

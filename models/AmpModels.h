@@ -54,8 +54,9 @@ class AmpModel {
   amp::Graph graph_;
 };
 
+/// The AMP models by the zoo's names (gnn is the GGSNN; tree_lstm exists only as an AMP model).
 std::vector<std::string> ampModelNames();
-/// A fresh model by name (throws naming the known ones).
+/// A fresh model by name, "ggsnn" also naming the GGSNN (throws naming the known ones).
 std::unique_ptr<AmpModel> makeAmpModel(const std::string& name);
 
 // ---- the instances each model pumps in ----

@@ -163,7 +163,7 @@ TEST_CASE("tree_lstm: synchronous AMP training equals the Tree-LSTM unrolled ove
 }
 
 TEST_CASE("ggsnn: synchronous AMP message passing equals the GGSNN unrolled over each graph") {
-  auto model = smallModel("ggsnn", {{"hidden", 4}, {"steps", 2}, {"train-size", 8}, {"eval-size", 2}, {"min-nodes", 4}, {"max-nodes", 6}});
+  auto model = smallModel("ggsnn", {{"hidden", 4}, {"propagation-steps", 2}, {"train-size", 8}, {"eval-size", 2}, {"min-nodes", 4}, {"max-nodes", 6}});
   checkSyncEqualsUnrolled(*model, [](Graph& g, const std::vector<const amp::Instance*>& batch) {
     const int64_t h = 4, types = 3;
     std::vector<nn::Linear> message;

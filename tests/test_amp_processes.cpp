@@ -94,7 +94,7 @@ TEST_CASE("synchronous training over 2 and 3 processes equals training in one pr
 }
 
 TEST_CASE("message passing over each graph's nodes and edges, split across processes, equals one process") {
-  const std::map<std::string, int64_t> small{{"hidden", 4}, {"steps", 2}, {"train-size", 8}, {"eval-size", 4},
+  const std::map<std::string, int64_t> small{{"hidden", 4}, {"propagation-steps", 2}, {"train-size", 8}, {"eval-size", 4},
                                              {"min-nodes", 4}, {"max-nodes", 7}};
   amp::AmpOptions options{.maxActiveKeys = 2, .minibatch = 4};
   JobResult one = runJob("ggsnn", small, 1, 3, options, 0.1, 8, 1);

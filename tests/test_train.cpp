@@ -446,6 +446,23 @@ TEST_CASE("--amp --minibatch trains synchronously") {
   CHECK(contains(r.output, "\"mode\":\"sync\""));
 }
 
+TEST_CASE("--amp takes the zoo's model names and --steps, and weft train --help names the AMP mode and models") {
+  TempDir dir;
+  // gnn is the GGSNN under --amp as in the zoo; --steps counts training instances.
+  const CliRun r = weftCli("train gnn --amp --steps 12 --target 0 --train-size 40 --eval-size 8 --out " +
+                           (dir.path / "gnn").string());
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output, "\"model\":\"gnn\""));
+  CHECK(contains(r.output, "epoch   1"));
+  CHECK_FALSE(contains(r.output, "epoch   2"));
+  const CliRun help = weftCli("train --help");
+  CHECK(contains(help.output, "--amp"));
+  CHECK(contains(help.output, "tree_lstm"));
+  const CliRun ampOnly = weftCli("train tree_lstm");
+  CHECK(ampOnly.status != 0);
+  CHECK(contains(ampOnly.output, "tree_lstm trains asynchronously only: weft train tree_lstm --amp"));
+}
+
 TEST_CASE("weft graph MODEL --amp prints the AMP graph, as text or DOT") {
   const CliRun text = weftCli("graph ggsnn --amp");
   REQUIRE_MESSAGE(text.status == 0, text.output);

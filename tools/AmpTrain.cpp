@@ -35,6 +35,7 @@ struct AmpFlags {
   int replicas = 1;
   int replicaSyncEvery = 0;
   int64_t epochs = 0;
+  int64_t steps = 0;
   double target = -1;
   std::string optimizer;
   double lr = 0;
@@ -95,14 +96,18 @@ int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& p
     metrics.open(outDir + "/metrics.jsonl");
   }
   const double target = f.target >= 0 ? f.target : model.targetAccuracy();
-  const int64_t epochs = f.epochs > 0 ? f.epochs : model.defaultEpochs();
+  // As in the zoo, --epochs wins over --steps; a step is one training instance here.
+  const int64_t instances = f.epochs > 0 || f.steps == 0 ? (f.epochs > 0 ? f.epochs : model.defaultEpochs()) * model.trainSize()
+                                                         : f.steps;
+  const int64_t epochs = (instances + model.trainSize() - 1) / model.trainSize();
   double trainSeconds = 0;
   int64_t reachedAt = 0;
   double reachedSeconds = 0, accuracy = 0;
   amp::EpochReport last;
   for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
     const std::vector<int64_t> order = epochOrder(model.trainSize(), f.seed, epoch);
-    last = runtime.train(model.trainSize(), [&](int64_t i) { return model.trainInstance(order[static_cast<size_t>(i)]); });
+    const int64_t count = std::min(model.trainSize(), instances - (epoch - 1) * model.trainSize());
+    last = runtime.train(count, [&](int64_t i) { return model.trainInstance(order[static_cast<size_t>(i)]); });
     trainSeconds += last.seconds;
     const amp::EpochReport held = runtime.evaluate(model.evalSize(), [&](int64_t i) { return model.evalInstance(i); });
     accuracy = held.accuracy;
@@ -194,11 +199,14 @@ int runAmp(int argc, char** argv) {
   CLI::App app(training ? "weft train MODEL --amp: asynchronous model-parallel training (AMPNet)"
                         : "weft graph MODEL --amp: the AMP graph of a model");
   AmpFlags f;
-  app.add_option("model", f.model, "ggsnn, list_reduction, mlp or tree_lstm")->required()->check(CLI::IsMember(models::ampModelNames()));
+  std::vector<std::string> accepted = models::ampModelNames();
+  accepted.push_back("ggsnn");  // the paper's name of the GGSNN
+  app.add_option("model", f.model, "gnn (the GGSNN; also: ggsnn), list_reduction, mlp or tree_lstm")
+      ->required()
+      ->check(CLI::IsMember(accepted));
   app.add_flag("--amp", f.amp, "the AMP trainer (required to get here)");
   std::unique_ptr<models::AmpModel> model;
-  if (!name.empty() && std::find(models::ampModelNames().begin(), models::ampModelNames().end(), name) != models::ampModelNames().end())
-    model = models::makeAmpModel(name);
+  if (!name.empty() && std::find(accepted.begin(), accepted.end(), name) != accepted.end()) model = models::makeAmpModel(name);
   app.add_option("--seed", f.seed, "seed of weights, data and instance order")->capture_default_str();
   app.add_option("--data", f.data, "real data: a graph file (ggsnn) or a bracketed tree file (tree_lstm); see README");
   app.add_option("--dtype", f.dtype, "f32 or f64")->capture_default_str()->check(CLI::IsMember({"f32", "f64"}));
@@ -221,6 +229,8 @@ int runAmp(int argc, char** argv) {
     app.add_option("--replica-sync-every", f.replicaSyncEvery, "replicas average after every this many updates each (0: each epoch)")
         ->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_option("--epochs", f.epochs, "passes over the training data (default: the model's)")->check(CLI::PositiveNumber);
+    app.add_option("--steps", f.steps, "training instances, the last pass partial (default: --epochs passes)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--target", f.target, "stop when the held-out accuracy reaches this (default: the model's; 0: never)")
         ->check(CLI::Range(0.0, 1.0));
     app.add_option("--optimizer", f.optimizer, "adam, sgd, momentum or adagrad (default: the model's)")

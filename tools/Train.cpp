@@ -9,6 +9,7 @@
 #include "dist/PartitionSearch.h"
 #include "dist/Pipeline.h"
 #include "dist/Runner.h"
+#include "models/AmpModels.h"
 #include "models/ZooModel.h"
 #include "tools/Progress.h"
 
@@ -893,6 +894,16 @@ void addModelFlags(CLI::App& cmd, const std::string& model, const std::vector<mo
 }
 
 void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLine, int& status) {
+  train.footer("Asynchronous model-parallel training (AMPNet): weft train MODEL --amp, MODEL one of gnn, "
+               "list_reduction, mlp or tree_lstm (see weft train MODEL --amp --help)");
+  // A model that exists only as an AMP graph is named here too, so asking for it says how.
+  for (const std::string& name : models::ampModelNames()) {
+    const std::vector<std::string> zoo = models::zooModelNames();
+    if (std::find(zoo.begin(), zoo.end(), name) != zoo.end()) continue;
+    CLI::App* cmd = train.add_subcommand(name, "train the " + name + " model (with --amp only)");
+    cmd->allow_extras();
+    cmd->callback([name] { WEFT_THROW("{} trains asynchronously only: weft train {} --amp", name, name); });
+  }
   for (const std::string& name : models::zooModelNames()) {
     // The model lives as long as the command line: its options are bound to its fields.
     std::shared_ptr<models::ZooModel> model = models::makeZooModel(name);
