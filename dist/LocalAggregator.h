@@ -14,8 +14,8 @@
 // sparsity-aware paper's two-level aggregation (its LocalAggN on the machine, GlobalAggN on the
 // server).
 //
-// Like ParameterServer::handle, fromMember and fromOwner are pure steps from a message to what
-// it releases, so every rule is testable in one process.
+// Like ParameterServer::handle, fromMember does no I/O: it steps from a message to what it
+// releases, so every rule is testable in one process.
 #pragma once
 
 #include "dist/Traffic.h"

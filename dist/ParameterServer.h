@@ -10,8 +10,8 @@
 // moving averages of the variable, if any. Under the asynchronous modes each sender's push is
 // an update of its own, applied by its own APPLY, and a StalenessGate holds its pulls.
 //
-// handle() is a pure step from a message to the replies it releases, so every rule is testable
-// in one process; handleAll() takes a batch and serves its partitions in parallel. The loop
+// handle() does no I/O: it steps from a message to the replies it releases (reading the clock
+// only for the synchronisation modes' timing), so every rule is testable in one process; handleAll() takes a batch and serves its partitions in parallel. The loop
 // around them (dist/ServerProcess.h) moves messages over a transport.
 #pragma once
 

@@ -3,7 +3,10 @@
 // the backward pass (update ops, clipping) are redirected to the collectives.
 #include "tests/TestUtil.h"
 
+#include "core/OpRegistry.h"
+#include "dist/CollectiveOps.h"
 #include "dist/Config.h"
+#include "dist/ServerOps.h"
 #include "dist/Transform.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -109,4 +112,22 @@ TEST_CASE("architecture names") {
   CHECK(parseArchitecture("ar") == Architecture::AllReduce);
   CHECK(std::string(architectureName(Architecture::Auto)) == "auto");
   CHECK(errorOf([] { parseArchitecture("ring"); }) == "unknown architecture 'ring' (expected auto, ar or ps)");
+}
+
+TEST_CASE("every op the distribution layer registers has a shape function, a CPU kernel and a gradient rule or an "
+          "explicit no-gradient mark") {
+  registerAllOps();
+  registerCollectiveOps();
+  registerServerOps();
+  for (const char* op : {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows", "PullRows",
+                         "PullVariable", "PushGradient", "ApplyRemote"}) {
+    CHECK(OpRegistry::global().find(op) != nullptr);
+  }
+  for (const std::string& name : OpRegistry::global().names()) {
+    CAPTURE(name);
+    const OpDef& d = OpRegistry::global().get(name);
+    CHECK(static_cast<bool>(d.inferFn));
+    CHECK((d.kernelFor(DeviceType::CPU) != nullptr || d.sourceKind != SourceKind::None));
+    CHECK((static_cast<bool>(d.gradFn) != d.noGrad));
+  }
 }
