@@ -1,7 +1,8 @@
-// Architecture names (see the header).
+// Architecture names and the rules between settings (see the header).
 #include "dist/Config.h"
 
 #include "core/Error.h"
+#include "dist/SyncPolicy.h"
 
 namespace weft::dist {
 
@@ -19,6 +20,34 @@ Architecture parseArchitecture(const std::string& name) {
   if (name == "ar") return Architecture::AllReduce;
   if (name == "ps") return Architecture::ParameterServer;
   WEFT_THROW("unknown architecture '{}' (expected auto, ar or ps)", name);
+}
+
+void checkConfig(const Config& config, const JobShape& job) {
+  const PipelineConfig& pipeline = config.pipeline;
+  WEFT_CHECK(config.sync->synchronous() || (job.servers > 0 && pipeline.stages == 1 &&
+                                            config.architecture == Architecture::ParameterServer),
+             "{} (--sync) applies each worker's push on the parameter servers as it comes: it needs parameter servers "
+             "(--workers or --cluster), one pipeline stage, and every trained variable on the servers "
+             "(Architecture::ParameterServer, --arch ps; auto means ps under it), since AllReduce and pipeline stages "
+             "wait for every worker at every step",
+             config.sync->name());
+  WEFT_CHECK(pipeline.microbatches == 1 || pipeline.stages > 1 || job.workers == 1,
+             "{} micro-batches (--microbatches) with {} data-parallel workers: data-parallel workers do not cut their "
+             "parts into micro-batches (pipelines do: add --stages)",
+             pipeline.microbatches, job.workers);
+  if (pipeline.stages > 1) {
+    WEFT_CHECK(job.servers == 0, "a pipeline's stages update their own variables: its job has no parameter servers, "
+               "this one has {}", job.servers);
+    WEFT_CHECK(job.workers % pipeline.stages == 0,
+               "a pipeline of {} stages runs one stage per worker, and each data-parallel replica all of them, but "
+               "the job has {} workers",
+               pipeline.stages, job.workers);
+  }
+  WEFT_CHECK(config.partitioning.count == 0 ||
+                 (job.servers > 0 && pipeline.stages == 1 && config.architecture != Architecture::AllReduce),
+             "{} partitions (--partitions) split variables on parameter servers, which this job has none of (they need "
+             "--workers or --cluster, one pipeline stage and --arch auto or ps)",
+             config.partitioning.count);
 }
 
 }  // namespace weft::dist

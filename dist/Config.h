@@ -79,4 +79,19 @@ struct Config {
   PipelineConfig pipeline;
 };
 
+/// The size of a job, as the rules between a Config's settings see it.
+struct JobShape {
+  int workers = 1;  ///< worker processes: data-parallel workers, or pipeline stages times replicas
+  int servers = 0;  ///< parameter-server processes
+};
+
+/// Throws, naming the settings (and the `weft train` flags that set them), where `config`
+/// contradicts itself or the job it runs in: an asynchronous synchronisation mode needs
+/// parameter servers holding every trained variable and one pipeline stage (AllReduce and
+/// pipeline stages wait for every worker at every step); data-parallel workers do not cut their
+/// parts into micro-batches; a pipeline has no parameter servers and a whole number of replicas;
+/// partitions need variables on servers. get_runner checks every process's configuration this
+/// way, and `weft train` checks its flags before it launches anything.
+void checkConfig(const Config& config, const JobShape& job);
+
 }  // namespace weft::dist

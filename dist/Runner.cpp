@@ -125,14 +125,7 @@ struct Runner::State {
 
   /// Makes this worker a stage of a pipeline: workers r·S .. r·S + S − 1 are replica r's stages.
   void joinPipeline(JobContext context, Graph& graph, const Config& config) {
-    const PipelineConfig& stages = config.pipeline;
-    WEFT_CHECK(context.workers() % stages.stages == 0,
-               "a pipeline of {} stages runs one stage per worker, and each data-parallel replica all of them, but "
-               "the job has {} workers",
-               stages.stages, context.workers());
-    WEFT_CHECK(context.servers() == 0,
-               "a pipeline's stages update their own variables: its job has no parameter servers, this one has {}",
-               context.servers());
+    const PipelineConfig& stages = config.pipeline;  // checkConfig has checked it against the job
     WEFT_CHECK(!context.gpuWorkers, "pipelines run on CPU workers (GPU stages are not supported yet)");
     timeout = config.timeout;
     job.emplace(std::move(context));
@@ -430,12 +423,8 @@ void refuseConditionalServedUpdates(const Graph& graph, const ServerPlan& plan) 
 
 Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   WEFT_CHECK(!job.isServer(), "makeWorker: {} is a server of the job (serve it with serveJob)", describe(job.identity.id));
+  checkConfig(config, {job.workers(), job.servers()});
   const bool synchronous = config.sync->synchronous();
-  WEFT_CHECK(synchronous || (config.pipeline.stages == 1 && config.architecture == Architecture::ParameterServer),
-             "{} applies each worker's push on the parameter servers as it comes, so every trained variable must be "
-             "there (Architecture::ParameterServer, --arch ps) and the workers data-parallel: AllReduce and pipeline "
-             "stages wait for every worker at every step",
-             config.sync->name());
   if (config.pipeline.stages > 1) {
     auto state = std::make_unique<Runner::State>();
     state->joinPipeline(std::move(job), graph, config);
@@ -515,6 +504,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
     return Runner(std::move(state));
   }
   if (job->isServer()) {
+    checkConfig(config, {job->workers(), job->servers()});
     auto state = std::make_unique<Runner::State>();
     state->serverStatus = serveJob(*job, graph, config);
     return Runner(std::move(state));  // the job's transports close here, once served

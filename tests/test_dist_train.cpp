@@ -341,9 +341,9 @@ void checkRefused(const std::string& args, const std::string& message) {
 }
 
 TEST_CASE("--sync: combinations that cannot work and malformed values are refused before any process starts") {
-  checkRefused("mlp --workers 2 --arch ar --sync ssp:2", "--sync ssp:2 applies each worker's push on the parameter "
+  checkRefused("mlp --workers 2 --arch ar --sync ssp:2", "SSP(s=2) (--sync) applies each worker's push on the parameter "
                                                           "servers as it comes");
-  checkRefused("mlp --sync asp", "it needs --workers or --cluster");
+  checkRefused("mlp --sync asp", "it needs parameter servers (--workers or --cluster)");
   checkRefused("mlp --stages 2 --sync asp", "one pipeline stage");
   checkRefused("mlp --workers 2 --sync dssp:4", "--sync dssp:4: expected bsp, asp, ssp:S or dssp:SL:SU");
   checkRefused("mlp --workers 2 --slow-worker 2:3", "--slow-worker 2:3: the job has 2 workers (rank 0 to 1)");
@@ -351,7 +351,8 @@ TEST_CASE("--sync: combinations that cannot work and malformed values are refuse
 }
 
 TEST_CASE("--partitions is refused where no parameter server runs, and takes auto or a positive count") {
-  checkRefused("lm --partitions 4", "--partitions 4 splits variables on parameter servers, which this run has none of");
+  checkRefused("lm --partitions 4", "4 partitions (--partitions) split variables on parameter servers, which this job "
+                                   "has none of");
   checkRefused("lm --workers 2 --arch ar --partitions auto", "--partitions auto splits variables on parameter servers");
   checkRefused("lm --workers 2 --partitions 0", "auto or a positive count, not '0'");
 }

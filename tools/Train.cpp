@@ -124,110 +124,16 @@ class Trainer {
 
   /// Trains; returns the process's exit status (a parameter server's, or 0).
   int run() {
-    WEFT_CHECK(flags_.microbatches == 1 || flags_.stages > 1 || !flags_.distributed(),
-               "--microbatches {} with --workers: data-parallel workers do not cut their parts into micro-batches "
-               "(pipelines do: add --stages)",
-               flags_.microbatches);
-    // A pipeline's stages update their own variables: no parameter servers.
-    const int servers = flags_.stages > 1 ? 0 : flags_.servers;
-    const dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
-                                                                : dist::ResourceSpec::load(flags_.cluster);
-    WEFT_CHECK(Device::parse(flags_.device).type == DeviceType::CPU || !flags_.distributed(),
-               "--device {} trains in one process; a distributed job's workers compute where its resource "
-               "specification says (a host's \"gpus\", or its \"cpu_workers\")",
-               flags_.device);
-    const DType precision = parseDType(flags_.precision);
-    allowNondeterministicConvolutions(flags_.deterministic == "off");
-    WEFT_CHECK(flags_.dtype == "f32" || precision == f32,
-               "--dtype {} computes everything in {}; mixed precision (--precision {}) needs f32", flags_.dtype,
-               flags_.dtype, flags_.precision);
-    const bool hasServers = flags_.distributed() && flags_.stages == 1 && flags_.arch != "ar";
-    const std::shared_ptr<const dist::SyncPolicy> sync = dist::parseSyncPolicy(flags_.sync);
-    WEFT_CHECK(sync->synchronous() || hasServers,
-               "--sync {} applies each worker's push on the parameter servers as it comes: it needs --workers or "
-               "--cluster, one pipeline stage, and every variable on the servers (--arch ps; auto means ps under it), "
-               "since AllReduce waits for every worker at every step",
-               flags_.sync);
-    const SlowWorker slow = parseSlowWorker(flags_.slowWorker);
-    const int workers = flags_.distributed() ? static_cast<int>(resources.workers().size()) : 1;
-    WEFT_CHECK(slow.rank < workers, "--slow-worker {}: the job has {} worker{} (rank 0{})", flags_.slowWorker, workers,
-               workers == 1 ? "" : "s", workers == 1 ? "" : fmt::format(" to {}", workers - 1));
-    WEFT_CHECK(flags_.partitions != "auto" || flags_.bench == 0,
-               "--bench times one configuration, and --partitions auto runs several: give --partitions a count");
-    WEFT_CHECK(flags_.partitions.empty() || hasServers,
-               "--partitions {} splits variables on parameter servers, which this run has none of (they need --workers "
-               "or --cluster, one pipeline stage and --arch auto or ps)",
-               flags_.partitions);
-    if (flags_.distributed() && !dist::launchIdentityFromEnvironment()) {
-      // This process is the launcher: the same command line runs as every worker and server.
-      dist::LaunchOptions launch;
-      // A frozen process is named well before the collectives' own timeout would fire.
-      launch.silenceLimit = std::max(std::chrono::milliseconds(3000),
-                                     std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000 / 3)));
-      // After a member fails the whole job starts again, from the last checkpoint once there is one.
-      launch.maxRestarts = flags_.maxRestarts;
-      launch.restartCommand = [this](int) {
-        std::vector<std::string> command = commandLine_;
-        if (!flags_.resume && hasCheckpoint(outDir())) command.push_back("--resume");
-        return command;
-      };
-      if (flags_.partitions == "auto") {
-        searchPartitions(resources, launch);
-      } else {
-        WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
-      }
-      if (!flags_.trace.empty()) mergeWorkerTraces(static_cast<int>(resources.workers().size()));
-      return 0;
-    }
-    models::CommonOptions common;
-    common.batchSize = flags_.batch;
-    common.seed = flags_.seed;
-    common.data = flags_.data;
-    common.dtype = flags_.dtype;
-    graph_.setSeed(flags_.seed);
-    const Device device = Device::parse(flags_.distributed() ? dist::processDevice(resources) : flags_.device);
-    // One process on a GPU is fed from there; a distributed worker's feeds stay on the host, where
-    // its requests to the servers read the ids.
-    feedDevice_ = flags_.distributed() ? cpu() : device;
-    models::OptimizerSpec spec;
-    {
-      // The whole model, its gradients and its updates run on the device.
-      auto placed = graph_.onDevice(device.type == DeviceType::CPU ? "" : device.str());
-      {
-        // A CPU computes bf16 products fast (AVX512_BF16) but convolutions only in f32, where
-        // 16-bit copies would add casts and no speed: there bf16 covers the products alone,
-        // which round their operands as they pack them.
-        const bool cpuBf16 = device.type == DeviceType::CPU && precision == bf16;
-        auto mixed = graph_.mixedPrecision(precision, cpuBf16 ? Graph::MixedOps::RoundInProducts
-                                                              : Graph::MixedOps::CastOperands);
-        model_->build(graph_, common);
-      }
-      spec = optimizerSpec(*model_, flags_);
-      optim::MinimizeOptions minimize;
-      minimize.clipGlobalNorm = spec.clipNorm;
-      if (precision == f16) minimize.lossScaling = optim::LossScaling{};
-      trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
-    }
-    dist::Config config;
-    config.architecture = dist::parseArchitecture(flags_.arch);
-    config.sync = sync;
-    // Under the asynchronous modes every trained variable is served (AllReduce would wait).
-    if (!sync->synchronous()) config.architecture = dist::Architecture::ParameterServer;
-    config.partitioning = {static_cast<size_t>(flags_.partitionBytes), partitionCount()};
-    config.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000));
-    config.session = SessionOptions{flags_.threads, false};
-    config.localAggregation = flags_.localAggregation == "on";
-    config.reportTraffic = flags_.reportComm;
-    config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
-    config.pipeline.microbatches = flags_.microbatches;
-    config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
+    Setup setup = resolve();
+    if (flags_.distributed() && !dist::launchIdentityFromEnvironment()) return launchJob(setup.resources);
+    const models::OptimizerSpec spec = buildModel(setup);
     // Every process of the job (servers too) decides alike: from the specification, not its own device.
-    const std::vector<dist::WorkerSlot> slots = resources.workers();
+    const std::vector<dist::WorkerSlot> slots = setup.resources.workers();
     const bool cpuWorkers = std::all_of(slots.begin(), slots.end(), [](const dist::WorkerSlot& w) { return w.device == "cpu"; });
-    if (config.architecture == dist::Architecture::Auto && sync->synchronous() && flags_.stages == 1 &&
-        resources.hosts().size() > 1 && cpuWorkers)
-      config.sparsity = measureSparsity(static_cast<int>(slots.size()));
-    runner_.emplace(dist::get_runner(graph_, resources, config));  // a server serves here
+    if (setup.config.architecture == dist::Architecture::Auto && setup.config.sync->synchronous() &&
+        flags_.stages == 1 && setup.resources.hosts().size() > 1 && cpuWorkers)
+      setup.config.sparsity = measureSparsity(static_cast<int>(slots.size()));
+    runner_.emplace(dist::get_runner(graph_, setup.resources, setup.config));  // a server serves here
     if (runner_->served()) return runner_->serverStatus();
     session_ = &runner_->session();
     leader_ = runner_->rank() == 0;
@@ -241,147 +147,7 @@ class Trainer {
       bench();
       return 0;
     }
-
-    identity_ = runIdentity(spec);
-    const std::string out = outDir();
-    if (leader_) std::filesystem::create_directories(out);
-    checkpointPath_ = out + "/checkpoint.safetensors";
-    if (leader_) {
-      const RemovedFiles stale = removeStaleTemporaries(checkpointPath_);
-      if (stale.files > 0) {
-        fmt::print("removed {} temporary files ({} bytes) that interrupted saves of {} left\n", stale.files, stale.bytes,
-                   checkpointPath_);
-      }
-    }
-    data::PrefetchOptions prefetch;
-    prefetch.transform = [this](const data::Batch& batch) { return myPart(batch); };
-    prefetch.device = feedDevice_;
-    data::Prefetcher batches(model_->trainData(), prefetch);
-    int64_t step = 0;
-    if (flags_.resume || flags_.resumeChanged) step = resume(batches);
-    std::optional<MetricsLog> metrics;
-    if (leader_) metrics.emplace(out + "/metrics.jsonl");
-    std::optional<TensorBoardWriter> board;
-    if (leader_ && !flags_.tensorboard.empty()) board.emplace(flags_.tensorboard);
-    dist::Traffic trafficAtLog = runner_->traffic();
-    int64_t stepAtLog = step;
-    const int64_t evalEvery = flags_.evalEvery > 0 ? flags_.evalEvery : std::max<int64_t>(1, steps_ / 10);
-    const int64_t checkpointEvery = flags_.checkpointEvery > 0 ? flags_.checkpointEvery : evalEvery;
-    if (leader_) {
-      fmt::print("training {} for {} steps ({} threads, optimizer {} lr {}{}); output in {}\n", name_, steps_,
-                 flags_.threads, spec.name, spec.lr,
-                 runner_->stages() > 1 ? fmt::format(", {} pipeline stages, {} micro-batches, {} schedule, {} replicas",
-                                                     runner_->stages(), flags_.microbatches, flags_.schedule,
-                                                     runner_->replicas())
-                 : runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture, {}", runner_->workers(),
-                                                         dist::architectureName(config.architecture), config.sync->name())
-                                          : "",
-                 out);
-    }
-    if (leader_ && !runner_->sparsityChoices().empty()) reportSparsity(*metrics);
-    Progress progress(steps_, step);
-    double lossSum = 0, items = 0;
-    int64_t lossCount = 0;
-    std::string unit = "items";
-    // A sample of the partition search trains a stretch and times its second half.
-    const int64_t stop = flags_.partitionSample > 0 ? std::min(steps_, step + flags_.partitionSample) : steps_;
-    const int64_t timedFrom = step + (stop - step) / 2;
-    double timedSeconds = 0;
-    double evaluationSeconds = 0;
-    while (step < stop) {
-      const data::Prefetched batch = batches.nextPrefetched();
-      const auto [what, count] = itemsIn(batch.source);
-      unit = what;
-      items += count;
-      const auto started = std::chrono::steady_clock::now();
-      const double loss = trainOn(stepFeeds(batch.prepared));
-      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
-      if (step >= timedFrom) timedSeconds += took.count();
-      // An emulated slower machine: this worker's steps take FACTOR times as long.
-      if (runner_->rank() == slow.rank) std::this_thread::sleep_for(took * (slow.factor - 1));
-      WEFT_CHECK(std::isfinite(loss), "{}: the loss became {} at step {}", name_, loss, step + 1);
-      lossSum += loss;
-      ++lossCount;
-      ++step;
-      const bool logNow = step % flags_.logEvery == 0 || step == steps_;
-      // The workers' mean is the total batch's loss; the progress line between logs shows rank 0's part.
-      // Under the asynchronous modes the workers are not kept together: worker 0 logs its own part.
-      if (logNow && config.sync->synchronous()) lossSum = runner_->meanOverWorkers(lossSum);
-      const bool evaluateNow = step % evalEvery == 0 || step == steps_;
-      const bool checkpointNow = step % checkpointEvery == 0 || step == stop;
-      // Worker 0's session takes the whole model (the servers' variables, the other stages'),
-      // for evaluation and the checkpoint.
-      if (evaluateNow || checkpointNow) runner_->gatherModel();
-      if (!leader_) {
-        if (logNow) {
-          lossSum = 0;
-          lossCount = 0;
-        }
-        continue;
-      }
-      if (step == 1 && !runner_->pipelinePlan().empty()) fmt::print("pipeline cut:\n{}", runner_->pipelinePlan());
-      progress.update(step, lossSum / static_cast<double>(lossCount), items, unit);
-      if (logNow) {
-        const double meanLoss = lossSum / static_cast<double>(lossCount), rate = progress.rate(items);
-        metrics->write({{"step", step}, {"loss", meanLoss}, {unit + "_per_s", rate}});
-        if (board) {
-          board->scalar("train/loss", meanLoss, step);
-          board->scalar("train/" + unit + "_per_s", rate, step);
-          board->scalar("train/learning_rate", spec.lr, step);
-          if (runner_->workers() > 1) {
-            const dist::Traffic traffic = runner_->traffic();
-            writeBytesPerStep(*board, traffic, trafficAtLog, step - stepAtLog, step);
-            trafficAtLog = traffic;
-          }
-          stepAtLog = step;
-        }
-        progress.log(step, meanLoss, items, unit);
-        lossSum = 0;
-        lossCount = 0;
-        items = 0;
-        progress.resetRate();
-      }
-      if (evaluateNow) {
-        const auto started = std::chrono::steady_clock::now();
-        const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
-        evaluationSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        // The time so far without worker 0's evaluations, for time-to-accuracy curves.
-        metrics->write({{"step", step}, {"seconds", progress.elapsed() - evaluationSeconds}, {"eval", result}});
-        if (board)
-          for (const auto& [metric, value] : result) board->scalar("eval/" + metric, value, step);
-        progress.report(step, result);
-      }
-      if (checkpointNow) {
-        std::map<std::string, std::string> metadata = identity_;
-        metadata["model"] = name_;
-        metadata["step"] = std::to_string(step);
-        metadata["data_position"] = std::to_string(batches.position());
-        saveCheckpoint(*session_, checkpointPath_, std::move(metadata));
-      }
-    }
-    runner_->finish();  // every worker is done with its last step: the final evaluation is rank 0's alone
-    if (flags_.reportComm) reportCommunication(step);
-    writeTrace();
-    if (!leader_) return 0;
-    if (flags_.partitionSample > 0) {
-      const int64_t timed = stop - timedFrom;
-      metrics->write({{"partition_sample",
-                       {{"partitions", partitionCount()},
-                        {"effective", runner_->serverPlan().largestPartitionCount()},
-                        {"seconds_per_step", timed > 0 ? timedSeconds / static_cast<double>(timed) : 0.0},
-                        {"timed_steps", timed},
-                        {"step", step},
-                        {"steps", steps_}}}});
-      return 0;
-    }
-    const std::map<std::string, double> result = model_->evaluate(*session_, 0);
-    nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
-    if (runner_->workers() > 1) summary["workers"] = runner_->workers();
-    metrics->write(summary);
-    if (board)  // on the whole held-out set, unlike the evaluations during training
-      for (const auto& [metric, value] : result) board->scalar("final/" + metric, value, step);
-    fmt::print("{}\n", summary.dump());
-    return 0;
+    return train(spec, setup);
   }
 
  private:
@@ -390,6 +156,292 @@ class Trainer {
     int rank = -1;
     double factor = 1;
   };
+
+  /// What the flags resolve to, checked against one another before anything starts.
+  struct Setup {
+    dist::ResourceSpec resources;
+    DType precision;
+    dist::Config config;  // the job's settings, the measured sparsity still to come
+    SlowWorker slow;
+  };
+
+  /// The flags resolved and checked: the rules between the job's settings are dist::checkConfig's
+  /// (the same for every process of the job and for programs of one's own); these are the
+  /// trainer's own.
+  Setup resolve() const {
+    // A pipeline's stages update their own variables: no parameter servers.
+    const int servers = flags_.stages > 1 ? 0 : flags_.servers;
+    dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
+                                                          : dist::ResourceSpec::load(flags_.cluster);
+    WEFT_CHECK(Device::parse(flags_.device).type == DeviceType::CPU || !flags_.distributed(),
+               "--device {} trains in one process; a distributed job's workers compute where its resource "
+               "specification says (a host's \"gpus\", or its \"cpu_workers\")",
+               flags_.device);
+    const DType precision = parseDType(flags_.precision);
+    WEFT_CHECK(flags_.dtype == "f32" || precision == f32,
+               "--dtype {} computes everything in {}; mixed precision (--precision {}) needs f32", flags_.dtype,
+               flags_.dtype, flags_.precision);
+    dist::Config config = jobConfig();
+    const int workers = flags_.distributed() ? static_cast<int>(resources.workers().size()) : 1;
+    dist::checkConfig(config, {workers, flags_.distributed() ? resources.serverCount() : 0});
+    const SlowWorker slow = parseSlowWorker(flags_.slowWorker);
+    WEFT_CHECK(slow.rank < workers, "--slow-worker {}: the job has {} worker{} (rank 0{})", flags_.slowWorker, workers,
+               workers == 1 ? "" : "s", workers == 1 ? "" : fmt::format(" to {}", workers - 1));
+    if (flags_.partitions == "auto") {
+      WEFT_CHECK(flags_.bench == 0,
+                 "--bench times one configuration, and --partitions auto runs several: give --partitions a count");
+      WEFT_CHECK(flags_.distributed() && flags_.stages == 1 && config.architecture != dist::Architecture::AllReduce,
+                 "--partitions auto splits variables on parameter servers, which this run has none of (they need "
+                 "--workers or --cluster, one pipeline stage and --arch auto or ps)");
+    }
+    allowNondeterministicConvolutions(flags_.deterministic == "off");
+    return {std::move(resources), precision, std::move(config), slow};
+  }
+
+  /// The job's settings from the flags (dist::Config), without the measured sparsity.
+  dist::Config jobConfig() const {
+    dist::Config config;
+    config.architecture = dist::parseArchitecture(flags_.arch);
+    config.sync = dist::parseSyncPolicy(flags_.sync);
+    // Under the asynchronous modes auto means ps: AllReduce would wait for every worker.
+    if (!config.sync->synchronous() && config.architecture == dist::Architecture::Auto)
+      config.architecture = dist::Architecture::ParameterServer;
+    config.partitioning = {static_cast<size_t>(flags_.partitionBytes), flags_.partitions == "auto" ? 0 : partitionCount()};
+    config.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000));
+    config.session = SessionOptions{flags_.threads, false};
+    config.localAggregation = flags_.localAggregation == "on";
+    config.reportTraffic = flags_.reportComm;
+    config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
+    config.pipeline.microbatches = flags_.microbatches;
+    config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
+    return config;
+  }
+
+  /// The launcher of a distributed job: the same command line runs as every worker and server.
+  int launchJob(const dist::ResourceSpec& resources) {
+    dist::LaunchOptions launch;
+    // A frozen process is named well before the collectives' own timeout would fire.
+    launch.silenceLimit = std::max(std::chrono::milliseconds(3000),
+                                   std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000 / 3)));
+    // After a member fails the whole job starts again, from the last checkpoint once there is one.
+    launch.maxRestarts = flags_.maxRestarts;
+    launch.restartCommand = [this](int) {
+      std::vector<std::string> command = commandLine_;
+      if (!flags_.resume && hasCheckpoint(outDir())) command.push_back("--resume");
+      return command;
+    };
+    if (flags_.partitions == "auto") {
+      searchPartitions(resources, launch);
+    } else {
+      WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
+    }
+    if (!flags_.trace.empty()) mergeWorkerTraces(static_cast<int>(resources.workers().size()));
+    return 0;
+  }
+
+  /// Builds the model, its gradients and its updates on this process's device; returns the
+  /// optimizer's settings.
+  models::OptimizerSpec buildModel(const Setup& setup) {
+    models::CommonOptions common;
+    common.batchSize = flags_.batch;
+    common.seed = flags_.seed;
+    common.data = flags_.data;
+    common.dtype = flags_.dtype;
+    graph_.setSeed(flags_.seed);
+    const Device device = Device::parse(flags_.distributed() ? dist::processDevice(setup.resources) : flags_.device);
+    // One process on a GPU is fed from there; a distributed worker's feeds stay on the host, where
+    // its requests to the servers read the ids.
+    feedDevice_ = flags_.distributed() ? cpu() : device;
+    // The whole model, its gradients and its updates run on the device.
+    auto placed = graph_.onDevice(device.type == DeviceType::CPU ? "" : device.str());
+    {
+      // A CPU computes bf16 products fast (AVX512_BF16) but convolutions only in f32, where
+      // 16-bit copies would add casts and no speed: there bf16 covers the products alone,
+      // which round their operands as they pack them.
+      const bool cpuBf16 = device.type == DeviceType::CPU && setup.precision == bf16;
+      auto mixed = graph_.mixedPrecision(setup.precision, cpuBf16 ? Graph::MixedOps::RoundInProducts
+                                                                 : Graph::MixedOps::CastOperands);
+      model_->build(graph_, common);
+    }
+    const models::OptimizerSpec spec = optimizerSpec(*model_, flags_);
+    optim::MinimizeOptions minimize;
+    minimize.clipGlobalNorm = spec.clipNorm;
+    if (setup.precision == f16) minimize.lossScaling = optim::LossScaling{};
+    trainStep_ = makeOptimizer(spec)->minimize(model_->loss(), minimize);
+    return spec;
+  }
+
+  /// What the training loop reports as it goes (the leader's logs; every worker's loss sums).
+  struct Reporting {
+    std::optional<MetricsLog> metrics;
+    std::optional<TensorBoardWriter> board;
+    dist::Traffic trafficAtLog;
+    int64_t stepAtLog = 0;
+    double lossSum = 0, items = 0;
+    int64_t lossCount = 0;
+    std::string unit = "items";
+    double evaluationSeconds = 0;
+  };
+
+  /// The training loop, from the checkpoint when resuming: steps, logs, evaluations and
+  /// checkpoints, then the final evaluation.
+  int train(const models::OptimizerSpec& spec, const Setup& setup) {
+    const std::string out = prepareOutput(spec);
+    data::PrefetchOptions prefetch;
+    prefetch.transform = [this](const data::Batch& batch) { return myPart(batch); };
+    prefetch.device = feedDevice_;
+    data::Prefetcher batches(model_->trainData(), prefetch);
+    int64_t step = 0;
+    if (flags_.resume || flags_.resumeChanged) step = resume(batches);
+    Reporting report;
+    if (leader_) report.metrics.emplace(out + "/metrics.jsonl");
+    if (leader_ && !flags_.tensorboard.empty()) report.board.emplace(flags_.tensorboard);
+    report.trafficAtLog = runner_->traffic();
+    report.stepAtLog = step;
+    const int64_t evalEvery = flags_.evalEvery > 0 ? flags_.evalEvery : std::max<int64_t>(1, steps_ / 10);
+    const int64_t checkpointEvery = flags_.checkpointEvery > 0 ? flags_.checkpointEvery : evalEvery;
+    if (leader_) announce(spec, setup.config, out);
+    if (leader_ && !runner_->sparsityChoices().empty()) reportSparsity(*report.metrics);
+    Progress progress(steps_, step);
+    // A sample of the partition search trains a stretch and times its second half.
+    const int64_t stop = flags_.partitionSample > 0 ? std::min(steps_, step + flags_.partitionSample) : steps_;
+    const int64_t timedFrom = step + (stop - step) / 2;
+    double timedSeconds = 0;
+    while (step < stop) {
+      const data::Prefetched batch = batches.nextPrefetched();
+      const auto [what, count] = itemsIn(batch.source);
+      report.unit = what;
+      report.items += count;
+      const auto started = std::chrono::steady_clock::now();
+      const double loss = trainOn(stepFeeds(batch.prepared));
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
+      if (step >= timedFrom) timedSeconds += took.count();
+      // An emulated slower machine: this worker's steps take FACTOR times as long.
+      if (runner_->rank() == setup.slow.rank) std::this_thread::sleep_for(took * (setup.slow.factor - 1));
+      WEFT_CHECK(std::isfinite(loss), "{}: the loss became {} at step {}", name_, loss, step + 1);
+      report.lossSum += loss;
+      ++report.lossCount;
+      ++step;
+      const bool logNow = step % flags_.logEvery == 0 || step == steps_;
+      // The workers' mean is the total batch's loss; the progress line between logs shows rank 0's part.
+      // Under the asynchronous modes the workers are not kept together: worker 0 logs its own part.
+      if (logNow && setup.config.sync->synchronous()) report.lossSum = runner_->meanOverWorkers(report.lossSum);
+      const bool evaluateNow = step % evalEvery == 0 || step == steps_;
+      const bool checkpointNow = step % checkpointEvery == 0 || step == stop;
+      // Worker 0's session takes the whole model (the servers' variables, the other stages'),
+      // for evaluation and the checkpoint.
+      if (evaluateNow || checkpointNow) runner_->gatherModel();
+      if (!leader_) {
+        if (logNow) report.lossSum = 0, report.lossCount = 0;
+        continue;
+      }
+      if (step == 1 && !runner_->pipelinePlan().empty()) fmt::print("pipeline cut:\n{}", runner_->pipelinePlan());
+      progress.update(step, report.lossSum / static_cast<double>(report.lossCount), report.items, report.unit);
+      if (logNow) logStep(report, progress, spec, step);
+      if (evaluateNow) evaluate(report, progress, step);
+      if (checkpointNow) checkpoint(step, batches.position());
+    }
+    runner_->finish();  // every worker is done with its last step: the final evaluation is rank 0's alone
+    if (flags_.reportComm) reportCommunication(step);
+    writeTrace();
+    if (!leader_) return 0;
+    if (flags_.partitionSample > 0) {
+      const int64_t timed = stop - timedFrom;
+      report.metrics->write({{"partition_sample",
+                              {{"partitions", partitionCount()},
+                               {"effective", runner_->serverPlan().largestPartitionCount()},
+                               {"seconds_per_step", timed > 0 ? timedSeconds / static_cast<double>(timed) : 0.0},
+                               {"timed_steps", timed},
+                               {"step", step},
+                               {"steps", steps_}}}});
+      return 0;
+    }
+    finalEvaluation(report, progress, step);
+    return 0;
+  }
+
+  /// The run's identity, output directory and checkpoint path; removes what interrupted saves
+  /// left. Returns the directory.
+  std::string prepareOutput(const models::OptimizerSpec& spec) {
+    identity_ = runIdentity(spec);
+    const std::string out = outDir();
+    checkpointPath_ = out + "/checkpoint.safetensors";
+    if (!leader_) return out;
+    std::filesystem::create_directories(out);
+    const RemovedFiles stale = removeStaleTemporaries(checkpointPath_);
+    if (stale.files > 0) {
+      fmt::print("removed {} temporary files ({} bytes) that interrupted saves of {} left\n", stale.files, stale.bytes,
+                 checkpointPath_);
+    }
+    return out;
+  }
+
+  /// The line that starts a run: model, steps, threads, optimizer, the job's shape, output.
+  void announce(const models::OptimizerSpec& spec, const dist::Config& config, const std::string& out) const {
+    fmt::print("training {} for {} steps ({} threads, optimizer {} lr {}{}); output in {}\n", name_, steps_,
+               flags_.threads, spec.name, spec.lr,
+               runner_->stages() > 1 ? fmt::format(", {} pipeline stages, {} micro-batches, {} schedule, {} replicas",
+                                                   runner_->stages(), flags_.microbatches, flags_.schedule,
+                                                   runner_->replicas())
+               : runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture, {}", runner_->workers(),
+                                                       dist::architectureName(config.architecture), config.sync->name())
+                                        : "",
+               out);
+  }
+
+  /// The mean loss and rate since the last log, to metrics.jsonl, TensorBoard and the console.
+  void logStep(Reporting& report, Progress& progress, const models::OptimizerSpec& spec, int64_t step) {
+    const double meanLoss = report.lossSum / static_cast<double>(report.lossCount), rate = progress.rate(report.items);
+    report.metrics->write({{"step", step}, {"loss", meanLoss}, {report.unit + "_per_s", rate}});
+    if (report.board) {
+      report.board->scalar("train/loss", meanLoss, step);
+      report.board->scalar("train/" + report.unit + "_per_s", rate, step);
+      report.board->scalar("train/learning_rate", spec.lr, step);
+      if (runner_->workers() > 1) {
+        const dist::Traffic traffic = runner_->traffic();
+        writeBytesPerStep(*report.board, traffic, report.trafficAtLog, step - report.stepAtLog, step);
+        report.trafficAtLog = traffic;
+      }
+      report.stepAtLog = step;
+    }
+    progress.log(step, meanLoss, report.items, report.unit);
+    report.lossSum = 0;
+    report.lossCount = 0;
+    report.items = 0;
+    progress.resetRate();
+  }
+
+  /// A periodic evaluation on --eval-batches held-out batches.
+  void evaluate(Reporting& report, Progress& progress, int64_t step) {
+    const auto started = std::chrono::steady_clock::now();
+    const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
+    report.evaluationSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    // The time so far without worker 0's evaluations, for time-to-accuracy curves.
+    report.metrics->write({{"step", step}, {"seconds", progress.elapsed() - report.evaluationSeconds}, {"eval", result}});
+    if (report.board)
+      for (const auto& [metric, value] : result) report.board->scalar("eval/" + metric, value, step);
+    progress.report(step, result);
+  }
+
+  void checkpoint(int64_t step, int64_t dataPosition) {
+    std::map<std::string, std::string> metadata = identity_;
+    metadata["model"] = name_;
+    metadata["step"] = std::to_string(step);
+    metadata["data_position"] = std::to_string(dataPosition);
+    saveCheckpoint(*session_, checkpointPath_, std::move(metadata));
+  }
+
+  /// The last evaluation, on the whole held-out set, and the run's summary line.
+  void finalEvaluation(Reporting& report, const Progress& progress, int64_t step) {
+    const std::map<std::string, double> result = model_->evaluate(*session_, 0);
+    nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
+    if (runner_->workers() > 1) summary["workers"] = runner_->workers();
+    report.metrics->write(summary);
+    if (report.board)  // on the whole held-out set, unlike the evaluations during training
+      for (const auto& [metric, value] : result) report.board->scalar("final/" + metric, value, step);
+    fmt::print("{}\n", summary.dump());
+  }
+
   static SlowWorker parseSlowWorker(const std::string& text) {
     if (text.empty()) return {};
     const size_t colon = text.find(':');
