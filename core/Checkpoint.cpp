@@ -1,6 +1,7 @@
 #include "core/Checkpoint.h"
 
 #include "core/Hash.h"
+#include "core/JsonLimits.h"
 
 #include <nlohmann/json.hpp>
 
@@ -303,6 +304,9 @@ TensorFile readSafetensors(const std::string& path, Checksums checksums) {
   // nlohmann::json takes a NUL for the end of its input; the padding safetensors allows is spaces.
   const size_t nul = text.find('\0');
   WEFT_CHECK(nul == std::string::npos, "checkpoint {} is corrupt: its header holds a NUL byte at offset {}", path, 8 + nul);
+  if (const auto at = jsonNestingBeyond(text, kMaxJsonDepth))
+    WEFT_THROW("checkpoint {} is corrupt: its header nests arrays or objects deeper than {} levels (at byte {})", path,
+               kMaxJsonDepth, 8 + *at);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);

@@ -2,6 +2,7 @@
 #include "core/Trace.h"
 
 #include "core/Error.h"
+#include "core/JsonLimits.h"
 
 #include <nlohmann/json.hpp>
 
@@ -80,6 +81,8 @@ std::string traceEventsJson(int pid, const std::string& process) {
 std::string mergeTraces(const std::vector<std::string>& documents) {
   nlohmann::json all = nlohmann::json::array();
   for (size_t i = 0; i < documents.size(); ++i) {
+    WEFT_CHECK(!jsonNestingBeyond(documents[i], kMaxJsonDepth), "trace {} of {} nests deeper than {} levels", i + 1,
+               documents.size(), kMaxJsonDepth);
     const nlohmann::json doc = nlohmann::json::parse(documents[i], nullptr, false);
     WEFT_CHECK(doc.is_object() && doc.contains("traceEvents") && doc["traceEvents"].is_array(),
                "trace {} of {} is not a trace-event document", i + 1, documents.size());

@@ -5,6 +5,7 @@
 #include "core/Error.h"
 #include "core/Escape.h"
 #include "core/InputFile.h"
+#include "core/JsonLimits.h"
 
 #include <nlohmann/json.hpp>
 
@@ -155,6 +156,9 @@ ResourceSpec ResourceSpec::load(const std::string& path) {
 
 ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sourceName) {
   const SpecParser p(sourceName);
+  if (text.size() > kMaxResourceSpecBytes) p.fail("{} bytes; a specification holds at most {}", text.size(), kMaxResourceSpecBytes);
+  if (const auto at = jsonNestingBeyond(text, kMaxJsonDepth))
+    p.fail("arrays or objects nest deeper than {} levels (at byte {})", kMaxJsonDepth, *at);
   json doc;
   try {
     doc = json::parse(text);

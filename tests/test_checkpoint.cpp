@@ -4,6 +4,7 @@
 
 #include "core/Checkpoint.h"
 #include "core/Hash.h"
+#include "core/JsonLimits.h"
 #include "data/Dataset.h"
 #include "ops/Ops.h"
 
@@ -273,6 +274,27 @@ TEST_CASE("corrupt files are refused with the reason") {
                                  "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}") + std::string(12, 'x')),
                  "overlap"));
   CHECK(contains(errorOf([&] { readSafetensors(dir.file("missing.safetensors")); }), "cannot open"));
+}
+
+TEST_CASE("a header of deeply nested arrays is refused naming the file, before anything recurses over it") {
+  TempDir dir;
+  const std::string path = dir.file("nested.safetensors");
+  const int levels = 100000;  // 200 KB, under the header limit; printing it would overflow the stack
+  writeAll(path, header(std::string(levels, '[') + std::string(levels, ']')));
+  const std::string e = errorOf([&] { readSafetensors(path); });
+  CHECK(contains(e, path));
+  CHECK(contains(e, fmt::format("nests arrays or objects deeper than {} levels (at byte {})", kMaxJsonDepth, 8 + kMaxJsonDepth)));
+  // As deep as allowed, it gets as far as the check that the header is an object.
+  writeAll(path, header(std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']')));
+  CHECK(contains(errorOf([&] { readSafetensors(path); }), "not a JSON object"));
+}
+
+TEST_CASE("JSON nesting is counted outside strings only") {
+  CHECK_FALSE(jsonNestingBeyond(R"({"a":[1,{"b":"[[[{{{"}]})", 3));
+  CHECK(jsonNestingBeyond(R"({"a":[1,{"b":[]}]})", 3) == 13u);
+  CHECK_FALSE(jsonNestingBeyond(R"(["\\",["\"[["]])", 2));  // an escaped quote does not end the string
+  CHECK(jsonNestingBeyond(R"(["\\",[["]]])", 2) == 7u);    // the quote after an escaped backslash does
+  CHECK_FALSE(jsonNestingBeyond("]]]]][[", 2));               // closers do not lend depth
 }
 
 TEST_CASE("a checkpoint restores variables and the random step") {

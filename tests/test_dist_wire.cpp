@@ -3,6 +3,7 @@
 // oversized, trailing-byte, bad-magic and other-job input refused with the field named).
 #include "tests/TestUtil.h"
 
+#include "core/JsonLimits.h"
 #include "dist/ResourceSpec.h"
 #include "dist/Wire.h"
 #include "tests/InputTest.h"
@@ -160,7 +161,16 @@ TEST_CASE("resource spec: a launched process reads its job's specification from 
   CHECK(spec->serverCount() == 2);
   ::setenv(kResourcesVariable, R"({"hosts": []})", 1);
   CHECK(errorOf([] { ResourceSpec::fromEnvironment(); }) == "WEFT_RESOURCES: hosts is empty; list at least one host");
+  ::setenv(kResourcesVariable, std::string(kMaxResourceSpecBytes + 1, ' ').c_str(), 1);
+  CHECK(errorOf([] { ResourceSpec::fromEnvironment(); }) ==
+        fmt::format("WEFT_RESOURCES: {} bytes; a specification holds at most {}", kMaxResourceSpecBytes + 1, kMaxResourceSpecBytes));
   ::unsetenv(kResourcesVariable);
+}
+
+TEST_CASE("resource spec: arrays or objects nested past the limit are refused before parsing") {
+  const std::string deep = R"({"hosts": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  CHECK(specError(deep) == fmt::format("cluster.json: arrays or objects nest deeper than {} levels (at byte {})",
+                                       kMaxJsonDepth, 10 + kMaxJsonDepth - 1));
 }
 
 TEST_CASE("resource spec: every error names the file and the JSON path") {

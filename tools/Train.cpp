@@ -3,6 +3,7 @@
 #include "core/Checkpoint.h"
 #include "core/Hash.h"
 #include "core/InputFile.h"
+#include "core/JsonLimits.h"
 #include "core/TensorBoard.h"
 #include "core/Trace.h"
 #include "dist/Launcher.h"
@@ -551,6 +552,7 @@ class Trainer {
     std::string line;
     nlohmann::json found;
     while (std::getline(in, line)) {
+      if (jsonNestingBeyond(line, kMaxJsonDepth)) continue;  // not a record this trainer wrote
       const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
       if (record.is_object() && record.contains(key)) found = record.at(key);
     }
