@@ -162,7 +162,8 @@ Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message
 
 bool digestsEqual(const Digest& a, const Digest& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
-void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {
+void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline,
+                     const std::function<void()>& admit) {
   try {
     const Nonce serverNonce = randomArray<Nonce>();
     writeFrame(fd, MessageType::Challenge, job, serverNonce, deadline);
@@ -174,6 +175,7 @@ void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline de
     r.finish();
     WEFT_CHECK(digestsEqual(clientMac, handshakeMac(secret, kClientLabel, job, serverNonce, clientNonce)),
                "bad HMAC: the client does not hold the job secret");
+    if (admit) admit();
     writeFrame(fd, MessageType::AuthOk, job, handshakeMac(secret, kServerLabel, job, serverNonce, clientNonce),
                deadline);
   } catch (const Error& e) {

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -52,8 +53,11 @@ Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message
 bool digestsEqual(const Digest& a, const Digest& b);
 
 /// Server side of the handshake on a connected socket: returns once the client proved it holds
-/// the secret, else throws ("bad HMAC ...", a wire error, a timeout).
-void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);
+/// the secret, else throws ("bad HMAC ...", a wire error, a timeout). `admit`, when given, runs
+/// once the proof checked and before the reply that tells the client it is in: the caller records
+/// the admission there (atomically with the client hearing of it), or throws to refuse.
+void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline,
+                     const std::function<void()>& admit = {});
 /// Client side: returns once the server accepted us and proved it holds the secret too, else
 /// throws (refused by the server with its reason, a wrong server proof, a wire error, a timeout).
 void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);

@@ -6,6 +6,7 @@
 
 #include "core/Error.h"
 #include "core/Escape.h"
+#include "dist/LogLimit.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -44,6 +45,7 @@ constexpr std::chrono::milliseconds kSchedulingSlack{300};
 constexpr uint32_t kHeartbeatPayload = 8 + 1 + 1;
 constexpr size_t kMemberMinBytes = 1 + 4 + 4 + 4 + 4 + 4;  // a roster entry with empty addresses
 constexpr size_t kMissingListed = 10;             // an ABORT names at most this many members
+constexpr int kRefusalsLoggedPerSecond = 10;
 
 // ---- sockets ----
 
@@ -115,6 +117,13 @@ FileDescriptor connectTcp(const std::string& host, uint16_t port, Deadline deadl
     lastError = std::strerror(error);
   }
   WEFT_THROW("cannot connect: {}", lastError);
+}
+
+// Whether the peer of a joined member's connection has closed it or reset it: a joined member
+// sends nothing until its roster, so anything readable is its end.
+bool closedByPeer(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 // ---- messages ----
@@ -213,11 +222,6 @@ std::string describeMissing(const std::vector<MemberId>& missing) {
   return out;
 }
 
-void logRefusal(const std::string& peer, const std::string& reason) {
-  // One formatted write, so lines of concurrent admissions do not interleave.
-  std::fputs(fmt::format("weft coordinator: refused connection from {}: {}\n", peer, reason).c_str(), stderr);
-}
-
 }  // namespace
 
 std::string describe(const MemberId& id) {
@@ -283,6 +287,7 @@ struct Coordinator::State {
   void sendRosters();
   void abortRendezvous();
   void reapAdmissions(bool all);
+  void logRefusal(const std::string& peer, const std::string& reason);
   void wake() const;
   bool markOverIfComplete();
 
@@ -310,6 +315,8 @@ struct Coordinator::State {
 
   std::vector<Member> members_;  // the outcome, written by the serve thread before decided_
   std::string failure_;
+  // A flood of refused connections writes a few lines a second, then counts.
+  LogLimit refusals_{"weft coordinator: ", "refused connections", kRefusalsLoggedPerSecond, std::chrono::seconds(1)};
   std::thread thread_;
 };
 
@@ -346,6 +353,10 @@ Coordinator::State::State(const ResourceSpec& spec, const Secret& secret, const 
   WEFT_CHECK(::pipe2(ends, O_CLOEXEC | O_NONBLOCK) == 0, "coordinator: pipe failed: {}", std::strerror(errno));
   wakeRead_.reset(ends[0]);
   wakeWrite_.reset(ends[1]);
+}
+
+void Coordinator::State::logRefusal(const std::string& peer, const std::string& reason) {
+  refusals_.write([&] { return fmt::format("refused connection from {}: {}", peer, reason); });
 }
 
 void Coordinator::State::wake() const {
@@ -495,11 +506,13 @@ bool Coordinator::State::makeRoom(const std::string& source) {
 void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::string& peer) {
   try {
     const Deadline start = Clock::now();
-    serverHandshake(fd.get(), secret_, job_, start + std::min(handshakeTimeout_, kPreAuthTimeout));
-    {
+    // Recorded as authenticated before the client hears AUTH_OK, under the lock makeRoom holds:
+    // a connection told it is in is never dropped for another.
+    serverHandshake(fd.get(), secret_, job_, start + std::min(handshakeTimeout_, kPreAuthTimeout), [&] {
       std::lock_guard lock(mutex_);
-      self->authenticated = !self->dropped;
-    }
+      WEFT_CHECK(!self->dropped, "dropped for a newer connection before its proof was checked");
+      self->authenticated = true;
+    });
     join(self, fd, start + handshakeTimeout_, peer);
   } catch (const Error& e) {
     // The handshake has told the peer already, so the rendezvous may be over by now for another
@@ -526,10 +539,14 @@ void Coordinator::State::join(Admission* self, FileDescriptor& fd, Deadline dead
       WEFT_CHECK(!over_, "the rendezvous is over");
       WEFT_CHECK(std::binary_search(expected_.begin(), expected_.end(), request.id), "{} is not a member of this job",
                  describe(request.id));
-      WEFT_CHECK(!joined_.count(request.id), "{} has already joined", describe(request.id));
+      const auto earlier = joined_.find(request.id);
+      // A member whose first connection closed after its JOIN (it then tries again) replaces it;
+      // a second live claim of the same identity is refused.
+      WEFT_CHECK(earlier == joined_.end() || closedByPeer(earlier->second.fd.get()), "{} has already joined",
+                 describe(request.id));
       const MemberId id = request.id;
       self->fd = -1;
-      joined_.emplace(id, Joined{std::move(request), std::move(fd)});
+      joined_.insert_or_assign(id, Joined{std::move(request), std::move(fd)});
     }
     wake();
   } catch (const Error& e) {
@@ -750,8 +767,16 @@ Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret,
     if (verdict || Clock::now() >= deadline) throw;
     throw Retry{reason};
   }
-  writeFrame(fd.get(), MessageType::Join, job, encodeJoin(request), deadline);
-  const Frame reply = readFrame(fd.get(), deadline, job);
+  Frame reply;
+  try {
+    writeFrame(fd.get(), MessageType::Join, job, encodeJoin(request), deadline);
+    reply = readFrame(fd.get(), deadline, job);
+  } catch (const ConnectionClosed& e) {
+    // Admitted, then cut off (a network fault, a coordinator restarting its listener): a new
+    // connection's JOIN replaces this one's.
+    if (Clock::now() >= deadline) throw;
+    throw Retry{fmt::format("the coordinator's connection closed after the handshake: {}", e.what())};
+  }
   WEFT_CHECK(reply.type != MessageType::Abort, "aborted by the coordinator: {}", readReason(reply));
   expectType(reply, MessageType::Roster);
   Roster roster = decodeRoster(reply, request.id);

@@ -18,8 +18,11 @@
 // Admission under load: a connection must prove the secret within a short deadline; when the
 // admission slots are full, or one source address holds its share of them, the oldest
 // connection still in its handshake is dropped for the new one, so a flood of silent or slow
-// connections cannot keep members out. A member whose connection is dropped, or whose
-// handshake timed out, tries again with backoff until its own deadline.
+// connections cannot keep members out. A connection that proved the secret is recorded as
+// admitted before it hears so, and is never dropped. A member whose connection is dropped, whose
+// handshake timed out, or whose connection closed after its JOIN tries again with backoff until
+// its own deadline; a JOIN on a new connection replaces one whose connection closed. Refused
+// connections are logged, at most a few lines a second (dist/LogLimit.h).
 //
 // After the rendezvous each member keeps its connection and sends heartbeats on it from a
 // background thread; the coordinator records what each said and when, on a clock that leaves out

@@ -295,6 +295,12 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
   };
   job.roster = rendezvous(job.identity.coordinatorHost, job.identity.coordinatorPort, job.identity.secret,
                           job.identity.job, request, joinTimeout, std::move(heartbeat));
+  // From here on only the roster's members are heard: a stranger's messages cost no key.
+  std::vector<EndpointName> members;
+  for (const Member& m : job.roster.members)
+    for (const uint8_t channel : {kPeersChannel, kClientChannel}) members.push_back(nameOf(m.id, channel));
+  job.transport->acceptOnly(members);
+  if (job.clientTransport) job.clientTransport->acceptOnly(members);
   connectJob(job, config);
   return job;
 }

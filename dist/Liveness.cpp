@@ -63,6 +63,7 @@ class WatchedTransport final : public Transport {
   }
   void limitPayloads(uint64_t bytes) override { inner_->limitPayloads(bytes); }
   uint64_t rejected() const override { return inner_->rejected(); }
+  void acceptOnly(std::vector<EndpointName> members) override { inner_->acceptOnly(std::move(members)); }
   uint64_t bytesSent() const override { return inner_->bytesSent(); }
   uint64_t bytesReceived() const override { return inner_->bytesReceived(); }
 

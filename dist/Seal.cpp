@@ -125,6 +125,11 @@ void Seal::encodeInto(std::span<uint8_t, kBytes> out) const {
   std::memcpy(p + 56, payloadMac.data(), payloadMac.size());
 }
 
+bool Seal::wellFormed(std::span<const uint8_t> bytes) {
+  const uint8_t* p = bytes.data();
+  return bytes.size() >= kBytes && getLe(p, 4) == kSealMagic && p[4] <= Tagged && p[5] == 0 && p[6] == 0 && p[7] == 0;
+}
+
 Seal Seal::decode(std::span<const uint8_t> bytes) {
   WEFT_CHECK(bytes.size() >= kBytes, "message seal: {} header bytes, a seal takes {}", bytes.size(), kBytes);
   const uint8_t* p = bytes.data();

@@ -94,6 +94,9 @@ struct Seal {
   void encodeInto(std::span<uint8_t, kBytes> out) const;
   /// Throws naming the field when `bytes` do not start with a well-formed seal.
   static Seal decode(std::span<const uint8_t> bytes);
+  /// Whether decode() would succeed: the check a receiver makes on what strangers send, at the
+  /// cost of a few comparisons, no exception and no message.
+  static bool wellFormed(std::span<const uint8_t> bytes);
 };
 
 }  // namespace weft::dist

@@ -78,6 +78,10 @@ class Transport {
   virtual void limitPayloads(uint64_t bytes) = 0;
   /// How many arriving messages were dropped: not from a peer, not sealed, replayed, too large.
   virtual uint64_t rejected() const = 0;
+  /// From now on, messages that name a sender outside `members` (the job's roster: every channel
+  /// of every member) are dropped before any key is derived for them. Transports that only the
+  /// job's own processes can reach ignore this.
+  virtual void acceptOnly(std::vector<EndpointName> /*members*/) {}
 
   /// Payload bytes of the sends and receives that completed (active messages: header included).
   virtual uint64_t bytesSent() const = 0;

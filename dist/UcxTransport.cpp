@@ -12,7 +12,6 @@
 #include <exception>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <string>
 #include <thread>
 
@@ -76,10 +75,25 @@ constexpr unsigned kMessageId = 0;
 /// A flood of rejected messages is reported at most this often.
 constexpr auto kRejectionLogInterval = std::chrono::seconds(10);
 
+/// What a deadline's error adds when messages were dropped meanwhile: a wait that ends so may
+/// have been starved by a flood from outside the job rather than by a slow peer.
+std::string floodNote(uint64_t dropped) {
+  return dropped == 0 ? ""
+                      : fmt::format(" ({} messages from outside the job were dropped meanwhile: is something flooding "
+                                    "this endpoint?)", dropped);
+}
+
+/// How a drop's reason reads when the seal names `sender`.
+std::string claims(EndpointName sender) {
+  return fmt::format("it claims to come from {} but its seal does not verify", describeEndpoint(sender));
+}
+
 }  // namespace
 
 UcxTransport::UcxTransport(UcxIdentity identity)
-    : identity_(std::move(identity)), context_(createContext(identity_.netDevices)) {
+    : identity_(std::move(identity)),
+      context_(createContext(identity_.netDevices)),
+      drops_(fmt::format("weft: {} ", describeEndpoint(identity_.self)), "dropped messages", 1, kRejectionLogInterval) {
   try {
     worker_ = createWorker(context_);
     ucp_am_handler_param_t handler{};
@@ -229,18 +243,9 @@ void UcxTransport::sendMessage(int index, std::span<const uint8_t> header, std::
 
 // ---- the gate ----
 
-void UcxTransport::reject(const std::string& why) {
-  ++rejected_;
-  const auto now = std::chrono::steady_clock::now();
-  if (rejected_ > 1 && now - lastRejectionLog_ < kRejectionLogInterval) {
-    ++rejectedUnlogged_;
-    return;
-  }
-  const std::string since =
-      rejectedUnlogged_ > 0 ? fmt::format(" ({} more dropped since the last report)", rejectedUnlogged_) : "";
-  std::cerr << fmt::format("weft: {} dropped a message: {}{}\n", describeEndpoint(identity_.self), why, since);
-  lastRejectionLog_ = now;
-  rejectedUnlogged_ = 0;
+void UcxTransport::acceptOnly(std::vector<EndpointName> members) {
+  std::sort(members.begin(), members.end());
+  members_ = std::move(members);
 }
 
 int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader, size_t length) {
@@ -251,30 +256,39 @@ int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader,
   const auto known = peerByName_.find(seal.sender);
   if (known == peerByName_.end()) {
     // A member may write before this process has connected to it (it got the roster first):
-    // its seal verifies under the key its name derives, and it becomes a peer now.
+    // its seal verifies under the key its name derives, and it becomes a peer now. Deriving a
+    // key costs more than checking a seal, so names outside the roster are not derived.
+    if (!members_.empty() && !std::binary_search(members_.begin(), members_.end(), seal.sender)) {
+      reject([&] { return fmt::format("it claims to come from {}, which is no member of this job", describeEndpoint(seal.sender)); });
+      return -1;
+    }
     Gmac mac(dataKey(identity_.secret, identity_.job, seal.sender, identity_.self));
     if (!verifies(mac)) {
-      reject(fmt::format("it claims to come from {} but its seal does not verify", describeEndpoint(seal.sender)));
+      reject([&] { return claims(seal.sender); });
       return -1;
     }
     addPeer(seal.sender);
   } else if (!verifies(*peers_[static_cast<size_t>(known->second)]->receiveMac)) {
-    reject(fmt::format("it claims to come from {} but its seal does not verify", describeEndpoint(seal.sender)));
+    reject([&] { return claims(seal.sender); });
     return -1;
   }
   Peer& p = *peers_[static_cast<size_t>(peerByName_.at(seal.sender))];
   if (seal.payloadLength != length) {
-    reject(fmt::format("{} sent a {}-byte payload sealed as {} bytes", describeEndpoint(seal.sender), length,
-                       seal.payloadLength));
+    reject([&] {
+      return fmt::format("{} sent a {}-byte payload sealed as {} bytes", describeEndpoint(seal.sender), length,
+                         seal.payloadLength);
+    });
     return -1;
   }
   if (seal.kind == Seal::Request && length > payloadLimit_) {
-    reject(fmt::format("{} sent a {}-byte payload; this job's messages carry at most {}", describeEndpoint(seal.sender),
-                       length, payloadLimit_));
+    reject([&] {
+      return fmt::format("{} sent a {}-byte payload; this job's messages carry at most {}",
+                         describeEndpoint(seal.sender), length, payloadLimit_);
+    });
     return -1;
   }
   if (!p.window.accept(seal.counter)) {
-    reject(fmt::format("message {} of {} came again (a replay)", seal.counter, describeEndpoint(seal.sender)));
+    reject([&] { return fmt::format("message {} of {} came again (a replay)", seal.counter, describeEndpoint(seal.sender)); });
     return -1;
   }
   return p.index;
@@ -290,9 +304,9 @@ ucs_status_t UcxTransport::onMessage(void* arg, const void* header, size_t heade
     return self->take(static_cast<const uint8_t*>(header), headerLength, data, length,
                       (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0);
   } catch (const std::exception& e) {
-    self->reject(e.what());
+    self->reject([&] { return std::string(e.what()); });
   } catch (...) {
-    self->reject("an unknown failure while taking it in");
+    self->reject([] { return std::string("an unknown failure while taking it in"); });
   }
   return UCS_OK;  // a rendezvous payload is then never fetched
 }
@@ -300,6 +314,10 @@ ucs_status_t UcxTransport::onMessage(void* arg, const void* header, size_t heade
 ucs_status_t UcxTransport::take(const uint8_t* header, size_t headerLength, void* data, size_t length,
                                 bool rendezvous) {
   const std::span<const uint8_t> sealed(header, headerLength);
+  if (!Seal::wellFormed(sealed)) {
+    reject([&] { return fmt::format("its {}-byte header is not a weft seal", headerLength); });
+    return UCS_OK;
+  }
   Arrival arrival;
   arrival.seal = Seal::decode(sealed);
   arrival.peer = admit(arrival.seal, sealed, length);
@@ -307,7 +325,7 @@ ucs_status_t UcxTransport::take(const uint8_t* header, size_t headerLength, void
   const auto* bytes = static_cast<const uint8_t*>(data);
   if (arrival.seal.kind == Seal::Tagged) {
     if (headerLength != Seal::kBytes) {
-      reject(fmt::format("tagged data from {} carries a header", describeEndpoint(arrival.seal.sender)));
+      reject([&] { return fmt::format("tagged data from {} carries a header", describeEndpoint(arrival.seal.sender)); });
       return UCS_OK;
     }
     return takeTagged(std::move(arrival), data, length, rendezvous);
@@ -328,8 +346,10 @@ ucs_status_t UcxTransport::takeTagged(Arrival arrival, void* data, size_t length
   });
   if (r == posted_.end()) {
     if (unexpected_.size() >= kMaxUnexpected) {
-      reject(fmt::format("{} sent more than {} tagged messages ahead of their receives",
-                         describeEndpoint(arrival.seal.sender), kMaxUnexpected));
+      reject([&] {
+        return fmt::format("{} sent more than {} tagged messages ahead of their receives",
+                           describeEndpoint(arrival.seal.sender), kMaxUnexpected);
+      });
       return UCS_OK;
     }
     if (rendezvous) {
@@ -369,7 +389,9 @@ void UcxTransport::complete(Posted& r, std::span<const uint8_t> payload) {
   }
   // Its sealed header was genuine, so its counter is spent: the message was altered on the way
   // (or corrupted), and the genuine one cannot come any more.
-  reject(fmt::format("the payload of message {} of {} does not verify", r.seal.counter, describeEndpoint(r.seal.sender)));
+  reject([&] {
+    return fmt::format("the payload of message {} of {} does not verify", r.seal.counter, describeEndpoint(r.seal.sender));
+  });
   r.state = Posted::Failed;
   r.failure = fmt::format("UCX receive of tag {:#x}: the payload from peer {} does not match its seal (altered on the "
                           "way)", r.tag, r.peer);
@@ -404,6 +426,7 @@ UcxTransport::Posted& UcxTransport::post(uint64_t tag, std::span<uint8_t> into, 
   r.tag = tag;
   r.into = into;
   r.fromPeer = fromPeer;
+  r.rejectedBefore = rejected_;
   matchUnexpected(r);
   startFetches();
   return r;
@@ -438,6 +461,7 @@ void UcxTransport::finishReceive(std::list<Posted>::iterator r, Deadline deadlin
   const uint64_t tag = r->tag;
   const size_t size = r->into.size();
   const Posted::State state = r->state;
+  const uint64_t dropped = rejected_ - r->rejectedBefore;
   const std::string failure = std::move(r->failure);
   abandon(r->peer, r->rendezvous, r->fetch);
   posted_.erase(r);
@@ -449,8 +473,8 @@ void UcxTransport::finishReceive(std::list<Posted>::iterator r, Deadline deadlin
   const Peer* failed = firstFailedPeer(watch);
   WEFT_CHECK(failed == nullptr, "UCX receive of tag {:#x} failed: peer {} failed: {}", tag, failed->index,
              ucs_status_string(failed->failure));
-  WEFT_THROW("UCX receive of tag {:#x} ({} bytes) failed: the deadline passed: {}", tag, size,
-             ucs_status_string(UCS_ERR_TIMED_OUT));
+  WEFT_THROW("UCX receive of tag {:#x} ({} bytes) failed: the deadline passed: {}{}", tag, size,
+             ucs_status_string(UCS_ERR_TIMED_OUT), floodNote(dropped));
 }
 
 void UcxTransport::startFetches() {
@@ -487,7 +511,7 @@ void UcxTransport::settleFetches() {
 }
 
 void UcxTransport::progress() {
-  while (ucp_worker_progress(worker_) != 0) {
+  for (int i = 0; i < kProgressCallsPerProgress && ucp_worker_progress(worker_) != 0; ++i) {
   }
   startFetches();
   settleFetches();
@@ -511,8 +535,10 @@ std::vector<Message> UcxTransport::takeMessages(Deadline deadline) {
       }
     }
     if (!peer(a.peer).receiveMac->verify(a.seal.payloadMac, a.seal.counter, 1, {a.payload})) {
-      reject(fmt::format("the payload of message {} of {} does not verify", a.seal.counter,
-                         describeEndpoint(a.seal.sender)));
+      reject([&] {
+        return fmt::format("the payload of message {} of {} does not verify", a.seal.counter,
+                           describeEndpoint(a.seal.sender));
+      });
       continue;
     }
     bytesReceived_ += a.header.size() + a.payload.size();

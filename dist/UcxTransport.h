@@ -4,7 +4,10 @@
 // gate checks every message before its payload is fetched or a buffer allocated for it: who sent
 // it (an endpoint of the job), that it is sealed under that pair's key, that its counter is new
 // and, for requests and replies, that its declared length is within the job's limit. A message that fails is dropped and
-// counted (rejected()), and logged at most every few seconds; the job goes on. A tagged receive
+// counted (rejected()), and logged at most every few seconds; the job goes on. Refusing costs no
+// exception and no formatting, a sender outside the roster (acceptOnly) costs no key derivation,
+// and one progress() call does a bounded amount of work, so a flood of messages slows the
+// process's other work down but cannot stop it. A tagged receive
 // is matched by tag (and sender, when given) against the sealed tag, and a large payload is
 // fetched straight into the receiver's buffer.
 //
@@ -18,6 +21,7 @@
 // is unset the transport uses TCP.
 #pragma once
 
+#include "dist/LogLimit.h"
 #include "dist/Seal.h"
 #include "dist/Transport.h"
 
@@ -92,6 +96,7 @@ class UcxTransport final : public Transport {
   std::string failureOf(int peer) const override;
   void limitPayloads(uint64_t bytes) override { payloadLimit_ = bytes; }
   uint64_t rejected() const override { return rejected_; }
+  void acceptOnly(std::vector<EndpointName> members) override;
 
   uint64_t bytesSent() const override { return bytesSent_; }
   uint64_t bytesReceived() const override { return bytesReceived_; }
@@ -128,6 +133,7 @@ class UcxTransport final : public Transport {
     uint64_t tag = 0;
     std::span<uint8_t> into;
     int fromPeer = -1;
+    uint64_t rejectedBefore = 0;  ///< rejected() when it was posted, for the deadline's error
     enum State { Waiting, Matched, Fetching, Done, Failed } state = Waiting;
     Seal seal;
     int peer = -1;
@@ -153,7 +159,13 @@ class UcxTransport final : public Transport {
   void matchUnexpected(Posted& r);
   /// Fails a receive whose sealed sender sent another size than it expects.
   void fail(Posted& r, size_t length);
-  void reject(const std::string& why);
+  /// Counts a dropped message and logs why (at most every few seconds): `why()` makes the
+  /// reason, and is called only when a line is written, so a flood costs no formatting.
+  template <class MakeWhy>
+  void reject(MakeWhy&& why) {
+    ++rejected_;
+    drops_.write([&] { return "dropped a message: " + why(); });
+  }
 
   /// Starts fetching the payloads still remote. Every wait does, so that a peer that is sending
   /// this process a large message while this process sends it one is not left waiting: each
@@ -190,6 +202,9 @@ class UcxTransport final : public Transport {
   static constexpr int kSpinsBeforeWaiting = 200;
   // Tagged messages kept before their receive is posted: the ring runs at most a few steps ahead.
   static constexpr size_t kMaxUnexpected = 4096;
+  // The worker progress calls one progress() makes at most: each takes in up to UCX_TCP_MAX_POLL
+  // sockets' reads, so a flood cannot keep progress() from returning to the caller's loop.
+  static constexpr int kProgressCallsPerProgress = 64;
 
   UcxIdentity identity_;
   bool closing_ = false;  // the destructor runs: arrivals are dropped
@@ -198,6 +213,7 @@ class UcxTransport final : public Transport {
   int eventFd_ = -1;  // the worker's wakeup descriptor, or -1
   std::vector<std::unique_ptr<Peer>> peers_;
   std::map<EndpointName, int> peerByName_;
+  std::vector<EndpointName> members_;  // sorted; empty: any sender whose seal verifies
   std::vector<Arrival> arrivals_;   // requests and replies
   std::deque<Arrival> unexpected_;  // tagged data not yet received
   // Sends started and not yet finished: the request, its peer, tag, size and sealed header.
@@ -212,8 +228,7 @@ class UcxTransport final : public Transport {
   std::list<Posted> posted_;        // stable addresses: UCX callbacks write into them
   uint64_t payloadLimit_ = uint64_t{1} << 40;
   uint64_t rejected_ = 0;
-  uint64_t rejectedUnlogged_ = 0;
-  std::chrono::steady_clock::time_point lastRejectionLog_{};
+  LogLimit drops_;
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;
 };

@@ -171,10 +171,12 @@ void receiveAll(int fd, std::span<uint8_t> buffer, Deadline deadline, const std:
     if (n > 0) {
       got += static_cast<size_t>(n);
     } else if (n == 0) {
-      WEFT_THROW("connection closed by the peer after {} of {} bytes of {}", got, buffer.size(), what);
+      throw ConnectionClosed(fmt::format("connection closed by the peer after {} of {} bytes of {}", got, buffer.size(), what));
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       WEFT_CHECK(waitReady(fd, POLLIN, deadline), "timed out: {} of {} bytes of {} arrived before the deadline", got,
                  buffer.size(), what);
+    } else if (errno == ECONNRESET) {
+      throw ConnectionClosed(fmt::format("reading {} failed: {}", what, std::strerror(errno)));
     } else if (errno != EINTR) {
       WEFT_THROW("reading {} failed: {}", what, std::strerror(errno));
     }
@@ -190,6 +192,8 @@ void sendAll(int fd, std::span<const uint8_t> bytes, Deadline deadline, const st
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       WEFT_CHECK(waitReady(fd, POLLOUT, deadline), "timed out sending {}: {} of {} bytes sent before the deadline", what,
                  sent, bytes.size());
+    } else if (errno == EPIPE || errno == ECONNRESET) {
+      throw ConnectionClosed(fmt::format("sending {} failed: {}", what, std::strerror(errno)));
     } else if (errno != EINTR) {
       WEFT_THROW("sending {} failed: {}", what, std::strerror(errno));
     }

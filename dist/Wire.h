@@ -7,6 +7,7 @@
 // code: a message type is an enum value and a payload is plain fields.
 #pragma once
 
+#include "core/Error.h"
 #include "core/Shape.h"
 #include "dist/Deadline.h"
 
@@ -142,13 +143,20 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
+/// The peer closed the connection or reset it (a read found its end, a write found it gone):
+/// the failure a caller may try again on a new connection, unlike a refusal or a bad frame.
+class ConnectionClosed : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Reads one frame before `deadline`. Refuses, naming what is wrong: a bad magic or version, an
 /// unknown type, a frame of another job (both job ids in hex), a payload over `maxPayload`, the
-/// peer closing early, a socket error, or the deadline passing.
+/// peer closing early (ConnectionClosed), a socket error, or the deadline passing.
 Frame readFrame(int fd, Deadline deadline, const JobId& expectedJob, uint32_t maxPayload = kMaxControlPayload);
 /// The bytes of one frame: header, then payload.
 std::vector<uint8_t> encodeFrame(MessageType type, const JobId& job, std::span<const uint8_t> payload);
-/// Writes one frame before `deadline` (never raises SIGPIPE; a closed peer is an error).
+/// Writes one frame before `deadline` (never raises SIGPIPE; a closed peer is ConnectionClosed).
 void writeFrame(int fd, MessageType type, const JobId& job, std::span<const uint8_t> payload, Deadline deadline);
 
 /// Throws unless `frame` is of type `expected`: a REFUSED frame becomes an error carrying the

@@ -17,6 +17,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <deque>
+#include <regex>
+#include <sstream>
 #include <filesystem>
 #include <fstream>
 #include <atomic>
@@ -470,4 +473,126 @@ TEST_CASE("a flood of silent connections does not keep the members out") {
     CHECK_MESSAGE(code == 0, report);
   }
   CHECK(contains(log.text(), "dropped for newer connections"));
+}
+
+namespace {
+
+/// Opens connections to `port` from two threads, each a connection a millisecond, until
+/// destroyed; each stays open (the newest 256 per thread) and silent: an outsider flooding the
+/// coordinator from the members' own address.
+class ConnectionFlood {
+ public:
+  explicit ConnectionFlood(uint16_t port) {
+    for (int t = 0; t < 2; ++t) threads_.emplace_back([this, port] { flood(port); });
+  }
+  ~ConnectionFlood() {
+    running_ = false;
+    for (std::thread& t : threads_) t.join();
+  }
+  uint64_t opened() const { return opened_; }
+
+ private:
+  void flood(uint16_t port) {
+    std::deque<FileDescriptor> held;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    while (running_) {
+      FileDescriptor fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) continue;
+      ++opened_;
+      held.push_back(std::move(fd));
+      if (held.size() > 256) held.pop_front();
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  std::atomic<bool> running_{true};
+  std::atomic<uint64_t> opened_{0};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+TEST_CASE("under a flood of connections from the members' own address, ten rendezvous of ten complete") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  StderrCapture log;
+  for (int round = 0; round < 10; ++round) {
+    CAPTURE(round);
+    MemberProcess worker0(request(Role::Worker, 0, 0), 8s), worker1(request(Role::Worker, 0, 1), 8s),
+        server(request(Role::Server, 0, 0), 8s);
+    Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 8s);
+    std::string outcome;
+    {
+      ConnectionFlood flood(coordinator.port());
+      while (flood.opened() < 64) std::this_thread::yield();  // every admission slot is taken first
+      for (MemberProcess* m : {&worker0, &worker1, &server}) m->start(coordinator.port());
+      try {
+        outcome = fmt::format("{} members", coordinator.wait().size());
+      } catch (const Error& e) {
+        outcome = e.what();
+      }
+    }
+    CHECK(outcome == "3 members");
+    for (MemberProcess* m : {&worker0, &worker1, &server}) {
+      const auto [code, report] = m->finish();
+      CHECK_MESSAGE(code == 0, report);
+    }
+  }
+}
+
+TEST_CASE("refused connections are logged at most ten lines a second; the rest are counted") {
+  const ResourceSpec spec = ResourceSpec::localCpu(1, 0);
+  StderrCapture log;
+  const int refused = 300;
+  const auto start = Clock::now();
+  {
+    Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 60s);
+    const std::vector<uint8_t> http = bytesOf("GET / HTTP/1.1\r\nHost: weft\r\n\r\n");  // past a frame header
+    for (int i = 0; i < refused; ++i) {
+      const std::string refusal = refusalAfter(coordinator.port(), http);
+      REQUIRE_MESSAGE(contains(refusal, "bad frame magic"), i, ": ", refusal);
+    }
+  }  // the coordinator's last word counts what it left out
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::string text = log.text();
+  uint64_t written = 0, counted = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (contains(line, "refused connection from 127.0.0.1:")) ++written;
+    const std::regex count(R"((\d+) more refused connections)");
+    for (std::sregex_iterator m(line.begin(), line.end(), count), end; m != end; ++m) counted += std::stoull((*m)[1]);
+  }
+  CHECK_MESSAGE(written + counted == refused, text);
+  CHECK_MESSAGE(written <= 10 * (static_cast<uint64_t>(seconds) + 1), text);
+  CHECK(counted > 0);
+}
+
+TEST_CASE("a member whose connection closed after its JOIN joins again on a new one") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2);
+  StderrCapture log;
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 8s);
+  {
+    // Worker 0's first connection: admitted, joined, then cut off before the roster.
+    const FileDescriptor first = connectRaw(coordinator.port());
+    clientHandshake(first.get(), kSecret, kJob, in(5s));
+    const JoinRequest join = request(Role::Worker, 0, 0);
+    WireWriter w;
+    w.putU8(static_cast<uint8_t>(join.id.role));
+    w.putU32(0);
+    w.putU32(0);
+    w.putBytes(join.address);
+    w.putBytes(join.ncclId);
+    w.putBytes(join.clientAddress);
+    writeFrame(first.get(), MessageType::Join, kJob, w.bytes(), in(5s));
+    std::this_thread::sleep_for(500ms);  // its JOIN is taken in (the outcome holds if it is not)
+  }
+  MemberProcess worker0(request(Role::Worker, 0, 0), 8s), worker1(request(Role::Worker, 0, 1), 8s),
+      server(request(Role::Server, 0, 0), 8s);
+  for (MemberProcess* m : {&worker0, &worker1, &server}) m->start(coordinator.port());
+  CHECK(coordinator.wait().size() == 3);
+  CHECK(worker0.finish() == std::pair<int, std::string>{0, "rank 0 of 3; nccl ok\n" + kExpectedRoster});
+  CHECK(worker1.finish().first == 0);
+  CHECK(server.finish().first == 0);
+  CHECK_FALSE(contains(log.text(), "has already joined"));
 }

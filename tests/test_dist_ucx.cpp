@@ -366,6 +366,57 @@ TEST_CASE("UcxTransport: messages sealed under another secret are dropped and th
   }
 }
 
+TEST_CASE("UcxTransport: a flood from a stranger outside the roster is dropped and the members' exchange goes on") {
+  constexpr int kRounds = 20, kBatch = 200;
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    std::vector<uint8_t> buffer(16);
+    if (rank == 1) {
+      UcxTransport stranger(identityOf(nameOf(5, 0), 3));
+      const int victim = stranger.connect(otherSideAddresses()[0], nameOf(0, 0));
+      const std::vector<uint8_t> tiny(3, 0xee);
+      auto floodBatch = [&] {
+        for (int k = 0; k < kBatch; ++k) stranger.startSend(victim, 0x99, tiny);
+        stranger.finishSends(Clock::now() + 30s);
+      };
+      for (int round = 0; round < kRounds; ++round) {
+        floodBatch();
+        t.send(peer, 0x60 + static_cast<uint64_t>(round), pattern(16, static_cast<uint8_t>(round)), Clock::now() + 30s);
+      }
+      // Flooding on until rank 0 has seen a wait end in the flood.
+      for (const Deadline end = Clock::now() + 15s; Clock::now() < end;) {
+        floodBatch();
+        try {
+          t.receive(0x7d, buffer, Clock::now() + 1ms);
+          return std::string("ok");
+        } catch (const Error&) {
+        }
+      }
+      return std::string("rank 0 never said stop");
+    }
+    std::vector<EndpointName> roster{nameOf(0, 0), nameOf(1, 0)};
+    t.acceptOnly(roster);
+    std::string problems;
+    for (int round = 0; round < kRounds; ++round) {
+      t.receive(0x60 + static_cast<uint64_t>(round), buffer, Clock::now() + 30s);
+      problems += expectBytes(buffer, pattern(16, static_cast<uint8_t>(round)), "a round's message");
+    }
+    const uint64_t rejected = awaitRejections(t, kRounds * kBatch);
+    if (rejected < kRounds * kBatch) problems += fmt::format("{} messages rejected, expected {} or more; ", rejected, kRounds * kBatch);
+    // A wait that runs out while the flood goes on says so (tried until a flood batch lands in one).
+    std::string timeout;
+    for (int attempt = 0; attempt < 20 && !contains(timeout, "is something flooding"); ++attempt)
+      timeout = errorOf([&] { t.receive(0x7c, buffer, Clock::now() + 500ms); });
+    if (!contains(timeout, "messages from outside the job were dropped meanwhile: is something flooding this endpoint?"))
+      problems += "no wait ended naming the flood: " + timeout + "; ";
+    t.send(peer, 0x7d, buffer, Clock::now() + 30s);
+    return problems.empty() ? "ok" : problems;
+  });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
+}
+
 TEST_CASE("UcxTransport: a request declared over the job's limit is dropped without being fetched") {
   const auto results = runPair([](UcxTransport& t, int rank, int peer) {
     std::vector<uint8_t> small(16);
