@@ -365,9 +365,14 @@ void Coordinator::State::wake() const {
 }
 
 // Sets over_ once every member joined; true when over (complete, or stopped by the destructor).
+// A member whose connection closed after its JOIN does not count: it is trying again, and the
+// rosters wait for it.
 bool Coordinator::State::markOverIfComplete() {
   std::lock_guard lock(mutex_);
-  if (joined_.size() == expected_.size()) over_ = true;
+  if (joined_.size() == expected_.size() && !over_) {
+    std::erase_if(joined_, [](const auto& entry) { return closedByPeer(entry.second.fd.get()); });
+    over_ = joined_.size() == expected_.size();
+  }
   return over_;
 }
 

@@ -591,8 +591,11 @@ TEST_CASE("a member whose connection closed after its JOIN joins again on a new 
       server(request(Role::Server, 0, 0), 8s);
   for (MemberProcess* m : {&worker0, &worker1, &server}) m->start(coordinator.port());
   CHECK(coordinator.wait().size() == 3);
-  CHECK(worker0.finish() == std::pair<int, std::string>{0, "rank 0 of 3; nccl ok\n" + kExpectedRoster});
+  const auto [code, report] = worker0.finish();
+  CHECK_MESSAGE(code == 0, report);
+  CHECK(report == "rank 0 of 3; nccl ok\n" + kExpectedRoster);
   CHECK(worker1.finish().first == 0);
   CHECK(server.finish().first == 0);
-  CHECK_FALSE(contains(log.text(), "has already joined"));
+  const std::string text = log.text();
+  CHECK_MESSAGE(!contains(text, "has already joined"), text);
 }
