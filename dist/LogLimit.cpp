@@ -10,7 +10,8 @@ LogLimit::LogLimit(std::string prefix, std::string what, int burst, std::chrono:
     : prefix_(std::move(prefix)), what_(std::move(what)), burst_(burst), interval_(interval) {}
 
 LogLimit::~LogLimit() {
-  if (unreported_ > 0) std::fputs(fmt::format("{}did not log {} more {}\n", prefix_, unreported_, what_).c_str(), stderr);
+  if (unreported_ == 0) return;
+  std::fputs(fmt::format("{}did not log {} more {}\n", prefix_, unreported_, what_).c_str(), stderr);
 }
 
 bool LogLimit::admit() {
@@ -36,7 +37,8 @@ void LogLimit::emit(const std::string& line) {
     leftOut = unreported_;
     unreported_ = 0;
   }
-  const std::string since = leftOut > 0 ? fmt::format(" ({} more {} since the last line were not logged)", leftOut, what_) : "";
+  const std::string since =
+      leftOut > 0 ? fmt::format(" ({} more {} since the last line were not logged)", leftOut, what_) : "";
   // One write per line, so lines of concurrent callers do not interleave.
   std::fputs(fmt::format("{}{}{}\n", prefix_, line, since).c_str(), stderr);
 }

@@ -156,7 +156,8 @@ ResourceSpec ResourceSpec::load(const std::string& path) {
 
 ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sourceName) {
   const SpecParser p(sourceName);
-  if (text.size() > kMaxResourceSpecBytes) p.fail("{} bytes; a specification holds at most {}", text.size(), kMaxResourceSpecBytes);
+  if (text.size() > kMaxResourceSpecBytes)
+    p.fail("{} bytes; a specification holds at most {}", text.size(), kMaxResourceSpecBytes);
   if (const auto at = jsonNestingBeyond(text, kMaxJsonDepth))
     p.fail("arrays or objects nest deeper than {} levels (at byte {})", kMaxJsonDepth, *at);
   json doc;

@@ -259,7 +259,9 @@ int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader,
     // its seal verifies under the key its name derives, and it becomes a peer now. Deriving a
     // key costs more than checking a seal, so names outside the roster are not derived.
     if (!members_.empty() && !std::binary_search(members_.begin(), members_.end(), seal.sender)) {
-      reject([&] { return fmt::format("it claims to come from {}, which is no member of this job", describeEndpoint(seal.sender)); });
+      reject([&] {
+        return fmt::format("it claims to come from {}, which is no member of this job", describeEndpoint(seal.sender));
+      });
       return -1;
     }
     Gmac mac(dataKey(identity_.secret, identity_.job, seal.sender, identity_.self));
@@ -288,7 +290,9 @@ int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader,
     return -1;
   }
   if (!p.window.accept(seal.counter)) {
-    reject([&] { return fmt::format("message {} of {} came again (a replay)", seal.counter, describeEndpoint(seal.sender)); });
+    reject([&] {
+      return fmt::format("message {} of {} came again (a replay)", seal.counter, describeEndpoint(seal.sender));
+    });
     return -1;
   }
   return p.index;
@@ -325,7 +329,9 @@ ucs_status_t UcxTransport::take(const uint8_t* header, size_t headerLength, void
   const auto* bytes = static_cast<const uint8_t*>(data);
   if (arrival.seal.kind == Seal::Tagged) {
     if (headerLength != Seal::kBytes) {
-      reject([&] { return fmt::format("tagged data from {} carries a header", describeEndpoint(arrival.seal.sender)); });
+      reject([&] {
+        return fmt::format("tagged data from {} carries a header", describeEndpoint(arrival.seal.sender));
+      });
       return UCS_OK;
     }
     return takeTagged(std::move(arrival), data, length, rendezvous);
@@ -390,7 +396,8 @@ void UcxTransport::complete(Posted& r, std::span<const uint8_t> payload) {
   // Its sealed header was genuine, so its counter is spent: the message was altered on the way
   // (or corrupted), and the genuine one cannot come any more.
   reject([&] {
-    return fmt::format("the payload of message {} of {} does not verify", r.seal.counter, describeEndpoint(r.seal.sender));
+    return fmt::format("the payload of message {} of {} does not verify", r.seal.counter,
+                       describeEndpoint(r.seal.sender));
   });
   r.state = Posted::Failed;
   r.failure = fmt::format("UCX receive of tag {:#x}: the payload from peer {} does not match its seal (altered on the "

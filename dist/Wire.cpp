@@ -171,7 +171,8 @@ void receiveAll(int fd, std::span<uint8_t> buffer, Deadline deadline, const std:
     if (n > 0) {
       got += static_cast<size_t>(n);
     } else if (n == 0) {
-      throw ConnectionClosed(fmt::format("connection closed by the peer after {} of {} bytes of {}", got, buffer.size(), what));
+      throw ConnectionClosed(
+          fmt::format("connection closed by the peer after {} of {} bytes of {}", got, buffer.size(), what));
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       WEFT_CHECK(waitReady(fd, POLLIN, deadline), "timed out: {} of {} bytes of {} arrived before the deadline", got,
                  buffer.size(), what);

@@ -283,7 +283,8 @@ TEST_CASE("a header of deeply nested arrays is refused naming the file, before a
   writeAll(path, header(std::string(levels, '[') + std::string(levels, ']')));
   const std::string e = errorOf([&] { readSafetensors(path); });
   CHECK(contains(e, path));
-  CHECK(contains(e, fmt::format("nests arrays or objects deeper than {} levels (at byte {})", kMaxJsonDepth, 8 + kMaxJsonDepth)));
+  CHECK(contains(e, fmt::format("nests arrays or objects deeper than {} levels (at byte {})", kMaxJsonDepth,
+                                8 + kMaxJsonDepth)));
   // As deep as allowed, it gets as far as the check that the header is an object.
   writeAll(path, header(std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']')));
   CHECK(contains(errorOf([&] { readSafetensors(path); }), "not a JSON object"));

@@ -405,7 +405,8 @@ TEST_CASE("UcxTransport: a flood from a stranger outside the roster is dropped a
       problems += expectBytes(buffer, pattern(16, static_cast<uint8_t>(round)), "a round's message");
     }
     const uint64_t rejected = awaitRejections(t, kRounds * kBatch);
-    if (rejected < kRounds * kBatch) problems += fmt::format("{} messages rejected, expected {} or more; ", rejected, kRounds * kBatch);
+    if (rejected < kRounds * kBatch)
+      problems += fmt::format("{} messages rejected, expected {} or more; ", rejected, kRounds * kBatch);
     // A wait that runs out while the flood goes on says so (tried until a flood batch lands in one).
     std::string timeout;
     for (int attempt = 0; attempt < 20 && !contains(timeout, "is something flooding"); ++attempt)

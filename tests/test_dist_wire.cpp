@@ -163,7 +163,8 @@ TEST_CASE("resource spec: a launched process reads its job's specification from 
   CHECK(errorOf([] { ResourceSpec::fromEnvironment(); }) == "WEFT_RESOURCES: hosts is empty; list at least one host");
   ::setenv(kResourcesVariable, std::string(kMaxResourceSpecBytes + 1, ' ').c_str(), 1);
   CHECK(errorOf([] { ResourceSpec::fromEnvironment(); }) ==
-        fmt::format("WEFT_RESOURCES: {} bytes; a specification holds at most {}", kMaxResourceSpecBytes + 1, kMaxResourceSpecBytes));
+        fmt::format("WEFT_RESOURCES: {} bytes; a specification holds at most {}", kMaxResourceSpecBytes + 1,
+                    kMaxResourceSpecBytes));
   ::unsetenv(kResourcesVariable);
 }
 
