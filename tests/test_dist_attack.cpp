@@ -2,9 +2,10 @@
 // every member's UCX address (WEFT_ADDRESS_BOOK publishes them; anyone who can reach a port can
 // derive one) and sends what an outsider would — values in worker 0's name, goodbyes, a payload
 // of a gigabyte, one announced by a process that then dies, tagged data sprayed at a worker's
-// ring, pulls for steps far ahead, a three-byte reply. The job must end as an unattacked run
-// ends, bit for bit, having logged what it dropped. And a local job's UCX listens on loopback
-// alone.
+// ring, pulls for steps far ahead, a three-byte reply, a flood of 50,000 small messages at the
+// server. The job must end as an unattacked run ends, bit for bit, having logged what it dropped.
+// Ten jobs started under a flood of connections at their coordinator all start and end as an
+// unattacked one. And a local job's UCX listens on loopback alone.
 #include "tests/TrainerCompare.h"
 
 #include "dist/Job.h"
@@ -12,12 +13,17 @@
 #include "dist/ServerProtocol.h"
 #include "dist/UcxTransport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -160,6 +166,16 @@ void attack(const std::vector<Published>& book) {
 
   Outsider reply(client0, server.name());
   regardless([&] { reply.transport.sendMessage(reply.victim, std::vector<uint8_t>{1, 2, 3}, {}, Clock::now() + 2s); });
+
+  // A flood of small messages at the server every worker waits on, from a name outside the roster.
+  Outsider flood(server, endpointName(0, 9, 9, 0));
+  const std::vector<uint8_t> tiny(3, 0xee);
+  for (int batch = 0; batch < 100; ++batch) {
+    regardless([&] {
+      for (int k = 0; k < 500; ++k) flood.transport.startSend(flood.victim, 0x99, tiny);
+      flood.transport.finishSends(Clock::now() + 2s);
+    });
+  }
 }
 
 }  // namespace
@@ -238,6 +254,90 @@ TEST_CASE("an outsider without the secret changes nothing: the attacked job ends
   for (const auto& [name, t] : a.tensors) {
     CAPTURE(name);
     CHECK(relativeDifference(b.tensors.at(name), t) == 0.0);
+  }
+}
+
+namespace {
+
+/// A TCP port on loopback that nothing listens on now (bound, then released).
+uint16_t freePort() {
+  FileDescriptor fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t length = sizeof addr;
+  REQUIRE(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  return ntohs(addr.sin_port);
+}
+
+/// While alive, a thread opens a connection to 127.0.0.1:port every millisecond (refused ones
+/// until something listens there) and keeps the newest 256 open, silent: an outsider on the
+/// same machine flooding a job's coordinator from the members' own address.
+class ConnectionFlood {
+ public:
+  explicit ConnectionFlood(uint16_t port) : thread_([this, port] { flood(port); }) {}
+  ~ConnectionFlood() {
+    running_ = false;
+    thread_.join();
+  }
+  uint64_t opened() const { return opened_; }
+
+ private:
+  void flood(uint16_t port) {
+    std::deque<FileDescriptor> held;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    while (running_) {
+      FileDescriptor fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
+        ++opened_;
+        held.push_back(std::move(fd));
+        if (held.size() > 256) held.pop_front();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::atomic<bool> running_{true};
+  std::atomic<uint64_t> opened_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("under a flood of connections at their coordinator, ten jobs of ten start and end as an unattacked one") {
+  TempDir dir;
+  const uint16_t port = freePort();
+  const fs::path cluster = dir.path / "cluster.json";
+  std::ofstream(cluster) << fmt::format(
+      R"({{"hosts": [{{"address": "127.0.0.1", "cpu_workers": 2, "servers": 1}}], "coordinator_port": {}}})", port);
+  const std::string flags = "train mlp --train-size 1024 --test-size 64 --batch 64 --steps 20 --threads 1 --timeout 60 "
+                            "--cluster " + cluster.string() + " --out ";
+  const std::string quiet = (dir.path / "quiet").string();
+  const CliRun reference = weftCli(flags + quiet);
+  REQUIRE_MESSAGE(reference.status == 0, reference.output);
+  const TensorFile expected = readSafetensors(quiet + "/checkpoint.safetensors");
+  for (int job = 0; job < 10; ++job) {
+    CAPTURE(job);
+    const std::string out = (dir.path / fmt::format("flooded-{}", job)).string();
+    CliRun run{};
+    uint64_t opened = 0;
+    {
+      ConnectionFlood flood(port);
+      run = weftCli(flags + out);
+      opened = flood.opened();
+    }
+    CHECK_MESSAGE(run.status == 0, run.output);
+    CHECK(opened > 0);  // the flood reached the coordinator
+    if (run.status != 0) continue;
+    const TensorFile got = readSafetensors(out + "/checkpoint.safetensors");
+    REQUIRE(got.tensors.size() == expected.tensors.size());
+    for (const auto& [name, t] : expected.tensors) {
+      CAPTURE(name);
+      CHECK(relativeDifference(got.tensors.at(name), t) == 0.0);
+    }
   }
 }
 
