@@ -289,7 +289,7 @@ struct Coordinator::State {
   void reapAdmissions(bool all);
   void logRefusal(const std::string& peer, const std::string& reason);
   void wake() const;
-  bool markOverIfComplete();
+  bool closeIfComplete();
 
   const Secret secret_;
   const JobId job_;
@@ -303,9 +303,11 @@ struct Coordinator::State {
   std::mutex mutex_;
   std::map<MemberId, Joined> joined_;  // guarded by mutex_
   std::list<Admission> admissions_;    // guarded; a list, so each thread's record stays put
-  bool over_ = false;                  // guarded; set once the outcome is decided or on stop
-  bool stop_ = false;                  // guarded; the destructor's request
-  bool decided_ = false;               // guarded; members_ or failure_ is final
+  // Where the rendezvous stands (guarded): Gathering while members may join; Closed once its
+  // outcome is being settled (every member in, the deadline passed, or the destructor ran), from
+  // which on no admission touches joined_; Decided once members_ or failure_ is final.
+  enum class Phase { Gathering, Closed, Decided } phase_ = Phase::Gathering;
+  bool stop_ = false;                  // guarded; the destructor's request: serving and watching end
   std::condition_variable decidedChanged_;
   std::vector<Watched> watched_;       // guarded, except fd (the serve thread's)
   // The awake clock: time the watch loop saw pass, each wake-up counting at most one tick plus
@@ -313,7 +315,7 @@ struct Coordinator::State {
   std::chrono::milliseconds awake_{0};  // guarded
   Deadline lastWake_;                   // guarded
 
-  std::vector<Member> members_;  // the outcome, written by the serve thread before decided_
+  std::vector<Member> members_;  // the outcome, written by the serve thread before Decided
   std::string failure_;
   // A flood of refused connections writes a few lines a second, then counts.
   LogLimit refusals_{"weft coordinator: ", "refused connections", kRefusalsLoggedPerSecond, std::chrono::seconds(1)};
@@ -364,22 +366,22 @@ void Coordinator::State::wake() const {
   [[maybe_unused]] const ssize_t n = ::write(wakeWrite_.get(), &byte, 1);  // a full pipe is already awake
 }
 
-// Sets over_ once every member joined; true when over (complete, or stopped by the destructor).
-// A member whose connection closed after its JOIN does not count: it is trying again, and the
-// rosters wait for it.
-bool Coordinator::State::markOverIfComplete() {
+// Closes the rendezvous once every member joined; true when closed (complete, or stopped by the
+// destructor). A member whose connection closed after its JOIN does not count: it is trying
+// again, and the rosters wait for it.
+bool Coordinator::State::closeIfComplete() {
   std::lock_guard lock(mutex_);
-  if (joined_.size() == expected_.size() && !over_) {
+  if (phase_ == Phase::Gathering && joined_.size() == expected_.size()) {
     std::erase_if(joined_, [](const auto& entry) { return closedByPeer(entry.second.fd.get()); });
-    over_ = joined_.size() == expected_.size();
+    if (joined_.size() == expected_.size()) phase_ = Phase::Closed;
   }
-  return over_;
+  return phase_ != Phase::Gathering;
 }
 
 void Coordinator::State::decide() {
   {
     std::lock_guard lock(mutex_);
-    decided_ = true;
+    phase_ = Phase::Decided;
   }
   decidedChanged_.notify_all();
 }
@@ -391,7 +393,7 @@ bool Coordinator::State::stopping() {
 
 void Coordinator::State::serve() {
   for (;;) {
-    if (markOverIfComplete()) {
+    if (closeIfComplete()) {
       sendRosters();  // a stop request also ends here; with members missing it sends nothing
       break;
     }
@@ -523,11 +525,14 @@ void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::st
     // The handshake has told the peer already, so the rendezvous may be over by now for another
     // reason: the log keeps what went wrong either way.
     std::lock_guard lock(mutex_);
-    logRefusal(peer, self->dropped ? fmt::format("dropped for newer connections: {} or more were in their handshake, "
-                                                 "{} or more from {}",
-                                                 kMaxPendingAdmissions, kMaxPendingPerSource, self->source)
-                     : over_ ? fmt::format("the rendezvous ended before its handshake completed ({})", e.what())
-                             : e.what());
+    std::string reason = e.what();
+    if (self->dropped) {
+      reason = fmt::format("dropped for newer connections: {} or more were in their handshake, {} or more from {}",
+                           kMaxPendingAdmissions, kMaxPendingPerSource, self->source);
+    } else if (phase_ != Phase::Gathering) {
+      reason = fmt::format("the rendezvous ended before its handshake completed ({})", e.what());
+    }
+    logRefusal(peer, reason);
   }
   std::lock_guard lock(mutex_);
   self->fd = -1;  // before `fd` closes, so the number is never shut down after reuse
@@ -541,7 +546,7 @@ void Coordinator::State::join(Admission* self, FileDescriptor& fd, Deadline dead
     JoinRequest request = decodeJoin(frame);
     {
       std::lock_guard lock(mutex_);
-      WEFT_CHECK(!over_, "the rendezvous is over");
+      WEFT_CHECK(phase_ == Phase::Gathering, "the rendezvous is over");
       WEFT_CHECK(std::binary_search(expected_.begin(), expected_.end(), request.id), "{} is not a member of this job",
                  describe(request.id));
       const auto earlier = joined_.find(request.id);
@@ -558,14 +563,14 @@ void Coordinator::State::join(Admission* self, FileDescriptor& fd, Deadline dead
     // Logged before the member hears of it, so the log is complete once every member has heard.
     {
       std::lock_guard lock(mutex_);
-      logRefusal(peer, over_ ? "the rendezvous ended before its handshake completed" : e.what());
+      logRefusal(peer, phase_ != Phase::Gathering ? "the rendezvous ended before its handshake completed" : e.what());
     }
     sendRefusal(fd.get(), job_, e.what());
   }
 }
 
 void Coordinator::State::sendRosters() {
-  // over_ is set: no admission touches joined_ any more.
+  // The rendezvous is closed: no admission touches joined_ any more.
   if (joined_.size() != expected_.size()) return;
   std::vector<Member> members;
   for (size_t rank = 0; rank < expected_.size(); ++rank) {
@@ -596,7 +601,7 @@ void Coordinator::State::sendRosters() {
 void Coordinator::State::abortRendezvous() {
   {
     std::lock_guard lock(mutex_);
-    over_ = true;  // from here on no admission touches joined_
+    phase_ = Phase::Closed;  // from here on no admission touches joined_
   }
   std::vector<MemberId> missing;
   for (const MemberId& id : expected_) {
@@ -640,7 +645,7 @@ Coordinator::Coordinator(const ResourceSpec& spec, const Secret& secret, const J
 Coordinator::~Coordinator() {
   {
     std::lock_guard lock(state_->mutex_);
-    state_->over_ = true;
+    if (state_->phase_ == State::Phase::Gathering) state_->phase_ = State::Phase::Closed;
     state_->stop_ = true;
   }
   state_->wake();
@@ -651,7 +656,7 @@ uint16_t Coordinator::port() const { return state_->port_; }
 
 std::vector<Member> Coordinator::wait() {
   std::unique_lock lock(state_->mutex_);
-  state_->decidedChanged_.wait(lock, [&] { return state_->decided_; });
+  state_->decidedChanged_.wait(lock, [&] { return state_->phase_ == State::Phase::Decided; });
   WEFT_CHECK(state_->failure_.empty(), "{}", state_->failure_);
   return state_->members_;
 }
