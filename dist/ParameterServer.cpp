@@ -11,7 +11,6 @@
 #include <cstring>
 #include <iterator>
 #include <map>
-#include <optional>
 
 namespace weft::dist {
 
@@ -42,7 +41,7 @@ void copyBytes(void* to, const void* from, size_t n) {
 
 }  // namespace
 
-struct ParameterServer::PartitionState {
+struct ParameterServer::PartitionState final : UpdateChain {
   int index = 0;
   const ServedVariable* served = nullptr;
   int64_t rows = 0;
@@ -56,38 +55,27 @@ struct ParameterServer::PartitionState {
   std::vector<Node*> held;  // the slots, then the moving averages' shadows (ServedVariable::heldState)
   Output denseGradient, indices, values;
   std::vector<Output> extras;
-  Node* update = nullptr;
+  Node* updateOp = nullptr;
   std::vector<Node*> averages;  // run after the update
 
-  uint64_t version = 0;                       // updates applied
-  std::vector<std::optional<Payload>> pushes;  // this version's gradient of each sender
-  std::vector<RequestHeader> pushers;          // waiting for the squared norm
-  FeedMap aggregate;                           // set once every sender has pushed
-  double squaredNorm = 0;
-  std::optional<std::pair<RequestHeader, Payload>> pendingApply;
+  uint64_t applied = 0;  // updates
+  double denseScale = 1, sparseScale = 1;
   struct WaitingPull {
     RequestHeader header;
     Payload payload;
     Clock::time_point since;
   };
   std::vector<WaitingPull> waiting;  // pulls for a later version, or held by the staleness gate
-
-  // Asynchronous modes, per sender: its updates applied, its aggregated push awaiting its own
-  // APPLY (or an APPLY that came first), when that push arrived, and what its pulls met.
-  std::vector<uint64_t> applied;
-  std::vector<FeedMap> own;
-  std::vector<std::optional<std::pair<RequestHeader, Payload>>> ownApply;
-  std::vector<double> pushedAt;
-  std::unique_ptr<StalenessGate> gate;  // null under ASP
-  std::vector<SenderStaleness> staleness;
+  std::unique_ptr<PartitionUpdates> updates;  // the synchronisation mode's pushes and APPLYs
 
   void build(const ServerPlan& plan, int partition, const SessionOptions& options);
   Payload answer(const RequestHeader& h, const Payload& payload);
   void load(const Payload& payload);
-  /// Aggregates `from` (in order) into `aggregate`, scaled, with its squared norm.
-  void aggregateGradients(const std::vector<const Payload*>& from, double denseScale, double sparseScale);
-  /// Runs the update chain on `gradient` and the extras; makes the next version.
-  void runUpdate(FeedMap gradient, const Payload& extrasBytes);
+  void checkGradient(const Payload& payload) const override;
+  void checkExtras(const Payload& payload) const override;
+  Gradient aggregate(const std::vector<const Payload*>& from) override;
+  void update(FeedMap gradient, const Payload& extrasBytes) override;
+  uint64_t version() const override { return applied; }
 };
 
 void ParameterServer::PartitionState::build(const ServerPlan& plan, int partition, const SessionOptions& options) {
@@ -131,10 +119,10 @@ void ParameterServer::PartitionState::build(const ServerPlan& plan, int partitio
     for (size_t i = 0; i < n->outputs.size(); ++i)
       mapped[Output(const_cast<Node*>(n), static_cast<int>(i))] = copy->output(static_cast<int>(i));
   }
-  update = copies.at(v.update);
+  updateOp = copies.at(v.update);
   for (const Node* a : v.averages) {
     averages.push_back(graph.addNode(a->op, {mapped.at(a->inputs[0]), variable->output()}, a->attrs, a->name));
-    graph.addControlInput(averages.back(), update);  // it averages the updated value
+    graph.addControlInput(averages.back(), updateOp);  // it averages the updated value
   }
   session = std::make_unique<Session>(graph, options);
 }
@@ -172,10 +160,10 @@ void ParameterServer::PartitionState::load(const Payload& payload) {
     std::memcpy(session->variable(held[i]).raw(), payload.data() + bytes() * (i + 1), bytes());
 }
 
-void ParameterServer::PartitionState::aggregateGradients(const std::vector<const Payload*>& from, double denseScale,
-                                                         double sparseScale) {
+UpdateChain::Gradient ParameterServer::PartitionState::aggregate(const std::vector<const Payload*>& from) {
   const DType dtype = served->variable->outputs[0].dtype;
-  aggregate.clear();
+  Gradient result;
+  double& squaredNorm = result.squaredNorm;
   if (served->sparse) {
     size_t total = 0;
     for (const Payload* p : from) total += readU64(*p, 0);
@@ -212,7 +200,7 @@ void ParameterServer::PartitionState::aggregateGradients(const std::vector<const
         for (double x : row) squaredNorm += x * x;
       }
     });
-    aggregate = {{indices, ids}, {values, rowsOut}};
+    result.feeds = {{indices, ids}, {values, rowsOut}};
   } else {
     Tensor sum = Tensor::zeros(dtype, denseGradient.shape());
     squaredNorm = 0;
@@ -229,11 +217,12 @@ void ParameterServer::PartitionState::aggregateGradients(const std::vector<const
         squaredNorm += static_cast<double>(out[i]) * static_cast<double>(out[i]);
       }
     });
-    aggregate = {{denseGradient, sum}};
+    result.feeds = {{denseGradient, sum}};
   }
+  return result;
 }
 
-void ParameterServer::PartitionState::runUpdate(FeedMap feeds, const Payload& extrasBytes) {
+void ParameterServer::PartitionState::update(FeedMap feeds, const Payload& extrasBytes) {
   size_t offset = 0;
   for (const Output& e : extras) {
     Tensor t(e.dtype(), e.shape());
@@ -241,10 +230,10 @@ void ParameterServer::PartitionState::runUpdate(FeedMap feeds, const Payload& ex
     offset += t.bytes();
     feeds.emplace_back(e, t);
   }
-  std::vector<Node*> targets{update};
+  std::vector<Node*> targets{updateOp};
   targets.insert(targets.end(), averages.begin(), averages.end());
   session->run({}, feeds, targets);
-  ++version;
+  ++applied;
 }
 
 ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options options)
@@ -259,14 +248,9 @@ ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options opt
     auto state = std::make_unique<PartitionState>();
     // Partitions are served in parallel with one another, each on one thread.
     state->build(plan, static_cast<int>(i), SessionOptions{1, options_.session.checkNumerics});
-    const auto senders = static_cast<size_t>(options_.groups.groups());
-    state->pushes.resize(senders);
-    state->applied.assign(senders, 0);
-    state->own.resize(senders);
-    state->ownApply.resize(senders);
-    state->pushedAt.assign(senders, 0.0);
-    state->gate = options_.sync->makeGate(static_cast<int>(senders));
-    state->staleness.resize(senders);
+    state->denseScale = options_.denseScale;
+    state->sparseScale = options_.sparseScale;
+    state->updates = options_.sync->makeUpdates(options_.groups.groups());
     states_[i] = std::move(state);
   }
 }
@@ -292,12 +276,6 @@ namespace {
 
 ParameterServer::Reply replyTo(const RequestHeader& h, Payload payload, uint32_t status = 0) {
   return {static_cast<int>(h.worker), h.kind, encode(ReplyHeader{h.id, status}), std::move(payload)};
-}
-
-Payload normBytes(double squaredNorm) {
-  Payload out(sizeof squaredNorm);
-  std::memcpy(out.data(), &squaredNorm, sizeof squaredNorm);
-  return out;
 }
 
 }  // namespace
@@ -402,15 +380,14 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
         return {};
       }
       return {answerPull(p, h, payload, Clock::now())};
-    case RequestKind::Push: return options_.sync->synchronous() ? push(p, h, payload) : pushOwn(p, h, payload);
-    case RequestKind::Apply: return options_.sync->synchronous() ? apply(p, h, payload) : applyOwn(p, h, payload);
+    case RequestKind::Push: return release(p, p.updates->push(p, h, senderOf(h), payload));
+    case RequestKind::Apply: return release(p, p.updates->apply(p, h, senderOf(h), payload));
     case RequestKind::Load:
       // Worker 0 publishes the initial (or restored) values before any gradient arrives; later
       // they would overwrite the job's training.
       WEFT_CHECK(h.worker == 0, "LOAD comes from worker 0 alone, not worker {}", h.worker);
-      WEFT_CHECK(p.version == 0 && std::none_of(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); }) &&
-                     std::all_of(p.own.begin(), p.own.end(), [](const FeedMap& x) { return x.empty(); }),
-                 "LOAD at version {}: values are loaded only before training starts", p.version);
+      WEFT_CHECK(p.updates->untouched(p), "LOAD at version {}: values are loaded only before training starts",
+                 p.version());
       p.load(payload);
       return {replyTo(h, {})};
     case RequestKind::Goodbye: break;
@@ -418,137 +395,46 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
   WEFT_THROW("unexpected {} request", requestKindName(h.kind));
 }
 
-std::vector<ParameterServer::Reply> ParameterServer::push(PartitionState& p, const RequestHeader& h,
-                                                          const Payload& payload) {
-  options_.sync->checkPush(h.clock, p.version);
-  const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
-  WEFT_CHECK(!p.pushes[group], "worker {} pushed twice for version {}", h.worker, p.version);
-  checkPushPayload(p, payload);
-  p.pushes[group] = payload;
-  p.pushers.push_back(h);
-  const auto pushed = std::count_if(p.pushes.begin(), p.pushes.end(), [](const auto& x) { return x.has_value(); });
-  if (!options_.sync->pushesComplete(static_cast<int>(pushed), static_cast<int>(p.pushes.size()))) return {};
-
-  std::vector<const Payload*> from;
-  for (const std::optional<Payload>& x : p.pushes) from.push_back(&*x);
-  p.aggregateGradients(from, options_.denseScale, options_.sparseScale);
-  std::vector<Reply> out;
-  for (const RequestHeader& pusher : p.pushers) out.push_back(replyTo(pusher, normBytes(p.squaredNorm)));
-  p.pushers.clear();
-  if (p.pendingApply) {
-    const auto [applyHeader, extras] = *p.pendingApply;
-    finishVersion(p, extras);
-    out.push_back(replyTo(applyHeader, {}));
-    releaseWaiting(p, out);
-  }
-  return out;
-}
-
-void ParameterServer::finishVersion(PartitionState& p, const Payload& extras) {
-  p.runUpdate(std::move(p.aggregate), extras);
-  p.aggregate.clear();
-  std::fill(p.pushes.begin(), p.pushes.end(), std::nullopt);
-  p.pendingApply.reset();
-}
-
-std::vector<ParameterServer::Reply> ParameterServer::pushOwn(PartitionState& p, const RequestHeader& h,
-                                                             const Payload& payload) {
-  const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
-  options_.sync->checkPush(h.clock, p.applied[group]);
-  WEFT_CHECK(p.own[group].empty(), "worker {} pushed twice for its update {}", h.worker, p.applied[group]);
-  checkPushPayload(p, payload);
-  p.aggregateGradients({&payload}, options_.denseScale, options_.sparseScale);
-  p.own[group] = std::move(p.aggregate);
-  p.aggregate.clear();
-  p.pushedAt[group] = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-  std::vector<Reply> out{replyTo(h, normBytes(p.squaredNorm))};
-  if (p.ownApply[group]) {
-    const auto [applyHeader, extras] = *p.ownApply[group];
-    p.ownApply[group].reset();
-    std::vector<Reply> applied = applyOwn(p, applyHeader, extras);
-    std::move(applied.begin(), applied.end(), std::back_inserter(out));
-  }
-  return out;
-}
-
-std::vector<ParameterServer::Reply> ParameterServer::applyOwn(PartitionState& p, const RequestHeader& h,
-                                                              const Payload& payload) {
-  const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
-  options_.sync->checkApply(h.clock, p.applied[group]);
-  checkExtras(p, payload);
-  if (p.own[group].empty()) {  // its push has not arrived yet
-    WEFT_CHECK(!p.ownApply[group], "a second APPLY of worker {} for its update {}", h.worker, p.applied[group]);
-    p.ownApply[group].emplace(h, payload);
-    return {};
-  }
-  p.runUpdate(std::move(p.own[group]), payload);
-  p.own[group].clear();
-  ++p.applied[group];
-  if (p.gate) p.gate->applied(static_cast<int>(group), p.pushedAt[group]);
-  std::vector<Reply> out{replyTo(h, {})};
-  releaseWaiting(p, out);
-  return out;
-}
-
-void ParameterServer::checkPushPayload(const PartitionState& p, const Payload& payload) const {
-  if (p.served->sparse) {
-    sparsePushRowIds(payload, p.rows, p.rowBytes);
+void ParameterServer::PartitionState::checkGradient(const Payload& payload) const {
+  if (served->sparse) {
+    sparsePushRowIds(payload, rows, rowBytes);
   } else {
-    WEFT_CHECK(payload.size() == p.bytes(), "a dense PUSH carries {} bytes, the partition takes {}", payload.size(),
-               p.bytes());
+    WEFT_CHECK(payload.size() == bytes(), "a dense PUSH carries {} bytes, the partition takes {}", payload.size(),
+               bytes());
   }
 }
 
-void ParameterServer::checkExtras(const PartitionState& p, const Payload& payload) const {
+void ParameterServer::PartitionState::checkExtras(const Payload& payload) const {
   size_t expected = 0;
-  for (const Output& e : p.extras) expected += static_cast<size_t>(e.shape().numel()) * dtypeSize(e.dtype());
+  for (const Output& e : extras) expected += static_cast<size_t>(e.shape().numel()) * dtypeSize(e.dtype());
   WEFT_CHECK(payload.size() == expected, "APPLY carries {} bytes, the update's {} extra inputs take {}", payload.size(),
-             p.extras.size(), expected);
+             extras.size(), expected);
 }
+
+int ParameterServer::senderOf(const RequestHeader& h) const { return options_.groups.groupOfWorker[h.worker]; }
 
 uint64_t ParameterServer::versionFor(const PartitionState& p, const RequestHeader& h) const {
-  if (options_.sync->synchronous()) return p.version;
-  return p.applied[static_cast<size_t>(options_.groups.groupOfWorker[h.worker])];
+  return p.updates->versionOf(p, senderOf(h));
+}
+
+std::vector<ParameterServer::Reply> ParameterServer::release(PartitionState& p, std::vector<Released> released) {
+  std::vector<Reply> out;
+  for (Released& r : released) out.push_back(replyTo(r.to, std::move(r.payload)));
+  releaseWaiting(p, out);
+  return out;
 }
 
 bool ParameterServer::pullAnswerable(const PartitionState& p, const RequestHeader& h) const {
   if (!options_.sync->pullReady(h.clock, versionFor(p, h))) return false;
   // Reading the whole model to evaluate or save it (FETCH) never waits for other senders.
-  const int group = options_.groups.groupOfWorker[h.worker];
-  return h.kind == RequestKind::Fetch || !p.gate || p.gate->mayProceed(group);
+  return h.kind == RequestKind::Fetch || p.updates->mayProceed(senderOf(h));
 }
 
 ParameterServer::Reply ParameterServer::answerPull(PartitionState& p, const RequestHeader& h, const Payload& payload,
                                                    Clock::time_point since) {
-  if (!options_.sync->synchronous() && h.kind != RequestKind::Fetch) {
-    const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
-    uint64_t slowest = p.applied[group];
-    for (size_t g = 0; g < p.applied.size(); ++g)
-      if (!leftJob_[g]) slowest = std::min(slowest, p.applied[g]);
-    const auto gap = static_cast<int64_t>(p.applied[group] - slowest);
-    SenderStaleness& s = p.staleness[group];
-    ++s.pulls;
-    s.gapSum += static_cast<uint64_t>(gap);
-    s.maxGap = std::max(s.maxGap, gap);
-    s.waitedSeconds += std::chrono::duration<double>(Clock::now() - since).count();
-  }
+  if (h.kind != RequestKind::Fetch)
+    p.updates->answered(senderOf(h), std::chrono::duration<double>(Clock::now() - since).count(), leftJob_);
   return replyTo(h, p.answer(h, payload));
-}
-
-std::vector<ParameterServer::Reply> ParameterServer::apply(PartitionState& p, const RequestHeader& h,
-                                                           const Payload& payload) {
-  WEFT_CHECK(h.worker == 0, "APPLY comes from worker 0 alone, not worker {}", h.worker);
-  options_.sync->checkApply(h.clock, p.version);
-  WEFT_CHECK(!p.pendingApply, "a second APPLY for version {}", p.version);
-  checkExtras(p, payload);
-  if (p.aggregate.empty()) {  // some sender has not pushed yet
-    p.pendingApply.emplace(h, payload);
-    return {};
-  }
-  finishVersion(p, payload);
-  std::vector<Reply> out{replyTo(h, {})};
-  releaseWaiting(p, out);
-  return out;
 }
 
 void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out) {
@@ -566,8 +452,8 @@ void ParameterServer::releaseWaiting(PartitionState& p, std::vector<Reply>& out)
 void ParameterServer::leave(int group, std::vector<Reply>& out) {
   leftJob_[static_cast<size_t>(group)] = true;
   for (const auto& state : states_) {
-    if (!state || !state->gate) continue;
-    state->gate->leave(group);
+    if (!state) continue;
+    state->updates->leave(group);
     releaseWaiting(*state, out);
   }
 }
@@ -576,8 +462,9 @@ std::vector<SenderStaleness> ParameterServer::staleness() const {
   std::vector<SenderStaleness> out(leftJob_.size());
   for (const auto& state : states_) {
     if (!state) continue;
-    for (size_t g = 0; g < out.size(); ++g) {
-      const SenderStaleness& s = state->staleness[g];
+    const std::vector<SenderStaleness> partition = state->updates->staleness();
+    for (size_t g = 0; g < partition.size(); ++g) {
+      const SenderStaleness& s = partition[g];
       out[g].pulls += s.pulls;
       out[g].gapSum += s.gapSum;
       out[g].maxGap = std::max(out[g].maxGap, s.maxGap);
@@ -590,7 +477,7 @@ std::vector<SenderStaleness> ParameterServer::staleness() const {
 int64_t ParameterServer::steps() const {
   int64_t most = 0;
   for (const auto& s : states_)
-    if (s) most = std::max(most, static_cast<int64_t>(s->version));
+    if (s) most = std::max(most, static_cast<int64_t>(s->version()));
   return most;
 }
 

@@ -1,14 +1,16 @@
 // A parameter server: holds the partitions the placement plan gives it, with their optimizer
 // slots, and answers workers' requests (dist/ServerProtocol.h). The workers of a machine may
 // reach it as one sender, through their machine's local aggregator (dist/LocalAggregator.h).
-// Its SyncPolicy (dist/SyncPolicy.h) says when a push is taken and when a pull is answered.
-// Under BSP, once a version's pushes are complete, the gradients are aggregated in sender order
-// (sparse rows concatenated, as one worker with the total batch would have them; dense gradients
-// summed) and scaled, their squared norm goes back to the pushers (clipping by global norm needs
-// it), and worker 0's APPLY runs the update chain — the same ops the single-device graph would
-// run — on the server's own copy of the variable and slots, making the next version; then the
-// moving averages of the variable, if any. Under the asynchronous modes each sender's push is
-// an update of its own, applied by its own APPLY, and a StalenessGate holds its pulls.
+// Its SyncPolicy (dist/SyncPolicy.h) says when a push is taken and when a pull is answered, and
+// makes each partition's update strategy (dist/PartitionUpdates.h): under BSP a version's pushes,
+// once complete, are aggregated in sender order (sparse rows concatenated, as one worker with
+// the total batch would have them; dense gradients summed) and scaled, their squared norm goes
+// back to the pushers (clipping by global norm needs it), and worker 0's APPLY runs the update
+// chain — the same ops the single-device graph would run — on the server's own copy of the
+// variable and slots, making the next version; then the moving averages of the variable, if any.
+// Under the asynchronous modes each sender's push is an update of its own, applied by its own
+// APPLY, and a StalenessGate holds its pulls. The server itself holds what every mode shares:
+// each partition's update chain and values, and the pulls waiting for a version.
 //
 // handle() does no I/O: it steps from a message to the replies it releases (reading the clock
 // only for the synchronisation modes' timing), so every rule is testable in one process; handleAll() takes a batch and serves its partitions in parallel. The loop
@@ -20,6 +22,7 @@
 #include "dist/Deadline.h"
 #include "dist/LocalAggregator.h"
 #include "dist/Message.h"
+#include "dist/PartitionUpdates.h"
 #include "dist/Placement.h"
 #include "dist/ServerProtocol.h"
 #include "dist/SyncPolicy.h"
@@ -30,16 +33,6 @@
 #include <vector>
 
 namespace weft::dist {
-
-/// What one sender's pulls met at a server under an asynchronous mode: how far ahead of the
-/// slowest sender it was when each was answered (in clocks), and how long they were held.
-struct SenderStaleness {
-  uint64_t pulls = 0;
-  uint64_t gapSum = 0;
-  int64_t maxGap = 0;
-  double waitedSeconds = 0;  ///< its partitions' waits overlap: the most any one partition held it
-  double meanGap() const { return pulls > 0 ? static_cast<double>(gapSum) / static_cast<double>(pulls) : 0.0; }
-};
 
 class ParameterServer {
  public:
@@ -99,19 +92,11 @@ class ParameterServer {
   /// serve(), with a failure answered by an error reply naming the request.
   std::vector<Reply> serveOrRefuse(const RequestHeader& h, const std::vector<uint8_t>& payload);
   std::vector<Reply> serve(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
-  std::vector<Reply> push(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
-  std::vector<Reply> apply(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
-  /// BSP: applies the aggregate of every sender's push with `extras`, and opens the next version.
-  void finishVersion(PartitionState& p, const std::vector<uint8_t>& extras);
-  /// Throws unless `payload` is a valid push (sparse rows of the partition, or its dense bytes),
-  /// or the update's extra inputs.
-  void checkPushPayload(const PartitionState& p, const std::vector<uint8_t>& payload) const;
-  void checkExtras(const PartitionState& p, const std::vector<uint8_t>& payload) const;
-  /// Asynchronous modes: the sender's push is its own update, applied with its own APPLY.
-  std::vector<Reply> pushOwn(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
-  std::vector<Reply> applyOwn(PartitionState& p, const RequestHeader& h, const std::vector<uint8_t>& payload);
-  /// The updates that hold the pushes of `h`'s sender: the partition's version under BSP, the
-  /// sender's own otherwise.
+  /// The replies the partition's update strategy released, then those of the pulls it now allows.
+  std::vector<Reply> release(PartitionState& p, std::vector<Released> released);
+  /// The sender group of `h`'s worker.
+  int senderOf(const RequestHeader& h) const;
+  /// The updates that hold the pushes of `h`'s sender (the strategy's to say).
   uint64_t versionFor(const PartitionState& p, const RequestHeader& h) const;
   /// Whether the pull `h` may be answered now (its version is there; the gate lets it by).
   bool pullAnswerable(const PartitionState& p, const RequestHeader& h) const;

@@ -2,6 +2,7 @@
 #include "dist/SyncPolicy.h"
 
 #include "core/Error.h"
+#include "dist/PartitionUpdates.h"
 
 #include <fmt/format.h>
 
@@ -17,6 +18,9 @@ class Bsp final : public SyncPolicy {
   std::string name() const override { return "BSP"; }
   bool synchronous() const override { return true; }
   std::unique_ptr<StalenessGate> makeGate(int) const override { return nullptr; }
+  std::unique_ptr<PartitionUpdates> makeUpdates(int senders) const override {
+    return synchronousUpdates(*this, senders);
+  }
   int64_t stalenessBound() const override { return 0; }
   void checkPush(uint64_t clock, uint64_t version) const override {
     WEFT_CHECK(clock == version, "PUSH for clock {} while the partition is at version {}: BSP takes one push per "
@@ -51,6 +55,9 @@ class StaleSynchronous final : public SyncPolicy {
   bool synchronous() const override { return false; }
   std::unique_ptr<StalenessGate> makeGate(int senders) const override {
     return bounded_ ? std::make_unique<StalenessGate>(senders, lower_, upper_) : nullptr;
+  }
+  std::unique_ptr<PartitionUpdates> makeUpdates(int senders) const override {
+    return ownUpdates(*this, senders, makeGate(senders));
   }
   int64_t stalenessBound() const override { return bounded_ ? upper_ : -1; }
   // `version` is the sender's own updates applied.

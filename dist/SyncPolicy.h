@@ -1,5 +1,6 @@
 // The parameter servers' synchronisation rule, in one object that ParameterServer,
-// LocalAggregator and ServerClient consult instead of each writing it inline. A sender's clock
+// LocalAggregator and ServerClient consult instead of each writing it inline; what a server does
+// with a partition's pushes under it is the strategy it makes (makeUpdates). A sender's clock
 // for a partition counts the gradients it has pushed there; a partition's version counts the
 // updates applied to it. The rule says when a server takes a push, when the pushes of a version
 // are complete, when a pull may be answered, what a machine's aggregator may keep and forward,
@@ -25,6 +26,8 @@
 
 namespace weft::dist {
 
+class PartitionUpdates;
+
 class SyncPolicy {
  public:
   virtual ~SyncPolicy() = default;
@@ -35,6 +38,9 @@ class SyncPolicy {
   /// Asynchronous modes: the gate of one partition's `senders` senders; nullptr when pulls never
   /// wait for other senders (ASP).
   virtual std::unique_ptr<StalenessGate> makeGate(int senders) const = 0;
+  /// Server: how one partition of `senders` senders turns their pushes into updates, with the
+  /// state that takes (dist/PartitionUpdates.h). The policy must outlive what it makes.
+  virtual std::unique_ptr<PartitionUpdates> makeUpdates(int senders) const = 0;
   /// The most clocks a sender may be ahead of the slowest when its pull is answered; -1 when
   /// unbounded (ASP); 0 under BSP.
   virtual int64_t stalenessBound() const = 0;
