@@ -7,6 +7,7 @@
 // Ten jobs started under a flood of connections at their coordinator all start and end as an
 // unattacked one. And a local job's UCX listens on loopback alone.
 #include "tests/TrainerCompare.h"
+#include "tests/ConnectionFlood.h"
 
 #include "dist/Job.h"
 #include "dist/ResourceSpec.h"
@@ -21,9 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -197,6 +196,17 @@ pid_t launchAttackedJob(int64_t steps, const fs::path& book, const fs::path& log
   return launcher;
 }
 
+/// Checks that the jobs that wrote to `a` and `b` ended with the same variables, bit for bit.
+void checkSameCheckpoint(const std::string& a, const std::string& b) {
+  const TensorFile expected = readSafetensors(a + "/checkpoint.safetensors");
+  const TensorFile got = readSafetensors(b + "/checkpoint.safetensors");
+  REQUIRE(got.tensors.size() == expected.tensors.size());
+  for (const auto& [name, t] : expected.tensors) {
+    CAPTURE(name);
+    CHECK(relativeDifference(got.tensors.at(name), t) == 0.0);
+  }
+}
+
 /// Runs every attack from a process of its own (the job sees a stranger, and UCX state stays
 /// apart) and returns once it is done.
 void attackFromOutside(const std::vector<Published>& members) {
@@ -248,13 +258,7 @@ TEST_CASE("an outsider without the secret changes nothing: the attacked job ends
 
   const CliRun reference = weftCli("train " + lmFlags(steps) + " --out " + quiet);
   REQUIRE_MESSAGE(reference.status == 0, reference.output);
-  const TensorFile a = readSafetensors(quiet + "/checkpoint.safetensors");
-  const TensorFile b = readSafetensors(attacked + "/checkpoint.safetensors");
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (const auto& [name, t] : a.tensors) {
-    CAPTURE(name);
-    CHECK(relativeDifference(b.tensors.at(name), t) == 0.0);
-  }
+  checkSameCheckpoint(quiet, attacked);
 }
 
 namespace {
@@ -271,40 +275,6 @@ uint16_t freePort() {
   return ntohs(addr.sin_port);
 }
 
-/// While alive, a thread opens a connection to 127.0.0.1:port every millisecond (refused ones
-/// until something listens there) and keeps the newest 256 open, silent: an outsider on the
-/// same machine flooding a job's coordinator from the members' own address.
-class ConnectionFlood {
- public:
-  explicit ConnectionFlood(uint16_t port) : thread_([this, port] { flood(port); }) {}
-  ~ConnectionFlood() {
-    running_ = false;
-    thread_.join();
-  }
-  uint64_t opened() const { return opened_; }
-
- private:
-  void flood(uint16_t port) {
-    std::deque<FileDescriptor> held;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    while (running_) {
-      FileDescriptor fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-      if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
-        ++opened_;
-        held.push_back(std::move(fd));
-        if (held.size() > 256) held.pop_front();
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  std::atomic<bool> running_{true};
-  std::atomic<uint64_t> opened_{0};
-  std::thread thread_;
-};
-
 }  // namespace
 
 TEST_CASE("under a flood of connections at their coordinator, ten jobs of ten start and end as an unattacked one") {
@@ -318,7 +288,6 @@ TEST_CASE("under a flood of connections at their coordinator, ten jobs of ten st
   const std::string quiet = (dir.path / "quiet").string();
   const CliRun reference = weftCli(flags + quiet);
   REQUIRE_MESSAGE(reference.status == 0, reference.output);
-  const TensorFile expected = readSafetensors(quiet + "/checkpoint.safetensors");
   for (int job = 0; job < 10; ++job) {
     CAPTURE(job);
     const std::string out = (dir.path / fmt::format("flooded-{}", job)).string();
@@ -331,13 +300,7 @@ TEST_CASE("under a flood of connections at their coordinator, ten jobs of ten st
     }
     CHECK_MESSAGE(run.status == 0, run.output);
     CHECK(opened > 0);  // the flood reached the coordinator
-    if (run.status != 0) continue;
-    const TensorFile got = readSafetensors(out + "/checkpoint.safetensors");
-    REQUIRE(got.tensors.size() == expected.tensors.size());
-    for (const auto& [name, t] : expected.tensors) {
-      CAPTURE(name);
-      CHECK(relativeDifference(got.tensors.at(name), t) == 0.0);
-    }
+    if (run.status == 0) checkSameCheckpoint(quiet, out);
   }
 }
 

@@ -4,6 +4,7 @@
 // members, and that a missing member makes the others abort within the timeout. Every child has
 // an alarm() so that no failure can hang the suite.
 #include "tests/TestUtil.h"
+#include "tests/ConnectionFlood.h"
 
 #include "dist/Coordinator.h"
 
@@ -475,45 +476,6 @@ TEST_CASE("a flood of silent connections does not keep the members out") {
   CHECK(contains(log.text(), "dropped for newer connections"));
 }
 
-namespace {
-
-/// Opens connections to `port` from two threads, each a connection a millisecond, until
-/// destroyed; each stays open (the newest 256 per thread) and silent: an outsider flooding the
-/// coordinator from the members' own address.
-class ConnectionFlood {
- public:
-  explicit ConnectionFlood(uint16_t port) {
-    for (int t = 0; t < 2; ++t) threads_.emplace_back([this, port] { flood(port); });
-  }
-  ~ConnectionFlood() {
-    running_ = false;
-    for (std::thread& t : threads_) t.join();
-  }
-  uint64_t opened() const { return opened_; }
-
- private:
-  void flood(uint16_t port) {
-    std::deque<FileDescriptor> held;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    while (running_) {
-      FileDescriptor fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-      if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) continue;
-      ++opened_;
-      held.push_back(std::move(fd));
-      if (held.size() > 256) held.pop_front();
-      std::this_thread::sleep_for(1ms);
-    }
-  }
-  std::atomic<bool> running_{true};
-  std::atomic<uint64_t> opened_{0};
-  std::vector<std::thread> threads_;
-};
-
-}  // namespace
-
 TEST_CASE("under a flood of connections from the members' own address, ten rendezvous of ten complete") {
   const ResourceSpec spec = ResourceSpec::localCpu(2);
   StderrCapture log;
@@ -524,7 +486,7 @@ TEST_CASE("under a flood of connections from the members' own address, ten rende
     Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 8s);
     std::string outcome;
     {
-      ConnectionFlood flood(coordinator.port());
+      ConnectionFlood flood(coordinator.port(), 2);
       while (flood.opened() < 64) std::this_thread::yield();  // every admission slot is taken first
       for (MemberProcess* m : {&worker0, &worker1, &server}) m->start(coordinator.port());
       try {
