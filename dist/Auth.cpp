@@ -10,6 +10,7 @@
 #include <openssl/params.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -162,11 +163,12 @@ Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message
 
 bool digestsEqual(const Digest& a, const Digest& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
-void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline,
-                     const std::function<void()>& admit) {
+void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline, const HandshakeHooks& hooks) {
   try {
     const Nonce serverNonce = randomArray<Nonce>();
     writeFrame(fd, MessageType::Challenge, job, serverNonce, deadline);
+    // Waited for here only to tell the caller; a silent peer's timeout is readFrame's to report.
+    if (hooks.answering && waitReady(fd, POLLIN, deadline)) hooks.answering();
     const Frame auth = readFrame(fd, deadline, job, kAuthPayloadBytes);
     expectType(auth, MessageType::Auth);
     WireReader r = auth.reader();
@@ -175,7 +177,7 @@ void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline de
     r.finish();
     WEFT_CHECK(digestsEqual(clientMac, handshakeMac(secret, kClientLabel, job, serverNonce, clientNonce)),
                "bad HMAC: the client does not hold the job secret");
-    if (admit) admit();
+    if (hooks.admit) hooks.admit();
     writeFrame(fd, MessageType::AuthOk, job, handshakeMac(secret, kServerLabel, job, serverNonce, clientNonce),
                deadline);
   } catch (const Error& e) {

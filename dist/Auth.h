@@ -52,12 +52,19 @@ Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message
 /// Constant-time comparison (CRYPTO_memcmp), so timing does not leak how much of a MAC matched.
 bool digestsEqual(const Digest& a, const Digest& b);
 
+/// What a server's caller learns during a handshake, as it happens (either may be empty).
+struct HandshakeHooks {
+  /// The client's answer to the challenge has begun to arrive: it is not a silent connection.
+  std::function<void()> answering;
+  /// The client's proof checked; runs before the reply that tells the client it is in, so the
+  /// caller records the admission atomically with the client hearing of it, or throws to refuse.
+  std::function<void()> admit;
+};
+
 /// Server side of the handshake on a connected socket: returns once the client proved it holds
-/// the secret, else throws ("bad HMAC ...", a wire error, a timeout). `admit`, when given, runs
-/// once the proof checked and before the reply that tells the client it is in: the caller records
-/// the admission there (atomically with the client hearing of it), or throws to refuse.
+/// the secret, else throws ("bad HMAC ...", a wire error, a timeout).
 void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline,
-                     const std::function<void()>& admit = {});
+                     const HandshakeHooks& hooks = {});
 /// Client side: returns once the server accepted us and proved it holds the secret too, else
 /// throws (refused by the server with its reason, a wrong server proof, a wire error, a timeout).
 void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);

@@ -33,8 +33,8 @@ namespace {
 
 constexpr uint32_t kMaxAddressBytes = 64u << 10;  // a UCX worker address is ~200 bytes
 constexpr uint32_t kMaxJoinPayload = 2 * kMaxAddressBytes + kNcclIdBytes + 64;
-constexpr size_t kMaxPendingAdmissions = 64;      // bounds the threads a connection flood can start
-constexpr size_t kMaxPendingPerSource = 16;       // the share of them one source address may hold
+constexpr size_t kMaxPendingAdmissions = 128;     // bounds the threads a connection flood can start
+constexpr size_t kMaxPendingPerSource = 32;       // the share of them one source address may hold
 // A connection must prove the secret within this (or the handshake timeout, if shorter); a real
 // member answers the challenge at once, and one that is too slow on a busy machine tries again.
 constexpr std::chrono::milliseconds kPreAuthTimeout{2000};
@@ -248,6 +248,7 @@ struct Coordinator::State {
     int fd = -1;
     bool done = false;
     std::string source;          // the peer's address without its port
+    bool answering = false;      // its answer to the challenge is arriving: dropped after every silent one
     bool authenticated = false;  // it proved the secret: never dropped for another
     bool dropped = false;        // shut down to admit a newer connection
   };
@@ -275,8 +276,9 @@ struct Coordinator::State {
   bool stopping();
   void acceptOne();
   /// Makes room for a connection from `source`: drops the oldest unauthenticated admission of
-  /// that source when it holds its share, or the oldest overall when every slot is taken; false
-  /// when every slot holds an authenticated member. Under mutex_.
+  /// that source when it holds its share, or the oldest overall when every slot is taken, silent
+  /// ones before those whose answer is arriving; false when every slot holds an authenticated
+  /// member. Under mutex_.
   bool makeRoom(const std::string& source);
   /// The awake clock now (under mutex_).
   std::chrono::milliseconds awakeNow() const;
@@ -491,15 +493,20 @@ void Coordinator::State::acceptOne() {
 
 bool Coordinator::State::makeRoom(const std::string& source) {
   size_t pending = 0, fromSource = 0;
+  // The oldest candidates, silent ones first: a member answers its challenge at once, a flood
+  // of connections that say nothing does not.
   Admission* oldest = nullptr;
   Admission* oldestOfSource = nullptr;
+  const auto before = [](const Admission* candidate, const Admission* chosen) {
+    return chosen == nullptr || (chosen->answering && !candidate->answering);
+  };
   for (Admission& a : admissions_) {  // in order of arrival
     if (a.done || a.dropped) continue;
     ++pending;
     if (a.source == source) ++fromSource;
     if (a.authenticated || a.fd < 0) continue;
-    if (oldest == nullptr) oldest = &a;
-    if (oldestOfSource == nullptr && a.source == source) oldestOfSource = &a;
+    if (before(&a, oldest)) oldest = &a;
+    if (a.source == source && before(&a, oldestOfSource)) oldestOfSource = &a;
   }
   Admission* victim = fromSource >= kMaxPendingPerSource && oldestOfSource ? oldestOfSource
                       : pending >= kMaxPendingAdmissions                 ? oldest
@@ -513,13 +520,19 @@ bool Coordinator::State::makeRoom(const std::string& source) {
 void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::string& peer) {
   try {
     const Deadline start = Clock::now();
+    HandshakeHooks hooks;
+    hooks.answering = [&] {
+      std::lock_guard lock(mutex_);
+      self->answering = true;
+    };
     // Recorded as authenticated before the client hears AUTH_OK, under the lock makeRoom holds:
     // a connection told it is in is never dropped for another.
-    serverHandshake(fd.get(), secret_, job_, start + std::min(handshakeTimeout_, kPreAuthTimeout), [&] {
+    hooks.admit = [&] {
       std::lock_guard lock(mutex_);
       WEFT_CHECK(!self->dropped, "dropped for a newer connection before its proof was checked");
       self->authenticated = true;
-    });
+    };
+    serverHandshake(fd.get(), secret_, job_, start + std::min(handshakeTimeout_, kPreAuthTimeout), hooks);
     join(self, fd, start + handshakeTimeout_, peer);
   } catch (const Error& e) {
     // The handshake has told the peer already, so the rendezvous may be over by now for another

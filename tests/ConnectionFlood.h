@@ -1,6 +1,6 @@
 // An outsider on the same machine flooding a TCP listener on loopback, as one would a job's
 // coordinator: while alive, each of its threads opens a connection to 127.0.0.1:port every
-// millisecond (refused ones too, until something listens there) and keeps its newest 256 open,
+// `interval` (refused ones too, until something listens there) and keeps its newest 256 open,
 // silent. Coming from 127.0.0.1, the flood shares its source address with a local job's members.
 #pragma once
 
@@ -19,7 +19,9 @@
 
 class ConnectionFlood {
  public:
-  explicit ConnectionFlood(uint16_t port, int threads = 1) {
+  explicit ConnectionFlood(uint16_t port, int threads = 1,
+                           std::chrono::microseconds interval = std::chrono::milliseconds(1))
+      : interval_(interval) {
     for (int t = 0; t < threads; ++t) threads_.emplace_back([this, port] { flood(port); });
   }
   ~ConnectionFlood() {
@@ -46,9 +48,10 @@ class ConnectionFlood {
         held.push_back(std::move(fd));
         if (held.size() > 256) held.pop_front();
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(interval_);
     }
   }
+  const std::chrono::microseconds interval_;
   std::atomic<bool> running_{true};
   std::atomic<uint64_t> opened_{0};
   std::vector<std::thread> threads_;

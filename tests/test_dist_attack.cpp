@@ -4,8 +4,9 @@
 // of a gigabyte, one announced by a process that then dies, tagged data sprayed at a worker's
 // ring, pulls for steps far ahead, a three-byte reply, a flood of 50,000 small messages at the
 // server. The job must end as an unattacked run ends, bit for bit, having logged what it dropped.
-// Ten jobs started under a flood of connections at their coordinator all start and end as an
-// unattacked one. And a local job's UCX listens on loopback alone.
+// Ten jobs started under a flood of connections at their coordinator (one every 2 ms, from the
+// members' own address) all start and end as an unattacked one. And a local job's UCX listens
+// on loopback alone.
 #include "tests/TrainerCompare.h"
 #include "tests/ConnectionFlood.h"
 
@@ -294,7 +295,7 @@ TEST_CASE("under a flood of connections at their coordinator, ten jobs of ten st
     CliRun run{};
     uint64_t opened = 0;
     {
-      ConnectionFlood flood(port);
+      ConnectionFlood flood(port, 1, std::chrono::milliseconds(2));
       run = weftCli(flags + out);
       opened = flood.opened();
     }
