@@ -25,8 +25,6 @@ namespace {
 
 constexpr char kClientLabel[] = "weft-auth-v1";
 constexpr char kServerLabel[] = "weft-auth-server-v1";
-// AUTH is two 32-byte fields; an unauthenticated peer must not make the server allocate more.
-constexpr uint32_t kAuthPayloadBytes = 64;
 
 // label || job || server nonce || client nonce, MACed under the secret.
 Digest handshakeMac(const Secret& secret, const char* label, const JobId& job, const Nonce& serverNonce,
@@ -87,8 +85,8 @@ void parseHex(const std::string& text, std::span<uint8_t> out, const char* what,
   const size_t end = text.find_last_not_of(" \t\r\n");
   const std::string hex = begin == std::string::npos ? "" : text.substr(begin, end - begin + 1);
   // The messages never quote the text: it may be a real secret with a typo.
-  WEFT_CHECK(hex.size() == 2 * out.size(), "{}: a {} is {} hex digits, got {} characters", source, what,
-             2 * out.size(), hex.size());
+  WEFT_CHECK(hex.size() == 2 * out.size(), "{}: a {} is {} hex digits, got {} characters", source, what, 2 * out.size(),
+             hex.size());
   std::fill(out.begin(), out.end(), 0);
   for (size_t i = 0; i < hex.size(); ++i) {
     const int v = hexValue(hex[i]);
@@ -121,8 +119,10 @@ void saveSecret(const std::string& path, const Secret& secret) {
     WEFT_CHECK(::fchmod(fd.get(), 0600) == 0, "cannot set mode 0600 on secret file {}: {}", path, std::strerror(errno));
     struct stat st {};
     WEFT_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat secret file {}: {}", path, std::strerror(errno));
-    WEFT_CHECK((st.st_mode & 07777) == 0600, "secret file {} has mode {:04o} after creation, not 0600: its filesystem "
-               "does not keep permissions", path, st.st_mode & 07777);
+    WEFT_CHECK((st.st_mode & 07777) == 0600,
+               "secret file {} has mode {:04o} after creation, not 0600: its filesystem "
+               "does not keep permissions",
+               path, st.st_mode & 07777);
     writeAll(fd.get(), toHex(secret) + "\n", path);
   } catch (const Error&) {
     ::unlink(path.c_str());
@@ -163,27 +163,40 @@ Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message
 
 bool digestsEqual(const Digest& a, const Digest& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
-void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline, const HandshakeHooks& hooks) {
+Nonce sendChallenge(int fd, const JobId& job, Deadline deadline) {
+  const Nonce serverNonce = randomArray<Nonce>();
+  writeFrame(fd, MessageType::Challenge, job, serverNonce, deadline);
+  return serverNonce;
+}
+
+void checkAnswer(int fd, const Secret& secret, const JobId& job, const Nonce& challenge, const Frame& answer,
+                 Deadline deadline) {
   try {
-    const Nonce serverNonce = randomArray<Nonce>();
-    writeFrame(fd, MessageType::Challenge, job, serverNonce, deadline);
-    // Waited for here only to tell the caller; a silent peer's timeout is readFrame's to report.
-    if (hooks.answering && waitReady(fd, POLLIN, deadline)) hooks.answering();
-    const Frame auth = readFrame(fd, deadline, job, kAuthPayloadBytes);
-    expectType(auth, MessageType::Auth);
-    WireReader r = auth.reader();
+    expectType(answer, MessageType::Auth);
+    WireReader r = answer.reader();
     const Nonce clientNonce = r.getFixed<32>("client_nonce");
     const Digest clientMac = r.getFixed<32>("client_mac");
     r.finish();
-    WEFT_CHECK(digestsEqual(clientMac, handshakeMac(secret, kClientLabel, job, serverNonce, clientNonce)),
+    WEFT_CHECK(digestsEqual(clientMac, handshakeMac(secret, kClientLabel, job, challenge, clientNonce)),
                "bad HMAC: the client does not hold the job secret");
-    if (hooks.admit) hooks.admit();
-    writeFrame(fd, MessageType::AuthOk, job, handshakeMac(secret, kServerLabel, job, serverNonce, clientNonce),
-               deadline);
+    writeFrame(fd, MessageType::AuthOk, job, handshakeMac(secret, kServerLabel, job, challenge, clientNonce), deadline);
   } catch (const Error& e) {
     sendRefusal(fd, job, e.what());
     throw;
   }
+}
+
+void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {
+  Nonce challenge;
+  Frame answer;
+  try {
+    challenge = sendChallenge(fd, job, deadline);
+    answer = readFrame(fd, deadline, job, kAuthAnswerBytes);
+  } catch (const Error& e) {
+    sendRefusal(fd, job, e.what());
+    throw;
+  }
+  checkAnswer(fd, secret, job, challenge, answer, deadline);
 }
 
 void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {

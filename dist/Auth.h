@@ -15,7 +15,6 @@
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <string>
 
@@ -52,19 +51,19 @@ Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message
 /// Constant-time comparison (CRYPTO_memcmp), so timing does not leak how much of a MAC matched.
 bool digestsEqual(const Digest& a, const Digest& b);
 
-/// What a server's caller learns during a handshake, as it happens (either may be empty).
-struct HandshakeHooks {
-  /// The client's answer to the challenge has begun to arrive: it is not a silent connection.
-  std::function<void()> answering;
-  /// The client's proof checked; runs before the reply that tells the client it is in, so the
-  /// caller records the admission atomically with the client hearing of it, or throws to refuse.
-  std::function<void()> admit;
-};
-
 /// Server side of the handshake on a connected socket: returns once the client proved it holds
-/// the secret, else throws ("bad HMAC ...", a wire error, a timeout).
-void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline,
-                     const HandshakeHooks& hooks = {});
+/// the secret, else throws ("bad HMAC ...", a wire error, a timeout). It is sendChallenge, a
+/// blocking read of the answer, and checkAnswer.
+void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);
+/// The server's handshake in steps, for a server that reads many connections' answers in one
+/// loop: sendChallenge writes the CHALLENGE and returns its nonce; checkAnswer takes the frame
+/// the client answered with (at most kAuthAnswerBytes of payload) and, if it proves the secret,
+/// writes AUTH_OK; otherwise it tells the client why (REFUSED) and throws.
+Nonce sendChallenge(int fd, const JobId& job, Deadline deadline);
+/// AUTH is two 32-byte fields; an unauthenticated peer must not make the server allocate more.
+inline constexpr uint32_t kAuthAnswerBytes = 64;
+void checkAnswer(int fd, const Secret& secret, const JobId& job, const Nonce& challenge, const Frame& answer,
+                 Deadline deadline);
 /// Client side: returns once the server accepted us and proved it holds the secret too, else
 /// throws (refused by the server with its reason, a wrong server proof, a wire error, a timeout).
 void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);

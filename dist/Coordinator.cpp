@@ -1,7 +1,9 @@
-// The rendezvous server and client. The coordinator's serve thread accepts connections and
-// decides the outcome (roster or abort); each connection is admitted (handshake, then JOIN) on
-// its own short-lived thread, so a silent or slow peer delays nobody else, and a flood of them
-// is dropped oldest first. After the rosters the serve thread watches the members' heartbeats.
+// The rendezvous server and client. The coordinator's serve thread accepts connections, admits
+// them (handshake, then JOIN) and decides the outcome (roster or abort) in one loop over every
+// connection in its admission, reading each one's frames as their bytes arrive: a silent or slow
+// peer delays nobody else and costs a socket, not a thread, so a flood of them is held by the
+// thousand and dropped oldest first. After the rosters the serve thread watches the members'
+// heartbeats.
 #include "dist/Coordinator.h"
 
 #include "core/Error.h"
@@ -13,13 +15,14 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <list>
@@ -33,18 +36,16 @@ namespace {
 
 constexpr uint32_t kMaxAddressBytes = 64u << 10;  // a UCX worker address is ~200 bytes
 constexpr uint32_t kMaxJoinPayload = 2 * kMaxAddressBytes + kNcclIdBytes + 64;
-constexpr size_t kMaxPendingAdmissions = 128;     // bounds the threads a connection flood can start
-constexpr size_t kMaxPendingPerSource = 32;       // the share of them one source address may hold
-// A connection must prove the secret within this (or the handshake timeout, if shorter); a real
-// member answers the challenge at once, and one that is too slow on a busy machine tries again.
-constexpr std::chrono::milliseconds kPreAuthTimeout{2000};
+// File descriptors left to the rest of the process when the waiting room is sized.
+constexpr rlim_t kDescriptorsKept = 512;
+constexpr int kAcceptsPerWake = 64;  // the listener's backlog is drained in turns with the others' frames
 // The watch loop's tick, and how late a wake-up may be before the excess counts as the
 // coordinator's own absence (its process paused or not scheduled), not as the members' silence.
 constexpr std::chrono::milliseconds kWatchTick{200};
 constexpr std::chrono::milliseconds kSchedulingSlack{300};
 constexpr uint32_t kHeartbeatPayload = 8 + 1 + 1;
 constexpr size_t kMemberMinBytes = 1 + 4 + 4 + 4 + 4 + 4;  // a roster entry with empty addresses
-constexpr size_t kMissingListed = 10;             // an ABORT names at most this many members
+constexpr size_t kMissingListed = 10;                      // an ABORT names at most this many members
 constexpr int kRefusalsLoggedPerSecond = 10;
 
 // ---- sockets ----
@@ -241,16 +242,17 @@ std::vector<MemberId> expectedMembers(const ResourceSpec& spec) {
 // ---- the coordinator ----
 
 struct Coordinator::State {
-  // One connection on its way from accept to JOIN. `fd` is the socket's number while the
-  // admission thread owns it (-1 after), so the serve thread can shut a pending handshake down.
-  struct Admission {
-    std::thread thread;
-    int fd = -1;
-    bool done = false;
-    std::string source;          // the peer's address without its port
-    bool answering = false;      // its answer to the challenge is arriving: dropped after every silent one
+  // A connection on its way from accept to JOIN: first waiting for its answer to the challenge,
+  // then, once it proved the secret, for its JOIN. Its frames are read as their bytes arrive.
+  struct Pending {
+    Pending(FileDescriptor socket, std::string address, const JobId& job)
+        : fd(std::move(socket)), peer(std::move(address)), source(sourceOf(peer)), incoming(job, kAuthAnswerBytes) {}
+    FileDescriptor fd;
+    std::string peer, source;  // its address, and that address without the port (what a share counts)
+    Deadline accepted = Clock::now(), expires;
+    Nonce challenge{};
     bool authenticated = false;  // it proved the secret: never dropped for another
-    bool dropped = false;        // shut down to admit a newer connection
+    FrameAssembler incoming;
   };
   struct Joined {
     JoinRequest request;
@@ -267,28 +269,36 @@ struct Coordinator::State {
   };
 
   State(const ResourceSpec& spec, const Secret& secret, const JobId& job, std::vector<MemberId> expected,
-        std::chrono::milliseconds timeout, std::chrono::milliseconds handshakeTimeout);
+        std::chrono::milliseconds timeout, AdmissionLimits limits);
 
   void serve();
   /// Reads heartbeats until the coordinator stops.
   void watch();
   void decide();
   bool stopping();
-  void acceptOne();
-  /// Makes room for a connection from `source`: drops the oldest unauthenticated admission of
-  /// that source when it holds its share, or the oldest overall when every slot is taken, silent
-  /// ones before those whose answer is arriving; false when every slot holds an authenticated
-  /// member. Under mutex_.
-  bool makeRoom(const std::string& source);
+  /// Accepts what the listener holds (up to kAcceptsPerWake) and sends each its challenge.
+  void acceptConnections();
+  /// Makes room in the waiting room for a connection from `source`: drops the oldest connection
+  /// still owing its answer from that source when it holds its share, or the oldest of all when
+  /// the room is full.
+  void makeRoom(const std::string& source);
+  /// Reads what `it` sent: its answer to the challenge, then its JOIN.
+  void serveConnection(std::list<Pending>::iterator it);
+  /// Drops pending connections whose deadline passed.
+  void expirePending();
+  /// Closes a pending connection, logging why, and tells the peer when `tell` (a peer told
+  /// "busy" or "timed out" tries again).
+  void drop(std::list<Pending>::iterator it, const std::string& reason, bool tell);
+  /// The earliest of the rendezvous's deadline and the pending connections'.
+  Deadline nextDeadline() const;
+  std::chrono::milliseconds answerTimeout() const { return std::min(limits_.handshakeTimeout, limits_.answerTimeout); }
   /// The awake clock now (under mutex_).
   std::chrono::milliseconds awakeNow() const;
   void readHeartbeat(Watched& w);
-  void admit(Admission* self, FileDescriptor fd, const std::string& peer);
-  /// Admits the joining member, or logs why not and tells it.
-  void join(Admission* self, FileDescriptor& fd, Deadline deadline, const std::string& peer);
+  /// Admits the member whose JOIN `frame` is, taking its connection; throws why not.
+  void join(Pending& pending, const Frame& frame);
   void sendRosters();
   void abortRendezvous();
-  void reapAdmissions(bool all);
   void logRefusal(const std::string& peer, const std::string& reason);
   void wake() const;
   bool closeIfComplete();
@@ -296,22 +306,24 @@ struct Coordinator::State {
   const Secret secret_;
   const JobId job_;
   const std::vector<MemberId> expected_;  // sorted: index = rank
-  const std::chrono::milliseconds timeout_, handshakeTimeout_;
+  const std::chrono::milliseconds timeout_;
+  const AdmissionLimits limits_;
   const Deadline deadline_;
   FileDescriptor listener_;
   uint16_t port_ = 0;
-  FileDescriptor wakeRead_, wakeWrite_;  // a pipe: admissions and the destructor wake the serve loop
+  FileDescriptor wakeRead_, wakeWrite_;  // a pipe: the destructor wakes the serve loop
 
   std::mutex mutex_;
-  std::map<MemberId, Joined> joined_;  // guarded by mutex_
-  std::list<Admission> admissions_;    // guarded; a list, so each thread's record stays put
+  std::map<MemberId, Joined> joined_;              // guarded by mutex_
+  std::list<Pending> pending_;                     // the serve thread's own, in order of arrival
+  size_t waitingCapacity_ = 0, waitingShare_ = 0;  // connections owing their answer: in all, per source
   // Where the rendezvous stands (guarded): Gathering while members may join; Closed once its
   // outcome is being settled (every member in, the deadline passed, or the destructor ran), from
-  // which on no admission touches joined_; Decided once members_ or failure_ is final.
+  // which on no JOIN is admitted; Decided once members_ or failure_ is final.
   enum class Phase { Gathering, Closed, Decided } phase_ = Phase::Gathering;
-  bool stop_ = false;                  // guarded; the destructor's request: serving and watching end
+  bool stop_ = false;  // guarded; the destructor's request: serving and watching end
   std::condition_variable decidedChanged_;
-  std::vector<Watched> watched_;       // guarded, except fd (the serve thread's)
+  std::vector<Watched> watched_;  // guarded, except fd (the serve thread's)
   // The awake clock: time the watch loop saw pass, each wake-up counting at most one tick plus
   // the scheduling slack. awake_ is its value at the loop's last wake-up, lastWake_ when that was.
   std::chrono::milliseconds awake_{0};  // guarded
@@ -333,25 +345,43 @@ std::vector<MemberId> checkedExpected(const ResourceSpec& spec, std::vector<Memb
     const MemberId& id = expected[i];
     WEFT_CHECK(i == 0 || expected[i - 1] != id, "coordinator: {} is expected twice", describe(id));
     const bool inSpec = id.host >= 0 && id.host < static_cast<int>(spec.hosts().size()) && id.slot >= 0 &&
-                        (id.role == Role::Server ? id.slot < spec.hosts()[static_cast<size_t>(id.host)].servers : id.slot < spec.hosts()[static_cast<size_t>(id.host)].slots());
+                        (id.role == Role::Server ? id.slot < spec.hosts()[static_cast<size_t>(id.host)].servers
+                                                 : id.slot < spec.hosts()[static_cast<size_t>(id.host)].slots());
     WEFT_CHECK(inSpec, "coordinator: expected member {} is not in the resource specification", describe(id));
   }
   return expected;
 }
 
+// The connections the waiting room holds: `wanted`, the soft limit on open files raised for them
+// where the hard limit allows (a common default soft limit is 1,024), fewer where it does not.
+size_t waitingRoomSize(size_t room) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 16;
+  const rlim_t wanted = room + kDescriptorsKept;
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < wanted) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? wanted : std::min(limit.rlim_max, wanted);
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= wanted) return room;
+  return static_cast<size_t>(
+      std::max<rlim_t>(16, limit.rlim_cur > kDescriptorsKept ? limit.rlim_cur - kDescriptorsKept : 0));
+}
+
 }  // namespace
 
 Coordinator::State::State(const ResourceSpec& spec, const Secret& secret, const JobId& job,
-                          std::vector<MemberId> expected, std::chrono::milliseconds timeout,
-                          std::chrono::milliseconds handshakeTimeout)
+                          std::vector<MemberId> expected, std::chrono::milliseconds timeout, AdmissionLimits limits)
     : secret_(secret),
       job_(job),
       expected_(checkedExpected(spec, std::move(expected))),
       timeout_(timeout),
-      handshakeTimeout_(handshakeTimeout),
+      limits_(limits),
       deadline_(Clock::now() + timeout),
       listener_(listenTcp(spec.bind(), spec.coordinatorPort())) {
   port_ = boundPort(listener_.get());
+  waitingCapacity_ = waitingRoomSize(limits.waitingRoom);
+  waitingShare_ = std::max<size_t>(1, waitingCapacity_ / 2);
   lastWake_ = Clock::now();
   int ends[2];
   WEFT_CHECK(::pipe2(ends, O_CLOEXEC | O_NONBLOCK) == 0, "coordinator: pipe failed: {}", std::strerror(errno));
@@ -403,18 +433,33 @@ void Coordinator::State::serve() {
       abortRendezvous();
       break;
     }
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wakeRead_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, millisecondsUntil(deadline_)) > 0) {
+    std::vector<pollfd> fds{{listener_.get(), POLLIN, 0}, {wakeRead_.get(), POLLIN, 0}};
+    for (const Pending& p : pending_) fds.push_back({p.fd.get(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), millisecondsUntil(nextDeadline())) > 0) {
       char drain[64];
       while (::read(wakeRead_.get(), drain, sizeof drain) > 0) {
       }
-      if (fds[0].revents & POLLIN) acceptOne();
+      // Newer connections join the list's end, and a served one may leave it: the polled ones
+      // are the first fds.size() - 2, visited in order.
+      auto it = pending_.begin();
+      for (size_t i = 2; i < fds.size(); ++i) {
+        const auto next = std::next(it);
+        if (fds[i].revents) serveConnection(it);
+        it = next;
+      }
+      if (fds[0].revents & POLLIN) acceptConnections();
     }
-    reapAdmissions(false);
+    expirePending();
   }
-  reapAdmissions(true);
+  pending_.clear();  // closes their connections: their peers try again or give up
   decide();
   if (!members_.empty()) watch();
+}
+
+Deadline Coordinator::State::nextDeadline() const {
+  Deadline next = deadline_;
+  for (const Pending& p : pending_) next = std::min(next, p.expires);
+  return next;
 }
 
 std::chrono::milliseconds Coordinator::State::awakeNow() const {
@@ -473,113 +518,127 @@ void Coordinator::State::watch() {
   }
 }
 
-void Coordinator::State::acceptOne() {
-  sockaddr_storage addr{};
-  socklen_t length = sizeof addr;
-  FileDescriptor fd(::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &length, SOCK_CLOEXEC));
-  if (!fd.valid()) return;  // the peer gave up already, or a transient error; poll again
-  const std::string peer = formatAddress(addr);
-  std::lock_guard lock(mutex_);
-  if (!makeRoom(sourceOf(peer))) {
-    logRefusal(peer, fmt::format("all {} admission slots hold authenticated members", admissions_.size()));
-    sendRefusal(fd.get(), job_, "busy: try again");
+void Coordinator::State::acceptConnections() {
+  for (int i = 0; i < kAcceptsPerWake; ++i) {
+    sockaddr_storage addr{};
+    socklen_t length = sizeof addr;
+    FileDescriptor fd(
+        ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &length, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd.valid()) {
+      // Out of file descriptors, the connection stays in the backlog and the listener readable:
+      // the oldest silent connection makes way for it.
+      const bool full = errno == EMFILE || errno == ENFILE;
+      if (full && !pending_.empty() && !pending_.front().authenticated) {
+        drop(pending_.begin(), "busy: dropped for a newer connection: out of file descriptors", true);
+        continue;
+      }
+      return;  // none left, the peer gave up already, or a transient error: poll again
+    }
+    std::string peer = formatAddress(addr);
+    makeRoom(sourceOf(peer));
+    Pending& p = pending_.emplace_back(std::move(fd), std::move(peer), job_);
+    p.expires = p.accepted + answerTimeout();
+    try {
+      p.challenge = sendChallenge(p.fd.get(), job_, p.expires);  // a new socket's buffer takes it at once
+    } catch (const Error& e) {
+      drop(std::prev(pending_.end()), e.what(), false);
+    }
+  }
+}
+
+void Coordinator::State::makeRoom(const std::string& source) {
+  size_t waiting = 0, fromSource = 0;
+  auto oldest = pending_.end(), oldestOfSource = pending_.end();
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {  // in order of arrival
+    if (it->authenticated) continue;
+    ++waiting;
+    if (oldest == pending_.end()) oldest = it;
+    if (it->source != source) continue;
+    ++fromSource;
+    if (oldestOfSource == pending_.end()) oldestOfSource = it;
+  }
+  const auto victim = fromSource >= waitingShare_   ? oldestOfSource
+                      : waiting >= waitingCapacity_ ? oldest
+                                                    : pending_.end();
+  if (victim == pending_.end()) return;
+  // "busy": the peer, a member among a flood, tries again.
+  drop(victim,
+       fmt::format("busy: dropped for a newer connection: {} connections owed their answer to the challenge, {} of "
+                   "them from {}",
+                   waiting, fromSource, victim->source),
+       true);
+}
+
+void Coordinator::State::serveConnection(std::list<Pending>::iterator it) {
+  Pending& p = *it;
+  std::optional<Frame> frame;
+  try {
+    frame = p.incoming.receive(p.fd.get());
+  } catch (const Error& e) {
+    drop(it, e.what(), true);
     return;
   }
-  Admission& a = admissions_.emplace_back();
-  a.fd = fd.get();
-  a.source = sourceOf(peer);
-  a.thread = std::thread(&State::admit, this, &a, std::move(fd), peer);
-}
-
-bool Coordinator::State::makeRoom(const std::string& source) {
-  size_t pending = 0, fromSource = 0;
-  // The oldest candidates, silent ones first: a member answers its challenge at once, a flood
-  // of connections that say nothing does not.
-  Admission* oldest = nullptr;
-  Admission* oldestOfSource = nullptr;
-  const auto before = [](const Admission* candidate, const Admission* chosen) {
-    return chosen == nullptr || (chosen->answering && !candidate->answering);
-  };
-  for (Admission& a : admissions_) {  // in order of arrival
-    if (a.done || a.dropped) continue;
-    ++pending;
-    if (a.source == source) ++fromSource;
-    if (a.authenticated || a.fd < 0) continue;
-    if (before(&a, oldest)) oldest = &a;
-    if (a.source == source && before(&a, oldestOfSource)) oldestOfSource = &a;
+  if (!frame) return;
+  if (!p.authenticated) {
+    try {
+      checkAnswer(p.fd.get(), secret_, job_, p.challenge, *frame, p.expires);  // tells a peer it refuses
+    } catch (const Error& e) {
+      drop(it, e.what(), false);
+      return;
+    }
+    p.authenticated = true;
+    p.expires = p.accepted + limits_.handshakeTimeout;
+    p.incoming = FrameAssembler(job_, kMaxJoinPayload);
+    return;
   }
-  Admission* victim = fromSource >= kMaxPendingPerSource && oldestOfSource ? oldestOfSource
-                      : pending >= kMaxPendingAdmissions                 ? oldest
-                                                                         : nullptr;
-  if (victim == nullptr) return pending < kMaxPendingAdmissions;
-  victim->dropped = true;
-  ::shutdown(victim->fd, SHUT_RDWR);  // its thread's wait ends now; a member among them tries again
-  return true;
+  try {
+    join(p, *frame);
+  } catch (const Error& e) {
+    drop(it, e.what(), true);
+    return;
+  }
+  pending_.erase(it);
 }
 
-void Coordinator::State::admit(Admission* self, FileDescriptor fd, const std::string& peer) {
-  try {
-    const Deadline start = Clock::now();
-    HandshakeHooks hooks;
-    hooks.answering = [&] {
-      std::lock_guard lock(mutex_);
-      self->answering = true;
-    };
-    // Recorded as authenticated before the client hears AUTH_OK, under the lock makeRoom holds:
-    // a connection told it is in is never dropped for another.
-    hooks.admit = [&] {
-      std::lock_guard lock(mutex_);
-      WEFT_CHECK(!self->dropped, "dropped for a newer connection before its proof was checked");
-      self->authenticated = true;
-    };
-    serverHandshake(fd.get(), secret_, job_, start + std::min(handshakeTimeout_, kPreAuthTimeout), hooks);
-    join(self, fd, start + handshakeTimeout_, peer);
-  } catch (const Error& e) {
-    // The handshake has told the peer already, so the rendezvous may be over by now for another
-    // reason: the log keeps what went wrong either way.
+void Coordinator::State::expirePending() {
+  const Deadline now = Clock::now();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const auto next = std::next(it);
+    if (now >= it->expires) {
+      // "timed out": the peer, a member too slow on a busy machine, tries again.
+      drop(it,
+           it->authenticated
+               ? fmt::format("timed out: no JOIN within {} ms of connecting", limits_.handshakeTimeout.count())
+               : fmt::format("timed out: no answer to the challenge within {} ms", answerTimeout().count()),
+           true);
+    }
+    it = next;
+  }
+}
+
+void Coordinator::State::drop(std::list<Pending>::iterator it, const std::string& reason, bool tell) {
+  {
     std::lock_guard lock(mutex_);
-    std::string reason = e.what();
-    if (self->dropped) {
-      reason = fmt::format("dropped for newer connections: {} or more were in their handshake, {} or more from {}",
-                           kMaxPendingAdmissions, kMaxPendingPerSource, self->source);
-    } else if (phase_ != Phase::Gathering) {
-      reason = fmt::format("the rendezvous ended before its handshake completed ({})", e.what());
-    }
-    logRefusal(peer, reason);
+    logRefusal(it->peer, reason);
   }
-  std::lock_guard lock(mutex_);
-  self->fd = -1;  // before `fd` closes, so the number is never shut down after reuse
-  self->done = true;
+  if (tell) sendRefusal(it->fd.get(), job_, reason);
+  pending_.erase(it);
 }
 
-void Coordinator::State::join(Admission* self, FileDescriptor& fd, Deadline deadline, const std::string& peer) {
-  try {
-    const Frame frame = readFrame(fd.get(), deadline, job_, kMaxJoinPayload);
-    expectType(frame, MessageType::Join);
-    JoinRequest request = decodeJoin(frame);
-    {
-      std::lock_guard lock(mutex_);
-      WEFT_CHECK(phase_ == Phase::Gathering, "the rendezvous is over");
-      WEFT_CHECK(std::binary_search(expected_.begin(), expected_.end(), request.id), "{} is not a member of this job",
-                 describe(request.id));
-      const auto earlier = joined_.find(request.id);
-      // A member whose first connection closed after its JOIN (it then tries again) replaces it;
-      // a second live claim of the same identity is refused.
-      WEFT_CHECK(earlier == joined_.end() || closedByPeer(earlier->second.fd.get()), "{} has already joined",
-                 describe(request.id));
-      const MemberId id = request.id;
-      self->fd = -1;
-      joined_.insert_or_assign(id, Joined{std::move(request), std::move(fd)});
-    }
-    wake();
-  } catch (const Error& e) {
-    // Logged before the member hears of it, so the log is complete once every member has heard.
-    {
-      std::lock_guard lock(mutex_);
-      logRefusal(peer, phase_ != Phase::Gathering ? "the rendezvous ended before its handshake completed" : e.what());
-    }
-    sendRefusal(fd.get(), job_, e.what());
-  }
+void Coordinator::State::join(Pending& pending, const Frame& frame) {
+  expectType(frame, MessageType::Join);
+  JoinRequest request = decodeJoin(frame);
+  std::lock_guard lock(mutex_);
+  WEFT_CHECK(phase_ == Phase::Gathering, "the rendezvous is over");
+  WEFT_CHECK(std::binary_search(expected_.begin(), expected_.end(), request.id), "{} is not a member of this job",
+             describe(request.id));
+  const auto earlier = joined_.find(request.id);
+  // A member whose first connection closed after its JOIN (it then tries again) replaces it;
+  // a second live claim of the same identity is refused.
+  WEFT_CHECK(earlier == joined_.end() || closedByPeer(earlier->second.fd.get()), "{} has already joined",
+             describe(request.id));
+  const MemberId id = request.id;
+  joined_.insert_or_assign(id, Joined{std::move(request), std::move(pending.fd)});
 }
 
 void Coordinator::State::sendRosters() {
@@ -596,7 +655,7 @@ void Coordinator::State::sendRosters() {
     FileDescriptor& fd = joined_.at(m.id).fd;
     try {
       const std::vector<uint8_t> payload = encodeRoster(m.rank, members, ncclId);
-      writeFrame(fd.get(), MessageType::Roster, job_, payload, Clock::now() + handshakeTimeout_);
+      writeFrame(fd.get(), MessageType::Roster, job_, payload, Clock::now() + limits_.handshakeTimeout);
     } catch (const Error& e) {
       // The member died after joining; the others still get the roster and will see it gone.
       std::fputs(fmt::format("weft coordinator: cannot send the roster to {}: {}\n", describe(m.id), e.what()).c_str(),
@@ -626,7 +685,7 @@ void Coordinator::State::abortRendezvous() {
   w.putString(failure_);
   for (const auto& [id, member] : joined_) {
     try {
-      writeFrame(member.fd.get(), MessageType::Abort, job_, w.bytes(), Clock::now() + handshakeTimeout_);
+      writeFrame(member.fd.get(), MessageType::Abort, job_, w.bytes(), Clock::now() + limits_.handshakeTimeout);
     } catch (const Error&) {
       // That member is gone; nothing else to tell it.
     }
@@ -634,24 +693,9 @@ void Coordinator::State::abortRendezvous() {
   joined_.clear();
 }
 
-void Coordinator::State::reapAdmissions(bool all) {
-  std::list<Admission> finished;
-  {
-    std::lock_guard lock(mutex_);
-    for (auto it = admissions_.begin(); it != admissions_.end();) {
-      if (all && it->fd >= 0) ::shutdown(it->fd, SHUT_RDWR);  // ends a pending handshake's wait now
-      auto next = std::next(it);
-      if (all || it->done) finished.splice(finished.end(), admissions_, it);
-      it = next;
-    }
-  }
-  for (Admission& a : finished) a.thread.join();
-}
-
 Coordinator::Coordinator(const ResourceSpec& spec, const Secret& secret, const JobId& job,
-                         std::vector<MemberId> expected, std::chrono::milliseconds timeout,
-                         std::chrono::milliseconds handshakeTimeout)
-    : state_(std::make_unique<State>(spec, secret, job, std::move(expected), timeout, handshakeTimeout)) {
+                         std::vector<MemberId> expected, std::chrono::milliseconds timeout, AdmissionLimits limits)
+    : state_(std::make_unique<State>(spec, secret, job, std::move(expected), timeout, limits)) {
   state_->thread_ = std::thread(&State::serve, state_.get());
 }
 
@@ -666,6 +710,8 @@ Coordinator::~Coordinator() {
 }
 
 uint16_t Coordinator::port() const { return state_->port_; }
+
+size_t Coordinator::waitingShare() const { return state_->waitingShare_; }
 
 std::vector<Member> Coordinator::wait() {
   std::unique_lock lock(state_->mutex_);
@@ -716,9 +762,9 @@ struct Heartbeat::State {
       if (fds[1].revents) {
         char byte;
         const ssize_t n = ::recv(fd.get(), &byte, 1, MSG_DONTWAIT);
-        failure = n == 0 ? "the coordinator closed the connection"
-                         : n < 0 ? fmt::format("the coordinator connection failed: {}", std::strerror(errno))
-                                 : "the coordinator sent bytes after the roster";
+        failure = n == 0  ? "the coordinator closed the connection"
+                  : n < 0 ? fmt::format("the coordinator connection failed: {}", std::strerror(errno))
+                          : "the coordinator sent bytes after the roster";
       } else {
         const MainThreadSample s = sample ? sample() : MainThreadSample{};
         WireWriter w;
@@ -822,14 +868,16 @@ Roster rendezvous(const std::string& address, uint16_t port, const Secret& secre
         // Jittered, so members dropped together do not come back together.
         static thread_local std::minstd_rand random(static_cast<unsigned>(::getpid()) ^
                                                     static_cast<unsigned>(Clock::now().time_since_epoch().count()));
-        const auto pause = backoff / 2 + std::chrono::milliseconds(random() % static_cast<unsigned>(backoff.count() / 2 + 1));
+        const auto pause =
+            backoff / 2 + std::chrono::milliseconds(random() % static_cast<unsigned>(backoff.count() / 2 + 1));
         WEFT_CHECK(Clock::now() + pause < deadline, "{} (after {} attempts)", retry.reason, attempt);
         std::this_thread::sleep_for(pause);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       }
     }
   } catch (const Error& e) {
-    WEFT_THROW("rendezvous of {} with the coordinator at {}:{} failed: {}", describe(request.id), address, port, e.what());
+    WEFT_THROW("rendezvous of {} with the coordinator at {}:{} failed: {}", describe(request.id), address, port,
+               e.what());
   }
 }
 

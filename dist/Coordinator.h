@@ -15,14 +15,16 @@
 //           from the roster on): the member's main-thread progress counter, whether its main
 //           thread is waiting on a peer, and that thread's scheduler state ('R', 'S', 'D', 't' ...)
 //
-// Admission under load: a connection must prove the secret within a short deadline; when the
-// admission slots are full, or one source address holds its share of them, the oldest
-// connection still in its handshake is dropped for the new one, so a flood of silent or slow
-// connections cannot keep members out. A connection that proved the secret is recorded as
-// admitted before it hears so, and is never dropped. A member whose connection is dropped, whose
-// handshake timed out, or whose connection closed after its JOIN tries again with backoff until
-// its own deadline; a JOIN on a new connection replaces one whose connection closed. Refused
-// connections are logged, at most a few lines a second (dist/LogLimit.h).
+// Admission under load: the coordinator serves every connection in its admission from one loop,
+// reading frames as they arrive, so a connection that says nothing costs a socket and no thread.
+// A connection must prove the secret within 2 s; until it has, it sits in a waiting room of 2,048
+// connections, of which one source address may hold half. When the room (or the
+// source's half) is full, the oldest connection in it is dropped for the new one, so a flood of
+// silent connections at hundreds a second is held for the whole 2 s and cannot keep members out.
+// A connection that proved the secret is never dropped. A member told "busy" or "timed out",
+// or whose connection closed after its JOIN, tries again with backoff until its own deadline;
+// a JOIN on a new connection replaces one whose connection closed. Refused connections are
+// logged, at most a few lines a second (dist/LogLimit.h).
 //
 // After the rendezvous each member keeps its connection and sends heartbeats on it from a
 // background thread; the coordinator records what each said and when, on a clock that leaves out
@@ -92,13 +94,13 @@ struct MemberLiveness {
   /// How long it has beaten without a gap of more than kSteadyGap (0 while silent that long):
   /// a member that beat steadily while another was silent shows that the job was not paused.
   std::chrono::milliseconds steady{0};
-  bool connected = true;                 ///< false once its connection closed
-  uint64_t progress = 0;                 ///< its main thread's progress counter
-  bool waiting = false;                  ///< its main thread was waiting on a peer
+  bool connected = true;  ///< false once its connection closed
+  uint64_t progress = 0;  ///< its main thread's progress counter
+  bool waiting = false;   ///< its main thread was waiting on a peer
   /// Some beat since its progress counter last moved found it waiting on a peer: it waited
   /// through this stall, and if no longer waiting, gave up (a wait that ends moves the counter).
   bool waitedWhileStalled = false;
-  char mainThread = '?';                 ///< its main thread's scheduler state
+  char mainThread = '?';  ///< its main thread's scheduler state
 };
 
 /// The longest gap between a member's heartbeats (one a second) that still counts as steady.
@@ -115,21 +117,32 @@ struct MainThreadSample {
 struct Roster {
   int rank = 0;
   int worldSize = 0;
-  std::vector<Member> members;  ///< indexed by rank
-  std::vector<uint8_t> ncclId;  ///< empty when worker rank 0 sent none
+  std::vector<Member> members;           ///< indexed by rank
+  std::vector<uint8_t> ncclId;           ///< empty when worker rank 0 sent none
   std::shared_ptr<Heartbeat> heartbeat;  ///< beats while a copy of the roster holds it
 };
 
 /// Serves one rendezvous in a background thread from construction on. Bad connections (no or a
 /// wrong secret, another job, malformed frames, silence past the handshake timeout, unexpected or
 /// duplicate members) are refused, logged to stderr, and do not disturb the others.
+/// How a coordinator admits connections.
+struct AdmissionLimits {
+  /// Bounds each connection's way from accept to JOIN.
+  std::chrono::milliseconds handshakeTimeout{5000};
+  /// Bounds its way to proving the secret (or handshakeTimeout, if shorter): a member answers at
+  /// once, and one too slow on a busy machine is told "timed out" and tries again.
+  std::chrono::milliseconds answerTimeout{2000};
+  /// The connections held while they owe their answer, where the limit on open files allows (the
+  /// coordinator raises its soft limit up to the hard one for them); one source may hold half.
+  size_t waitingRoom = 2048;
+};
+
 class Coordinator {
  public:
   /// Listens on spec.bind() at spec.coordinatorPort() (0: any free port). `timeout` bounds the
-  /// whole rendezvous; `handshakeTimeout` bounds each connection's way from accept to JOIN.
+  /// whole rendezvous.
   Coordinator(const ResourceSpec& spec, const Secret& secret, const JobId& job, std::vector<MemberId> expected,
-              std::chrono::milliseconds timeout,
-              std::chrono::milliseconds handshakeTimeout = std::chrono::seconds(5));
+              std::chrono::milliseconds timeout, AdmissionLimits limits = {});
   /// Stops serving; members still waiting see their connection close.
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
@@ -137,6 +150,9 @@ class Coordinator {
 
   /// The port it listens on.
   uint16_t port() const;
+  /// How many connections owing their answer one source address may hold: half of the waiting
+  /// room (AdmissionLimits::waitingRoom, or fewer where the limit on open files is lower).
+  size_t waitingShare() const;
   /// Blocks until every member got its roster and returns the members by rank; throws the
   /// message the members got in ABORT when the rendezvous timed out.
   std::vector<Member> wait();

@@ -87,8 +87,8 @@ int64_t WireReader::getI64(const char* field) { return static_cast<int64_t>(getL
 
 std::vector<uint8_t> WireReader::getBytes(const char* field, uint32_t maxLength) {
   const uint32_t length = getU32(field);
-  WEFT_CHECK(length <= maxLength, "message {}: field '{}' claims {} bytes, over its {}-byte limit", message_, field, length,
-             maxLength);
+  WEFT_CHECK(length <= maxLength, "message {}: field '{}' claims {} bytes, over its {}-byte limit", message_, field,
+             length, maxLength);
   WEFT_CHECK(length <= remaining(), "message {}: field '{}' claims {} bytes, {} remain", message_, field, length,
              remaining());
   const std::span<const uint8_t> src = take(field, length);
@@ -191,8 +191,8 @@ void sendAll(int fd, std::span<const uint8_t> bytes, Deadline deadline, const st
     if (n >= 0) {
       sent += static_cast<size_t>(n);
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      WEFT_CHECK(waitReady(fd, POLLOUT, deadline), "timed out sending {}: {} of {} bytes sent before the deadline", what,
-                 sent, bytes.size());
+      WEFT_CHECK(waitReady(fd, POLLOUT, deadline), "timed out sending {}: {} of {} bytes sent before the deadline",
+                 what, sent, bytes.size());
     } else if (errno == EPIPE || errno == ECONNRESET) {
       throw ConnectionClosed(fmt::format("sending {} failed: {}", what, std::strerror(errno)));
     } else if (errno != EINTR) {
@@ -207,9 +207,10 @@ bool isMessageType(uint16_t type) {
 
 }  // namespace
 
-Frame readFrame(int fd, Deadline deadline, const JobId& expectedJob, uint32_t maxPayload) {
-  std::array<uint8_t, kFrameHeaderBytes> header{};
-  receiveAll(fd, header, deadline, "a frame header");
+namespace {
+
+/// Checks a frame header and returns the frame it announces, its payload sized but not read.
+Frame announcedFrame(std::span<const uint8_t> header, const JobId& expectedJob, uint32_t maxPayload) {
   WireReader r(header, "frame header");
   const uint32_t magic = r.getU32("magic");
   WEFT_CHECK(magic == kWireMagic, "bad frame magic 0x{:08x} (expected 0x{:08x}, \"WEFT\"): not a weft peer", magic,
@@ -223,11 +224,44 @@ Frame readFrame(int fd, Deadline deadline, const JobId& expectedJob, uint32_t ma
   WEFT_CHECK(job == expectedJob, "frame {} belongs to job {}, expected job {}", messageTypeName(type), toHex(job),
              toHex(expectedJob));
   const uint32_t length = r.getU32("payload_length");
-  WEFT_CHECK(length <= maxPayload, "frame {} claims a payload of {} bytes, over the {}-byte limit", messageTypeName(type),
-             length, maxPayload);
-  Frame frame{static_cast<MessageType>(type), std::vector<uint8_t>(length)};
-  receiveAll(fd, frame.payload, deadline, "the payload of frame " + messageTypeName(type));
+  WEFT_CHECK(length <= maxPayload, "frame {} claims a payload of {} bytes, over the {}-byte limit",
+             messageTypeName(type), length, maxPayload);
+  return Frame{static_cast<MessageType>(type), std::vector<uint8_t>(length)};
+}
+
+}  // namespace
+
+Frame readFrame(int fd, Deadline deadline, const JobId& expectedJob, uint32_t maxPayload) {
+  std::array<uint8_t, kFrameHeaderBytes> header{};
+  receiveAll(fd, header, deadline, "a frame header");
+  Frame frame = announcedFrame(header, expectedJob, maxPayload);
+  receiveAll(fd, frame.payload, deadline, "the payload of frame " + messageTypeName(frame.type));
   return frame;
+}
+
+std::optional<Frame> FrameAssembler::receive(int fd) {
+  for (;;) {
+    const bool inHeader = got_ < kFrameHeaderBytes;
+    const std::span<uint8_t> into = inHeader ? std::span<uint8_t>(header_).subspan(got_)
+                                             : std::span<uint8_t>(frame_.payload).subspan(got_ - kFrameHeaderBytes);
+    if (!inHeader && into.empty()) {
+      got_ = 0;
+      return std::move(frame_);
+    }
+    const ssize_t n = ::recv(fd, into.data(), into.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      got_ += static_cast<size_t>(n);
+      if (inHeader && got_ == kFrameHeaderBytes) frame_ = announcedFrame(header_, job_, maxPayload_);
+    } else if (n == 0) {
+      throw ConnectionClosed(fmt::format("connection closed by the peer after {} bytes of a frame", got_));
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return std::nullopt;
+    } else if (errno == ECONNRESET) {
+      throw ConnectionClosed(fmt::format("reading a frame failed: {}", std::strerror(errno)));
+    } else if (errno != EINTR) {
+      WEFT_THROW("reading a frame failed: {}", std::strerror(errno));
+    }
+  }
 }
 
 std::vector<uint8_t> encodeFrame(MessageType type, const JobId& job, std::span<const uint8_t> payload) {

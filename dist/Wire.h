@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -154,6 +155,25 @@ class ConnectionClosed : public Error {
 /// unknown type, a frame of another job (both job ids in hex), a payload over `maxPayload`, the
 /// peer closing early (ConnectionClosed), a socket error, or the deadline passing.
 Frame readFrame(int fd, Deadline deadline, const JobId& expectedJob, uint32_t maxPayload = kMaxControlPayload);
+/// Reads one frame at a time from a socket as its bytes arrive, for a loop that serves many
+/// connections at once and cannot wait on any one (the coordinator's admissions): each call
+/// takes what the socket holds now. The header is checked as readFrame checks it once it is
+/// whole, so nothing is allocated for a payload over `maxPayload`.
+class FrameAssembler {
+ public:
+  FrameAssembler(const JobId& expectedJob, uint32_t maxPayload) : job_(expectedJob), maxPayload_(maxPayload) {}
+  /// The frame once its last byte arrived; nullopt while the socket has no more for now. Throws
+  /// as readFrame does: ConnectionClosed for the peer's end, an error naming a bad header.
+  std::optional<Frame> receive(int fd);
+
+ private:
+  JobId job_;
+  uint32_t maxPayload_;
+  std::array<uint8_t, kFrameHeaderBytes> header_{};
+  Frame frame_;
+  size_t got_ = 0;
+};
+
 /// The bytes of one frame: header, then payload.
 std::vector<uint8_t> encodeFrame(MessageType type, const JobId& job, std::span<const uint8_t> payload);
 /// Writes one frame before `deadline` (never raises SIGPIPE; a closed peer is ConnectionClosed).

@@ -3,8 +3,8 @@
 // every address, that bad connections are refused (and logged) without disturbing the real
 // members, and that a missing member makes the others abort within the timeout. Every child has
 // an alarm() so that no failure can hang the suite.
-#include "tests/TestUtil.h"
 #include "tests/ConnectionFlood.h"
+#include "tests/TestUtil.h"
 
 #include "dist/Coordinator.h"
 
@@ -17,15 +17,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <deque>
-#include <regex>
-#include <sstream>
 #include <filesystem>
 #include <fstream>
-#include <atomic>
 #include <functional>
 #include <future>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 using namespace weft;
@@ -54,8 +54,9 @@ JoinRequest request(Role role, int host, int slot) {
 
 // One line per member, so the parent can compare what every child saw.
 std::string formatRoster(const Roster& roster) {
-  std::string out = fmt::format("rank {} of {}; nccl {}\n", roster.rank, roster.worldSize,
-                                roster.ncclId == ncclIdPattern() ? "ok" : fmt::format("{} bytes", roster.ncclId.size()));
+  std::string out =
+      fmt::format("rank {} of {}; nccl {}\n", roster.rank, roster.worldSize,
+                  roster.ncclId == ncclIdPattern() ? "ok" : fmt::format("{} bytes", roster.ncclId.size()));
   for (const Member& m : roster.members) out += fmt::format("{}: {} @ {}\n", m.rank, describe(m.id), textOf(m.address));
   return out;
 }
@@ -97,7 +98,9 @@ class MemberProcess {
     }
   }
 
-  void start(uint16_t port) { writeAll(portWrite_.get(), std::string(reinterpret_cast<const char*>(&port), sizeof port)); }
+  void start(uint16_t port) {
+    writeAll(portWrite_.get(), std::string(reinterpret_cast<const char*>(&port), sizeof port));
+  }
 
   /// The child's exit code (0 roster, 1 error; -1 killed) and its report.
   std::pair<int, std::string> finish() {
@@ -117,7 +120,8 @@ class MemberProcess {
   }
 
  private:
-  [[noreturn]] static void runChild(int portFd, int resultFd, const JoinRequest& join, std::chrono::milliseconds timeout) {
+  [[noreturn]] static void runChild(int portFd, int resultFd, const JoinRequest& join,
+                                    std::chrono::milliseconds timeout) {
     ::alarm(10);  // the safety net: a hung child dies and the parent sees it
     uint16_t port = 0;
     if (::read(portFd, &port, sizeof port) != sizeof port) ::_exit(3);  // the parent gave up
@@ -141,7 +145,8 @@ class MemberProcess {
 class StderrCapture {
  public:
   StderrCapture()
-      : path_((std::filesystem::temp_directory_path() / ("weft-coordinator-log-" + std::to_string(::getpid()))).string()) {
+      : path_((std::filesystem::temp_directory_path() / ("weft-coordinator-log-" + std::to_string(::getpid())))
+                  .string()) {
     std::fflush(stderr);
     saved_.reset(::dup(2));
     FileDescriptor file(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -184,7 +189,8 @@ Deadline in(std::chrono::milliseconds ms) { return Clock::now() + ms; }
 std::string refusalAfter(uint16_t port, const std::vector<uint8_t>& bytes) {
   const FileDescriptor fd = connectRaw(port);
   expectType(readFrame(fd.get(), in(2s), kJob), MessageType::Challenge);
-  if (!bytes.empty()) REQUIRE(::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  if (!bytes.empty())
+    REQUIRE(::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
   return errorOf([&] { expectType(readFrame(fd.get(), in(2s), kJob), MessageType::AuthOk); });
 }
 
@@ -221,7 +227,7 @@ TEST_CASE("rendezvous: bad connections are refused and logged; the real members 
   MemberProcess worker0(request(Role::Worker, 0, 0), 5s), worker1(request(Role::Worker, 0, 1), 5s),
       server(request(Role::Server, 0, 0), 5s);
   StderrCapture log;
-  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 5s, 300ms);
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 5s, {.handshakeTimeout = 300ms});
   const uint16_t port = coordinator.port();
 
   const std::string http = "GET / HTTP/1.1\r\nHost: weft\r\n\r\n";
@@ -232,7 +238,7 @@ TEST_CASE("rendezvous: bad connections are refused and logged; the real members 
         "a1b2c3d405060708090a0b0c0d0e0f10");
   CHECK(refusalAfter(port, encodeFrame(MessageType::Auth, kJob, std::vector<uint8_t>(10))) ==
         "refused by the peer: message AUTH: field 'client_nonce' needs 32 bytes, 10 remain");
-  CHECK(refusalAfter(port, {}) == "refused by the peer: timed out: 0 of 28 bytes of a frame header arrived before the deadline");
+  CHECK(refusalAfter(port, {}) == "refused by the peer: timed out: no answer to the challenge within 300 ms");
   {
     const FileDescriptor fd = connectRaw(port);
     CHECK(errorOf([&] { clientHandshake(fd.get(), generateSecret(), kJob, in(2s)); }) ==
@@ -241,8 +247,9 @@ TEST_CASE("rendezvous: bad connections are refused and logged; the real members 
   // Authenticated but not a member of this job, then a member joining twice.
   CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, 7), 2s); }),
                  "failed: refused by the peer: worker 7 of host 0 is not a member of this job"));
-  CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, generateSecret(), kJob, request(Role::Worker, 0, 0), 2s); }),
-                 "rendezvous of worker 0 of host 0 with the coordinator at 127.0.0.1:"));
+  CHECK(
+      contains(errorOf([&] { rendezvous("127.0.0.1", port, generateSecret(), kJob, request(Role::Worker, 0, 0), 2s); }),
+               "rendezvous of worker 0 of host 0 with the coordinator at 127.0.0.1:"));
 
   for (MemberProcess* m : {&worker0, &worker1, &server}) m->start(port);
   CHECK(coordinator.wait().size() == 3);
@@ -282,9 +289,10 @@ TEST_CASE("rendezvous: a member joining twice is refused") {
   std::future<std::string>& refused = aFirst ? a : b;
   std::future<std::string>& admitted = aFirst ? b : a;
   CHECK(contains(refused.get(), "failed: refused by the peer: worker 0 of host 0 has already joined"));
-  CHECK(join(1) == "rank 1 of 2; nccl ok\n"
-                   "0: worker 0 of host 0 @ addr-worker 0 of host 0\n"
-                   "1: worker 1 of host 0 @ addr-worker 1 of host 0\n");
+  CHECK(join(1) ==
+        "rank 1 of 2; nccl ok\n"
+        "0: worker 0 of host 0 @ addr-worker 0 of host 0\n"
+        "1: worker 1 of host 0 @ addr-worker 1 of host 0\n");
   CHECK(contains(admitted.get(), "rank 0 of 2"));
   CHECK(coordinator.wait().size() == 2);
   CHECK(contains(log.text(), "worker 0 of host 0 has already joined"));
@@ -314,8 +322,10 @@ TEST_CASE("rendezvous: client-side failures name the reason") {
   const ResourceSpec spec = ResourceSpec::localCpu(1);
   StderrCapture log;
   Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 5s);
-  CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", coordinator.port(), kSecret, other, request(Role::Worker, 0, 0), 2s); }),
-                 "frame CHALLENGE belongs to job a1b2c3d405060708090a0b0c0d0e0f10, expected job a1b2c3d405060708090a0b0c0d0e0f00"));
+  CHECK(contains(
+      errorOf([&] { rendezvous("127.0.0.1", coordinator.port(), kSecret, other, request(Role::Worker, 0, 0), 2s); }),
+      "frame CHALLENGE belongs to job a1b2c3d405060708090a0b0c0d0e0f10, expected job "
+      "a1b2c3d405060708090a0b0c0d0e0f00"));
 
   // Nothing listening: refused at once. A listener that never answers: the timeout.
   FileDescriptor silent(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -338,17 +348,21 @@ TEST_CASE("rendezvous: client-side failures name the reason") {
 TEST_CASE("coordinator: the expected members must fit the specification") {
   const ResourceSpec spec = ResourceSpec::localCpu(2);
   CHECK(errorOf([&] { Coordinator(spec, kSecret, kJob, {}, 1s); }) == "coordinator: no members are expected");
-  CHECK(errorOf([&] { Coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 1}, {Role::Worker, 0, 1}}, 1s); }) ==
-        "coordinator: worker 1 of host 0 is expected twice");
-  CHECK(errorOf([&] { Coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 2}}, 1s); }) ==
-        "coordinator: expected member worker 2 of host 0 is not in the resource specification");
-  CHECK(errorOf([&] { Coordinator(spec, kSecret, kJob, {{Role::Server, 1, 0}}, 1s); }) ==
-        "coordinator: expected member server of host 1 is not in the resource specification");
+  CHECK(errorOf([&] {
+          Coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 1}, {Role::Worker, 0, 1}}, 1s);
+        }) == "coordinator: worker 1 of host 0 is expected twice");
+  CHECK(errorOf([&] {
+          Coordinator(spec, kSecret, kJob, {{Role::Worker, 0, 2}}, 1s);
+        }) == "coordinator: expected member worker 2 of host 0 is not in the resource specification");
+  CHECK(errorOf([&] {
+          Coordinator(spec, kSecret, kJob, {{Role::Server, 1, 0}}, 1s);
+        }) == "coordinator: expected member server of host 1 is not in the resource specification");
   const ResourceSpec foreign =
       ResourceSpec::parse(R"({"hosts": [{"address": "a", "cpu_workers": 1}], "bind": "10.255.255.1"})", "t");
   CHECK(errorOf([&] { Coordinator(foreign, kSecret, kJob, expectedMembers(foreign), 1s); }) ==
         "coordinator: cannot listen on 10.255.255.1:0: Cannot assign requested address");
-  CHECK(expectedMembers(spec) == std::vector<MemberId>{{Role::Worker, 0, 0}, {Role::Worker, 0, 1}, {Role::Server, 0, 0}});
+  CHECK(expectedMembers(spec) ==
+        std::vector<MemberId>{{Role::Worker, 0, 0}, {Role::Worker, 0, 1}, {Role::Server, 0, 0}});
 }
 
 TEST_CASE("after the rendezvous the coordinator hears each member's heartbeat, and notices one stop") {
@@ -413,7 +427,8 @@ TEST_CASE("a member notices its coordinator go away") {
   HeartbeatOptions beats;
   beats.interval = 100ms;
   beats.onLost = [&lost](const std::string& reason) { lost.set_value(reason); };
-  const Roster roster = rendezvous("127.0.0.1", coordinator->port(), kSecret, kJob, request(Role::Worker, 0, 0), 5s, beats);
+  const Roster roster =
+      rendezvous("127.0.0.1", coordinator->port(), kSecret, kJob, request(Role::Worker, 0, 0), 5s, beats);
   CHECK_FALSE(roster.heartbeat->lost());
   coordinator.reset();  // the launcher ends (or is killed): its connections close
   std::future<std::string> reason = lost.get_future();
@@ -446,8 +461,8 @@ TEST_CASE("a flood of silent connections does not keep the members out") {
   StderrCapture log;
   Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 8s);
   const uint16_t port = coordinator.port();
-  // Every admission slot taken by a connection that says nothing, from the members' own address;
-  // a thread keeps opening more while the members join.
+  // Connections that say nothing, from the members' own address, hold the coordinator's waiting
+  // room before the members come; a thread keeps opening more while they join.
   std::vector<FileDescriptor> held;
   for (int i = 0; i < 64; ++i) REQUIRE(silentConnection(port, held));
   std::atomic<bool> flooding{true};
@@ -473,7 +488,26 @@ TEST_CASE("a flood of silent connections does not keep the members out") {
     const auto [code, report] = m->finish();
     CHECK_MESSAGE(code == 0, report);
   }
-  CHECK(contains(log.text(), "dropped for newer connections"));
+}
+
+TEST_CASE("a source holding its share of the waiting room has its oldest silent connection dropped and told to retry") {
+  const ResourceSpec spec = ResourceSpec::localCpu(1, 0);
+  StderrCapture log;
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 60s, {.answerTimeout = 60s, .waitingRoom = 64});
+  REQUIRE(coordinator.waitingShare() == 32);
+  std::vector<FileDescriptor> held;
+  for (size_t i = 0; i < coordinator.waitingShare(); ++i) REQUIRE(silentConnection(coordinator.port(), held));
+  const std::string before = errorOf([&] { readFrame(held.front().get(), in(200ms), kJob); });
+  CHECK(contains(before, "timed out"));  // a full share drops nothing yet
+  REQUIRE(silentConnection(coordinator.port(), held));
+  // The peer hears "busy", which a member takes as a reason to try again.
+  const std::string dropped =
+      errorOf([&] { expectType(readFrame(held.front().get(), in(5s), kJob), MessageType::Auth); });
+  CHECK(contains(dropped, "refused by the peer: busy: dropped for a newer connection: " +
+                              std::to_string(coordinator.waitingShare()) + " connections owed their answer"));
+  const std::string second = errorOf([&] { readFrame(held[1].get(), in(200ms), kJob); });
+  CHECK(contains(second, "timed out"));  // only the oldest made way
+  CHECK(contains(log.text(), "busy: dropped for a newer connection"));
 }
 
 TEST_CASE("under a flood of connections from the members' own address, ten rendezvous of ten complete") {
@@ -487,7 +521,7 @@ TEST_CASE("under a flood of connections from the members' own address, ten rende
     std::string outcome;
     {
       ConnectionFlood flood(coordinator.port(), 2);
-      while (flood.opened() < 64) std::this_thread::yield();  // every admission slot is taken first
+      while (flood.opened() < 64) std::this_thread::yield();  // the flood is on before the members come
       for (MemberProcess* m : {&worker0, &worker1, &server}) m->start(coordinator.port());
       try {
         outcome = fmt::format("{} members", coordinator.wait().size());

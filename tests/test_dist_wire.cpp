@@ -99,7 +99,8 @@ TEST_CASE("resource spec: defaults, localCpu and load") {
   CHECK(local.bind() == "127.0.0.1");
   CHECK(contains(errorOf([] { ResourceSpec::localCpu(0); }), "workers is 0"));
 
-  const std::string path = (std::filesystem::temp_directory_path() / ("weft-spec-" + std::to_string(::getpid()) + ".json")).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("weft-spec-" + std::to_string(::getpid()) + ".json")).string();
   std::ofstream(path) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 0}]})";
   CHECK(errorOf([&] { ResourceSpec::load(path); }) == path + ": hosts[0].cpu_workers is 0; it must be >= 1");
   std::ofstream(path) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 1}]})";
@@ -121,7 +122,8 @@ TEST_CASE("resource spec: a host may be started through a launch prefix (a netwo
 
 TEST_CASE("resource spec: servers per host default to one and may be set, including to zero") {
   const ResourceSpec spec = ResourceSpec::parse(R"({"hosts": [{"address": "a", "cpu_workers": 1, "servers": 3},
-      {"address": "b", "cpu_workers": 1, "servers": 0}, {"address": "c", "cpu_workers": 1}]})", "cluster.json");
+      {"address": "b", "cpu_workers": 1, "servers": 0}, {"address": "c", "cpu_workers": 1}]})",
+                                                "cluster.json");
   CHECK(spec.hosts()[0].servers == 3);
   CHECK(spec.hosts()[1].servers == 0);
   CHECK(spec.hosts()[2].servers == 1);
@@ -177,7 +179,8 @@ TEST_CASE("resource spec: arrays or objects nested past the limit are refused be
 TEST_CASE("resource spec: every error names the file and the JSON path") {
   CHECK(contains(specError("{"), "cluster.json: not valid JSON"));
   CHECK(specError("[1]") == "cluster.json: the top level must be an object, got [1]");
-  CHECK(specError(R"({"hosts": [], "bnd": "x"})") == "cluster.json: unknown key 'bnd' (allowed: bind, coordinator_port, hosts)");
+  CHECK(specError(R"({"hosts": [], "bnd": "x"})") ==
+        "cluster.json: unknown key 'bnd' (allowed: bind, coordinator_port, hosts)");
   CHECK(specError("{}") == "cluster.json: hosts is missing");
   CHECK(specError(R"({"hosts": {}})") == "cluster.json: hosts must be an array, got {}");
   CHECK(specError(R"({"hosts": []})") == "cluster.json: hosts is empty; list at least one host");
@@ -186,20 +189,29 @@ TEST_CASE("resource spec: every error names the file and the JSON path") {
         "cluster.json: hosts[0]: unknown key 'gpu' (allowed: address, cpu_workers, gpus, launch_prefix, servers)");
   CHECK(specError(R"({"hosts": [{"cpu_workers": 1}]})") == "cluster.json: hosts[0].address is missing");
   CHECK(specError(R"({"hosts": [{"address": "", "cpu_workers": 1}]})") == "cluster.json: hosts[0].address is empty");
-  CHECK(specError(R"({"hosts": [{"address": 7, "cpu_workers": 1}]})") == "cluster.json: hosts[0].address must be a string, got 7");
-  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1}, {"address": "b", "cpu_workers": 1, "gpus": [0]}]})") ==
+  CHECK(specError(R"({"hosts": [{"address": 7, "cpu_workers": 1}]})") ==
+        "cluster.json: hosts[0].address must be a string, got 7");
+  CHECK(specError(
+            R"({"hosts": [{"address": "a", "cpu_workers": 1}, {"address": "b", "cpu_workers": 1, "gpus": [0]}]})") ==
         "cluster.json: hosts[1] has both cpu_workers and gpus; give exactly one of cpu_workers or gpus");
   CHECK(specError(R"({"hosts": [{"address": "a"}]})") ==
         "cluster.json: hosts[0] has neither cpu_workers nor gpus; give exactly one of cpu_workers or gpus");
-  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": -2}]})") == "cluster.json: hosts[0].cpu_workers is -2; it must be >= 1");
-  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 2.5}]})") == "cluster.json: hosts[0].cpu_workers must be an integer, got 2.5");
-  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1e12}]})") == "cluster.json: hosts[0].cpu_workers must be an integer, got 1000000000000.0");
-  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 10000000000}]})") == "cluster.json: hosts[0].cpu_workers is 10000000000, out of range");
-  CHECK(specError(R"({"hosts": [{"address": "a", "gpus": 0}]})") == "cluster.json: hosts[0].gpus must be an array of GPU indices, got 0");
-  CHECK(specError(R"({"hosts": [{"address": "a", "gpus": []}]})") == "cluster.json: hosts[0].gpus is empty; list at least one GPU");
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": -2}]})") ==
+        "cluster.json: hosts[0].cpu_workers is -2; it must be >= 1");
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 2.5}]})") ==
+        "cluster.json: hosts[0].cpu_workers must be an integer, got 2.5");
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1e12}]})") ==
+        "cluster.json: hosts[0].cpu_workers must be an integer, got 1000000000000.0");
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 10000000000}]})") ==
+        "cluster.json: hosts[0].cpu_workers is 10000000000, out of range");
+  CHECK(specError(R"({"hosts": [{"address": "a", "gpus": 0}]})") ==
+        "cluster.json: hosts[0].gpus must be an array of GPU indices, got 0");
+  CHECK(specError(R"({"hosts": [{"address": "a", "gpus": []}]})") ==
+        "cluster.json: hosts[0].gpus is empty; list at least one GPU");
   CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1}, {"address": "b", "gpus": [-1]}]})") ==
         "cluster.json: hosts[1].gpus[0] is -1");
-  CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [0, "1"]}]})") == "cluster.json: hosts[0].gpus[1] must be an integer, got \"1\"");
+  CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [0, "1"]}]})") ==
+        "cluster.json: hosts[0].gpus[1] must be an integer, got \"1\"");
   CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [1, 0, 1]}]})") ==
         "cluster.json: hosts[0].gpus[2] is 1, which hosts[0].gpus[0] already lists");
   CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [0]}], "bind": ""})") == "cluster.json: bind is empty");
@@ -258,21 +270,25 @@ TEST_CASE("wire: lengths are checked before reading, naming the field") {
   w.putU32(70000);
   for (int i = 0; i < 12; ++i) w.putU8(0);
   WireReader claims(w.bytes(), "HELLO");
-  CHECK(errorOf([&] { claims.getBytes("worker_address"); }) == "message HELLO: field 'worker_address' claims 70000 bytes, 12 remain");
+  CHECK(errorOf([&] { claims.getBytes("worker_address"); }) ==
+        "message HELLO: field 'worker_address' claims 70000 bytes, 12 remain");
 
   const std::vector<uint8_t> two = {1, 2};
   WireReader shortRead(two, "JOIN");
   CHECK(errorOf([&] { shortRead.getU32("host"); }) == "message JOIN: field 'host' needs 4 bytes, 2 remain");
   WireReader fixed(two, "AUTH");
-  CHECK(errorOf([&] { fixed.getFixed<32>("client_nonce"); }) == "message AUTH: field 'client_nonce' needs 32 bytes, 2 remain");
+  CHECK(errorOf([&] { fixed.getFixed<32>("client_nonce"); }) ==
+        "message AUTH: field 'client_nonce' needs 32 bytes, 2 remain");
 
   WireWriter big;
   big.putU32(kMaxStringBytes + 1);
   WireReader string(big.bytes(), "ABORT");
   CHECK(errorOf([&] { string.getString("reason"); }) ==
-        fmt::format("message ABORT: field 'reason' claims {} bytes, over its {}-byte limit", kMaxStringBytes + 1, kMaxStringBytes));
+        fmt::format("message ABORT: field 'reason' claims {} bytes, over its {}-byte limit", kMaxStringBytes + 1,
+                    kMaxStringBytes));
   WireReader limited(w.bytes(), "JOIN");
-  CHECK(contains(errorOf([&] { limited.getBytes("nccl_id", 128); }), "field 'nccl_id' claims 70000 bytes, over its 128-byte limit"));
+  CHECK(contains(errorOf([&] { limited.getBytes("nccl_id", 128); }),
+                 "field 'nccl_id' claims 70000 bytes, over its 128-byte limit"));
 
   WireWriter count;
   count.putU32(1000000);
@@ -334,12 +350,47 @@ TEST_CASE("frames: a large payload crosses the socket buffer") {
 TEST_CASE("frames: bad headers are refused, naming what is wrong") {
   CHECK(frameError(header(0x50545448, kWireVersion, 1, kJob, 0)) ==
         "bad frame magic 0x50545448 (expected 0x54464557, \"WEFT\"): not a weft peer");
-  CHECK(frameError(header(kWireMagic, 2, 1, kJob, 0)) == "frame version 2 is not supported (this build speaks version 1)");
+  CHECK(frameError(header(kWireMagic, 2, 1, kJob, 0)) ==
+        "frame version 2 is not supported (this build speaks version 1)");
   CHECK(frameError(header(kWireMagic, kWireVersion, 99, kJob, 0)) == "frame type 99 is not a weft message type");
   CHECK(frameError(header(kWireMagic, kWireVersion, 5, kOtherJob, 0)) ==
         "frame JOIN belongs to job ffee0000000000000000000000000000, expected job 0102030405060708090a0b0c0d0e0f10");
   CHECK(frameError(header(kWireMagic, kWireVersion, 6, kJob, 70000), false, 65536) ==
         "frame ROSTER claims a payload of 70000 bytes, over the 65536-byte limit");
+}
+
+TEST_CASE("frames: an assembler takes a frame as its bytes arrive, one at a time, and then the next") {
+  SocketPair p;
+  const std::vector<uint8_t> first = encodeFrame(MessageType::Auth, kJob, std::vector<uint8_t>(64, 7));
+  const std::vector<uint8_t> second = encodeFrame(MessageType::AuthOk, kJob, {});
+  FrameAssembler assembler(kJob, 64);
+  for (size_t i = 0; i + 1 < first.size(); ++i) {
+    sendRaw(p.a.get(), {first[i]});
+    REQUIRE_FALSE(assembler.receive(p.b.get()).has_value());
+  }
+  sendRaw(p.a.get(), {first.back()});
+  sendRaw(p.a.get(), second);
+  const std::optional<Frame> auth = assembler.receive(p.b.get());
+  REQUIRE(auth.has_value());
+  CHECK(auth->type == MessageType::Auth);
+  CHECK(auth->payload == std::vector<uint8_t>(64, 7));
+  const std::optional<Frame> ok = assembler.receive(p.b.get());  // the next frame waited in the socket
+  REQUIRE(ok.has_value());
+  CHECK(ok->type == MessageType::AuthOk);
+  CHECK_FALSE(assembler.receive(p.b.get()).has_value());
+}
+
+TEST_CASE("frames: an assembler refuses a bad header before its payload arrives, and names a closed peer") {
+  SocketPair p;
+  sendRaw(p.a.get(), header(kWireMagic, kWireVersion, 2, kJob, 65));
+  FrameAssembler assembler(kJob, 64);
+  CHECK(errorOf([&] { assembler.receive(p.b.get()); }) ==
+        "frame AUTH claims a payload of 65 bytes, over the 64-byte limit");
+  SocketPair q;
+  sendRaw(q.a.get(), {'W', 'E'});
+  q.a.reset();
+  FrameAssembler closed(kJob, 64);
+  CHECK(errorOf([&] { closed.receive(q.b.get()); }) == "connection closed by the peer after 2 bytes of a frame");
 }
 
 TEST_CASE("frames: truncation, silence and refusals") {
@@ -348,10 +399,12 @@ TEST_CASE("frames: truncation, silence and refusals") {
   CHECK(frameError(partial, true) == "connection closed by the peer after 20 of 28 bytes of a frame header");
   std::vector<uint8_t> shortPayload = header(kWireMagic, kWireVersion, 5, kJob, 10);
   shortPayload.insert(shortPayload.end(), {1, 2, 3});
-  CHECK(frameError(shortPayload, true) == "connection closed by the peer after 3 of 10 bytes of the payload of frame JOIN");
+  CHECK(frameError(shortPayload, true) ==
+        "connection closed by the peer after 3 of 10 bytes of the payload of frame JOIN");
 
   const auto start = Clock::now();
-  CHECK(frameError(shortPayload) == "timed out: 3 of 10 bytes of the payload of frame JOIN arrived before the deadline");
+  CHECK(frameError(shortPayload) ==
+        "timed out: 3 of 10 bytes of the payload of frame JOIN arrived before the deadline");
   CHECK(Clock::now() - start < std::chrono::seconds(2));
 
   SocketPair p;
@@ -363,7 +416,8 @@ TEST_CASE("frames: truncation, silence and refusals") {
   CHECK(errorOf([&] { expectType(abort, MessageType::Roster); }) == "expected a ROSTER frame, got ABORT");
 
   p.b.reset();
-  CHECK(contains(errorOf([&] { writeFrame(p.a.get(), MessageType::Join, kJob, {}, in(1000)); }), "sending frame JOIN failed"));
+  CHECK(contains(errorOf([&] { writeFrame(p.a.get(), MessageType::Join, kJob, {}, in(1000)); }),
+                 "sending frame JOIN failed"));
 }
 
 TEST_CASE("resource spec: addresses are host names or IP addresses, never ssh options") {
