@@ -1,7 +1,7 @@
 // CPU matrix products (see the header).
 #include "ops/Blas.h"
 
-#include "ops/SgemmAvx512.h"
+#include "ops/OwnSgemm.h"
 
 #include <cblas.h>
 
@@ -19,8 +19,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
       for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == T(0) ? T(0) : beta * c[r * ldc + j];
     return;
   }
-  if constexpr (std::is_same_v<T, float> && detail::kHaveSgemmAvx512) {
-    detail::sgemmAvx512(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  if constexpr (std::is_same_v<T, float> && detail::kHaveOwnSgemm) {
+    detail::ownSgemm().gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   // OpenBLAS's own threads would compete with the pool's.
@@ -59,7 +59,7 @@ Split shapeSplit(int64_t m, int64_t n) {
 Split threadSplit(const KernelContext& ctx, int64_t m, int64_t n, bool bPacked) {
   const int64_t threads = ctx.pool ? ctx.pool->numThreads() : 1;
   const bool rows = bPacked ? m >= 16 * threads : m >= n;
-  const int64_t extent = rows ? m : n, unit = rows ? 8 : detail::kSgemmTileCols, least = rows ? 16 : 64;
+  const int64_t extent = rows ? m : n, unit = rows ? 8 : detail::ownSgemm().tileCols, least = rows ? 16 : 64;
   const int64_t blocks = std::clamp<int64_t>(extent / least, 1, threads);
   const int64_t per = ((extent + blocks - 1) / blocks + unit - 1) / unit * unit;
   return makeSplit(rows, extent, per);
@@ -91,7 +91,7 @@ void forEachSubproduct(const KernelContext& ctx, const Split& split, bool ta, bo
   });
 }
 
-constexpr bool ownKernel(bool isFloat) { return isFloat && detail::kHaveSgemmAvx512; }
+constexpr bool ownKernel(bool isFloat) { return isFloat && detail::kHaveOwnSgemm; }
 
 }  // namespace
 
@@ -112,12 +112,11 @@ PackedOperand<T>::PackedOperand(const KernelContext& ctx, bool tb, int64_t k, in
     : tb(tb), k(k), n(n), b(b), ldb(ldb) {
   WEFT_CHECK(!roundToBf16 || (std::is_same_v<T, float> && haveBf16Gemm()),
              "PackedOperand: rounding to bf16 needs f32 operands and a bf16 matrix product (AVX512_BF16)");
-  const int64_t slivers = (n + detail::kSgemmTileCols - 1) / detail::kSgemmTileCols;
   // Disjoint ranges of whole slivers, packed across the pool.
   auto packAcross = [&](auto packRange) {
-    ctx.parallelFor(slivers, k * detail::kSgemmTileCols, [&](int64_t lo, int64_t hi) {
-      packRange(lo * detail::kSgemmTileCols, std::min(n, hi * detail::kSgemmTileCols));
-    });
+    const int64_t sliverCols = detail::ownSgemm().tileCols, slivers = (n + sliverCols - 1) / sliverCols;
+    ctx.parallelFor(slivers, k * sliverCols,
+                    [&](int64_t lo, int64_t hi) { packRange(lo * sliverCols, std::min(n, hi * sliverCols)); });
   };
   if constexpr (std::is_same_v<T, float> && detail::kHaveBf16GemmAvx512) {
     if (roundToBf16) {
@@ -127,8 +126,9 @@ PackedOperand<T>::PackedOperand(const KernelContext& ctx, bool tb, int64_t k, in
     }
   }
   if constexpr (ownKernel(std::is_same_v<T, float>)) {
-    packed = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(detail::packedSgemmSize(k, n)));
-    packAcross([&](int64_t c0, int64_t c1) { detail::packSgemmOperand(tb, k, n, b, ldb, c0, c1, packed.get()); });
+    const detail::SgemmKernel& kernel = detail::ownSgemm();
+    packed = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(kernel.packedSize(k, n)));
+    packAcross([&](int64_t c0, int64_t c1) { kernel.packOperand(tb, k, n, b, ldb, c0, c1, packed.get()); });
   }
 }
 
@@ -150,7 +150,7 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
                                        ldc);
         }
       } else {
-        detail::sgemmAvx512Packed(ta, rows, b.n, b.k, at, lda, b.packed.get(), c0, c1, beta, c + i0 * ldc, ldc);
+        detail::ownSgemm().gemmPacked(ta, rows, b.n, b.k, at, lda, b.packed.get(), c0, c1, beta, c + i0 * ldc, ldc);
       }
     };
     const Split split = threadSplit(ctx, m, b.n, true);
@@ -165,6 +165,22 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
 }
 
 bool haveBf16Gemm() { return detail::kHaveBf16GemmAvx512; }
+
+KernelReport kernelReport() {
+#if defined(__AVX512F__)
+  constexpr const char* isa = "AVX-512";
+#elif defined(__AVX2__)
+  constexpr const char* isa = "AVX2";
+#elif defined(__AVX__)
+  constexpr const char* isa = "AVX";
+#elif defined(__aarch64__)
+  constexpr const char* isa = "NEON";
+#else
+  constexpr const char* isa = "SSE";
+#endif
+  const char* f32 = detail::kHaveSgemmAvx512 ? "weft AVX-512" : detail::kHaveSgemmAvx2 ? "weft AVX2" : "OpenBLAS";
+  return {isa, f32, haveBf16Gemm() ? "weft AVX512_BF16" : "none"};
+}
 
 template <class T>
 void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,

@@ -1,6 +1,6 @@
 // Row-major matrix products on the CPU, for the op kernels (the CPU twin of ops/cuda/Blas.h):
-// f32 through weft's own kernel on AVX-512 builds (ops/SgemmAvx512.h), everything else through
-// OpenBLAS's CBLAS; the one place weft calls CBLAS. Each call is single-threaded: weft's pool
+// f32 through weft's own kernel on AVX-512 and AVX2 builds (ops/OwnSgemm.h), everything else
+// through OpenBLAS's CBLAS; the one place weft calls CBLAS. Each call is single-threaded: weft's pool
 // spreads a product's blocks, so the thread count is the session's.
 #pragma once
 
@@ -28,7 +28,7 @@ void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t
 
 /// op(B) (k x n; B stored n x k when tb) laid out once for many products with it: an RNN
 /// multiplies its recurrent weight at every step. Holds a copy when weft's own kernel runs the
-/// products (f32 on AVX-512), packed on ctx's pool, otherwise B's address, which must then
+/// products (f32 on AVX-512 or AVX2), packed on ctx's pool, otherwise B's address, which must then
 /// outlive it. With roundToBf16 (f32 only, where haveBf16Gemm()) the copy holds B rounded to
 /// bf16, and the products with it are parallelGemmBf16's: A is rounded too.
 template <class T>
@@ -50,6 +50,17 @@ class PackedOperand {
 template <class T>
 void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int64_t lda, const PackedOperand<T>& b,
                   T beta, T* c, int64_t ldc);
+
+/// What runs this build's CPU products, for reports such as `weft train --bench`: the widest
+/// vector instruction set the build targets ("AVX-512", "AVX2", ...), the f32 kernel ("weft
+/// AVX-512", "weft AVX2" or "OpenBLAS") and the bf16 one ("weft AVX512_BF16", or "none" where bf16
+/// products widen to f32).
+struct KernelReport {
+  const char* vectorIsa;
+  const char* f32Gemm;
+  const char* bf16Gemm;
+};
+KernelReport kernelReport();
 
 /// Whether parallelGemmBf16 is built: weft's bf16 kernel, for CPUs with AVX512_BF16.
 bool haveBf16Gemm();

@@ -1,10 +1,12 @@
-// weft's AVX-512 f32 matrix product (see the header). The classic blocked layout: a panel of B
-// (kDepth x kPanelCols) and a block of A (kBlockRows x kDepth) are packed into contiguous slivers,
-// then a register tile of 12 rows x 32 columns (24 of the 32 vector registers as accumulators)
-// runs down the depth with two vector loads of B, twelve broadcasts of A and 24 multiply-adds per
-// step. The B sliver (32 KB at full depth) stays in L1 while the A slivers stream from L2. An
-// operand used in many products (an RNN's recurrent weight) can be packed once, whole.
+// weft's AVX-512 f32 matrix product (see the header), in the blocking the f32 kernels share
+// (ops/SgemmBlocking.h): a register tile of 12 rows x 32 columns (24 of the 32 vector registers
+// as accumulators) runs down the depth with two vector loads of B, twelve broadcasts of A and 24
+// multiply-adds per step. The B sliver (32 KB at full depth) stays in L1 while the A slivers
+// stream from L2. An operand used in many products (an RNN's recurrent weight) can be packed
+// once, whole.
 #include "ops/SgemmAvx512.h"
+
+#include "ops/SgemmBlocking.h"
 
 #if defined(__AVX512F__)
 
@@ -25,26 +27,6 @@ constexpr int64_t kDepth = 256;
 constexpr int64_t kBlockRows = 120;  // ten tiles of rows
 constexpr int64_t kPanelCols = 1024;
 constexpr int64_t kDirectACols = 2 * kTileCols;  // B no wider than this: A is read in place
-
-/// The packing buffers of the calling thread, allocated on its first product.
-struct PackBuffers {
-  float* a = allocate(kBlockRows * kDepth);
-  float* b = allocate(kPanelCols * kDepth);
-  ~PackBuffers() {
-    std::free(a);
-    std::free(b);
-  }
-  static float* allocate(int64_t floats) {
-    void* p = std::aligned_alloc(64, static_cast<size_t>(floats) * sizeof(float));
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<float*>(p);
-  }
-};
-
-PackBuffers& packBuffers() {
-  thread_local PackBuffers buffers;
-  return buffers;
-}
 
 /// The lanes of a vector that hold its first `count` elements.
 __mmask16 lanes(int64_t count) {
@@ -115,7 +97,8 @@ void packA(bool ta, const float* a, int64_t lda, int64_t i0, int64_t rows, int64
     float* sliver = out + s * depth;
     if (ta) {
       for (int64_t p = 0; p < depth; ++p) {
-        _mm512_mask_storeu_ps(sliver + p * height, tileLanes, _mm512_maskz_loadu_ps(tileLanes, a + (p0 + p) * lda + i0 + s));
+        _mm512_mask_storeu_ps(sliver + p * height, tileLanes,
+                              _mm512_maskz_loadu_ps(tileLanes, a + (p0 + p) * lda + i0 + s));
       }
       continue;
     }
@@ -176,12 +159,12 @@ void storeTile(const __m512 left[Rows], const __m512 right[Rows], float* c, int6
   }
 }
 
-/// One register tile: C[Rows x 32] (columns masked by low and high) = beta C + A B over a sliver
-/// of B on the first depth block, C += A B on the later ones. A is a packed sliver, or with
-/// DirectA the rows of A in place (row r at a + r * lda).
+/// One register tile: C[Rows x 32] (its first `live` columns, stored through masks) = beta C + A B
+/// over a sliver of B on the first depth block, C += A B on the later ones. A is a packed sliver,
+/// or with DirectA the rows of A in place (row r at a + r * lda).
 template <int Rows, bool DirectA>
 void tile(int64_t depth, const float* __restrict a, int64_t lda, const float* __restrict b, float* c, int64_t ldc,
-          __mmask16 low, __mmask16 high, float beta, bool accumulate) {
+          int64_t live, float beta, bool accumulate) {
   __m512 left[Rows], right[Rows];
 #pragma GCC unroll 12
   for (int r = 0; r < Rows; ++r) left[r] = right[r] = _mm512_setzero_ps();
@@ -194,95 +177,39 @@ void tile(int64_t depth, const float* __restrict a, int64_t lda, const float* __
       right[r] = _mm512_fmadd_ps(x, b1, right[r]);
     }
   }
-  storeTile<Rows>(left, right, c, ldc, low, high, beta, accumulate);
+  const ColumnMasks mask = columnMasks(live);
+  storeTile<Rows>(left, right, c, ldc, mask.low, mask.high, beta, accumulate);
 }
 
-using TileKernel = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, __mmask16, __mmask16, float,
-                            bool);
-template <bool DirectA, int... Rows>
-constexpr std::array<TileKernel, kTileRows + 1> tileKernels(std::integer_sequence<int, 0, Rows...>) {
-  return {nullptr, tile<Rows, DirectA>...};
-}
-// Indexed by the tile's height.
-constexpr auto kPackedTiles = tileKernels<false>(std::make_integer_sequence<int, kTileRows + 1>());
-constexpr auto kDirectTiles = tileKernels<true>(std::make_integer_sequence<int, kTileRows + 1>());
+using TileKernel = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, float, bool);
+constexpr auto kPackedTiles = tilesByHeight<kTileRows>([](auto h) { return &tile<decltype(h)::value, false>; });
+constexpr auto kDirectTiles = tilesByHeight<kTileRows>([](auto h) { return &tile<decltype(h)::value, true>; });
+
+/// The kernel's blocks and packing, for BlockedSgemm.
+struct Avx512 {
+  static constexpr int64_t kTileRows = detail::kTileRows, kTileCols = detail::kTileCols, kDepth = detail::kDepth,
+                           kBlockRows = detail::kBlockRows, kPanelCols = detail::kPanelCols,
+                           kDirectACols = detail::kDirectACols, kPackSlack = 0;
+  static int64_t tileHeight(int64_t rows, int64_t done) { return detail::tileHeight(rows, done); }
+  static void packA(bool ta, const float* a, int64_t lda, int64_t i0, int64_t rows, int64_t p0, int64_t depth,
+                    float* out) {
+    detail::packA(ta, a, lda, i0, rows, p0, depth, out);
+  }
+  static void packB(bool tb, const float* b, int64_t ldb, int64_t j0, int64_t cols, int64_t p0, int64_t depth,
+                    float* out) {
+    detail::packB(tb, b, ldb, j0, cols, p0, depth, out);
+  }
+  static TileKernel packedTile(int64_t height) { return kPackedTiles[static_cast<size_t>(height)]; }
+  static TileKernel directTile(int64_t height) { return kDirectTiles[static_cast<size_t>(height)]; }
+};
+
+using Blocked = BlockedSgemm<Avx512>;
 
 }  // namespace
 
-namespace {
-
-/// C[:, 0 .. cols) += A B over one depth block with A read in place (A row-major, at its first
-/// depth): where B is at most kDirectACols wide, packing A would cost as much as the product.
-void multiplyDirect(int64_t m, const float* a, int64_t lda, int64_t depth, const float* slivers, int64_t cols,
-                    float beta, bool accumulate, float* c, int64_t ldc) {
-  for (int64_t jt = 0; jt < cols; jt += kTileCols) {
-    const ColumnMasks mask = columnMasks(cols - jt);
-    for (int64_t i = 0, height; i < m; i += height) {
-      height = tileHeight(m, i);
-      kDirectTiles[height](depth, a + i * lda, lda, slivers + jt * depth, c + i * ldc + jt, ldc, mask.low, mask.high,
-                           beta, accumulate);
-    }
-  }
-}
-
-/// C[:, 0 .. cols) += op(A) B over depth [p0, p0 + depth) (C = beta C + ... on the first depth
-/// block), with B's slivers for those columns and that depth at `slivers`.
-void multiplyDepthBlock(bool ta, int64_t m, const float* a, int64_t lda, int64_t p0, int64_t depth,
-                        const float* slivers, int64_t cols, float beta, float* c, int64_t ldc) {
-  if (!ta && cols <= kDirectACols) {
-    multiplyDirect(m, a + p0, lda, depth, slivers, cols, beta, p0 > 0, c, ldc);
-    return;
-  }
-  float* packedA = packBuffers().a;
-  for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
-    const int64_t rows = std::min(kBlockRows, m - i0);
-    packA(ta, a, lda, i0, rows, p0, depth, packedA);
-    for (int64_t jt = 0; jt < cols; jt += kTileCols) {
-      const ColumnMasks mask = columnMasks(cols - jt);
-      for (int64_t it = 0, height; it < rows; it += height) {
-        height = tileHeight(rows, it);
-        kPackedTiles[height](depth, packedA + it * depth, 0, slivers + jt * depth, c + (i0 + it) * ldc + jt, ldc,
-                             mask.low, mask.high, beta, p0 > 0);
-      }
-    }
-  }
-}
-
-int64_t paddedCols(int64_t n) { return (n + kTileCols - 1) / kTileCols * kTileCols; }
-
-}  // namespace
-
-void sgemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                 int64_t ldb, float beta, float* c, int64_t ldc) {
-  float* packedB = packBuffers().b;
-  for (int64_t j0 = 0; j0 < n; j0 += kPanelCols) {
-    const int64_t cols = std::min(kPanelCols, n - j0);
-    for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
-      const int64_t depth = std::min(kDepth, k - p0);
-      packB(tb, b, ldb, j0, cols, p0, depth, packedB);
-      multiplyDepthBlock(ta, m, a, lda, p0, depth, packedB, cols, beta, c + j0, ldc);
-    }
-  }
-}
-
-// Packed whole, depth block after depth block; each block holds the slivers of all n columns.
-int64_t packedSgemmSize(int64_t k, int64_t n) { return k * paddedCols(n); }
-
-void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, int64_t c0, int64_t c1,
-                      float* packed) {
-  for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
-    const int64_t depth = std::min(kDepth, k - p0);
-    packB(tb, b, ldb, c0, c1 - c0, p0, depth, packed + p0 * paddedCols(n) + c0 * depth);
-  }
-}
-
-void sgemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
-                       int64_t c0, int64_t c1, float beta, float* c, int64_t ldc) {
-  for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
-    const int64_t depth = std::min(kDepth, k - p0);
-    multiplyDepthBlock(ta, m, a, lda, p0, depth, packed + p0 * paddedCols(n) + c0 * depth, c1 - c0, beta, c + c0,
-                       ldc);
-  }
+const SgemmKernel& sgemmAvx512() {
+  static constexpr SgemmKernel kernel = blockedSgemmKernel<Avx512>();
+  return kernel;
 }
 
 // ---- bf16 with f32 accumulation ------------------------------------------------------------
@@ -298,12 +225,7 @@ constexpr int64_t kDepthBf16 = 512;  // a B sliver stays 32 KB: 32 columns x 512
 
 /// The bf16 packing buffers of the calling thread: A and B slivers of whole pairs.
 struct Bf16PackBuffers {
-  uint32_t* a = reinterpret_cast<uint32_t*>(PackBuffers::allocate(kBlockRows * kDepthBf16 / 2));
-  uint32_t* b = reinterpret_cast<uint32_t*>(PackBuffers::allocate(kPanelCols * kDepthBf16 / 2));
-  ~Bf16PackBuffers() {
-    std::free(a);
-    std::free(b);
-  }
+  PackBuffer a{kBlockRows * kDepthBf16 / 2}, b{kPanelCols * kDepthBf16 / 2};  // 32-bit words as floats
 };
 
 Bf16PackBuffers& bf16PackBuffers() {
@@ -372,8 +294,9 @@ void packABf16(bool ta, const Src* a, int64_t lda, int64_t k, int64_t i0, int64_
       continue;
     }
     for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
-      transposedPairs(a + (i0 + s) * lda + p0 + 2 * q0, lda, height, std::min<int64_t>(32, depth - 2 * q0),
-                      [&](int64_t q, __m512i v) { _mm512_mask_storeu_epi32(sliver + (q0 + q) * height, tileLanes, v); });
+      transposedPairs(
+          a + (i0 + s) * lda + p0 + 2 * q0, lda, height, std::min<int64_t>(32, depth - 2 * q0),
+          [&](int64_t q, __m512i v) { _mm512_mask_storeu_epi32(sliver + (q0 + q) * height, tileLanes, v); });
     }
   }
 }
@@ -444,7 +367,7 @@ template <class Src>
 void multiplyDepthBlockBf16(bool ta, int64_t m, int64_t k, const Src* a, int64_t lda, int64_t p0, int64_t depth,
                             const uint32_t* slivers, int64_t cols, float beta, float* c, int64_t ldc) {
   const int64_t pairs = (depth + 1) / 2;
-  uint32_t* packedA = bf16PackBuffers().a;
+  uint32_t* packedA = reinterpret_cast<uint32_t*>(bf16PackBuffers().a.get());
   for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
     const int64_t rows = std::min(kBlockRows, m - i0);
     packABf16(ta, a, lda, k, i0, rows, p0, depth, packedA);
@@ -462,7 +385,7 @@ void multiplyDepthBlockBf16(bool ta, int64_t m, int64_t k, const Src* a, int64_t
 template <class Src>
 void bf16Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Src* a, int64_t lda, const Src* b, int64_t ldb,
               float beta, float* c, int64_t ldc) {
-  uint32_t* packedB = bf16PackBuffers().b;
+  uint32_t* packedB = reinterpret_cast<uint32_t*>(bf16PackBuffers().b.get());
   for (int64_t j0 = 0; j0 < n; j0 += kPanelCols) {
     const int64_t cols = std::min(kPanelCols, n - j0);
     for (int64_t p0 = 0; p0 == 0 || p0 < k; p0 += kDepthBf16) {
@@ -486,13 +409,13 @@ void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const flo
 
 // Packed whole, depth block after depth block, as for f32: a block of full depth holds
 // kDepthBf16 / 2 pairs of every column, so block p0 begins p0 / 2 pairs of padded rows in.
-int64_t packedBf16Size(int64_t k, int64_t n) { return (k + 1) / 2 * paddedCols(n); }
+int64_t packedBf16Size(int64_t k, int64_t n) { return (k + 1) / 2 * Blocked::paddedCols(n); }
 
 void packBf16Operand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, int64_t c0, int64_t c1,
                      uint32_t* packed) {
   for (int64_t p0 = 0; p0 < k; p0 += kDepthBf16) {
     const int64_t depth = std::min(kDepthBf16, k - p0);
-    packBBf16(tb, b, ldb, k, c0, c1 - c0, p0, depth, packed + p0 / 2 * paddedCols(n) + c0 * ((depth + 1) / 2));
+    packBBf16(tb, b, ldb, k, c0, c1 - c0, p0, depth, packed + p0 / 2 * Blocked::paddedCols(n) + c0 * ((depth + 1) / 2));
   }
 }
 
@@ -500,8 +423,9 @@ void bf16GemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float*
                           int64_t c0, int64_t c1, float beta, float* c, int64_t ldc) {
   for (int64_t p0 = 0; p0 < k; p0 += kDepthBf16) {
     const int64_t depth = std::min(kDepthBf16, k - p0);
-    multiplyDepthBlockBf16(ta, m, k, a, lda, p0, depth, packed + p0 / 2 * paddedCols(n) + c0 * ((depth + 1) / 2),
-                           c1 - c0, beta, c + c0, ldc);
+    multiplyDepthBlockBf16(ta, m, k, a, lda, p0, depth,
+                           packed + p0 / 2 * Blocked::paddedCols(n) + c0 * ((depth + 1) / 2), c1 - c0, beta, c + c0,
+                           ldc);
   }
 }
 #endif  // __AVX512BF16__ && __AVX512BW__ && __AVX512VL__

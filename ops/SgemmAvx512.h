@@ -5,6 +5,8 @@
 // this kernel uses all of it whatever the environment says.
 #pragma once
 
+#include "ops/SgemmBlocking.h"
+
 #include <cstdint>
 
 namespace weft::blas::detail {
@@ -15,29 +17,12 @@ inline constexpr bool kHaveSgemmAvx512 = true;
 inline constexpr bool kHaveSgemmAvx512 = false;
 #endif
 
-/// C (m x n) = op(A) op(B) + beta C, row-major, single-threaded, with the conventions of
-/// blas::gemm; m, n and k are at least 1. Each element of C is computed by the same sequence of
-/// operations wherever it lies in C and however C is cut into calls, so products split across
-/// threads give the same bits as one call. Defined only when kHaveSgemmAvx512.
-void sgemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                 int64_t ldb, float beta, float* c, int64_t ldc);
+/// The f32 kernel: 12 x 32 register tiles. Defined only when kHaveSgemmAvx512.
+const SgemmKernel& sgemmAvx512();
 
-/// The register tile's columns: a product with a packed operand is split at multiples of it.
+/// The register tile's columns, which the bf16 kernel shares: a product with a packed operand is
+/// split at multiples of it.
 inline constexpr int64_t kSgemmTileCols = 32;
-
-/// The floats op(B) (k x n) takes packed whole by packSgemmOperand.
-int64_t packedSgemmSize(int64_t k, int64_t n);
-
-/// Lays columns [c0, c1) of op(B) (k x n; B stored n x k when tb) out as the kernel reads it, for
-/// many products, in their place in `packed` (packedSgemmSize floats); c0 is a multiple of
-/// kSgemmTileCols, so that disjoint ranges can be packed at once.
-void packSgemmOperand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, int64_t c0, int64_t c1,
-                      float* packed);
-
-/// Columns [c0, c1) of C (m x n) = op(A) B + beta C with B packed by packSgemmOperand; c0 is a
-/// multiple of kSgemmTileCols. Gives the bits sgemmAvx512 gives.
-void sgemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
-                       int64_t c0, int64_t c1, float beta, float* c, int64_t ldc);
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 inline constexpr bool kHaveBf16GemmAvx512 = true;

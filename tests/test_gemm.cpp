@@ -3,7 +3,7 @@
 // stored rows longer than the operands; and the same bits however the pool cuts the product.
 #include "core/ThreadPool.h"
 #include "ops/Blas.h"
-#include "ops/SgemmAvx512.h"
+#include "ops/OwnSgemm.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>
@@ -85,14 +85,16 @@ void checkAgainstReference(const Product& p, T beta, bool nanInC) {
   }
 }
 
-// Around the f32 kernel's register tile (12 x 32), its depth block (256), its row block (120),
-// its column panel (1024) and the widest B (64) with A read in place; and the small and skinny
-// shapes of the models' backward passes.
+// Around the f32 kernels' register tiles (AVX-512: 12 x 32; AVX2: 6 x 16), their depth block
+// (256), their row blocks (120; 96), their column panel (1024) and the widest B with A read in
+// place (64; 32); and the small and skinny shapes of the models' backward passes.
 const std::vector<Product> kShapes = {
-    {false, false, 1, 1, 1},      {false, false, 11, 31, 7},     {false, false, 12, 32, 256},
-    {false, false, 13, 33, 257},  {false, false, 121, 17, 300},  {false, false, 25, 1030, 40},
-    {false, false, 130, 70, 520}, {false, false, 3, 500, 2},     {false, false, 500, 3, 90},
-    {false, false, 37, 45, 53, 5}, {false, false, 40, 64, 300},  {false, false, 41, 65, 300}};
+    {false, false, 1, 1, 1},       {false, false, 11, 31, 7},    {false, false, 12, 32, 256},
+    {false, false, 13, 33, 257},   {false, false, 121, 17, 300}, {false, false, 25, 1030, 40},
+    {false, false, 130, 70, 520},  {false, false, 3, 500, 2},    {false, false, 500, 3, 90},
+    {false, false, 37, 45, 53, 5}, {false, false, 40, 64, 300},  {false, false, 41, 65, 300},
+    {false, false, 6, 16, 256},    {false, false, 7, 17, 9},     {false, false, 9, 33, 20},
+    {false, false, 97, 48, 258}};
 
 /// Calls check(p) for every shape of kShapes with every transpose of A and B.
 template <class F>
@@ -166,7 +168,7 @@ TEST_CASE("parallelGemm gives the same bits at any thread count") {
       CHECK(c == first);
     }
     // weft's own kernel computes every element alike wherever it lies: one call gives the bits too.
-    if (blas::detail::kHaveSgemmAvx512) {
+    if (blas::detail::kHaveOwnSgemm) {
       std::vector<float> whole = o.c;
       blas::gemm<float>(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), o.lda, o.b.data(), o.ldb, 1.0f, whole.data(), o.ldc);
       CHECK(whole == first);

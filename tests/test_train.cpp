@@ -135,6 +135,25 @@ TEST_CASE("bench prints one JSON line with timing percentiles") {
   CHECK(contains(r.output, "\"examples_per_s\""));
 }
 
+TEST_CASE("bench names the vector instruction set and the matrix product kernel the build runs") {
+  const CliRun r = weftCli("train mlp --bench 2 --train-size 500 --test-size 100");
+  REQUIRE(r.status == 0);
+#if defined(__AVX512F__)
+  CHECK(contains(r.output, "\"isa\":\"AVX-512\""));
+  CHECK(contains(r.output, "\"gemm_f32\":\"weft AVX-512\""));
+#elif defined(__AVX2__) && defined(__FMA__)
+  CHECK(contains(r.output, "\"isa\":\"AVX2\""));
+  CHECK(contains(r.output, "\"gemm_f32\":\"weft AVX2\""));
+#else
+  CHECK(contains(r.output, "\"gemm_f32\":\"OpenBLAS\""));
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  CHECK(contains(r.output, "\"gemm_bf16\":\"weft AVX512_BF16\""));
+#else
+  CHECK(contains(r.output, "\"gemm_bf16\":\"none\""));
+#endif
+}
+
 TEST_CASE("--epochs trains for whole passes over the training data") {
   TempDir dir;
   const CliRun r = weftCli("train mlp --epochs 2 --train-size 640 --test-size 100 --batch 64 --log-every 5 --out " +

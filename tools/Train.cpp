@@ -12,6 +12,7 @@
 #include "dist/Runner.h"
 #include "models/AmpModels.h"
 #include "models/ZooModel.h"
+#include "ops/Blas.h"
 #include "tools/Progress.h"
 
 #include <fmt/format.h>
@@ -777,9 +778,17 @@ class Trainer {
     auto at = [&](double q) { return sorted[static_cast<size_t>(q * static_cast<double>(sorted.size() - 1))] * 1e3; };
     double total = 0;
     for (double t : times) total += t;
-    const nlohmann::json line{{"model", name_}, {"steps", flags_.bench}, {"threads", flags_.threads},
-                              {"median_ms", at(0.5)}, {"p10_ms", at(0.1)}, {"p90_ms", at(0.9)},
-                              {unit + "_per_s", items / total}};
+    const blas::KernelReport kernels = blas::kernelReport();
+    const nlohmann::json line{{"model", name_},
+                              {"steps", flags_.bench},
+                              {"threads", flags_.threads},
+                              {"median_ms", at(0.5)},
+                              {"p10_ms", at(0.1)},
+                              {"p90_ms", at(0.9)},
+                              {unit + "_per_s", items / total},
+                              {"isa", kernels.vectorIsa},
+                              {"gemm_f32", kernels.f32Gemm},
+                              {"gemm_bf16", kernels.bf16Gemm}};
     fmt::print("{}\n", line.dump());
   }
 
