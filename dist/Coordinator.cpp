@@ -528,8 +528,10 @@ void Coordinator::State::acceptConnections() {
       // Out of file descriptors, the connection stays in the backlog and the listener readable:
       // the oldest silent connection makes way for it.
       const bool full = errno == EMFILE || errno == ENFILE;
-      if (full && !pending_.empty() && !pending_.front().authenticated) {
-        drop(pending_.begin(), "busy: dropped for a newer connection: out of file descriptors", true);
+      const auto oldestSilent =
+          std::find_if(pending_.begin(), pending_.end(), [](const Pending& p) { return !p.authenticated; });
+      if (full && oldestSilent != pending_.end()) {
+        drop(oldestSilent, "busy: dropped for a newer connection: out of file descriptors", true);
         continue;
       }
       return;  // none left, the peer gave up already, or a transient error: poll again
