@@ -11,6 +11,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -219,6 +220,16 @@ void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline de
   okReader.finish();
   WEFT_CHECK(digestsEqual(serverMac, handshakeMac(secret, kServerLabel, job, serverNonce, clientNonce)),
              "the server's proof is wrong: it does not hold the job secret");
+}
+
+SecretMemory::SecretMemory(const Secret& secret)
+    : fd_(::memfd_create("weft-job-secret", MFD_CLOEXEC | MFD_ALLOW_SEALING)) {
+  WEFT_CHECK(fd_.valid(), "memfd_create failed: {}", std::strerror(errno));
+  const std::string text = toHex(secret);
+  WEFT_CHECK(::fchmod(fd_.get(), 0600) == 0 &&
+                 ::write(fd_.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                 ::fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0,
+             "cannot store the job secret in memory: {}", std::strerror(errno));
 }
 
 }  // namespace weft::dist

@@ -46,6 +46,18 @@ Secret loadSecret(const std::string& path);
 /// The secret in WEFT_JOB_SECRET; throws when unset or malformed.
 Secret secretFromEnvironment();
 
+/// The job secret in a sealed memory file (hex, one line), named to a process by
+/// WEFT_JOB_SECRET_FD: local members inherit the descriptor. Nothing reaches the file system, so
+/// a process killed with SIGKILL leaves nothing behind.
+class SecretMemory {
+ public:
+  explicit SecretMemory(const Secret& secret);
+  int fd() const { return fd_.get(); }
+
+ private:
+  FileDescriptor fd_;
+};
+
 /// HMAC-SHA256 of `message` under `key`.
 Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message);
 /// Constant-time comparison (CRYPTO_memcmp), so timing does not leak how much of a MAC matched.

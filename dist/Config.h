@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/Session.h"
+#include "dist/EngineJob.h"
 #include "dist/Schedule.h"
 #include "dist/Sparsity.h"
 #include "dist/SyncPolicy.h"
@@ -53,6 +54,9 @@ struct Partitioning {
 
 struct Config {
   Architecture architecture = Architecture::Auto;
+  /// How a job started by a cluster engine (srun, mpirun, torchrun, Kubernetes) forms: servers
+  /// per host, the secret's file (dist/EngineJob.h). get_runner(graph, config) reads the engine.
+  EngineOptions engine;
   bool averageDense = true;   ///< average (rather than sum) dense gradients over the workers
   bool averageSparse = true;  ///< likewise for sparse gradients
   size_t bucketBytes = size_t{4} << 20;  ///< dense gradients are fused into AllReduce buckets of this size

@@ -266,6 +266,7 @@ struct Coordinator::State {
     std::chrono::milliseconds lastHeard{0}, progressSince{0}, beatingSince{0};
     MainThreadSample last;
     bool waitedWhileStalled = false;
+    bool left = false;
   };
 
   State(const ResourceSpec& spec, const Secret& secret, const JobId& job, std::vector<MemberId> expected,
@@ -471,6 +472,12 @@ void Coordinator::State::readHeartbeat(Watched& w) {
   try {
     // A heartbeat is one small write, so it arrives whole; the deadline only bounds a torn one.
     const Frame frame = readFrame(w.fd.get(), Clock::now() + std::chrono::seconds(1), job_, kHeartbeatPayload);
+    if (frame.type == MessageType::Leave) {
+      frame.reader().finish();
+      std::lock_guard lock(mutex_);
+      w.left = true;
+      return;
+    }
     expectType(frame, MessageType::Heartbeat);
     WireReader r = frame.reader();
     MainThreadSample sample;
@@ -732,12 +739,27 @@ std::map<MemberId, MemberLiveness> Coordinator::liveness() const {
     l.stalled = now - w.progressSince;
     l.steady = l.silence > kSteadyGap ? std::chrono::milliseconds(0) : now - w.beatingSince;
     l.connected = w.fd.valid();
+    l.left = w.left;
     l.progress = w.last.progress;
     l.waiting = w.last.waiting;
     l.waitedWhileStalled = w.waitedWhileStalled;
     l.mainThread = w.last.state;
   }
   return out;
+}
+
+void Coordinator::stopJob(const std::string& reason) {
+  WireWriter w;
+  w.putString(reason);
+  std::lock_guard lock(state_->mutex_);
+  for (const State::Watched& member : state_->watched_) {
+    if (!member.fd.valid()) continue;
+    try {
+      writeFrame(member.fd.get(), MessageType::Abort, state_->job_, w.bytes(), Clock::now() + std::chrono::seconds(1));
+    } catch (const Error&) {
+      // That member is gone, or stopped reading: its connection closing tells it as much.
+    }
+  }
 }
 
 // ---- heartbeats ----
@@ -748,25 +770,73 @@ struct Heartbeat::State {
   std::chrono::milliseconds interval;
   LostHandler onLost;
   Sampler sample;
-  FileDescriptor stopRead, stopWrite;  // a pipe: the destructor's request
+  FileDescriptor stopRead, stopWrite;  // a pipe: the destructor's request (kStop), or leave()'s (kLeave)
   std::atomic<bool> lost{false};
+  std::mutex leaving;
+  std::condition_variable leaveSent;
+  bool left = false;  // guarded by leaving
   std::thread thread;
 
-  // Beats until stopped. Between beats it watches the connection: the coordinator sends nothing
-  // after the roster, so the socket becoming readable means it closed (or broke).
+  static constexpr char kStop = 1, kLeave = 2;
+
+  /// Sends LEAVE and wakes leave().
+  void sendLeave() {
+    try {
+      writeFrame(fd.get(), MessageType::Leave, job, {}, Clock::now() + std::chrono::seconds(10));
+    } catch (const Error&) {
+      // The coordinator is gone: the closed connection will say so, and a member that left ends anyway.
+    }
+    std::lock_guard lock(leaving);
+    left = true;
+    leaveSent.notify_all();
+  }
+
+  /// How the readable connection ends: the coordinator stopped the job (ABORT), or closed or broke it.
+  struct End {
+    bool aborted = false;
+    std::string why;
+  };
+  End readEnd() {
+    char byte;
+    const ssize_t n = ::recv(fd.get(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n == 0) return {false, "the coordinator closed the connection"};
+    if (n < 0) return {false, fmt::format("the coordinator connection failed: {}", std::strerror(errno))};
+    try {
+      const Frame frame = readFrame(fd.get(), Clock::now() + std::chrono::seconds(5), job);
+      if (frame.type == MessageType::Abort) return {true, "the job stopped: " + readReason(frame)};
+      return {false, fmt::format("the coordinator sent {} after the roster", messageTypeName(frame.type))};
+    } catch (const Error& e) {
+      return {false, fmt::format("the coordinator connection failed: {}", e.what())};
+    }
+  }
+
+  bool hasLeft() {
+    std::lock_guard lock(leaving);
+    return left;
+  }
+
+  // Beats until stopped, or until this member left (then the coordinator has read all it sent,
+  // and closes the connection without a reset). Between beats it watches the connection: after
+  // the roster the coordinator sends nothing but ABORT, so the socket becoming readable means the
+  // job stopped or the connection closed (or broke), which is no loss once the member left.
   void beat() {
     for (;;) {
       pollfd fds[2] = {{stopRead.get(), POLLIN, 0}, {fd.get(), POLLIN, 0}};
       const int ready = ::poll(fds, 2, static_cast<int>(interval.count()));
       if (ready < 0 && errno == EINTR) continue;
-      if (fds[0].revents) return;
+      if (fds[0].revents) {
+        char request = kStop;
+        if (::read(stopRead.get(), &request, 1) != 1 || request == kStop) return;
+        sendLeave();
+        continue;
+      }
       std::string failure;
       if (fds[1].revents) {
-        char byte;
-        const ssize_t n = ::recv(fd.get(), &byte, 1, MSG_DONTWAIT);
-        failure = n == 0  ? "the coordinator closed the connection"
-                  : n < 0 ? fmt::format("the coordinator connection failed: {}", std::strerror(errno))
-                          : "the coordinator sent bytes after the roster";
+        const End end = readEnd();
+        if (hasLeft() && !end.aborted) return;
+        failure = end.why;
+      } else if (hasLeft()) {
+        continue;
       } else {
         const MainThreadSample s = sample ? sample() : MainThreadSample{};
         WireWriter w;
@@ -782,7 +852,11 @@ struct Heartbeat::State {
           failure = e.what();
         }
       }
-      lost = true;
+      {
+        std::lock_guard lock(leaving);
+        lost = true;
+        leaveSent.notify_all();
+      }
       if (onLost) onLost(failure);
       return;
     }
@@ -804,13 +878,21 @@ Heartbeat::Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interva
 }
 
 Heartbeat::~Heartbeat() {
-  const char byte = 1;
+  const char byte = State::kStop;
   [[maybe_unused]] const ssize_t n = ::write(state_->stopWrite.get(), &byte, 1);
   ::shutdown(state_->fd.get(), SHUT_RDWR);  // ends a write the coordinator does not read
   state_->thread.join();
 }
 
 bool Heartbeat::lost() const { return state_->lost; }
+
+void Heartbeat::leave() {
+  const char byte = State::kLeave;
+  if (::write(state_->stopWrite.get(), &byte, 1) != 1) return;
+  std::unique_lock lock(state_->leaving);
+  // The beating thread sends it, unless the connection was lost first (then nothing is owed).
+  state_->leaveSent.wait(lock, [&] { return state_->left || state_->lost; });
+}
 
 // ---- the member side ----
 
@@ -824,8 +906,15 @@ struct Retry {
 
 // One attempt: connect, authenticate, join and wait for the roster.
 Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
-                const JoinRequest& request, Deadline deadline, HeartbeatOptions& heartbeat) {
-  FileDescriptor fd = connectTcp(address, port, deadline);
+                const JoinRequest& request, Deadline deadline, HeartbeatOptions& heartbeat,
+                bool coordinatorMayComeLater) {
+  FileDescriptor fd;
+  try {
+    fd = connectTcp(address, port, deadline);
+  } catch (const Error& e) {
+    if (!coordinatorMayComeLater || Clock::now() >= deadline) throw;
+    throw Retry{fmt::format("no coordinator there yet: {}", e.what())};
+  }
   try {
     clientHandshake(fd.get(), secret, job, deadline);
   } catch (const Error& e) {
@@ -859,13 +948,14 @@ Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret,
 }  // namespace
 
 Roster rendezvous(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
-                  const JoinRequest& request, std::chrono::milliseconds timeout, HeartbeatOptions heartbeat) {
+                  const JoinRequest& request, std::chrono::milliseconds timeout, HeartbeatOptions heartbeat,
+                  bool coordinatorMayComeLater) {
   const Deadline deadline = Clock::now() + timeout;
   try {
     std::chrono::milliseconds backoff{20};
     for (int attempt = 1;; ++attempt) {
       try {
-        return joinOnce(address, port, secret, job, request, deadline, heartbeat);
+        return joinOnce(address, port, secret, job, request, deadline, heartbeat, coordinatorMayComeLater);
       } catch (const Retry& retry) {
         // Jittered, so members dropped together do not come back together.
         static thread_local std::minstd_rand random(static_cast<unsigned>(::getpid()) ^

@@ -14,6 +14,9 @@
 //   HEARTBEAT {progress u64, waiting u8, main_thread u8} (member -> coordinator, every second
 //           from the roster on): the member's main-thread progress counter, whether its main
 //           thread is waiting on a peer, and that thread's scheduler state ('R', 'S', 'D', 't' ...)
+//   LEAVE  {} (member -> coordinator): the member finished its part of the job; its connection
+//           closing after it is no failure
+//   ABORT  after the roster too (coordinator -> member): the job stops, and why (stopJob)
 //
 // Admission under load: the coordinator serves every connection in its admission from one loop,
 // reading frames as they arrive, so a connection that says nothing costs a socket and no thread.
@@ -95,6 +98,7 @@ struct MemberLiveness {
   /// a member that beat steadily while another was silent shows that the job was not paused.
   std::chrono::milliseconds steady{0};
   bool connected = true;  ///< false once its connection closed
+  bool left = false;      ///< it sent LEAVE: it finished its part
   uint64_t progress = 0;  ///< its main thread's progress counter
   bool waiting = false;   ///< its main thread was waiting on a peer
   /// Some beat since its progress counter last moved found it waiting on a peer: it waited
@@ -158,6 +162,8 @@ class Coordinator {
   std::vector<Member> wait();
   /// Once the rosters went out: what each member's heartbeats said. Empty before.
   std::map<MemberId, MemberLiveness> liveness() const;
+  /// Tells every member still connected that the job stops, and why (they print it and end).
+  void stopJob(const std::string& reason);
 
  private:
   struct State;
@@ -166,7 +172,8 @@ class Coordinator {
 
 /// A member's heartbeats: a background thread sends one every `interval` on the member's
 /// coordinator connection until destroyed. When the connection closes or fails (the launcher
-/// ended or was killed), it calls `onLost` once with the reason and stops beating. `sample`
+/// ended or was killed), or the coordinator stops the job (ABORT), it calls `onLost` once with
+/// the reason and stops beating. `sample`
 /// reports the main thread's state for each beat (none: zeros).
 class Heartbeat {
  public:
@@ -176,6 +183,9 @@ class Heartbeat {
             Sampler sample = {});  // owns fd
   /// Whether the coordinator connection was lost.
   bool lost() const;
+  /// Tells the coordinator that this member finished its part (LEAVE); from then on the
+  /// connection closing is expected, not a loss. Returns once it was sent (or could not be).
+  void leave();
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -195,9 +205,13 @@ struct HeartbeatOptions {
 /// The member side: connects to the coordinator, authenticates, joins, and returns the roster,
 /// whose `heartbeat` keeps the connection and beats. A connection dropped or timed out before
 /// the coordinator admitted it (a coordinator busy with a flood of connections) is tried again
-/// with backoff until `timeout`. Throws with the reason: nothing listening (the launcher is
-/// gone), refused (and why), timed out, or aborted (the coordinator's message).
+/// with backoff until `timeout`; so is a coordinator not listening yet, or whose host name does not
+/// resolve yet, when `coordinatorMayComeLater` (a cluster engine starts the job's first process,
+/// which serves the rendezvous, no earlier than the others). Throws with the reason: nothing
+/// listening (the launcher is gone), refused (and why), timed out, or aborted (the coordinator's
+/// message).
 Roster rendezvous(const std::string& address, uint16_t port, const Secret& secret, const JobId& job,
-                  const JoinRequest& request, std::chrono::milliseconds timeout, HeartbeatOptions heartbeat = {});
+                  const JoinRequest& request, std::chrono::milliseconds timeout, HeartbeatOptions heartbeat = {},
+                  bool coordinatorMayComeLater = false);
 
 }  // namespace weft::dist

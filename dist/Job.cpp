@@ -2,6 +2,7 @@
 #include "dist/Job.h"
 
 #include "core/Error.h"
+#include "dist/EngineJob.h"
 #include "dist/Launcher.h"
 #include "dist/Liveness.h"
 #include "dist/Nccl.h"
@@ -289,12 +290,17 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
   // stops at once rather than train on unsupervised.
   HeartbeatOptions heartbeat;
   heartbeat.sample = sampleMainThread;
-  heartbeat.onLost = [who = describe(job.identity.id)](const std::string& reason) {
+  heartbeat.onLost = [who = describe(job.identity.id), engine = startedByEngine()](const std::string& reason) {
+    if (engine) {
+      // The engine sees only exit statuses: this one says that another member failed.
+      std::cerr << fmt::format("weft: {} stops: {}\n", who, reason) << std::flush;
+      std::_Exit(kExitPeerFailed);
+    }
     std::cerr << fmt::format("weft: {} lost its launcher ({}); stopping\n", who, reason) << std::flush;
     std::_Exit(1);
   };
   job.roster = rendezvous(job.identity.coordinatorHost, job.identity.coordinatorPort, job.identity.secret,
-                          job.identity.job, request, joinTimeout, std::move(heartbeat));
+                          job.identity.job, request, joinTimeout, std::move(heartbeat), startedByEngine());
   // From here on only the roster's members are heard: a stranger's messages cost no key.
   std::vector<EndpointName> members;
   for (const Member& m : job.roster.members)
@@ -315,6 +321,11 @@ void connectJob(JobContext& job, const Config& config) {
   job.routes = connectPeers(job);
   // Under the asynchronous modes a machine's workers are at different clocks: none is summed.
   job.groups = senderGroups(job.roster, config.localAggregation && config.sync->synchronous());
+}
+
+void JobContext::leave() {
+  if (roster.heartbeat) roster.heartbeat->leave();
+  noteProcessLeft();
 }
 
 int JobContext::machines() const {

@@ -72,6 +72,9 @@ struct JobContext {
   int machines() const;
   /// The relay (a server index, or -1) through which this worker reaches the servers.
   int relay() const;
+  /// Tells the coordinator that this process finished its part of the job: its exit is then no
+  /// failure (a job started by a cluster engine tells the two apart only so).
+  void leave();
 };
 
 /// The network interface of host `host`'s address in the specification, where its processes'

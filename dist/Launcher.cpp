@@ -9,7 +9,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -56,26 +55,6 @@ class StopSignals {
 
  private:
   struct sigaction oldInt_ {}, oldTerm_ {}, oldTstp_ {};
-};
-
-/// The job secret in a sealed memory file (hex, one line): local members inherit the
-/// descriptor, named by WEFT_JOB_SECRET_FD. Nothing reaches the file system, so a launcher
-/// killed with SIGKILL leaves nothing behind.
-class SecretMemory {
- public:
-  explicit SecretMemory(const Secret& secret)
-      : fd_(::memfd_create("weft-job-secret", MFD_CLOEXEC | MFD_ALLOW_SEALING)) {
-    WEFT_CHECK(fd_.valid(), "memfd_create failed: {}", std::strerror(errno));
-    const std::string text = toHex(secret);
-    WEFT_CHECK(::fchmod(fd_.get(), 0600) == 0 &&
-                   ::write(fd_.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                   ::fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0,
-               "cannot store the job secret in memory: {}", std::strerror(errno));
-  }
-  int fd() const { return fd_.get(); }
-
- private:
-  FileDescriptor fd_;
 };
 
 bool isLocal(const std::string& address) { return address.rfind("127.", 0) == 0 || address == "localhost"; }
@@ -247,14 +226,17 @@ class Job {
   /// "worker 1 of host 0 (pid N) sent no heartbeat for 20.4 s ..." for the running process silent
   /// longest past the limit while another beat steadily all that time, or "". Silence is on the
   /// coordinator's awake clock, so a launcher that was paused or starved blames no one; members
-  /// silent together (a job or machine paused as a whole, then resumed) blame no one either.
+  /// silent together (a job or machine paused as a whole, then resumed) blame no one either, nor
+  /// does a member that left (it beats no more: worker 0's last evaluation comes after).
   std::string silentMember(const Coordinator& coordinator, std::chrono::milliseconds limit) const {
     const auto liveness = coordinator.liveness();
     const Child* worst = nullptr;
     std::chrono::milliseconds longest{0};
     for (const Child& c : children_) {
       const auto it = liveness.find(c.id);
-      if (!c.running || it == liveness.end() || it->second.silence <= limit || it->second.silence <= longest) continue;
+      if (!c.running || it == liveness.end() || it->second.left || it->second.silence <= limit ||
+          it->second.silence <= longest)
+        continue;
       worst = &c;
       longest = it->second.silence;
     }
@@ -322,7 +304,7 @@ class Job {
       const auto it = liveness.find(c.id);
       if (!c.running || it == liveness.end() || &c == &cause) continue;
       const MemberLiveness& l = it->second;
-      if (l.connected && l.stalled >= limit && (stopped(l) || !l.waitedWhileStalled) &&
+      if (l.connected && !l.left && l.stalled >= limit && (stopped(l) || !l.waitedWhileStalled) &&
           (stuck == nullptr || l.stalled > liveness.at(stuck->id).stalled))
         stuck = &c;
     }

@@ -25,7 +25,14 @@ namespace {
 constexpr int kReplicaChannel = 1;
 }  // namespace
 
+namespace {
+void broadcastVariables(Session& session, Communicator& communicator, const ServerPlan& plan);
+}  // namespace
+
 struct Runner::State {
+  // A job its cluster engine started: the first process serves the rendezvous until every
+  // member has left, so this goes last.
+  std::shared_ptr<EngineJob> engine;
   std::optional<JobContext> job;  // empty: one process training alone, or a server that has served
   int serverStatus = -1;          // a server's exit status once it has served
   TrafficLog traffic;
@@ -247,6 +254,8 @@ struct Runner::State {
       pipeline->scatterVariables(0);
       return;
     }
+    broadcastVariables(*session, *communicator, plan);  // those the workers hold
+    if (plan.empty()) return;
     if (rank() == 0) {
       std::vector<ServerClient::Call> calls;
       const std::vector<std::vector<Tensor>> states = hostStates(true);
@@ -279,6 +288,7 @@ struct Runner::State {
     const Deadline deadline = Clock::now() + timeout;
     job->transport->closeAll(deadline);
     if (job->clientTransport) job->clientTransport->closeAll(deadline);
+    job->leave();
   }
 };
 
@@ -332,6 +342,18 @@ double Runner::meanOverWorkers(double value) {
   return value / state_->workers();
 }
 
+std::vector<int64_t> Runner::fromWorker0(std::vector<int64_t> values) {
+  if (!state_->communicator) return values;
+  std::vector<uint8_t> bytes(values.size() * sizeof(int64_t));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  bytes = state_->communicator->run(
+      std::move(bytes), [](Ring& r, std::vector<uint8_t>& b) { r.broadcast(b, 0); }, TrafficKind::Control);
+  WEFT_CHECK(bytes.size() == values.size() * sizeof(int64_t), "fromWorker0: worker 0 sent {} bytes for {} values",
+             bytes.size(), values.size());
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
 void Runner::finish() {
   if (state_->communicator) state_->leave();
 }
@@ -346,7 +368,7 @@ void Runner::gatherModel() {
 }
 
 void Runner::publishVariables() {
-  if (state_->pipeline || (state_->client && !state_->plan.empty())) state_->publishVariables();
+  if (state_->communicator) state_->publishVariables();
 }
 
 bool Runner::served() const { return state_->serverStatus >= 0; }
@@ -480,8 +502,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   SessionOptions session = config.session;
   session.replica = j.rank();  // each worker feeds the rank-th part of the total batch
   state->session = std::make_unique<Session>(graph, session);
-  broadcastVariables(*state->session, *state->communicator, state->plan);
-  if (!state->plan.empty()) state->publishVariables();
+  state->publishVariables();  // every worker starts from worker 0's variables
   return Runner(std::move(state));
 }
 
@@ -507,12 +528,34 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
     checkConfig(config, {job->workers(), job->servers()});
     auto state = std::make_unique<Runner::State>();
     state->serverStatus = serveJob(*job, graph, config);
+    if (state->serverStatus == 0) job->leave();
     return Runner(std::move(state));  // the job's transports close here, once served
   }
   return makeWorker(std::move(*job), graph, config);
 }
 
+namespace {
+
+/// `options`, with WEFT_SERVERS_PER_HOST over its servers per host (as a job's command line gives
+/// them to a program that does not read flags of its own).
+EngineOptions engineOptions(EngineOptions options) {
+  const char* servers = std::getenv("WEFT_SERVERS_PER_HOST");
+  if (servers == nullptr || !*servers) return options;
+  char* end = nullptr;
+  const long k = std::strtol(servers, &end, 10);
+  WEFT_CHECK(*end == '\0' && k >= 0 && k < 1024, "WEFT_SERVERS_PER_HOST='{}' is not a count of servers", servers);
+  options.serversPerHost = static_cast<int>(k);
+  return options;
+}
+
+}  // namespace
+
 Runner get_runner(Graph& graph, const Config& config) {
+  std::shared_ptr<EngineJob> engine;
+  if (!launchIdentityFromEnvironment()) {
+    const std::optional<EngineView> view = detectEngine(processEnvironment());
+    if (view && view->size > 1) engine = std::make_shared<EngineJob>(*view, engineOptions(config.engine));
+  }
   std::optional<ResourceSpec> resources = ResourceSpec::fromEnvironment();
   if (!resources) {
     WEFT_CHECK(!launchIdentityFromEnvironment(), "this process was launched (WEFT_COORDINATOR is set) without its "
@@ -521,7 +564,9 @@ Runner get_runner(Graph& graph, const Config& config) {
   }
   Config chosen = config;
   if (const char* arch = std::getenv(kArchitectureVariable)) chosen.architecture = parseArchitecture(arch);
-  return get_runner(graph, *resources, chosen);
+  Runner runner = get_runner(graph, *resources, chosen);
+  runner.state_->engine = std::move(engine);
+  return runner;
 }
 
 }  // namespace weft::dist

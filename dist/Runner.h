@@ -52,6 +52,9 @@ class Runner {
   /// the total batch's loss from each worker's part. It waits for the slowest worker, so under
   /// the asynchronous modes it bounds how far apart the workers get.
   double meanOverWorkers(double value);
+  /// Worker 0's `values` on every worker (every worker must call it at the same point, with as
+  /// many values): what worker 0 alone read, such as the position of the checkpoint it resumes.
+  std::vector<int64_t> fromWorker0(std::vector<int64_t> values);
 
   /// Leaves the job: waits until every worker has finished its last step, copies the servers'
   /// final values of the variables they hold into this worker's session, then says goodbye to
@@ -66,9 +69,10 @@ class Runner {
   /// Copies the servers' current values of the variables they hold, with their optimizer slots,
   /// into this worker's session (before saving a checkpoint). Nothing to do without servers.
   void pullVariables();
-  /// Makes worker 0's values of the served variables and their slots the servers' values, or a
-  /// pipeline's stage 0's values every stage's (after restoring a checkpoint). Every worker must
-  /// call it at the same point.
+  /// Makes worker 0's values of the variables and their slots the job's (after worker 0 alone
+  /// restored a checkpoint): the servers' values of those they hold, every worker's of the
+  /// others, or a pipeline's stage 0's values every stage's. Every worker must call it at the
+  /// same point.
   void publishVariables();
 
   /// Whether this process was one of the job's servers: get_runner served until the workers
@@ -110,6 +114,7 @@ class Runner {
   explicit Runner(std::unique_ptr<State> state);
   friend Runner makeWorker(JobContext, Graph&, const Config&);
   friend Runner get_runner(Graph&, const ResourceSpec&, const Config&);
+  friend Runner get_runner(Graph&, const Config&);
   std::unique_ptr<State> state_;
 };
 
@@ -124,8 +129,10 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config);
 /// specification, refused, timed out) or the graph cannot be distributed.
 Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& config = {});
 /// get_runner on the specification of the job `weft launch` started this process in
-/// (ResourceSpec::fromEnvironment); a process started on its own is a job of one worker, which
-/// trains locally. The same program thus runs alone or as every process of a launched job.
+/// (ResourceSpec::fromEnvironment), or of the job a cluster engine started it in (srun, mpirun,
+/// torchrun, a Kubernetes Job: dist/EngineJob.h, with config.engine); a process started on its
+/// own is a job of one worker, which trains locally. The same program thus runs alone, as every
+/// process of a launched job, or under an engine.
 /// `weft launch --arch` (WEFT_ARCH) overrides config.architecture.
 Runner get_runner(Graph& graph, const Config& config = {});
 

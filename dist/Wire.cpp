@@ -34,6 +34,7 @@ std::string messageTypeName(uint16_t type) {
     case MessageType::Roster: return "ROSTER";
     case MessageType::Abort: return "ABORT";
     case MessageType::Heartbeat: return "HEARTBEAT";
+    case MessageType::Leave: return "LEAVE";
   }
   return fmt::format("type {}", type);
 }
@@ -202,7 +203,7 @@ void sendAll(int fd, std::span<const uint8_t> bytes, Deadline deadline, const st
 }
 
 bool isMessageType(uint16_t type) {
-  return type >= static_cast<uint16_t>(MessageType::Challenge) && type <= static_cast<uint16_t>(MessageType::Heartbeat);
+  return type >= static_cast<uint16_t>(MessageType::Challenge) && type <= static_cast<uint16_t>(MessageType::Leave);
 }
 
 }  // namespace

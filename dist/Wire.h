@@ -37,6 +37,7 @@ enum class MessageType : uint16_t {
   Roster = 6,     ///< coordinator -> member: rank, world_size, members[], nccl_id
   Abort = 7,      ///< coordinator -> member: reason (string)
   Heartbeat = 8,  ///< member -> coordinator after the roster, every second: progress u64, waiting u8, main_thread u8
+  Leave = 9,      ///< member -> coordinator: it finished its part; its connection closing next is no failure
 };
 /// "CHALLENGE", "AUTH", ...; "type N" for a value that is not a message type.
 std::string messageTypeName(uint16_t type);

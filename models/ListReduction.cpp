@@ -46,6 +46,7 @@ class ListReductionZooModel : public ZooModel {
   }
   OptimizerSpec defaultOptimizer() const override { return {"adam", 3e-3, 0.9, 0, 5.0}; }
   int64_t defaultSteps() const override { return 6000; }
+  bool updatesSparsely() const override { return true; }  // the embedding
 
   void build(Graph& g, const CommonOptions& common) override {
     WEFT_CHECK(common.data.empty(), "list_reduction trains on its generated task only; --data is not supported");

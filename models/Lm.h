@@ -63,6 +63,7 @@ class LmModel : public ZooModel {
   std::vector<ModelOption> options() override;
   OptimizerSpec defaultOptimizer() const override;
   int64_t defaultSteps() const override { return 4500; }
+  bool updatesSparsely() const override { return true; }  // the embedding
   void build(Graph& g, const CommonOptions& common) override;
   Output loss() const override { return loss_; }
   data::BatchSource& trainData() override;

@@ -66,6 +66,7 @@ class NmtModel : public ZooModel {
   std::vector<ModelOption> options() override;
   OptimizerSpec defaultOptimizer() const override;
   int64_t defaultSteps() const override { return 1000; }
+  bool updatesSparsely() const override { return true; }  // the embeddings
   void build(Graph& g, const CommonOptions& common) override;
   /// The training loss: the token losses' sum over the real target tokens of the whole step
   /// (the batch's "target_out_count"), so that workers with a part of the batch each divide by

@@ -48,6 +48,9 @@ class ZooModel {
   virtual OptimizerSpec defaultOptimizer() const { return {}; }
   /// Training steps of a default run (enough to reach the model's convergence target).
   virtual int64_t defaultSteps() const { return 1000; }
+  /// Whether some of its variables are updated sparsely (embeddings): the parameter servers'
+  /// case, which a job started by a cluster engine gives a server per host by default.
+  virtual bool updatesSparsely() const { return false; }
 
   /// Loads or generates the data and builds the model in `g`: placeholders named like the batch
   /// fields, the training loss, and whatever evaluate() runs.

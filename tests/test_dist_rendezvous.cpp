@@ -437,6 +437,70 @@ TEST_CASE("a member notices its coordinator go away") {
   CHECK(roster.heartbeat->lost());
 }
 
+TEST_CASE("a member that leaves is marked as left, and its coordinator closing afterwards is no loss") {
+  const ResourceSpec spec = ResourceSpec::localCpu(1, 0);
+  auto coordinator = std::make_unique<Coordinator>(spec, kSecret, kJob, expectedMembers(spec), 5s);
+  std::atomic<bool> lost{false};
+  HeartbeatOptions beats;
+  beats.interval = 100ms;
+  beats.onLost = [&lost](const std::string&) { lost = true; };
+  const Roster roster =
+      rendezvous("127.0.0.1", coordinator->port(), kSecret, kJob, request(Role::Worker, 0, 0), 5s, beats);
+  coordinator->wait();
+  CHECK_FALSE(coordinator->liveness().at({Role::Worker, 0, 0}).left);
+  roster.heartbeat->leave();
+  for (int i = 0; i < 3000 && !coordinator->liveness().at({Role::Worker, 0, 0}).left; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(coordinator->liveness().at({Role::Worker, 0, 0}).left);
+  coordinator.reset();  // the job's first process ends once every member left
+  std::this_thread::sleep_for(300ms);
+  CHECK_FALSE(lost);
+}
+
+TEST_CASE("a member of an engine's job waits for a coordinator that starts after it") {
+  uint16_t port = 0;
+  {
+    const ResourceSpec any = ResourceSpec::localCpu(1, 0);
+    const Coordinator probe(any, kSecret, kJob, expectedMembers(any), 1s);  // a free port, then released
+    port = probe.port();
+  }
+  const ResourceSpec spec = ResourceSpec::parse(
+      fmt::format(R"({{"hosts": [{{"address": "127.0.0.1", "cpu_workers": 1, "servers": 0}}], "coordinator_port": {}}})",
+                  port),
+      "spec");
+  CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, 0), 2s); }),
+                 "cannot connect"));
+  std::future<Roster> member = std::async(std::launch::async, [&] {
+    return rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, 0), 60s, {}, true);
+  });
+  std::this_thread::sleep_for(300ms);
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 60s);
+  CHECK(member.get().worldSize == 1);
+}
+
+TEST_CASE("a coordinator that stops the job tells each member why") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2, 0);
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 10s);
+  std::promise<std::string> lost[2];
+  std::vector<Roster> rosters(2);
+  std::vector<std::thread> members;
+  for (int slot = 0; slot < 2; ++slot)
+    members.emplace_back([&, slot] {
+      HeartbeatOptions beats;
+      beats.interval = 100ms;
+      beats.onLost = [&lost, slot](const std::string& reason) { lost[slot].set_value(reason); };
+      rosters[static_cast<size_t>(slot)] =
+          rendezvous("127.0.0.1", coordinator.port(), kSecret, kJob, request(Role::Worker, 0, slot), 10s, beats);
+    });
+  for (std::thread& t : members) t.join();
+  coordinator.wait();
+  coordinator.stopJob("worker 1 of host 0 ended without finishing");
+  for (std::promise<std::string>& p : lost) {
+    std::future<std::string> reason = p.get_future();
+    REQUIRE(reason.wait_for(30s) == std::future_status::ready);
+    CHECK(reason.get() == "the job stopped: worker 1 of host 0 ended without finishing");
+  }
+}
+
 namespace {
 
 // A connection that connects and then says nothing; true once the coordinator admitted it into

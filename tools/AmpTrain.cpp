@@ -5,6 +5,7 @@
 #include "core/Trace.h"
 #include "dist/Job.h"
 #include "dist/AmpRuntime.h"
+#include "dist/Engine.h"
 #include "dist/Launcher.h"
 #include "models/AmpModels.h"
 #include "tools/Train.h"
@@ -255,6 +256,13 @@ int runAmp(int argc, char** argv) {
       model->graph().verify();
       std::fputs(model->graph().describe(f.dot).c_str(), stdout);
       return 0;
+    }
+    if (!dist::launchIdentityFromEnvironment()) {
+      const std::optional<dist::EngineView> engine = dist::detectEngine(dist::processEnvironment());
+      WEFT_CHECK(!engine || engine->size == 1,
+                 "{} started this process as rank {} of {}, but AMP jobs are started by weft's launcher (--processes, "
+                 "--cluster): run one `weft train --amp` per job",
+                 engine ? engine->engine : "", engine ? engine->rank : 0, engine ? engine->size : 0);
     }
     if (f.processes == 1 && f.cluster.empty()) return train(*model, f, {});
     WEFT_CHECK(f.processes == 1 || f.cluster.empty(), "--processes {} and --cluster: the specification says the processes",

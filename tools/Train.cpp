@@ -8,6 +8,7 @@
 #include "core/Trace.h"
 #include "dist/Launcher.h"
 #include "dist/PartitionSearch.h"
+#include "dist/Preemption.h"
 #include "dist/Pipeline.h"
 #include "dist/Runner.h"
 #include "models/AmpModels.h"
@@ -47,7 +48,7 @@ struct TrainFlags {
   int64_t evalBatches = 50;
   int64_t checkpointEvery = 0;  // 0: at every evaluation
   int64_t logEvery = 100;
-  bool resume = false;
+  std::string resume;  // "": start afresh; "on": from the checkpoint in --out; "auto": from it if there is one
   bool resumeChanged = false;  // resume although the checkpoint's run had other settings
   int64_t bench = 0;
   // Distribution: a job of `workers` local worker processes and `servers` servers, or `cluster`.
@@ -68,12 +69,18 @@ struct TrainFlags {
   std::string slowWorker;  // "RANK:FACTOR"
   double timeout = 60;
   int maxRestarts = 0;
+  // A job a cluster engine started (srun, mpirun, torchrun, Kubernetes).
+  int serversPerHost = -1;  // -1: one where the model updates embeddings sparsely, else none
+  std::string secretFile;
+  double rendezvousTimeout = 60;
+  double termGrace = 25;  // seconds from SIGTERM to the checkpoint's end
+  bool engine = false;  // set once this process joined its engine's job
   bool reportComm = false;
   std::string trace;  // a Chrome trace of every process's ops and pipeline actions
   std::string tensorboard;  // a directory for TensorBoard event files
   std::string localAggregation = "on";
 
-  bool distributed() const { return workers > 0 || !cluster.empty() || stages > 1; }
+  bool distributed() const { return workers > 0 || !cluster.empty() || stages > 1 || engine; }
   /// Worker processes of a local job: one per stage of each data-parallel replica.
   int localWorkers() const { return std::max(workers, 1) * stages; }
 };
@@ -126,6 +133,7 @@ class Trainer {
 
   /// Trains; returns the process's exit status (a parameter server's, or 0).
   int run() {
+    joinEngineJob();
     Setup setup = resolve();
     if (flags_.distributed() && !dist::launchIdentityFromEnvironment()) return launchJob(setup.resources);
     const models::OptimizerSpec spec = buildModel(setup);
@@ -136,7 +144,9 @@ class Trainer {
         flags_.stages == 1 && setup.resources.hosts().size() > 1 && cpuWorkers)
       setup.config.sparsity = measureSparsity(static_cast<int>(slots.size()));
     runner_.emplace(dist::get_runner(graph_, setup.resources, setup.config));  // a server serves here
-    if (runner_->served()) return runner_->serverStatus();
+    // A server stops with its workers; one of a preempted job says so, as they do.
+    if (runner_->served())
+      return runner_->serverStatus() == 0 && preempted() ? dist::kExitPreempted : runner_->serverStatus();
     session_ = &runner_->session();
     leader_ = runner_->rank() == 0;
     // Each replica reads (or generates) only its part of every total batch, where the data can.
@@ -167,14 +177,66 @@ class Trainer {
     SlowWorker slow;
   };
 
+  /// Under a cluster engine (a rank among several, and no launcher): becomes that rank's member
+  /// of the job, whose processes the engine started; the job's first process serves the
+  /// rendezvous (dist/EngineJob.h).
+  void joinEngineJob() {
+    if (dist::launchIdentityFromEnvironment()) return;
+    const std::optional<dist::EngineView> view = dist::detectEngine(dist::processEnvironment());
+    if (!view || view->size == 1) return;
+    const std::string started =
+        fmt::format("{} started this process as rank {} of {}", view->engine, view->rank, view->size);
+    WEFT_CHECK(flags_.workers == 0 && flags_.cluster.empty(),
+               "--{} starts a job of its own, but {}: drop it (the engine starts the job's processes)",
+               flags_.workers > 0 ? "workers" : "cluster", started);
+    WEFT_CHECK(flags_.partitions != "auto",
+               "--partitions auto restarts the job with each candidate, which only weft's launcher can, but {}: give "
+               "--partitions a count", started);
+    WEFT_CHECK(flags_.maxRestarts == 0,
+               "--max-restarts restarts the job from weft's launcher, but {}: the engine's own restarts apply (sbatch "
+               "--requeue, torchrun --max-restarts, a Job's backoffLimit), resuming with --resume",
+               started);
+    dist::EngineOptions options;
+    // By default a host's first process serves the embeddings where the host has workers besides.
+    const bool roomForServers = *std::min_element(view->tasksPerNode.begin(), view->tasksPerNode.end()) > 1;
+    const bool servesEmbeddings = flags_.stages == 1 && model_->updatesSparsely() && roomForServers;
+    options.serversPerHost = flags_.serversPerHost >= 0 ? flags_.serversPerHost : servesEmbeddings ? 1 : 0;
+    options.secretFile = flags_.secretFile;
+    options.rendezvousTimeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.rendezvousTimeout * 1000));
+    options.silenceLimit = silenceLimit();
+    preemption_ = std::make_unique<dist::Preemption>(
+        std::chrono::milliseconds(static_cast<int64_t>(flags_.termGrace * 1000)));
+    engine_ = std::make_unique<dist::EngineJob>(*view, options);
+    flags_.engine = true;
+  }
+
+  bool preempted() const { return preemption_ && preemption_->requested(); }
+
+  /// Whether the job stops after this step, on SIGTERM to its processes: every worker's verdict
+  /// under the synchronous modes (SIGTERM reaches them at different steps), its own under the
+  /// asynchronous ones, whose workers are at different steps anyway.
+  bool stopRequested(const dist::Config& config) {
+    if (!preemption_) return false;
+    if (!config.sync->synchronous()) return preempted();
+    return runner_->meanOverWorkers(preempted() ? 1.0 : 0.0) > 0;
+  }
+
+  /// A frozen process is named well before the collectives' own timeout would fire.
+  std::chrono::milliseconds silenceLimit() const {
+    return std::max(std::chrono::milliseconds(3000),
+                    std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000 / 3)));
+  }
+
   /// The flags resolved and checked: the rules between the job's settings are dist::checkConfig's
   /// (the same for every process of the job and for programs of one's own); these are the
   /// trainer's own.
   Setup resolve() const {
     // A pipeline's stages update their own variables: no parameter servers.
     const int servers = flags_.stages > 1 ? 0 : flags_.servers;
-    dist::ResourceSpec resources = flags_.cluster.empty() ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
-                                                          : dist::ResourceSpec::load(flags_.cluster);
+    dist::ResourceSpec resources = engine_ ? engine_->layout().resources
+                                   : flags_.cluster.empty()
+                                       ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
+                                       : dist::ResourceSpec::load(flags_.cluster);
     WEFT_CHECK(Device::parse(flags_.device).type == DeviceType::CPU || !flags_.distributed(),
                "--device {} trains in one process; a distributed job's workers compute where its resource "
                "specification says (a host's \"gpus\", or its \"cpu_workers\")",
@@ -222,14 +284,12 @@ class Trainer {
   /// The launcher of a distributed job: the same command line runs as every worker and server.
   int launchJob(const dist::ResourceSpec& resources) {
     dist::LaunchOptions launch;
-    // A frozen process is named well before the collectives' own timeout would fire.
-    launch.silenceLimit = std::max(std::chrono::milliseconds(3000),
-                                   std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000 / 3)));
+    launch.silenceLimit = silenceLimit();
     // After a member fails the whole job starts again, from the last checkpoint once there is one.
     launch.maxRestarts = flags_.maxRestarts;
     launch.restartCommand = [this](int) {
       std::vector<std::string> command = commandLine_;
-      if (!flags_.resume && hasCheckpoint(outDir())) command.push_back("--resume");
+      if (flags_.resume.empty() && hasCheckpoint(outDir())) command.push_back("--resume");
       return command;
     };
     if (flags_.partitions == "auto") {
@@ -294,7 +354,7 @@ class Trainer {
     prefetch.device = feedDevice_;
     data::Prefetcher batches(model_->trainData(), prefetch);
     int64_t step = 0;
-    if (flags_.resume || flags_.resumeChanged) step = resume(batches);
+    if (resuming()) step = resume(batches);
     Reporting report;
     if (leader_) report.metrics.emplace(out + "/metrics.jsonl");
     if (leader_ && !flags_.tensorboard.empty()) report.board.emplace(flags_.tensorboard);
@@ -328,6 +388,16 @@ class Trainer {
       // The workers' mean is the total batch's loss; the progress line between logs shows rank 0's part.
       // Under the asynchronous modes the workers are not kept together: worker 0 logs its own part.
       if (logNow && setup.config.sync->synchronous()) report.lossSum = runner_->meanOverWorkers(report.lossSum);
+      if (stopRequested(setup.config)) {
+        runner_->gatherModel();
+        if (leader_) {
+          checkpoint(step, batches.position());
+          fmt::print("stopped on SIGTERM after step {}: checkpoint {} written (--resume auto continues from it)\n",
+                     step, checkpointPath_);
+        }
+        runner_->finish();
+        return dist::kExitPreempted;
+      }
       const bool evaluateNow = step % evalEvery == 0 || step == steps_;
       const bool checkpointNow = step % checkpointEvery == 0 || step == stop;
       // Worker 0's session takes the whole model (the servers' variables, the other stages'),
@@ -496,11 +566,11 @@ class Trainer {
     constexpr int kMostPartitions = 1024;
     const std::string out = outDir();
     dist::PartitionSearch search(static_cast<int>(resources.hosts().size()), kMostPartitions);
-    bool resume = flags_.resume || flags_.resumeChanged;
+    bool resume = flags_.resume == "on" || flags_.resumeChanged || (flags_.resume == "auto" && hasCheckpoint(out));
     auto commandFor = [&](int partitions, bool sample, bool resuming) {
       std::vector<std::string> command = withFlag(commandLine_, "--partitions", std::to_string(partitions));
       if (sample) command = withFlag(command, "--partition-sample", std::to_string(flags_.partitionSearchSteps));
-      if (resuming && !flags_.resume && !flags_.resumeChanged) command.push_back("--resume");
+      if (resuming && flags_.resume.empty() && !flags_.resumeChanged) command.push_back("--resume");
       return command;
     };
     while (const std::optional<int> partitions = search.next()) {
@@ -717,21 +787,37 @@ class Trainer {
     if (leader_) fmt::print("--resume-changed: continuing from {} with settings it was not written with:{}\n", checkpointPath_, list);
   }
 
+  /// Whether this run continues from a checkpoint: --resume, --resume-changed, or --resume auto
+  /// where worker 0 finds one in --out (its answer is every worker's).
+  bool resuming() {
+    if (flags_.resume != "auto") return flags_.resume == "on" || flags_.resumeChanged;
+    return runner_->fromWorker0({leader_ && hasCheckpoint(outDir()) ? 1 : 0})[0] != 0;
+  }
+
   /// Restores variables, the session's run counter and the data position; returns the step.
+  /// Worker 0 alone reads the checkpoint and hands the rest of the job its values, so the job's
+  /// other hosts need no copy of --out.
   int64_t resume(data::Prefetcher& batches) {
-    WEFT_CHECK(std::filesystem::exists(checkpointPath_), "--resume: no checkpoint at {}", checkpointPath_);
-    std::map<std::string, std::string> meta = restoreCheckpoint(*session_, checkpointPath_);
-    WEFT_CHECK(meta["model"] == name_, "--resume: {} holds a '{}' model, not '{}'", checkpointPath_, meta["model"], name_);
-    checkIdentity(meta);
-    const int64_t step = metadataInteger(meta, checkpointPath_, "step", 0);
-    // Every step takes one batch, so the batches consumed are the steps taken.
-    const int64_t position = metadataInteger(meta, checkpointPath_, "data_position");
-    WEFT_CHECK(position == step, "checkpoint {}: metadata field 'data_position' is {}, but a run at step {} has consumed {} batches",
-               checkpointPath_, position, step, step);
+    std::vector<int64_t> position{0, 0};  // the step (every step takes one batch), the session's step
+    if (leader_) {
+      WEFT_CHECK(std::filesystem::exists(checkpointPath_), "--resume: no checkpoint at {}", checkpointPath_);
+      std::map<std::string, std::string> meta = restoreCheckpoint(*session_, checkpointPath_);
+      WEFT_CHECK(meta["model"] == name_, "--resume: {} holds a '{}' model, not '{}'", checkpointPath_, meta["model"],
+                 name_);
+      checkIdentity(meta);
+      const int64_t step = metadataInteger(meta, checkpointPath_, "step", 0);
+      const int64_t consumed = metadataInteger(meta, checkpointPath_, "data_position");
+      WEFT_CHECK(consumed == step,
+                 "checkpoint {}: metadata field 'data_position' is {}, but a run at step {} has consumed {} batches",
+                 checkpointPath_, consumed, step, step);
+      position = {step, static_cast<int64_t>(session_->step())};
+    }
+    position = runner_->fromWorker0(position);
+    session_->setStep(static_cast<uint64_t>(position[1]));
     runner_->publishVariables();
-    batches.seek(position);
-    fmt::print("resumed from {} at step {}\n", checkpointPath_, step);
-    return step;
+    batches.seek(position[0]);
+    if (leader_) fmt::print("resumed from {} at step {}\n", checkpointPath_, position[0]);
+    return position[0];
   }
 
   /// Runs `bench` batches once untimed, then the same batches again timed; one JSON line with
@@ -799,6 +885,8 @@ class Trainer {
   std::vector<std::string> commandLine_;
   Graph graph_;
   Node* trainStep_ = nullptr;
+  std::unique_ptr<dist::Preemption> preemption_;  // under a cluster engine: SIGTERM checkpoints and stops
+  std::unique_ptr<dist::EngineJob> engine_;  // before runner_: the rendezvous outlives the runner
   std::optional<dist::Runner> runner_;
   Session* session_ = nullptr;
   bool leader_ = true;  // worker rank 0: prints, logs, evaluates and checkpoints
@@ -845,9 +933,11 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--checkpoint-every", f.checkpointEvery, "steps between checkpoints (default: at every evaluation)")
       ->check(CLI::PositiveNumber);
   cmd.add_option("--log-every", f.logEvery, "steps between progress lines")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_flag("--resume", f.resume,
-               "continue from the checkpoint in --out, exactly where it stopped; a checkpoint of a run with other "
-               "settings (seed, batch, optimizer, model options, data) is refused");
+  cmd.add_option("--resume", f.resume,
+                 "continue from the checkpoint in --out, exactly where it stopped; a checkpoint of a run with other "
+                 "settings (seed, batch, optimizer, model options, data) is refused. --resume auto: resume when --out "
+                 "holds a checkpoint, else start (a job its engine restarts, e.g. sbatch --requeue)")
+      ->expected(0, 1)->default_str("on")->check(CLI::IsMember({"on", "auto"}));
   cmd.add_flag("--resume-changed", f.resumeChanged,
                "resume as --resume does, but continue with the settings of this command line where they differ from "
                "the checkpoint's run (each difference is printed)");
@@ -871,6 +961,23 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--cluster", f.cluster, "train data-parallel on the hosts of this resource specification (JSON)")
       ->excludes(workers);
+  cmd.add_option("--servers-per-host", f.serversPerHost,
+                 "under a cluster engine (srun, mpirun, torchrun, Kubernetes): the first K processes of each host are "
+                 "parameter servers, the others workers (default: 1 for a model with sparsely updated embeddings "
+                 "where every host runs two processes or more, else 0)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--secret-file", f.secretFile,
+                 "under a cluster engine: the file holding the job's secret (64 hex digits, mode 0600), the same on "
+                 "every host; needed across hosts (default: WEFT_SECRET_FILE)");
+  cmd.add_option("--term-grace", f.termGrace,
+                 "under a cluster engine: SIGTERM (preemption, scancel, scontrol requeue, a pod's eviction) makes the "
+                 "job checkpoint after its current step and exit with 143; a process not done this many seconds "
+                 "after the signal exits without one (keep it under the engine's own grace: Slurm's KillWait, a "
+                 "pod's terminationGracePeriodSeconds)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--rendezvous-timeout", f.rendezvousTimeout,
+                 "under a cluster engine: seconds the job's processes have to find each other")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--arch", f.arch,
                  "how variables are synchronised: auto (AllReduce dense, parameter servers for sparse), ar (AllReduce "
                  "dense, AllGather sparse) or ps (every variable on the parameter servers)")

@@ -1,5 +1,8 @@
-// The weft command line: `weft train MODEL`, `weft graph MODEL`, their --amp forms, and `weft launch`.
+// The weft command line: `weft train MODEL`, `weft graph MODEL`, their --amp forms, `weft launch`, `weft env`
+// and `weft secret`.
 #include "core/Error.h"
+#include "dist/Auth.h"
+#include "dist/EngineJob.h"
 #include "models/ZooModel.h"
 #include "tools/AmpTrain.h"
 #include "tools/Launch.h"
@@ -52,6 +55,23 @@ int main(int argc, char** argv) {
     }
     std::fputs((dot ? g.toDot() : g.dump()).c_str(), stdout);
   });
+
+  CLI::App* env = app.add_subcommand(
+      "env", "print what a cluster engine (Slurm, MPI, torchrun, Kubernetes) told this process: the engine, its rank, "
+             "host and role in the job, and where the job's rendezvous runs");
+  int serversPerHost = 0;
+  env->add_option("--servers-per-host", serversPerHost, "the first K processes of each host serve")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  env->callback([&] {
+    std::fputs(weft::dist::describeEngineEnvironment(weft::dist::processEnvironment(), serversPerHost).c_str(), stdout);
+  });
+
+  CLI::App* secret = app.add_subcommand(
+      "secret", "write a new job secret (64 hex digits, mode 0600) to a file, for --secret-file or WEFT_SECRET_FILE: "
+                "the members of a job across hosts prove to each other that they hold it");
+  std::string secretPath;
+  secret->add_option("path", secretPath, "the file to create (an existing one is not overwritten)")->required();
+  secret->callback([&] { weft::dist::saveSecret(secretPath, weft::dist::generateSecret()); });
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,39 @@
+// SIGTERM as cluster engines mean it: Slurm's preemption, scancel and `scontrol requeue`, a
+// Kubernetes pod's eviction, torchrun stopping its workers. Each sends SIGTERM and, a grace
+// period later (Slurm's KillWait, a pod's terminationGracePeriodSeconds), SIGKILL. A process
+// that holds a Preemption takes the SIGTERM as a request: the trainer finishes its step, the
+// workers agree on the step to stop at, worker 0 writes a checkpoint, and every member leaves the
+// job and exits with kExitPreempted, which the next start resumes from (`--resume auto`). A
+// process still running `grace` after the signal exits at once, saying that it could not stop
+// in time.
+//
+//   dist::Preemption preemption(std::chrono::seconds(25));
+//   for (...) { step(); if (runner.meanOverWorkers(preemption.requested()) > 0) { save(); break; } }
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+namespace weft::dist {
+
+/// The exit status of a member that stopped on SIGTERM, after its job's checkpoint.
+inline constexpr int kExitPreempted = 143;
+
+class Preemption {
+ public:
+  /// Catches SIGTERM from now on (one Preemption at a time).
+  explicit Preemption(std::chrono::milliseconds grace);
+  /// Restores the previous handling of SIGTERM.
+  ~Preemption();
+  Preemption(const Preemption&) = delete;
+  Preemption& operator=(const Preemption&) = delete;
+
+  /// Whether SIGTERM arrived.
+  bool requested() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace weft::dist
