@@ -60,4 +60,11 @@ awk 'NR == FNR {alone[$1] = $2; next} $1 != "workers" {
        if (!($1 in alone) || d > 1e-9 * (1 + a)) {print $1 ": alone " alone[$1] ", launched " $2; bad = 1}}
      END {exit bad}' "$work/alone" "$work/launched" >"$work/differs" ||
   fail "the launched job trained something else: $(cat "$work/differs")"
-echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch trained the data-parallel one as one process"
+# The same program as every rank of an mpirun job (rank 0 a parameter server), where Open MPI is.
+if command -v mpirun >/dev/null; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 3 --oversubscribe -x WEFT_SERVERS_PER_HOST=1 \
+    "$work/data_parallel/data_parallel" >"$work/mpirun" || fail "the data-parallel example failed under mpirun"
+  cmp -s "$work/launched" "$work/mpirun" ||
+    fail "the mpirun job trained otherwise than the launched one: $(diff "$work/launched" "$work/mpirun")"
+fi
+echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch (and mpirun, where it is) trained the data-parallel one as one process"
