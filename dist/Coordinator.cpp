@@ -263,7 +263,7 @@ struct Coordinator::State {
   struct Watched {
     MemberId id;
     FileDescriptor fd;
-    std::chrono::milliseconds lastHeard{0}, progressSince{0}, beatingSince{0};
+    std::chrono::milliseconds lastHeard{0}, progressSince{0}, beatingSince{0}, closedAt{0};
     MainThreadSample last;
     bool waitedWhileStalled = false;
     bool left = false;
@@ -498,6 +498,7 @@ void Coordinator::State::readHeartbeat(Watched& w) {
   } catch (const Error&) {
     std::lock_guard lock(mutex_);
     w.fd.reset();  // closed (the member ended) or broken: silent from now on
+    w.closedAt = awakeNow();
   }
 }
 
@@ -739,6 +740,7 @@ std::map<MemberId, MemberLiveness> Coordinator::liveness() const {
     l.stalled = now - w.progressSince;
     l.steady = l.silence > kSteadyGap ? std::chrono::milliseconds(0) : now - w.beatingSince;
     l.connected = w.fd.valid();
+    l.closedFor = l.connected ? std::chrono::milliseconds(0) : now - w.closedAt;
     l.left = w.left;
     l.progress = w.last.progress;
     l.waiting = w.last.waiting;

@@ -98,6 +98,7 @@ struct MemberLiveness {
   /// a member that beat steadily while another was silent shows that the job was not paused.
   std::chrono::milliseconds steady{0};
   bool connected = true;  ///< false once its connection closed
+  std::chrono::milliseconds closedFor{0};  ///< since its connection closed (0 while connected)
   bool left = false;      ///< it sent LEAVE: it finished its part
   uint64_t progress = 0;  ///< its main thread's progress counter
   bool waiting = false;   ///< its main thread was waiting on a peer

@@ -266,17 +266,32 @@ struct EngineJob::State {
 
   /// Why the job must stop, judged from the members' heartbeats, or "" while it runs well.
   std::string verdict(const std::map<MemberId, MemberLiveness>& members) const {
+    // Of members that ended without finishing, the first to end is the cause: the others may
+    // have failed on it.
+    const MemberId* ended = nullptr;
+    for (const auto& [id, l] : members)
+      if (id != layout.self && !l.left && !l.connected && (!ended || l.closedFor > members.at(*ended).closedFor))
+        ended = &id;
+    if (ended) return fmt::format("{} ended without finishing: its connection to the rendezvous closed", who(*ended));
     for (const auto& [id, l] : members) {
-      if (id == layout.self || l.left) continue;
-      if (!l.connected)
-        return fmt::format("{} ended without finishing: its connection to the rendezvous closed", who(id));
-      if (l.silence < options.silenceLimit) continue;
+      if (id == layout.self || l.left || l.silence < options.silenceLimit) continue;
       for (const auto& [other, o] : members)
         if (other != id && o.connected && o.steady >= options.silenceLimit)
           return fmt::format("{} sent no heartbeat for {:.1f} s while the others did: it froze, or its host is cut off",
                              who(id), static_cast<double>(l.silence.count()) / 1000.0);
     }
     return "";
+  }
+
+  /// The member whose end made this process fail, if it ended: a peer lost mid-step fails this
+  /// process at once, and its closed connection may take the coordinator's loop a moment longer
+  /// to see on a busy machine, so it is looked for up to 5 s.
+  std::string failedMember() const {
+    const auto until = Clock::now() + std::chrono::seconds(5);
+    std::string cause;
+    while ((cause = verdict(coordinator->liveness())).empty() && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return cause;
   }
 
   /// Until every member has left: stops the job when one failed.
@@ -375,10 +390,12 @@ EngineJob::~EngineJob() {
       // member whose end made it fail (a peer lost mid-step) is the cause to name.
       s.stopWatching = true;
       lock.unlock();
-      const std::string cause = s.verdict(s.coordinator->liveness());
+      const std::string cause = s.failedMember();
       const std::string self =
           fmt::format("{}, which serves the job's rendezvous, ended without finishing", s.who(s.layout.self));
-      s.coordinator->stopJob(cause.empty() ? self : fmt::format("{}; then {}", cause, self));
+      const std::string reason = cause.empty() ? self : fmt::format("{}; then {}", cause, self);
+      s.coordinator->stopJob(reason);
+      std::cerr << fmt::format("weft: the job stopped: {}\n", reason) << std::flush;
     } else {
       s.wake.wait(lock, [&] { return !s.watching; });
       lock.unlock();

@@ -106,6 +106,26 @@ TEST_CASE("a resumed run ends exactly where an uninterrupted run does") {
   CHECK(a.metadata.at("data_position") == b.metadata.at("data_position"));
 }
 
+TEST_CASE("--resume auto starts afresh without a checkpoint and continues from one") {
+  TempDir dir;
+  const std::string common = "train mlp --train-size 500 --test-size 100 --batch 32 --eval-every 10 --seed 3";
+  const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
+  REQUIRE(weftCli(common + " --steps 30 --out " + whole).status == 0);
+  const CliRun first = weftCli(common + " --steps 20 --resume auto --out " + parts);
+  REQUIRE_MESSAGE(first.status == 0, first.output);
+  CHECK_FALSE(contains(first.output, "resumed from"));
+  const CliRun again = weftCli(common + " --steps 30 --resume auto --out " + parts);
+  REQUIRE_MESSAGE(again.status == 0, again.output);
+  CHECK(contains(again.output, "resumed from " + parts + "/checkpoint.safetensors at step 20"));
+  const weft::TensorFile a = weft::readSafetensors(whole + "/checkpoint.safetensors");
+  const weft::TensorFile b = weft::readSafetensors(parts + "/checkpoint.safetensors");
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    CHECK(b.tensors.at(name).toDoubles() == t.toDoubles());
+  }
+  CHECK(weftCli(common + " --steps 30 --resume sometimes --out " + parts).status != 0);
+}
+
 TEST_CASE("resuming without a checkpoint, or from a corrupt one, fails with a message") {
   TempDir dir;
   const std::string out = (dir.path / "none").string();
