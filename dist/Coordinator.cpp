@@ -777,6 +777,7 @@ struct Heartbeat::State {
   std::mutex leaving;
   std::condition_variable leaveSent;
   bool left = false;  // guarded by leaving
+  std::chrono::milliseconds verdictWait{0};
   std::thread thread;
 
   static constexpr char kStop = 1, kLeave = 2;
@@ -865,8 +866,10 @@ struct Heartbeat::State {
   }
 };
 
-Heartbeat::Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost, Sampler sample)
+Heartbeat::Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost, Sampler sample,
+                     std::chrono::milliseconds verdictWait)
     : state_(std::make_unique<State>()) {
+  state_->verdictWait = verdictWait;
   state_->fd.reset(fd);
   state_->job = job;
   state_->interval = interval;
@@ -880,6 +883,10 @@ Heartbeat::Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interva
 }
 
 Heartbeat::~Heartbeat() {
+  if (state_->verdictWait.count() > 0) {
+    std::unique_lock lock(state_->leaving);
+    state_->leaveSent.wait_for(lock, state_->verdictWait, [&] { return state_->left || state_->lost; });
+  }
   const char byte = State::kStop;
   [[maybe_unused]] const ssize_t n = ::write(state_->stopWrite.get(), &byte, 1);
   ::shutdown(state_->fd.get(), SHUT_RDWR);  // ends a write the coordinator does not read
@@ -943,7 +950,7 @@ Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret,
   expectType(reply, MessageType::Roster);
   Roster roster = decodeRoster(reply, request.id);
   roster.heartbeat = std::make_shared<Heartbeat>(fd.release(), job, heartbeat.interval, std::move(heartbeat.onLost),
-                                                 std::move(heartbeat.sample));
+                                                 std::move(heartbeat.sample), heartbeat.verdictWait);
   return roster;
 }
 

@@ -174,14 +174,16 @@ class Coordinator {
 /// A member's heartbeats: a background thread sends one every `interval` on the member's
 /// coordinator connection until destroyed. When the connection closes or fails (the launcher
 /// ended or was killed), or the coordinator stops the job (ABORT), it calls `onLost` once with
-/// the reason and stops beating. `sample`
-/// reports the main thread's state for each beat (none: zeros).
+/// the reason and stops beating. `sample` reports the main thread's state for each beat (none:
+/// zeros). A member that ends without leaving waits up to `verdictWait` in the destructor for
+/// the coordinator's ABORT: where another member's end caused this one's failure, the verdict
+/// names that member (and onLost ends the process with its status).
 class Heartbeat {
  public:
   using LostHandler = std::function<void(const std::string& reason)>;
   using Sampler = std::function<MainThreadSample()>;
-  Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost = {},
-            Sampler sample = {});  // owns fd
+  Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost = {}, Sampler sample = {},
+            std::chrono::milliseconds verdictWait = {});  // owns fd
   /// Whether the coordinator connection was lost.
   bool lost() const;
   /// Tells the coordinator that this member finished its part (LEAVE); from then on the
@@ -201,6 +203,7 @@ struct HeartbeatOptions {
   std::chrono::milliseconds interval{1000};
   Heartbeat::LostHandler onLost;
   Heartbeat::Sampler sample;
+  std::chrono::milliseconds verdictWait{0};
 };
 
 /// The member side: connects to the coordinator, authenticates, joins, and returns the roster,

@@ -283,17 +283,6 @@ struct EngineJob::State {
     return "";
   }
 
-  /// The member whose end made this process fail, if it ended: a peer lost mid-step fails this
-  /// process at once, and its closed connection may take the coordinator's loop a moment longer
-  /// to see on a busy machine, so it is looked for up to 5 s.
-  std::string failedMember() const {
-    const auto until = Clock::now() + std::chrono::seconds(5);
-    std::string cause;
-    while ((cause = verdict(coordinator->liveness())).empty() && Clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    return cause;
-  }
-
   /// Until every member has left: stops the job when one failed.
   void watch() {
     bool joined = true;
@@ -390,7 +379,7 @@ EngineJob::~EngineJob() {
       // member whose end made it fail (a peer lost mid-step) is the cause to name.
       s.stopWatching = true;
       lock.unlock();
-      const std::string cause = s.failedMember();
+      const std::string cause = s.verdict(s.coordinator->liveness());
       const std::string self =
           fmt::format("{}, which serves the job's rendezvous, ended without finishing", s.who(s.layout.self));
       const std::string reason = cause.empty() ? self : fmt::format("{}; then {}", cause, self);

@@ -290,6 +290,9 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
   // stops at once rather than train on unsupervised.
   HeartbeatOptions heartbeat;
   heartbeat.sample = sampleMainThread;
+  // Under an engine, a member that fails waits a moment for the verdict of its job's first
+  // process: when another member's end caused the failure, it names that one and exits 75.
+  if (startedByEngine()) heartbeat.verdictWait = std::chrono::seconds(5);
   heartbeat.onLost = [who = describe(job.identity.id), engine = startedByEngine()](const std::string& reason) {
     if (engine) {
       // The engine sees only exit statuses: this one says that another member failed.

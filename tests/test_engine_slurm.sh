@@ -22,8 +22,15 @@ PATH="$PATH:/usr/sbin"
 work="$(mktemp -d)"
 chmod 755 "$work"
 stop_daemons() {
+  local daemon pid
   for daemon in slurmd slurmctld munged; do
-    [[ -f "$work/$daemon.pid" ]] && kill "$(cat "$work/$daemon.pid")" 2>/dev/null || true
+    [[ -f "$work/$daemon.pid" ]] || continue
+    pid="$(cat "$work/$daemon.pid")"
+    kill "$pid" 2>/dev/null || continue
+    for _ in $(seq 100); do  # until it has written its last state and gone
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
   done
 }
 cleanup() {
@@ -170,6 +177,8 @@ wait "$launcher" || status=$?
 [[ $status -ne 0 ]] || fail "srun succeeded although task 2 was killed"
 grep -q "the job stopped: worker 1 of host 0 (local rank 2 on $node) ended without finishing" "$work/killed.log" ||
   fail "the members did not name the killed task"
+grep -q "tasks 0-1: Exited with exit code 75" "$work/killed.log" ||
+  fail "the other tasks did not exit with 75, the status of a member stopped by another's failure"
 for _ in $(seq 50); do pgrep -f "$work/out/killed" > /dev/null || break; sleep 0.1; done
 ! pgrep -f "$work/out/killed" > /dev/null || fail "tasks of the failed step are still running"
 echo "ok: a killed task fails the step, named"
