@@ -17,10 +17,9 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -395,14 +394,7 @@ EngineJob::~EngineJob() {
   if (s.first() && !s.notePath.empty()) ::unlink(s.notePath.c_str());
 }
 
-const EngineView& EngineJob::view() const { return state_->view; }
 const EngineLayout& EngineJob::layout() const { return state_->layout; }
-bool EngineJob::servesRendezvous() const { return state_->first(); }
-
-std::string EngineJob::describe() const {
-  return fmt::format("{}; rendezvous at {}:{}", describeEngineProcess(state_->view, state_->layout),
-                     state_->rendezvous.host, state_->rendezvous.port);
-}
 
 void noteProcessLeft() { processLeft = true; }
 

@@ -77,12 +77,8 @@ class EngineJob {
   EngineJob(const EngineJob&) = delete;
   EngineJob& operator=(const EngineJob&) = delete;
 
-  const EngineView& view() const;
+  /// The job the engine's view lays out, and this process's place in it.
   const EngineLayout& layout() const;
-  /// Whether this process serves the job's rendezvous.
-  bool servesRendezvous() const;
-  /// What `weft env` prints: the engine, rank and size, host, role, and where the rendezvous is.
-  std::string describe() const;
 
  private:
   struct State;
