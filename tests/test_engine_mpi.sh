@@ -44,7 +44,7 @@ echo "ok: mpirun's jobs end bit for bit as weft's own"
 mpi 3 "$weft" train "${lm[@]}" --steps 1000000 --out "$work/killed" > "$work/killed.log" 2>&1 &
 launcher=$!
 victim=""
-for _ in $(seq 600); do
+for _ in $(seq 3000); do
   for pid in $(pgrep -f "$work/killed" || true); do
     tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2" &&
       grep -q "^training lm" "$work/killed.log" && victim=$pid
@@ -52,7 +52,7 @@ for _ in $(seq 600); do
   [[ -n $victim ]] && break
   sleep 0.1
 done
-[[ -n $victim ]] || fail "the job did not start training within a minute"
+[[ -n $victim ]] || fail "the job did not start training within five minutes"
 sleep 1
 kill -9 "$victim"
 status=0

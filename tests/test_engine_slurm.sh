@@ -133,14 +133,14 @@ cat > "$work/requeue.sh" <<EOF
 srun "$weft" train ${lm[*]} --steps 3000 --log-every 1 --resume auto --out "$work/out/requeued"
 EOF
 job=$(sbatch --parsable -o "$work/requeue.log" "$work/requeue.sh") || fail "sbatch of the requeued job failed"
-for _ in $(seq 600); do
+for _ in $(seq 3000); do
   grep -q "step *[0-9]*[1-9]00/3000" "$work/requeue.log" 2>/dev/null && break
   sleep 0.1
 done
-grep -q "step *[0-9]*[1-9]00/3000" "$work/requeue.log" || fail "the job to requeue did not train within a minute"
+grep -q "step *[0-9]*[1-9]00/3000" "$work/requeue.log" || fail "the job to requeue did not train within five minutes"
 scontrol requeue "$job" || fail "scontrol requeue $job failed"
 state=""
-for _ in $(seq 1200); do
+for _ in $(seq 6000); do
   state=$(scontrol show job "$job" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
   [[ $state == COMPLETED || $state == FAILED || $state == CANCELLED ]] && break
   # A requeued job waits for its begin time; this cluster has nothing else to run.
@@ -161,7 +161,7 @@ echo "ok: scontrol requeue checkpoints, and the requeued job resumes to end as a
 srun -n 3 "$weft" train "${lm[@]}" --steps 1000000 --out "$work/out/killed" > "$work/killed.log" 2>&1 &
 launcher=$!
 victim=""
-for _ in $(seq 600); do
+for _ in $(seq 3000); do
   for pid in $(pgrep -f "$work/out/killed" || true); do
     tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_PROCID=2" &&
       grep -q "^training lm" "$work/killed.log" && victim=$pid
@@ -169,7 +169,7 @@ for _ in $(seq 600); do
   [[ -n $victim ]] && break
   sleep 0.1
 done
-[[ -n $victim ]] || fail "the srun job did not start training within a minute"
+[[ -n $victim ]] || fail "the srun job did not start training within five minutes"
 sleep 1
 kill -9 "$victim"
 status=0

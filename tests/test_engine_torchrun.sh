@@ -39,7 +39,7 @@ echo "ok: torchrun's job ends bit for bit as weft's own"
 # Kills the worker whose RANK is $2 once the job at $1 trains (a step past $3 is logged).
 kill_rank_when_training() {
   local out=$1 rank=$2 past=$3 victim=""
-  for _ in $(seq 600); do
+  for _ in $(seq 3000); do
     if grep -q "step *[0-9]*$past/" "$work/$(basename "$out").log" 2>/dev/null; then
       for pid in $(pgrep -f "$out" || true); do
         tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=$rank" && victim=$pid
@@ -48,7 +48,7 @@ kill_rank_when_training() {
     [[ -n $victim ]] && break
     sleep 0.1
   done
-  [[ -n $victim ]] || fail "the job in $out did not train within a minute"
+  [[ -n $victim ]] || fail "the job in $out did not train within five minutes"
   kill -9 "$victim"
 }
 
