@@ -18,6 +18,7 @@ cleanup() {
   [[ -n ${KEEP:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
+. "$(dirname "${BASH_SOURCE[0]}")/kill_member.sh"
 fail() { echo "FAILED: $1"; for f in "$work"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | tail -30; done; exit 1; }
 mpi() { mpirun -np "$1" --oversubscribe --bind-to none "${@:2}"; }
 
@@ -41,20 +42,9 @@ cmp -s "$work/mpi-lm/checkpoint.safetensors" "$work/own-lm/checkpoint.safetensor
 echo "ok: mpirun's jobs end bit for bit as weft's own"
 
 # Rank 2 (worker 1 of host 0, local rank 2) is killed mid-run: the job stops, naming it.
-mpi 3 "$weft" train "${lm[@]}" --steps 1000000 --out "$work/killed" > "$work/killed.log" 2>&1 &
+mpi 3 "$weft" train "${lm[@]}" --steps 1000000 --log-every 1 --out "$work/killed" > "$work/killed.log" 2>&1 &
 launcher=$!
-victim=""
-for _ in $(seq 3000); do
-  for pid in $(pgrep -f "$work/killed" || true); do
-    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2" &&
-      grep -q "^training lm" "$work/killed.log" && victim=$pid
-  done
-  [[ -n $victim ]] && break
-  sleep 0.1
-done
-[[ -n $victim ]] || fail "the job did not start training within five minutes"
-sleep 1
-kill -9 "$victim"
+kill_member_when_training "$work/killed" "$work/killed.log" OMPI_COMM_WORLD_RANK=2 "step *[0-9]*50/"
 status=0
 wait "$launcher" || status=$?
 [[ $status -ne 0 ]] || fail "mpirun succeeded although rank 2 was killed"

@@ -40,6 +40,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+. "$(dirname "${BASH_SOURCE[0]}")/kill_member.sh"
 fail() {
   echo "FAILED: $1"
   for f in "$work"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v '^step' | tail -30; done
@@ -158,20 +159,9 @@ cmp -s "$work/out/requeued/checkpoint.safetensors" "$work/out/uninterrupted/chec
 echo "ok: scontrol requeue checkpoints, and the requeued job resumes to end as an uninterrupted one"
 
 # A task killed mid-run: the step fails, and the others name it.
-srun -n 3 "$weft" train "${lm[@]}" --steps 1000000 --out "$work/out/killed" > "$work/killed.log" 2>&1 &
+srun -n 3 "$weft" train "${lm[@]}" --steps 1000000 --log-every 1 --out "$work/out/killed" > "$work/killed.log" 2>&1 &
 launcher=$!
-victim=""
-for _ in $(seq 3000); do
-  for pid in $(pgrep -f "$work/out/killed" || true); do
-    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_PROCID=2" &&
-      grep -q "^training lm" "$work/killed.log" && victim=$pid
-  done
-  [[ -n $victim ]] && break
-  sleep 0.1
-done
-[[ -n $victim ]] || fail "the srun job did not start training within five minutes"
-sleep 1
-kill -9 "$victim"
+kill_member_when_training "$work/out/killed" "$work/killed.log" SLURM_PROCID=2 "step *[0-9]*50/"
 status=0
 wait "$launcher" || status=$?
 [[ $status -ne 0 ]] || fail "srun succeeded although task 2 was killed"

@@ -19,6 +19,7 @@ cleanup() {
   [[ -n ${KEEP:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
+. "$(dirname "${BASH_SOURCE[0]}")/kill_member.sh"
 fail() { echo "FAILED: $1"; for f in "$work"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v '^step' | tail -30; done; exit 1; }
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 run() {
@@ -36,26 +37,10 @@ cmp -s "$work/torchrun/checkpoint.safetensors" "$work/own/checkpoint.safetensors
   fail "the job torchrun started ended otherwise than the one weft started"
 echo "ok: torchrun's job ends bit for bit as weft's own"
 
-# Kills the worker whose RANK is $2 once the job at $1 trains (a step past $3 is logged).
-kill_rank_when_training() {
-  local out=$1 rank=$2 past=$3 victim=""
-  for _ in $(seq 3000); do
-    if grep -q "step *[0-9]*$past/" "$work/$(basename "$out").log" 2>/dev/null; then
-      for pid in $(pgrep -f "$out" || true); do
-        tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=$rank" && victim=$pid
-      done
-    fi
-    [[ -n $victim ]] && break
-    sleep 0.1
-  done
-  [[ -n $victim ]] || fail "the job in $out did not train within five minutes"
-  kill -9 "$victim"
-}
-
 # A killed worker (RANK 2: worker 1 of host 0) stops the job, named.
 run --no-python "$weft" train "${lm[@]}" --steps 1000000 --log-every 1 --out "$work/killed" > "$work/killed.log" 2>&1 &
 launcher=$!
-kill_rank_when_training "$work/killed" 2 00
+kill_member_when_training "$work/killed" "$work/killed.log" RANK=2 "step *[0-9]*50/"
 status=0
 wait "$launcher" || status=$?
 [[ $status -ne 0 ]] || fail "torchrun succeeded although a worker was killed"
@@ -67,7 +52,7 @@ echo "ok: a killed worker stops the job, named"
 run --max-restarts 1 --no-python "$weft" train "${lm[@]}" --steps 600 --log-every 1 --checkpoint-every 100 \
   --resume auto --out "$work/restarted" > "$work/restarted.log" 2>&1 &
 launcher=$!
-kill_rank_when_training "$work/restarted" 2 150
+kill_member_when_training "$work/restarted" "$work/restarted.log" RANK=2 "step *150/"
 wait "$launcher" || fail "the restarted job failed"
 grep -q "resumed from $work/restarted/checkpoint.safetensors at step" "$work/restarted.log" ||
   fail "the restarted job did not resume from its checkpoint"
