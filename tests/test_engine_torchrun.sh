@@ -3,16 +3,19 @@
 # `weft train --workers` does; a worker killed mid-run stops the job, named; and with torchrun's
 # --max-restarts the restarted workers (TORCHELASTIC_RESTART_COUNT=1) continue from the last
 # checkpoint with --resume auto, to end as an uninterrupted run. torchrun comes with PyPI's torch,
-# which ./weft does not install (with its CUDA libraries it is some 3 GB): the test runs the
-# torchrun on PATH, or the one TORCHRUN names, and otherwise reports why and exits 77 (skipped).
+# which `./weft test` installs into .venv/: the test runs the torchrun TORCHRUN names, else that
+# one, else the one on PATH, and otherwise reports why and exits 77 (skipped).
 #
 #   tests/test_engine_torchrun.sh WEFT_BINARY
 set -euo pipefail
 
 weft="$(realpath "$1")"
 skip() { echo "skipped: $1"; exit 77; }
-torchrun="${TORCHRUN:-$(command -v torchrun || true)}"
-[[ -n $torchrun && -x $torchrun ]] || skip "needs torchrun (pip install torch; or TORCHRUN=/path/to/torchrun)"
+venv_torchrun="$(dirname "${BASH_SOURCE[0]}")/../.venv/bin/torchrun"
+[[ -x $venv_torchrun ]] || venv_torchrun="$(command -v torchrun || true)"
+torchrun="${TORCHRUN:-$venv_torchrun}"
+[[ -n $torchrun && -x $torchrun ]] ||
+  skip "needs torchrun (./weft test installs PyPI's torch into .venv/; or TORCHRUN=/path/to/torchrun)"
 work="$(mktemp -d)"
 cleanup() {
   pkill -9 -f "$work/" 2>/dev/null || true
