@@ -413,4 +413,22 @@ int64_t metadataInteger(const std::map<std::string, std::string>& metadata, cons
   return value;
 }
 
+std::vector<std::string> settingDifferences(const std::map<std::string, std::string>& settings,
+                                            const std::map<std::string, std::string>& metadata,
+                                            const std::function<std::string(const std::string& key)>& describe) {
+  std::vector<std::string> differences;
+  for (const auto& [key, now] : settings) {
+    auto it = metadata.find(key);
+    if (it == metadata.end()) {
+      differences.push_back(fmt::format("{}: not recorded in the checkpoint, {} now", describe(key), now));
+    } else if (it->second != now) {
+      differences.push_back(fmt::format("{}: {} in the checkpoint, {} now", describe(key), it->second, now));
+    }
+  }
+  for (const auto& [key, value] : metadata)
+    if (key.rfind("run.", 0) == 0 && !settings.count(key))
+      differences.push_back(fmt::format("{}: {} in the checkpoint, not a setting now", describe(key), value));
+  return differences;
+}
+
 }  // namespace weft

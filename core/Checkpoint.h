@@ -11,9 +11,11 @@
 #include "core/Session.h"
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace weft {
 
@@ -58,5 +60,12 @@ std::map<std::string, std::string> restoreCheckpoint(Session& session, const std
 /// the value when it is missing, not an integer, or outside [min, max].
 int64_t metadataInteger(const std::map<std::string, std::string>& metadata, const std::string& path, const std::string& key,
                         int64_t min = std::numeric_limits<int64_t>::min(), int64_t max = std::numeric_limits<int64_t>::max());
+
+/// The settings a run records in its checkpoints' metadata as "run.NAME" keys, compared with
+/// `settings` (the same keys, now): one line per difference ("DESCRIBED: A in the checkpoint, B
+/// now"; a setting missing on either side says so), each key shown as `describe` names it.
+std::vector<std::string> settingDifferences(const std::map<std::string, std::string>& settings,
+                                            const std::map<std::string, std::string>& metadata,
+                                            const std::function<std::string(const std::string& key)>& describe);
 
 }  // namespace weft

@@ -1233,6 +1233,10 @@ struct Runtime::Impl {
   void followEpoch();
   EpochReport summarise(int64_t count, Clock::time_point start, double activeTime, int peak);
   ProcessReport localReport();
+  /// The transform whose variable `variable` ("node/variable") is; throws naming it when none is.
+  const NodeRt& transformOwning(const std::string& variable) const;
+  /// Sets this process's transforms' variables to `given`, which must be exactly theirs.
+  void restoreLocal(const std::vector<std::pair<std::string, Tensor>>& given);
   void checkDrained();
   std::vector<NodeRt*> parameterised() {
     std::vector<NodeRt*> out;
@@ -1368,6 +1372,60 @@ void Runtime::Impl::checkDrained() {
     if (!n.gradJoins.empty()) report(n.gradJoins.size(), n.gradJoins.begin()->first, "partial gradient sum(s)");
     if (!n.parentOf.empty()) report(n.parentOf.size(), n.parentOf.begin()->first, "unanswered message(s)");
   }
+}
+
+const NodeRt& Runtime::Impl::transformOwning(const std::string& variable) const {
+  const NodeRt* owner = nullptr;
+  for (const NodeRt& n : nodes) {
+    const std::string& node = n.spec->name;
+    if (n.spec->kind == NodeKind::Transform && variable.size() > node.size() + 1 &&
+        variable.rfind(node + "/", 0) == 0 && (owner == nullptr || node.size() > owner->spec->name.size()))
+      owner = &n;
+  }
+  WEFT_CHECK(owner != nullptr, "amp: the checkpoint's variable '{}' belongs to no transform of this graph", variable);
+  return *owner;
+}
+
+void Runtime::Impl::restoreLocal(const std::vector<std::pair<std::string, Tensor>>& given) {
+  std::map<std::string, const Tensor*> unused;
+  for (const auto& [name, value] : given)
+    WEFT_CHECK(unused.emplace(name, &value).second, "amp: the checkpoint holds variable '{}' twice", name);
+  std::vector<std::string> problems;
+  std::vector<std::pair<Tensor*, const Tensor*>> writes;
+  for (NodeRt& n : nodes) {
+    if (!isLocal(n) || !n.compiled || n.spec->kind != NodeKind::Transform) continue;
+    for (weft::Node* v : n.compiled->graph->variables()) {
+      const std::string name = n.spec->name + "/" + v->name;
+      Tensor& now = n.compiled->session->variable(v);
+      const auto it = unused.find(name);
+      if (it == unused.end()) {
+        problems.push_back(
+            fmt::format("'{}' ({}{}) is not in the checkpoint", name, dtypeName(now.dtype()), now.shape().str()));
+        continue;
+      }
+      const Tensor& saved = *it->second;
+      if (saved.dtype() != now.dtype() || saved.shape() != now.shape()) {
+        problems.push_back(fmt::format("'{}' is {}{} in the checkpoint, {}{} in this graph", name,
+                                       dtypeName(saved.dtype()), saved.shape().str(), dtypeName(now.dtype()),
+                                       now.shape().str()));
+      } else {
+        writes.emplace_back(&now, &saved);
+      }
+      unused.erase(it);
+    }
+  }
+  for (const auto& [name, value] : unused)
+    problems.push_back(
+        fmt::format("'{}' is in the checkpoint, but no transform of process {} has it", name, processes.rank));
+  if (!problems.empty()) {
+    std::string list;
+    for (const std::string& p : problems) list += "\n  " + p;
+    const std::string message =
+        fmt::format("amp: process {} cannot resume from the checkpoint:{}", processes.rank, list);
+    if (processes.rank != 0) tellFailure(message);
+    WEFT_THROW("{}", message);
+  }
+  for (auto& [now, saved] : writes) now->copyFrom(*saved);
 }
 
 ProcessReport Runtime::Impl::localReport() {
@@ -1657,6 +1715,38 @@ std::map<std::string, Tensor> Runtime::variables() const {
       for (weft::Node* v : n.compiled->graph->variables())
         out[n.spec->name + "/" + v->name] = n.compiled->session->variable(v).clone();
   return out;
+}
+
+int64_t Runtime::resume(const std::optional<ResumePoint>& point) {
+  Impl& m = *impl_;
+  if (m.processes.rank != 0) {
+    std::unique_lock<std::mutex> lock(m.doneMutex);
+    WireMessage message = m.nextControl(lock, {WireKind::Resume}).second;
+    lock.unlock();
+    if (message.instances > 0) m.restoreLocal(decodeReport(message.report).variables);
+    return message.instances;
+  }
+  if (!point) {
+    for (int r = 1; r < m.processes.count; ++r) m.post(r, control(WireKind::Resume, 0));
+    return 0;
+  }
+  WEFT_CHECK(point->position > 0, "amp: resuming at position {}; a checkpoint comes after some work", point->position);
+  std::vector<ProcessReport> shares(static_cast<size_t>(m.processes.count));
+  try {
+    for (const auto& [name, value] : point->variables)
+      shares[static_cast<size_t>(m.processOf(m.transformOwning(name).worker))].variables.emplace_back(name, value);
+    m.restoreLocal(shares[0].variables);
+  } catch (const std::exception& e) {
+    m.tellFailure(e.what());  // the others wait for their share: they stop now, not at the timeout
+    throw;
+  }
+  for (int r = 1; r < m.processes.count; ++r) {
+    WireMessage message = control(WireKind::Resume, point->position);
+    message.report = encodeReport(shares[static_cast<size_t>(r)]);
+    m.post(r, std::move(message));
+    for (const auto& [name, value] : shares[static_cast<size_t>(r)].variables) m.remoteVariables[name] = value.clone();
+  }
+  return point->position;
 }
 
 void Runtime::setVariable(const std::string& name, const Tensor& value) {

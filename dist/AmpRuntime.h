@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,13 @@ struct EpochReport {
   std::string summary() const;
 };
 
+/// Where a run continues: every transform's variables ("node/variable", as variables() names
+/// them) and the caller's count of what it has done (such as epochs).
+struct ResumePoint {
+  std::map<std::string, Tensor> variables;
+  int64_t position = 0;
+};
+
 class Runtime {
  public:
   /// Verifies `graph` and builds the subgraph, session and optimizer of each transform this
@@ -110,6 +118,14 @@ class Runtime {
   std::map<std::string, Tensor> variables() const;
   /// Overwrites one ("node/variable"); throws naming it when unknown or of another type.
   void setVariable(const std::string& name, const Tensor& value);
+  /// Continues a run from a checkpoint that the controller alone read, so a job's other hosts
+  /// need no copy of it: every process of the job calls this once, before its first epoch. At
+  /// the controller `point` is the checkpoint (nothing: the run starts afresh); elsewhere it is
+  /// ignored. Each process sets its own transforms' variables, which must be exactly the
+  /// checkpoint's for them (optimizer slots and step counters included); a variable missing,
+  /// left over or of another dtype or shape stops every process, named, before any is changed.
+  /// Returns the controller's position (0 when starting afresh) at every process.
+  int64_t resume(const std::optional<ResumePoint>& point);
   /// Averages the variables of each group of replicas (between epochs; train() does it itself).
   void syncReplicas();
   /// The worker each node runs on.

@@ -208,6 +208,10 @@ std::pair<std::vector<uint8_t>, std::vector<uint8_t>> encode(const WireMessage& 
       putDouble(w, m.count);
       break;
     case WireKind::Update: w.putI64(m.instances); break;
+    case WireKind::Resume:
+      w.putI64(m.instances);
+      payload = m.report;
+      break;
     case WireKind::EpochEnd:
       putDouble(w, m.loss);
       putDouble(w, m.hits);
@@ -225,7 +229,7 @@ WireMessage decode(const std::vector<uint8_t>& header, const std::vector<uint8_t
   dist::WireReader r(header, "AMP");
   WireMessage m;
   uint8_t kind = r.getU8("kind");
-  WEFT_CHECK(kind >= 1 && kind <= static_cast<uint8_t>(WireKind::Ready), "amp message: kind {} is unknown", kind);
+  WEFT_CHECK(kind >= 1 && kind <= static_cast<uint8_t>(WireKind::Resume), "amp message: kind {} is unknown", kind);
   m.kind = static_cast<WireKind>(kind);
   switch (m.kind) {
     case WireKind::Forward:
@@ -245,6 +249,11 @@ WireMessage decode(const std::vector<uint8_t>& header, const std::vector<uint8_t
       m.count = getDouble(r, "count");
       break;
     case WireKind::Update: m.instances = r.getI64("instances"); break;
+    case WireKind::Resume:
+      m.instances = r.getI64("position");
+      WEFT_CHECK(m.instances >= 0, "amp message: resume at position {}", m.instances);
+      m.report = payload;
+      break;
     case WireKind::EpochEnd:
       m.loss = getDouble(r, "loss");
       m.hits = getDouble(r, "hits");
@@ -255,7 +264,8 @@ WireMessage decode(const std::vector<uint8_t>& header, const std::vector<uint8_t
     case WireKind::Report: m.report = payload; break;
     case WireKind::Failed: m.reason = r.getString("reason"); break;
   }
-  WEFT_CHECK(m.kind == WireKind::Report || m.kind == WireKind::Forward || m.kind == WireKind::Backward || payload.empty(),
+  WEFT_CHECK(m.kind == WireKind::Report || m.kind == WireKind::Resume || m.kind == WireKind::Forward ||
+                 m.kind == WireKind::Backward || payload.empty(),
              "amp message: kind {} carries {} bytes of payload", kind, payload.size());
   r.finish();
   return m;

@@ -52,6 +52,8 @@ enum class WireKind : uint8_t {
   Report = 7,    ///< process -> controller; payload: its node counts, worker times and variables
   Failed = 8,    ///< process -> controller, and controller -> process (abort): a reason
   Ready = 9,     ///< process -> controller: it has entered the epoch (the controller pumps after every one)
+  Resume = 10,   ///< controller -> process, before the first epoch: `instances` is the run's position;
+                 ///< payload: a report holding that process's variables (none: start afresh)
 };
 
 struct WireMessage {
@@ -63,7 +65,7 @@ struct WireMessage {
   int64_t instances = 0;
   std::string reason;
   Tensor tensor;                ///< Forward / Backward (undefined: a zero gradient)
-  std::vector<uint8_t> report;  ///< Report: encodeReport's bytes
+  std::vector<uint8_t> report;  ///< Report, Resume: encodeReport's bytes
 };
 
 /// A message of the epoch protocol.

@@ -4,6 +4,10 @@
 #include "core/Error.h"
 #include "dist/SyncPolicy.h"
 
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
 namespace weft::dist {
 
 const char* architectureName(Architecture a) {
@@ -20,6 +24,46 @@ Architecture parseArchitecture(const std::string& name) {
   if (name == "ar") return Architecture::AllReduce;
   if (name == "ps") return Architecture::ParameterServer;
   WEFT_THROW("unknown architecture '{}' (expected auto, ar or ps)", name);
+}
+
+int64_t integerFromEnvironment(const char* name, int64_t otherwise) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return otherwise;
+  int64_t value = 0;
+  const char* end = text + std::strlen(text);
+  const auto [stop, ec] = std::from_chars(text, end, value);
+  WEFT_CHECK(ec == std::errc() && stop == end && stop != text && value >= 0,
+             "{}={}: expected a whole number of 0 or more", name, text);
+  return value;
+}
+
+Config withLaunchSettings(Config config) {
+  if (const char* arch = std::getenv(kArchitectureVariable)) {
+    try {
+      config.architecture = parseArchitecture(arch);
+    } catch (const std::exception& e) {
+      WEFT_THROW("{}={}: {}", kArchitectureVariable, arch, e.what());
+    }
+  }
+  if (const char* sync = std::getenv(kSyncVariable)) {
+    try {
+      config.sync = parseSyncPolicy(sync);
+    } catch (const std::exception& e) {
+      WEFT_THROW("{}={}: {}", kSyncVariable, sync, e.what());
+    }
+  }
+  auto positive = [](const char* name, int current) {
+    const int64_t value = integerFromEnvironment(name, current);
+    WEFT_CHECK(value >= 1 && value <= 1 << 16, "{}={}: expected 1 or more", name, value);
+    return static_cast<int>(value);
+  };
+  config.pipeline.stages = positive(kStagesVariable, config.pipeline.stages);
+  config.pipeline.microbatches = positive(kMicrobatchesVariable, config.pipeline.microbatches);
+  const int64_t partitions = integerFromEnvironment(kPartitionsVariable, config.partitioning.count);
+  WEFT_CHECK(partitions <= 1 << 20, "{}={}: more partitions than any variable has rows", kPartitionsVariable,
+             partitions);
+  config.partitioning.count = static_cast<int>(partitions);
+  return config;
 }
 
 void checkConfig(const Config& config, const JobShape& job) {

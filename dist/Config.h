@@ -83,6 +83,31 @@ struct Config {
   PipelineConfig pipeline;
 };
 
+/// What a launcher (`weft launch`, `weft train`'s own) tells each process of a job beyond its
+/// identity, in its environment: get_runner(graph, config) takes the settings over the
+/// program's Config, and TrainingLoop the rest.
+inline constexpr char kSyncVariable[] = "WEFT_SYNC";                  ///< Config::sync (--sync)
+inline constexpr char kStagesVariable[] = "WEFT_STAGES";              ///< Config::pipeline.stages
+inline constexpr char kMicrobatchesVariable[] = "WEFT_MICROBATCHES";  ///< Config::pipeline.microbatches
+inline constexpr char kPartitionsVariable[] = "WEFT_PARTITIONS";      ///< Config::partitioning.count
+/// "on": continue from the checkpoint (a sample of the partition search after the first, the
+/// run after the search).
+inline constexpr char kResumeVariable[] = "WEFT_RESUME";
+/// How many times the launcher restarted the job after a failure (0 at its first start).
+inline constexpr char kRestartCountVariable[] = "WEFT_RESTART_COUNT";
+/// A sample of `--partitions auto`: the steps it trains, and the file worker 0 reports to
+/// (dist/PartitionSearch.h).
+inline constexpr char kPartitionSampleVariable[] = "WEFT_PARTITION_SAMPLE";
+inline constexpr char kPartitionReportVariable[] = "WEFT_PARTITION_REPORT";
+
+/// `config` with the settings a launcher put in this process's environment (WEFT_ARCH,
+/// WEFT_SYNC, WEFT_STAGES, WEFT_MICROBATCHES, WEFT_PARTITIONS); throws naming a variable whose
+/// value does not parse.
+Config withLaunchSettings(Config config);
+/// The non-negative integer of environment variable `name`, or `otherwise` when it is unset;
+/// throws naming the variable and its value when it is not such an integer.
+int64_t integerFromEnvironment(const char* name, int64_t otherwise);
+
 /// The size of a job, as the rules between a Config's settings see it.
 struct JobShape {
   int workers = 1;  ///< worker processes: data-parallel workers, or pipeline stages times replicas

@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "dist/Auth.h"
+#include "dist/Config.h"
 #include "dist/Coordinator.h"
 
 #include <fmt/format.h>
@@ -401,8 +402,10 @@ int launch(const ResourceSpec& spec, const std::vector<std::string>& command, co
   stopSignal = 0;
   suspendRequested = false;
   std::vector<std::string> current = command;
+  LaunchOptions attempt = options;
   for (int restart = 1;; ++restart) {
-    const Outcome outcome = runOnce(spec, current, options);
+    attempt.environment[kRestartCountVariable] = std::to_string(restart - 1);
+    const Outcome outcome = runOnce(spec, current, attempt);
     if (outcome != Outcome::MemberFailed || restart > options.maxRestarts || stopSignal != 0)
       return outcome == Outcome::Succeeded ? 0 : 1;
     if (options.restartCommand) current = options.restartCommand(restart);

@@ -46,7 +46,8 @@ struct LaunchOptions {
   std::chrono::milliseconds silenceLimit{20000};
   /// After a member fails, the job is started again (new id and secret, every process) up to
   /// this many times, with `restartCommand(n)` for the n-th restart (e.g. the command with
-  /// --resume). A stop signal to the launcher is never restarted.
+  /// --resume), and n in every process's WEFT_RESTART_COUNT (0 at the first start), which
+  /// dist::TrainingLoop resumes by. A stop signal to the launcher is never restarted.
   int maxRestarts = 0;
   std::function<std::vector<std::string>(int restart)> restartCommand;
   /// Variables every process of the job gets in its environment, beside its identity (on remote

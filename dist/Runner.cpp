@@ -378,6 +378,7 @@ int Runner::workers() const { return state_->workers(); }
 int Runner::stages() const { return state_->pipeline ? state_->pipelineConfig.stages : 1; }
 int Runner::replicas() const { return state_->replicas(); }
 int Runner::replica() const { return rank() / stages(); }
+bool Runner::synchronous() const { return state_->synchronous; }
 std::string Runner::pipelinePlan() const { return state_->pipelinePlan; }
 double Runner::pipelineIdleFraction() const { return state_->pipeline ? state_->pipeline->idleFraction() : 0; }
 size_t Runner::pipelinePeakKeptBytes() const { return state_->pipeline ? state_->pipeline->peakKeptBytes() : 0; }
@@ -562,9 +563,7 @@ Runner get_runner(Graph& graph, const Config& config) {
                "job's specification in {}: start it with `weft launch`", kResourcesVariable);
     resources = ResourceSpec::localCpu(1, 0);
   }
-  Config chosen = config;
-  if (const char* arch = std::getenv(kArchitectureVariable)) chosen.architecture = parseArchitecture(arch);
-  Runner runner = get_runner(graph, *resources, chosen);
+  Runner runner = get_runner(graph, *resources, withLaunchSettings(config));
   runner.state_->engine = std::move(engine);
   return runner;
 }

@@ -91,6 +91,8 @@ class Runner {
   /// worker's: each replica trains on its part of the total batch.
   int replicas() const;
   int replica() const;
+  /// Whether the workers step together (false under the asynchronous modes, ASP, SSP and DSSP).
+  bool synchronous() const;
   /// What the automatic pipeline cut measured and chose (after the first step; "" when the
   /// author chose the stages, or without a pipeline).
   std::string pipelinePlan() const;
@@ -133,7 +135,8 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
 /// torchrun, a Kubernetes Job: dist/EngineJob.h, with config.engine); a process started on its
 /// own is a job of one worker, which trains locally. The same program thus runs alone, as every
 /// process of a launched job, or under an engine.
-/// `weft launch --arch` (WEFT_ARCH) overrides config.architecture.
+/// What `weft launch` sets in the environment overrides config (withLaunchSettings: --arch,
+/// --sync, --stages, --microbatches, --partitions).
 Runner get_runner(Graph& graph, const Config& config = {});
 
 }  // namespace weft::dist

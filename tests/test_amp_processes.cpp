@@ -9,6 +9,8 @@
 #include "models/AmpModels.h"
 #include "optim/Optimizer.h"
 
+#include <optional>
+
 using namespace weft;
 
 namespace {
@@ -27,10 +29,18 @@ struct JobResult {
   std::map<std::string, Tensor> variables;
 };
 
+/// How a job trains: SGD afresh, or Adam (optimizer state to carry over), resuming from the
+/// controller's `from` when set.
+struct Training {
+  bool adam = false;
+  std::optional<amp::ResumePoint> from;
+};
+
 /// Trains `epochs` epochs of `count` instances with `processes` runtimes of `workers` workers
-/// each (SGD), joined by in-process transports.
+/// each, joined by in-process transports.
 JobResult runJob(const std::string& name, const std::map<std::string, int64_t>& settings, int processes, int workers,
-                 amp::AmpOptions options, double learningRate, int64_t count, int epochs) {
+                 amp::AmpOptions options, double learningRate, int64_t count, int epochs,
+                 const Training& training = {}) {
   auto network = std::make_shared<dist::LoopbackNetwork>();
   std::vector<std::unique_ptr<dist::LoopbackTransport>> transports;
   for (int p = 0; p < processes; ++p) transports.push_back(std::make_unique<dist::LoopbackTransport>(network));
@@ -48,9 +58,14 @@ JobResult runJob(const std::string& name, const std::map<std::string, int64_t>& 
     models::AmpModel& m = *models[p];
     amp::AmpProcesses job{static_cast<int>(p), processes, processes > 1 ? transports[p].get() : nullptr, peers[p]};
     amp::AmpOptions mine = options;  // an optimizer builds into one graph at a time: one per process
-    mine.optimizer = std::make_shared<optim::SGD>(learningRate);
+    if (training.adam)
+      mine.optimizer = std::make_shared<optim::Adam>(learningRate);
+    else
+      mine.optimizer = std::make_shared<optim::SGD>(learningRate);
     try {
       amp::Runtime runtime(m.graph(), mine, job);
+      // Only the controller holds the checkpoint; the others take their part from it.
+      if (training.from) runtime.resume(p == 0 ? training.from : std::nullopt);
       for (int e = 0; e < epochs; ++e) {
         amp::EpochReport r = runtime.train(count, [&](int64_t i) { return m.trainInstance(i); });
         runtime.evaluate(4, [&](int64_t i) { return m.evalInstance(i); });
@@ -68,7 +83,10 @@ JobResult runJob(const std::string& name, const std::map<std::string, int64_t>& 
 void checkSameVariables(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
   REQUIRE(a.size() == b.size());
   for (const auto& [name, value] : a) {
-    if (value.dtype() != f64) continue;  // step counters
+    if (value.dtype() != f64) {
+      CHECK_MESSAGE(value.toDoubles() == b.at(name).toDoubles(), name);  // step counters
+      continue;
+    }
     CHECK_MESSAGE(relativeDifference(value, b.at(name)) < 1e-12, name);
   }
 }
@@ -91,6 +109,50 @@ TEST_CASE("synchronous training over 2 and 3 processes equals training in one pr
     checkSameVariables(many.variables, one.variables);
     CHECK(many.reports.back().loss == doctest::Approx(one.reports.back().loss).epsilon(1e-9));
   }
+}
+
+TEST_CASE("a job resumed from the controller's variables after an epoch ends as the uninterrupted job") {
+  const std::map<std::string, int64_t> small{{"hidden", 6}, {"embedding", 3}, {"train-size", 12}, {"eval-size", 4}};
+  amp::AmpOptions options{.maxActiveKeys = 3, .minibatch = 4};
+  const Training adam{.adam = true, .from = std::nullopt};
+  JobResult whole = runJob("list_reduction", small, 3, 1, options, 0.01, 12, 3, adam);
+  JobResult first = runJob("list_reduction", small, 3, 1, options, 0.01, 12, 1, adam);
+  checkNoErrors(whole);
+  checkNoErrors(first);
+  CHECK(first.variables.count("linear/Adam/linear/weight/m") == 1);  // the optimizer's state goes with it
+  JobResult rest = runJob("list_reduction", small, 3, 1, options, 0.01, 12, 2,
+                          {.adam = true, .from = amp::ResumePoint{first.variables, 1}});
+  checkNoErrors(rest);
+  checkSameVariables(rest.variables, whole.variables);
+  CHECK(rest.reports.back().loss == doctest::Approx(whole.reports.back().loss).epsilon(1e-9));
+}
+
+TEST_CASE("a checkpoint that lacks a variable of another process stops every process, naming it") {
+  const std::map<std::string, int64_t> small{{"hidden", 6}, {"embedding", 3}, {"train-size", 12}, {"eval-size", 4}};
+  amp::AmpOptions options{.maxActiveKeys = 3, .minibatch = 4};
+  JobResult first = runJob("list_reduction", small, 2, 1, options, 0.1, 12, 1);
+  checkNoErrors(first);
+  std::map<std::string, Tensor> lacking = first.variables;
+  REQUIRE(lacking.erase("linear/linear/bias") == 1);  // the hidden layer runs in process 1
+  JobResult rest = runJob("list_reduction", small, 2, 1, options, 0.1, 12, 1, {.from = amp::ResumePoint{lacking, 1}});
+  REQUIRE(rest.errors.size() == 2);
+  for (const std::string& error : rest.errors) {
+    CAPTURE(error);
+    CHECK(contains(error, "process 1 cannot resume from the checkpoint"));
+    CHECK(contains(error, "'linear/linear/bias' (f64[6]) is not in the checkpoint"));
+  }
+}
+
+TEST_CASE("a checkpoint variable of no transform is refused before any process starts") {
+  const std::map<std::string, int64_t> small{{"hidden", 6}, {"embedding", 3}, {"train-size", 12}, {"eval-size", 4}};
+  amp::AmpOptions options{.maxActiveKeys = 3, .minibatch = 4};
+  JobResult first = runJob("list_reduction", small, 2, 1, options, 0.1, 12, 1);
+  checkNoErrors(first);
+  std::map<std::string, Tensor> extra = first.variables;
+  extra["decoder/weight"] = extra.begin()->second;
+  JobResult rest = runJob("list_reduction", small, 2, 1, options, 0.1, 12, 1, {.from = amp::ResumePoint{extra, 1}});
+  for (const std::string& error : rest.errors)
+    CHECK_MESSAGE(contains(error, "'decoder/weight' belongs to no transform"), error);
 }
 
 TEST_CASE("message passing over each graph's nodes and edges, split across processes, equals one process") {

@@ -3,7 +3,8 @@
 # installed (cmake --install) into a temporary prefix; each example is configured with
 # find_package(weft), built and run; the op example is built once more with pkg-config's flags;
 # README's authoring example must be the mlp example's code; and the data-parallel example,
-# launched with `weft launch --workers 2 --servers 1`, must train what it trains alone.
+# launched with `weft launch --workers 2 --servers 1` (with --partitions auto, and restarted after
+# a worker is killed) and by mpirun, must train what it trains alone.
 #
 #   tests/test_examples.sh BUILD_DIR SOURCE_DIR [CXX_FLAGS]   (CXX_FLAGS: the sanitizer build's)
 set -euo pipefail
@@ -17,6 +18,7 @@ fail() {
   echo "test_examples: $*" >&2
   exit 1
 }
+. "$(dirname "${BASH_SOURCE[0]}")/kill_member.sh"
 # quietly CMD...: runs CMD, showing its output only when it fails.
 quietly() {
   "$@" >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "failed: $*"; }
@@ -54,12 +56,42 @@ quietly "${CXX:-c++}" "${extra[@]}" "$source/examples/custom_op/main.cpp" -o "$w
 "$prefix/bin/weft" launch --workers 2 --servers 1 -- "$work/data_parallel/data_parallel" >"$work/launched" ||
   fail "the data-parallel example failed under weft launch"
 grep -q "^workers 2$" "$work/launched" || fail "the launched example did not run as 2 workers: $(cat "$work/launched")"
+# agree FILE...: each file's results agree with the lone run's ($work/alone) to rounding.
+agree() {
+  local file
+  for file in "$@"; do
+    awk 'NR == FNR {alone[$1] = $2; next} $1 != "workers" {
+           d = $2 - alone[$1]; if (d < 0) d = -d; a = alone[$1] < 0 ? -alone[$1] : alone[$1]
+           if (!($1 in alone) || d > 1e-9 * (1 + a)) {print $1 ": alone " alone[$1] ", launched " $2; bad = 1}}
+         END {exit bad}' "$work/alone" "$file" >"$work/differs" ||
+      fail "$file: the job trained something else: $(cat "$work/differs")"
+  done
+}
 # The loss and the variables' sums agree to rounding: the job sums in another order.
-awk 'NR == FNR {alone[$1] = $2; next} $1 != "workers" {
-       d = $2 - alone[$1]; if (d < 0) d = -d; a = alone[$1] < 0 ? -alone[$1] : alone[$1]
-       if (!($1 in alone) || d > 1e-9 * (1 + a)) {print $1 ": alone " alone[$1] ", launched " $2; bad = 1}}
-     END {exit bad}' "$work/alone" "$work/launched" >"$work/differs" ||
-  fail "the launched job trained something else: $(cat "$work/differs")"
+agree "$work/launched"
+# dist::TrainingLoop under weft launch: --partitions auto runs samples that go on from one
+# another's checkpoints, and the job ends as the lone run.
+"$prefix/bin/weft" launch --workers 2 --servers 2 --partitions auto --partition-search-steps 8 -- \
+  "$work/data_parallel/data_parallel" "$work/searched" >"$work/searched.out" ||
+  fail "the data-parallel example failed under weft launch --partitions auto"
+grep -q "^partition search: 1 partition: " "$work/searched.out" ||
+  fail "weft launch --partitions auto sampled no partition count: $(cat "$work/searched.out")"
+grep -v "^partition search" "$work/searched.out" >"$work/searched.results"
+agree "$work/searched.results"
+# A worker killed mid-run under --max-restarts 1: the restarted job goes on from the last
+# checkpoint, and ends bit for bit as the uninterrupted job.
+"$prefix/bin/weft" launch --workers 2 --servers 1 -- "$work/data_parallel/data_parallel" "" 3000 \
+  >"$work/uninterrupted" || fail "the data-parallel example failed under weft launch with 3000 steps"
+"$prefix/bin/weft" launch --workers 2 --servers 1 --max-restarts 1 -- "$work/data_parallel/data_parallel" \
+  "$work/restarted" 3000 >"$work/restarted.out" 2>"$work/restarted.err" &
+launcher=$!
+# WEFT_SLOT=1 is worker 1 (the one server is slot 0 among the servers).
+kill_member_once "$work/restarted" WEFT_SLOT=1 test -f "$work/restarted/checkpoint.safetensors"
+wait "$launcher" || fail "the restarted job failed: $(cat "$work/restarted.err")"
+grep -q "restarting the job (1 of 1 restarts)" "$work/restarted.err" ||
+  fail "the job was not restarted (it ended before the kill?): $(cat "$work/restarted.err")"
+cmp -s "$work/uninterrupted" "$work/restarted.out" ||
+  fail "the restarted job trained otherwise than the uninterrupted one: $(diff "$work/uninterrupted" "$work/restarted.out")"
 # The same program as every rank of an mpirun job (rank 0 a parameter server), where Open MPI is.
 if command -v mpirun >/dev/null; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 3 --oversubscribe -x WEFT_SERVERS_PER_HOST=1 \
@@ -67,4 +99,4 @@ if command -v mpirun >/dev/null; then
   cmp -s "$work/launched" "$work/mpirun" ||
     fail "the mpirun job trained otherwise than the launched one: $(diff "$work/launched" "$work/mpirun")"
 fi
-echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch (and mpirun, where it is) trained the data-parallel one as one process"
+echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch (with --partitions auto, and restarted after a kill) and mpirun, where it is, trained the data-parallel one as one process"

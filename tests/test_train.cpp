@@ -540,6 +540,59 @@ TEST_CASE("--amp --processes trains over worker processes exactly as one process
   }
 }
 
+TEST_CASE("--amp --resume continues after the checkpoint's last epoch and ends as the uninterrupted run") {
+  TempDir dir;
+  const std::string common =
+      "train list_reduction --amp --dtype f64 --minibatch 8 --max-active-keys 2 --target 0 "
+      "--train-size 48 --eval-size 8 --hidden 16 --processes 2 --workers 1 ";
+  const std::string whole = (dir.path / "whole.safetensors").string(),
+                    resumed = (dir.path / "resumed.safetensors").string();
+  const CliRun a = weftCli(common + "--epochs 3 --out " + (dir.path / "a").string() + " --save " + whole);
+  REQUIRE_MESSAGE(a.status == 0, a.output);
+  const std::string out = (dir.path / "b").string();
+  const CliRun first = weftCli(common + "--epochs 1 --out " + out);
+  REQUIRE_MESSAGE(first.status == 0, first.output);
+  const weft::TensorFile checkpoint = weft::readSafetensors(out + "/checkpoint.safetensors");
+  CHECK(checkpoint.metadata.at("epoch") == "1");
+  CHECK(checkpoint.tensors.count("linear/Adam/linear/weight/m") == 1);  // optimizer state, of process 1's transform
+  const CliRun rest = weftCli(common + "--epochs 3 --resume --out " + out + " --save " + resumed);
+  REQUIRE_MESSAGE(rest.status == 0, rest.output);
+  CHECK(contains(rest.output, "resumed from " + out + "/checkpoint.safetensors after epoch 1"));
+  CHECK_FALSE(contains(rest.output, "epoch   1 |"));
+  CHECK(contains(rest.output, "epoch   3 |"));
+  const weft::TensorFile x = weft::readSafetensors(whole), y = weft::readSafetensors(resumed);
+  REQUIRE(x.tensors.size() == y.tensors.size());
+  for (const auto& [name, t] : x.tensors) {
+    CAPTURE(name);
+    // Gradients summed across processes arrive in any order: equal to rounding.
+    CHECK(relativeDifference(y.tensors.at(name), t) < 1e-12);
+  }
+  // metrics.jsonl continues: epoch 1's line from the first run, then epochs 2 and 3.
+  std::ifstream metrics(out + "/metrics.jsonl");
+  std::vector<int64_t> epochs;
+  for (std::string line; std::getline(metrics, line);)
+    if (const auto j = nlohmann::json::parse(line); j.contains("epoch")) epochs.push_back(j["epoch"].get<int64_t>());
+  CHECK(epochs == std::vector<int64_t>{1, 2, 3});
+}
+
+TEST_CASE("--amp --resume refuses a checkpoint of other settings, naming them; --resume auto starts without one") {
+  TempDir dir;
+  const std::string common =
+      "train mlp --amp --epochs 1 --target 0 --train-size 16 --eval-size 4 --out " + (dir.path / "run").string() + " ";
+  const CliRun fresh = weftCli(common + "--resume auto");
+  REQUIRE_MESSAGE(fresh.status == 0, fresh.output);
+  CHECK_FALSE(contains(fresh.output, "resumed from"));
+  const CliRun changed = weftCli(common + "--resume --lr 0.5");
+  CHECK(changed.status != 0);
+  CHECK(contains(changed.output, "was written by a run with other settings"));
+  CHECK(contains(changed.output, "--lr: "));
+  CHECK(contains(changed.output, " in the checkpoint, 0.5 now"));
+  const CliRun missing = weftCli("train mlp --amp --epochs 1 --resume --out " + (dir.path / "none").string());
+  CHECK(missing.status != 0);
+  CHECK(contains(missing.output,
+                 "--resume: no checkpoint at " + (dir.path / "none").string() + "/checkpoint.safetensors"));
+}
+
 TEST_CASE("--amp ggsnn --task deduction trains on a graph file whose one node labelled 1 is the answer, and refuses two") {
   TempDir dir;
   const std::string good = (dir.path / "deduction.graphs").string(), bad = (dir.path / "bad.graphs").string();

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 
 namespace weft::tools {
@@ -46,6 +47,9 @@ struct AmpFlags {
   std::string out;
   std::string trace;
   std::string save;
+  std::string resume;  // "": start afresh; "on": from the checkpoint in --out; "auto": from it if there is one
+  bool resumeChanged = false;
+  int64_t checkpointEvery = 1;  // epochs
   std::string cluster;
   double timeout = 120;
   bool dot = false;
@@ -66,6 +70,59 @@ nlohmann::json nodeStats(const amp::EpochReport& r) {
       nodes[n.name] = {{"worker", n.worker},      {"updates", n.updates},         {"gradients", n.gradients},
                        {"staleness_mean", n.meanStaleness}, {"staleness_max", n.maxStaleness}, {"busy_s", n.busySeconds}};
   return nodes;
+}
+
+/// What identifies an AMP run in its checkpoints: every setting that changes the trained values
+/// or the instances, except the number of epochs and the workers (synchronous training is the
+/// same function on any number; asynchronous training is not repeatable on any).
+std::map<std::string, std::string> runIdentity(models::AmpModel& model, const AmpFlags& f,
+                                               const models::OptimizerSpec& spec) {
+  std::map<std::string, std::string> id{{"run.seed", std::to_string(f.seed)},
+                                        {"run.data", f.data},
+                                        {"run.dtype", f.dtype},
+                                        {"run.replicas", std::to_string(f.replicas)},
+                                        {"run.optimizer", spec.name},
+                                        {"run.lr", fmt::format("{}", spec.lr)},
+                                        {"run.minibatch", std::to_string(f.minibatch)},
+                                        {"run.min-update-frequency", std::to_string(f.minUpdateFrequency)},
+                                        {"run.max-active-keys", std::to_string(f.maxActiveKeys)},
+                                        {"run.replica-sync-every", std::to_string(f.replicaSyncEvery)}};
+  for (const models::ModelOption& o : model.options()) id["run." + o.name] = optionValue(o);
+  return id;
+}
+
+/// An AMP run's progress between epochs: where it stands and what its summary adds up.
+struct AmpProgress {
+  int64_t epoch = 0;  // epochs done
+  double trainSeconds = 0;
+};
+
+/// Reads the checkpoint of an AMP run (the controller alone), checked against this run's settings.
+std::optional<amp::ResumePoint> readCheckpoint(const std::string& path, const std::string& model,
+                                               const std::map<std::string, std::string>& identity, const AmpFlags& f,
+                                               AmpProgress& progress) {
+  if (f.resume == "auto" && !f.resumeChanged && !std::filesystem::exists(path)) return std::nullopt;
+  WEFT_CHECK(std::filesystem::exists(path), "--resume: no checkpoint at {}", path);
+  TensorFile file = readSafetensors(path, Checksums::Required);
+  WEFT_CHECK(file.metadata["model"] == model + " --amp", "--resume: {} holds a '{}' model, not '{} --amp'", path,
+             file.metadata["model"], model);
+  checkRunIdentity(identity, file.metadata, path, f.resumeChanged, true);
+  progress.epoch = metadataInteger(file.metadata, path, "epoch", 1);
+  try {
+    progress.trainSeconds = std::stod(file.metadata["train_seconds"]);
+  } catch (const std::exception&) {
+    WEFT_THROW("checkpoint {}: metadata field 'train_seconds' is '{}', not a number", path,
+               file.metadata["train_seconds"]);
+  }
+  return amp::ResumePoint{std::move(file.tensors), progress.epoch};
+}
+
+void writeCheckpoint(const std::string& path, const std::string& model, std::map<std::string, std::string> metadata,
+                     const amp::Runtime& runtime, const AmpProgress& progress) {
+  metadata["model"] = model + " --amp";
+  metadata["epoch"] = std::to_string(progress.epoch);
+  metadata["train_seconds"] = fmt::format("{}", progress.trainSeconds);
+  writeSafetensors(path, {runtime.variables(), std::move(metadata)});
 }
 
 /// Every process of a --processes job (the controller is rank 0) trains alike; rank 0 reports.
@@ -91,29 +148,49 @@ int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& p
     fmt::print("{} --amp: {} process(es) of {} workers, {} max active keys, {}, {} training and {} held-out instances\n",
                f.model, processes.count, f.workers, f.maxActiveKeys, mode, model.trainSize(), model.evalSize());
   const std::string outDir = f.out.empty() ? "runs/" + f.model + "-amp" : f.out;
+  const std::string checkpointPath = outDir + "/checkpoint.safetensors";
+  const std::map<std::string, std::string> identity = runIdentity(model, f, spec);
+  AmpProgress progress;
   std::ofstream metrics;
   if (leader) {
     std::filesystem::create_directories(outDir);
-    metrics.open(outDir + "/metrics.jsonl");
+    removeStaleTemporaries(checkpointPath);
   }
+  if (!f.resume.empty() || f.resumeChanged) {
+    // The controller alone reads the checkpoint; the other processes take their transforms' part.
+    std::optional<amp::ResumePoint> point;
+    if (leader) point = readCheckpoint(checkpointPath, f.model, identity, f, progress);
+    progress.epoch = runtime.resume(point);
+    if (leader && point) fmt::print("resumed from {} after epoch {}\n", checkpointPath, progress.epoch);
+  }
+  // A resumed run adds to the metrics of the run it continues.
+  if (leader) metrics.open(outDir + "/metrics.jsonl", progress.epoch > 0 ? std::ios::app : std::ios::trunc);
   const double target = f.target >= 0 ? f.target : model.targetAccuracy();
   // As in the zoo, --epochs wins over --steps; a step is one training instance here.
   const int64_t instances = f.epochs > 0 || f.steps == 0 ? (f.epochs > 0 ? f.epochs : model.defaultEpochs()) * model.trainSize()
                                                          : f.steps;
   const int64_t epochs = (instances + model.trainSize() - 1) / model.trainSize();
-  double trainSeconds = 0;
+  double& trainSeconds = progress.trainSeconds;
   int64_t reachedAt = 0;
   double reachedSeconds = 0, accuracy = 0;
   amp::EpochReport last;
-  for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
+  if (progress.epoch >= epochs) {  // resumed with nothing left to train: the summary's accuracy is still measured
+    accuracy = runtime.evaluate(model.evalSize(), [&](int64_t i) { return model.evalInstance(i); }).accuracy;
+    if (leader) fmt::print("the checkpoint is of epoch {}: no epochs left of {}\n", progress.epoch, epochs);
+  }
+  for (int64_t epoch = progress.epoch + 1; epoch <= epochs; ++epoch) {
     const std::vector<int64_t> order = epochOrder(model.trainSize(), f.seed, epoch);
     const int64_t count = std::min(model.trainSize(), instances - (epoch - 1) * model.trainSize());
     last = runtime.train(count, [&](int64_t i) { return model.trainInstance(order[static_cast<size_t>(i)]); });
     trainSeconds += last.seconds;
     const amp::EpochReport held = runtime.evaluate(model.evalSize(), [&](int64_t i) { return model.evalInstance(i); });
     accuracy = held.accuracy;
+    progress.epoch = epoch;
+    const bool reached = target > 0 && held.accuracy >= target;
+    if (leader && (epoch % f.checkpointEvery == 0 || epoch == epochs || reached))
+      writeCheckpoint(checkpointPath, f.model, identity, runtime, progress);
     if (!leader) {
-      if (target > 0 && held.accuracy >= target) break;  // the controller's accuracy: it stops too
+      if (reached) break;  // the controller's accuracy: it stops too
       continue;
     }
     fmt::print("epoch {:>3} | train {} | held-out loss {:.4f} accuracy ({}) {:.4f}\n", epoch, last.summary(), held.loss,
@@ -132,7 +209,7 @@ int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& p
                               {"nodes", nodeStats(last)}}
                    .dump()
             << "\n";
-    if (reachedAt == 0 && target > 0 && held.accuracy >= target) {
+    if (reached) {
       reachedAt = epoch;
       reachedSeconds = trainSeconds;
       break;
@@ -219,6 +296,13 @@ int runAmp(int argc, char** argv) {
                    "worker processes on this machine, messages between them over UCX (rank 0 pumps the instances)")
         ->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--save", f.save, "write the trained variables to this safetensors file");
+    app.add_option("--checkpoint-every", f.checkpointEvery,
+                   "epochs between checkpoints of variables and optimizer state in --out (and after the last)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    addResumeFlags(app, f.resume, f.resumeChanged,
+                   "continue after the last epoch of the checkpoint in --out; a checkpoint of a run with other "
+                   "settings is refused");
     app.add_option("--cluster", f.cluster,
                    "run the worker processes on the hosts of this resource specification (JSON; \"servers\": 0 on every host)");
     app.add_option("--max-active-keys", f.maxActiveKeys, "instances in flight at once")->capture_default_str()->check(CLI::PositiveNumber);
@@ -237,7 +321,7 @@ int runAmp(int argc, char** argv) {
     app.add_option("--optimizer", f.optimizer, "adam, sgd, momentum or adagrad (default: the model's)")
         ->check(CLI::IsMember({"adam", "sgd", "momentum", "adagrad"}));
     app.add_option("--lr", f.lr, "learning rate (default: the model's)")->check(CLI::PositiveNumber);
-    app.add_option("--out", f.out, "directory for metrics.jsonl (default: runs/MODEL-amp)");
+    app.add_option("--out", f.out, "directory for metrics.jsonl and the checkpoint (default: runs/MODEL-amp)");
     app.add_option("--trace", f.trace, "write each worker's forward, backward and update work as a trace-event JSON file");
     app.add_option("--timeout", f.timeout, "seconds without any message processed before the run stops with an error")
         ->capture_default_str()->check(CLI::PositiveNumber);

@@ -2,8 +2,10 @@
 // command line, passed on untouched.
 #include "tools/Launch.h"
 
+#include "core/Error.h"
 #include "dist/Config.h"
 #include "dist/Launcher.h"
+#include "dist/PartitionSampling.h"
 #include "dist/ResourceSpec.h"
 
 #include <CLI/CLI.hpp>
@@ -13,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,11 +25,27 @@ namespace {
 struct LaunchFlags {
   int workers = 0;
   int servers = 1;
+  int stages = 1;
+  int microbatches = 0;  // 0: the program's own
   std::string cluster;
   std::string arch;
+  std::string sync;
+  std::string partitions;  // "": the program's own; "auto": searched; else a count
+  int64_t partitionSearchSteps = 100;
   int maxRestarts = 0;
   double rendezvousSeconds = 60;
 };
+
+/// What the flags set over the program's dist::Config, in every process's environment.
+std::map<std::string, std::string> launchSettings(const LaunchFlags& f) {
+  std::map<std::string, std::string> settings;
+  if (!f.arch.empty()) settings[dist::kArchitectureVariable] = f.arch;
+  if (!f.sync.empty()) settings[dist::kSyncVariable] = f.sync;
+  if (f.stages > 1) settings[dist::kStagesVariable] = std::to_string(f.stages);
+  if (f.microbatches > 0) settings[dist::kMicrobatchesVariable] = std::to_string(f.microbatches);
+  if (!f.partitions.empty() && f.partitions != "auto") settings[dist::kPartitionsVariable] = f.partitions;
+  return settings;
+}
 
 /// A program named by a path ("./train", "bin/train") runs by its absolute path, so every process
 /// finds it whatever its working directory; a bare name is looked up in PATH as a shell would.
@@ -47,10 +66,13 @@ int runLaunch(int argc, char** argv) {
     command.assign(dashes + 1, own.end());
     own.erase(dashes, own.end());
   }
-  CLI::App app("usage: weft launch [--workers N [--servers M] | --cluster SPEC.json] [--arch auto|ar|ps] -- PROGRAM "
-               "[ARGS...]\n\nRuns PROGRAM as every worker and parameter server of a job; inside it, "
-               "dist::get_runner(graph, config) joins the job.",
-               "weft launch");
+  CLI::App app(
+      "usage: weft launch [--workers N [--servers M | --stages S] | --cluster SPEC.json] [--arch auto|ar|ps] "
+      "[--sync MODE] [--partitions N|auto] [--max-restarts N] -- PROGRAM [ARGS...]\n\nRuns PROGRAM as every "
+      "worker and parameter server of a job; inside it, dist::get_runner(graph, config) joins the job, with "
+      "these flags over its config, and dist::TrainingLoop checkpoints, resumes and samples for "
+      "--partitions auto.",
+      "weft launch");
   LaunchFlags f;
   CLI::Option* workers = app.add_option("--workers", f.workers, "local CPU worker processes")->check(CLI::PositiveNumber);
   app.add_option("--servers", f.servers, "local parameter-server processes (with --workers)")
@@ -60,8 +82,28 @@ int runLaunch(int argc, char** argv) {
   app.add_option("--arch", f.arch, "how the program's variables are synchronised, overriding its dist::Config: auto, ar "
                  "or ps (passed to every process as WEFT_ARCH)")
       ->check(CLI::IsMember({"auto", "ar", "ps"}));
-  app.add_option("--max-restarts", f.maxRestarts, "start the whole job again up to N times after a process fails")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--sync", f.sync, "bsp, asp, ssp:S or dssp:L:H, overriding the program's config (WEFT_SYNC)");
+  app.add_option("--stages", f.stages,
+                 "pipeline stages: --workers N runs N replicas of S stages, one process each, "
+                 "without parameter servers (WEFT_STAGES)")
+      ->check(CLI::PositiveNumber)
+      ->needs(workers);
+  app.add_option("--microbatches", f.microbatches, "micro-batches per step of a pipeline (WEFT_MICROBATCHES)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--partitions", f.partitions,
+                 "partitions of each split sparse variable (WEFT_PARTITIONS); auto: searched by running samples of the "
+                 "job, which dist::TrainingLoop times and continues from one another's checkpoint")
+      ->check(CLI::PositiveNumber | CLI::IsMember({"auto"}));
+  app.add_option("--partition-search-steps", f.partitionSearchSteps,
+                 "steps each sample of --partitions auto trains, "
+                 "the second half timed")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-restarts", f.maxRestarts,
+                 "start the whole job again up to N times after a process fails "
+                 "(dist::TrainingLoop continues from its checkpoint)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--rendezvous-timeout", f.rendezvousSeconds, "seconds the processes have to join the job")
       ->capture_default_str()->check(CLI::PositiveNumber);
   try {
@@ -69,18 +111,25 @@ int runLaunch(int argc, char** argv) {
     app.parse(own);
     if (command.empty()) throw CLI::ValidationError("PROGRAM", "name the program to run after \"--\"");
     if (f.workers == 0 && f.cluster.empty()) throw CLI::ValidationError("--workers or --cluster", "one is required");
+    if (f.stages > 1 && app.count("--servers") > 0)
+      throw CLI::ValidationError("--servers", "a pipeline's stages hold their own variables: no parameter servers");
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
-    const dist::ResourceSpec spec = f.cluster.empty() ? dist::ResourceSpec::localCpu(f.workers, f.servers)
-                                                      : dist::ResourceSpec::load(f.cluster);
+    const dist::ResourceSpec spec =
+        f.cluster.empty() ? dist::ResourceSpec::localCpu(f.workers * f.stages, f.stages > 1 ? 0 : f.servers)
+                          : dist::ResourceSpec::load(f.cluster);
     command[0] = resolveProgram(command[0]);
     dist::LaunchOptions options;
     options.rendezvousTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.rendezvousSeconds * 1000));
     options.maxRestarts = f.maxRestarts;
-    if (!f.arch.empty()) options.environment[dist::kArchitectureVariable] = f.arch;
-    return dist::launch(spec, command, options);
+    options.environment = launchSettings(f);
+    if (f.partitions != "auto") return dist::launch(spec, command, options);
+    WEFT_CHECK(spec.serverCount() > 0,
+               "--partitions auto splits variables on parameter servers, and this job has none");
+    dist::launchSearchingPartitions(spec, command, options, f.partitionSearchSteps, false);
+    return 0;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "weft launch: error: {}\n", e.what());

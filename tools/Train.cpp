@@ -3,13 +3,12 @@
 #include "core/Checkpoint.h"
 #include "core/Hash.h"
 #include "core/InputFile.h"
-#include "core/JsonLimits.h"
 #include "core/TensorBoard.h"
 #include "core/Trace.h"
 #include "dist/Launcher.h"
-#include "dist/PartitionSearch.h"
-#include "dist/Preemption.h"
+#include "dist/PartitionSampling.h"
 #include "dist/Pipeline.h"
+#include "dist/Preemption.h"
 #include "dist/Runner.h"
 #include "models/AmpModels.h"
 #include "models/ZooModel.h"
@@ -21,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -63,7 +63,6 @@ struct TrainFlags {
   int64_t partitionBytes = int64_t{1} << 20;
   std::string partitions;  // "": one per server; "auto": searched; else a count
   int64_t partitionSearchSteps = 100;
-  int64_t partitionSample = 0;  // set by the search's launcher: this run is one sample of that many steps
   int64_t sparsityBatches = 4;
   std::string sync = "bsp";
   std::string slowWorker;  // "RANK:FACTOR"
@@ -270,7 +269,7 @@ class Trainer {
     // Under the asynchronous modes auto means ps: AllReduce would wait for every worker.
     if (!config.sync->synchronous() && config.architecture == dist::Architecture::Auto)
       config.architecture = dist::Architecture::ParameterServer;
-    config.partitioning = {static_cast<size_t>(flags_.partitionBytes), flags_.partitions == "auto" ? 0 : partitionCount()};
+    config.partitioning = {static_cast<size_t>(flags_.partitionBytes), partitionCount()};
     config.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags_.timeout * 1000));
     config.session = SessionOptions{flags_.threads, false};
     config.localAggregation = flags_.localAggregation == "on";
@@ -366,7 +365,8 @@ class Trainer {
     if (leader_ && !runner_->sparsityChoices().empty()) reportSparsity(*report.metrics);
     Progress progress(steps_, step);
     // A sample of the partition search trains a stretch and times its second half.
-    const int64_t stop = flags_.partitionSample > 0 ? std::min(steps_, step + flags_.partitionSample) : steps_;
+    const int64_t sample = dist::partitionSampleSteps();
+    const int64_t stop = sample > 0 ? std::min(steps_, step + sample) : steps_;
     const int64_t timedFrom = step + (stop - step) / 2;
     double timedSeconds = 0;
     while (step < stop) {
@@ -417,15 +417,10 @@ class Trainer {
     if (flags_.reportComm) reportCommunication(step);
     writeTrace();
     if (!leader_) return 0;
-    if (flags_.partitionSample > 0) {
-      const int64_t timed = stop - timedFrom;
-      report.metrics->write({{"partition_sample",
-                              {{"partitions", partitionCount()},
-                               {"effective", runner_->serverPlan().largestPartitionCount()},
-                               {"seconds_per_step", timed > 0 ? timedSeconds / static_cast<double>(timed) : 0.0},
-                               {"timed_steps", timed},
-                               {"step", step},
-                               {"steps", steps_}}}});
+    if (sample > 0) {
+      reportSample(report,
+                   {partitionCount(), runner_->serverPlan().largestPartitionCount(), 0, stop - timedFrom, step, steps_},
+                   timedSeconds);
       return 0;
     }
     finalEvaluation(report, progress, step);
@@ -532,104 +527,51 @@ class Trainer {
     return slow;
   }
 
-  /// The job's partition count (--partitions N; 0: one per server).
+  /// The job's partition count (--partitions N; 0: one per server); under --partitions auto,
+  /// the count the search's launcher gave this run (0 in the launcher itself).
   int partitionCount() const {
     if (flags_.partitions.empty()) return 0;
-    WEFT_CHECK(flags_.partitions != "auto", "--partitions auto is resolved by the launcher into a count");
+    if (flags_.partitions == "auto")
+      return static_cast<int>(dist::integerFromEnvironment(dist::kPartitionsVariable, 0));
     return std::stoi(flags_.partitions);
+  }
+
+  /// A sample of the partition search done (worker 0): its record in metrics.jsonl, and its
+  /// report to the search's launcher.
+  void reportSample(Reporting& report, dist::PartitionSampleReport sample, double timedSeconds) {
+    sample.secondsPerStep = sample.timedSteps > 0 ? timedSeconds / static_cast<double>(sample.timedSteps) : 0.0;
+    report.metrics->write({{"partition_sample",
+                            {{"partitions", sample.partitions},
+                             {"effective", sample.effective},
+                             {"seconds_per_step", sample.secondsPerStep},
+                             {"timed_steps", sample.timedSteps},
+                             {"step", sample.step},
+                             {"steps", sample.steps}}}});
+    dist::reportPartitionSample(sample);
   }
 
   std::string outDir() const { return flags_.out.empty() ? "runs/" + name_ : flags_.out; }
 
-  /// `command` with flag `name` set to `value` alone (earlier values of it removed).
-  static std::vector<std::string> withFlag(std::vector<std::string> command, const std::string& name,
-                                           const std::string& value) {
-    std::vector<std::string> out;
-    for (size_t i = 0; i < command.size(); ++i) {
-      if (command[i] == name) {
-        ++i;  // and its value
-      } else if (command[i].rfind(name + "=", 0) != 0) {
-        out.push_back(command[i]);
-      }
-    }
-    out.push_back(name);
-    out.push_back(value);
-    return out;
-  }
-
-  /// --partitions auto (the launcher): runs the job a stretch of --partition-search-steps per
-  /// sampled partition count, each stretch continuing from the previous one's checkpoint, so the
-  /// samples are training too; fits the iteration-time model (dist/PartitionSearch.h) and runs
-  /// the rest of the job with the count it chooses. Samples, fit and choice are printed and
-  /// written to metrics.jsonl.
-  void searchPartitions(const dist::ResourceSpec& resources, dist::LaunchOptions launch) {
-    constexpr int kMostPartitions = 1024;
+  /// --partitions auto (the launcher): the job's samples and its run on with the chosen count
+  /// (dist/PartitionSampling.h); the samples and the choice go to metrics.jsonl.
+  void searchPartitions(const dist::ResourceSpec& resources, const dist::LaunchOptions& launch) {
     const std::string out = outDir();
-    dist::PartitionSearch search(static_cast<int>(resources.hosts().size()), kMostPartitions);
-    bool resume = flags_.resume == "on" || flags_.resumeChanged || (flags_.resume == "auto" && hasCheckpoint(out));
-    auto commandFor = [&](int partitions, bool sample, bool resuming) {
-      std::vector<std::string> command = withFlag(commandLine_, "--partitions", std::to_string(partitions));
-      if (sample) command = withFlag(command, "--partition-sample", std::to_string(flags_.partitionSearchSteps));
-      if (resuming && flags_.resume.empty() && !flags_.resumeChanged) command.push_back("--resume");
-      return command;
-    };
-    while (const std::optional<int> partitions = search.next()) {
-      const std::vector<std::string> command = commandFor(*partitions, true, resume);
-      launch.restartCommand = [&](int) { return commandFor(*partitions, true, resume || hasCheckpoint(out)); };
-      WEFT_CHECK(dist::launch(resources, command, launch) == 0,
-                 "the distributed job failed while sampling {} partitions (see the messages above)", *partitions);
-      resume = true;
-      const nlohmann::json sample = lastRecord(out + "/metrics.jsonl", "partition_sample");
-      if (sample.at("timed_steps").get<int64_t>() == 0) {
-        search.stop();  // the job had no steps left to time
-        break;
-      }
-      const double seconds = sample.at("seconds_per_step").get<double>();
-      const int effective = sample.at("effective").get<int>();
-      fmt::print("partition search: {}{}: {:.2f} ms per step over {} steps\n", partitionsText(*partitions),
-                 effective < *partitions ? fmt::format(" ({} used: no variable has more rows)", effective) : "",
-                 seconds * 1e3, sample.at("timed_steps").get<int64_t>());
-      std::fflush(stdout);  // before the next sample's members print
-      search.record(seconds, effective);
-      if (sample.at("step").get<int64_t>() >= sample.at("steps").get<int64_t>()) search.stop();
-    }
-    dist::PartitionSearch::Choice choice;
-    if (search.samples().empty()) {  // resumed with no steps left: nothing to time
-      choice.partitions = std::max(static_cast<int>(resources.hosts().size()), 1);
-      choice.reason = fmt::format("no steps left to sample; {}, one per machine", partitionsText(choice.partitions));
-    } else {
-      choice = search.choose();
-    }
-    fmt::print("partition search: {}\n", choice.reason);
-    std::fflush(stdout);
-    nlohmann::json samples = nlohmann::json::array();
-    for (const dist::PartitionSample& s : search.samples())
-      samples.push_back({{"partitions", s.partitions}, {"seconds_per_step", s.seconds}});
-    nlohmann::json record{{"samples", samples}, {"partitions", choice.partitions}, {"reason", choice.reason}};
-    if (choice.model) record["theta"] = {choice.model->theta0, choice.model->theta1, choice.model->theta2};
-    MetricsLog(out + "/metrics.jsonl").write({{"partition_search", record}});
-    launch.restartCommand = [&](int) { return commandFor(choice.partitions, false, true); };
-    WEFT_CHECK(dist::launch(resources, commandFor(choice.partitions, false, resume), launch) == 0,
-               "the distributed job failed (see the messages above)");
+    const bool resume =
+        flags_.resume == "on" || flags_.resumeChanged || (flags_.resume == "auto" && hasCheckpoint(out));
+    dist::launchSearchingPartitions(
+        resources, commandLine_, launch, flags_.partitionSearchSteps, resume, [&](const dist::PartitionSearchRun& run) {
+          nlohmann::json samples = nlohmann::json::array();
+          for (const dist::PartitionSample& s : run.samples)
+            samples.push_back({{"partitions", s.partitions}, {"seconds_per_step", s.seconds}});
+          nlohmann::json record{
+              {"samples", samples}, {"partitions", run.choice.partitions}, {"reason", run.choice.reason}};
+          if (run.choice.model)
+            record["theta"] = {run.choice.model->theta0, run.choice.model->theta1, run.choice.model->theta2};
+          MetricsLog(out + "/metrics.jsonl").write({{"partition_search", record}});
+        });
   }
-
-  static std::string partitionsText(int n) { return fmt::format("{} partition{}", n, n == 1 ? "" : "s"); }
 
   static bool hasCheckpoint(const std::string& out) { return std::filesystem::exists(out + "/checkpoint.safetensors"); }
-
-  /// The last record of `path` (JSON lines) that holds `key`: its value.
-  static nlohmann::json lastRecord(const std::string& path, const std::string& key) {
-    std::ifstream in(path);
-    std::string line;
-    nlohmann::json found;
-    while (std::getline(in, line)) {
-      if (jsonNestingBeyond(line, kMaxJsonDepth)) continue;  // not a record this trainer wrote
-      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-      if (record.is_object() && record.contains(key)) found = record.at(key);
-    }
-    WEFT_CHECK(!found.is_null(), "{} holds no '{}' record: the job did not write one", path, key);
-    return found;
-  }
 
   /// The sparse gradients of the first --sparsity-batches batches, every worker's part of each,
   /// measured the same way in every process of the job (the data stream is then rewound).
@@ -741,55 +683,21 @@ class Trainer {
         {"run.dtype", flags_.dtype},
         {"run.data-hash", hex64(model_->trainData().dataHash())},
     };
-    for (const models::ModelOption& o : model_->options()) {
-      id["run." + o.name] = std::visit(
-          [](auto* value) -> std::string {
-            using T = std::remove_pointer_t<decltype(value)>;
-            if constexpr (std::is_same_v<T, bool>) {
-              return *value ? "true" : "false";
-            } else if constexpr (std::is_same_v<T, std::string>) {
-              return *value;
-            } else {
-              return fmt::format("{}", *value);
-            }
-          },
-          o.target);
-    }
+    for (const models::ModelOption& o : model_->options()) id["run." + o.name] = optionValue(o);
     return id;
   }
 
   /// Refuses a checkpoint of a run with other settings, naming each, unless --resume-changed.
   void checkIdentity(const std::map<std::string, std::string>& meta) const {
-    auto described = [](const std::string& key) {
-      return key == "run.data-hash" ? std::string("the training data's hash") : "--" + key.substr(4);
-    };
-    std::vector<std::string> differences;
-    for (const auto& [key, now] : identity_) {
-      auto it = meta.find(key);
-      if (it == meta.end()) {
-        differences.push_back(fmt::format("{}: not recorded in the checkpoint, {} now", described(key), now));
-      } else if (it->second != now) {
-        differences.push_back(fmt::format("{}: {} in the checkpoint, {} now", described(key), it->second, now));
-      }
-    }
-    for (const auto& [key, value] : meta) {
-      if (key.rfind("run.", 0) == 0 && !identity_.count(key)) {
-        differences.push_back(fmt::format("{}: {} in the checkpoint, not a setting of this model now", described(key), value));
-      }
-    }
-    if (differences.empty()) return;
-    std::string list;
-    for (const std::string& d : differences) list += "\n  " + d;
-    WEFT_CHECK(flags_.resumeChanged,
-               "--resume: checkpoint {} was written by a run with other settings:{}\n"
-               "resume with --resume-changed to continue with the new ones",
-               checkpointPath_, list);
-    if (leader_) fmt::print("--resume-changed: continuing from {} with settings it was not written with:{}\n", checkpointPath_, list);
+    checkRunIdentity(identity_, meta, checkpointPath_, flags_.resumeChanged, leader_);
   }
 
   /// Whether this run continues from a checkpoint: --resume, --resume-changed, or --resume auto
   /// where worker 0 finds one in --out (its answer is every worker's).
   bool resuming() {
+    // A sample of the partition search after the first, or the run after the search.
+    const char* launcherSays = std::getenv(dist::kResumeVariable);
+    if (launcherSays != nullptr && std::string(launcherSays) == "on") return true;
     if (flags_.resume != "auto") return flags_.resume == "on" || flags_.resumeChanged;
     return runner_->fromWorker0({leader_ && hasCheckpoint(outDir()) ? 1 : 0})[0] != 0;
   }
@@ -896,6 +804,55 @@ class Trainer {
   std::map<std::string, std::string> identity_;  // see runIdentity
 };
 
+}  // namespace
+
+void addResumeFlags(CLI::App& cmd, std::string& resume, bool& resumeChanged, const std::string& what) {
+  cmd.add_option("--resume", resume,
+                 what +
+                     ". --resume auto: resume when --out holds a checkpoint, else start (a job its engine restarts, "
+                     "e.g. sbatch --requeue)")
+      ->expected(0, 1)
+      ->default_str("on")
+      ->check(CLI::IsMember({"on", "auto"}));
+  cmd.add_flag("--resume-changed", resumeChanged,
+               "resume as --resume does, but continue with the settings of this command line where they differ from "
+               "the checkpoint's run (each difference is printed)");
+}
+
+std::string optionValue(const models::ModelOption& option) {
+  return std::visit(
+      [](auto* value) -> std::string {
+        using T = std::remove_pointer_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return *value ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return *value;
+        } else {
+          return fmt::format("{}", *value);
+        }
+      },
+      option.target);
+}
+
+void checkRunIdentity(const std::map<std::string, std::string>& identity,
+                      const std::map<std::string, std::string>& meta, const std::string& path, bool continueChanged,
+                      bool announce) {
+  const std::vector<std::string> differences = settingDifferences(identity, meta, [](const std::string& key) {
+    return key == "run.data-hash" ? std::string("the training data's hash") : "--" + key.substr(4);
+  });
+  if (differences.empty()) return;
+  std::string list;
+  for (const std::string& d : differences) list += "\n  " + d;
+  WEFT_CHECK(continueChanged,
+             "--resume: checkpoint {} was written by a run with other settings:{}\n"
+             "resume with --resume-changed to continue with the new ones",
+             path, list);
+  if (announce)
+    fmt::print("--resume-changed: continuing from {} with settings it was not written with:{}\n", path, list);
+}
+
+namespace {
+
 void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   CLI::Option* steps = cmd.add_option("--steps", f.steps, "training steps (default: the model's)")->check(CLI::PositiveNumber);
   cmd.add_option("--epochs", f.epochs, "train for this many passes over the training data instead of --steps")
@@ -933,14 +890,9 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--checkpoint-every", f.checkpointEvery, "steps between checkpoints (default: at every evaluation)")
       ->check(CLI::PositiveNumber);
   cmd.add_option("--log-every", f.logEvery, "steps between progress lines")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--resume", f.resume,
+  addResumeFlags(cmd, f.resume, f.resumeChanged,
                  "continue from the checkpoint in --out, exactly where it stopped; a checkpoint of a run with other "
-                 "settings (seed, batch, optimizer, model options, data) is refused. --resume auto: resume when --out "
-                 "holds a checkpoint, else start (a job its engine restarts, e.g. sbatch --requeue)")
-      ->expected(0, 1)->default_str("on")->check(CLI::IsMember({"on", "auto"}));
-  cmd.add_flag("--resume-changed", f.resumeChanged,
-               "resume as --resume does, but continue with the settings of this command line where they differ from "
-               "the checkpoint's run (each difference is printed)");
+                 "settings (seed, batch, optimizer, model options, data) is refused");
   cmd.add_option("--bench", f.bench, "run N batches untimed, then time them again; print one JSON line")->check(CLI::PositiveNumber);
   CLI::Option* workers = cmd.add_option("--workers", f.workers, "train data-parallel with N local worker processes (--batch is the total); with --stages, N replicas "
                                         "of the pipeline, N x S processes")
@@ -1000,7 +952,6 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                  "steps each sample of --partitions auto trains; the second half is timed")
       ->capture_default_str()->check(CLI::PositiveNumber);
   // The search's launcher runs each sample with this; not for users.
-  cmd.add_option("--partition-sample", f.partitionSample)->group("")->check(CLI::PositiveNumber);
   cmd.add_option("--sparsity-batches", f.sparsityBatches,
                  "under --arch auto on several machines: batches whose sparse gradients are measured before training, "
                  "so that a sparse variable that a dense AllReduce moves in fewer bytes than the servers is summed by "
@@ -1033,7 +984,6 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                  "pulls merged); off: each worker on its own")
       ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
 }
-
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,19 @@ void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLi
 /// A flag per option of a model (bound to its configuration's fields); throws naming a flag the
 /// command already has.
 void addModelFlags(CLI::App& cmd, const std::string& model, const std::vector<models::ModelOption>& options);
+
+/// --resume [on|auto] and --resume-changed; `what` says what --resume continues from.
+void addResumeFlags(CLI::App& cmd, std::string& resume, bool& resumeChanged, const std::string& what);
+
+/// A model option's value as checkpoints record it ("true", "12", "0.5", a string).
+std::string optionValue(const models::ModelOption& option);
+
+/// Refuses to resume from checkpoint `path` (its metadata `meta`) when the settings that made it
+/// ("run.SETTING" keys) differ from `identity`, listing each difference; with `continueChanged`
+/// it continues instead, printing the list when `announce`.
+void checkRunIdentity(const std::map<std::string, std::string>& identity,
+                      const std::map<std::string, std::string>& meta, const std::string& path, bool continueChanged,
+                      bool announce);
 
 /// The optimizer a spec names (adam, sgd, momentum, adagrad); throws naming an unknown one.
 std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& spec);

@@ -1,0 +1,50 @@
+// `--partitions auto` on a real job (`weft launch` and `weft train`): the launcher runs the job
+// once per partition count that the search (dist/PartitionSearch.h) asks for, each run a sample
+// that trains --partition-search-steps steps and times their second half, each continuing from
+// the previous one's checkpoint, so the samples are training steps too; then it runs the job on
+// with the chosen count. A sample's processes learn their part from the environment
+// (kPartitionsVariable, kPartitionSampleVariable, kPartitionReportVariable, kResumeVariable in
+// dist/Config.h); worker 0 reports what it measured to the file the launcher named, which the
+// launcher reads on its own host (worker 0 runs there, or shares its temporary directory).
+#pragma once
+
+#include "dist/Launcher.h"
+#include "dist/PartitionSearch.h"
+#include "dist/ResourceSpec.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace weft::dist {
+
+/// What a sample measured, as worker 0 reports it.
+struct PartitionSampleReport {
+  int partitions = 0;         ///< the count the job was given
+  int effective = 0;          ///< the largest count a variable got (none has more than its rows)
+  double secondsPerStep = 0;  ///< over the timed steps
+  int64_t timedSteps = 0;     ///< the second half of the sample's steps (0: none were left)
+  int64_t step = 0;           ///< the run's step after the sample
+  int64_t steps = 0;          ///< the run's last step
+};
+
+/// The sample this process's run is (its steps; 0: the run is no sample).
+int64_t partitionSampleSteps();
+/// Worker 0 of a sample: writes `report` to the launcher's file (atomically).
+void reportPartitionSample(const PartitionSampleReport& report);
+
+struct PartitionSearchRun {
+  std::vector<PartitionSample> samples;
+  PartitionSearch::Choice choice;
+};
+
+/// Runs the search on the job `command` of `spec` with samples of `sampleSteps` steps (the first
+/// continuing from the checkpoint when `resume`), prints each sample and the choice, calls
+/// `chosen` with them, then runs the job on to its end with the chosen count. Throws when a run
+/// fails or a sample's report is missing.
+PartitionSearchRun launchSearchingPartitions(const ResourceSpec& spec, const std::vector<std::string>& command,
+                                             LaunchOptions options, int64_t sampleSteps, bool resume,
+                                             const std::function<void(const PartitionSearchRun&)>& chosen = {});
+
+}  // namespace weft::dist
