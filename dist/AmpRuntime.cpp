@@ -1717,6 +1717,22 @@ std::map<std::string, Tensor> Runtime::variables() const {
   return out;
 }
 
+void Runtime::abort(const std::string& reason) { impl_->tellFailure(reason); }
+
+bool Runtime::anyProcess(bool mine) {
+  Impl& m = *impl_;
+  if (m.processes.count == 1) return mine;
+  std::unique_lock<std::mutex> lock(m.doneMutex);
+  if (m.processes.rank != 0) {
+    m.post(0, control(WireKind::Vote, mine ? 1 : 0));
+    return m.nextControl(lock, {WireKind::Verdict}).second.instances != 0;
+  }
+  bool any = mine;
+  for (int r = 1; r < m.processes.count; ++r) any = m.nextControl(lock, {WireKind::Vote}).second.instances != 0 || any;
+  for (int r = 1; r < m.processes.count; ++r) m.post(r, control(WireKind::Verdict, any ? 1 : 0));
+  return any;
+}
+
 int64_t Runtime::resume(const std::optional<ResumePoint>& point) {
   Impl& m = *impl_;
   if (m.processes.rank != 0) {

@@ -126,6 +126,12 @@ class Runtime {
   /// left over or of another dtype or shape stops every process, named, before any is changed.
   /// Returns the controller's position (0 when starting afresh) at every process.
   int64_t resume(const std::optional<ResumePoint>& point);
+  /// Tells the job's other processes that this one failed for `reason`, so that they stop naming
+  /// it rather than wait for it (as a failure inside the runtime does).
+  void abort(const std::string& reason);
+  /// Whether `mine` is true in any process of the job: every process calls it at the same point
+  /// between epochs, and all get the same answer (such as: stop here, SIGTERM came).
+  bool anyProcess(bool mine);
   /// Averages the variables of each group of replicas (between epochs; train() does it itself).
   void syncReplicas();
   /// The worker each node runs on.

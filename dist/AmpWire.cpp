@@ -207,7 +207,11 @@ std::pair<std::vector<uint8_t>, std::vector<uint8_t>> encode(const WireMessage& 
       putDouble(w, m.hits);
       putDouble(w, m.count);
       break;
-    case WireKind::Update: w.putI64(m.instances); break;
+    case WireKind::Update:
+    case WireKind::Vote:
+    case WireKind::Verdict:
+      w.putI64(m.instances);
+      break;
     case WireKind::Resume:
       w.putI64(m.instances);
       payload = m.report;
@@ -229,7 +233,7 @@ WireMessage decode(const std::vector<uint8_t>& header, const std::vector<uint8_t
   dist::WireReader r(header, "AMP");
   WireMessage m;
   uint8_t kind = r.getU8("kind");
-  WEFT_CHECK(kind >= 1 && kind <= static_cast<uint8_t>(WireKind::Resume), "amp message: kind {} is unknown", kind);
+  WEFT_CHECK(kind >= 1 && kind <= static_cast<uint8_t>(WireKind::Verdict), "amp message: kind {} is unknown", kind);
   m.kind = static_cast<WireKind>(kind);
   switch (m.kind) {
     case WireKind::Forward:
@@ -249,6 +253,11 @@ WireMessage decode(const std::vector<uint8_t>& header, const std::vector<uint8_t
       m.count = getDouble(r, "count");
       break;
     case WireKind::Update: m.instances = r.getI64("instances"); break;
+    case WireKind::Vote:
+    case WireKind::Verdict:
+      m.instances = r.getI64("vote");
+      WEFT_CHECK(m.instances == 0 || m.instances == 1, "amp message: vote {}, not 0 or 1", m.instances);
+      break;
     case WireKind::Resume:
       m.instances = r.getI64("position");
       WEFT_CHECK(m.instances >= 0, "amp message: resume at position {}", m.instances);

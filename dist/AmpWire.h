@@ -54,6 +54,8 @@ enum class WireKind : uint8_t {
   Ready = 9,     ///< process -> controller: it has entered the epoch (the controller pumps after every one)
   Resume = 10,   ///< controller -> process, before the first epoch: `instances` is the run's position;
                  ///< payload: a report holding that process's variables (none: start afresh)
+  Vote = 11,     ///< process -> controller, between epochs: `instances` 1 or 0 (Runtime::anyProcess)
+  Verdict = 12,  ///< controller -> process: `instances` 1 when any process voted 1
 };
 
 struct WireMessage {

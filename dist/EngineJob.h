@@ -61,6 +61,9 @@ struct EngineOptions {
   std::chrono::milliseconds rendezvousTimeout{60000};
   /// A member silent this long while the others beat stops the job, named.
   std::chrono::milliseconds silenceLimit{20000};
+  /// get_runner(graph, config): from SIGTERM to the exit of a process whose loop stops at a step
+  /// on it (dist::TrainingLoop), at most; servers serve until their workers stopped.
+  std::chrono::milliseconds termGrace{25000};
 };
 
 class EngineJob {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 namespace weft::dist {
 namespace {
@@ -45,8 +46,8 @@ PartitionSampleReport readReport(const std::string& path, int partitions) {
   std::ifstream in(path);
   WEFT_CHECK(in.good(),
              "--partitions auto: the sample of {} wrote no report to {}: worker 0 writes it, and the launcher reads it "
-             "on its own host, so worker 0 must run there (the first host of the specification) or share its "
-             "temporary directory",
+             "on its own host, so worker 0 must run there (the first host of the specification) or share the file's "
+             "directory",
              partitionsText(partitions), path);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   try {
@@ -89,30 +90,33 @@ void reportPartitionSample(const PartitionSampleReport& report) {
 }
 
 PartitionSearchRun launchSearchingPartitions(const ResourceSpec& spec, const std::vector<std::string>& command,
-                                             LaunchOptions options, int64_t sampleSteps, bool resume,
-                                             const std::function<void(const PartitionSearchRun&)>& chosen) {
+                                             LaunchOptions options, const PartitionSearchOptions& searchOptions) {
   // A variable never has more partitions than this many; the search stops doubling well before.
   constexpr int kMostPartitions = 1024;
   const int machines = std::max(static_cast<int>(spec.hosts().size()), 1);
   PartitionSearch search(machines, kMostPartitions);
-  const ReportDirectory reports;
+  std::optional<ReportDirectory> ownDirectory;
+  if (searchOptions.reportFile.empty()) ownDirectory.emplace();
+  const std::string report = ownDirectory ? ownDirectory->file() : searchOptions.reportFile;
+  bool resume = searchOptions.resume;
   const std::map<std::string, std::string> base = options.environment;
   auto runWith = [&](int partitions, bool sample) {
     options.environment = base;
     options.environment[kPartitionsVariable] = std::to_string(partitions);
     if (resume) options.environment[kResumeVariable] = "on";
     if (sample) {
-      options.environment[kPartitionSampleVariable] = std::to_string(sampleSteps);
-      options.environment[kPartitionReportVariable] = reports.file();
+      options.environment[kPartitionSampleVariable] = std::to_string(searchOptions.sampleSteps);
+      options.environment[kPartitionReportVariable] = report;
     }
     return launch(spec, command, options);
   };
   while (const std::optional<int> partitions = search.next()) {
-    std::filesystem::remove(reports.file());
+    std::filesystem::remove(report);
     WEFT_CHECK(runWith(*partitions, true) == 0, "the distributed job failed while sampling {} (see the messages above)",
                partitionsText(*partitions));
     resume = true;  // every later run continues from the checkpoint this one ended with
-    const PartitionSampleReport sample = readReport(reports.file(), *partitions);
+    const PartitionSampleReport sample = readReport(report, *partitions);
+    std::filesystem::remove(report);
     if (sample.timedSteps == 0) {
       search.stop();  // the job had no steps left to time
       break;
@@ -135,7 +139,7 @@ PartitionSearchRun launchSearchingPartitions(const ResourceSpec& spec, const std
   }
   fmt::print("partition search: {}\n", run.choice.reason);
   std::fflush(stdout);
-  if (chosen) chosen(run);
+  if (searchOptions.chosen) searchOptions.chosen(run);
   WEFT_CHECK(runWith(run.choice.partitions, false) == 0, "the distributed job failed (see the messages above)");
   return run;
 }

@@ -39,12 +39,22 @@ struct PartitionSearchRun {
   PartitionSearch::Choice choice;
 };
 
-/// Runs the search on the job `command` of `spec` with samples of `sampleSteps` steps (the first
-/// continuing from the checkpoint when `resume`), prints each sample and the choice, calls
-/// `chosen` with them, then runs the job on to its end with the chosen count. Throws when a run
-/// fails or a sample's report is missing.
+struct PartitionSearchOptions {
+  int64_t sampleSteps = 100;
+  /// The first sample continues from the checkpoint (later runs always do).
+  bool resume = false;
+  /// Where worker 0 reports each sample, as the launcher and worker 0 both see it (a file in the
+  /// run's output directory, shared or on the launching host); "": a file in a 0700 directory
+  /// of the launcher's, so worker 0 must run on the launching host.
+  std::string reportFile;
+  /// Called with the samples and the choice before the job runs on.
+  std::function<void(const PartitionSearchRun&)> chosen;
+};
+
+/// Runs the search on the job `command` of `spec`, printing each sample and the choice, then
+/// runs the job on to its end with the chosen count. Throws when a run fails or a sample's
+/// report is missing.
 PartitionSearchRun launchSearchingPartitions(const ResourceSpec& spec, const std::vector<std::string>& command,
-                                             LaunchOptions options, int64_t sampleSteps, bool resume,
-                                             const std::function<void(const PartitionSearchRun&)>& chosen = {});
+                                             LaunchOptions options, const PartitionSearchOptions& search);
 
 }  // namespace weft::dist

@@ -22,9 +22,15 @@ namespace weft::dist {
 namespace {
 
 std::atomic<bool> termRequested{false};
+std::atomic<bool> termHandled{true};
 std::atomic<int> signalPipe{-1};  // the write end: the handler's one async-signal-safe way out
 
 void onTerm(int) {
+  if (!termHandled) {  // nobody stops at a step: the signal ends the process, as by default
+    ::signal(SIGTERM, SIG_DFL);
+    ::raise(SIGTERM);  // delivered once this handler returns
+    return;
+  }
   termRequested = true;
   const char byte = 1;
   const int fd = signalPipe.load();
@@ -62,7 +68,7 @@ struct Preemption::State {
   }
 };
 
-Preemption::Preemption(std::chrono::milliseconds grace) : state_(std::make_unique<State>()) {
+Preemption::Preemption(std::chrono::milliseconds grace, bool handled) : state_(std::make_unique<State>()) {
   state_->grace = grace;
   int ends[2], stop[2];
   WEFT_CHECK(::pipe2(ends, O_CLOEXEC | O_NONBLOCK) == 0 && ::pipe2(stop, O_CLOEXEC) == 0, "pipe failed: {}",
@@ -72,6 +78,7 @@ Preemption::Preemption(std::chrono::milliseconds grace) : state_(std::make_uniqu
   state_->stopRead.reset(stop[0]);
   state_->stopWrite.reset(stop[1]);
   termRequested = false;
+  termHandled = handled;
   signalPipe = state_->writeEnd.get();
   struct sigaction action {};
   action.sa_handler = onTerm;
@@ -90,5 +97,7 @@ Preemption::~Preemption() {
 }
 
 bool Preemption::requested() const { return termRequested; }
+
+void Preemption::handle() { termHandled = true; }
 
 }  // namespace weft::dist

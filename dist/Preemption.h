@@ -21,8 +21,10 @@ inline constexpr int kExitPreempted = 143;
 
 class Preemption {
  public:
-  /// Catches SIGTERM from now on (one Preemption at a time).
-  explicit Preemption(std::chrono::milliseconds grace);
+  /// Catches SIGTERM from now on (one Preemption at a time). Unless `handled`, a SIGTERM still
+  /// ends the process as it would without one, until handle() says that a loop looks at
+  /// requested() between its steps (a program's own loop may not).
+  explicit Preemption(std::chrono::milliseconds grace, bool handled = true);
   /// Restores the previous handling of SIGTERM.
   ~Preemption();
   Preemption(const Preemption&) = delete;
@@ -30,6 +32,8 @@ class Preemption {
 
   /// Whether SIGTERM arrived.
   bool requested() const;
+  /// From now on SIGTERM is a request (see the constructor).
+  void handle();
 
  private:
   struct State;

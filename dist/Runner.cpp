@@ -8,6 +8,7 @@
 #include "dist/Nccl.h"
 #include "dist/PipelineStage.h"
 #include "dist/Placement.h"
+#include "dist/Preemption.h"
 #include "dist/ServerClient.h"
 #include "dist/ServerProcess.h"
 
@@ -31,7 +32,8 @@ void broadcastVariables(Session& session, Communicator& communicator, const Serv
 
 struct Runner::State {
   // A job its cluster engine started: the first process serves the rendezvous until every
-  // member has left, so this goes last.
+  // member has left, so this goes last; SIGTERM from the engine is caught until then.
+  std::shared_ptr<Preemption> preemption;
   std::shared_ptr<EngineJob> engine;
   std::optional<JobContext> job;  // empty: one process training alone, or a server that has served
   int serverStatus = -1;          // a server's exit status once it has served
@@ -392,6 +394,14 @@ const ServerPlan& Runner::serverPlan() const { return state_->plan; }
 const std::vector<SparsityChoice>& Runner::sparsityChoices() const { return state_->sparsityChoices; }
 Traffic Runner::traffic() const { return state_->traffic.snapshot(); }
 
+bool Runner::handleStopRequests() {
+  if (!state_->preemption) return false;
+  state_->preemption->handle();
+  return true;
+}
+
+bool Runner::stopRequested() const { return state_->preemption && state_->preemption->requested(); }
+
 namespace {
 
 /// Copies worker rank 0's value of every variable the workers keep to this worker, in one
@@ -553,9 +563,15 @@ EngineOptions engineOptions(EngineOptions options) {
 
 Runner get_runner(Graph& graph, const Config& config) {
   std::shared_ptr<EngineJob> engine;
+  std::shared_ptr<Preemption> preemption;
   if (!launchIdentityFromEnvironment()) {
     const std::optional<EngineView> view = detectEngine(processEnvironment());
-    if (view && view->size > 1) engine = std::make_shared<EngineJob>(*view, engineOptions(config.engine));
+    if (view && view->size > 1) {
+      engine = std::make_shared<EngineJob>(*view, engineOptions(config.engine));
+      // A server takes SIGTERM as a request from the start: it serves until its workers stop.
+      const bool server = engine->layout().self.role == Role::Server;
+      preemption = std::make_shared<Preemption>(config.engine.termGrace, server);
+    }
   }
   std::optional<ResourceSpec> resources = ResourceSpec::fromEnvironment();
   if (!resources) {
@@ -565,6 +581,10 @@ Runner get_runner(Graph& graph, const Config& config) {
   }
   Runner runner = get_runner(graph, *resources, withLaunchSettings(config));
   runner.state_->engine = std::move(engine);
+  runner.state_->preemption = std::move(preemption);
+  // A server of a job its engine stopped says so, as its workers do.
+  if (runner.served() && runner.serverStatus() == 0 && runner.stopRequested())
+    runner.state_->serverStatus = kExitPreempted;
   return runner;
 }
 

@@ -111,6 +111,15 @@ class Runner {
   /// Bytes this worker sent and received, per kind, since it started.
   Traffic traffic() const;
 
+  /// Under a cluster engine (get_runner(graph, config)), SIGTERM is the engine's request to stop
+  /// (preemption, requeue, eviction). A worker ends on it at once, as by default, unless its
+  /// program said, by this call, that it stops at a step of its own and checkpoints
+  /// (dist::TrainingLoop does); from then on it is stopRequested(). Returns false where no
+  /// engine started the job (nothing is caught). A server serves on until its workers stopped,
+  /// then serverStatus() is kExitPreempted.
+  bool handleStopRequests();
+  bool stopRequested() const;
+
  private:
   struct State;
   explicit Runner(std::unique_ptr<State> state);

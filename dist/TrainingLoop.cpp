@@ -4,7 +4,6 @@
 #include "core/Checkpoint.h"
 #include "core/Error.h"
 #include "dist/Config.h"
-#include "dist/EngineJob.h"
 #include "dist/Job.h"
 #include "dist/PartitionSampling.h"
 
@@ -54,10 +53,14 @@ TrainingLoop::TrainingLoop(Runner& runner, int64_t steps, TrainingLoopOptions op
       if (!directory.empty()) std::filesystem::create_directories(directory);
       removeStaleTemporaries(options_.checkpoint);
     }
-    // SIGTERM from an engine asks for a checkpoint; from weft's launcher it stops a job whose
+    // SIGTERM from an engine asks for a checkpoint (get_runner caught it from the start, for the
+    // servers' sake), as it does to a process alone; from weft's launcher it stops a job whose
     // member failed, which has nothing to agree on.
-    if (startedByEngine() || !launchIdentityFromEnvironment())
+    watchesTerm_ = runner.handleStopRequests();
+    if (!watchesTerm_ && !launchIdentityFromEnvironment()) {
       preemption_ = std::make_unique<Preemption>(options_.termGrace);
+      watchesTerm_ = true;
+    }
     resume();
   }
   end_ = sampleSteps_ > 0 ? std::min(steps_, step_ + sampleSteps_) : steps_;
@@ -70,8 +73,13 @@ TrainingLoop::~TrainingLoop() = default;
 
 void TrainingLoop::resume() {
   const Resume mode = resumeFor(options_.resume);
-  if (mode == Resume::Never) return;
   const std::string& path = options_.checkpoint;
+  if (mode == Resume::Never) {
+    // The earlier run's checkpoint must not be what a restart of this one continues from.
+    if (leader_ && std::filesystem::remove(path))
+      fmt::print("starting afresh: removed the checkpoint {} of an earlier run\n", path);
+    return;
+  }
   const bool present = leader_ && std::filesystem::exists(path);
   WEFT_CHECK(!leader_ || present || mode != Resume::Always, "resuming: no checkpoint at {}", path);
   if (runner_->fromWorker0({present ? 1 : 0})[0] == 0) return;
@@ -110,11 +118,12 @@ void TrainingLoop::stepDone() {
 }
 
 bool TrainingLoop::stopRequested() {
-  if (!preemption_) return false;
+  if (!watchesTerm_) return false;
+  const bool mine = preemption_ ? preemption_->requested() : runner_->stopRequested();
   // SIGTERM reaches the workers at different steps: under the synchronous modes they agree on
   // one; under the asynchronous ones each is at a step of its own anyway.
-  if (!runner_->synchronous() || runner_->workers() == 1) return preemption_->requested();
-  return runner_->meanOverWorkers(preemption_->requested() ? 1.0 : 0.0) > 0;
+  if (!runner_->synchronous() || runner_->workers() == 1) return mine;
+  return runner_->meanOverWorkers(mine ? 1.0 : 0.0) > 0;
 }
 
 void TrainingLoop::checkpoint() {

@@ -38,7 +38,7 @@ namespace weft::dist {
 
 /// Whether a run continues from its checkpoint.
 enum class Resume {
-  Never,      ///< start afresh (a launcher's or engine's restart still resumes)
+  Never,      ///< start afresh, removing an earlier run's checkpoint (a restart of this run resumes)
   IfPresent,  ///< continue when the checkpoint exists
   Always,     ///< continue; a missing checkpoint is an error
 };
@@ -53,7 +53,8 @@ struct TrainingLoopOptions {
   /// What makes the run what it is (learning rate, batch, data...), recorded in the checkpoint;
   /// resuming from a checkpoint of other settings is refused, naming each difference.
   std::map<std::string, std::string> settings;
-  /// From SIGTERM to the exit, at most (the engine's SIGKILL comes after its own grace period).
+  /// From SIGTERM to the exit of a process alone, at most (under an engine:
+  /// Config::engine.termGrace, since get_runner catches the signal).
   std::chrono::milliseconds termGrace{25000};
 };
 
@@ -93,7 +94,7 @@ class TrainingLoop {
   TrainingLoopOptions options_;
   std::unique_ptr<Preemption> preemption_;
   int64_t steps_, step_ = 0, end_ = 0, lastCheckpoint_ = -1;
-  bool leader_, resumed_ = false, stopped_ = false, finished_ = false;
+  bool leader_, watchesTerm_ = false, resumed_ = false, stopped_ = false, finished_ = false;
   // A sample of `weft launch --partitions auto`: steps to train, where to report, and the timing.
   int64_t sampleSteps_ = 0, timedFrom_ = 0, timedSteps_ = 0;
   std::string sampleReport_;

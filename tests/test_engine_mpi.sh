@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Jobs that Open MPI's mpirun starts: `mpirun -np N weft train ...` forms the job with no
 # --workers, and ends bit for bit as `weft train --workers` does (an AllReduce job and a job with
-# a parameter server); a rank killed mid-run stops the job, every member naming it. Without
+# a parameter server); an AMP job trains as `--amp --processes` does, and SIGTERM stops it with a
+# checkpoint that --resume auto continues from; a rank killed mid-run stops the job, every member
+# naming it. Without
 # mpirun (Debian package openmpi-bin) it reports why and exits 77 (ctest: skipped).
 #
 #   tests/test_engine_mpi.sh WEFT_BINARY
@@ -40,6 +42,74 @@ mpi 3 "$weft" train "${lm[@]}" --steps 30 --out "$work/mpi-lm" > "$work/mpi-lm.l
 cmp -s "$work/mpi-lm/checkpoint.safetensors" "$work/own-lm/checkpoint.safetensors" ||
   fail "the lm job mpirun started (1 server, 2 workers) ended otherwise than the one weft started"
 echo "ok: mpirun's jobs end bit for bit as weft's own"
+
+# An AMP job: mpirun's ranks are the processes of `--amp --processes 2`, rank 0 the controller.
+# Gradients summed across processes arrive in any order: the variables agree to rounding.
+same_variables() {
+  python3 - "$1" "$2" <<'PY' || fail "$3"
+import json, struct, sys
+def tensors(path):
+    data = open(path, "rb").read()
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + size])
+    body = data[8 + size:]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        raw = body[begin:end]
+        out[name] = struct.unpack("<%dd" % (len(raw) // 8), raw) if entry["dtype"] == "F64" else raw
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+for name in a:
+    if isinstance(a[name], bytes):
+        assert a[name] == b[name], name
+        continue
+    scale = max([abs(v) for v in a[name]] + [1e-300])
+    assert max(abs(x - y) for x, y in zip(a[name], b[name])) <= 1e-12 * scale, name
+PY
+}
+amp=(list_reduction --amp --dtype f64 --minibatch 8 --max-active-keys 2 --target 0 --train-size 48 --eval-size 8
+     --hidden 16 --workers 1)
+mpi 2 "$weft" train "${amp[@]}" --epochs 3 --out "$work/mpi-amp" --save "$work/mpi-amp.safetensors" \
+  > "$work/mpi-amp.log" 2>&1 || fail "mpirun -np 2 weft train list_reduction --amp failed"
+grep -q "2 process(es) of 1 workers" "$work/mpi-amp.log" || fail "the mpirun AMP job did not run as 2 processes"
+"$weft" train "${amp[@]}" --epochs 3 --processes 2 --out "$work/own-amp" --save "$work/own-amp.safetensors" \
+  > "$work/own-amp.log" 2>&1 || fail "weft train list_reduction --amp --processes 2 failed"
+same_variables "$work/mpi-amp.safetensors" "$work/own-amp.safetensors" \
+  "the AMP job mpirun started ended otherwise than the one weft started"
+echo "ok: mpirun's AMP job trains as weft's own"
+
+# SIGTERM to an AMP job's ranks (as an engine preempting it): every process stops after an epoch,
+# the controller's checkpoint written, each exiting 143; --resume auto ends as the uninterrupted run.
+# Each rank's status is recorded by a shell around it, which the signal does not reach, and passed
+# on: mpirun stops the others at the first non-zero one, so none may exit before the checkpoint.
+mpi 2 bash -c '"$0" "$@"; s=$?; echo "rank $OMPI_COMM_WORLD_RANK exited $s" >> '"$work/amp-term.status"'; exit $s' \
+  "$weft" train "${amp[@]}" --epochs 1000000 --out "$work/amp-term" > "$work/amp-term.log" 2>&1 &
+launcher=$!
+for _ in $(seq 3000); do grep -q "^epoch   2 |" "$work/amp-term.log" 2>/dev/null && break; sleep 0.1; done
+grep -q "^epoch   2 |" "$work/amp-term.log" || fail "the AMP job to stop did not train two epochs within five minutes"
+for pid in $(pgrep -f "$work/amp-term" || true); do
+  [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$weft" ]] && kill -TERM "$pid"
+done
+wait "$launcher" || true  # mpirun reports the ranks' non-zero statuses
+grep -q "stopped on SIGTERM after epoch [0-9]*: checkpoint $work/amp-term/checkpoint.safetensors written" \
+  "$work/amp-term.log" || fail "the AMP job did not checkpoint on SIGTERM"
+[[ $(grep -c "exited 143$" "$work/amp-term.status") -eq 2 ]] ||
+  fail "the ranks did not both exit with 143: $(cat "$work/amp-term.status")"
+stopped=$(sed -n 's/^stopped on SIGTERM after epoch \([0-9]*\).*/\1/p' "$work/amp-term.log")
+target=$((stopped + 1))
+mpi 2 "$weft" train "${amp[@]}" --epochs "$target" --resume auto --out "$work/amp-term" \
+  --save "$work/amp-resumed.safetensors" > "$work/amp-resumed.log" 2>&1 || fail "the resumed AMP job failed"
+grep -q "resumed from $work/amp-term/checkpoint.safetensors after epoch $stopped" "$work/amp-resumed.log" ||
+  fail "the AMP job did not resume from its checkpoint"
+"$weft" train "${amp[@]}" --epochs "$target" --processes 2 --out "$work/amp-whole" \
+  --save "$work/amp-whole.safetensors" > "$work/amp-whole.log" 2>&1 || fail "the uninterrupted AMP job failed"
+same_variables "$work/amp-resumed.safetensors" "$work/amp-whole.safetensors" \
+  "the resumed AMP job ended otherwise than an uninterrupted one"
+echo "ok: SIGTERM stops an AMP job at an epoch's end with a checkpoint, and --resume auto continues it"
 
 # Rank 2 (worker 1 of host 0, local rank 2) is killed mid-run: the job stops, naming it.
 mpi 3 "$weft" train "${lm[@]}" --steps 1000000 --log-every 1 --out "$work/killed" > "$work/killed.log" 2>&1 &

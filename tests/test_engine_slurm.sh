@@ -141,11 +141,16 @@ done
 grep -q "step *[0-9]*[1-9]00/3000" "$work/requeue.log" || fail "the job to requeue did not train within five minutes"
 scontrol requeue "$job" || fail "scontrol requeue $job failed"
 state=""
+requeued=$SECONDS
 for _ in $(seq 6000); do
   state=$(scontrol show job "$job" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
   [[ $state == COMPLETED || $state == FAILED || $state == CANCELLED ]] && break
-  # A requeued job waits for its begin time; this cluster has nothing else to run.
-  [[ $state == PENDING ]] && { scontrol update jobid="$job" StartTime=now 2>/dev/null || true; }
+  # A requeued job waits for its begin time; this cluster has nothing else to run. Not within
+  # the second of the requeue: slurmd refuses a credential of the second it revoked the old one
+  # ("Job credential revoked"), and the job would fail.
+  if [[ $state == PENDING ]] && ((SECONDS - requeued >= 2)); then
+    scontrol update jobid="$job" StartTime=now 2>/dev/null || true
+  fi
   sleep 0.1
 done
 [[ $state == COMPLETED ]] || fail "the requeued job ended $state"

@@ -98,5 +98,35 @@ if command -v mpirun >/dev/null; then
     "$work/data_parallel/data_parallel" >"$work/mpirun" || fail "the data-parallel example failed under mpirun"
   cmp -s "$work/launched" "$work/mpirun" ||
     fail "the mpirun job trained otherwise than the launched one: $(diff "$work/launched" "$work/mpirun")"
+  # SIGTERM to every rank (an engine preempting the job), its parameter server included: the
+  # TrainingLoop stops at a step, worker 0 checkpoints, every rank exits 143; started again, the
+  # job goes on from the checkpoint and ends bit for bit as the uninterrupted one.
+  preempted() {
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 3 --oversubscribe \
+      -x WEFT_SERVERS_PER_HOST=1 \
+      bash -c '"$0" "$@"; s=$?; echo "rank $OMPI_COMM_WORLD_RANK exited $s" >> '"$work/preempted.status"'; exit $s' \
+      "$work/data_parallel/data_parallel" "$work/preempted" 3000
+  }
+  preempted >"$work/preempted.out" 2>&1 &
+  launcher=$!
+  for _ in $(seq 3000); do [[ -f $work/preempted/checkpoint.safetensors ]] && break; sleep 0.1; done
+  pids=()
+  for pid in $(pgrep -f "$work/preempted" || true); do
+    [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$work/data_parallel/data_parallel" ]] && pids+=("$pid")
+  done
+  [[ ${#pids[@]} -eq 3 ]] || fail "the mpirun job to preempt did not run 3 ranks with a checkpoint: $(cat "$work/preempted.out")"
+  kill -TERM "${pids[@]}"
+  wait "$launcher" || true  # mpirun reports the ranks' statuses
+  grep -q "stopped on SIGTERM after step" "$work/preempted.out" ||
+    fail "the preempted job wrote no checkpoint: $(cat "$work/preempted.out")"
+  # The workers (ranks 1 and 2) exit 143; mpirun may stop the server (rank 0) at their exit, its
+  # work done, before it says so itself.
+  grep -q "^rank 1 exited 143$" "$work/preempted.status" && grep -q "^rank 2 exited 143$" "$work/preempted.status" &&
+    ! grep -v " exited 143$" "$work/preempted.status" | grep -q . ||
+    fail "the preempted ranks did not exit 143: $(cat "$work/preempted.status")"
+  preempted >"$work/requeued.out" 2>&1 || fail "the requeued mpirun job failed: $(cat "$work/requeued.out")"
+  grep -v "^rank [0-9] exited" "$work/requeued.out" >"$work/requeued" || true
+  cmp -s "$work/uninterrupted" "$work/requeued" ||
+    fail "the requeued job trained otherwise than the uninterrupted one: $(diff "$work/uninterrupted" "$work/requeued")"
 fi
-echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch (with --partitions auto, and restarted after a kill) and mpirun, where it is, trained the data-parallel one as one process"
+echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch (with --partitions auto, and restarted after a kill) and mpirun (preempted and started again), where it is, trained the data-parallel one as one process"

@@ -14,6 +14,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -144,7 +145,8 @@ TEST_CASE("a checkpoint of a run with other settings is refused, naming each") {
   CHECK_FALSE(contains(error, "'data'"));
 }
 
-TEST_CASE("Resume::Always needs the checkpoint; Resume::Never starts afresh unless the job was restarted") {
+TEST_CASE(
+    "Resume::Always needs the checkpoint; Resume::Never starts afresh, removing it, unless the job was restarted") {
   TempDir dir;
   const std::string path = dir.file("checkpoint.safetensors");
   dist::TrainingLoopOptions always = checkpointedAt(path);
@@ -153,6 +155,9 @@ TEST_CASE("Resume::Always needs the checkpoint; Resume::Never starts afresh unle
   train(3, checkpointedAt(path));
   dist::TrainingLoopOptions never = checkpointedAt(path);
   never.resume = dist::Resume::Never;
+  train(0, never);
+  CHECK_FALSE(std::filesystem::exists(path));  // no restart of the new run may continue the old one
+  train(3, checkpointedAt(path));
   CHECK_FALSE(train(6, never).resumed);  // which ends with a checkpoint of step 6
   const ScopedVariable restart(dist::kRestartCountVariable, "1");
   const Outcome restarted = train(9, never);

@@ -1,12 +1,15 @@
 #include "tools/AmpTrain.h"
 
-#include "core/Error.h"
 #include "core/Checkpoint.h"
+#include "core/Error.h"
+#include "core/JsonLimits.h"
 #include "core/Trace.h"
-#include "dist/Job.h"
 #include "dist/AmpRuntime.h"
 #include "dist/Engine.h"
+#include "dist/EngineJob.h"
+#include "dist/Job.h"
 #include "dist/Launcher.h"
+#include "dist/Preemption.h"
 #include "models/AmpModels.h"
 #include "tools/Train.h"
 
@@ -19,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -51,9 +55,19 @@ struct AmpFlags {
   bool resumeChanged = false;
   int64_t checkpointEvery = 1;  // epochs
   std::string cluster;
+  // A job a cluster engine started (srun, mpirun, torchrun, Kubernetes).
+  std::string secretFile;
+  double rendezvousTimeout = 60;
+  double termGrace = 25;
   double timeout = 120;
   bool dot = false;
 };
+
+/// A frozen process is named well before the runtime's own timeout would fire.
+std::chrono::milliseconds silenceLimit(const AmpFlags& f) {
+  return std::max(std::chrono::milliseconds(3000),
+                  std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000 / 3)));
+}
 
 std::vector<int64_t> epochOrder(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> order(static_cast<size_t>(n));
@@ -91,6 +105,22 @@ std::map<std::string, std::string> runIdentity(models::AmpModel& model, const Am
   return id;
 }
 
+/// Drops the records of `path` (JSON lines) after epoch `epoch`: what the run a checkpoint of
+/// that epoch continues wrote after it (epochs since, a summary).
+void keepMetricsUpTo(const std::string& path, int64_t epoch) {
+  std::ifstream in(path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    if (jsonNestingBeyond(line, kMaxJsonDepth)) continue;  // not a record this trainer wrote
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_object() && record.contains("epoch") && record["epoch"].is_number_integer() &&
+        record["epoch"].get<int64_t>() <= epoch)
+      kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
 /// An AMP run's progress between epochs: where it stands and what its summary adds up.
 struct AmpProgress {
   int64_t epoch = 0;  // epochs done
@@ -126,7 +156,8 @@ void writeCheckpoint(const std::string& path, const std::string& model, std::map
 }
 
 /// Every process of a --processes job (the controller is rank 0) trains alike; rank 0 reports.
-int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& processes) {
+int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& processes,
+          const dist::Preemption* preemption) {
   const bool leader = processes.rank == 0;
   models::OptimizerSpec spec = model.defaultOptimizer();
   if (!f.optimizer.empty()) spec.name = f.optimizer;
@@ -159,12 +190,22 @@ int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& p
   if (!f.resume.empty() || f.resumeChanged) {
     // The controller alone reads the checkpoint; the other processes take their transforms' part.
     std::optional<amp::ResumePoint> point;
-    if (leader) point = readCheckpoint(checkpointPath, f.model, identity, f, progress);
+    if (leader) {
+      try {
+        point = readCheckpoint(checkpointPath, f.model, identity, f, progress);
+      } catch (const std::exception& e) {
+        runtime.abort(e.what());  // the other processes wait for their part: they stop, naming why
+        throw;
+      }
+    }
     progress.epoch = runtime.resume(point);
     if (leader && point) fmt::print("resumed from {} after epoch {}\n", checkpointPath, progress.epoch);
   }
-  // A resumed run adds to the metrics of the run it continues.
-  if (leader) metrics.open(outDir + "/metrics.jsonl", progress.epoch > 0 ? std::ios::app : std::ios::trunc);
+  if (leader) {
+    // A resumed run continues the metrics of the run it continues, up to the checkpoint's epoch.
+    if (progress.epoch > 0) keepMetricsUpTo(outDir + "/metrics.jsonl", progress.epoch);
+    metrics.open(outDir + "/metrics.jsonl", progress.epoch > 0 ? std::ios::app : std::ios::trunc);
+  }
   const double target = f.target >= 0 ? f.target : model.targetAccuracy();
   // As in the zoo, --epochs wins over --steps; a step is one training instance here.
   const int64_t instances = f.epochs > 0 || f.steps == 0 ? (f.epochs > 0 ? f.epochs : model.defaultEpochs()) * model.trainSize()
@@ -178,7 +219,22 @@ int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& p
     accuracy = runtime.evaluate(model.evalSize(), [&](int64_t i) { return model.evalInstance(i); }).accuracy;
     if (leader) fmt::print("the checkpoint is of epoch {}: no epochs left of {}\n", progress.epoch, epochs);
   }
+  int64_t checkpointed = progress.epoch;
   for (int64_t epoch = progress.epoch + 1; epoch <= epochs; ++epoch) {
+    // SIGTERM from the engine: every process stops between epochs, after the controller's
+    // checkpoint (none before the first epoch: the next start begins afresh).
+    if (preemption != nullptr && runtime.anyProcess(preemption->requested())) {
+      if (leader && checkpointed != progress.epoch && progress.epoch > 0)
+        writeCheckpoint(checkpointPath, f.model, identity, runtime, progress);
+      // No process exits before the checkpoint is written: the engine may stop the rest at the first exit.
+      runtime.anyProcess(true);
+      if (leader)
+        fmt::print("stopped on SIGTERM after epoch {}{}\n", progress.epoch,
+                   progress.epoch > 0
+                       ? fmt::format(": checkpoint {} written (--resume auto continues from it)", checkpointPath)
+                       : ", before any checkpoint");
+      return dist::kExitPreempted;
+    }
     const std::vector<int64_t> order = epochOrder(model.trainSize(), f.seed, epoch);
     const int64_t count = std::min(model.trainSize(), instances - (epoch - 1) * model.trainSize());
     last = runtime.train(count, [&](int64_t i) { return model.trainInstance(order[static_cast<size_t>(i)]); });
@@ -187,8 +243,10 @@ int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& p
     accuracy = held.accuracy;
     progress.epoch = epoch;
     const bool reached = target > 0 && held.accuracy >= target;
-    if (leader && (epoch % f.checkpointEvery == 0 || epoch == epochs || reached))
+    if (leader && (epoch % f.checkpointEvery == 0 || epoch == epochs || reached)) {
       writeCheckpoint(checkpointPath, f.model, identity, runtime, progress);
+      checkpointed = epoch;
+    }
     if (!leader) {
       if (reached) break;  // the controller's accuracy: it stops too
       continue;
@@ -259,6 +317,25 @@ dist::ResourceSpec ampCluster(const std::string& path) {
   return spec;
 }
 
+/// Under a cluster engine (a rank among several, and no launcher): makes this process that
+/// rank's member of the AMP job, whose processes the engine started, and takes SIGTERM as the
+/// request to stop at the next epoch's end; nothing otherwise.
+std::unique_ptr<dist::EngineJob> joinEngineJob(const AmpFlags& f, std::unique_ptr<dist::Preemption>& preemption) {
+  if (dist::launchIdentityFromEnvironment()) return nullptr;
+  const std::optional<dist::EngineView> view = dist::detectEngine(dist::processEnvironment());
+  if (!view || view->size == 1) return nullptr;
+  WEFT_CHECK(f.processes == 1 && f.cluster.empty(),
+             "--{} starts a job of its own, but {} started this process as rank {} of {}: drop it (the engine starts "
+             "the job's processes)",
+             f.processes > 1 ? "processes" : "cluster", view->engine, view->rank, view->size);
+  dist::EngineOptions options;  // AMP jobs have no parameter servers
+  options.secretFile = f.secretFile;
+  options.rendezvousTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.rendezvousTimeout * 1000));
+  options.silenceLimit = silenceLimit(f);
+  preemption = std::make_unique<dist::Preemption>(std::chrono::milliseconds(static_cast<int64_t>(f.termGrace * 1000)));
+  return std::make_unique<dist::EngineJob>(*view, options);
+}
+
 }  // namespace
 
 bool wantsAmp(int argc, char** argv) {
@@ -325,6 +402,20 @@ int runAmp(int argc, char** argv) {
     app.add_option("--trace", f.trace, "write each worker's forward, backward and update work as a trace-event JSON file");
     app.add_option("--timeout", f.timeout, "seconds without any message processed before the run stops with an error")
         ->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--secret-file", f.secretFile,
+                   "under a cluster engine: the job secret's file (weft secret PATH); "
+                   "needed across hosts")
+        ->check(CLI::ExistingFile);
+    app.add_option("--rendezvous-timeout", f.rendezvousTimeout,
+                   "under a cluster engine: seconds the job's processes have to find each other")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_option("--term-grace", f.termGrace,
+                   "under a cluster engine, SIGTERM makes the job stop at the end of its epoch with a checkpoint and "
+                   "exit with 143; a process not done this many seconds after the signal exits without one (keep it "
+                   "above an epoch's duration and under the engine's own grace)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
   } else {
     app.add_flag("--dot", f.dot, "Graphviz DOT instead of text");
   }
@@ -341,17 +432,15 @@ int runAmp(int argc, char** argv) {
       std::fputs(model->graph().describe(f.dot).c_str(), stdout);
       return 0;
     }
-    if (!dist::launchIdentityFromEnvironment()) {
-      const std::optional<dist::EngineView> engine = dist::detectEngine(dist::processEnvironment());
-      WEFT_CHECK(!engine || engine->size == 1,
-                 "{} started this process as rank {} of {}, but AMP jobs are started by weft's launcher (--processes, "
-                 "--cluster): run one `weft train --amp` per job",
-                 engine ? engine->engine : "", engine ? engine->rank : 0, engine ? engine->size : 0);
-    }
-    if (f.processes == 1 && f.cluster.empty()) return train(*model, f, {});
+    // Under a cluster engine each of its processes is one of the job's (the controller is rank 0).
+    std::unique_ptr<dist::Preemption> preemption;
+    const std::unique_ptr<dist::EngineJob> engine = joinEngineJob(f, preemption);
+    if (!engine && f.processes == 1 && f.cluster.empty()) return train(*model, f, {}, nullptr);
     WEFT_CHECK(f.processes == 1 || f.cluster.empty(), "--processes {} and --cluster: the specification says the processes",
                f.processes);
-    const dist::ResourceSpec resources = f.cluster.empty() ? dist::ResourceSpec::localCpu(f.processes, 0) : ampCluster(f.cluster);
+    const dist::ResourceSpec resources = engine              ? engine->layout().resources
+                                         : f.cluster.empty() ? dist::ResourceSpec::localCpu(f.processes, 0)
+                                                             : ampCluster(f.cluster);
     const int processes = static_cast<int>(resources.workers().size());
     if (!dist::launchIdentityFromEnvironment()) {
       // This process is the launcher: the same command line runs as each worker process.
@@ -360,7 +449,7 @@ int runAmp(int argc, char** argv) {
       const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", noPath);
       if (!noPath) command[0] = self.string();
       dist::LaunchOptions launch;
-      launch.silenceLimit = std::max(std::chrono::milliseconds(3000), std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000 / 3)));
+      launch.silenceLimit = silenceLimit(f);
       const int status = dist::launch(resources, command, launch);
       if (!f.trace.empty()) {
         std::vector<std::string> parts;
@@ -378,7 +467,9 @@ int runAmp(int argc, char** argv) {
     config.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
     std::optional<dist::JobContext> job = dist::joinJob(resources, config);
     WEFT_CHECK(job.has_value(), "--processes: this process was not started by the launcher");
-    const int status = train(*model, f, {job->rank(), job->workers(), job->transport.get(), job->routes.workerPeers});
+    const int status = train(*model, f, {job->rank(), job->workers(), job->transport.get(), job->routes.workerPeers},
+                             preemption.get());
+    if (status == 0 || status == dist::kExitPreempted) job->leave();  // done, not failed: the job's watch lets it go
     job->transport->closeAll(std::chrono::steady_clock::now() + config.timeout);
     return status;
   } catch (const std::exception& e) {

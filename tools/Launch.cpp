@@ -128,7 +128,9 @@ int runLaunch(int argc, char** argv) {
     if (f.partitions != "auto") return dist::launch(spec, command, options);
     WEFT_CHECK(spec.serverCount() > 0,
                "--partitions auto splits variables on parameter servers, and this job has none");
-    dist::launchSearchingPartitions(spec, command, options, f.partitionSearchSteps, false);
+    dist::PartitionSearchOptions search;
+    search.sampleSteps = f.partitionSearchSteps;
+    dist::launchSearchingPartitions(spec, command, options, search);
     return 0;
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -558,17 +558,22 @@ class Trainer {
     const std::string out = outDir();
     const bool resume =
         flags_.resume == "on" || flags_.resumeChanged || (flags_.resume == "auto" && hasCheckpoint(out));
-    dist::launchSearchingPartitions(
-        resources, commandLine_, launch, flags_.partitionSearchSteps, resume, [&](const dist::PartitionSearchRun& run) {
-          nlohmann::json samples = nlohmann::json::array();
-          for (const dist::PartitionSample& s : run.samples)
-            samples.push_back({{"partitions", s.partitions}, {"seconds_per_step", s.seconds}});
-          nlohmann::json record{
-              {"samples", samples}, {"partitions", run.choice.partitions}, {"reason", run.choice.reason}};
-          if (run.choice.model)
-            record["theta"] = {run.choice.model->theta0, run.choice.model->theta1, run.choice.model->theta2};
-          MetricsLog(out + "/metrics.jsonl").write({{"partition_search", record}});
-        });
+    dist::PartitionSearchOptions search;
+    search.sampleSteps = flags_.partitionSearchSteps;
+    search.resume = resume;
+    // Beside the run's output, which worker 0 writes: a shared --out serves workers on other hosts.
+    search.reportFile = std::filesystem::absolute(out + "/partition-sample.json").string();
+    search.chosen = [&](const dist::PartitionSearchRun& run) {
+      nlohmann::json samples = nlohmann::json::array();
+      for (const dist::PartitionSample& s : run.samples)
+        samples.push_back({{"partitions", s.partitions}, {"seconds_per_step", s.seconds}});
+      nlohmann::json record{{"samples", samples}, {"partitions", run.choice.partitions}, {"reason", run.choice.reason}};
+      if (run.choice.model)
+        record["theta"] = {run.choice.model->theta0, run.choice.model->theta1, run.choice.model->theta2};
+      MetricsLog(out + "/metrics.jsonl").write({{"partition_search", record}});
+    };
+    std::filesystem::create_directories(out);
+    dist::launchSearchingPartitions(resources, commandLine_, launch, search);
   }
 
   static bool hasCheckpoint(const std::string& out) { return std::filesystem::exists(out + "/checkpoint.safetensors"); }
