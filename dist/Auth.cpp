@@ -26,6 +26,7 @@ namespace {
 
 constexpr char kClientLabel[] = "weft-auth-v1";
 constexpr char kServerLabel[] = "weft-auth-server-v1";
+constexpr char kControlLabel[] = "weft-control-v1";
 
 // label || job || server nonce || client nonce, MACed under the secret.
 Digest handshakeMac(const Secret& secret, const char* label, const JobId& job, const Nonce& serverNonce,
@@ -36,6 +37,17 @@ Digest handshakeMac(const Secret& secret, const char* label, const JobId& job, c
   w.putFixed(serverNonce);
   w.putFixed(clientNonce);
   return hmacSha256(secret, w.bytes());
+}
+
+Digest labelled(const Digest& key, const char* label) {
+  return hmacSha256(key, {reinterpret_cast<const uint8_t*>(label), std::strlen(label)});
+}
+
+/// The connection's keys (client to server, server to client), from the secret and both nonces.
+std::pair<Digest, Digest> controlKeys(const Secret& secret, const JobId& job, const Nonce& serverNonce,
+                                      const Nonce& clientNonce) {
+  const Digest connection = handshakeMac(secret, kControlLabel, job, serverNonce, clientNonce);
+  return {labelled(connection, "client-to-server"), labelled(connection, "server-to-client")};
 }
 
 template <class T>
@@ -170,8 +182,8 @@ Nonce sendChallenge(int fd, const JobId& job, Deadline deadline) {
   return serverNonce;
 }
 
-void checkAnswer(int fd, const Secret& secret, const JobId& job, const Nonce& challenge, const Frame& answer,
-                 Deadline deadline) {
+ControlKeys checkAnswer(int fd, const Secret& secret, const JobId& job, const Nonce& challenge, const Frame& answer,
+                        Deadline deadline) {
   try {
     expectType(answer, MessageType::Auth);
     WireReader r = answer.reader();
@@ -181,13 +193,15 @@ void checkAnswer(int fd, const Secret& secret, const JobId& job, const Nonce& ch
     WEFT_CHECK(digestsEqual(clientMac, handshakeMac(secret, kClientLabel, job, challenge, clientNonce)),
                "bad HMAC: the client does not hold the job secret");
     writeFrame(fd, MessageType::AuthOk, job, handshakeMac(secret, kServerLabel, job, challenge, clientNonce), deadline);
+    const auto [toServer, toClient] = controlKeys(secret, job, challenge, clientNonce);
+    return {toClient, toServer};
   } catch (const Error& e) {
     sendRefusal(fd, job, e.what());
     throw;
   }
 }
 
-void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {
+ControlKeys serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {
   Nonce challenge;
   Frame answer;
   try {
@@ -197,10 +211,10 @@ void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline de
     sendRefusal(fd, job, e.what());
     throw;
   }
-  checkAnswer(fd, secret, job, challenge, answer, deadline);
+  return checkAnswer(fd, secret, job, challenge, answer, deadline);
 }
 
-void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {
+ControlKeys clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline) {
   const Frame challenge = readFrame(fd, deadline, job);
   expectType(challenge, MessageType::Challenge);
   WireReader r = challenge.reader();
@@ -220,6 +234,58 @@ void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline de
   okReader.finish();
   WEFT_CHECK(digestsEqual(serverMac, handshakeMac(secret, kServerLabel, job, serverNonce, clientNonce)),
              "the server's proof is wrong: it does not hold the job secret");
+  const auto [toServer, toClient] = controlKeys(secret, job, serverNonce, clientNonce);
+  return {toServer, toClient};
+}
+
+Digest ControlSeal::tag(const Digest& key, uint64_t counter, MessageType type, std::span<const uint8_t> payload) const {
+  WireWriter w;
+  w.putU64(counter);
+  w.putU8(static_cast<uint8_t>(type));
+  w.putFixed(payload);
+  return hmacSha256(key, w.bytes());
+}
+
+std::vector<uint8_t> ControlSeal::seal(MessageType type, std::span<const uint8_t> payload) {
+  std::vector<uint8_t> sealed(payload.begin(), payload.end());
+  const Digest t = tag(keys_.send, sent_++, type, payload);
+  sealed.insert(sealed.end(), t.begin(), t.end());
+  return sealed;
+}
+
+Frame ControlSeal::open(Frame frame) {
+  WEFT_CHECK(frame.payload.size() >= kTagBytes,
+             "frame {} of {} bytes after admission carries no seal: not from a member of the job",
+             messageTypeName(frame.type), frame.payload.size());
+  const size_t length = frame.payload.size() - kTagBytes;
+  Digest given;
+  std::copy(frame.payload.begin() + static_cast<std::ptrdiff_t>(length), frame.payload.end(), given.begin());
+  frame.payload.resize(length);
+  WEFT_CHECK(digestsEqual(given, tag(keys_.receive, received_, frame.type, frame.payload)),
+             "frame {} failed its seal (frame {} of the connection): altered, replayed, reordered, or sent by a "
+             "process without the job secret",
+             messageTypeName(frame.type), received_);
+  ++received_;
+  return frame;
+}
+
+void writeSealed(int fd, ControlSeal& seal, MessageType type, const JobId& job, std::span<const uint8_t> payload,
+                 Deadline deadline) {
+  writeFrame(fd, type, job, seal.seal(type, payload), deadline);
+}
+
+Frame readSealed(int fd, ControlSeal& seal, Deadline deadline, const JobId& job, uint32_t maxPayload) {
+  return seal.open(readFrame(fd, deadline, job, maxPayload + ControlSeal::kTagBytes));
+}
+
+void sendSealedRefusal(int fd, ControlSeal& seal, const JobId& job, const std::string& reason) {
+  try {
+    WireWriter w;
+    w.putString(reason.substr(0, kMaxStringBytes));
+    writeSealed(fd, seal, MessageType::Refused, job, w.bytes(), Clock::now() + std::chrono::milliseconds(500));
+  } catch (const Error&) {
+    // The peer is being dropped anyway; the caller reports the original reason.
+  }
 }
 
 SecretMemory::SecretMemory(const Secret& secret)

@@ -7,8 +7,16 @@
 //   client -> server  AUTH      {client_nonce, HMAC(K, "weft-auth-v1"        || job || Ns || Nc)}
 //   server -> client  AUTH_OK   {HMAC(K, "weft-auth-server-v1" || job || Ns || Nc)}
 // Fresh nonces on both sides defeat replay; the distinct labels stop a server's proof from being
-// reflected as a client's. This authenticates admission only: later bytes on the connection (and
-// UCX traffic) are neither authenticated nor encrypted.
+// reflected as a client's.
+//
+// Every later frame on the connection (JOIN, ROSTER, heartbeats, LEAVE, ABORT, a refusal) is
+// sealed (ControlSeal): it carries HMAC-SHA256 under a key of its direction, derived from the
+// secret and both nonces, over the frame's position on the connection, its type and its payload.
+// A process without the secret can neither forge a roster or an abort nor alter one in flight,
+// a frame cannot be replayed or reordered within the connection (both sides count frames; TCP
+// keeps their order), and a frame recorded on one connection fails on any other (fresh nonces,
+// fresh keys). Nothing is encrypted: the control plane carries addresses and counters, no model
+// data. (UCX traffic has its own seal, dist/Seal.h.)
 #pragma once
 
 #include "dist/Wire.h"
@@ -17,6 +25,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace weft::dist {
 
@@ -63,10 +72,43 @@ Digest hmacSha256(std::span<const uint8_t> key, std::span<const uint8_t> message
 /// Constant-time comparison (CRYPTO_memcmp), so timing does not leak how much of a MAC matched.
 bool digestsEqual(const Digest& a, const Digest& b);
 
-/// Server side of the handshake on a connected socket: returns once the client proved it holds
-/// the secret, else throws ("bad HMAC ...", a wire error, a timeout). It is sendChallenge, a
-/// blocking read of the answer, and checkAnswer.
-void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);
+/// The two keys of a connection's sealed frames after the handshake, as one side sees them.
+struct ControlKeys {
+  Digest send, receive;
+};
+
+/// Seals the frames one side of an admitted connection sends, and opens those it receives.
+class ControlSeal {
+ public:
+  /// The tag each sealed frame's payload ends with.
+  static constexpr uint32_t kTagBytes = 32;
+  ControlSeal() = default;
+  explicit ControlSeal(const ControlKeys& keys) : keys_(keys) {}
+  /// `payload` and its tag, for the next frame of type `type` this side sends.
+  std::vector<uint8_t> seal(MessageType type, std::span<const uint8_t> payload);
+  /// `frame` without its tag, once the tag proves it is the next frame the peer sealed; throws
+  /// naming the frame's type otherwise (altered, replayed, reordered, unsealed, from a process
+  /// without the secret).
+  Frame open(Frame frame);
+
+ private:
+  Digest tag(const Digest& key, uint64_t counter, MessageType type, std::span<const uint8_t> payload) const;
+  ControlKeys keys_{};
+  uint64_t sent_ = 0, received_ = 0;
+};
+
+/// writeFrame and readFrame through a seal (`maxPayload` without the tag).
+void writeSealed(int fd, ControlSeal& seal, MessageType type, const JobId& job, std::span<const uint8_t> payload,
+                 Deadline deadline);
+Frame readSealed(int fd, ControlSeal& seal, Deadline deadline, const JobId& job,
+                 uint32_t maxPayload = kMaxControlPayload - ControlSeal::kTagBytes);
+/// sendRefusal on an admitted connection: sealed, so the peer can believe the reason.
+void sendSealedRefusal(int fd, ControlSeal& seal, const JobId& job, const std::string& reason);
+
+/// Server side of the handshake on a connected socket: returns the connection's keys once the
+/// client proved it holds the secret, else throws ("bad HMAC ...", a wire error, a timeout). It
+/// is sendChallenge, a blocking read of the answer, and checkAnswer.
+ControlKeys serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);
 /// The server's handshake in steps, for a server that reads many connections' answers in one
 /// loop: sendChallenge writes the CHALLENGE and returns its nonce; checkAnswer takes the frame
 /// the client answered with (at most kAuthAnswerBytes of payload) and, if it proves the secret,
@@ -74,10 +116,10 @@ void serverHandshake(int fd, const Secret& secret, const JobId& job, Deadline de
 Nonce sendChallenge(int fd, const JobId& job, Deadline deadline);
 /// AUTH is two 32-byte fields; an unauthenticated peer must not make the server allocate more.
 inline constexpr uint32_t kAuthAnswerBytes = 64;
-void checkAnswer(int fd, const Secret& secret, const JobId& job, const Nonce& challenge, const Frame& answer,
-                 Deadline deadline);
+ControlKeys checkAnswer(int fd, const Secret& secret, const JobId& job, const Nonce& challenge, const Frame& answer,
+                        Deadline deadline);
 /// Client side: returns once the server accepted us and proved it holds the secret too, else
 /// throws (refused by the server with its reason, a wrong server proof, a wire error, a timeout).
-void clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);
+ControlKeys clientHandshake(int fd, const Secret& secret, const JobId& job, Deadline deadline);
 
 }  // namespace weft::dist

@@ -252,17 +252,20 @@ struct Coordinator::State {
     Deadline accepted = Clock::now(), expires;
     Nonce challenge{};
     bool authenticated = false;  // it proved the secret: never dropped for another
+    ControlSeal seal;            // from then on, every frame either way is sealed
     FrameAssembler incoming;
   };
   struct Joined {
     JoinRequest request;
     FileDescriptor fd;
+    ControlSeal seal;
   };
   // A member after the rendezvous: its connection (closed once it fails or ends), what its
   // last heartbeat said, and when (on the awake clock).
   struct Watched {
     MemberId id;
     FileDescriptor fd;
+    ControlSeal seal;  // sending: stopJob's ABORT, under the mutex; receiving: the watch's heartbeats
     std::chrono::milliseconds lastHeard{0}, progressSince{0}, beatingSince{0}, closedAt{0};
     MainThreadSample last;
     bool waitedWhileStalled = false;
@@ -471,7 +474,7 @@ std::chrono::milliseconds Coordinator::State::awakeNow() const {
 void Coordinator::State::readHeartbeat(Watched& w) {
   try {
     // A heartbeat is one small write, so it arrives whole; the deadline only bounds a torn one.
-    const Frame frame = readFrame(w.fd.get(), Clock::now() + std::chrono::seconds(1), job_, kHeartbeatPayload);
+    const Frame frame = readSealed(w.fd.get(), w.seal, Clock::now() + std::chrono::seconds(1), job_, kHeartbeatPayload);
     if (frame.type == MessageType::Leave) {
       frame.reader().finish();
       std::lock_guard lock(mutex_);
@@ -591,18 +594,19 @@ void Coordinator::State::serveConnection(std::list<Pending>::iterator it) {
   if (!frame) return;
   if (!p.authenticated) {
     try {
-      checkAnswer(p.fd.get(), secret_, job_, p.challenge, *frame, p.expires);  // tells a peer it refuses
+      p.seal = ControlSeal(
+          checkAnswer(p.fd.get(), secret_, job_, p.challenge, *frame, p.expires));  // tells a peer it refuses
     } catch (const Error& e) {
       drop(it, e.what(), false);
       return;
     }
     p.authenticated = true;
     p.expires = p.accepted + limits_.handshakeTimeout;
-    p.incoming = FrameAssembler(job_, kMaxJoinPayload);
+    p.incoming = FrameAssembler(job_, kMaxJoinPayload + ControlSeal::kTagBytes);
     return;
   }
   try {
-    join(p, *frame);
+    join(p, p.seal.open(std::move(*frame)));
   } catch (const Error& e) {
     drop(it, e.what(), true);
     return;
@@ -631,7 +635,10 @@ void Coordinator::State::drop(std::list<Pending>::iterator it, const std::string
     std::lock_guard lock(mutex_);
     logRefusal(it->peer, reason);
   }
-  if (tell) sendRefusal(it->fd.get(), job_, reason);
+  if (tell && it->authenticated)
+    sendSealedRefusal(it->fd.get(), it->seal, job_, reason);
+  else if (tell)
+    sendRefusal(it->fd.get(), job_, reason);
   pending_.erase(it);
 }
 
@@ -648,7 +655,7 @@ void Coordinator::State::join(Pending& pending, const Frame& frame) {
   WEFT_CHECK(earlier == joined_.end() || closedByPeer(earlier->second.fd.get()), "{} has already joined",
              describe(request.id));
   const MemberId id = request.id;
-  joined_.insert_or_assign(id, Joined{std::move(request), std::move(pending.fd)});
+  joined_.insert_or_assign(id, Joined{std::move(request), std::move(pending.fd), pending.seal});
 }
 
 void Coordinator::State::sendRosters() {
@@ -663,9 +670,10 @@ void Coordinator::State::sendRosters() {
   const std::vector<uint8_t> ncclId = expected_[0].role == Role::Worker ? first.request.ncclId : std::vector<uint8_t>{};
   for (const Member& m : members) {
     FileDescriptor& fd = joined_.at(m.id).fd;
+    ControlSeal& seal = joined_.at(m.id).seal;
     try {
       const std::vector<uint8_t> payload = encodeRoster(m.rank, members, ncclId);
-      writeFrame(fd.get(), MessageType::Roster, job_, payload, Clock::now() + limits_.handshakeTimeout);
+      writeSealed(fd.get(), seal, MessageType::Roster, job_, payload, Clock::now() + limits_.handshakeTimeout);
     } catch (const Error& e) {
       // The member died after joining; the others still get the roster and will see it gone.
       std::fputs(fmt::format("weft coordinator: cannot send the roster to {}: {}\n", describe(m.id), e.what()).c_str(),
@@ -674,7 +682,7 @@ void Coordinator::State::sendRosters() {
     }
     std::lock_guard lock(mutex_);
     const std::chrono::milliseconds now = awakeNow();
-    watched_.push_back({m.id, std::move(fd), now, now, now, {}});
+    watched_.push_back({m.id, std::move(fd), seal, now, now, now, {}, {}});
   }
   joined_.clear();
   members_ = std::move(members);
@@ -693,9 +701,10 @@ void Coordinator::State::abortRendezvous() {
                          missing.size(), expected_.size(), describeMissing(missing));
   WireWriter w;
   w.putString(failure_);
-  for (const auto& [id, member] : joined_) {
+  for (auto& [id, member] : joined_) {
     try {
-      writeFrame(member.fd.get(), MessageType::Abort, job_, w.bytes(), Clock::now() + limits_.handshakeTimeout);
+      writeSealed(member.fd.get(), member.seal, MessageType::Abort, job_, w.bytes(),
+                  Clock::now() + limits_.handshakeTimeout);
     } catch (const Error&) {
       // That member is gone; nothing else to tell it.
     }
@@ -754,10 +763,11 @@ void Coordinator::stopJob(const std::string& reason) {
   WireWriter w;
   w.putString(reason);
   std::lock_guard lock(state_->mutex_);
-  for (const State::Watched& member : state_->watched_) {
+  for (State::Watched& member : state_->watched_) {
     if (!member.fd.valid()) continue;
     try {
-      writeFrame(member.fd.get(), MessageType::Abort, state_->job_, w.bytes(), Clock::now() + std::chrono::seconds(1));
+      writeSealed(member.fd.get(), member.seal, MessageType::Abort, state_->job_, w.bytes(),
+                  Clock::now() + std::chrono::seconds(1));
     } catch (const Error&) {
       // That member is gone, or stopped reading: its connection closing tells it as much.
     }
@@ -768,6 +778,7 @@ void Coordinator::stopJob(const std::string& reason) {
 
 struct Heartbeat::State {
   FileDescriptor fd;
+  ControlSeal seal;  // used by the beating thread alone
   JobId job;
   std::chrono::milliseconds interval;
   LostHandler onLost;
@@ -785,7 +796,7 @@ struct Heartbeat::State {
   /// Sends LEAVE and wakes leave().
   void sendLeave() {
     try {
-      writeFrame(fd.get(), MessageType::Leave, job, {}, Clock::now() + std::chrono::seconds(10));
+      writeSealed(fd.get(), seal, MessageType::Leave, job, {}, Clock::now() + std::chrono::seconds(10));
     } catch (const Error&) {
       // The coordinator is gone: the closed connection will say so, and a member that left ends anyway.
     }
@@ -805,7 +816,7 @@ struct Heartbeat::State {
     if (n == 0) return {false, "the coordinator closed the connection"};
     if (n < 0) return {false, fmt::format("the coordinator connection failed: {}", std::strerror(errno))};
     try {
-      const Frame frame = readFrame(fd.get(), Clock::now() + std::chrono::seconds(5), job);
+      const Frame frame = readSealed(fd.get(), seal, Clock::now() + std::chrono::seconds(5), job);
       if (frame.type == MessageType::Abort) return {true, "the job stopped: " + readReason(frame)};
       return {false, fmt::format("the coordinator sent {} after the roster", messageTypeName(frame.type))};
     } catch (const Error& e) {
@@ -849,7 +860,7 @@ struct Heartbeat::State {
         try {
           // The deadline only bounds a coordinator that stopped reading for good: a few dozen
           // bytes a second take hours to fill a socket's buffer.
-          writeFrame(fd.get(), MessageType::Heartbeat, job, w.bytes(), Clock::now() + std::chrono::minutes(10));
+          writeSealed(fd.get(), seal, MessageType::Heartbeat, job, w.bytes(), Clock::now() + std::chrono::minutes(10));
           continue;
         } catch (const Error& e) {
           failure = e.what();
@@ -866,11 +877,12 @@ struct Heartbeat::State {
   }
 };
 
-Heartbeat::Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost, Sampler sample,
-                     std::chrono::milliseconds verdictWait)
+Heartbeat::Heartbeat(int fd, ControlSeal seal, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost,
+                     Sampler sample, std::chrono::milliseconds verdictWait)
     : state_(std::make_unique<State>()) {
   state_->verdictWait = verdictWait;
   state_->fd.reset(fd);
+  state_->seal = seal;
   state_->job = job;
   state_->interval = interval;
   state_->onLost = std::move(onLost);
@@ -924,8 +936,9 @@ Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret,
     if (!coordinatorMayComeLater || Clock::now() >= deadline) throw;
     throw Retry{fmt::format("no coordinator there yet: {}", e.what())};
   }
+  ControlSeal seal;
   try {
-    clientHandshake(fd.get(), secret, job, deadline);
+    seal = ControlSeal(clientHandshake(fd.get(), secret, job, deadline));
   } catch (const Error& e) {
     const std::string reason = e.what();
     // The coordinator's verdicts (a wrong secret, another job) are final; a dropped connection,
@@ -938,8 +951,8 @@ Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret,
   }
   Frame reply;
   try {
-    writeFrame(fd.get(), MessageType::Join, job, encodeJoin(request), deadline);
-    reply = readFrame(fd.get(), deadline, job);
+    writeSealed(fd.get(), seal, MessageType::Join, job, encodeJoin(request), deadline);
+    reply = readSealed(fd.get(), seal, deadline, job);
   } catch (const ConnectionClosed& e) {
     // Admitted, then cut off (a network fault, a coordinator restarting its listener): a new
     // connection's JOIN replaces this one's.
@@ -949,8 +962,9 @@ Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret,
   WEFT_CHECK(reply.type != MessageType::Abort, "aborted by the coordinator: {}", readReason(reply));
   expectType(reply, MessageType::Roster);
   Roster roster = decodeRoster(reply, request.id);
-  roster.heartbeat = std::make_shared<Heartbeat>(fd.release(), job, heartbeat.interval, std::move(heartbeat.onLost),
-                                                 std::move(heartbeat.sample), heartbeat.verdictWait);
+  roster.heartbeat =
+      std::make_shared<Heartbeat>(fd.release(), seal, job, heartbeat.interval, std::move(heartbeat.onLost),
+                                  std::move(heartbeat.sample), heartbeat.verdictWait);
   return roster;
 }
 

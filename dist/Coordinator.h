@@ -18,6 +18,11 @@
 //           closing after it is no failure
 //   ABORT  after the roster too (coordinator -> member): the job stops, and why (stopJob)
 //
+// Every frame after the handshake, either way, is sealed (ControlSeal, dist/Auth.h): its payload
+// ends with an HMAC over its place on the connection, its type and its payload, under a key of
+// the connection and direction. A frame that fails it ends the connection: the coordinator
+// treats the member as gone, the member its coordinator.
+//
 // Admission under load: the coordinator serves every connection in its admission from one loop,
 // reading frames as they arrive, so a connection that says nothing costs a socket and no thread.
 // A connection must prove the secret within 2 s; until it has, it sits in a waiting room of 2,048
@@ -182,8 +187,9 @@ class Heartbeat {
  public:
   using LostHandler = std::function<void(const std::string& reason)>;
   using Sampler = std::function<MainThreadSample()>;
-  Heartbeat(int fd, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost = {}, Sampler sample = {},
-            std::chrono::milliseconds verdictWait = {});  // owns fd
+  /// Owns `fd`, whose frames `seal` seals (dist/Auth.h).
+  Heartbeat(int fd, ControlSeal seal, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost = {},
+            Sampler sample = {}, std::chrono::milliseconds verdictWait = {});
   /// Whether the coordinator connection was lost.
   bool lost() const;
   /// Tells the coordinator that this member finished its part (LEAVE); from then on the

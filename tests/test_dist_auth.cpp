@@ -1,6 +1,7 @@
 // The job secret and the mutual HMAC handshake: secret files (0600, refused when group or
-// others may read them), the environment variable, HMAC-SHA256 against RFC 4231, and the
-// handshake over a socket pair, succeeding and failing on either side.
+// others may read them), the environment variable, HMAC-SHA256 against RFC 4231, the handshake
+// over a socket pair, succeeding and failing on either side, and the seal of every frame after
+// it (altered, replayed, reordered, retyped, reflected, moved between connections, unsealed).
 #include "tests/InputTest.h"
 #include "tests/TestUtil.h"
 
@@ -34,6 +35,8 @@ struct SocketPair {
 
 Deadline in(int ms) { return Clock::now() + std::chrono::milliseconds(ms); }
 
+const JobId kJob = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 
 // Runs the server side on a thread; returns its error ("" when it admitted the client).
@@ -41,7 +44,7 @@ struct ServerThread {
   ServerThread(int fd, const Secret& secret, const JobId& job)
       : thread([this, fd, secret, job] {
           try {
-            serverHandshake(fd, secret, job, in(2000));
+            keys = serverHandshake(fd, secret, job, in(2000));
           } catch (const Error& e) {
             error = e.what();
           }
@@ -51,10 +54,21 @@ struct ServerThread {
     return error;
   }
   std::string error;
+  ControlKeys keys{};
   std::thread thread;
 };
 
-const JobId kJob = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+// An admitted connection: each side's seal.
+struct Admitted {
+  explicit Admitted(const Secret& secret = generateSecret()) {
+    ServerThread handshake(pair.server.get(), secret, kJob);
+    client = ControlSeal(clientHandshake(pair.client.get(), secret, kJob, in(2000)));
+    REQUIRE(handshake.finish().empty());
+    server = ControlSeal(handshake.keys);
+  }
+  SocketPair pair;
+  ControlSeal client, server;
+};
 
 }  // namespace
 
@@ -195,6 +209,74 @@ TEST_CASE("handshake: another job, a malformed answer, silence") {
     CHECK(error == "timed out: 0 of 28 bytes of a frame header arrived before the deadline");
     CHECK(Clock::now() - start < std::chrono::seconds(2));
   }
+}
+
+TEST_CASE("after the handshake each side opens the other's sealed frames, in order") {
+  Admitted a;
+  const std::vector<uint8_t> join = bytesOf("join"), roster = bytesOf("roster");
+  writeSealed(a.pair.client.get(), a.client, MessageType::Join, kJob, join, in(2000));
+  writeSealed(a.pair.client.get(), a.client, MessageType::Heartbeat, kJob, {}, in(2000));
+  const Frame first = readSealed(a.pair.server.get(), a.server, in(2000), kJob);
+  CHECK(first.type == MessageType::Join);
+  CHECK(first.payload == join);
+  CHECK(readSealed(a.pair.server.get(), a.server, in(2000), kJob).payload.empty());
+  writeSealed(a.pair.server.get(), a.server, MessageType::Roster, kJob, roster, in(2000));
+  CHECK(readSealed(a.pair.client.get(), a.client, in(2000), kJob).payload == roster);
+}
+
+TEST_CASE("a sealed frame altered in flight is refused, naming its type") {
+  Admitted a;
+  std::vector<uint8_t> sealed = a.client.seal(MessageType::Heartbeat, bytesOf("progress"));
+  sealed[3] ^= 1;
+  writeFrame(a.pair.client.get(), MessageType::Heartbeat, kJob, sealed, in(2000));
+  CHECK(errorOf([&] { readSealed(a.pair.server.get(), a.server, in(2000), kJob); }) ==
+        "frame HEARTBEAT failed its seal (frame 0 of the connection): altered, replayed, reordered, or sent by a "
+        "process without the job secret");
+}
+
+TEST_CASE("a sealed frame replayed, reordered or retyped on its connection is refused") {
+  Admitted a;
+  const std::vector<uint8_t> first = a.client.seal(MessageType::Heartbeat, bytesOf("1"));
+  const std::vector<uint8_t> second = a.client.seal(MessageType::Heartbeat, bytesOf("2"));
+  writeFrame(a.pair.client.get(), MessageType::Heartbeat, kJob, first, in(2000));
+  CHECK(readSealed(a.pair.server.get(), a.server, in(2000), kJob).payload == bytesOf("1"));
+  writeFrame(a.pair.client.get(), MessageType::Heartbeat, kJob, first, in(2000));  // again
+  CHECK(contains(errorOf([&] { readSealed(a.pair.server.get(), a.server, in(2000), kJob); }),
+                 "frame HEARTBEAT failed its seal (frame 1 of the connection)"));
+  Admitted b;
+  b.client.seal(MessageType::Leave, {});  // sealed first, never sent
+  const std::vector<uint8_t> beat = b.client.seal(MessageType::Heartbeat, {});
+  writeFrame(b.pair.client.get(), MessageType::Heartbeat, kJob, beat, in(2000));  // before the LEAVE sealed first
+  CHECK(contains(errorOf([&] { readSealed(b.pair.server.get(), b.server, in(2000), kJob); }), "failed its seal"));
+  Admitted c;
+  const std::vector<uint8_t> heartbeat = c.client.seal(MessageType::Heartbeat, {});
+  writeFrame(c.pair.client.get(), MessageType::Leave, kJob, heartbeat, in(2000));  // another type, same bytes
+  CHECK(contains(errorOf([&] { readSealed(c.pair.server.get(), c.server, in(2000), kJob); }),
+                 "frame LEAVE failed its seal"));
+}
+
+TEST_CASE("a frame sealed on one connection, or by the other side, fails on any other") {
+  const Secret secret = generateSecret();
+  Admitted a(secret), b(secret);  // the same job and secret, other nonces
+  writeFrame(b.pair.client.get(), MessageType::Abort, kJob, a.client.seal(MessageType::Abort, bytesOf("stop")),
+             in(2000));
+  CHECK(contains(errorOf([&] { readSealed(b.pair.server.get(), b.server, in(2000), kJob); }),
+                 "frame ABORT failed its seal"));
+  // The client's own frame reflected back to it: the directions have different keys.
+  writeFrame(a.pair.server.get(), MessageType::Abort, kJob, a.client.seal(MessageType::Abort, bytesOf("stop")),
+             in(2000));
+  CHECK(contains(errorOf([&] { readSealed(a.pair.client.get(), a.client, in(2000), kJob); }),
+                 "frame ABORT failed its seal"));
+}
+
+TEST_CASE("an unsealed frame after the handshake is refused: a forged ABORT or ROSTER does not pass") {
+  Admitted a;
+  writeFrame(a.pair.server.get(), MessageType::Abort, kJob, bytesOf("stop"), in(2000));
+  CHECK(errorOf([&] { readSealed(a.pair.client.get(), a.client, in(2000), kJob); }) ==
+        "frame ABORT of 4 bytes after admission carries no seal: not from a member of the job");
+  writeFrame(a.pair.server.get(), MessageType::Roster, kJob, std::vector<uint8_t>(64, 0), in(2000));
+  CHECK(contains(errorOf([&] { readSealed(a.pair.client.get(), a.client, in(2000), kJob); }),
+                 "frame ROSTER failed its seal"));
 }
 
 TEST_CASE("secrets: a FIFO or a device is refused without blocking, an oversized file too") {

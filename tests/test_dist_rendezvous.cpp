@@ -244,6 +244,16 @@ TEST_CASE("rendezvous: bad connections are refused and logged; the real members 
     CHECK(errorOf([&] { clientHandshake(fd.get(), generateSecret(), kJob, in(2s)); }) ==
           "refused by the peer: bad HMAC: the client does not hold the job secret");
   }
+  {
+    // Admitted, then an unsealed JOIN (what an on-path forger, holding no secret, could send):
+    // refused, and the refusal itself is sealed.
+    const FileDescriptor fd = connectRaw(port);
+    ControlSeal seal(clientHandshake(fd.get(), kSecret, kJob, in(2s)));
+    writeFrame(fd.get(), MessageType::Join, kJob, std::vector<uint8_t>(48), in(2s));
+    CHECK(errorOf([&] { expectType(readSealed(fd.get(), seal, in(2s), kJob), MessageType::Roster); }) ==
+          "refused by the peer: frame JOIN failed its seal (frame 0 of the connection): altered, replayed, "
+          "reordered, or sent by a process without the job secret");
+  }
   // Authenticated but not a member of this job, then a member joining twice.
   CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, 7), 2s); }),
                  "failed: refused by the peer: worker 7 of host 0 is not a member of this job"));
@@ -260,12 +270,12 @@ TEST_CASE("rendezvous: bad connections are refused and logged; the real members 
   const std::string text = log.text();
   const std::string prefix = "weft coordinator: refused connection from 127.0.0.1:";
   for (const char* reason : {"bad frame magic", "belongs to job", "field 'client_nonce'", "timed out", "bad HMAC",
-                             "worker 7 of host 0 is not a member"}) {
+                             "frame JOIN failed its seal", "worker 7 of host 0 is not a member"}) {
     CHECK_MESSAGE(contains(text, reason), reason);
   }
   size_t lines = 0;
   for (size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) ++lines;
-  CHECK_MESSAGE(lines == 7, text);
+  CHECK_MESSAGE(lines == 8, text);
 }
 
 TEST_CASE("rendezvous: a member joining twice is refused") {
@@ -635,7 +645,7 @@ TEST_CASE("a member whose connection closed after its JOIN joins again on a new 
   {
     // Worker 0's first connection: admitted, joined, then cut off before the roster.
     const FileDescriptor first = connectRaw(coordinator.port());
-    clientHandshake(first.get(), kSecret, kJob, in(5s));
+    ControlSeal seal(clientHandshake(first.get(), kSecret, kJob, in(5s)));
     const JoinRequest join = request(Role::Worker, 0, 0);
     WireWriter w;
     w.putU8(static_cast<uint8_t>(join.id.role));
@@ -644,7 +654,7 @@ TEST_CASE("a member whose connection closed after its JOIN joins again on a new 
     w.putBytes(join.address);
     w.putBytes(join.ncclId);
     w.putBytes(join.clientAddress);
-    writeFrame(first.get(), MessageType::Join, kJob, w.bytes(), in(5s));
+    writeSealed(first.get(), seal, MessageType::Join, kJob, w.bytes(), in(5s));
     std::this_thread::sleep_for(500ms);  // its JOIN is taken in (the outcome holds if it is not)
   }
   MemberProcess worker0(request(Role::Worker, 0, 0), 8s), worker1(request(Role::Worker, 0, 1), 8s),
