@@ -638,6 +638,78 @@ TEST_CASE("refused connections are logged at most ten lines a second; the rest a
   CHECK(counted > 0);
 }
 
+namespace {
+
+/// A TCP relay on the path between one member and the coordinator that flips one bit of the
+/// byte at `offset` of what the coordinator sends: an attacker on the path, without the secret.
+class TamperingRelay {
+ public:
+  TamperingRelay(uint16_t coordinatorPort, size_t offset) : offset_(offset) {
+    listener_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener_.get(), 1) == 0);
+    socklen_t length = sizeof addr;
+    REQUIRE(::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, coordinatorPort] { relay(coordinatorPort); });
+  }
+  ~TamperingRelay() {
+    ::shutdown(listener_.get(), SHUT_RDWR);
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  void relay(uint16_t coordinatorPort) {
+    const FileDescriptor member(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!member.valid()) return;
+    const FileDescriptor coordinator = connectRaw(coordinatorPort);
+    size_t fromCoordinator = 0;
+    std::vector<uint8_t> buffer(4096);
+    for (;;) {
+      pollfd fds[2] = {{member.get(), POLLIN, 0}, {coordinator.get(), POLLIN, 0}};
+      if (::poll(fds, 2, 5000) <= 0) return;
+      for (int side = 0; side < 2; ++side) {
+        if (!fds[side].revents) continue;
+        const ssize_t n = ::recv(fds[side].fd, buffer.data(), buffer.size(), 0);
+        if (n <= 0) return;
+        if (side == 1) {
+          if (offset_ >= fromCoordinator && offset_ < fromCoordinator + static_cast<size_t>(n))
+            buffer[offset_ - fromCoordinator] ^= 1;
+          fromCoordinator += static_cast<size_t>(n);
+        }
+        const int to = side == 0 ? coordinator.get() : member.get();
+        if (::send(to, buffer.data(), static_cast<size_t>(n), MSG_NOSIGNAL) != n) return;
+      }
+    }
+  }
+
+  FileDescriptor listener_;
+  uint16_t port_ = 0;
+  size_t offset_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a roster altered on its way to a member fails its seal, and the member says so") {
+  const ResourceSpec spec = ResourceSpec::localCpu(1, 0);
+  StderrCapture log;
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 5s);
+  // The coordinator sends CHALLENGE and AUTH_OK (32-byte payloads each), then the ROSTER: the
+  // relay flips a bit of the roster's payload.
+  const size_t rosterPayload = 2 * (kFrameHeaderBytes + 32) + kFrameHeaderBytes;
+  TamperingRelay relay(coordinator.port(), rosterPayload + 2);
+  const std::string error =
+      errorOf([&] { rendezvous("127.0.0.1", relay.port(), kSecret, kJob, request(Role::Worker, 0, 0), 5s); });
+  CHECK(contains(error,
+                 "frame ROSTER failed its seal (frame 0 of the connection): altered, replayed, reordered, or "
+                 "sent by a process without the job secret"));
+}
+
 TEST_CASE("a member whose connection closed after its JOIN joins again on a new one") {
   const ResourceSpec spec = ResourceSpec::localCpu(2);
   StderrCapture log;
