@@ -71,6 +71,11 @@ PartitionSampleReport readReport(const std::string& path, int partitions) {
 
 int64_t partitionSampleSteps() { return integerFromEnvironment(kPartitionSampleVariable, 0); }
 
+bool launcherResumes() {
+  const char* resume = std::getenv(kResumeVariable);
+  return resume != nullptr && std::string(resume) == "on";
+}
+
 void reportPartitionSample(const PartitionSampleReport& report) {
   const char* path = std::getenv(kPartitionReportVariable);
   WEFT_CHECK(path != nullptr && *path != '\0', "this run is a sample of the partition search ({} is set) without {}",

@@ -31,6 +31,9 @@ struct PartitionSampleReport {
 
 /// The sample this process's run is (its steps; 0: the run is no sample).
 int64_t partitionSampleSteps();
+/// Whether the launcher told this run to continue from the checkpoint (a sample after the
+/// first, or the run after the search: WEFT_RESUME=on).
+bool launcherResumes();
 /// Worker 0 of a sample: writes `report` to the launcher's file (atomically).
 void reportPartitionSample(const PartitionSampleReport& report);
 

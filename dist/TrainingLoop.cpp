@@ -25,8 +25,7 @@ bool restarted() {
 
 /// The launcher's word (a partition sample after the first, the run after the search) wins.
 Resume resumeFor(Resume asked) {
-  const char* forced = std::getenv(kResumeVariable);
-  if (forced != nullptr && std::string(forced) == "on") return Resume::Always;
+  if (launcherResumes()) return Resume::Always;
   if (asked == Resume::Never && restarted()) return Resume::IfPresent;
   return asked;
 }

@@ -701,8 +701,7 @@ class Trainer {
   /// where worker 0 finds one in --out (its answer is every worker's).
   bool resuming() {
     // A sample of the partition search after the first, or the run after the search.
-    const char* launcherSays = std::getenv(dist::kResumeVariable);
-    if (launcherSays != nullptr && std::string(launcherSays) == "on") return true;
+    if (dist::launcherResumes()) return true;
     if (flags_.resume != "auto") return flags_.resume == "on" || flags_.resumeChanged;
     return runner_->fromWorker0({leader_ && hasCheckpoint(outDir()) ? 1 : 0})[0] != 0;
   }
