@@ -177,7 +177,8 @@ TensorType transformType(const TransformSpec& spec, const std::vector<TensorType
   Inputs in;
   for (size_t i = 0; i < inputs.size(); ++i)
     in.payloads.push_back(scratch.placeholder(fmt::format("payload{}", i), inputs[i].dtype, inputs[i].shape));
-  for (const StateInput& s : spec.stateInputs) in.fromState.push_back(scratch.placeholder(s.name, s.type.dtype, s.type.shape));
+  for (const StateInput& s : spec.stateInputs)
+    in.fromState.push_back(scratch.placeholder(s.name, s.type.dtype, s.type.shape));
   try {
     return spec.build(scratch, in).type();
   } catch (const Error& e) {
@@ -370,8 +371,9 @@ void Graph::verify() {
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const Port& p = n.inputs[i];
       auto& slot = consumers_[static_cast<size_t>(p.node)][static_cast<size_t>(p.output)];
-      WEFT_CHECK(slot.first < 0, "amp graph: output {} of '{}' is read by both '{}' and '{}'; send it through a broadcast",
-                 p.output, node(p.node).name, node(slot.first).name, n.name);
+      WEFT_CHECK(slot.first < 0,
+                 "amp graph: output {} of '{}' is read by both '{}' and '{}'; send it through a broadcast", p.output,
+                 node(p.node).name, node(slot.first).name, n.name);
       slot = {n.id, static_cast<int>(i)};
     }
   for (const Node& n : nodes_)
@@ -389,10 +391,11 @@ void Graph::verify() {
       weft::Graph scratch;
       const TensorType& x = node(n.inputs[0].node).outputTypes.at(static_cast<size_t>(n.inputs[0].output));
       Inputs in{{scratch.placeholder("payload", x.dtype, x.shape)}, {}};
-      for (const StateInput& s : n.loss.stateInputs) in.fromState.push_back(scratch.placeholder(s.name, s.type.dtype, s.type.shape));
+      for (const StateInput& s : n.loss.stateInputs)
+        in.fromState.push_back(scratch.placeholder(s.name, s.type.dtype, s.type.shape));
       LossOutputs out = n.loss.build(scratch, in);
-      WEFT_CHECK(out.loss.valid() && out.loss.rank() == 0, "amp graph: loss '{}' must build a scalar loss, not {}", n.name,
-                 out.loss.valid() ? out.loss.type().str() : "nothing");
+      WEFT_CHECK(out.loss.valid() && out.loss.rank() == 0, "amp graph: loss '{}' must build a scalar loss, not {}",
+                 n.name, out.loss.valid() ? out.loss.type().str() : "nothing");
       continue;
     }
     WEFT_CHECK(static_cast<int>(n.outputTypes.size()) == n.outputs || n.kind == NodeKind::Input,

@@ -6,7 +6,7 @@
 //
 // The invariant every node keeps: each forward message it sends with state s is answered by
 // exactly one backward message with state s. Nodes key what they keep for backward by the state,
-// so many instances interleave (dist/AmpRuntime.h runs the graph; models/AmpModels.h builds the
+// so many instances interleave (dist/amp/AmpRuntime.h runs the graph; models/AmpModels.h builds the
 // paper's models on this layer alone).
 //
 //     amp::Graph g;
@@ -136,7 +136,20 @@ struct GroupSpec {
   std::function<int64_t(const State&)> order;
 };
 
-enum class NodeKind { Input, Transform, Loss, Cond, Phi, StateUpdate, Concat, Split, Broadcast, Group, Ungroup, Flatmap };
+enum class NodeKind {
+  Input,
+  Transform,
+  Loss,
+  Cond,
+  Phi,
+  StateUpdate,
+  Concat,
+  Split,
+  Broadcast,
+  Group,
+  Ungroup,
+  Flatmap
+};
 const char* kindName(NodeKind kind);
 
 struct Node {

@@ -96,7 +96,8 @@ GradCheckReport checkVariableGradients(Graph& graph, Output loss, const std::vec
     for (double v : analytic[k].toDoubles()) largest = std::max(largest, std::abs(v));
     if (largest <= 1e-12) {
       report.ok = false;
-      report.detail = fmt::format("variable '{}' has an all-zero gradient: the check would prove nothing", variables[k]);
+      report.detail =
+          fmt::format("variable '{}' has an all-zero gradient: the check would prove nothing", variables[k]);
       return report;
     }
     // Elements are perturbed in a host copy, which is written back before each evaluation (the

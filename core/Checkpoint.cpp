@@ -70,7 +70,8 @@ class Temporary {
       path_ = fmt::format("{}{}{}-{}", target, kTemporaryInfix, ::getpid(), n);
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
       if (fd_ >= 0) return;
-      if (errno != EEXIST || n == 99) WEFT_THROW("cannot write checkpoint {}: cannot create {}: {}", target, path_, systemError());
+      if (errno != EEXIST || n == 99)
+        WEFT_THROW("cannot write checkpoint {}: cannot create {}: {}", target, path_, systemError());
     }
   }
   ~Temporary() {
@@ -102,7 +103,9 @@ class Temporary {
     const fs::path parent = fs::path(target_).parent_path();
     const std::string dir = parent.empty() ? "." : parent.string();
     const int dirFd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dirFd < 0) WEFT_THROW("cannot write checkpoint {}: cannot open its directory {} to fsync it: {}", target_, dir, systemError());
+    if (dirFd < 0)
+      WEFT_THROW("cannot write checkpoint {}: cannot open its directory {} to fsync it: {}", target_, dir,
+                 systemError());
     const bool synced = ::fsync(dirFd) == 0;
     const std::string reason = synced ? "" : systemError();
     ::close(dirFd);
@@ -111,8 +114,8 @@ class Temporary {
 
  private:
   [[noreturn]] void fail(const char* what, const std::string& reason) const {
-    WEFT_THROW("cannot write checkpoint {}: {} {} failed: {} (the previous checkpoint, if any, is unchanged)", target_, what,
-               path_, reason);
+    WEFT_THROW("cannot write checkpoint {}: {} {} failed: {} (the previous checkpoint, if any, is unchanged)", target_,
+               what, path_, reason);
   }
 
   std::string target_, path_;
@@ -134,10 +137,11 @@ Entry parseEntry(const std::string& path, const std::string& name, const nlohman
   const std::string where = fmt::format("checkpoint {} is corrupt: the header entry of tensor '{}'", path, name);
   WEFT_CHECK(e.is_object(), "{} is {}, not an object", where, shown(e));
   for (const auto& [key, value] : e.items()) {
-    WEFT_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", "{} has an unknown field '{}' ({})", where, key,
-               shown(value));
+    WEFT_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", "{} has an unknown field '{}' ({})", where,
+               key, shown(value));
   }
-  for (const char* key : {"dtype", "shape", "data_offsets"}) WEFT_CHECK(e.contains(key), "{} has no field '{}'", where, key);
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    WEFT_CHECK(e.contains(key), "{} has no field '{}'", where, key);
 
   Entry out{name, DType::F32, {}, 0, 0};
   const nlohmann::json& dtype = e["dtype"];
@@ -149,18 +153,22 @@ Entry parseEntry(const std::string& path, const std::string& name, const nlohman
     }
   }
   // The other safetensors dtypes make a valid file that weft cannot hold (PyTorch's bool buffers, say).
-  static const std::set<std::string> kForeign{"BOOL", "U8", "I8", "U16", "I16", "U32", "U64", "F8_E4M3", "F8_E5M2", "C64"};
+  static const std::set<std::string> kForeign{"BOOL", "U8",  "I8",      "U16",     "I16",
+                                              "U32",  "U64", "F8_E4M3", "F8_E5M2", "C64"};
   WEFT_CHECK(known || !dtype.is_string() || !kForeign.count(dtype.get<std::string>()),
-             "checkpoint {}: tensor '{}' has dtype {}, which weft does not support (F32, F64, I32, I64, BF16, F16)", path,
-             name, dtype.get<std::string>());
-  WEFT_CHECK(known, "{}: field 'dtype' is {}, an unsupported dtype (F32, F64, I32, I64, BF16, F16)", where, shown(dtype));
+             "checkpoint {}: tensor '{}' has dtype {}, which weft does not support (F32, F64, I32, I64, BF16, F16)",
+             path, name, dtype.get<std::string>());
+  WEFT_CHECK(known, "{}: field 'dtype' is {}, an unsupported dtype (F32, F64, I32, I64, BF16, F16)", where,
+             shown(dtype));
 
   const nlohmann::json& shape = e["shape"];
   WEFT_CHECK(shape.is_array(), "{}: field 'shape' is {}, not an array", where, shown(shape));
   for (const nlohmann::json& d : shape) {
-    const bool valid = d.is_number_unsigned() ? d.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-                                              : d.is_number_integer() && d.get<int64_t>() >= 0;
-    WEFT_CHECK(valid, "{}: field 'shape' {} has dimension {}, not an integer in [0, 2^63)", where, shown(shape), shown(d));
+    const bool valid = d.is_number_unsigned()
+                           ? d.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                           : d.is_number_integer() && d.get<int64_t>() >= 0;
+    WEFT_CHECK(valid, "{}: field 'shape' {} has dimension {}, not an integer in [0, 2^63)", where, shown(shape),
+               shown(d));
     out.shape.dims().push_back(d.get<int64_t>());
   }
   uint64_t bytes = 0;
@@ -171,12 +179,13 @@ Entry parseEntry(const std::string& path, const std::string& name, const nlohman
   }
 
   const nlohmann::json& offsets = e["data_offsets"];
-  WEFT_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() && offsets[1].is_number_unsigned(),
-             "{}: field 'data_offsets' is {}, not two byte offsets", where, shown(offsets));
+  WEFT_CHECK(
+      offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() && offsets[1].is_number_unsigned(),
+      "{}: field 'data_offsets' is {}, not two byte offsets", where, shown(offsets));
   out.begin = offsets[0].get<uint64_t>();
   out.end = offsets[1].get<uint64_t>();
-  WEFT_CHECK(out.begin <= out.end && out.end <= dataSize, "{}: field 'data_offsets' {} is a byte range outside the {} data bytes",
-             where, shown(offsets), dataSize);
+  WEFT_CHECK(out.begin <= out.end && out.end <= dataSize,
+             "{}: field 'data_offsets' {} is a byte range outside the {} data bytes", where, shown(offsets), dataSize);
   WEFT_CHECK(out.end - out.begin == bytes, "{}: {}{} needs {} bytes, field 'data_offsets' {} holds {}", where,
              dtypeName(out.dtype), out.shape.str(), bytes, shown(offsets), out.end - out.begin);
   return out;
@@ -192,11 +201,13 @@ void checkCoverage(const std::string& path, std::vector<Entry>& entries, uint64_
   for (const Entry& e : entries) {
     WEFT_CHECK(e.begin >= covered, "checkpoint {} is corrupt: tensors '{}' and '{}' overlap at byte {}", path,
                previous ? previous->name : "", e.name, e.begin);
-    WEFT_CHECK(e.begin == covered, "checkpoint {} is corrupt: data bytes {} to {} belong to no tensor", path, covered, e.begin);
+    WEFT_CHECK(e.begin == covered, "checkpoint {} is corrupt: data bytes {} to {} belong to no tensor", path, covered,
+               e.begin);
     covered = e.end;
     previous = &e;
   }
-  WEFT_CHECK(covered == dataSize, "checkpoint {} is corrupt: data bytes {} to {} belong to no tensor", path, covered, dataSize);
+  WEFT_CHECK(covered == dataSize, "checkpoint {} is corrupt: data bytes {} to {} belong to no tensor", path, covered,
+             dataSize);
 }
 
 /// Checks the recorded checksums and takes them out of the metadata.
@@ -216,20 +227,22 @@ void verifyChecksums(const std::string& path, TensorFile& file, Checksums requir
       actual = metadataChecksum(file.metadata);
     } else {
       auto t = file.tensors.find(name);
-      WEFT_CHECK(t != file.tensors.end(), "checkpoint {} is corrupt: metadata field '{}{}' is the checksum of a tensor it does not hold",
-                 path, kChecksumPrefix, name);
+      WEFT_CHECK(t != file.tensors.end(),
+                 "checkpoint {} is corrupt: metadata field '{}{}' is the checksum of a tensor it does not hold", path,
+                 kChecksumPrefix, name);
       actual = xxh64(t->second.raw(), t->second.bytes());
     }
-    WEFT_CHECK(value == hex64(actual), "checkpoint {} is corrupt: {} has checksum {}, but metadata field '{}{}' records '{}'",
-               path, name == kMetadataKey ? std::string("the metadata") : "tensor '" + name + "'", hex64(actual),
+    WEFT_CHECK(value == hex64(actual),
+               "checkpoint {} is corrupt: {} has checksum {}, but metadata field '{}{}' records '{}'", path,
+               name == kMetadataKey ? std::string("the metadata") : "tensor '" + name + "'", hex64(actual),
                kChecksumPrefix, name, value);
   }
   if (required == Checksums::Required) {
-    WEFT_CHECK(recorded.count(kMetadataKey), "checkpoint {} has no checksum of its metadata (metadata field '{}{}')", path,
-               kChecksumPrefix, kMetadataKey);
+    WEFT_CHECK(recorded.count(kMetadataKey), "checkpoint {} has no checksum of its metadata (metadata field '{}{}')",
+               path, kChecksumPrefix, kMetadataKey);
     for (const auto& [name, t] : file.tensors) {
-      WEFT_CHECK(recorded.count(name), "checkpoint {} has no checksum of tensor '{}' (metadata field '{}{}')", path, name,
-                 kChecksumPrefix, name);
+      WEFT_CHECK(recorded.count(name), "checkpoint {} has no checksum of tensor '{}' (metadata field '{}{}')", path,
+                 name, kChecksumPrefix, name);
     }
   }
 }
@@ -256,15 +269,19 @@ pid_t temporaryOwner(const std::string& name, const std::string& target) {
 void writeSafetensors(const std::string& path, const TensorFile& file) {
   std::map<std::string, std::string> metadata = file.metadata;
   for (const auto& [key, value] : metadata) {
-    WEFT_CHECK(!isChecksumKey(key), "cannot write checkpoint {}: metadata key '{}' is reserved for checksums", path, key);
+    WEFT_CHECK(!isChecksumKey(key), "cannot write checkpoint {}: metadata key '{}' is reserved for checksums", path,
+               key);
   }
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : file.tensors) {
-    WEFT_CHECK(name != kMetadataKey, "cannot write checkpoint {}: '{}' is not a tensor name safetensors allows", path, name);
-    WEFT_CHECK(t.device().type == DeviceType::CPU, "cannot write checkpoint {}: tensor '{}' is on {}, not the host", path, name,
-               t.device().str());
-    header[name] = {{"dtype", safetensorsDType(t.dtype())}, {"shape", t.shape().dims()}, {"data_offsets", {offset, offset + t.bytes()}}};
+    WEFT_CHECK(name != kMetadataKey, "cannot write checkpoint {}: '{}' is not a tensor name safetensors allows", path,
+               name);
+    WEFT_CHECK(t.device().type == DeviceType::CPU, "cannot write checkpoint {}: tensor '{}' is on {}, not the host",
+               path, name, t.device().str());
+    header[name] = {{"dtype", safetensorsDType(t.dtype())},
+                    {"shape", t.shape().dims()},
+                    {"data_offsets", {offset, offset + t.bytes()}}};
     offset += t.bytes();
     metadata[kChecksumPrefix + name] = hex64(xxh64(t.raw(), t.bytes()));
   }
@@ -273,7 +290,8 @@ void writeSafetensors(const std::string& path, const TensorFile& file) {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
   std::string prefix(8, '\0');
-  for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    prefix[static_cast<size_t>(i)] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
   Temporary temp(path);
   temp.write(prefix.data(), prefix.size());
@@ -291,7 +309,8 @@ TensorFile readSafetensors(const std::string& path, Checksums checksums) {
   WEFT_CHECK(in.good(), "cannot open checkpoint {}: {}", path, systemError());
   const uint64_t fileSize = fs::file_size(path, ec);
   WEFT_CHECK(!ec, "cannot open checkpoint {}: {}", path, ec.message());
-  WEFT_CHECK(fileSize >= 8, "checkpoint {} is corrupt: {} bytes, shorter than the 8-byte header length", path, fileSize);
+  WEFT_CHECK(fileSize >= 8, "checkpoint {} is corrupt: {} bytes, shorter than the 8-byte header length", path,
+             fileSize);
   unsigned char prefix[8];
   in.read(reinterpret_cast<char*>(prefix), 8);
   uint64_t headerSize = 0;
@@ -303,7 +322,8 @@ TensorFile readSafetensors(const std::string& path, Checksums checksums) {
   WEFT_CHECK(in.good(), "checkpoint {}: reading its header failed", path);
   // nlohmann::json takes a NUL for the end of its input; the padding safetensors allows is spaces.
   const size_t nul = text.find('\0');
-  WEFT_CHECK(nul == std::string::npos, "checkpoint {} is corrupt: its header holds a NUL byte at offset {}", path, 8 + nul);
+  WEFT_CHECK(nul == std::string::npos, "checkpoint {} is corrupt: its header holds a NUL byte at offset {}", path,
+             8 + nul);
   if (const auto at = jsonNestingBeyond(text, kMaxJsonDepth))
     WEFT_THROW("checkpoint {} is corrupt: its header nests arrays or objects deeper than {} levels (at byte {})", path,
                kMaxJsonDepth, 8 + *at);
@@ -323,9 +343,11 @@ TensorFile readSafetensors(const std::string& path, Checksums checksums) {
       entries.push_back(parseEntry(path, name, entry, dataSize));
       continue;
     }
-    WEFT_CHECK(entry.is_object(), "checkpoint {} is corrupt: field '{}' is {}, not an object", path, kMetadataKey, shown(entry));
+    WEFT_CHECK(entry.is_object(), "checkpoint {} is corrupt: field '{}' is {}, not an object", path, kMetadataKey,
+               shown(entry));
     for (const auto& [key, value] : entry.items()) {
-      WEFT_CHECK(value.is_string(), "checkpoint {} is corrupt: metadata field '{}' is {}, not a string", path, key, shown(value));
+      WEFT_CHECK(value.is_string(), "checkpoint {} is corrupt: metadata field '{}' is {}, not a string", path, key,
+                 shown(value));
       file.metadata[key] = value.get<std::string>();
     }
   }
@@ -400,8 +422,8 @@ std::map<std::string, std::string> restoreCheckpoint(Session& session, const std
   return file.metadata;
 }
 
-int64_t metadataInteger(const std::map<std::string, std::string>& metadata, const std::string& path, const std::string& key,
-                        int64_t min, int64_t max) {
+int64_t metadataInteger(const std::map<std::string, std::string>& metadata, const std::string& path,
+                        const std::string& key, int64_t min, int64_t max) {
   auto it = metadata.find(key);
   WEFT_CHECK(it != metadata.end(), "checkpoint {} has no metadata field '{}'", path, key);
   const std::string& text = it->second;
@@ -409,7 +431,8 @@ int64_t metadataInteger(const std::map<std::string, std::string>& metadata, cons
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   WEFT_CHECK(ec == std::errc() && end == text.data() + text.size() && !text.empty(),
              "checkpoint {}: metadata field '{}' is '{}', not an integer", path, key, text);
-  WEFT_CHECK(value >= min && value <= max, "checkpoint {}: metadata field '{}' is {}, outside [{}, {}]", path, key, value, min, max);
+  WEFT_CHECK(value >= min && value <= max, "checkpoint {}: metadata field '{}' is {}, outside [{}, {}]", path, key,
+             value, min, max);
   return value;
 }
 

@@ -58,8 +58,9 @@ std::map<std::string, std::string> restoreCheckpoint(Session& session, const std
 
 /// The integer metadata field `key` of checkpoint `path`; throws naming the file, the field and
 /// the value when it is missing, not an integer, or outside [min, max].
-int64_t metadataInteger(const std::map<std::string, std::string>& metadata, const std::string& path, const std::string& key,
-                        int64_t min = std::numeric_limits<int64_t>::min(), int64_t max = std::numeric_limits<int64_t>::max());
+int64_t metadataInteger(const std::map<std::string, std::string>& metadata, const std::string& path,
+                        const std::string& key, int64_t min = std::numeric_limits<int64_t>::min(),
+                        int64_t max = std::numeric_limits<int64_t>::max());
 
 /// The settings a run records in its checkpoints' metadata as "run.NAME" keys, compared with
 /// `settings` (the same keys, now): one line per difference ("DESCRIBED: A in the checkpoint, B

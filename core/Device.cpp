@@ -114,7 +114,9 @@ MemoryStats pinnedMemoryStats() { return {}; }
 
 int cudaDeviceCount() { return 0; }
 
-std::string cudaUnavailableReason() { return "weft was built without its CUDA backend (no CUDA toolkit was found, or WEFT_CUDA=OFF)"; }
+std::string cudaUnavailableReason() {
+  return "weft was built without its CUDA backend (no CUDA toolkit was found, or WEFT_CUDA=OFF)";
+}
 
 MemoryStats memoryStats(const Device& device) { noCuda(device); }
 #endif

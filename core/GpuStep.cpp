@@ -101,7 +101,8 @@ void makeGpuCurrent(int gpu) { cuda::setCurrent(gpu); }
 std::string finishGpuStep(int gpu, const std::function<std::string(int)>& describeStep) {
   cuda::DeviceState& d = cuda::device(gpu);
   cuda::setCurrent(gpu);
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(d.hostError, d.deviceError, sizeof(cuda::KernelError), cudaMemcpyDeviceToHost, d.compute));
+  WEFT_CUDA_CHECK(
+      cudaMemcpyAsync(d.hostError, d.deviceError, sizeof(cuda::KernelError), cudaMemcpyDeviceToHost, d.compute));
   WEFT_CUDA_CHECK(cudaStreamSynchronize(d.compute));
   const cuda::KernelError e = *d.hostError;
   if (!e.kind) return {};

@@ -174,14 +174,17 @@ Graph::DeviceScope::DeviceScope(Graph& g, const std::string& device) : graph_(g)
 Graph::DeviceScope::~DeviceScope() { graph_.devices_.pop_back(); }
 
 Graph::StageScope::StageScope(Graph& g, int stage) : graph_(g) {
-  WEFT_CHECK(stage >= -1, "pipeline stage {} is negative (stages count from 0; -1 leaves the choice to the cut)", stage);
+  WEFT_CHECK(stage >= -1, "pipeline stage {} is negative (stages count from 0; -1 leaves the choice to the cut)",
+             stage);
   g.stages_.push_back(stage);
 }
 Graph::StageScope::~StageScope() { graph_.stages_.pop_back(); }
 
 Graph::PartitionerScope::PartitionerScope(Graph& g, int partitions) : graph_(g) {
-  WEFT_CHECK(partitions >= 0, "partitioner({}): a variable is split into at least one partition ({} leaves the count to "
-             "the job)", partitions, kJobPartitions);
+  WEFT_CHECK(partitions >= 0,
+             "partitioner({}): a variable is split into at least one partition ({} leaves the count to "
+             "the job)",
+             partitions, kJobPartitions);
   g.partitioners_.push_back(partitions);
 }
 Graph::PartitionerScope::~PartitionerScope() { graph_.partitioners_.pop_back(); }
@@ -200,8 +203,8 @@ Graph::PrecisionScope::PrecisionScope(Graph& g, DType low, MixedOps ops) : graph
 Graph::PrecisionScope::~PrecisionScope() { graph_.precisions_.pop_back(); }
 
 void Graph::runOnlyIf(Node* node, Output condition) {
-  WEFT_CHECK(node->outputs.empty(), "{} has outputs, so it cannot be skipped: only ops without outputs run conditionally",
-             node->describe());
+  WEFT_CHECK(node->outputs.empty(),
+             "{} has outputs, so it cannot be skipped: only ops without outputs run conditionally", node->describe());
   WEFT_CHECK(condition.shape().rank() == 0, "the condition of {} must be a scalar, got {}", node->describe(),
              condition.type().str());
   WEFT_CHECK(&condition.graph() == this && condition.node() != node,
@@ -235,7 +238,8 @@ int Graph::replaceUses(Output from, Output to, const std::vector<Node*>& consume
   return replaceUses({{from, to}}, consumers);
 }
 
-int Graph::replaceUses(const std::vector<std::pair<Output, Output>>& replacements, const std::vector<Node*>& consumers) {
+int Graph::replaceUses(const std::vector<std::pair<Output, Output>>& replacements,
+                       const std::vector<Node*>& consumers) {
   bool reshaped = false;
   std::vector<std::pair<Output*, Output>> changes;  // (input, old value), to undo on failure
   std::vector<Node*> changed;                       // the nodes that own them
@@ -389,7 +393,8 @@ void Graph::retype(Node* node, const std::vector<std::pair<int, Output>>& inputs
   std::vector<std::pair<Output*, int>> readers;  // (input, output index)
   for (const auto& n : nodes_) {
     for (Output& in : n->inputs) {
-      if (in.node() == node && std::count(retyped.begin(), retyped.end(), in.index())) readers.emplace_back(&in, in.index());
+      if (in.node() == node && std::count(retyped.begin(), retyped.end(), in.index()))
+        readers.emplace_back(&in, in.index());
     }
     WEFT_CHECK(n->condition.node() != node || !std::count(retyped.begin(), retyped.end(), n->condition.index()),
                "retype {}: output {} is the condition of {}", node->describe(), n->condition.index(), n->describe());

@@ -185,7 +185,7 @@ class Graph {
   DeviceScope onDevice(const std::string& device) { return DeviceScope(*this, device); }
 
   /// RAII pipeline-stage scope: nodes created while it lives belong to stage `stage` of a
-  /// pipelined run (dist/Pipeline.h); the gradients autodiff makes for them do too. Nodes
+  /// pipelined run (dist/pipeline/Pipeline.h); the gradients autodiff makes for them do too. Nodes
   /// outside every stage scope go where the pipeline cut puts them.
   class StageScope {
    public:

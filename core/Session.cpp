@@ -330,9 +330,10 @@ Slots assignSlots(const std::vector<Node*>& order, const std::map<Output, const 
     WEFT_CHECK(n->def->sourceKind != SourceKind::Placeholder,
                "placeholder '{}' ({}) is needed but was not fed", n->name, n->outputs[0].str());
     const Device device = placement(n);
-    WEFT_CHECK(device.type == DeviceType::CPU || device.index < cudaDeviceCount(),
-               "{} is placed on {}, which is not available: {}", n->describe(), device.str(),
-               cudaDeviceCount() ? fmt::format("this machine has {} GPU(s)", cudaDeviceCount()) : cudaUnavailableReason());
+    WEFT_CHECK(
+        device.type == DeviceType::CPU || device.index < cudaDeviceCount(),
+        "{} is placed on {}, which is not available: {}", n->describe(), device.str(),
+        cudaDeviceCount() ? fmt::format("this machine has {} GPU(s)", cudaDeviceCount()) : cudaUnavailableReason());
     std::vector<TensorType> inputTypes;
     for (const Output& in : n->inputs) inputTypes.push_back(s.types[static_cast<size_t>(s.slotOf.at(in))]);
     const bool kernel = n->def->sourceKind == SourceKind::None;
@@ -647,7 +648,8 @@ void Session::runSteps(Plan& plan) {
     }
     if (gpuTimed) gpuTimeline_->end(traceName(s), traceCategory(s), operandBytes(s.ctx));
     if (s.checkFinite) {
-      for (size_t i = 0; i < s.ctx.outputs.size(); ++i) checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
+      for (size_t i = 0; i < s.ctx.outputs.size(); ++i)
+        checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);
     }
     if (afterEachOp_) afterEachOp_();
   }

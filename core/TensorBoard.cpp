@@ -107,8 +107,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   WEFT_CHECK(!error, "cannot create the TensorBoard directory {}: {}", dir, error.message());
   // The count keeps two writers of one process in one second apart.
   static std::atomic<int> writers{0};
-  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.{}", dir, static_cast<int64_t>(wallTime()), hostName(), ::getpid(),
-                      writers++);
+  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.{}", dir, static_cast<int64_t>(wallTime()), hostName(),
+                      ::getpid(), writers++);
   // "x": a new file, never one another writer (or a link) left under the name.
   file_ = std::fopen(path_.c_str(), "wbx");
   WEFT_CHECK(file_ != nullptr, "cannot create the TensorBoard event file {}: {}", path_, std::strerror(errno));

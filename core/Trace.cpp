@@ -68,7 +68,8 @@ std::string traceEventsJson(int pid, const std::string& process) {
   for (const Event& e : events) {
     auto [it, added] = tracks.try_emplace(e.track, static_cast<int>(tracks.size()) + 1);
     if (added) {
-      list.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", it->second}, {"args", {{"name", e.track}}}});
+      list.push_back(
+          {{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", it->second}, {"args", {{"name", e.track}}}});
     }
     nlohmann::json event{{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", pid}, {"tid", it->second},
                          {"ts", e.start}, {"dur", e.duration}};

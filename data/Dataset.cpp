@@ -48,12 +48,13 @@ std::pair<Tensor, Tensor> padSequences(const std::vector<const Example*>& exampl
   int64_t longest = 0;
   for (size_t i = 0; i < examples.size(); ++i) {
     const Tensor& t = examples[i]->at(field);
-    WEFT_CHECK(t.rank() == 1 && t.dtype() == dtype, "collate: padded field '{}' must hold 1-D {} sequences; example {} is {}{}",
-               field, dtypeName(dtype), i, dtypeName(t.dtype()), t.shape().str());
+    WEFT_CHECK(t.rank() == 1 && t.dtype() == dtype,
+               "collate: padded field '{}' must hold 1-D {} sequences; example {} is {}{}", field, dtypeName(dtype), i,
+               dtypeName(t.dtype()), t.shape().str());
     longest = std::max(longest, t.numel());
   }
-  WEFT_CHECK(width < 0 || width >= longest, "collate: padded field '{}' holds a sequence of {} in a batch {} wide", field,
-             longest, width);
+  WEFT_CHECK(width < 0 || width >= longest, "collate: padded field '{}' holds a sequence of {} in a batch {} wide",
+             field, longest, width);
   if (width >= 0) longest = width;
   const auto n = static_cast<int64_t>(examples.size());
   Tensor out = Tensor::full(dtype, {n, longest}, pad);
@@ -61,7 +62,8 @@ std::pair<Tensor, Tensor> padSequences(const std::vector<const Example*>& exampl
   const size_t elem = dtypeSize(dtype);
   for (int64_t i = 0; i < n; ++i) {
     const Tensor& t = examples[static_cast<size_t>(i)]->at(field);
-    if (t.numel()) std::memcpy(static_cast<char*>(out.raw()) + i * longest * static_cast<int64_t>(elem), t.raw(), t.bytes());
+    if (t.numel())
+      std::memcpy(static_cast<char*>(out.raw()) + i * longest * static_cast<int64_t>(elem), t.raw(), t.bytes());
     std::fill_n(mask.data<float>() + i * longest, t.numel(), 1.0f);
   }
   return {out, mask};
@@ -149,7 +151,9 @@ Dataset Dataset::remapped(size_t size, std::function<size_t(size_t)> index, uint
   g.size = size;
   g.make = [source = generator_, index](size_t i) { return source->make(index(i)); };
   if (generator_->length) {
-    g.length = [source = generator_, index](size_t i, const std::string& field) { return source->length(index(i), field); };
+    g.length = [source = generator_, index](size_t i, const std::string& field) {
+      return source->length(index(i), field);
+    };
   }
   g.identity = identity;
   return generated(std::move(g));
@@ -264,13 +268,15 @@ void Batcher::prepareEpoch(int64_t epoch) {
       auto end = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), w + window));
       std::vector<std::pair<int64_t, size_t>> byLength;
       for (auto it = begin; it != end; ++it) byLength.emplace_back(dataset_.length(*it, field), *it);
-      std::stable_sort(byLength.begin(), byLength.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::stable_sort(byLength.begin(), byLength.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
       for (auto it = begin; it != end; ++it) *it = byLength[static_cast<size_t>(it - begin)].second;
     }
   }
   batches_.assign(static_cast<size_t>(perEpoch_), {});
   for (size_t b = 0; b < batches_.size(); ++b) {
-    batches_[b].assign(order.begin() + static_cast<std::ptrdiff_t>(b * batch), order.begin() + static_cast<std::ptrdiff_t>((b + 1) * batch));
+    batches_[b].assign(order.begin() + static_cast<std::ptrdiff_t>(b * batch),
+                       order.begin() + static_cast<std::ptrdiff_t>((b + 1) * batch));
   }
   if (options_.bucketWindow > 1 && options_.shuffle) {
     const uint64_t key = streamKey(options_.seed, "buckets" + std::to_string(epoch));

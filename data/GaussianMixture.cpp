@@ -34,7 +34,8 @@ ClassificationData batchOf(const ClassificationData& data, int64_t begin, int64_
   WEFT_CHECK(begin >= 0 && count >= 0 && begin + count <= n, "batch [{}, {}) is outside a dataset of {} rows", begin,
              begin + count, n);
   ClassificationData b{Tensor(f32, {count, dim}), Tensor(i64, {count})};
-  std::memcpy(b.features.raw(), data.features.data<float>() + begin * dim, static_cast<size_t>(count * dim) * sizeof(float));
+  std::memcpy(b.features.raw(), data.features.data<float>() + begin * dim,
+              static_cast<size_t>(count * dim) * sizeof(float));
   std::memcpy(b.labels.raw(), data.labels.data<int64_t>() + begin, static_cast<size_t>(count) * sizeof(int64_t));
   return b;
 }

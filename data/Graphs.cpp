@@ -387,7 +387,8 @@ std::vector<Example> basicDeduction(const DeductionSpec& spec, int64_t count, ui
     }
     for (int64_t k = 0; k < spec.individuals; ++k) {
       speciesOf[static_cast<size_t>(k)] = draw.below(spec.species);
-      edges.insert(edges.end(), {static_cast<int32_t>(spec.species + k), static_cast<int32_t>(speciesOf[static_cast<size_t>(k)])});
+      edges.insert(edges.end(),
+                   {static_cast<int32_t>(spec.species + k), static_cast<int32_t>(speciesOf[static_cast<size_t>(k)])});
       types.push_back(0);
     }
     const int64_t asked = draw.below(spec.individuals);

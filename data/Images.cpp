@@ -171,7 +171,8 @@ Dataset loadCifar100(const std::vector<std::string>& files, Cifar100Labels label
 }
 
 Dataset loadCifar100Split(const std::string& directory, bool train, Cifar100Labels labels, const ChannelStats& stats) {
-  return loadCifar100({(std::filesystem::path(directory) / (train ? "train.bin" : "test.bin")).string()}, labels, stats);
+  return loadCifar100({(std::filesystem::path(directory) / (train ? "train.bin" : "test.bin")).string()}, labels,
+                      stats);
 }
 
 }  // namespace weft::data

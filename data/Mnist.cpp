@@ -44,7 +44,8 @@ Dataset loadMnist(const std::string& imagesFile, const std::string& labelsFile) 
   checkMagic(labels, kLabelsMagic, "labels");
   const uint32_t count = readU32(images), rows = readU32(images), columns = readU32(images);
   const uint32_t labelCount = readU32(labels);
-  WEFT_CHECK(count <= kMaxMnistImages, "MNIST file '{}': {} images, more than {}", images.name(), count, kMaxMnistImages);
+  WEFT_CHECK(count <= kMaxMnistImages, "MNIST file '{}': {} images, more than {}", images.name(), count,
+             kMaxMnistImages);
   WEFT_CHECK(rows >= 1 && rows <= kMaxMnistSide && columns >= 1 && columns <= kMaxMnistSide,
              "MNIST file '{}': images of {} x {} pixels; each side must be in 1..{}", images.name(), rows, columns,
              kMaxMnistSide);
@@ -53,8 +54,9 @@ Dataset loadMnist(const std::string& imagesFile, const std::string& labelsFile) 
   const uint64_t pixels = uint64_t{rows} * columns;
   WEFT_CHECK(images.size() == 16 + count * pixels, "MNIST file '{}' holds {} bytes; its header says {} images of {} "
              "pixels, {} bytes", images.name(), images.size(), count, pixels, 16 + count * pixels);
-  WEFT_CHECK(labels.size() == 8 + uint64_t{count}, "MNIST file '{}' holds {} bytes; its header says {} labels, {} bytes",
-             labels.name(), labels.size(), count, 8 + uint64_t{count});
+  WEFT_CHECK(labels.size() == 8 + uint64_t{count},
+             "MNIST file '{}' holds {} bytes; its header says {} labels, {} bytes", labels.name(), labels.size(), count,
+             8 + uint64_t{count});
   std::vector<Example> examples;
   examples.reserve(count);
   std::vector<uint8_t> image(pixels);

@@ -124,7 +124,8 @@ void PackedSentences::add(std::span<const int32_t> words) {
 }
 
 uint64_t PackedSentences::hash() const {
-  return xxh64(offsets_.data(), offsets_.size() * sizeof(int64_t), xxh64(ids_.data(), ids_.size() * sizeof(int32_t), 0));
+  return xxh64(offsets_.data(), offsets_.size() * sizeof(int64_t),
+               xxh64(ids_.data(), ids_.size() * sizeof(int32_t), 0));
 }
 
 std::map<std::string, int64_t> countTokens(const std::vector<std::string>& files) {
@@ -145,7 +146,8 @@ PackedSentences readPackedSentences(const std::vector<std::string>& files, const
     forEachLine(file, [&](const std::vector<std::string>& tokens, InputFile&) {
       if (tokens.empty()) return;
       ids.clear();
-      for (size_t i = 0; i < tokens.size() && static_cast<int64_t>(i) < maxLength; ++i) ids.push_back(vocab.id(tokens[i]));
+      for (size_t i = 0; i < tokens.size() && static_cast<int64_t>(i) < maxLength; ++i)
+        ids.push_back(vocab.id(tokens[i]));
       sentences.add(ids);
     });
   }

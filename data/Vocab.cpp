@@ -144,8 +144,10 @@ Vocab Vocab::loadWordList(const std::string& path, int64_t maxSize) {
     if (bad >= 0) in.fail("invalid UTF-8 at byte {} of the line", bad);
     const std::vector<std::string_view> fields = whitespaceFields(line);
     if (fields.empty()) in.fail("empty line in vocabulary file");
-    if (fields.size() > 2) in.fail("'{}' after the word and its count; expected WORD [COUNT]", escapeBytes(std::string(fields[2])));
-    if (fields.size() == 2 && !isCount(fields[1])) in.fail("the count '{}' is not a number", escapeBytes(std::string(fields[1])));
+    if (fields.size() > 2)
+      in.fail("'{}' after the word and its count; expected WORD [COUNT]", escapeBytes(std::string(fields[2])));
+    if (fields.size() == 2 && !isCount(fields[1]))
+      in.fail("the count '{}' is not a number", escapeBytes(std::string(fields[1])));
     const std::string word(fields[0]);
     const int32_t special = corpusSpecial(word);
     const std::string key = special >= 0 ? specialWords()[static_cast<size_t>(special)] : word;

@@ -2,7 +2,7 @@
 #include "dist/Config.h"
 
 #include "core/Error.h"
-#include "dist/SyncPolicy.h"
+#include "dist/server/SyncPolicy.h"
 
 #include <charconv>
 #include <cstdlib>

@@ -3,10 +3,10 @@
 #pragma once
 
 #include "core/Session.h"
-#include "dist/EngineJob.h"
-#include "dist/Schedule.h"
+#include "dist/launch/EngineJob.h"
+#include "dist/pipeline/Schedule.h"
 #include "dist/Sparsity.h"
-#include "dist/SyncPolicy.h"
+#include "dist/server/SyncPolicy.h"
 
 #include <chrono>
 #include <cstddef>
@@ -30,7 +30,7 @@ Architecture parseArchitecture(const std::string& name);
 /// program that calls get_runner(graph, config).
 inline constexpr char kArchitectureVariable[] = "WEFT_ARCH";
 
-/// Pipelined model parallelism (dist/PipelineStage.h): with more than one stage, each worker of
+/// Pipelined model parallelism (dist/pipeline/PipelineStage.h): with more than one stage, each worker of
 /// the job runs one stage of the model.
 struct PipelineConfig {
   int stages = 1;
@@ -55,7 +55,7 @@ struct Partitioning {
 struct Config {
   Architecture architecture = Architecture::Auto;
   /// How a job started by a cluster engine (srun, mpirun, torchrun, Kubernetes) forms: servers
-  /// per host, the secret's file (dist/EngineJob.h). get_runner(graph, config) reads the engine.
+  /// per host, the secret's file (dist/launch/EngineJob.h). get_runner(graph, config) reads the engine.
   EngineOptions engine;
   bool averageDense = true;   ///< average (rather than sum) dense gradients over the workers
   bool averageSparse = true;  ///< likewise for sparse gradients
@@ -67,11 +67,11 @@ struct Config {
   /// processes involved, and the job stops.
   std::chrono::milliseconds timeout{60000};
   /// The workers of a machine with a server reach the servers through it, as one (their pushes
-  /// summed, their pulls merged): see dist/LocalAggregator.h.
+  /// summed, their pulls merged): see dist/server/LocalAggregator.h.
   bool localAggregation = true;
   /// Servers print the pushes and pulls that crossed between machines when the job ends.
   bool reportTraffic = false;
-  /// When the parameter servers take pushes and answer pulls (dist/SyncPolicy.h). The
+  /// When the parameter servers take pushes and answer pulls (dist/server/SyncPolicy.h). The
   /// asynchronous modes (aspPolicy, sspPolicy, dsspPolicy) need Architecture::ParameterServer and
   /// one pipeline stage; a machine's workers then reach the servers each on its own.
   std::shared_ptr<const SyncPolicy> sync = bspPolicy();
@@ -96,7 +96,7 @@ inline constexpr char kResumeVariable[] = "WEFT_RESUME";
 /// How many times the launcher restarted the job after a failure (0 at its first start).
 inline constexpr char kRestartCountVariable[] = "WEFT_RESTART_COUNT";
 /// A sample of `--partitions auto`: the steps it trains, and the file worker 0 reports to
-/// (dist/PartitionSearch.h).
+/// (dist/launch/PartitionSearch.h).
 inline constexpr char kPartitionSampleVariable[] = "WEFT_PARTITION_SAMPLE";
 inline constexpr char kPartitionReportVariable[] = "WEFT_PARTITION_REPORT";
 

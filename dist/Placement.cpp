@@ -133,7 +133,8 @@ bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::ma
   for (const Node* n : v.chain) {
     for (const Output& in : n->inputs) {
       const bool internal = std::find(v.chain.begin(), v.chain.end(), in.node()) != v.chain.end();
-      const bool state = in.node() == v.variable || std::find(v.slots.begin(), v.slots.end(), in.node()) != v.slots.end();
+      const bool state =
+          in.node() == v.variable || std::find(v.slots.begin(), v.slots.end(), in.node()) != v.slots.end();
       const bool gradient = std::find(grad.begin(), grad.end(), in) != grad.end();
       if (internal || state || gradient || !extras.insert(in).second) continue;
       WEFT_CHECK(in.shape().isFullyDefined(), "variable '{}' cannot be served: {} reads {} of unknown shape {}", name,
@@ -192,15 +193,15 @@ void partition(const Graph& graph, ServerPlan& plan, const Partitioning& rule) {
 void packRows(const Partition& p, size_t rowBytes, const uint8_t* whole, uint8_t* packed) {
   if (p.stride == 1) return (void)std::memcpy(packed, whole + static_cast<size_t>(p.first) * rowBytes, p.bytes);
   for (int64_t i = 0; i < p.rows; ++i)
-    std::memcpy(packed + static_cast<size_t>(i) * rowBytes, whole + static_cast<size_t>(p.first + i * p.stride) * rowBytes,
-                rowBytes);
+    std::memcpy(packed + static_cast<size_t>(i) * rowBytes,
+                whole + static_cast<size_t>(p.first + i * p.stride) * rowBytes, rowBytes);
 }
 
 void unpackRows(const Partition& p, size_t rowBytes, const uint8_t* packed, uint8_t* whole) {
   if (p.stride == 1) return (void)std::memcpy(whole + static_cast<size_t>(p.first) * rowBytes, packed, p.bytes);
   for (int64_t i = 0; i < p.rows; ++i)
-    std::memcpy(whole + static_cast<size_t>(p.first + i * p.stride) * rowBytes, packed + static_cast<size_t>(i) * rowBytes,
-                rowBytes);
+    std::memcpy(whole + static_cast<size_t>(p.first + i * p.stride) * rowBytes,
+                packed + static_cast<size_t>(i) * rowBytes, rowBytes);
 }
 
 size_t ServedVariable::rowBytes() const {
@@ -249,14 +250,15 @@ ServerPlan planServers(const Graph& graph, Architecture architecture, int server
     if (describeUpdate(v, consumers, position)) plan.variables.push_back(std::move(v));
   }
   WEFT_CHECK(plan.empty() || servers > 0,
-             "architecture '{}' puts {} variables on parameter servers, but the job has no server", architectureName(architecture),
-             plan.variables.size());
+             "architecture '{}' puts {} variables on parameter servers, but the job has no server",
+             architectureName(architecture), plan.variables.size());
   partition(graph, plan, partitioning);
   return plan;
 }
 
-ServerPlan planServersBySparsity(const Graph& graph, const Config& config, int servers, const std::vector<int>& serverHosts,
-                                 int machines, std::vector<SparsityChoice>& choices) {
+ServerPlan planServersBySparsity(const Graph& graph, const Config& config, int servers,
+                                 const std::vector<int>& serverHosts, int machines,
+                                 std::vector<SparsityChoice>& choices) {
   ServerPlan plan = planServers(graph, config.architecture, servers, config.partitioning);
   choices.clear();
   if (config.architecture != Architecture::Auto || config.sparsity.empty()) return plan;

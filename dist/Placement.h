@@ -93,7 +93,8 @@ ServerPlan planServers(const Graph& graph, Architecture architecture, int server
 /// planServers under `config`, with the choices of chooseBySparsity applied under Auto when
 /// config.sparsity measures variables (server s runs on machine serverHosts[s] of `machines`):
 /// the variables it gives to AllReduce leave the plan. `choices` receives every choice made.
-ServerPlan planServersBySparsity(const Graph& graph, const Config& config, int servers, const std::vector<int>& serverHosts,
-                                 int machines, std::vector<SparsityChoice>& choices);
+ServerPlan planServersBySparsity(const Graph& graph, const Config& config, int servers,
+                                 const std::vector<int>& serverHosts, int machines,
+                                 std::vector<SparsityChoice>& choices);
 
 }  // namespace weft::dist

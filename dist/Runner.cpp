@@ -2,15 +2,15 @@
 #include "dist/Runner.h"
 
 #include "core/Error.h"
-#include "dist/Communicator.h"
-#include "dist/Liveness.h"
-#include "dist/LoopbackTransport.h"
-#include "dist/Nccl.h"
-#include "dist/PipelineStage.h"
+#include "dist/collective/Communicator.h"
+#include "dist/launch/Liveness.h"
+#include "dist/transport/LoopbackTransport.h"
+#include "dist/collective/Nccl.h"
+#include "dist/pipeline/PipelineStage.h"
 #include "dist/Placement.h"
-#include "dist/Preemption.h"
-#include "dist/ServerClient.h"
-#include "dist/ServerProcess.h"
+#include "dist/launch/Preemption.h"
+#include "dist/server/ServerClient.h"
+#include "dist/server/ServerProcess.h"
 
 #include <fmt/format.h>
 
@@ -118,8 +118,9 @@ struct Runner::State {
     for (size_t p = 0; p < plan.partitions.size(); ++p) {
       const Partition& part = plan.partitions[p];
       std::vector<Tensor>& tensors = states[static_cast<size_t>(part.variable)];
-      WEFT_CHECK(replies[p].size() == part.bytes * tensors.size(), "FETCH of partition {} returned {} bytes, expected {}", p,
-                 replies[p].size(), part.bytes * tensors.size());
+      WEFT_CHECK(replies[p].size() == part.bytes * tensors.size(),
+                 "FETCH of partition {} returned {} bytes, expected {}", p, replies[p].size(),
+                 part.bytes * tensors.size());
       const size_t rowBytes = plan.variables[static_cast<size_t>(part.variable)].rowBytes();
       for (size_t i = 0; i < tensors.size(); ++i)
         unpackRows(part, rowBytes, replies[p].data() + i * part.bytes, static_cast<uint8_t*>(tensors[i].raw()));
@@ -325,7 +326,8 @@ std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMa
   }
 }
 
-std::vector<Tensor> Runner::runMicrobatches(const std::vector<Output>& fetches, const std::vector<FeedMap>& microbatches,
+std::vector<Tensor> Runner::runMicrobatches(const std::vector<Output>& fetches,
+                                            const std::vector<FeedMap>& microbatches,
                                             const std::vector<Node*>& targets) {
   if (state_->pipeline) return state_->runPipelined(fetches, microbatches, targets);
   WEFT_CHECK(microbatches.size() == 1, "without a pipeline a step runs on one batch, not {} micro-batches",
@@ -455,7 +457,8 @@ void refuseConditionalServedUpdates(const Graph& graph, const ServerPlan& plan) 
 }  // namespace
 
 Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
-  WEFT_CHECK(!job.isServer(), "makeWorker: {} is a server of the job (serve it with serveJob)", describe(job.identity.id));
+  WEFT_CHECK(!job.isServer(), "makeWorker: {} is a server of the job (serve it with serveJob)",
+             describe(job.identity.id));
   checkConfig(config, {job.workers(), job.servers()});
   const bool synchronous = config.sync->synchronous();
   if (config.pipeline.stages > 1) {

@@ -6,20 +6,20 @@
 //     if (runner.served()) return runner.serverStatus();   // this process was a parameter server
 //     for (...) runner.run({loss}, feedsFor(myShard), {step});
 //
-// A process learns its place in the job from the launcher's environment (dist/Job.h); without
+// A process learns its place in the job from the launcher's environment (dist/launch/Job.h); without
 // it, and with a one-worker specification, the runner trains locally. get_runner is three steps
-// that other runtimes reuse: joinJob (dist/Job.h), serveJob in a server (dist/ServerProcess.h),
+// that other runtimes reuse: joinJob (dist/launch/Job.h), serveJob in a server (dist/server/ServerProcess.h),
 // and makeWorker, which builds a worker's replica with an explicit list of graph passes
 // (dataParallelPasses, dist/Transform.h). With Config::pipeline.stages > 1 each worker runs one
-// stage of a pipeline (dist/PipelineStage.h) instead.
+// stage of a pipeline (dist/pipeline/PipelineStage.h) instead.
 #pragma once
 
 #include "core/Session.h"
 #include "dist/Config.h"
-#include "dist/Job.h"
+#include "dist/launch/Job.h"
 #include "dist/Placement.h"
-#include "dist/ResourceSpec.h"
-#include "dist/Traffic.h"
+#include "dist/launch/ResourceSpec.h"
+#include "dist/transport/Traffic.h"
 #include "dist/Transform.h"
 
 #include <memory>
@@ -141,7 +141,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config);
 Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& config = {});
 /// get_runner on the specification of the job `weft launch` started this process in
 /// (ResourceSpec::fromEnvironment), or of the job a cluster engine started it in (srun, mpirun,
-/// torchrun, a Kubernetes Job: dist/EngineJob.h, with config.engine); a process started on its
+/// torchrun, a Kubernetes Job: dist/launch/EngineJob.h, with config.engine); a process started on its
 /// own is a job of one worker, which trains locally. The same program thus runs alone, as every
 /// process of a launched job, or under an engine.
 /// What `weft launch` sets in the environment overrides config (withLaunchSettings: --arch,

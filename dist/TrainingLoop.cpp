@@ -4,8 +4,8 @@
 #include "core/Checkpoint.h"
 #include "core/Error.h"
 #include "dist/Config.h"
-#include "dist/Job.h"
-#include "dist/PartitionSampling.h"
+#include "dist/launch/Job.h"
+#include "dist/launch/PartitionSampling.h"
 
 #include <fmt/format.h>
 

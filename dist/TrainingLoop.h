@@ -21,11 +21,11 @@
 //   kExitPreempted for the program to exit with. (Under `weft launch`, SIGTERM is the launcher
 //   stopping a job whose member failed, and ends the process.)
 // - `weft launch --partitions auto`: each sample of the search is a run of this loop that trains
-//   a stretch, times its second half and reports to the launcher (dist/PartitionSearch.h), each
+//   a stretch, times its second half and reports to the launcher (dist/launch/PartitionSearch.h), each
 //   continuing from the previous one's checkpoint.
 #pragma once
 
-#include "dist/Preemption.h"
+#include "dist/launch/Preemption.h"
 #include "dist/Runner.h"
 
 #include <chrono>

@@ -3,9 +3,9 @@
 
 #include "core/Error.h"
 #include "core/OpRegistry.h"
-#include "dist/CollectiveOps.h"
+#include "dist/collective/CollectiveOps.h"
 #include "dist/Placement.h"
-#include "dist/ServerOps.h"
+#include "dist/server/ServerOps.h"
 #include "ops/Ops.h"
 
 #include <algorithm>
@@ -161,7 +161,8 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     std::vector<Output> grads;
     for (const GradientLink* l : bucket) grads.push_back(l->dense);
     const auto& [dtype, onGpu] = key;
-    const std::vector<Output> reduced = allReduce(grads, onGpu ? options.denseBackend : options.hostRing, denseScale, onGpu);
+    const std::vector<Output> reduced =
+        allReduce(grads, onGpu ? options.denseBackend : options.hostRing, denseScale, onGpu);
     for (size_t i = 0; i < bucket.size(); ++i) {
       rewirer.redirect({{bucket[i]->dense, reduced[i]}});
       result.variables.push_back({bucket[i]->variable, false, byteSize(bucket[i]->dense), result.buckets});
@@ -244,12 +245,14 @@ std::vector<GraphPass> dataParallelPasses(const TransformOptions& options, const
   TransformOptions allReduced = options;
   for (const ServedVariable& v : plan.variables) allReduced.served.push_back(v.variable);
   std::vector<GraphPass> passes;
-  passes.push_back({"AllReduce", [allReduced](Graph& g, DistributedGraph& d) { d = distributeAllReduce(g, allReduced); }});
+  passes.push_back(
+      {"AllReduce", [allReduced](Graph& g, DistributedGraph& d) { d = distributeAllReduce(g, allReduced); }});
   if (!plan.empty()) {
     passes.push_back({"parameter servers", [&plan, client](Graph& g, DistributedGraph& d) {
                         distributeParameterServers(g, plan, client);
                         for (const ServedVariable& v : plan.variables)
-                          d.variables.push_back({v.variable, v.sparse, static_cast<size_t>(v.rows()) * v.rowBytes(), -1, true});
+                          d.variables.push_back(
+                              {v.variable, v.sparse, static_cast<size_t>(v.rows()) * v.rowBytes(), -1, true});
                       }});
   }
   if (options.workers > 1 && options.synchronous) {

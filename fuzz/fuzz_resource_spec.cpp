@@ -1,5 +1,5 @@
-// Fuzz target: the resource specification parser (dist/ResourceSpec.h).
-#include "dist/ResourceSpec.h"
+// Fuzz target: the resource specification parser (dist/launch/ResourceSpec.h).
+#include "dist/launch/ResourceSpec.h"
 #include "fuzz/Fuzz.h"
 
 #include <cstdlib>

@@ -1,7 +1,7 @@
-// Fuzz target: the data plane's seal decoder and replay window (dist/Seal.h). The input's first
+// Fuzz target: the data plane's seal decoder and replay window (dist/transport/Seal.h). The input's first
 // 72 bytes are a seal as it arrives: one that decodes must encode back to the same bytes. The
 // rest is a run of u16 counter steps (signed): the window must never accept a counter twice.
-#include "dist/Seal.h"
+#include "dist/transport/Seal.h"
 #include "fuzz/Fuzz.h"
 
 #include <cstdlib>

@@ -1,5 +1,5 @@
-// Fuzz target: the job secret file reader (dist/Auth.h).
-#include "dist/Auth.h"
+// Fuzz target: the job secret file reader (dist/transport/Auth.h).
+#include "dist/transport/Auth.h"
 #include "fuzz/Fuzz.h"
 
 std::vector<std::string> weftFuzzSeeds() {

@@ -1,9 +1,9 @@
-// Fuzz target: the parameter-server protocol (dist/ServerProtocol.h and ParameterServer::handle).
+// Fuzz target: the parameter-server protocol (dist/server/ServerProtocol.h and ParameterServer::handle).
 // The input is a run of messages, each a u8 header length, the header, a u16 payload length and
 // the payload, handed in order to a fresh server holding an embedding for two workers; every
 // reply it releases must have a header that decodes. The header and payload parsers are also
 // run on their own.
-#include "dist/ParameterServer.h"
+#include "dist/server/ParameterServer.h"
 #include "fuzz/Fuzz.h"
 #include "optim/Optimizer.h"
 

@@ -1,9 +1,9 @@
-// Fuzz target: the control-plane wire decoder (dist/Wire.h). The first byte picks the mode:
+// Fuzz target: the control-plane wire decoder (dist/transport/Wire.h). The first byte picks the mode:
 //   odd:  the rest is what a peer sends on a socket: readFrame, then the payload read with the
 //         schema of the frame's type (REFUSED through expectType, JOIN and ROSTER field by field);
 //   even: the rest is a small program of WireReader calls (its first byte: how many opcodes
 //         follow) run over the payload after it, with round trips through WireWriter.
-#include "dist/Wire.h"
+#include "dist/transport/Wire.h"
 #include "fuzz/Fuzz.h"
 
 #include <sys/socket.h>

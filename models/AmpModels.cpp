@@ -119,16 +119,18 @@ class AmpMlp : public ModelOf<FeaturesInstance> {
     const DType dtype = o.dtype;
     int64_t width = spec.dim;
     for (int layer = 1; layer <= 2; ++layer) {
-      h = graph_.transform(fmt::format("fc{}", layer), {h},
-                           {[=](Graph& g, const amp::Inputs& in) {
-                             return relu(nn::Linear(g, fmt::format("fc{}", layer), width, hidden, true, dtype)(in.payloads[0]));
-                           }});
+      h = graph_.transform(
+          fmt::format("fc{}", layer), {h}, {[=](Graph& g, const amp::Inputs& in) {
+            return relu(nn::Linear(g, fmt::format("fc{}", layer), width, hidden, true, dtype)(in.payloads[0]));
+          }});
       width = hidden;
     }
     Port logits = graph_.transform("fc3", {h}, {[=](Graph& g, const amp::Inputs& in) {
                                      return nn::Linear(g, "fc3", hidden, classes, true, dtype)(in.payloads[0]);
                                    }});
-    graph_.loss("loss", logits, classification([](const State&, const Instance& i) { return idTensor(i.as<FeaturesInstance>().label); }, 1));
+    graph_.loss(
+        "loss", logits,
+        classification([](const State&, const Instance& i) { return idTensor(i.as<FeaturesInstance>().label); }, 1));
   }
 
 
@@ -195,10 +197,13 @@ class AmpListReduction : public ModelOf<TokenListInstance> {
       return s.step < static_cast<int32_t>(i.as<TokenListInstance>().tokens.size()) ? 0 : 1;
     });
     graph_.addPhiInput(h, more[0]);
-    Port logits = graph_.transform("output", {more[1]}, {[=](Graph& g, const amp::Inputs& in) {
-                                     return nn::Linear(g, "output", hidden, data::kListClasses, true, dtype)(in.payloads[0]);
-                                   }});
-    graph_.loss("loss", logits, classification([](const State&, const Instance& i) { return idTensor(i.as<TokenListInstance>().label); }, 1));
+    Port logits =
+        graph_.transform("output", {more[1]}, {[=](Graph& g, const amp::Inputs& in) {
+                           return nn::Linear(g, "output", hidden, data::kListClasses, true, dtype)(in.payloads[0]);
+                         }});
+    graph_.loss(
+        "loss", logits,
+        classification([](const State&, const Instance& i) { return idTensor(i.as<TokenListInstance>().label); }, 1));
     dtype_ = dtype;
   }
 
@@ -244,8 +249,8 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
   std::string accuracyOf() const override { return selecting() ? "answers" : "nodes"; }
 
   void build(const AmpModelOptions& o) override {
-    WEFT_CHECK(task_ == "reachability" || task_ == "deduction", "ggsnn --amp: unknown --task '{}' (reachability, deduction)",
-               task_);
+    WEFT_CHECK(task_ == "reachability" || task_ == "deduction",
+               "ggsnn --amp: unknown --task '{}' (reachability, deduction)", task_);
     std::vector<data::Example> trainGraphs, evalGraphs;
     if (o.data.empty() && selecting()) {
       const data::DeductionSpec spec{species_, individuals_};
@@ -267,16 +272,19 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
       data::GraphFile file = data::loadGraphs(o.data);
       WEFT_CHECK(file.info.nodeLabels, "ggsnn --amp: {} has no node labels", o.data);
       size_t held = std::max<size_t>(1, file.graphs.size() / 10);
-      WEFT_CHECK(file.graphs.size() > held, "ggsnn --amp: {} has {} graph(s); it needs at least 2", o.data, file.graphs.size());
-      for (size_t i = 0; i < file.graphs.size(); ++i) (i + held < file.graphs.size() ? trainGraphs : evalGraphs).push_back(file.graphs[i]);
+      WEFT_CHECK(file.graphs.size() > held, "ggsnn --amp: {} has {} graph(s); it needs at least 2", o.data,
+                 file.graphs.size());
+      for (size_t i = 0; i < file.graphs.size(); ++i)
+        (i + held < file.graphs.size() ? trainGraphs : evalGraphs).push_back(file.graphs[i]);
       features_ = file.info.features;
       edgeTypes_ = file.info.edgeTypes;
       classes_ = 2;
       for (size_t i = 0; i < file.graphs.size(); ++i)
         for (int64_t l : file.graphs[i].at("labels").toVector<int64_t>()) classes_ = std::max(classes_, l + 1);
     }
-    WEFT_CHECK(hidden_ >= features_, "ggsnn --amp: hidden {} is smaller than the {} node features (they are zero-padded)",
-               hidden_, features_);
+    WEFT_CHECK(hidden_ >= features_,
+               "ggsnn --amp: hidden {} is smaller than the {} node features (they are zero-padded)", hidden_,
+               features_);
     train_ = load(trainGraphs, o.dtype);
     eval_ = load(evalGraphs, o.dtype);
     buildGraph(o.dtype);
@@ -305,19 +313,22 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
     });
     Port edges = graph_.flatmap("out_edges", nodes, [](const State& s, const Instance& i) {
       std::vector<State> out;
-      for (int32_t e : i.as<GraphInstance>().outEdges.at(static_cast<size_t>(s.item))) out.push_back({s.instance, 0, s.iteration, e, 1});
+      for (int32_t e : i.as<GraphInstance>().outEdges.at(static_cast<size_t>(s.item)))
+        out.push_back({s.instance, 0, s.iteration, e, 1});
       return out;
     });
     Port byType = graph_.group(
         "by_type", edges,
         {[](const State& s, const Instance& i) {
-           return State{s.instance, 0, s.iteration, static_cast<int32_t>(i.as<GraphInstance>().type.at(static_cast<size_t>(s.item))), 2};
+           return State{s.instance, 0, s.iteration,
+                        static_cast<int32_t>(i.as<GraphInstance>().type.at(static_cast<size_t>(s.item))), 2};
          },
          [](const State& key, const Instance& i) {
            return static_cast<int>(i.as<GraphInstance>().edgesOfType.at(static_cast<size_t>(key.item)).size());
          },
          [](const State& s) { return static_cast<int64_t>(s.item); }});
-    auto typed = graph_.cond("edge_type", byType, static_cast<int>(edgeTypes_), [](const State& s, const Instance&) { return s.item; });
+    auto typed = graph_.cond("edge_type", byType, static_cast<int>(edgeTypes_),
+                             [](const State& s, const Instance&) { return s.item; });
     std::vector<Port> messages;
     for (int64_t k = 0; k < edgeTypes_; ++k)
       messages.push_back(graph_.transform(fmt::format("type{}", k), {typed[static_cast<size_t>(k)]},
@@ -328,7 +339,8 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
     Port allTypes = edgeTypes_ > 1 ? graph_.phi("typed", messages) : messages[0];
     Port perEdge = graph_.ungroup("typed_edges", allTypes, [](const State& s, const Instance& i) {
       std::vector<State> out;
-      for (int32_t e : i.as<GraphInstance>().edgesOfType.at(static_cast<size_t>(s.item))) out.push_back({s.instance, 0, s.iteration, e, 1});
+      for (int32_t e : i.as<GraphInstance>().edgesOfType.at(static_cast<size_t>(s.item)))
+        out.push_back({s.instance, 0, s.iteration, e, 1});
       return out;
     });
     Port byInstance = graph_.group(
@@ -348,19 +360,22 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
     Port next = graph_.stateUpdate(
         "next_iteration", updated, [](const State& s, const Instance&) { State n = s; ++n.iteration; return n; },
         [](const State& s, const Instance&) { State n = s; --n.iteration; return n; });
-    auto more = graph_.cond("more", next, 2, [steps](const State& s, const Instance&) { return s.iteration < steps ? 0 : 1; });
+    auto more =
+        graph_.cond("more", next, 2, [steps](const State& s, const Instance&) { return s.iteration < steps ? 0 : 1; });
     graph_.addPhiInput(states, more[0]);
     // Node classification gives a row of logits per node; node selection one logit per node,
     // a row over the graph's nodes.
     const bool selecting = this->selecting();
-    Port logits = graph_.transform("readout", {more[1]}, {[=](Graph& g, const amp::Inputs& in) {
-                                     Output h = tanh(nn::Linear(g, "readout", 2 * hidden, hidden, true, dtype)(in.payloads[0]));
-                                     Output out = nn::Linear(g, "logits", hidden, selecting ? 1 : classes, true, dtype)(h);
-                                     return selecting ? reshape(out, {1, -1}) : out;
-                                   }});
+    Port logits =
+        graph_.transform("readout", {more[1]}, {[=](Graph& g, const amp::Inputs& in) {
+                           Output h = tanh(nn::Linear(g, "readout", 2 * hidden, hidden, true, dtype)(in.payloads[0]));
+                           Output out = nn::Linear(g, "logits", hidden, selecting ? 1 : classes, true, dtype)(h);
+                           return selecting ? reshape(out, {1, -1}) : out;
+                         }});
     if (selecting) {
-      graph_.loss("loss", logits,
-                  classification([](const State&, const Instance& i) { return idTensor(i.as<GraphInstance>().answer); }, 1));
+      graph_.loss(
+          "loss", logits,
+          classification([](const State&, const Instance& i) { return idTensor(i.as<GraphInstance>().answer); }, 1));
       return;
     }
     graph_.loss("loss", logits, classification([](const State&, const Instance& i) {
@@ -378,9 +393,10 @@ class AmpGgsnn : public ModelOf<GraphInstance> {
       g->nodes = static_cast<int32_t>(g->features.shape()[0]);
       g->labels = e.at("labels").toVector<int64_t>();
       if (selecting()) {
-        WEFT_CHECK(std::count(g->labels.begin(), g->labels.end(), 1) == 1 &&
-                       std::count(g->labels.begin(), g->labels.end(), 0) == static_cast<std::ptrdiff_t>(g->labels.size()) - 1,
-                   "ggsnn --amp --task deduction: graph {} must label exactly one node 1 (the answer) and the others 0", gi);
+        WEFT_CHECK(
+            std::count(g->labels.begin(), g->labels.end(), 1) == 1 &&
+                std::count(g->labels.begin(), g->labels.end(), 0) == static_cast<std::ptrdiff_t>(g->labels.size()) - 1,
+            "ggsnn --amp --task deduction: graph {} must label exactly one node 1 (the answer) and the others 0", gi);
         g->answer = std::find(g->labels.begin(), g->labels.end(), 1) - g->labels.begin();
       }
       std::vector<int32_t> edges = e.at("edges").toVector<int32_t>(), types = e.at("edge_types").toVector<int32_t>();
@@ -469,11 +485,12 @@ class AmpTreeLstm : public ModelOf<TreeInstance> {
         if (t.isLeaf(v)) out.push_back({s.instance, 0, 0, v, 0});
       return out;
     });
-    Port leafCells = graph_.transform("leaf", {leaves},
-                                      {[=](Graph& g, const amp::Inputs& in) { return treeLeaf(g, in.fromState[0], vocab, embedding, hidden, dtype); },
-                                       {{"word", {i64, {1}}, [](const State& s, const Instance& i) {
-                                           return idTensor(i.as<TreeInstance>().tree.word.at(static_cast<size_t>(s.item)));
-                                         }}}});
+    Port leafCells = graph_.transform(
+        "leaf", {leaves},
+        {[=](Graph& g, const amp::Inputs& in) { return treeLeaf(g, in.fromState[0], vocab, embedding, hidden, dtype); },
+         {{"word", {i64, {1}}, [](const State& s, const Instance& i) {
+             return idTensor(i.as<TreeInstance>().tree.word.at(static_cast<size_t>(s.item)));
+           }}}});
     Port cells = graph_.phi("cells", {leafCells});
     auto atRoot = graph_.cond("root", cells, 2, [](const State& s, const Instance& i) {
       return s.item == i.as<TreeInstance>().tree.root() ? 0 : 1;
@@ -491,9 +508,12 @@ class AmpTreeLstm : public ModelOf<TreeInstance> {
           int32_t child = (s.slot == 0 ? t.left : t.right).at(static_cast<size_t>(s.item));
           return State{s.instance, 0, 0, child, 0};
         });
-    Port siblings = graph_.group("siblings", toParent,
-                                 {[](const State& s, const Instance&) { return State{s.instance, 0, 0, s.item, 0}; },
-                                  [](const State&, const Instance&) { return 2; }, [](const State& s) { return static_cast<int64_t>(s.slot); }});
+    Port siblings = graph_.group(
+        "siblings", toParent,
+        {[](const State& s, const Instance&) {
+           return State{s.instance, 0, 0, s.item, 0};
+         },
+         [](const State&, const Instance&) { return 2; }, [](const State& s) { return static_cast<int64_t>(s.slot); }});
     Port branch = graph_.transform("branch", {siblings}, {[=](Graph& g, const amp::Inputs& in) {
                                      return treeBranch(g, in.payloads[0], hidden, dtype);
                                    }});
@@ -512,7 +532,9 @@ class AmpTreeLstm : public ModelOf<TreeInstance> {
                                }));
   }
 
-  amp::Pumped pump(const std::shared_ptr<TreeInstance>& t) const override { return {t, {{input_, Tensor::zeros(dtype_, {1, 1}), {}}}}; }
+  amp::Pumped pump(const std::shared_ptr<TreeInstance>& t) const override {
+    return {t, {{input_, Tensor::zeros(dtype_, {1, 1}), {}}}};
+  }
 
   int64_t hidden_ = 32, embedding_ = 16, trainCount_ = 2000, evalCount_ = 300, maxLeaves_ = 10;
   data::Vocab vocab_;

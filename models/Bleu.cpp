@@ -16,7 +16,8 @@ using NgramCounts = std::map<std::vector<int32_t>, int64_t>;
 
 NgramCounts ngrams(const std::vector<int32_t>& tokens, size_t n) {
   NgramCounts counts;
-  for (size_t i = 0; i + n <= tokens.size(); ++i) ++counts[std::vector<int32_t>(tokens.begin() + i, tokens.begin() + i + n)];
+  for (size_t i = 0; i + n <= tokens.size(); ++i)
+    ++counts[std::vector<int32_t>(tokens.begin() + i, tokens.begin() + i + n)];
   return counts;
 }
 

@@ -45,7 +45,8 @@ Tensor padColumns(const Tensor& t, int64_t width) {
   const size_t elem = dtypeSize(t.dtype());
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(static_cast<char*>(out.raw()) + static_cast<size_t>(r * width) * elem,
-                static_cast<const char*>(t.raw()) + static_cast<size_t>(r * cols) * elem, static_cast<size_t>(cols) * elem);
+                static_cast<const char*>(t.raw()) + static_cast<size_t>(r * cols) * elem,
+                static_cast<size_t>(cols) * elem);
   }
   return out;
 }
@@ -81,9 +82,9 @@ Output sampledSoftmaxLossSum(Output hidden, Output outW, Output outB, Output tar
                              Output candidateLogQ, Output targetLogQ) {
   const Output trueLogit = sum(hidden * gather(outW, targets), {1}) + (gather(outB, targets) - targetLogQ);
   // A candidate that is the row's own target (an accidental hit) is pushed out of the softmax.
-  const Output sampledLogits =
-      penalizeMatches(matmul(hidden, gather(outW, candidates), false, true) + (gather(outB, candidates) - candidateLogQ),
-                      targets, candidates, kHitPenalty);
+  const Output sampledLogits = penalizeMatches(
+      matmul(hidden, gather(outW, candidates), false, true) + (gather(outB, candidates) - candidateLogQ), targets,
+      candidates, kHitPenalty);
   return maskedSum(sampledSoftmaxCrossEntropy(trueLogit, sampledLogits), mask);
 }
 
@@ -178,7 +179,8 @@ data::Dataset LmModel::loadCorpus(const std::string& path) {
     WEFT_CHECK(sentences->size() >= 2, "lm: text corpus '{}' has {} non-empty lines; at least 2 are needed", path,
                sentences->size());
     trainCount -= std::max<size_t>(1, sentences->size() / 20);
-    for (size_t i = trainCount; i < sentences->size(); ++i) heldout_.emplace_back((*sentences)[i].begin(), (*sentences)[i].end());
+    for (size_t i = trainCount; i < sentences->size(); ++i)
+      heldout_.emplace_back((*sentences)[i].begin(), (*sentences)[i].end());
   } else {
     const data::PackedSentences heldout =
         data::readPackedSentences(data::corpusFiles(config_.heldoutData), vocab, config_.maxLength);
@@ -275,7 +277,8 @@ std::map<std::string, double> LmModel::evaluate(Session& session, int64_t maxBat
   batching.padded = {"tokens", "targets"};
   double lossSum = 0, words = 0, trueLogProb = 0;
   int64_t batches = 0;
-  for (size_t begin = 0; begin < heldout_.size() && (maxBatches <= 0 || batches < maxBatches); begin += perBatch, ++batches) {
+  for (size_t begin = 0; begin < heldout_.size() && (maxBatches <= 0 || batches < maxBatches);
+       begin += perBatch, ++batches) {
     const size_t end = std::min(heldout_.size(), begin + perBatch);
     std::vector<data::Example> examples;
     for (size_t i = begin; i < end; ++i) {

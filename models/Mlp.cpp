@@ -21,7 +21,8 @@ MlpModel buildMlp(Graph& g, const MlpConfig& config) {
   nn::Linear out(g, "logits", width, config.classes, true, config.dtype);
   auto forward = [&](bool training) {
     Output h = config.dtype == f32 ? m.features : cast(m.features, config.dtype);
-    for (size_t i = 0; i < layers.size(); ++i) h = nn::Dropout(config.dropout, config.seed + i)(relu(layers[i](h)), training);
+    for (size_t i = 0; i < layers.size(); ++i)
+      h = nn::Dropout(config.dropout, config.seed + i)(relu(layers[i](h)), training);
     return out(h);
   };
   const Output trainLogits = forward(config.dropout > 0);

@@ -277,7 +277,8 @@ std::vector<std::vector<int32_t>> beamDecode(Session& session, const NmtNet& net
   DecodeState st = startDecoding(session, net, sources);
   // Row i * width + k holds hypothesis k of sentence i; rows without one repeat a live row.
   std::vector<int64_t> rows;
-  for (size_t i = 0; i < sources.size(); ++i) rows.insert(rows.end(), static_cast<size_t>(width), static_cast<int64_t>(i));
+  for (size_t i = 0; i < sources.size(); ++i)
+    rows.insert(rows.end(), static_cast<size_t>(width), static_cast<int64_t>(i));
   st = {gatherRows(st.previous, rows), gatherRows(st.h, rows), gatherRows(st.c, rows), gatherRows(st.encoded, rows),
         gatherRows(st.mask, rows)};
   std::vector<Beam> beams(sources.size());
@@ -347,7 +348,8 @@ void NmtModel::loadData(const CommonOptions& common) {
   const data::ParallelText text =
       data::loadParallelText(common.data.substr(0, comma), common.data.substr(comma + 1), options);
   WEFT_CHECK(text.examples.size() > static_cast<size_t>(testSize_),
-             "nmt: {} usable sentence pairs in '{}', but test-size is {}", text.examples.size(), common.data, testSize_);
+             "nmt: {} usable sentence pairs in '{}', but test-size is {}", text.examples.size(), common.data,
+             testSize_);
   const size_t split = text.examples.size() - static_cast<size_t>(testSize_);
   trainSet_ = text.examples.range(0, split);
   testSet_ = text.examples.range(split, text.examples.size());

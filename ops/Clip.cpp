@@ -166,7 +166,12 @@ void detail::registerClipOps(OpRegistry& r) {
             })
             .cpu(allFiniteKernel).cuda(WEFT_CUDA_KERNEL(allFinite))
             .noGradient());
-  r.add(OpDef("SparseSquaredNorm").inputs(2).infer(sparseSquaredNormInfer).cpu(sparseSquaredNormKernel).cuda(WEFT_CUDA_KERNEL(sparseSquaredNorm)).noGradient());
+  r.add(OpDef("SparseSquaredNorm")
+            .inputs(2)
+            .infer(sparseSquaredNormInfer)
+            .cpu(sparseSquaredNormKernel)
+            .cuda(WEFT_CUDA_KERNEL(sparseSquaredNorm))
+            .noGradient());
 }
 
 }  // namespace weft

@@ -76,7 +76,9 @@ struct ConvGeometry {
   bool pointwise() const {
     return win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0;
   }
-  bool direct() const { return detail::directConvApplies(win.kh, win.kw, win.sh, win.sw, win.dh, win.dw, win.ph, win.pw); }
+  bool direct() const {
+    return detail::directConvApplies(win.kh, win.kw, win.sh, win.sw, win.dh, win.dw, win.ph, win.pw);
+  }
   detail::DirectConv directShape() const { return {n, c, h, w, o, win.ph, win.pw, win.sh}; }
   bool winograd() const { return direct() && detail::winogradConvApplies(directShape()); }
 };
@@ -231,7 +233,8 @@ void conv2dBackpropFilterKernel(KernelContext& ctx) {
       for (int64_t blk = lo; blk < hi; ++blk) {
         for (int64_t img = blocks.begin(blk); img < blocks.end(blk); ++img) {
           const T* col = columns(g, px + img * g.c * g.h * g.w, scratch);
-          blas::gemm(false, true, g.o, k, p, pdy + img * g.o * p, p, col, p, T(1), partials.data() + blk * filterSize, k);
+          blas::gemm(false, true, g.o, k, p, pdy + img * g.o * p, p, col, p, T(1), partials.data() + blk * filterSize,
+                     k);
         }
       }
     });

@@ -294,7 +294,8 @@ void stridedInputGradient(const KernelContext& ctx, const DirectConv& s, const T
       Prefetcher prefetch(img + 1 < hi ? dy + (img + 1) * dySize : nullptr, dySize * int64_t(sizeof(T)), tiles);
       for (int64_t o = 0; o < s.o; ++o) {
         for (int64_t y = 0; y < s.outH(); ++y) {
-          copyRow(dy + img * dySize + (o * s.outH() + y) * s.outW(), s.outW(), padded.data() + o * channelStride + (y + 1) * width + 1);
+          copyRow(dy + img * dySize + (o * s.outH() + y) * s.outW(), s.outW(),
+                  padded.data() + o * channelStride + (y + 1) * width + 1);
         }
       }
       for (int64_t phase = 0; phase < 4; ++phase) {
@@ -399,8 +400,8 @@ bool directConvApplies(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t d
 template <class T>
 void directConvForward(const KernelContext& ctx, const DirectConv& s, const T* x, const T* filter, T* y) {
   const FlatPlane p(s.h, s.w, s.ph, s.pw, s.stride, kTileVectors * kLanes<T>);
-  const auto packed =
-      packFilter<T>(s.o, s.c, kTaps, [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * kTaps + t]; });
+  const auto packed = packFilter<T>(s.o, s.c, kTaps,
+                                    [&](int64_t o, int64_t c, int64_t t) { return filter[(o * s.c + c) * kTaps + t]; });
   sweep(ctx, s.n, s.c, s.o, p, x, packed, y);
 }
 

@@ -440,41 +440,50 @@ void detail::registerElementwiseOps(OpRegistry& r) {
   registerBinary(r, "Minimum", binaryKernel<functors::Min>, WEFT_CUDA_KERNEL(binary<functors::Min>), minGrad);
   registerBinary(r, "Pow", binaryKernel<functors::Pow>, WEFT_CUDA_KERNEL(binary<functors::Pow>), powGrad);
   registerBinary(r, "Less", binaryKernel<functors::Less>, WEFT_CUDA_KERNEL(binary<functors::Less>), nullptr);
-  registerBinary(r, "LessEqual", binaryKernel<functors::LessEqual>, WEFT_CUDA_KERNEL(binary<functors::LessEqual>), nullptr);
+  registerBinary(r, "LessEqual", binaryKernel<functors::LessEqual>, WEFT_CUDA_KERNEL(binary<functors::LessEqual>),
+                 nullptr);
   registerBinary(r, "Greater", binaryKernel<functors::Greater>, WEFT_CUDA_KERNEL(binary<functors::Greater>), nullptr);
-  registerBinary(r, "GreaterEqual", binaryKernel<functors::GreaterEqual>, WEFT_CUDA_KERNEL(binary<functors::GreaterEqual>), nullptr);
+  registerBinary(r, "GreaterEqual", binaryKernel<functors::GreaterEqual>,
+                 WEFT_CUDA_KERNEL(binary<functors::GreaterEqual>), nullptr);
   registerBinary(r, "Equal", binaryKernel<functors::Equal>, WEFT_CUDA_KERNEL(binary<functors::Equal>), nullptr);
-  registerBinary(r, "NotEqual", binaryKernel<functors::NotEqual>, WEFT_CUDA_KERNEL(binary<functors::NotEqual>), nullptr);
+  registerBinary(r, "NotEqual", binaryKernel<functors::NotEqual>, WEFT_CUDA_KERNEL(binary<functors::NotEqual>),
+                 nullptr);
 
-  registerUnary(r, "Neg", negKernel, WEFT_CUDA_KERNEL(neg), [](GradContext& c) -> std::vector<Grad> { return {-c.dy()}; });
+  registerUnary(r, "Neg", negKernel, WEFT_CUDA_KERNEL(neg),
+                [](GradContext& c) -> std::vector<Grad> { return {-c.dy()}; });
   // d/dx e^x = y
-  registerUnary(r, "Exp", expKernel, WEFT_CUDA_KERNEL(exp), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * c.y()}; });
+  registerUnary(r, "Exp", expKernel, WEFT_CUDA_KERNEL(exp),
+                [](GradContext& c) -> std::vector<Grad> { return {c.dy() * c.y()}; });
   // d/dx log x = 1/x
-  registerUnary(r, "Log", logKernel, WEFT_CUDA_KERNEL(log), [](GradContext& c) -> std::vector<Grad> { return {c.dy() / c.x(0)}; });
+  registerUnary(r, "Log", logKernel, WEFT_CUDA_KERNEL(log),
+                [](GradContext& c) -> std::vector<Grad> { return {c.dy() / c.x(0)}; });
   registerUnary(r, "Tanh", tanhKernel, WEFT_CUDA_KERNEL(tanh), [](GradContext& c) -> std::vector<Grad> {
     return {op2("TanhGrad", c.dy(), c.y())};
   });
   registerUnary(r, "Sigmoid", sigmoidKernel, WEFT_CUDA_KERNEL(sigmoid), [](GradContext& c) -> std::vector<Grad> {
     return {op2("SigmoidGrad", c.dy(), c.y())};
   });
-  registerUnary(r, "Relu", detail::inFloat32<reluKernel>, WEFT_CUDA_KERNEL(relu), [](GradContext& c) -> std::vector<Grad> {
-    return {op2("ReluGrad", c.dy(), c.y())};
-  }, {0});
+  registerUnary(r, "Relu", detail::inFloat32<reluKernel>, WEFT_CUDA_KERNEL(relu),
+                [](GradContext& c) -> std::vector<Grad> { return {op2("ReluGrad", c.dy(), c.y())}; }, {0});
   // d/dx sqrt x = 1 / (2 y)
-  registerUnary(r, "Sqrt", sqrtKernel, WEFT_CUDA_KERNEL(sqrt), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 0.5 / c.y()}; });
+  registerUnary(r, "Sqrt", sqrtKernel, WEFT_CUDA_KERNEL(sqrt),
+                [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 0.5 / c.y()}; });
   // d/dx x^-1/2 = -y^3 / 2
   registerUnary(r, "Rsqrt", rsqrtKernel, WEFT_CUDA_KERNEL(rsqrt), [](GradContext& c) -> std::vector<Grad> {
     return {c.dy() * (-0.5) * c.y() * c.y() * c.y()};
   });
-  registerUnary(r, "Abs", absKernel, WEFT_CUDA_KERNEL(abs), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * sign(c.x(0))}; });
-  registerUnary(r, "Square", squareKernel, WEFT_CUDA_KERNEL(square), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 2.0 * c.x(0)}; });
+  registerUnary(r, "Abs", absKernel, WEFT_CUDA_KERNEL(abs),
+                [](GradContext& c) -> std::vector<Grad> { return {c.dy() * sign(c.x(0))}; });
+  registerUnary(r, "Square", squareKernel, WEFT_CUDA_KERNEL(square),
+                [](GradContext& c) -> std::vector<Grad> { return {c.dy() * 2.0 * c.x(0)}; });
   // d/dx 1/x = -y^2
-  registerUnary(r, "Reciprocal", reciprocalKernel, WEFT_CUDA_KERNEL(reciprocal), [](GradContext& c) -> std::vector<Grad> {
-    return {-(c.dy() * c.y() * c.y())};
-  });
+  registerUnary(r, "Reciprocal", reciprocalKernel, WEFT_CUDA_KERNEL(reciprocal),
+                [](GradContext& c) -> std::vector<Grad> { return {-(c.dy() * c.y() * c.y())}; });
   registerUnary(r, "Sign", signKernel, WEFT_CUDA_KERNEL(sign), nullptr);  // zero almost everywhere
-  registerUnary(r, "Sin", sinKernel, WEFT_CUDA_KERNEL(sin), [](GradContext& c) -> std::vector<Grad> { return {c.dy() * cos(c.x(0))}; });
-  registerUnary(r, "Cos", cosKernel, WEFT_CUDA_KERNEL(cos), [](GradContext& c) -> std::vector<Grad> { return {-(c.dy() * sin(c.x(0)))}; });
+  registerUnary(r, "Sin", sinKernel, WEFT_CUDA_KERNEL(sin),
+                [](GradContext& c) -> std::vector<Grad> { return {c.dy() * cos(c.x(0))}; });
+  registerUnary(r, "Cos", cosKernel, WEFT_CUDA_KERNEL(cos),
+                [](GradContext& c) -> std::vector<Grad> { return {-(c.dy() * sin(c.x(0)))}; });
 
   struct Helper {
     const char* name;
@@ -535,11 +544,34 @@ void detail::registerElementwiseOps(OpRegistry& r) {
               return std::vector<Grad>(c.node->inputs.size(), Grad(c.dy()));
             })
             .halfActivations({OpDef::kAllInputs}, {0}));
-  r.add(OpDef("Identity").inputs(1).infer(detail::sameAsInput).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
+  r.add(OpDef("Identity")
+            .inputs(1)
+            .infer(detail::sameAsInput)
+            .cpu(detail::copyKernel)
+            .cuda(WEFT_CUDA_KERNEL(copy))
+            .inplace(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy()}; }));
-  r.add(OpDef("StopGradient").inputs(1).infer(detail::sameAsInput).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).noGradient());
-  r.add(OpDef("ZerosLike").inputs(1).infer(detail::sameAsInput).cpu(zerosKernel).cuda(WEFT_CUDA_KERNEL(zeros)).inplace(0).noGradient());
-  r.add(OpDef("OnesLike").inputs(1).infer(detail::sameAsInput).cpu(onesKernel).cuda(WEFT_CUDA_KERNEL(ones)).inplace(0).noGradient());
+  r.add(OpDef("StopGradient")
+            .inputs(1)
+            .infer(detail::sameAsInput)
+            .cpu(detail::copyKernel)
+            .cuda(WEFT_CUDA_KERNEL(copy))
+            .inplace(0)
+            .noGradient());
+  r.add(OpDef("ZerosLike")
+            .inputs(1)
+            .infer(detail::sameAsInput)
+            .cpu(zerosKernel)
+            .cuda(WEFT_CUDA_KERNEL(zeros))
+            .inplace(0)
+            .noGradient());
+  r.add(OpDef("OnesLike")
+            .inputs(1)
+            .infer(detail::sameAsInput)
+            .cpu(onesKernel)
+            .cuda(WEFT_CUDA_KERNEL(ones))
+            .inplace(0)
+            .noGradient());
   r.add(OpDef("CheckNumerics").inputs(1).infer(floatUnaryInfer).cpu(checkNumericsKernel)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy()}; }));
   r.add(OpDef("ReduceToLike")

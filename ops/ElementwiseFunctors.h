@@ -11,12 +11,48 @@
 namespace weft::functors {
 
 // kCost: rough nanoseconds per element on the CPU (sizes the thread pool's chunks).
-struct Add { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a + b; } };
-struct Sub { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a - b; } };
-struct Mul { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a * b; } };
-struct Div { static constexpr int64_t kCost = 2; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a / b; } };
-struct Max { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a >= b ? a : b; } };
-struct Min { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a <= b ? a : b; } };
+struct Add {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a + b;
+  }
+};
+struct Sub {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a - b;
+  }
+};
+struct Mul {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a * b;
+  }
+};
+struct Div {
+  static constexpr int64_t kCost = 2;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a / b;
+  }
+};
+struct Max {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a >= b ? a : b;
+  }
+};
+struct Min {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a <= b ? a : b;
+  }
+};
 /// Integers raise exactly, by squaring, wrapping on overflow like the other integer ops (the
 /// library pow's rounding differs between CPU and GPU); a negative exponent gives the truncated
 /// reciprocal: 1 for a = 1, +-1 for a = -1, 0 otherwise (also for a = 0).
@@ -40,11 +76,47 @@ struct Pow {
     }
   }
 };
-struct Less { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a < b; } };
-struct LessEqual { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a <= b; } };
-struct Greater { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a > b; } };
-struct GreaterEqual { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a >= b; } };
-struct Equal { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a == b; } };
-struct NotEqual { static constexpr int64_t kCost = 1; template <class T> WEFT_HOST_DEVICE static T apply(T a, T b) { return a != b; } };
+struct Less {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a < b;
+  }
+};
+struct LessEqual {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a <= b;
+  }
+};
+struct Greater {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a > b;
+  }
+};
+struct GreaterEqual {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a >= b;
+  }
+};
+struct Equal {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a == b;
+  }
+};
+struct NotEqual {
+  static constexpr int64_t kCost = 1;
+  template <class T>
+  WEFT_HOST_DEVICE static T apply(T a, T b) {
+    return a != b;
+  }
+};
 
 }  // namespace weft::functors

@@ -33,9 +33,11 @@ void gatherKernel(KernelContext& ctx) {
   const size_t rowBytes = static_cast<size_t>(rowSize(params.shape())) * dtypeSize(params.dtype());
   const char* src = static_cast<const char*>(params.raw());
   char* dst = static_cast<char*>(ctx.output(0).raw());
-  ctx.parallelFor(static_cast<int64_t>(rows.size()), static_cast<int64_t>(rowBytes / 8 + 1), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) std::memcpy(dst + i * rowBytes, src + rows[static_cast<size_t>(i)] * rowBytes, rowBytes);
-  });
+  ctx.parallelFor(static_cast<int64_t>(rows.size()), static_cast<int64_t>(rowBytes / 8 + 1),
+                  [&](int64_t lo, int64_t hi) {
+                    for (int64_t i = lo; i < hi; ++i)
+                      std::memcpy(dst + i * rowBytes, src + rows[static_cast<size_t>(i)] * rowBytes, rowBytes);
+                  });
 }
 
 // The table's gradient is sparse: the rows of dy, at the ids that were gathered. A table whose
@@ -46,7 +48,8 @@ std::vector<Grad> gatherGrad(GradContext& c) {
   valueShape.insert(valueShape.end(), table.dims().begin() + 1, table.dims().end());
   Output ids = reshape(c.x(1), {-1}), rows = reshape(c.dy(), valueShape);
   if (table.isFullyDefined()) return {Grad::sparse(ids, rows, table), Grad()};
-  return {detail::addOp1(c.graph(), "UnsortedSegmentSum", {rows, ids, c.x(0)}, {{"num_segments", int64_t{-1}}}), Grad()};
+  return {detail::addOp1(c.graph(), "UnsortedSegmentSum", {rows, ids, c.x(0)}, {{"num_segments", int64_t{-1}}}),
+          Grad()};
 }
 
 // ---- ScatterAdd and UnsortedSegmentSum ------------------------------------------------------
@@ -91,7 +94,8 @@ std::vector<TensorType> segmentSumInfer(const InferContext& c) {
   const Shape &data = c.shape(0), &ids = c.shape(1);
   c.check(ids.rank() <= data.rank(), "segment ids of rank {} for data of rank {}", ids.rank(), data.rank());
   for (int d = 0; d < ids.rank(); ++d) {
-    c.check(ids[d] < 0 || data[d] < 0 || ids[d] == data[d], "segment ids {} are not a prefix of data {}", ids.str(), data.str());
+    c.check(ids[d] < 0 || data[d] < 0 || ids[d] == data[d], "segment ids {} are not a prefix of data {}", ids.str(),
+            data.str());
   }
   // With a third input, the segment count is that input's first dimension (known at run time).
   const int64_t n = c.numInputs() == 3 ? c.shape(2)[0] : c.attrs().getInt("num_segments");
@@ -125,10 +129,21 @@ Output unsortedSegmentSum(Output data, Output segmentIds, int64_t numSegments) {
 void detail::registerEmbeddingOps(OpRegistry& r) {
   r.add(OpDef("Gather").inputs(2).infer(gatherInfer).cpu(gatherKernel).cuda(WEFT_CUDA_KERNEL(gather)).grad(gatherGrad));
   // d/dx = dy;  d/dupdates[i] = dy[ids[i]]
-  r.add(OpDef("ScatterAdd").inputs(3).infer(scatterAddInfer).cpu(scatterAddKernel).cuda(WEFT_CUDA_KERNEL(scatterAdd)).inplace(0)
-            .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy(), Grad(), gather(c.dy(), c.x(1))}; }));
+  r.add(OpDef("ScatterAdd")
+            .inputs(3)
+            .infer(scatterAddInfer)
+            .cpu(scatterAddKernel)
+            .cuda(WEFT_CUDA_KERNEL(scatterAdd))
+            .inplace(0)
+            .grad([](GradContext& c) -> std::vector<Grad> {
+              return {c.dy(), Grad(), gather(c.dy(), c.x(1))};
+            }));
   // d/ddata[i] = dy[ids[i]]
-  r.add(OpDef("UnsortedSegmentSum").inputs(2, 3).infer(segmentSumInfer).cpu(segmentSumKernel).cuda(WEFT_CUDA_KERNEL(segmentSum))
+  r.add(OpDef("UnsortedSegmentSum")
+            .inputs(2, 3)
+            .infer(segmentSumInfer)
+            .cpu(segmentSumKernel)
+            .cuda(WEFT_CUDA_KERNEL(segmentSum))
             .grad([](GradContext& c) -> std::vector<Grad> {
               std::vector<Grad> grads(c.node->inputs.size());
               grads[0] = gather(c.dy(), c.x(1));

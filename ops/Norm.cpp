@@ -613,7 +613,11 @@ void detail::registerNormOps(OpRegistry& r) {
             .infer(normalizeFromMomentsInfer)
             .cpu(inFloat32<normalizeFromMomentsKernel>)
             .noGradient());
-  r.add(OpDef("BatchNormGradMoments").inputs(4, 6).infer(gradMomentsInfer).cpu(inFloat32<gradMomentsKernel>).noGradient());
+  r.add(OpDef("BatchNormGradMoments")
+            .inputs(4, 6)
+            .infer(gradMomentsInfer)
+            .cpu(inFloat32<gradMomentsKernel>)
+            .noGradient());
   r.add(OpDef("BatchNormGradFromMoments")
             .inputs(8)
             .infer(gradFromMomentsInfer)

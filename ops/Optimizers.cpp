@@ -125,20 +125,22 @@ std::vector<TensorType> updateInfer(const InferContext& c, Rule rule, bool spars
     c.check(isInteger(c.dtype(next)) && c.shape(next).rank() == 1, "row ids must be an integer vector");
     const Shape& v = c.shape(next + 1);
     detail::requireSameDType(c, 0, next + 1);
-    c.check(v.rank() == c.shape(0).rank() && c.shape(0).rank() >= 1, "values of shape {} for a variable of shape {}", v.str(),
-            c.shape(0).str());
-    for (int d = 1; d < v.rank(); ++d) c.check(v[d] < 0 || v[d] == c.shape(0)[d], "value rows {} do not match variable {}", v.str(), c.shape(0).str());
+    c.check(v.rank() == c.shape(0).rank() && c.shape(0).rank() >= 1, "values of shape {} for a variable of shape {}",
+            v.str(), c.shape(0).str());
+    for (int d = 1; d < v.rank(); ++d)
+      c.check(v[d] < 0 || v[d] == c.shape(0)[d], "value rows {} do not match variable {}", v.str(), c.shape(0).str());
     c.check(v[0] < 0 || c.shape(next)[0] < 0 || v[0] == c.shape(next)[0], "{} rows for {} ids", v[0], c.shape(next)[0]);
     next += 2;
   } else {
     detail::requireSameDType(c, 0, next);
-    c.check(c.shape(next).compatibleWith(c.shape(0)), "gradient shape {} differs from variable shape {}", c.shape(next).str(),
-            c.shape(0).str());
+    c.check(c.shape(next).compatibleWith(c.shape(0)), "gradient shape {} differs from variable shape {}",
+            c.shape(next).str(), c.shape(0).str());
     next += 1;
   }
   detail::requireSameDType(c, 0, next);
   c.check(c.shape(next).rank() == 0, "the learning rate must be a scalar");
-  if (rule == Rule::Adam) c.check(c.dtype(next + 1) == i64 && c.shape(next + 1).rank() == 0, "the step must be an i64 scalar");
+  if (rule == Rule::Adam)
+    c.check(c.dtype(next + 1) == i64 && c.shape(next + 1).rank() == 0, "the step must be an i64 scalar");
   return {};
 }
 

@@ -53,7 +53,13 @@ Output dropout(Output x, double rate, uint64_t seed) {
 
 void detail::registerRandomOps(OpRegistry& r) {
   // dx = dy * mask; the mask itself is not differentiable.
-  r.add(OpDef("Dropout").inputs(1).infer(dropoutInfer).cpu(dropoutKernel).cuda(WEFT_CUDA_KERNEL(dropout)).inplace(0).random()
+  r.add(OpDef("Dropout")
+            .inputs(1)
+            .infer(dropoutInfer)
+            .cpu(dropoutKernel)
+            .cuda(WEFT_CUDA_KERNEL(dropout))
+            .inplace(0)
+            .random()
             .grad([](GradContext& c) -> std::vector<Grad> {
               if (!c.dy().valid()) return {Grad()};
               return {c.dy() * c.y(1)};

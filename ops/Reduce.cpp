@@ -167,9 +167,15 @@ Output addReduce(const char* op, Output x, std::vector<int64_t> axes, bool keepD
 
 }  // namespace
 
-Output sum(Output x, std::vector<int64_t> axes, bool keepDims) { return addReduce("Sum", x, std::move(axes), keepDims); }
-Output mean(Output x, std::vector<int64_t> axes, bool keepDims) { return addReduce("Mean", x, std::move(axes), keepDims); }
-Output max(Output x, std::vector<int64_t> axes, bool keepDims) { return addReduce("Max", x, std::move(axes), keepDims); }
+Output sum(Output x, std::vector<int64_t> axes, bool keepDims) {
+  return addReduce("Sum", x, std::move(axes), keepDims);
+}
+Output mean(Output x, std::vector<int64_t> axes, bool keepDims) {
+  return addReduce("Mean", x, std::move(axes), keepDims);
+}
+Output max(Output x, std::vector<int64_t> axes, bool keepDims) {
+  return addReduce("Max", x, std::move(axes), keepDims);
+}
 Output argmax(Output x, int64_t axis) { return detail::addOp1(x.graph(), "ArgMax", {x}, {{"axis", axis}}); }
 
 void detail::registerReduceOps(OpRegistry& r) {

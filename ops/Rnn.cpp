@@ -380,9 +380,24 @@ Output gruCell(Output x, Output h, Output wx, Output wh, Output bx, Output bh) {
 
 void detail::registerRnnOps(OpRegistry& r) {
   r.add(OpDef("LSTM").inputs(6).infer(lstmInfer).cpu(lstmKernel).cuda(WEFT_CUDA_KERNEL(lstm)).grad(lstmGrad));
-  r.add(OpDef("LSTMGrad").inputs(11).infer(lstmGradInfer).cpu(lstmGradKernel).cuda(WEFT_CUDA_KERNEL(lstmGrad)).noGradient());
-  r.add(OpDef("GRUCell").inputs(6).infer(gruCellInfer).cpu(gruCellKernel).cuda(WEFT_CUDA_KERNEL(gruCell)).grad(gruCellGrad));
-  r.add(OpDef("GRUCellGrad").inputs(7).infer(gruCellGradInfer).cpu(gruCellGradKernel).cuda(WEFT_CUDA_KERNEL(gruCellGrad)).noGradient());
+  r.add(OpDef("LSTMGrad")
+            .inputs(11)
+            .infer(lstmGradInfer)
+            .cpu(lstmGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(lstmGrad))
+            .noGradient());
+  r.add(OpDef("GRUCell")
+            .inputs(6)
+            .infer(gruCellInfer)
+            .cpu(gruCellKernel)
+            .cuda(WEFT_CUDA_KERNEL(gruCell))
+            .grad(gruCellGrad));
+  r.add(OpDef("GRUCellGrad")
+            .inputs(7)
+            .infer(gruCellGradInfer)
+            .cpu(gruCellGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(gruCellGrad))
+            .noGradient());
 }
 
 }  // namespace weft

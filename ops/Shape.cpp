@@ -114,7 +114,8 @@ void transposeKernel(KernelContext& ctx) {
   const int r = x.rank();
   const std::vector<int64_t> inStrides = contiguousStrides(x.shape());
   std::vector<int64_t> srcStride(static_cast<size_t>(r));  // input stride of each output axis
-  for (int i = 0; i < r; ++i) srcStride[static_cast<size_t>(i)] = inStrides[static_cast<size_t>(perm[static_cast<size_t>(i)])];
+  for (int i = 0; i < r; ++i)
+    srcStride[static_cast<size_t>(i)] = inStrides[static_cast<size_t>(perm[static_cast<size_t>(i)])];
   const int64_t inner = r ? out.shape()[r - 1] : 1;
   const int64_t rows = inner ? out.numel() / inner : 0;
   const int64_t innerStride = r ? srcStride.back() : 1;
@@ -188,7 +189,8 @@ void splitPieces(KernelContext& ctx, const Tensor& x, int axis) {
   size_t offset = 0;
   for (Tensor* piece : ctx.outputs) {
     const size_t row = static_cast<size_t>(prod(piece->shape(), axis, piece->rank())) * elem;
-    copyBlocks(ctx, outer, row, static_cast<const char*>(x.raw()) + offset, inRow, static_cast<char*>(piece->raw()), row);
+    copyBlocks(ctx, outer, row, static_cast<const char*>(x.raw()) + offset, inRow, static_cast<char*>(piece->raw()),
+               row);
     offset += row;
   }
 }
@@ -293,7 +295,8 @@ void boxCopy(const KernelContext& ctx, const Tensor& large, const Tensor& small,
 }
 
 void sliceKernel(KernelContext& ctx) {
-  auto [begin, size] = sliceBounds(ctx.input(0).shape(), ctx.attrs(), [&](const std::string& m) { ctx.failMessage(m); });
+  auto [begin, size] =
+      sliceBounds(ctx.input(0).shape(), ctx.attrs(), [&](const std::string& m) { ctx.failMessage(m); });
   boxCopy(ctx, ctx.input(0), ctx.output(0), begin, true);
 }
 
@@ -358,7 +361,8 @@ void reverseSequenceKernel(KernelContext& ctx) {
     using I = decltype(z);
     const I* p = ctx.input(1).data<I>();
     for (size_t b = 0; b < lengths.size(); ++b) {
-      if (p[b] < 0 || p[b] > seqLen) ctx.fail("length {} of sequence {} is outside [0, {}]", static_cast<int64_t>(p[b]), b, seqLen);
+      if (p[b] < 0 || p[b] > seqLen)
+        ctx.fail("length {} of sequence {} is outside [0, {}]", static_cast<int64_t>(p[b]), b, seqLen);
       lengths[b] = static_cast<int64_t>(p[b]);
     }
   });
@@ -390,7 +394,9 @@ Output reshape(Output x, std::vector<int64_t> shape) {
   return addOp1(x.graph(), "Reshape", {x}, {{"shape", std::move(shape)}});
 }
 Output expandDims(Output x, int64_t axis) { return addOp1(x.graph(), "ExpandDims", {x}, {{"axis", axis}}); }
-Output squeeze(Output x, std::vector<int64_t> axes) { return addOp1(x.graph(), "Squeeze", {x}, {{"axes", std::move(axes)}}); }
+Output squeeze(Output x, std::vector<int64_t> axes) {
+  return addOp1(x.graph(), "Squeeze", {x}, {{"axes", std::move(axes)}});
+}
 Output transpose(Output x, std::vector<int64_t> perm) {
   return addOp1(x.graph(), "Transpose", {x}, {{"perm", std::move(perm)}});
 }
@@ -418,11 +424,36 @@ Output reverseSequence(Output x, Output lengths, int64_t seqAxis, int64_t batchA
 // ---- registration ---------------------------------------------------------------------------
 
 void detail::registerShapeOps(OpRegistry& r) {
-  r.add(OpDef("Reshape").inputs(1).infer(reshapeInfer).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("ExpandDims").inputs(1).infer(expandDimsInfer).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("Squeeze").inputs(1).infer(squeezeInfer).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0).grad(reshapeGrad));
-  r.add(OpDef("ReshapeLike").inputs(2).infer(reshapeLikeInfer).cpu(detail::copyKernel).cuda(WEFT_CUDA_KERNEL(copy)).inplace(0)
-            .grad([](GradContext& c) -> std::vector<Grad> { return {addOp1(c.graph(), "ReshapeLike", {c.dy(), c.x(0)}), Grad()}; }));
+  r.add(OpDef("Reshape")
+            .inputs(1)
+            .infer(reshapeInfer)
+            .cpu(detail::copyKernel)
+            .cuda(WEFT_CUDA_KERNEL(copy))
+            .inplace(0)
+            .grad(reshapeGrad));
+  r.add(OpDef("ExpandDims")
+            .inputs(1)
+            .infer(expandDimsInfer)
+            .cpu(detail::copyKernel)
+            .cuda(WEFT_CUDA_KERNEL(copy))
+            .inplace(0)
+            .grad(reshapeGrad));
+  r.add(OpDef("Squeeze")
+            .inputs(1)
+            .infer(squeezeInfer)
+            .cpu(detail::copyKernel)
+            .cuda(WEFT_CUDA_KERNEL(copy))
+            .inplace(0)
+            .grad(reshapeGrad));
+  r.add(OpDef("ReshapeLike")
+            .inputs(2)
+            .infer(reshapeLikeInfer)
+            .cpu(detail::copyKernel)
+            .cuda(WEFT_CUDA_KERNEL(copy))
+            .inplace(0)
+            .grad([](GradContext& c) -> std::vector<Grad> {
+              return {addOp1(c.graph(), "ReshapeLike", {c.dy(), c.x(0)}), Grad()};
+            }));
   r.add(OpDef("Transpose").inputs(1).infer(transposeInfer).cpu(transposeKernel).cuda(WEFT_CUDA_KERNEL(transpose))
             .grad([](GradContext& c) -> std::vector<Grad> {
               const std::vector<int64_t> perm = ints(c.attrs(), "perm");
@@ -439,12 +470,18 @@ void detail::registerShapeOps(OpRegistry& r) {
               for (size_t i = 0; i < c.node->inputs.size(); ++i) out.emplace_back(g->output(static_cast<int>(i)));
               return out;
             }));
-  r.add(OpDef("ConcatGrad").inputs(2, -1).infer(concatGradInfer).cpu(concatGradKernel).cuda(WEFT_CUDA_KERNEL(concatGrad)).noGradient());
+  r.add(OpDef("ConcatGrad")
+            .inputs(2, -1)
+            .infer(concatGradInfer)
+            .cpu(concatGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(concatGrad))
+            .noGradient());
   r.add(OpDef("Split").inputs(1).infer(splitInfer).cpu(splitKernel).cuda(WEFT_CUDA_KERNEL(split))
             .grad([](GradContext& c) -> std::vector<Grad> {
               std::vector<Output> pieces;
               for (size_t i = 0; i < c.node->outputs.size(); ++i) {
-                pieces.push_back(c.dy(static_cast<int>(i)).valid() ? c.dy(static_cast<int>(i)) : zerosLike(c.y(static_cast<int>(i))));
+                pieces.push_back(c.dy(static_cast<int>(i)).valid() ? c.dy(static_cast<int>(i))
+                                                                   : zerosLike(c.y(static_cast<int>(i))));
               }
               return {concat(pieces, c.attrs().getInt("axis"))};
             }));
@@ -452,8 +489,12 @@ void detail::registerShapeOps(OpRegistry& r) {
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {addOp1(c.graph(), "SliceGrad", {c.dy(), c.x(0)}, c.attrs())};
             }));
-  r.add(OpDef("SliceGrad").inputs(2).infer([](const InferContext& c) -> std::vector<TensorType> { return {c.inputs[1]}; })
-            .cpu(sliceGradKernel).cuda(WEFT_CUDA_KERNEL(sliceGrad)).noGradient());
+  r.add(OpDef("SliceGrad")
+            .inputs(2)
+            .infer([](const InferContext& c) -> std::vector<TensorType> { return {c.inputs[1]}; })
+            .cpu(sliceGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(sliceGrad))
+            .noGradient());
   r.add(OpDef("Pad").inputs(1).infer(padInfer).cpu(padKernel).cuda(WEFT_CUDA_KERNEL(pad))
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {addOp1(c.graph(), "PadGrad", {c.dy(), c.x(0)}, c.attrs())};
@@ -461,9 +502,14 @@ void detail::registerShapeOps(OpRegistry& r) {
   r.add(OpDef("PadGrad").inputs(2).infer([](const InferContext& c) -> std::vector<TensorType> { return {c.inputs[1]}; })
             .cpu(padGradKernel).cuda(WEFT_CUDA_KERNEL(padGrad)).noGradient());
   // Reversing the same prefixes again undoes it, so the operation is its own adjoint.
-  r.add(OpDef("ReverseSequence").inputs(2).infer(reverseSequenceInfer).cpu(reverseSequenceKernel).cuda(WEFT_CUDA_KERNEL(reverseSequence))
+  r.add(OpDef("ReverseSequence")
+            .inputs(2)
+            .infer(reverseSequenceInfer)
+            .cpu(reverseSequenceKernel)
+            .cuda(WEFT_CUDA_KERNEL(reverseSequence))
             .grad([](GradContext& c) -> std::vector<Grad> {
-              return {reverseSequence(c.dy(), c.x(1), c.attrs().getInt("seq_axis"), c.attrs().getInt("batch_axis")), Grad()};
+              return {reverseSequence(c.dy(), c.x(1), c.attrs().getInt("seq_axis"), c.attrs().getInt("batch_axis")),
+                      Grad()};
             }));
 }
 

@@ -133,7 +133,8 @@ std::array<double, N> interleavedSums(int64_t n, const T* u, const T* w, Terms t
   int64_t j = 0;
   for (; j + kPartialSums <= n; j += kPartialSums) {
     for (int h = 0; h < kVectors; ++h) {
-      const std::array<Doubles, N> t = terms(loadDoubles(u + j + kDoubleLanes * h), loadDoubles(w + j + kDoubleLanes * h));
+      const std::array<Doubles, N> t =
+          terms(loadDoubles(u + j + kDoubleLanes * h), loadDoubles(w + j + kDoubleLanes * h));
       for (int s = 0; s < N; ++s) vectors[h][s] += t[s];
     }
   }

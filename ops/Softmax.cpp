@@ -304,8 +304,8 @@ std::vector<TensorType> sampledXentInfer(const InferContext& c) {
   detail::requireFloat(c, 0);
   detail::requireSameDType(c, 0, 1);
   const Shape &trueLogits = c.shape(0), &sampled = c.shape(1);
-  c.check(trueLogits.rank() == 1 && sampled.rank() == 2, "needs true logits (N) and sampled logits (N, S), got {} and {}",
-          trueLogits.str(), sampled.str());
+  c.check(trueLogits.rank() == 1 && sampled.rank() == 2,
+          "needs true logits (N) and sampled logits (N, S), got {} and {}", trueLogits.str(), sampled.str());
   c.check(trueLogits.compatibleWith(Shape{sampled[0]}), "{} true logits for {} rows of sampled logits", trueLogits[0],
           sampled[0]);
   return {c.inputs[0], c.inputs[1], c.inputs[0]};
@@ -379,8 +379,20 @@ Output penalizeMatches(Output logits, Output rowIds, Output columnIds, double pe
 // ---- registration --------------------------------------------------------------------------
 
 void detail::registerSoftmaxOps(OpRegistry& r) {
-  r.add(OpDef("Softmax").inputs(1).infer(softmaxInfer).cpu(softmaxKernel<false>).cuda(WEFT_CUDA_KERNEL(softmax)).inplace(0).grad(softmaxGrad));
-  r.add(OpDef("LogSoftmax").inputs(1).infer(softmaxInfer).cpu(softmaxKernel<true>).cuda(WEFT_CUDA_KERNEL(logSoftmax)).inplace(0).grad(logSoftmaxGrad));
+  r.add(OpDef("Softmax")
+            .inputs(1)
+            .infer(softmaxInfer)
+            .cpu(softmaxKernel<false>)
+            .cuda(WEFT_CUDA_KERNEL(softmax))
+            .inplace(0)
+            .grad(softmaxGrad));
+  r.add(OpDef("LogSoftmax")
+            .inputs(1)
+            .infer(softmaxInfer)
+            .cpu(softmaxKernel<true>)
+            .cuda(WEFT_CUDA_KERNEL(logSoftmax))
+            .inplace(0)
+            .grad(logSoftmaxGrad));
   r.add(OpDef("SoftmaxCrossEntropy").inputs(2).infer(xentInfer).cpu(softmaxXentKernel).grad(softmaxXentGrad));
   r.add(OpDef("SparseSoftmaxCrossEntropy")
             .inputs(2)

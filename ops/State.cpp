@@ -56,9 +56,27 @@ Node* assignMovingAverage(Output variable, Output value, double decay) {
 }
 
 void detail::registerStateOps(OpRegistry& r) {
-  r.add(OpDef("Assign").inputs(2).infer(updateInfer).cpu(assignKernel).cuda(WEFT_CUDA_KERNEL(assign)).mutates({0}).noGradient());
-  r.add(OpDef("AssignAdd").inputs(2).infer(updateInfer).cpu(assignAddKernel).cuda(WEFT_CUDA_KERNEL(assignAdd)).mutates({0}).noGradient());
-  r.add(OpDef("AssignMovingAverage").inputs(2).infer(updateInfer).cpu(movingAverageKernel).cuda(WEFT_CUDA_KERNEL(assignMovingAverage)).mutates({0}).noGradient());
+  r.add(OpDef("Assign")
+            .inputs(2)
+            .infer(updateInfer)
+            .cpu(assignKernel)
+            .cuda(WEFT_CUDA_KERNEL(assign))
+            .mutates({0})
+            .noGradient());
+  r.add(OpDef("AssignAdd")
+            .inputs(2)
+            .infer(updateInfer)
+            .cpu(assignAddKernel)
+            .cuda(WEFT_CUDA_KERNEL(assignAdd))
+            .mutates({0})
+            .noGradient());
+  r.add(OpDef("AssignMovingAverage")
+            .inputs(2)
+            .infer(updateInfer)
+            .cpu(movingAverageKernel)
+            .cuda(WEFT_CUDA_KERNEL(assignMovingAverage))
+            .mutates({0})
+            .noGradient());
 }
 
 }  // namespace weft

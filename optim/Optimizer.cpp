@@ -67,7 +67,8 @@ Node* Optimizer::minimize(Output loss, const MinimizeOptions& options) {
                                                 : gradients(loss, vars);
   if (options.clipGlobalNorm > 0) grads = clipByGlobalNorm(grads, options.clipGlobalNorm).first;
   if (options.lossScaling) {
-    for (size_t i = firstBackwardNode; i < g.nodes().size(); ++i) g.addToCollection(kLossScaledCollection, g.nodes()[i].get());
+    for (size_t i = firstBackwardNode; i < g.nodes().size(); ++i)
+      g.addToCollection(kLossScaledCollection, g.nodes()[i].get());
   }
   std::vector<std::pair<Grad, Output>> pairs;
   for (size_t i = 0; i < vars.size(); ++i) {
@@ -90,8 +91,8 @@ std::vector<Grad> Optimizer::scaledGradients(Output loss, const std::vector<Outp
              "{}: loss scaling needs an initial scale >= 1 and a growth interval >= 1, got {} and {}", name_,
              scaling.initial, scaling.growthInterval);
   Graph& g = loss.graph();
-  WEFT_CHECK(g.collection("loss_scale").empty(), "{}: the graph already has a loss scale (one minimize() per graph scales)",
-             name_);
+  WEFT_CHECK(g.collection("loss_scale").empty(),
+             "{}: the graph already has a loss scale (one minimize() per graph scales)", name_);
   WEFT_CHECK(scaling.initial <= kMaxLossScale, "{}: the initial loss scale {} is above the largest, 2^24", name_,
              scaling.initial);
   lossScale_ = g.variable("loss_scale", f32, {}, Initializer::constant(scaling.initial), false);
@@ -154,7 +155,8 @@ Node* Optimizer::applyOne(const Grad& grad, Output variable, Output lr, Output s
   for (const std::string& s : slotNames()) {
     auto key = std::make_pair(variable.node(), s);
     if (!slots_.count(key)) {
-      slots_[key] = g.variable(variable.node()->name + "/" + s, variable.dtype(), variable.shape(), Initializer::zeros(), false);
+      slots_[key] =
+          g.variable(variable.node()->name + "/" + s, variable.dtype(), variable.shape(), Initializer::zeros(), false);
     }
     inputs.push_back(slots_[key]);
   }

@@ -22,7 +22,8 @@ Tensor randomTensor(DType dtype, const Shape& shape, uint64_t seed, double lo, d
   dispatchFloat(dtype, [&](auto z) {
     using T = decltype(z);
     T* p = t.data<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(lo + (hi - lo) * uniformAt(key, static_cast<uint64_t>(i)));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      p[i] = static_cast<T>(lo + (hi - lo) * uniformAt(key, static_cast<uint64_t>(i)));
   });
   return t;
 }
@@ -34,7 +35,8 @@ Tensor randomInts(DType dtype, const Shape& shape, int64_t lo, int64_t hi, uint6
     using T = decltype(z);
     T* p = t.data<T>();
     for (int64_t i = 0; i < t.numel(); ++i) {
-      p[i] = static_cast<T>(lo + static_cast<int64_t>(uniformAt(key, static_cast<uint64_t>(i)) * static_cast<double>(hi - lo)));
+      p[i] = static_cast<T>(
+          lo + static_cast<int64_t>(uniformAt(key, static_cast<uint64_t>(i)) * static_cast<double>(hi - lo)));
     }
   });
   return t;

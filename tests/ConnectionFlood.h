@@ -4,7 +4,7 @@
 // silent. Coming from 127.0.0.1, the flood shares its source address with a local job's members.
 #pragma once
 
-#include "dist/Wire.h"
+#include "dist/transport/Wire.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

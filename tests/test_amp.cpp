@@ -1,11 +1,11 @@
-// The AMP graph and its multi-core runtime (amp/AmpGraph.h, dist/AmpRuntime.h): synchronous
+// The AMP graph and its multi-core runtime (amp/AmpGraph.h, dist/amp/AmpRuntime.h): synchronous
 // training equals batched (or unrolled) training, gradients through every control and batching
 // node equal finite differences, every forward message is answered once, the asynchrony knobs are
 // obeyed, replicas synchronise, and bad graphs and failing nodes are refused by name.
 #include "tests/TestUtil.h"
 
-#include "dist/AmpRuntime.h"
-#include "dist/AmpWire.h"
+#include "dist/amp/AmpRuntime.h"
+#include "dist/amp/AmpWire.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -34,7 +34,8 @@ amp::LossSpec crossEntropy() {
   return {[](Graph&, const amp::Inputs& in) {
             Output logits = in.payloads[0];
             Output hit = cast(equal(argmax(logits, 1), in.fromState[0]), f64);
-            return amp::LossOutputs{nn::meanSparseCrossEntropy(logits, in.fromState[0]), sum(hit), scalarLike(sum(hit), 1)};
+            return amp::LossOutputs{nn::meanSparseCrossEntropy(logits, in.fromState[0]), sum(hit),
+                                    scalarLike(sum(hit), 1)};
           },
           {labelInput()}};
 }
@@ -107,8 +108,11 @@ struct BatchedMlp {
   void train(Session& s, const std::vector<std::shared_ptr<Example>>& data, size_t from, size_t count) {
     std::vector<double> xs;
     std::vector<int64_t> ys;
-    for (size_t i = from; i < from + count; ++i) xs.insert(xs.end(), data[i]->x.begin(), data[i]->x.end()), ys.push_back(data[i]->label);
-    s.run({}, {{x, Tensor::fromVector(xs, {static_cast<int64_t>(count), 4})}, {y, Tensor::fromVector(ys, {static_cast<int64_t>(count)})}},
+    for (size_t i = from; i < from + count; ++i)
+      xs.insert(xs.end(), data[i]->x.begin(), data[i]->x.end()), ys.push_back(data[i]->label);
+    s.run({},
+          {{x, Tensor::fromVector(xs, {static_cast<int64_t>(count), 4})},
+           {y, Tensor::fromVector(ys, {static_cast<int64_t>(count)})}},
           {step});
   }
 };
@@ -149,12 +153,13 @@ struct Rnn {
   explicit Rnn(int replicas = 1) {
     h0 = g.input("h0", {f64, {1, 3}});
     amp::Port h = g.phi("loop", {h0});
-    amp::TransformSpec cell{[](Graph& w, const amp::Inputs& in) {
-                              return tanh(nn::Linear(w, "cell", 5, 3, true, f64)(concat({in.payloads[0], in.fromState[0]}, 1)));
-                            },
-                            {{"x", {f64, {1, 2}}, [](const amp::State& s, const amp::Instance& i) {
-                                return rowVector(i.as<Sequence>().xs.at(static_cast<size_t>(s.step)));
-                              }}}};
+    amp::TransformSpec cell{
+        [](Graph& w, const amp::Inputs& in) {
+          return tanh(nn::Linear(w, "cell", 5, 3, true, f64)(concat({in.payloads[0], in.fromState[0]}, 1)));
+        },
+        {{"x", {f64, {1, 2}}, [](const amp::State& s, const amp::Instance& i) {
+            return rowVector(i.as<Sequence>().xs.at(static_cast<size_t>(s.step)));
+          }}}};
     amp::Port next = g.replicated("cell", h, replicas, cell);
     amp::Port moved = g.stateUpdate(
         "step", next, [](const amp::State& s, const amp::Instance&) { amp::State n = s; ++n.step; return n; },
@@ -281,7 +286,8 @@ std::vector<std::shared_ptr<SmallGraph>> smallGraphs(int count, uint64_t seed) {
     g->nodes = 2 + static_cast<int>(rng() % 4);
     for (int v = 0; v < g->nodes; ++v) g->edges.push_back({v, (v + 1) % g->nodes});
     for (int extra = static_cast<int>(rng() % 3); extra > 0; --extra)
-      g->edges.push_back({static_cast<int>(rng() % static_cast<uint64_t>(g->nodes)), static_cast<int>(rng() % static_cast<uint64_t>(g->nodes))});
+      g->edges.push_back({static_cast<int>(rng() % static_cast<uint64_t>(g->nodes)),
+                          static_cast<int>(rng() % static_cast<uint64_t>(g->nodes))});
     for (int v = 0; v < 2 * g->nodes; ++v) g->features.push_back(normal(rng));
     for (int v = 0; v < g->nodes; ++v) g->targets.push_back(normal(rng));
     out.push_back(g);
@@ -299,9 +305,10 @@ struct MessagePassing {
       for (int v = 0; v < i.as<SmallGraph>().nodes; ++v) states.push_back({s.instance, 0, 0, v, 0});
       return states;
     });
-    amp::Port embedded = g.transform("embed", {node}, {[](Graph& w, const amp::Inputs& in) {
-                                       return tanh(nn::Linear(w, "embed", 2, 3, true, f64)(reshape(in.payloads[0], {1, 2})));
-                                     }});
+    amp::Port embedded =
+        g.transform("embed", {node}, {[](Graph& w, const amp::Inputs& in) {
+                      return tanh(nn::Linear(w, "embed", 2, 3, true, f64)(reshape(in.payloads[0], {1, 2})));
+                    }});
     auto copies = g.broadcast("copies", embedded, 2);
     amp::Port perEdge = g.flatmap("out_edges", copies[0], [](const amp::State& s, const amp::Instance& i) {
       std::vector<amp::State> states;
@@ -318,7 +325,8 @@ struct MessagePassing {
          },
          [](const amp::State& key, const amp::Instance& i) { return i.as<SmallGraph>().inDegree(key.item); },
          [](const amp::State& s) { return static_cast<int64_t>(s.item); }});
-    amp::Port summed = g.transform("sum", {incoming}, {[](Graph&, const amp::Inputs& in) { return sum(in.payloads[0], {0}); }});
+    amp::Port summed =
+        g.transform("sum", {incoming}, {[](Graph&, const amp::Inputs& in) { return sum(in.payloads[0], {0}); }});
     amp::Port joined = g.concat("join", {copies[1], summed});
     auto parts = g.split("parts", joined, {2, 4});
     amp::Port a = g.transform("read_a", {parts[0]}, linear("read_a", 2, 1, false));
@@ -371,7 +379,9 @@ const amp::NodeReport& nodeReport(const amp::EpochReport& r, const std::string& 
 
 TEST_CASE("synchronous training of a static MLP equals batched training on the mean loss") {
   SUBCASE("one active key") { checkMlpEqualsBatched({.workers = 2, .maxActiveKeys = 1, .minibatch = 4}); }
-  SUBCASE("several active keys and workers") { checkMlpEqualsBatched({.workers = 3, .maxActiveKeys = 3, .minibatch = 4}); }
+  SUBCASE("several active keys and workers") {
+    checkMlpEqualsBatched({.workers = 3, .maxActiveKeys = 3, .minibatch = 4});
+  }
   SUBCASE("one active key and an update every minibatch's gradients, asynchronously") {
     checkMlpEqualsBatched({.workers = 2, .maxActiveKeys = 1, .minUpdateFrequency = 4});
   }
@@ -389,7 +399,8 @@ TEST_CASE("synchronous training of a loop (phi, state update, cond) equals the R
   copyVariables(runtime, sa);
   runtime.train(6, pumpSequences(data, rnn.h0));
   sa.run(a.step);
-  for (const char* name : {"cell/weight", "cell/bias", "out/weight", "out/bias"}) sb.setVariable(name, sa.variable(name));
+  for (const char* name : {"cell/weight", "cell/bias", "out/weight", "out/bias"})
+    sb.setVariable(name, sa.variable(name));
   sb.run(b.step);
   checkSameVariables(runtime, sb, 1e-12);
 }
@@ -425,7 +436,8 @@ TEST_CASE("every forward message is answered by one backward message, on random 
   CHECK(nodeReport(r, "cell/replica0").forwards + nodeReport(r, "cell/replica1").forwards == steps);
 }
 
-TEST_CASE("a transform updates after every min_update_frequency gradients, and its own frequency overrides the default") {
+TEST_CASE(
+    "a transform updates after every min_update_frequency gradients, and its own frequency overrides the default") {
   auto data = examples(30, 4, 3, 2);
   Mlp mlp;
   nodeNamed(mlp.g, "fc2").transform.minUpdateFrequency = 7;
@@ -501,7 +513,8 @@ TEST_CASE("bad graphs are refused when verified, naming the node") {
     amp::Graph g;
     amp::Port x = g.input("x", {f64, {1, 3}});
     amp::Port p = g.phi("p", {x});
-    auto c = g.cond("c", g.transform("t", {p}, linear("t", 3, 3, true)), 2, [](const amp::State&, const amp::Instance&) { return 1; });
+    auto c = g.cond("c", g.transform("t", {p}, linear("t", 3, 3, true)), 2,
+                    [](const amp::State&, const amp::Instance&) { return 1; });
     g.addPhiInput(p, c[0]);
     g.loss("l", c[1], crossEntropy());
     CHECK(contains(errorOf([&] { g.verify(); }), "has no state update"));

@@ -3,7 +3,7 @@
 // reaches each model's accuracy target.
 #include "tests/TestUtil.h"
 
-#include "dist/AmpRuntime.h"
+#include "dist/amp/AmpRuntime.h"
 #include "models/AmpModels.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"
@@ -131,7 +131,8 @@ TEST_CASE("list_reduction: synchronous AMP training of the RNN loop equals the R
 }
 
 TEST_CASE("tree_lstm: synchronous AMP training equals the Tree-LSTM unrolled over each tree") {
-  auto model = smallModel("tree_lstm", {{"hidden", 4}, {"embedding", 3}, {"train-size", 8}, {"eval-size", 2}, {"max-leaves", 5}});
+  auto model = smallModel("tree_lstm",
+                          {{"hidden", 4}, {"embedding", 3}, {"train-size", 8}, {"eval-size", 2}, {"max-leaves", 5}});
   checkSyncEqualsUnrolled(*model, [](Graph& g, const std::vector<const amp::Instance*>& batch) {
     const int64_t h = 4;
     nn::Embedding embedding(g, "embedding", data::compositionalVocab({}).size(), 3, f64);
@@ -148,13 +149,16 @@ TEST_CASE("tree_lstm: synchronous AMP training equals the Tree-LSTM unrolled ove
           Output gates = leaf(embedding(g.constant(ids({t.word[static_cast<size_t>(v)]}))));
           s = cell(cols(gates, 0, h), cols(gates, h, h), cols(gates, 2 * h, h), {});
         } else {
-          Output l = state[static_cast<size_t>(t.left[static_cast<size_t>(v)])], r = state[static_cast<size_t>(t.right[static_cast<size_t>(v)])];
+          Output l = state[static_cast<size_t>(t.left[static_cast<size_t>(v)])],
+                 r = state[static_cast<size_t>(t.right[static_cast<size_t>(v)])];
           Output gates = branch(concat({cols(l, 0, h), cols(r, 0, h)}, 1));
-          Output carried = add(mul(sigmoid(cols(gates, h, h)), cols(l, h, h)), mul(sigmoid(cols(gates, 2 * h, h)), cols(r, h, h)));
+          Output carried =
+              add(mul(sigmoid(cols(gates, h, h)), cols(l, h, h)), mul(sigmoid(cols(gates, 2 * h, h)), cols(r, h, h)));
           s = cell(cols(gates, 0, h), cols(gates, 3 * h, h), cols(gates, 4 * h, h), carried);
         }
         state[static_cast<size_t>(v)] = s;
-        nodeLosses.push_back(nn::meanSparseCrossEntropy(classify(cols(s, 0, h)), g.constant(ids({t.label[static_cast<size_t>(v)]}))));
+        nodeLosses.push_back(
+            nn::meanSparseCrossEntropy(classify(cols(s, 0, h)), g.constant(ids({t.label[static_cast<size_t>(v)]}))));
       }
       losses.push_back(addN(nodeLosses));
     }
@@ -163,7 +167,12 @@ TEST_CASE("tree_lstm: synchronous AMP training equals the Tree-LSTM unrolled ove
 }
 
 TEST_CASE("ggsnn: synchronous AMP message passing equals the GGSNN unrolled over each graph") {
-  auto model = smallModel("ggsnn", {{"hidden", 4}, {"propagation-steps", 2}, {"train-size", 8}, {"eval-size", 2}, {"min-nodes", 4}, {"max-nodes", 6}});
+  auto model = smallModel("ggsnn", {{"hidden", 4},
+                                    {"propagation-steps", 2},
+                                    {"train-size", 8},
+                                    {"eval-size", 2},
+                                    {"min-nodes", 4},
+                                    {"max-nodes", 6}});
   checkSyncEqualsUnrolled(*model, [](Graph& g, const std::vector<const amp::Instance*>& batch) {
     const int64_t h = 4, types = 3;
     std::vector<nn::Linear> message;
@@ -182,23 +191,27 @@ TEST_CASE("ggsnn: synchronous AMP message passing equals the GGSNN unrolled over
           for (size_t e = 0; e < graph.type.size(); ++e)
             if (graph.type[e] == k) src.push_back(graph.source[e]), dst.push_back(graph.destination[e]);
           if (src.empty()) continue;
-          incoming = scatterAdd(incoming, g.constant(ids(dst)), message[static_cast<size_t>(k)](gather(state, g.constant(ids(src)))));
+          incoming = scatterAdd(incoming, g.constant(ids(dst)),
+                                message[static_cast<size_t>(k)](gather(state, g.constant(ids(src)))));
         }
         state = update(incoming, state);
       }
-      losses.push_back(nn::meanSparseCrossEntropy(logits(tanh(readout(concat({state, h0}, 1)))), g.constant(ids(graph.labels))));
+      losses.push_back(
+          nn::meanSparseCrossEntropy(logits(tanh(readout(concat({state, h0}, 1)))), g.constant(ids(graph.labels))));
     }
     return meanOf(g, losses);
   }, 3, 4);
 }
 
-TEST_CASE("list_reduction with replicas of its heavy layer: every step runs on one replica, which all stay equal per epoch") {
+TEST_CASE(
+    "list_reduction with replicas of its heavy layer: every step runs on one replica, which all stay equal per epoch") {
   auto model = smallModel("list_reduction", {{"hidden", 8}, {"train-size", 40}, {"eval-size", 4}}, 3);
   amp::Runtime runtime(model->graph(), {.workers = 3, .maxActiveKeys = 6, .minUpdateFrequency = 4,
                                         .optimizer = std::make_shared<optim::SGD>(0.05)});
   amp::EpochReport r = runtime.train(40, [&](int64_t i) { return model->trainInstance(i); });
   int64_t steps = 0, replicaForwards = 0;
-  for (int64_t i = 0; i < 40; ++i) steps += static_cast<int64_t>(model->trainInstance(i).instance->as<models::TokenListInstance>().tokens.size());
+  for (int64_t i = 0; i < 40; ++i)
+    steps += static_cast<int64_t>(model->trainInstance(i).instance->as<models::TokenListInstance>().tokens.size());
   for (const amp::NodeReport& n : r.nodes)
     if (n.name.rfind("linear/replica", 0) == 0) {
       CHECK(n.forwards > 0);

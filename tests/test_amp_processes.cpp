@@ -4,8 +4,8 @@
 // training in one process, every forward message is answered, and a failure anywhere stops all.
 #include "tests/TestUtil.h"
 
-#include "dist/LoopbackTransport.h"
-#include "dist/AmpRuntime.h"
+#include "dist/transport/LoopbackTransport.h"
+#include "dist/amp/AmpRuntime.h"
 #include "models/AmpModels.h"
 #include "optim/Optimizer.h"
 
@@ -44,7 +44,8 @@ JobResult runJob(const std::string& name, const std::map<std::string, int64_t>& 
   auto network = std::make_shared<dist::LoopbackNetwork>();
   std::vector<std::unique_ptr<dist::LoopbackTransport>> transports;
   for (int p = 0; p < processes; ++p) transports.push_back(std::make_unique<dist::LoopbackTransport>(network));
-  std::vector<std::vector<int>> peers(static_cast<size_t>(processes), std::vector<int>(static_cast<size_t>(processes), -1));
+  std::vector<std::vector<int>> peers(static_cast<size_t>(processes),
+                                      std::vector<int>(static_cast<size_t>(processes), -1));
   for (int r = 0; r < processes; ++r)
     for (int q = 0; q < processes; ++q)
       if (q != r)
@@ -92,7 +93,8 @@ void checkSameVariables(const std::map<std::string, Tensor>& a, const std::map<s
 }
 
 void checkNoErrors(const JobResult& r) {
-  for (size_t p = 0; p < r.errors.size(); ++p) CHECK_MESSAGE(r.errors[p].empty(), "process " << p << ": " << r.errors[p]);
+  for (size_t p = 0; p < r.errors.size(); ++p)
+    CHECK_MESSAGE(r.errors[p].empty(), "process " << p << ": " << r.errors[p]);
 }
 
 }  // namespace
@@ -156,8 +158,8 @@ TEST_CASE("a checkpoint variable of no transform is refused before any process s
 }
 
 TEST_CASE("message passing over each graph's nodes and edges, split across processes, equals one process") {
-  const std::map<std::string, int64_t> small{{"hidden", 4}, {"propagation-steps", 2}, {"train-size", 8}, {"eval-size", 4},
-                                             {"min-nodes", 4}, {"max-nodes", 7}};
+  const std::map<std::string, int64_t> small{{"hidden", 4},    {"propagation-steps", 2}, {"train-size", 8},
+                                             {"eval-size", 4}, {"min-nodes", 4},         {"max-nodes", 7}};
   amp::AmpOptions options{.maxActiveKeys = 2, .minibatch = 4};
   JobResult one = runJob("ggsnn", small, 1, 3, options, 0.1, 8, 1);
   JobResult three = runJob("ggsnn", small, 3, 1, options, 0.1, 8, 1);
@@ -192,7 +194,8 @@ TEST_CASE("a node failing in one process stops every process, and the controller
   auto errors = onThreads(2, [&](size_t p) {
     // Worker 1 (process 1) runs the output layer and the loss; instance 3 enters at a node that is
     // no input, which the controller refuses — and a label out of range fails in process 1.
-    amp::Runtime runtime(ms[p]->graph(), {.workers = 1, .maxActiveKeys = 2, .optimizer = std::make_shared<optim::SGD>(0.1)},
+    amp::Runtime runtime(ms[p]->graph(),
+                         {.workers = 1, .maxActiveKeys = 2, .optimizer = std::make_shared<optim::SGD>(0.1)},
                          {static_cast<int>(p), 2, ts[p], peers[p]});
     try {
       runtime.train(6, [&](int64_t i) {

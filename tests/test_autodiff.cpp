@@ -43,8 +43,8 @@ TEST_CASE("the gradient check agrees with autodiff on a composite function") {
   Output a = g.placeholder("a", f64, {2, 3});
   Output b = g.placeholder("b", f64, {3, 2});
   Output y = tanh(matmul(a, b)) * sigmoid(mean(a, {1}, true));
-  CHECK_GRADIENTS(checkGradients(g, y, {a, b},
-                                 {{a, testing::randomTensor(f64, {2, 3}, 1)}, {b, testing::randomTensor(f64, {3, 2}, 2)}}));
+  CHECK_GRADIENTS(checkGradients(
+      g, y, {a, b}, {{a, testing::randomTensor(f64, {2, 3}, 1)}, {b, testing::randomTensor(f64, {3, 2}, 2)}}));
 }
 
 TEST_CASE("the gradient check catches a wrong gradient rule") {
@@ -151,7 +151,8 @@ TEST_CASE("an op without a gradient rule is reported") {
   Graph g;
   Output x = g.placeholder("x", f64, {2});
   Output loss = sum(g.addNode("TestNoGradRule", {x})->output());
-  CHECK_THROWS_WITH_AS(gradients(loss, {x}), doctest::Contains("no gradient is defined for op 'TestNoGradRule'"), Error);
+  CHECK_THROWS_WITH_AS(gradients(loss, {x}), doctest::Contains("no gradient is defined for op 'TestNoGradRule'"),
+                       Error);
 }
 
 TEST_CASE("backward nodes live under the gradients scope") {

@@ -91,7 +91,10 @@ TEST_CASE("xxh64 gives the reference values of the xxHash library") {
 
 TEST_CASE("element and byte counts refuse to overflow") {
   const int64_t big = int64_t{1} << 40;
-  CHECK(contains(errorOf([&] { (void)Shape{big, big}.numel(); }), "shape [1099511627776, 1099511627776] has more than 2^63 - 1 elements"));
+  CHECK(contains(errorOf([&] {
+                   (void)Shape{big, big}.numel();
+                 }),
+                 "shape [1099511627776, 1099511627776] has more than 2^63 - 1 elements"));
   CHECK(contains(errorOf([&] { Tensor(f64, Shape{int64_t{1} << 61}); }), "more than 2^64 - 1 bytes"));
   CHECK(Shape{-1, big}.numel() == -1);
   CHECK(Shape{big, 4}.bytes(8) == static_cast<size_t>(big) * 32);
@@ -159,7 +162,8 @@ TEST_CASE("a save never writes through a file or link at its temporary name") {
   TempDir dir;
   const std::string path = dir.file("c.safetensors");
   const std::string victim = dir.write("victim", "precious");
-  for (const std::string suffix : {"", "-0"}) fs::create_symlink(victim, path + ".tmp-" + std::to_string(::getpid()) + suffix);
+  for (const std::string suffix : {"", "-0"})
+    fs::create_symlink(victim, path + ".tmp-" + std::to_string(::getpid()) + suffix);
   TensorFile f;
   f.tensors["x"] = Tensor::scalar(f64, 1);
   writeSafetensors(path, f);
@@ -266,12 +270,17 @@ TEST_CASE("corrupt files are refused with the reason") {
   CHECK(contains(errorFor("abc"), "shorter than the 8-byte header length"));
   CHECK(contains(errorFor(header("{\"a\":1") ), "not valid JSON"));
   CHECK(contains(errorFor(std::string(8, '\xff')), "does not fit"));
-  CHECK(contains(errorFor(header("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}") + "1234"), "outside"));
-  CHECK(contains(errorFor(header("{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}") + "12345678"), "needs 12 bytes"));
-  CHECK(contains(errorFor(header("{\"w\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}") + "12345678"), "unsupported dtype"));
-  CHECK(contains(errorFor(header("{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}") + "12345678"), "has no field 'data_offsets'"));
+  CHECK(contains(errorFor(header("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}") + "1234"),
+                 "outside"));
+  CHECK(contains(errorFor(header("{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}") + "12345678"),
+                 "needs 12 bytes"));
+  CHECK(contains(errorFor(header("{\"w\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}") + "12345678"),
+                 "unsupported dtype"));
+  CHECK(contains(errorFor(header("{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}") + "12345678"),
+                 "has no field 'data_offsets'"));
   CHECK(contains(errorFor(header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                                 "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}") + std::string(12, 'x')),
+                                 "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}") +
+                          std::string(12, 'x')),
                  "overlap"));
   CHECK(contains(errorOf([&] { readSafetensors(dir.file("missing.safetensors")); }), "cannot open"));
 }
@@ -346,8 +355,9 @@ TEST_CASE("restoring needs a checksum of every tensor and a valid session step")
   Session s(g);
   const std::string path = dir.file("c.safetensors");
   // A safetensors file of another tool: no checksums.
-  writeAll(path, header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"session_step":"0"}})") +
-                     std::string(8, '\0'));
+  writeAll(path,
+           header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"session_step":"0"}})") +
+               std::string(8, '\0'));
   CHECK(readSafetensors(path).tensors.count("w") == 1);
   CHECK(contains(errorOf([&] { restoreCheckpoint(s, path); }), "no checksum"));
   for (const std::string step : {"x12", "-1", ""}) {

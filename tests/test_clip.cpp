@@ -103,8 +103,9 @@ TEST_CASE("sparseSquaredNorm sums duplicate rows before squaring") {
     Graph g;
     auto indices = g.placeholder("indices", i32, {0});
     auto values = g.placeholder("values", f32, {0, 3});
-    CHECK_CLOSE(evaluate(g, sparseSquaredNorm(indices, values), {{indices, Tensor(i32, {0})}, {values, Tensor(f32, {0, 3})}}),
-                (std::vector<double>{0}), 0);
+    CHECK_CLOSE(
+        evaluate(g, sparseSquaredNorm(indices, values), {{indices, Tensor(i32, {0})}, {values, Tensor(f32, {0, 3})}}),
+        (std::vector<double>{0}), 0);
   }
 }
 

@@ -38,8 +38,9 @@ void checkParity(const Build& build, double tol) { CHECK(testing::compareDevices
 Output input(Graph& g, FeedMap& feeds, const std::string& name, DType dtype, const Shape& shape, uint64_t seed,
              double lo = -1, double hi = 1) {
   Output x = g.placeholder(name, dtype, shape);
-  feeds.emplace_back(x, isFloating(dtype) ? randomTensor(dtype, shape, seed, lo, hi)
-                                          : randomInts(dtype, shape, static_cast<int64_t>(lo), static_cast<int64_t>(hi), seed));
+  feeds.emplace_back(x, isFloating(dtype)
+                            ? randomTensor(dtype, shape, seed, lo, hi)
+                            : randomInts(dtype, shape, static_cast<int64_t>(lo), static_cast<int64_t>(hi), seed));
   return x;
 }
 
@@ -150,8 +151,9 @@ TEST_CASE("where, cast, addN, fills and copies match the CPU") {
     Output x = input(g, c.feeds, "x", f32, {4, 6}, 7);
     Output y = input(g, c.feeds, "y", f32, {6}, 8);
     Output k = input(g, c.feeds, "k", i64, {4, 6}, 9, -5, 5);
-    c.outputs = {where(greater(x, y), x, y), cast(x, f64), cast(k, f32), cast(x * 10.0, i32), addN({x, x * 2.0, x + 1.0}),
-                 zerosLike(x), onesLike(k), identity(x), reshape(x, {3, 8}), broadcastLike(y, x)};
+    c.outputs = {where(greater(x, y), x, y),  cast(x, f64),       cast(k, f32), cast(x * 10.0, i32),
+                 addN({x, x * 2.0, x + 1.0}), zerosLike(x),       onesLike(k),  identity(x),
+                 reshape(x, {3, 8}),          broadcastLike(y, x)};
     return c;
   }, 1e-6);
 }
@@ -319,7 +321,8 @@ TEST_CASE("an out-of-range id in a GPU gather fails the run and names it") {
   Output ids = g.placeholder("ids", i64, {3});
   Session s(g);
   const std::string e = errorOf([&] {
-    s.run({gather(table, ids)}, {{table, Tensor::zeros(f32, {5, 2})}, {ids, Tensor::fromVector<int64_t>({1, -2, 3}, {3})}});
+    s.run({gather(table, ids)},
+          {{table, Tensor::zeros(f32, {5, 2})}, {ids, Tensor::fromVector<int64_t>({1, -2, 3}, {3})}});
   });
   CHECK(contains(e, "op 'Gather'"));
   CHECK(contains(e, "id -2 at position 1 is outside [0, 5)"));
@@ -586,7 +589,8 @@ TEST_CASE("an out-of-range label found on the GPU fails the run, naming the op a
   CHECK(contains(e, "SparseSoftmaxCrossEntropy"));
   CHECK(contains(e, "id 9 at position 1 is outside [0, 4)"));
   // The session is still usable.
-  const Tensor ok = s.run({loss}, {{logits, randomTensor(f32, {3, 4}, 21)}, {ids, Tensor::fromVector<int64_t>({0, 3, 1}, {3})}})[0];
+  const Tensor ok =
+      s.run({loss}, {{logits, randomTensor(f32, {3, 4}, 21)}, {ids, Tensor::fromVector<int64_t>({0, 3, 1}, {3})}})[0];
   CHECK(ok.numel() == 3);
 }
 
@@ -623,9 +627,10 @@ TEST_CASE("ops with ids but nothing to move still check the ids on the GPU") {
   const Output table = g.placeholder("table", f32, {5, 0}), ids = g.placeholder("ids", i64, {2});
   Session s(g);
   CHECK(contains(errorOf([&] {
-          s.run({gather(table, ids)}, {{table, Tensor::zeros(f32, {5, 0})}, {ids, Tensor::fromVector<int64_t>({1, 7}, {2})}});
-        }),
-        "id 7 at position 1 is outside [0, 5)"));
+                   s.run({gather(table, ids)},
+                         {{table, Tensor::zeros(f32, {5, 0})}, {ids, Tensor::fromVector<int64_t>({1, 7}, {2})}});
+                 }),
+                 "id 7 at position 1 is outside [0, 5)"));
 }
 
 TEST_CASE("ones and padding fill 16-bit tensors on the GPU") {
@@ -657,7 +662,8 @@ TEST_CASE("integer division by zero on the GPU fails the run") {
   Output b = g.placeholder("b", i64, {3});
   Session s(g);
   const std::string e = errorOf([&] {
-    s.run({a / b}, {{a, Tensor::fromVector<int64_t>({1, 2, 3}, {3})}, {b, Tensor::fromVector<int64_t>({1, 0, 1}, {3})}});
+    s.run({a / b},
+          {{a, Tensor::fromVector<int64_t>({1, 2, 3}, {3})}, {b, Tensor::fromVector<int64_t>({1, 0, 1}, {3})}});
   });
   CHECK(contains(e, "integer division by zero (divisor element 1)"));
 }

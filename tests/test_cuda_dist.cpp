@@ -8,7 +8,7 @@
 #include "tests/TrainerCompare.h"
 
 #include "core/Device.h"
-#include "dist/Nccl.h"
+#include "dist/collective/Nccl.h"
 
 #include <fmt/format.h>
 

@@ -126,7 +126,8 @@ TEST_CASE("each part of a batch is the whole batch's slice, with its widths and 
       }
       for (int64_t step = 0; step < 2 * whole.batchesPerEpoch(); ++step) {
         const Batch batch = whole.next();
-        for (int64_t r = 0; r < parts; ++r) checkSameBatch(part[static_cast<size_t>(r)].next(), slicedPart(batch, r, parts));
+        for (int64_t r = 0; r < parts; ++r)
+          checkSameBatch(part[static_cast<size_t>(r)].next(), slicedPart(batch, r, parts));
       }
     }
   }

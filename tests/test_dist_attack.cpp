@@ -10,10 +10,10 @@
 #include "tests/TrainerCompare.h"
 #include "tests/ConnectionFlood.h"
 
-#include "dist/Job.h"
-#include "dist/ResourceSpec.h"
-#include "dist/ServerProtocol.h"
-#include "dist/UcxTransport.h"
+#include "dist/launch/Job.h"
+#include "dist/launch/ResourceSpec.h"
+#include "dist/server/ServerProtocol.h"
+#include "dist/transport/UcxTransport.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -52,7 +52,8 @@ std::string readFile(const fs::path& path) {
 
 std::vector<uint8_t> fromHex(const std::string& hex) {
   std::vector<uint8_t> out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -73,7 +74,8 @@ std::vector<Published> awaitAddressBook(const fs::path& book, size_t count) {
     std::string role, hex;
     int host, slot, channel;
     while (in >> role >> host >> slot >> channel >> hex)
-      out.push_back({role == "worker" ? Role::Worker : Role::Server, host, slot, static_cast<uint8_t>(channel), fromHex(hex)});
+      out.push_back(
+          {role == "worker" ? Role::Worker : Role::Server, host, slot, static_cast<uint8_t>(channel), fromHex(hex)});
     if (out.size() == count) return out;
     std::this_thread::sleep_for(100ms);
   }
@@ -103,7 +105,8 @@ struct Outsider {
   UcxTransport transport;
   int victim;
   Outsider(const Published& target, EndpointName claimed)
-      : transport(UcxIdentity{Secret{0x66}, JobId{}, claimed, "lo"}), victim(transport.connect(target.address, target.name())) {}
+      : transport(UcxIdentity{Secret{0x66}, JobId{}, claimed, "lo"}),
+        victim(transport.connect(target.address, target.name())) {}
   // UCX 1.13 stops a process with a failed assertion when a peer's connection fails while its
   // own reply to the peer's connection request still waits to be sent (removed upstream, UCX pull
   // request 8175): on a loaded machine, an outsider that closes at once could stop a victim that
@@ -352,7 +355,8 @@ TEST_CASE("a local job's UCX listens on loopback alone") {
 }
 
 TEST_CASE("a host address on none of the machine's interfaces is refused naming it") {
-  const ResourceSpec elsewhere = ResourceSpec::parse(R"({"hosts": [{"address": "192.0.2.1", "cpu_workers": 1}]})", "spec.json");
+  const ResourceSpec elsewhere =
+      ResourceSpec::parse(R"({"hosts": [{"address": "192.0.2.1", "cpu_workers": 1}]})", "spec.json");
   const std::string error = errorOf([&] { listeningDevice(elsewhere, 0); });
   CHECK(contains(error, "host 0's address in the resource specification, '192.0.2.1', is on none of this machine's "
                         "interfaces (lo (127.0.0.1)"));

@@ -5,7 +5,7 @@
 #include "tests/InputTest.h"
 #include "tests/TestUtil.h"
 
-#include "dist/Auth.h"
+#include "dist/transport/Auth.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -128,7 +128,8 @@ TEST_CASE("secrets: files are created 0600 and refused when others may read them
   const std::string garbage = dir.file("garbage");
   std::ofstream(garbage) << "not a secret";
   ::chmod(garbage.c_str(), 0600);
-  CHECK(errorOf([&] { loadSecret(garbage); }) == "secret file " + garbage + ": a job secret is 64 hex digits, got 12 characters");
+  CHECK(errorOf([&] { loadSecret(garbage); }) ==
+        "secret file " + garbage + ": a job secret is 64 hex digits, got 12 characters");
   CHECK(errorOf([&] { loadSecret(dir.path.string()); }) ==
         "secret file " + dir.path.string() + " is a directory; only a regular file is read");
 }
@@ -182,7 +183,8 @@ TEST_CASE("handshake: another job, a malformed answer, silence") {
     ServerThread server(p.server.get(), s, kJob);
     const std::string clientError = errorOf([&] { clientHandshake(p.client.get(), s, other, in(2000)); });
     CHECK(clientError ==
-          "frame CHALLENGE belongs to job 07070707070707070707070707070707, expected job 08070707070707070707070707070707");
+          "frame CHALLENGE belongs to job 07070707070707070707070707070707, expected job "
+          "08070707070707070707070707070707");
     p.client.reset();  // the client hangs up with the challenge's payload unread: a reset
     CHECK(server.finish() == "reading a frame header failed: Connection reset by peer");
   }

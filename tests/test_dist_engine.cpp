@@ -3,8 +3,8 @@
 // environments refused, naming the variables; the job each view lays out.
 #include "tests/TestUtil.h"
 
-#include "dist/Engine.h"
-#include "dist/EngineJob.h"
+#include "dist/launch/Engine.h"
+#include "dist/launch/EngineJob.h"
 
 using namespace weft;
 using namespace weft::dist;

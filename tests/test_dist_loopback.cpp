@@ -5,11 +5,11 @@
 // stops the others with an error, not a hang.
 #include "tests/TestUtil.h"
 
-#include "dist/Job.h"
-#include "dist/LoopbackTransport.h"
-#include "dist/Ring.h"
+#include "dist/launch/Job.h"
+#include "dist/transport/LoopbackTransport.h"
+#include "dist/collective/Ring.h"
 #include "dist/Runner.h"
-#include "dist/ServerProcess.h"
+#include "dist/server/ServerProcess.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
 
@@ -147,8 +147,10 @@ std::map<std::string, std::vector<double>> trainedAsJob(const std::vector<int>& 
     if (!impostor || !m.isServer()) continue;
     const int server = outsider.connect(m.transport->address(), 0);
     const std::vector<uint8_t> garbage(1 << 12, 0xee);
-    for (const auto& [kind, worker] : {std::pair{RequestKind::Load, 0u}, {RequestKind::Push, 1u}, {RequestKind::Goodbye, 1u}})
-      outsider.sendMessage(server, encode(RequestHeader{kind, 0, worker, 1000 + worker, 0}), garbage, Clock::now() + 1s);
+    for (const auto& [kind, worker] :
+         {std::pair{RequestKind::Load, 0u}, {RequestKind::Push, 1u}, {RequestKind::Goodbye, 1u}})
+      outsider.sendMessage(server, encode(RequestHeader{kind, 0, worker, 1000 + worker, 0}), garbage,
+                           Clock::now() + 1s);
   }
   int workers = 0;
   for (int h : hosts) workers += h;
@@ -172,7 +174,8 @@ std::map<std::string, std::vector<double>> trainedAsJob(const std::vector<int>& 
   return result;
 }
 
-void checkSame(const std::map<std::string, std::vector<double>>& a, const std::map<std::string, std::vector<double>>& b) {
+void checkSame(const std::map<std::string, std::vector<double>>& a,
+               const std::map<std::string, std::vector<double>>& b) {
   REQUIRE(a.size() == b.size());
   for (const auto& [name, values] : a) {
     CAPTURE(name);
@@ -211,7 +214,8 @@ TEST_CASE("the ring's AllReduce, AllGather and Broadcast over in-process transpo
       sums[r] = own;
       const double mine[2] = {static_cast<double>(r), static_cast<double>(r * r)};
       const std::vector<uint8_t> all = ring.allGather({reinterpret_cast<const uint8_t*>(mine), sizeof mine});
-      gathered[r].assign(reinterpret_cast<const double*>(all.data()), reinterpret_cast<const double*>(all.data()) + 2 * ranks);
+      gathered[r].assign(reinterpret_cast<const double*>(all.data()),
+                         reinterpret_cast<const double*>(all.data()) + 2 * ranks);
       std::vector<double> value{r == 2 ? 42.0 : -1.0};
       ring.broadcast({reinterpret_cast<uint8_t*>(value.data()), sizeof(double)}, 2);
       broadcasts[r] = value;
@@ -352,7 +356,8 @@ TEST_CASE("a step that overflows on one worker is skipped by every worker, as on
     const int64_t part = kBatch / 2, rank = runner.rank();
     for (int64_t step = 0; step < kSteps; ++step) {
       const auto [x, y] = scaledBatch(step);  // only worker 1's half holds the infinity
-      runner.run({m.loss}, {{m.x, rowsOf(x, rank * part, (rank + 1) * part)}, {m.y, rowsOf(y, rank * part, (rank + 1) * part)}},
+      runner.run({m.loss},
+                 {{m.x, rowsOf(x, rank * part, (rank + 1) * part)}, {m.y, rowsOf(y, rank * part, (rank + 1) * part)}},
                  {m.step});
     }
     runner.finish();

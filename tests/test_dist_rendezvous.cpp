@@ -6,7 +6,7 @@
 #include "tests/ConnectionFlood.h"
 #include "tests/TestUtil.h"
 
-#include "dist/Coordinator.h"
+#include "dist/launch/Coordinator.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -459,7 +459,8 @@ TEST_CASE("a member that leaves is marked as left, and its coordinator closing a
   coordinator->wait();
   CHECK_FALSE(coordinator->liveness().at({Role::Worker, 0, 0}).left);
   roster.heartbeat->leave();
-  for (int i = 0; i < 3000 && !coordinator->liveness().at({Role::Worker, 0, 0}).left; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 3000 && !coordinator->liveness().at({Role::Worker, 0, 0}).left; ++i)
+    std::this_thread::sleep_for(10ms);
   CHECK(coordinator->liveness().at({Role::Worker, 0, 0}).left);
   coordinator.reset();  // the job's first process ends once every member left
   std::this_thread::sleep_for(300ms);
@@ -474,8 +475,8 @@ TEST_CASE("a member of an engine's job waits for a coordinator that starts after
     port = probe.port();
   }
   const ResourceSpec spec = ResourceSpec::parse(
-      fmt::format(R"({{"hosts": [{{"address": "127.0.0.1", "cpu_workers": 1, "servers": 0}}], "coordinator_port": {}}})",
-                  port),
+      fmt::format(
+          R"({{"hosts": [{{"address": "127.0.0.1", "cpu_workers": 1, "servers": 0}}], "coordinator_port": {}}})", port),
       "spec");
   CHECK(contains(errorOf([&] { rendezvous("127.0.0.1", port, kSecret, kJob, request(Role::Worker, 0, 0), 2s); }),
                  "cannot connect"));

@@ -1,8 +1,8 @@
-// The data plane's seals (dist/Seal.h): keys per direction, GMACs that catch any changed bit,
+// The data plane's seals (dist/transport/Seal.h): keys per direction, GMACs that catch any changed bit,
 // the replay window, and the seal's wire layout.
 #include "tests/TestUtil.h"
 
-#include "dist/Seal.h"
+#include "dist/transport/Seal.h"
 
 using namespace weft;
 using namespace weft::dist;

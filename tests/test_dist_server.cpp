@@ -4,7 +4,7 @@
 // loops.
 #include "tests/TestUtil.h"
 
-#include "dist/ParameterServer.h"
+#include "dist/server/ParameterServer.h"
 #include "dist/Placement.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -54,7 +54,8 @@ Message request(RequestKind kind, uint32_t worker, uint64_t clock, std::vector<u
 /// A sparse PUSH payload: u64 count, the row ids, the rows.
 std::vector<uint8_t> sparseRows(const std::vector<int64_t>& ids, const std::vector<float>& rows) {
   std::vector<uint8_t> out = bytesOf(std::vector<uint64_t>{ids.size()});
-  for (const std::vector<uint8_t>& part : {bytesOf(ids), bytesOf(rows)}) out.insert(out.end(), part.begin(), part.end());
+  for (const std::vector<uint8_t>& part : {bytesOf(ids), bytesOf(rows)})
+    out.insert(out.end(), part.begin(), part.end());
   return out;
 }
 
@@ -153,7 +154,8 @@ struct ScopedModel {
       job = g.variable("job", f32, {kRows, kWidth}, Initializer::normal(0, 1));
     }
     plain = g.variable("plain", f32, {kRows, kWidth}, Initializer::normal(0, 1));
-    const Output loss = sum(square(gather(fixed, ids))) + sum(square(gather(job, ids))) + sum(square(gather(plain, ids)));
+    const Output loss =
+        sum(square(gather(fixed, ids))) + sum(square(gather(job, ids))) + sum(square(gather(plain, ids)));
     optim::SGD(kLearningRate).minimize(loss);
   }
   size_t partitionsOf(const ServerPlan& plan, const Output& v) const { return plan.find(v.node())->partitions.size(); }
@@ -189,7 +191,8 @@ TEST_CASE("a moving average of a served variable is held by its server and updat
   CHECK(emb.heldState() == std::vector<Node*>{ema.average(m.emb).node()});
   CHECK(averaged->op == "NoOp");
 
-  ParameterServer server(plan, 0, {.workers = 1, .denseScale = 1, .sparseScale = 1, .session = {1, false}, .groups = {}});
+  ParameterServer server(plan, 0,
+                         {.workers = 1, .denseScale = 1, .sparseScale = 1, .session = {1, false}, .groups = {}});
   std::vector<float> values(kRows * kWidth), shadow(kRows * kWidth, 1.0f);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
   std::vector<uint8_t> load = bytesOf(values), shadowBytes = bytesOf(shadow);
@@ -225,7 +228,9 @@ TEST_CASE("messages that arrive together are served in parallel across partition
   REQUIRE(plan.partitions.size() == 5);
   auto serverOn = [&](int threads) {
     return std::make_unique<ParameterServer>(
-        plan, 0, ParameterServer::Options{.workers = 2, .denseScale = 0.5, .sparseScale = 0.5, .session = {threads, false}, .groups = {}});
+        plan, 0,
+        ParameterServer::Options{
+            .workers = 2, .denseScale = 0.5, .sparseScale = 0.5, .session = {threads, false}, .groups = {}});
   };
   std::vector<Message> loads, step, fetches;
   for (uint32_t p = 0; p < 5; ++p) {
@@ -307,10 +312,12 @@ TEST_CASE("a pull for the next version waits until the update is applied") {
 
 /// Worker `worker`'s push of one row `id` of ones, as its `clock`-th update, and its APPLY.
 std::vector<ParameterServer::Reply> pushAndApply(Server& s, uint32_t worker, uint64_t clock, int64_t id) {
-  std::vector<ParameterServer::Reply> out = s.server.handle(request(RequestKind::Push, worker, clock, sparseRows({id}, {1, 1, 1})));
+  std::vector<ParameterServer::Reply> out =
+      s.server.handle(request(RequestKind::Push, worker, clock, sparseRows({id}, {1, 1, 1})));
   REQUIRE(out.size() == 1);  // the norm, at once
   CHECK(valuesOf<double>(out[0].payload).at(0) == doctest::Approx(3 * 0.25));
-  for (auto& r : s.server.handle(request(RequestKind::Apply, worker, clock, bytesOf(std::vector<float>{kLearningRate}))))
+  for (auto& r :
+       s.server.handle(request(RequestKind::Apply, worker, clock, bytesOf(std::vector<float>{kLearningRate}))))
     out.push_back(std::move(r));
   return out;
 }
@@ -326,7 +333,8 @@ TEST_CASE("ASP: each worker's push is an update of its own, applied with its own
   // Its pull is answered at once with the current rows.
   const auto pulled = s.server.handle(request(RequestKind::PullRows, 1, 2, bytesOf(std::vector<int64_t>{2})));
   REQUIRE(pulled.size() == 1);
-  CHECK(valuesOf<float>(pulled[0].payload) == std::vector<float>(expected.begin() + 2 * kWidth, expected.begin() + 3 * kWidth));
+  CHECK(valuesOf<float>(pulled[0].payload) ==
+        std::vector<float>(expected.begin() + 2 * kWidth, expected.begin() + 3 * kWidth));
   CHECK(s.server.staleness()[1].maxGap == 2);
 }
 
@@ -364,7 +372,8 @@ TEST_CASE("asynchronous modes refuse a second push before its update, and an APP
     REQUIRE(replies.size() == 1);
     return errorIn(replies[0]);
   };
-  CHECK(contains(single(request(RequestKind::Push, 1, 0, sparseRows({1}, {1, 1, 1}))), "worker 1 pushed twice for its update 0"));
+  CHECK(contains(single(request(RequestKind::Push, 1, 0, sparseRows({1}, {1, 1, 1}))),
+                 "worker 1 pushed twice for its update 0"));
   CHECK(contains(single(request(RequestKind::Apply, 1, 4, bytesOf(std::vector<float>{kLearningRate}))),
                  "APPLY for clock 4 while 0 of the sender's updates are applied"));
   CHECK(contains(single(request(RequestKind::PullAll, 1, 3)), "a pull for clock 3 while 0 of the sender's updates"));
@@ -378,7 +387,8 @@ TEST_CASE("malformed messages are rejected without changing the server") {
   Message unknownKind = request(RequestKind::Push, 0, 0);
   unknownKind.header[4] = 99;
   CHECK(contains(errorOf([&] { s.server.handle(unknownKind); }), "unknown kind 99"));
-  CHECK(contains(errorOf([&] { s.server.handle(request(RequestKind::Push, 7, 0)); }), "from worker 7: the job has 2 workers"));
+  CHECK(contains(errorOf([&] { s.server.handle(request(RequestKind::Push, 7, 0)); }),
+                 "from worker 7: the job has 2 workers"));
 
   auto single = [&](Message m) {
     const auto replies = s.server.handle(m);
@@ -473,7 +483,8 @@ std::vector<float> tableRows(const std::vector<int64_t>& ids) {
 
 TEST_CASE("local aggregation: a machine's sparse pushes go out once, rows of one id summed") {
   Aggregation a;
-  CHECK(a.aggregator.fromMember(request(RequestKind::Push, 2, 0, sparseRows({4, 1}, {1, 1, 1, 2, 2, 2}))).forwards.empty());
+  CHECK(a.aggregator.fromMember(request(RequestKind::Push, 2, 0, sparseRows({4, 1}, {1, 1, 1, 2, 2, 2})))
+            .forwards.empty());
   CHECK(a.aggregator.fromMember(request(RequestKind::Push, 3, 0, sparseRows({}, {}))).forwards.empty());
   const auto released = a.aggregator.fromMember(request(RequestKind::Push, 1, 0, sparseRows({4}, {0.5f, 0, -1})));
   REQUIRE(released.forwards.size() == 1);
@@ -522,8 +533,10 @@ TEST_CASE("local aggregation: a row crosses once per version, however many worke
   const RequestHeader h1 = forwardedHeader(first);
   CHECK(valuesOf<int64_t>(first.forwards[0].second.payload) == std::vector<int64_t>{3, 5});
   // Workers 1 and 3 ask while that fetch is on its way: they wait.
-  const auto waiting1 = a.aggregator.fromMember(request(RequestKind::PullRows, 1, 0, bytesOf(std::vector<int64_t>{3, 8, 3})));
-  const auto waiting3 = a.aggregator.fromMember(request(RequestKind::PullRows, 3, 0, bytesOf(std::vector<int64_t>{9, 5})));
+  const auto waiting1 =
+      a.aggregator.fromMember(request(RequestKind::PullRows, 1, 0, bytesOf(std::vector<int64_t>{3, 8, 3})));
+  const auto waiting3 =
+      a.aggregator.fromMember(request(RequestKind::PullRows, 3, 0, bytesOf(std::vector<int64_t>{9, 5})));
   CHECK(waiting1.forwards.empty());
   CHECK(waiting3.forwards.empty());
   CHECK(waiting1.replies.empty());
@@ -541,8 +554,12 @@ TEST_CASE("local aggregation: a row crosses once per version, however many worke
   for (const auto& [worker, e] : third.replies)
     CHECK(valuesOf<float>(e.payload) == (worker == 1 ? tableRows({3, 8, 3}) : tableRows({9, 5})));
   // Another read of version 0 is answered at once; version 1 is fetched anew.
-  CHECK(a.aggregator.fromMember(request(RequestKind::PullRows, 3, 0, bytesOf(std::vector<int64_t>{8}))).replies.size() == 1);
-  CHECK(a.aggregator.fromMember(request(RequestKind::PullRows, 3, 1, bytesOf(std::vector<int64_t>{8}))).forwards.size() == 1);
+  CHECK(
+      a.aggregator.fromMember(request(RequestKind::PullRows, 3, 0, bytesOf(std::vector<int64_t>{8}))).replies.size() ==
+      1);
+  CHECK(
+      a.aggregator.fromMember(request(RequestKind::PullRows, 3, 1, bytesOf(std::vector<int64_t>{8}))).forwards.size() ==
+      1);
 }
 
 TEST_CASE("local aggregation: a whole partition is pulled once per version") {
@@ -620,7 +637,8 @@ TEST_CASE("local aggregation: malformed requests are refused and change nothing"
 
 TEST_CASE("local aggregation: when its workers have left, the machine says goodbye to every server") {
   Aggregation a(Architecture::ParameterServer, 2);
-  for (uint32_t worker : {3u, 1u}) CHECK(a.aggregator.fromMember(request(RequestKind::Goodbye, worker, 0)).forwards.empty());
+  for (uint32_t worker : {3u, 1u})
+    CHECK(a.aggregator.fromMember(request(RequestKind::Goodbye, worker, 0)).forwards.empty());
   CHECK(a.aggregator.hasLeft(1));
   CHECK_FALSE(a.aggregator.saidGoodbye());
   const auto last = a.aggregator.fromMember(request(RequestKind::Goodbye, 2, 0));
@@ -643,7 +661,8 @@ TEST_CASE("a server counts a machine's workers as one sender: it takes their pus
   groups.groupOfWorker = {0, 1, 1};
   groups.members = {{0}, {1, 2}};
   groups.relay = {-1, 0};
-  ParameterServer server{plan, 0, {.workers = 3, .denseScale = 1, .sparseScale = 1, .session = {1, false}, .groups = groups}};
+  ParameterServer server{
+      plan, 0, {.workers = 3, .denseScale = 1, .sparseScale = 1, .session = {1, false}, .groups = groups}};
   auto single = [&](Message m) {
     const auto replies = server.handle(m);
     REQUIRE(replies.size() == 1);

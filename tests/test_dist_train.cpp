@@ -5,8 +5,8 @@
 // a killed or frozen worker stops the whole job with a message naming it; misuse gets clear errors.
 #include "tests/TrainerCompare.h"
 
-#include "dist/Nccl.h"
-#include "dist/ResourceSpec.h"
+#include "dist/collective/Nccl.h"
+#include "dist/launch/ResourceSpec.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -96,7 +96,8 @@ TEST_CASE("MLP pipelined over 2 and 3 stage processes trains like one process, u
     for (int stages : {2, 3}) {
       CAPTURE(schedule);
       CAPTURE(stages);
-      checkSameVariablesAs("mlp", mlpF64Flags, fmt::format("--stages {} --microbatches 4 --schedule {}", stages, schedule),
+      checkSameVariablesAs("mlp", mlpF64Flags,
+                           fmt::format("--stages {} --microbatches 4 --schedule {}", stages, schedule),
                            kMlpF64Tolerance);
     }
   }
@@ -235,8 +236,10 @@ TEST_CASE("--partitions auto samples partition counts on the running job, picks 
   const CliRun one = weftCli("train lm " + lmFlags + " --out " + single);
   REQUIRE_MESSAGE(one.status == 0, one.output);
   // Samples of 2 steps: the search ends when the 10 steps run out, if not before.
-  const CliRun job = weftCli("train lm " + lmFlags + " --workers 2 --servers 2 --partition-bytes 4096 --partitions auto "
-                             "--partition-search-steps 2 --out " + searched);
+  const CliRun job = weftCli("train lm " + lmFlags +
+                             " --workers 2 --servers 2 --partition-bytes 4096 --partitions auto "
+                             "--partition-search-steps 2 --out " +
+                             searched);
   REQUIRE_MESSAGE(job.status == 0, job.output);
   CHECK(contains(job.output, "partition search: 1 partition:"));
   std::vector<int> sampled;
@@ -266,8 +269,10 @@ TEST_CASE("--partitions auto samples partition counts on the running job, picks 
     CHECK(relativeDifference(b.tensors.at(name), t) <= 1e-5);
   }
   // Resumed at its last step, the job has nothing left to sample and says so.
-  const CliRun again = weftCli("train lm " + lmFlags + " --workers 2 --servers 2 --partition-bytes 4096 --partitions auto "
-                               "--partition-search-steps 2 --resume --out " + searched);
+  const CliRun again = weftCli("train lm " + lmFlags +
+                               " --workers 2 --servers 2 --partition-bytes 4096 --partitions auto "
+                               "--partition-search-steps 2 --resume --out " +
+                               searched);
   REQUIRE_MESSAGE(again.status == 0, again.output);
   CHECK(contains(again.output, "partition search: no steps left to sample; 1 partition, one per machine"));
 }
@@ -301,7 +306,8 @@ TEST_CASE("SSP and DSSP with a slowed worker: no pull is answered beyond the bou
   const std::string job = "train lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
                           "--heldout-sentences 20 --batch 24 --steps 30 --eval-every 30 --threads 1 --workers 3 "
                           "--servers 2 --partition-bytes 4096 --slow-worker 2:4 --out ";
-  for (const auto& [sync, bound] : std::vector<std::pair<std::string, int64_t>>{{"ssp:1", 1}, {"ssp:3", 3}, {"dssp:1:4", 4}}) {
+  for (const auto& [sync, bound] :
+       std::vector<std::pair<std::string, int64_t>>{{"ssp:1", 1}, {"ssp:3", 3}, {"dssp:1:4", 4}}) {
     CAPTURE(sync);
     TempDir dir;
     const CliRun run = weftCli(job + (dir.path / "run").string() + " --sync " + sync);
@@ -320,9 +326,11 @@ TEST_CASE("SSP and DSSP with a slowed worker: no pull is answered beyond the bou
 
 TEST_CASE("ASP with a slowed worker: the others run ahead without bound, and every worker finishes") {
   TempDir dir;
-  const CliRun run = weftCli("train lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
-                             "--heldout-sentences 20 --batch 16 --steps 30 --eval-every 30 --threads 1 --workers 2 "
-                             "--servers 1 --sync asp --slow-worker 1:4 --out " + (dir.path / "run").string());
+  const CliRun run = weftCli(
+      "train lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
+      "--heldout-sentences 20 --batch 16 --steps 30 --eval-every 30 --threads 1 --workers 2 "
+      "--servers 1 --sync asp --slow-worker 1:4 --out " +
+      (dir.path / "run").string());
   REQUIRE_MESSAGE(run.status == 0, run.output);
   CHECK(contains(run.output, "ps architecture, ASP"));
   CHECK(contains(run.output, "(no bound)"));
@@ -341,8 +349,9 @@ void checkRefused(const std::string& args, const std::string& message) {
 }
 
 TEST_CASE("--sync: combinations that cannot work and malformed values are refused before any process starts") {
-  checkRefused("mlp --workers 2 --arch ar --sync ssp:2", "SSP(s=2) (--sync) applies each worker's push on the parameter "
-                                                          "servers as it comes");
+  checkRefused("mlp --workers 2 --arch ar --sync ssp:2",
+               "SSP(s=2) (--sync) applies each worker's push on the parameter "
+               "servers as it comes");
   checkRefused("mlp --sync asp", "it needs parameter servers (--workers or --cluster)");
   checkRefused("mlp --stages 2 --sync asp", "one pipeline stage");
   checkRefused("mlp --workers 2 --sync dssp:4", "--sync dssp:4: expected bsp, asp, ssp:S or dssp:SL:SU");
@@ -378,7 +387,9 @@ TEST_CASE("two machines of two workers, each machine's pushes and pulls aggregat
   }
 }
 
-TEST_CASE("auto on four machines: sparse variables whose measured alpha favours AllReduce are summed by it, like one process") {
+TEST_CASE(
+    "auto on four machines: sparse variables whose measured alpha favours AllReduce are summed by it, like one "
+    "process") {
   TempDir dir;
   const std::string cluster = "--cluster " + loopbackCluster(dir.path, 4, 1, 1);
   // 20 word ids, a batch of 32 sentences: each worker's 8 touch most rows (alpha 0.7-0.8), and
@@ -415,13 +426,15 @@ TEST_CASE("auto on four machines: sparse variables whose measured alpha favours 
 TEST_CASE("machines of unequal size (three workers and one) train like one process") {
   TempDir dir;
   const std::string cluster = "--cluster " + loopbackCluster(dir.path, std::vector<int>{3, 1}, 1);
-  const std::string flags = "--train-size 1024 --test-size 64 --batch 48 --steps 8 --eval-every 8 --threads 1 --timeout 30";
+  const std::string flags =
+      "--train-size 1024 --test-size 64 --batch 48 --steps 8 --eval-every 8 --threads 1 --timeout 30";
   checkSameVariablesAs("mlp", flags, cluster + " --arch ar", 1e-5);
   checkSameVariablesAs("lm", lmFlags, cluster + " --arch auto", 1e-5);
 }
 
 TEST_CASE("MLP: every variable on 2 parameter servers (PS) trains like one process") {
-  const std::string flags = "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 --timeout 30";
+  const std::string flags =
+      "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 --timeout 30";
   checkSameVariables("mlp", flags, 2, 1e-5, "--arch ps --servers 2");
 }
 
@@ -493,7 +506,8 @@ TEST_CASE("a batch that does not divide among the workers is refused naming its 
 TEST_CASE("a specification that mixes GPU and CPU workers is refused naming the host, not trained on its CPUs") {
   TempDir dir;
   const fs::path spec = dir.path / "gpus.json";
-  std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 1}, {"address": "127.0.0.1", "gpus": [3]}]})";
+  std::ofstream(spec)
+      << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 1}, {"address": "127.0.0.1", "gpus": [3]}]})";
   const CliRun r = weftCli("train mlp --cluster " + spec.string() + " --steps 1 --out " + (dir.path / "x").string());
   CHECK(r.status != 0);
   CHECK(contains(r.output, "has GPU workers and CPU workers (host 0 lists cpu_workers)"));
@@ -610,7 +624,8 @@ TEST_CASE("a worker that meets an instruction its CPU lacks is reported as runni
 }
 
 TEST_CASE("a pipeline stage killed mid-run stops the whole pipeline, naming it") {
-  checkMemberStopsJob("mlp --stages 3 --microbatches 2", "worker", 1, SIGKILL, "worker 1 of host 0", "was killed by signal 9");
+  checkMemberStopsJob("mlp --stages 3 --microbatches 2", "worker", 1, SIGKILL, "worker 1 of host 0",
+                      "was killed by signal 9");
 }
 
 TEST_CASE("an AMP worker process killed mid-run stops the whole job, naming it") {
@@ -619,7 +634,8 @@ TEST_CASE("an AMP worker process killed mid-run stops the whole job, naming it")
 }
 
 TEST_CASE("a worker killed mid-run under SSP stops the whole job, naming it, as under BSP") {
-  checkMemberStopsJob("mlp --workers 2 --sync ssp:2", "worker", 1, SIGKILL, "worker 1 of host 0", "was killed by signal 9");
+  checkMemberStopsJob("mlp --workers 2 --sync ssp:2", "worker", 1, SIGKILL, "worker 1 of host 0",
+                      "was killed by signal 9");
 }
 
 TEST_CASE("a parameter server killed mid-run stops the whole job, naming it") {
@@ -717,7 +733,9 @@ const std::string kLongMlp = "mlp --steps 1000000 --threads 1 --eval-every 10000
 
 }  // namespace
 
-TEST_CASE("a launcher killed with SIGKILL leaves no member and no secret behind, through a launch prefix that does not exec") {
+TEST_CASE(
+    "a launcher killed with SIGKILL leaves no member and no secret behind, through a launch prefix that does not "
+    "exec") {
   TempDir dir;
   const fs::path tmp = dir.path / "tmp", log = dir.path / "log", spec = dir.path / "cluster.json";
   fs::create_directories(tmp);
@@ -762,7 +780,9 @@ TEST_CASE("a paused launcher, a job stopped with Ctrl-Z and a job whose members 
         [&] {
           ::kill(-launcher, SIGTSTP);
           // The launcher stops every member, then itself.
-          CHECK(waitUntil([&] { return std::all_of(members.begin(), members.end(), [](pid_t p) { return stateOf(p) == 'T'; }); }, 10s));
+          CHECK(waitUntil(
+              [&] { return std::all_of(members.begin(), members.end(), [](pid_t p) { return stateOf(p) == 'T'; }); },
+              10s));
         },
         [&] { ::kill(-launcher, SIGCONT); });
   }
@@ -814,7 +834,8 @@ void checkRestartEndsAsUninterrupted(const std::string& distFlags) {
 
 }  // namespace
 
-TEST_CASE("--max-restarts: a worker killed mid-run restarts the job from its checkpoint, ending as an uninterrupted run") {
+TEST_CASE(
+    "--max-restarts: a worker killed mid-run restarts the job from its checkpoint, ending as an uninterrupted run") {
   checkRestartEndsAsUninterrupted("--workers 2");
 }
 
@@ -823,7 +844,8 @@ TEST_CASE("--max-restarts: a pipeline stage killed mid-run restarts the pipeline
   checkRestartEndsAsUninterrupted("--stages 2 --microbatches 2");
 }
 
-TEST_CASE("a worker whose main thread is stuck while its heartbeats go on is named, not the worker that gave up on it") {
+TEST_CASE(
+    "a worker whose main thread is stuck while its heartbeats go on is named, not the worker that gave up on it") {
   // Only worker 1's main thread is stopped (as a tracer stops one thread): its heartbeat thread
   // beats on, so silence cannot tell; worker 0 waits on it in the AllReduce until --timeout.
   TempDir dir;
@@ -863,7 +885,8 @@ TEST_CASE("a multi-worker specification outside the launcher is refused") {
   // --cluster makes this process the launcher; a worker started by hand has no coordinator.
   ::setenv("WEFT_COORDINATOR", "127.0.0.1:1", 1);
   ::unsetenv("WEFT_ROLE");
-  const CliRun r = weftCli("train mlp --cluster " + spec.string() + " --steps 2 --threads 1 --out " + (dir.path / "x").string());
+  const CliRun r =
+      weftCli("train mlp --cluster " + spec.string() + " --steps 2 --threads 1 --out " + (dir.path / "x").string());
   ::unsetenv("WEFT_COORDINATOR");
   CHECK(r.status != 0);
   CHECK(contains(r.output, "WEFT_ROLE is not set: the launcher sets it for every process of a job"));
@@ -909,12 +932,17 @@ SparseReport sparseReport(const std::string& output) {
 
 }  // namespace
 
+// The LM of the byte counts below: a 5,004-row embedding and a full softmax. The bytes per step
+// depend on the batches alone, so the corpus is small and there is no evaluation before the last
+// step (the held-out set's full-softmax evaluation would take most of the run).
+const std::string tableThreeLmFlags = "--sampled 0 --vocab 5000 --hidden 64 --embed 128 --steps 6 --threads 1 "
+                                      "--train-sentences 4000 --heldout-sentences 64 --eval-every 100";
+
 TEST_CASE("sparse bytes per step match the sparsity-aware paper's Table 3 (LM embedding, measured alpha)") {
   // One sparse variable: the embedding (5,004 rows of 128 f32, w = 2,562,048 bytes); the full
   // softmax keeps every other variable dense.
   const double w = 5004.0 * 128 * 4;
-  const std::string flags =
-      "train lm --sampled 0 --vocab 5000 --hidden 64 --embed 128 --steps 6 --threads 1 --report-comm --out ";
+  const std::string flags = "train lm " + tableThreeLmFlags + " --report-comm --out ";
   for (int n : {2, 4}) {
     CAPTURE(n);
     TempDir dir;
@@ -994,15 +1022,16 @@ std::pair<double, double> aggregatedAlpha(const std::string& output, const std::
 
 }  // namespace
 
-TEST_CASE("with two workers per machine, local aggregation keeps a machine's sparse bytes at Table 3's 2 alpha w (N-1)") {
+TEST_CASE(
+    "with two workers per machine, local aggregation keeps a machine's sparse bytes at Table 3's 2 alpha w (N-1)") {
   // Two machines of two workers; the embedding (w = 2,562,048 bytes) whole on the server of
   // machine 0. Machine 1's server aggregates its workers: it pushes the machine's distinct rows
   // and pulls each of them once, alpha w each way with alpha the machine's.
   const double w = 5004.0 * 128 * 4;
   TempDir dir;
-  const CliRun run = weftCli("train lm --sampled 0 --vocab 5000 --hidden 64 --embed 128 --batch 64 --steps 6 "
-                             "--threads 1 --report-comm --partition-bytes 1000000000 --cluster " +
-                             loopbackCluster(dir.path, 2, 2, 1) + " --out " + (dir.path / "out").string());
+  const CliRun run =
+      weftCli("train lm " + tableThreeLmFlags + " --batch 64 --report-comm --partition-bytes 1000000000 --cluster " +
+              loopbackCluster(dir.path, 2, 2, 1) + " --out " + (dir.path / "out").string());
   REQUIRE_MESSAGE(run.status == 0, run.output);
   const auto [alpha, workersAlpha] = aggregatedAlpha(run.output, "embedding/table", "server of host 1");
   CHECK(alpha > 0.005);

@@ -4,9 +4,9 @@
 #include "tests/TestUtil.h"
 
 #include "core/OpRegistry.h"
-#include "dist/CollectiveOps.h"
+#include "dist/collective/CollectiveOps.h"
 #include "dist/Config.h"
-#include "dist/ServerOps.h"
+#include "dist/server/ServerOps.h"
 #include "dist/Transform.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -119,13 +119,37 @@ TEST_CASE("every op the distribution layer registers has a shape function, a CPU
   registerAllOps();
   registerCollectiveOps();
   registerServerOps();
-  for (const char* op : {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows", "PullRows",
-                         "PullVariable", "PushGradient", "ApplyRemote"}) {
+  for (const char* op : {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows",
+                         "PullRows", "PullVariable", "PushGradient", "ApplyRemote"}) {
     CHECK(OpRegistry::global().find(op) != nullptr);
   }
   for (const std::string& name : OpRegistry::global().names()) {
     CAPTURE(name);
     const OpDef& d = OpRegistry::global().get(name);
+    CHECK(static_cast<bool>(d.inferFn));
+    CHECK((d.kernelFor(DeviceType::CPU) != nullptr || d.sourceKind != SourceKind::None));
+    CHECK((static_cast<bool>(d.gradFn) != d.noGrad));
+  }
+}
+
+TEST_CASE(
+    "with the distribution pass's ops, every registered op has a shape function, a kernel and a gradient rule or a "
+    "no-gradient mark") {
+  registerAllOps();
+  registerCollectiveOps();
+  registerServerOps();
+  const OpRegistry& r = OpRegistry::global();
+  // The collectives' Start/Wait pairs and TouchedRows; the servers' pulls, push and apply.
+  for (const char* name : {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows",
+                           "PullRows", "PullVariable", "PushGradient", "ApplyRemote"}) {
+    CAPTURE(name);
+    REQUIRE(r.find(name) != nullptr);
+    // They run after the backward pass (or are its sums): no gradient flows through them.
+    CHECK(r.get(name).noGrad);
+  }
+  for (const std::string& name : r.names()) {
+    CAPTURE(name);
+    const OpDef& d = r.get(name);
     CHECK(static_cast<bool>(d.inferFn));
     CHECK((d.kernelFor(DeviceType::CPU) != nullptr || d.sourceKind != SourceKind::None));
     CHECK((static_cast<bool>(d.gradFn) != d.noGrad));

@@ -11,10 +11,10 @@
 #include "tests/TestUtil.h"
 
 #include "core/Graph.h"
-#include "dist/Communicator.h"
-#include "dist/ServerClient.h"
-#include "dist/UcxTransport.h"
-#include "dist/Wire.h"
+#include "dist/collective/Communicator.h"
+#include "dist/server/ServerClient.h"
+#include "dist/transport/UcxTransport.h"
+#include "dist/transport/Wire.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -181,7 +181,8 @@ std::array<SideResult, 2> runPair(size_t transports, const MultiBody& body) {
 }
 
 std::array<SideResult, 2> runPair(const Body& body) {
-  return runPair(1, [&](Transports& t, int rank, const std::vector<int>& peers) { return body(*t[0], rank, peers[0]); });
+  return runPair(1,
+                 [&](Transports& t, int rank, const std::vector<int>& peers) { return body(*t[0], rank, peers[0]); });
 }
 
 bool exitedCleanly(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
@@ -411,7 +412,8 @@ TEST_CASE("UcxTransport: a flood from a stranger outside the roster is dropped a
     std::string timeout;
     for (int attempt = 0; attempt < 20 && !contains(timeout, "is something flooding"); ++attempt)
       timeout = errorOf([&] { t.receive(0x7c, buffer, Clock::now() + 500ms); });
-    if (!contains(timeout, "messages from outside the job were dropped meanwhile: is something flooding this endpoint?"))
+    if (!contains(timeout,
+                  "messages from outside the job were dropped meanwhile: is something flooding this endpoint?"))
       problems += "no wait ended naming the flood: " + timeout + "; ";
     t.send(peer, 0x7d, buffer, Clock::now() + 30s);
     return problems.empty() ? "ok" : problems;

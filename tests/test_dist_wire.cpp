@@ -4,8 +4,8 @@
 #include "tests/TestUtil.h"
 
 #include "core/JsonLimits.h"
-#include "dist/ResourceSpec.h"
-#include "dist/Wire.h"
+#include "dist/launch/ResourceSpec.h"
+#include "dist/transport/Wire.h"
 #include "tests/InputTest.h"
 
 #include <sys/socket.h>
@@ -135,7 +135,8 @@ TEST_CASE("resource spec: servers per host default to one and may be set, includ
 
 TEST_CASE("resource spec: toJson reads back as the same specification") {
   const ResourceSpec spec = ResourceSpec::parse(
-      R"({"hosts": [{"address": "user@10.1.0.1", "cpu_workers": 2, "servers": 0, "launch_prefix": ["ip", "netns", "exec", "h1"]},
+      R"({"hosts": [{"address": "user@10.1.0.1", "cpu_workers": 2, "servers": 0,
+                     "launch_prefix": ["ip", "netns", "exec", "h1"]},
                     {"address": "gpu-box", "gpus": [3, 1], "servers": 2}],
           "bind": "0.0.0.0", "coordinator_port": 4711})",
       "cluster.json");

@@ -28,7 +28,8 @@ TEST_CASE("dropout drops about rate of the elements and scales the rest exactly"
         auto out = s.run({y, mask}, {{x, xv}});
         const std::vector<double> xs = xv.toDoubles(), ys = out[0].toDoubles(), ms = out[1].toDoubles();
         // Scaling in x's dtype, as the kernel does.
-        const double keep = dt == f32 ? static_cast<double>(static_cast<float>(1.0 / (1.0 - rate))) : 1.0 / (1.0 - rate);
+        const double keep =
+            dt == f32 ? static_cast<double>(static_cast<float>(1.0 / (1.0 - rate))) : 1.0 / (1.0 - rate);
         int64_t dropped = 0;
         bool exact = true;
         for (size_t i = 0; i < xs.size(); ++i) {
@@ -36,8 +37,8 @@ TEST_CASE("dropout drops about rate of the elements and scales the rest exactly"
             ++dropped;
             exact = exact && ys[i] == 0;
           } else {
-            const double expected = dt == f32 ? static_cast<double>(static_cast<float>(xs[i]) * static_cast<float>(keep))
-                                              : xs[i] * keep;
+            const double expected =
+                dt == f32 ? static_cast<double>(static_cast<float>(xs[i]) * static_cast<float>(keep)) : xs[i] * keep;
             exact = exact && ms[i] == keep && ys[i] == expected;
           }
         }
@@ -87,7 +88,8 @@ TEST_CASE("each data-parallel replica draws its part of the mask one session dra
     CAPTURE(r);
     Tensor mine(f32, {part, cols});
     const std::vector<double> all = whole.toDoubles();
-    for (int64_t i = 0; i < part * cols; ++i) mine.data<float>()[i] = static_cast<float>(all[static_cast<size_t>(r * part * cols + i)]);
+    for (int64_t i = 0; i < part * cols; ++i)
+      mine.data<float>()[i] = static_cast<float>(all[static_cast<size_t>(r * part * cols + i)]);
     const std::vector<double> expected(total.begin() + r * part * cols, total.begin() + (r + 1) * part * cols);
     CHECK(maskOf(mine, r) == expected);
   }

@@ -223,7 +223,8 @@ TEST_CASE("binary op gradients with unknown dimensions use the run-time shapes")
       CAPTURE(c.feedB.str());
       Graph g;
       Output a = g.placeholder("a", f64, c.a), b = g.placeholder("b", f64, c.b);
-      const FeedMap feeds{{a, randomTensor(f64, c.feedA, 60, op.lo, op.hi)}, {b, randomTensor(f64, c.feedB, 61, op.lo, op.hi)}};
+      const FeedMap feeds{{a, randomTensor(f64, c.feedA, 60, op.lo, op.hi)},
+                          {b, randomTensor(f64, c.feedB, 61, op.lo, op.hi)}};
       CHECK_GRADIENTS(checkGradients(g, op.build(a, b), {a, b}, feeds));
     }
   }
@@ -404,7 +405,8 @@ TEST_CASE("comparisons give 1 and 0 in the inputs' dtype, including ties") {
       // Values in {-1, 0, 1} make ties common.
       const Tensor ta = randomInts(i32, c.a, -1, 2, 17).cast(dt), tb = randomInts(i32, c.b, -1, 2, 18).cast(dt);
       const Tensor out = evaluate(g, y, {{a, ta}, {b, tb}});
-      CHECK_CLOSE(out, binaryReference(ta, tb, c.out, [&](double p, double q) { return cmp.reference(p, q) ? 1.0 : 0.0; }),
+      CHECK_CLOSE(out,
+                  binaryReference(ta, tb, c.out, [&](double p, double q) { return cmp.reference(p, q) ? 1.0 : 0.0; }),
                   0.0);
     }
   }
@@ -556,7 +558,8 @@ TEST_CASE("addN of one tensor is that tensor; of none an error") {
 TEST_CASE("addN gradient reaches every input") {
   Graph g;
   Output a = g.placeholder("a", f64, {2, 3}), b = g.placeholder("b", f64, {2, 3}), c = g.placeholder("c", f64, {2, 3});
-  const FeedMap feeds{{a, randomTensor(f64, {2, 3}, 40)}, {b, randomTensor(f64, {2, 3}, 41)}, {c, randomTensor(f64, {2, 3}, 42)}};
+  const FeedMap feeds{
+      {a, randomTensor(f64, {2, 3}, 40)}, {b, randomTensor(f64, {2, 3}, 41)}, {c, randomTensor(f64, {2, 3}, 42)}};
   CHECK_GRADIENTS(checkGradients(g, addN({a, b * a, c}), {a, b, c}, feeds));
 }
 

@@ -81,7 +81,8 @@ void checkAgainstReference(const Product& p, T beta, bool nanInC) {
         return;
       }
     }
-    for (int64_t j = p.n; j < o.ldc; ++j) REQUIRE(c[static_cast<size_t>(i * o.ldc + j)] == o.c[static_cast<size_t>(i * o.ldc + j)]);
+    for (int64_t j = p.n; j < o.ldc; ++j)
+      REQUIRE(c[static_cast<size_t>(i * o.ldc + j)] == o.c[static_cast<size_t>(i * o.ldc + j)]);
   }
 }
 

@@ -90,14 +90,16 @@ TEST_CASE("GGSNN gradients match finite differences") {
   Graph g;
   auto model = tinyGnn(g, "ggsnn", "f64", 3);
   const FeedMap feeds = feedsFor(g, model->trainData().next());
-  CHECK_GRADIENTS(checkVariableGradients(g, model->loss(), {"message/weight", "message/bias", "update/wh", "readout/weight"}, feeds, {1e-6, 1e-5}));
+  CHECK_GRADIENTS(checkVariableGradients(
+      g, model->loss(), {"message/weight", "message/bias", "update/wh", "readout/weight"}, feeds, {1e-6, 1e-5}));
 }
 
 TEST_CASE("GCN gradients match finite differences") {
   Graph g;
   auto model = tinyGnn(g, "gcn", "f64", 3);
   const FeedMap feeds = feedsFor(g, model->trainData().next());
-  CHECK_GRADIENTS(checkVariableGradients(g, model->loss(), {"gcn1/weight", "gcn2/weight", "gcn2/bias", "logits/weight"}, feeds, {1e-6, 1e-5}));
+  CHECK_GRADIENTS(checkVariableGradients(g, model->loss(), {"gcn1/weight", "gcn2/weight", "gcn2/bias", "logits/weight"},
+                                         feeds, {1e-6, 1e-5}));
 }
 
 TEST_CASE("GCN aggregation matches a hand-computed normalisation") {

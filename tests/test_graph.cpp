@@ -60,7 +60,9 @@ TEST_CASE("unknown ops and wrong input counts are rejected") {
   CHECK_THROWS_WITH_AS(g.addNode("Add", {a}), doctest::Contains("takes 2 inputs, got 1"), Error);
 }
 
-TEST_CASE("every registered op has a shape function, a CPU kernel or source role, and a gradient rule or an explicit no-gradient mark") {
+TEST_CASE(
+    "every registered op has a shape function, a CPU kernel or source role, and a gradient rule or an explicit "
+    "no-gradient mark") {
   registerAllOps();
   const OpRegistry& r = OpRegistry::global();
   CHECK(r.names().size() > 60);

@@ -259,7 +259,8 @@ TEST_CASE("sliceGraphs gives each part whole graphs, renumbered, as collating th
     CAPTURE(h);
     const Batch part = sliceGraphs(batch, h, 2);
     const Batch alone = collateGraphs({halves[h][0], halves[h][1]});
-    for (const char* field : {"features", "labels", "node_graph"}) CHECK(part.at(field).toDoubles() == alone.at(field).toDoubles());
+    for (const char* field : {"features", "labels", "node_graph"})
+      CHECK(part.at(field).toDoubles() == alone.at(field).toDoubles());
     CHECK(part.at("edges").toVector<int32_t>() == alone.at("edges").toVector<int32_t>());
     CHECK(part.at("edge_types").toVector<int32_t>() == alone.at("edge_types").toVector<int32_t>());
     CHECK(part.at("node_count").item() == 10);  // the caller decides what each part's share is
@@ -368,14 +369,17 @@ TEST_CASE("graph files that are not regular files are refused, and quoted bytes 
   CHECK(contains(loadError("weft-graphs features=\xff edge_types=1\n"), "header features: '\\xff' is not an integer"));
 }
 
-TEST_CASE("basic deduction graphs: species fear one other species, individuals are of one species, the answer is two hops away") {
+TEST_CASE(
+    "basic deduction graphs: species fear one other species, individuals are of one species, the answer is two hops "
+    "away") {
   const DeductionSpec spec{5, 9};
   const std::vector<Example> graphs = basicDeduction(spec, 200, 3);
   for (size_t gi = 0; gi < graphs.size(); ++gi) {
     CAPTURE(gi);
     const Example& g = graphs[gi];
     const std::vector<float> features = g.at("features").toVector<float>();
-    const std::vector<int32_t> edges = g.at("edges").toVector<int32_t>(), types = g.at("edge_types").toVector<int32_t>();
+    const std::vector<int32_t> edges = g.at("edges").toVector<int32_t>(),
+                               types = g.at("edge_types").toVector<int32_t>();
     const std::vector<int64_t> labels = g.at("labels").toVector<int64_t>();
     REQUIRE(labels.size() == 14);
     REQUIRE(types.size() == 14);  // one fear per species, one species per individual

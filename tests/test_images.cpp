@@ -150,8 +150,9 @@ TEST_CASE("CIFAR-100 records give the fine or the coarse label, and normalised p
   CHECK(contains(errorOf([&] { data::loadCifar100({dir.file("bad-fine.bin")}); }),
                  "record 0 (byte offset 0) has label 100, expected 0..99"));
   writeFile(dir.file("bad-coarse.bin"), {record100(0, 1, 0), record100(20, 1, 0)});
-  CHECK(contains(errorOf([&] { data::loadCifar100({dir.file("bad-coarse.bin")}, data::Cifar100Labels::Coarse); }),
-                 "CIFAR-100 file '" + dir.file("bad-coarse.bin") + "': record 1 (byte offset 3074) has label 20, expected 0..19"));
+  CHECK(contains(
+      errorOf([&] { data::loadCifar100({dir.file("bad-coarse.bin")}, data::Cifar100Labels::Coarse); }),
+      "CIFAR-100 file '" + dir.file("bad-coarse.bin") + "': record 1 (byte offset 3074) has label 20, expected 0..19"));
   writeFile(dir.file("short.bin"), {record100(0, 1, 0)}, 1);
   CHECK(contains(errorOf([&] { data::loadCifar100({dir.file("short.bin")}); }), "truncated record 0"));
   CHECK(contains(errorOf([&] { data::loadCifar100Split(dir.path.string(), false); }), "test.bin"));

@@ -132,7 +132,8 @@ TEST_CASE("list-reduction gradients match finite differences") {
   Graph g;
   auto model = tinyListModel(g, "f64", 3);
   const FeedMap feeds = feedsFor(g, model->trainData().next());
-  CHECK_GRADIENTS(checkVariableGradients(g, model->loss(), {"embedding/table", "lstm/wx", "lstm/wh", "lstm/bias", "logits/weight"}, feeds, {1e-6, 1e-5}));
+  CHECK_GRADIENTS(checkVariableGradients(
+      g, model->loss(), {"embedding/table", "lstm/wx", "lstm/wh", "lstm/bias", "logits/weight"}, feeds, {1e-6, 1e-5}));
 }
 
 TEST_CASE("list-reduction evaluation reports accuracy over the held-out lists") {

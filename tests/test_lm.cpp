@@ -130,9 +130,11 @@ TEST_CASE("sampling every class once gives the full softmax loss, with accidenta
   std::vector<int32_t> all;
   for (int32_t k = 0; k < 8; ++k) all.push_back(k);
   // A logQ that is the same for every id shifts all logits equally: the loss is exact.
-  CHECK(c.sampled(all, std::vector<double>(8, 0.7), std::vector<double>(5, 0.7)) == doctest::Approx(full).epsilon(1e-12));
+  CHECK(c.sampled(all, std::vector<double>(8, 0.7), std::vector<double>(5, 0.7)) ==
+        doctest::Approx(full).epsilon(1e-12));
   // Without the removal of the target among the candidates it would be counted twice.
-  CHECK(c.sampled(all, std::vector<double>(8, 0.0), std::vector<double>(5, 0.0)) == doctest::Approx(full).epsilon(1e-12));
+  CHECK(c.sampled(all, std::vector<double>(8, 0.0), std::vector<double>(5, 0.0)) ==
+        doctest::Approx(full).epsilon(1e-12));
   // The correction matters: a logQ varying by id changes the loss.
   std::vector<double> varying(8);
   for (size_t k = 0; k < 8; ++k) varying[k] = 0.3 * static_cast<double>(k);
@@ -266,7 +268,8 @@ TEST_CASE("the LM trains on a directory of shards with a word list and a held-ou
     dir.write("train/news.en-0000" + std::to_string(shard), lines);
   }
   dir.write("heldout/news.en.heldout-00000", "the cat sat\nthe dog sat\n");
-  const std::string vocab = dir.write("vocab.txt", "<S> 60\n</S> 60\n<UNK> 0\nthe 60\ncat 60\nsat 60\non 60\nmat 60\n0 12\n1 12\n");
+  const std::string vocab =
+      dir.write("vocab.txt", "<S> 60\n</S> 60\n<UNK> 0\nthe 60\ncat 60\nsat 60\non 60\nmat 60\n0 12\n1 12\n");
   LmConfig config = tinyConfig();
   config.sampled = 0;
   config.vocabFile = vocab;
@@ -291,7 +294,8 @@ TEST_CASE("the LM's options and defaults") {
   LmModel m;
   std::vector<std::string> names;
   for (const auto& o : m.options()) names.push_back(o.name);
-  for (const char* n : {"embed", "hidden", "projection", "sampled", "vocab", "train-sentences", "min-count", "max-vocab"}) {
+  for (const char* n :
+       {"embed", "hidden", "projection", "sampled", "vocab", "train-sentences", "min-count", "max-vocab"}) {
     CHECK_MESSAGE(std::find(names.begin(), names.end(), n) != names.end(), n);
   }
   CHECK(m.config().vocab >= 50000);

@@ -156,7 +156,8 @@ TEST_CASE("matmul rejects mismatched inner dimensions, naming the op and the siz
     CAPTURE(ta);
     CAPTURE(tb);
     Graph g;
-    Output a = g.placeholder("a", f32, operandShape({}, 2, 3, ta)), b = g.placeholder("b", f32, operandShape({}, 4, 5, tb));
+    Output a = g.placeholder("a", f32, operandShape({}, 2, 3, ta)),
+           b = g.placeholder("b", f32, operandShape({}, 4, 5, tb));
     const std::string msg = errorOf([&] { matmul(a, b, ta, tb); });
     CHECK_MESSAGE(contains(msg, "MatMul"), msg);
     CHECK_MESSAGE(contains(msg, "inner"), msg);

@@ -48,7 +48,8 @@ std::string loadError(const std::string& images, const std::string& labels) {
 
 TEST_CASE("MNIST images load in file order with their labels, pixels over 255") {
   TempDir dir;
-  const std::string images = dir.write("images", imageFile(3, 2, 3)), labels = dir.write("labels", labelFile({4, 0, 9}));
+  const std::string images = dir.write("images", imageFile(3, 2, 3)),
+                    labels = dir.write("labels", labelFile({4, 0, 9}));
   const data::Dataset d = data::loadMnist(images, labels);
   REQUIRE(d.size() == 3);
   for (size_t i = 0; i < 3; ++i) {
@@ -88,13 +89,16 @@ TEST_CASE("MNIST image and label files that disagree on the count are refused") 
 TEST_CASE("an MNIST file whose size does not match its header is refused with both sizes") {
   std::string short_ = imageFile(2, 2, 2);
   short_.pop_back();
-  CHECK(contains(loadError(short_, labelFile({1, 2})), "holds 23 bytes; its header says 2 images of 4 pixels, 24 bytes"));
-  CHECK(contains(loadError(imageFile(2, 2, 2), labelFile({1, 2}) + "x"), "holds 11 bytes; its header says 2 labels, 10 bytes"));
+  CHECK(
+      contains(loadError(short_, labelFile({1, 2})), "holds 23 bytes; its header says 2 images of 4 pixels, 24 bytes"));
+  CHECK(contains(loadError(imageFile(2, 2, 2), labelFile({1, 2}) + "x"),
+                 "holds 11 bytes; its header says 2 labels, 10 bytes"));
   CHECK(contains(loadError(imageFile(1, 2, 2).substr(0, 10), labelFile({1})), "the header ends at byte offset 8"));
 }
 
 TEST_CASE("an MNIST label over 9 names its index and offset") {
-  CHECK(contains(loadError(imageFile(3, 2, 2), labelFile({1, 2, 10})), "label 2 (byte offset 10) is 10, expected 0..9"));
+  CHECK(
+      contains(loadError(imageFile(3, 2, 2), labelFile({1, 2, 10})), "label 2 (byte offset 10) is 10, expected 0..9"));
 }
 
 TEST_CASE("MNIST sizes a model would allocate by are bounded") {

@@ -97,7 +97,8 @@ TEST_CASE("sparse updates equal dense updates on the rows a lookup touches") {
       const std::vector<double> sparse = train(true), dense = train(false);
       for (int row : {1, 2, 4}) {
         for (int j = 0; j < 3; ++j) {
-          CHECK(sparse[static_cast<size_t>(row * 3 + j)] == doctest::Approx(dense[static_cast<size_t>(row * 3 + j)]).epsilon(1e-12));
+          CHECK(sparse[static_cast<size_t>(row * 3 + j)] ==
+                doctest::Approx(dense[static_cast<size_t>(row * 3 + j)]).epsilon(1e-12));
         }
       }
       if (wd == 0) CHECK_CLOSE(Tensor::fromVector(sparse, {18}), dense, 1e-12);
@@ -112,8 +113,9 @@ TEST_CASE("a sparse update with an out-of-range row id is refused") {
   Output values = g.placeholder("values", f32, {1, 2});
   Node* step = optim::SGD(0.1).applyGradients({{Grad::sparse(ids, values, {3, 2}), table}});
   Session s(g);
-  CHECK_THROWS_WITH_AS(s.run(step, {{ids, Tensor::fromVector<int64_t>({5}, {1})}, {values, Tensor::zeros(f32, {1, 2})}}),
-                       doctest::Contains("row id 5"), Error);
+  CHECK_THROWS_WITH_AS(
+      s.run(step, {{ids, Tensor::fromVector<int64_t>({5}, {1})}, {values, Tensor::zeros(f32, {1, 2})}}),
+      doctest::Contains("row id 5"), Error);
 }
 
 TEST_CASE("the global step counts training steps") {

@@ -3,7 +3,7 @@
 // while faster) and the choice, compared with the true minimum found by brute force.
 #include "tests/TestUtil.h"
 
-#include "dist/PartitionSearch.h"
+#include "dist/launch/PartitionSearch.h"
 
 #include <cmath>
 #include <functional>
@@ -62,8 +62,8 @@ TEST_CASE("the fit is the least-squares one when the samples are noisy") {
 }
 
 TEST_CASE("the fit refuses fewer than three partition counts, naming how many") {
-  CHECK_THROWS_WITH_AS(fitPartitionModel({{2, 1.0}, {2, 1.1}, {4, 0.9}}), doctest::Contains("at least 3 partition counts, not 2"),
-                       Error);
+  CHECK_THROWS_WITH_AS(fitPartitionModel({{2, 1.0}, {2, 1.1}, {4, 0.9}}),
+                       doctest::Contains("at least 3 partition counts, not 2"), Error);
 }
 
 TEST_CASE("samples double from the machine count while faster, then halve from it while faster") {

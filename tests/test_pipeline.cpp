@@ -1,10 +1,10 @@
-// Synchronous pipelines (dist/Pipeline.h, dist/PipelineStage.h): the cut of a training graph into
+// Synchronous pipelines (dist/pipeline/Pipeline.h, dist/pipeline/PipelineStage.h): the cut of a training graph into
 // stages and phases, and training with every stage on its own thread over in-process transports,
 // which must give the variables of single-device training on the whole batch.
 #include "tests/TestUtil.h"
 
-#include "dist/LoopbackTransport.h"
-#include "dist/PipelineStage.h"
+#include "dist/transport/LoopbackTransport.h"
+#include "dist/pipeline/PipelineStage.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -71,7 +71,8 @@ Trained singleDevice(double clip) {
   Model m(1, clip);
   Session session(m.g);
   Trained out;
-  for (int64_t s = 0; s < kSteps; ++s) out.losses.push_back(session.run({m.loss}, m.feeds(s, kRows), {m.step})[0].item());
+  for (int64_t s = 0; s < kSteps; ++s)
+    out.losses.push_back(session.run({m.loss}, m.feeds(s, kRows), {m.step})[0].item());
   for (Node* v : m.g.variables()) out.variables[v->name] = session.variable(v).clone();
   return out;
 }
@@ -86,8 +87,8 @@ Trained pipelined(int stages, int microbatches, PipelineSchedule schedule, doubl
   for (int r = 0; r < stages; ++r)
     for (int q = 0; q < stages; ++q)
       if (q != r)
-        peers[static_cast<size_t>(r)][static_cast<size_t>(q)] =
-            transports[static_cast<size_t>(r)]->connect(transports[static_cast<size_t>(q)]->address(), static_cast<EndpointName>(q));
+        peers[static_cast<size_t>(r)][static_cast<size_t>(q)] = transports[static_cast<size_t>(r)]->connect(
+            transports[static_cast<size_t>(q)]->address(), static_cast<EndpointName>(q));
   Trained result;
   std::vector<std::unique_ptr<Model>> models;
   for (int s = 0; s < stages; ++s) models.push_back(std::make_unique<Model>(stages, clip));
@@ -130,7 +131,8 @@ void checkEquivalent(int stages, int microbatches, PipelineSchedule schedule, do
     CHECK(relativeDifference(run.variables.at(name), value) < 1e-11);
   }
   REQUIRE(run.losses.size() == expected.losses.size());
-  for (size_t i = 0; i < run.losses.size(); ++i) CHECK(run.losses[i] == doctest::Approx(expected.losses[i]).epsilon(1e-12));
+  for (size_t i = 0; i < run.losses.size(); ++i)
+    CHECK(run.losses[i] == doctest::Approx(expected.losses[i]).epsilon(1e-12));
 }
 
 }  // namespace
@@ -189,7 +191,8 @@ struct Chain {
 
 }  // namespace
 
-TEST_CASE("the cut: one transfer per boundary value and reading stage, its gradient back, each gradient in its op's stage") {
+TEST_CASE(
+    "the cut: one transfer per boundary value and reading stage, its gradient back, each gradient in its op's stage") {
   Chain c(2);
   c.train();
   const PipelineCut cut = cutPipeline(c.g, 2, {c.loss}, c.step, false);

@@ -1,8 +1,8 @@
-// Pipeline schedules (dist/Schedule.h): what each stage runs in one step under gpipe, 1f1b and
+// Pipeline schedules (dist/pipeline/Schedule.h): what each stage runs in one step under gpipe, 1f1b and
 // zb (ZB-H1), how long the step takes, how much each stage holds, and the errors.
 #include "tests/TestUtil.h"
 
-#include "dist/Schedule.h"
+#include "dist/pipeline/Schedule.h"
 
 #include <map>
 #include <set>

@@ -79,7 +79,8 @@ struct LstmGraph {
 
 LstmGraph buildLstm(Graph& g, DType dt, int64_t steps, int64_t batch, int64_t in, int64_t hid, uint64_t seed = 1) {
   LstmGraph l;
-  const std::vector<Shape> shapes{{steps, batch, in}, {batch, hid}, {batch, hid}, {in, 4 * hid}, {hid, 4 * hid}, {4 * hid}};
+  const std::vector<Shape> shapes{{steps, batch, in}, {batch, hid},   {batch, hid},
+                                  {in, 4 * hid},      {hid, 4 * hid}, {4 * hid}};
   const char* names[] = {"x", "h0", "c0", "wx", "wh", "b"};
   std::vector<Output> ph;
   for (size_t i = 0; i < shapes.size(); ++i) {

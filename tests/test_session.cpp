@@ -173,7 +173,8 @@ TEST_CASE("the numerics check names the op that produced a NaN") {
   Output x = g.placeholder("x", f32, {2});
   Output y = log(x);
   Session checked(g, {1, true});
-  CHECK_THROWS_WITH_AS(checked.run({y}, {{x, Tensor::fromVector<float>({1, -1}, {2})}}), doctest::Contains("'Log'"), Error);
+  CHECK_THROWS_WITH_AS(checked.run({y}, {{x, Tensor::fromVector<float>({1, -1}, {2})}}), doctest::Contains("'Log'"),
+                       Error);
   Session unchecked(g, {1, false});
   CHECK(std::isnan(unchecked.run({y}, {{x, Tensor::fromVector<float>({1, -1}, {2})}})[0].at(1)));
 }

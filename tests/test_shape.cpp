@@ -52,10 +52,11 @@ TEST_CASE("reshape keeps the elements in order and infers one -1 dimension") {
     std::vector<int64_t> target;
     Shape out;
   };
-  for (const Case& c : {Case{{2, 3, 4}, {6, 4}, {6, 4}}, Case{{2, 3, 4}, {-1, 4}, {6, 4}}, Case{{2, 3, 4}, {4, -1}, {4, 6}},
-                        Case{{2, 3, 4}, {-1}, {24}}, Case{{2, 3, 4}, {2, -1, 3}, {2, 4, 3}}, Case{{1}, {}, {}},
-                        Case{{}, {1, 1}, {1, 1}}, Case{{}, {-1}, {1}}, Case{{0, 3}, {-1, 3}, {0, 3}},
-                        Case{{0, 3}, {3, 0}, {3, 0}}, Case{{6}, {1, 6, 1}, {1, 6, 1}}}) {
+  for (const Case& c :
+       {Case{{2, 3, 4}, {6, 4}, {6, 4}}, Case{{2, 3, 4}, {-1, 4}, {6, 4}}, Case{{2, 3, 4}, {4, -1}, {4, 6}},
+        Case{{2, 3, 4}, {-1}, {24}}, Case{{2, 3, 4}, {2, -1, 3}, {2, 4, 3}}, Case{{1}, {}, {}},
+        Case{{}, {1, 1}, {1, 1}}, Case{{}, {-1}, {1}}, Case{{0, 3}, {-1, 3}, {0, 3}}, Case{{0, 3}, {3, 0}, {3, 0}},
+        Case{{6}, {1, 6, 1}, {1, 6, 1}}}) {
     CAPTURE(c.in.str());
     CAPTURE(str(c.target));
     Graph g;
@@ -134,8 +135,9 @@ TEST_CASE("expandDims inserts a size-1 axis at any position") {
     int64_t axis;
     Shape out;
   };
-  for (const Case& c : {Case{{2, 3}, 0, {1, 2, 3}}, Case{{2, 3}, 1, {2, 1, 3}}, Case{{2, 3}, 2, {2, 3, 1}},
-                        Case{{2, 3}, -1, {2, 3, 1}}, Case{{2, 3}, -3, {1, 2, 3}}, Case{{}, 0, {1}}, Case{{0}, 0, {1, 0}}}) {
+  for (const Case& c :
+       {Case{{2, 3}, 0, {1, 2, 3}}, Case{{2, 3}, 1, {2, 1, 3}}, Case{{2, 3}, 2, {2, 3, 1}}, Case{{2, 3}, -1, {2, 3, 1}},
+        Case{{2, 3}, -3, {1, 2, 3}}, Case{{}, 0, {1}}, Case{{0}, 0, {1, 0}}}) {
     CAPTURE(c.in.str());
     CAPTURE(c.axis);
     Graph g;
@@ -281,7 +283,8 @@ TEST_CASE("concat joins tensors along an axis") {
     CHECK(out.shape() == outShape);
     CHECK_CLOSE(out, byCoords(outShape, [&](std::vector<int64_t> oc) {
                   size_t piece = 0;
-                  while (oc[static_cast<size_t>(axis)] >= c.ins[piece][axis]) oc[static_cast<size_t>(axis)] -= c.ins[piece++][axis];
+                  while (oc[static_cast<size_t>(axis)] >= c.ins[piece][axis])
+                    oc[static_cast<size_t>(axis)] -= c.ins[piece++][axis];
                   return ts[piece].at(ravel(oc, c.ins[piece]));
                 }),
                 0.0);
@@ -297,7 +300,8 @@ TEST_CASE("concat of one tensor is that tensor; of none an error") {
 
 TEST_CASE("concat with unknown dimensions") {
   Graph g;
-  Output a = g.placeholder("a", f32, {-1, 3}), b = g.placeholder("b", f32, {2, 3}), c = g.placeholder("c", f32, {-1, 2});
+  Output a = g.placeholder("a", f32, {-1, 3}), b = g.placeholder("b", f32, {2, 3}),
+         c = g.placeholder("c", f32, {-1, 2});
   CHECK(concat({a, b}, 0).shape() == Shape{-1, 3});
   CHECK(concat({a, c}, 1).shape() == Shape{-1, 5});
   CHECK(concat({a, b}, 1).shape() == Shape{2, 6});
@@ -309,8 +313,10 @@ TEST_CASE("concat with unknown dimensions") {
 
 TEST_CASE("concat gradients match finite differences") {
   Graph g;
-  Output a = g.placeholder("a", f64, {2, 1, 2}), b = g.placeholder("b", f64, {2, 3, 2}), e = g.placeholder("e", f64, {2, 0, 2});
-  const FeedMap feeds{{a, randomTensor(f64, {2, 1, 2}, 15)}, {b, randomTensor(f64, {2, 3, 2}, 16)}, {e, Tensor::zeros(f64, {2, 0, 2})}};
+  Output a = g.placeholder("a", f64, {2, 1, 2}), b = g.placeholder("b", f64, {2, 3, 2}),
+         e = g.placeholder("e", f64, {2, 0, 2});
+  const FeedMap feeds{
+      {a, randomTensor(f64, {2, 1, 2}, 15)}, {b, randomTensor(f64, {2, 3, 2}, 16)}, {e, Tensor::zeros(f64, {2, 0, 2})}};
   CHECK_GRADIENTS(checkGradients(g, concat({a, b, e, a}, 1), {a, b}, feeds));
   CHECK_GRADIENTS(checkGradients(g, concat({b, b}, 0), {b}, feeds));
   CHECK_GRADIENTS(checkGradients(g, concat({b, a}, -2), {a, b}, feeds));
@@ -319,7 +325,8 @@ TEST_CASE("concat gradients match finite differences") {
 
 TEST_CASE("concat rejects mismatched ranks, dimensions, dtypes and axes") {
   Graph g;
-  Output a = g.placeholder("a", f32, {2, 3}), r3 = g.placeholder("r3", f32, {2, 3, 1}), b = g.placeholder("b", f32, {4, 2});
+  Output a = g.placeholder("a", f32, {2, 3}), r3 = g.placeholder("r3", f32, {2, 3, 1}),
+         b = g.placeholder("b", f32, {4, 2});
   Output d = g.placeholder("d", f64, {2, 3}), s = g.placeholder("s", f32, {});
   std::string msg = errorOf([&] { concat({a, r3}, 0); });
   CHECK_MESSAGE(contains(msg, "Concat"), msg);
@@ -342,9 +349,10 @@ TEST_CASE("split cuts an axis into pieces, one size may be -1") {
     int64_t axis;
     std::vector<int64_t> resolved;
   };
-  for (const Case& c : {Case{{2, 6, 3}, {1, -1, 2}, 1, {1, 3, 2}}, Case{{2, 6, 3}, {1, 2}, -1, {1, 2}},
-                        Case{{2, 6, 3}, {1, 1}, 0, {1, 1}}, Case{{2, 6, 3}, {0, 6}, 1, {0, 6}},
-                        Case{{2, 6, 3}, {-1}, 1, {6}}, Case{{5}, {2, -1, 3}, 0, {2, 0, 3}}, Case{{0, 4}, {3, 1}, 1, {3, 1}}}) {
+  for (const Case& c :
+       {Case{{2, 6, 3}, {1, -1, 2}, 1, {1, 3, 2}}, Case{{2, 6, 3}, {1, 2}, -1, {1, 2}},
+        Case{{2, 6, 3}, {1, 1}, 0, {1, 1}}, Case{{2, 6, 3}, {0, 6}, 1, {0, 6}}, Case{{2, 6, 3}, {-1}, 1, {6}},
+        Case{{5}, {2, -1, 3}, 0, {2, 0, 3}}, Case{{0, 4}, {3, 1}, 1, {3, 1}}}) {
     CAPTURE(c.in.str());
     CAPTURE(str(c.sizes));
     CAPTURE(c.axis);
@@ -404,10 +412,11 @@ TEST_CASE("slice takes a box, size -1 running to the end of the axis") {
     std::vector<int64_t> begin, size;
     Shape out;
   };
-  for (const Case& c : {Case{{3, 4, 5}, {1, 0, 2}, {2, -1, 3}, {2, 4, 3}}, Case{{3, 4, 5}, {0, 0, 0}, {-1, -1, -1}, {3, 4, 5}},
-                        Case{{3, 4, 5}, {2, 3, 4}, {1, 1, 1}, {1, 1, 1}}, Case{{3, 4, 5}, {3, 0, 0}, {0, -1, -1}, {0, 4, 5}},
-                        Case{{3, 4, 5}, {0, 1, 5}, {-1, 2, -1}, {3, 2, 0}}, Case{{6}, {2}, {3}, {3}}, Case{{}, {}, {}, {}},
-                        Case{{30, 40}, {3, 5}, {20, -1}, {20, 35}}}) {
+  for (const Case& c :
+       {Case{{3, 4, 5}, {1, 0, 2}, {2, -1, 3}, {2, 4, 3}}, Case{{3, 4, 5}, {0, 0, 0}, {-1, -1, -1}, {3, 4, 5}},
+        Case{{3, 4, 5}, {2, 3, 4}, {1, 1, 1}, {1, 1, 1}}, Case{{3, 4, 5}, {3, 0, 0}, {0, -1, -1}, {0, 4, 5}},
+        Case{{3, 4, 5}, {0, 1, 5}, {-1, 2, -1}, {3, 2, 0}}, Case{{6}, {2}, {3}, {3}}, Case{{}, {}, {}, {}},
+        Case{{30, 40}, {3, 5}, {20, -1}, {20, 35}}}) {
     CAPTURE(c.in.str());
     CAPTURE(str(c.begin));
     CAPTURE(str(c.size));
@@ -461,9 +470,9 @@ TEST_CASE("pad surrounds the input with a constant") {
     std::vector<int64_t> paddings;
     double value;
   };
-  for (const Case& c : {Case{{2, 3}, {1, 0, 2, 1}, 0.0}, Case{{2, 3}, {0, 0, 0, 0}, 0.0}, Case{{2, 3}, {2, 1, 0, 3}, -1.5},
-                        Case{{0, 2}, {1, 1, 0, 0}, 4.0}, Case{{3}, {0, 2}, 7.0}, Case{{2, 1, 2}, {0, 1, 1, 1, 1, 0}, 0.5},
-                        Case{{}, {}, 3.0}}) {
+  for (const Case& c : {Case{{2, 3}, {1, 0, 2, 1}, 0.0}, Case{{2, 3}, {0, 0, 0, 0}, 0.0},
+                        Case{{2, 3}, {2, 1, 0, 3}, -1.5}, Case{{0, 2}, {1, 1, 0, 0}, 4.0}, Case{{3}, {0, 2}, 7.0},
+                        Case{{2, 1, 2}, {0, 1, 1, 1, 1, 0}, 0.5}, Case{{}, {}, 3.0}}) {
     CAPTURE(c.in.str());
     CAPTURE(str(c.paddings));
     Graph g;
@@ -542,8 +551,9 @@ TEST_CASE("reverseSequence reverses each sequence's first lengths[b] steps") {
     std::vector<int32_t> lengths;
   };
   for (DType lengthType : {i32, i64}) {
-    for (const Case& c : {Case{{3, 4, 2}, 1, 0, {4, 2, 0}}, Case{{4, 3, 2}, 0, 1, {1, 4, 3}}, Case{{3, 5}, 1, 0, {5, 3, 1}},
-                          Case{{2, 2, 4}, 2, 0, {3, 4}}, Case{{2, 0, 2}, 1, 0, {0, 0}}}) {
+    for (const Case& c :
+         {Case{{3, 4, 2}, 1, 0, {4, 2, 0}}, Case{{4, 3, 2}, 0, 1, {1, 4, 3}}, Case{{3, 5}, 1, 0, {5, 3, 1}},
+          Case{{2, 2, 4}, 2, 0, {3, 4}}, Case{{2, 0, 2}, 1, 0, {0, 0}}}) {
       CAPTURE(std::string(dtypeName(lengthType)));
       CAPTURE(c.in.str());
       CAPTURE(c.seqAxis);
@@ -553,7 +563,8 @@ TEST_CASE("reverseSequence reverses each sequence's first lengths[b] steps") {
       Output y = reverseSequence(x, lengths, c.seqAxis, c.batchAxis);
       CHECK(y.shape() == c.in);
       const Tensor tx = randomTensor(dt, c.in, 23);
-      const Tensor tl = Tensor::fromVector<int32_t>(c.lengths, {static_cast<int64_t>(c.lengths.size())}).cast(lengthType);
+      const Tensor tl =
+          Tensor::fromVector<int32_t>(c.lengths, {static_cast<int64_t>(c.lengths.size())}).cast(lengthType);
       const Tensor out = evaluate(g, y, {{x, tx}, {lengths, tl}}, 4);
       CHECK_CLOSE(out, byCoords(c.in, [&](std::vector<int64_t> oc) {
                     const auto s = static_cast<size_t>(c.seqAxis);

@@ -59,7 +59,9 @@ std::vector<double> refSparseXent(const std::vector<double>& x, const std::vecto
   std::vector<double> loss(ids.size());
   for (size_t r = 0; r < ids.size(); ++r) {
     const auto id = static_cast<int64_t>(ids[r]);
-    if (id != ignoreIndex) loss[r] = refLogSumExp(x, static_cast<int64_t>(r), width) - x[r * static_cast<size_t>(width) + static_cast<size_t>(id)];
+    if (id != ignoreIndex)
+      loss[r] =
+          refLogSumExp(x, static_cast<int64_t>(r), width) - x[r * static_cast<size_t>(width) + static_cast<size_t>(id)];
   }
   return loss;
 }
@@ -85,8 +87,10 @@ TEST_CASE("softmax and logSoftmax match the reference over the last axis") {
         Graph g;
         auto x = g.placeholder("x", dt, shape);
         Tensor xv = randomTensor(dt, shape, 1, -3, 3);
-        CHECK_CLOSE(evaluate(g, softmax(x), {{x, xv}}), refSoftmax(xv.toDoubles(), lastDim(shape), false), toleranceFor(dt));
-        CHECK_CLOSE(evaluate(g, logSoftmax(x), {{x, xv}}), refSoftmax(xv.toDoubles(), lastDim(shape), true), toleranceFor(dt));
+        CHECK_CLOSE(evaluate(g, softmax(x), {{x, xv}}), refSoftmax(xv.toDoubles(), lastDim(shape), false),
+                    toleranceFor(dt));
+        CHECK_CLOSE(evaluate(g, logSoftmax(x), {{x, xv}}), refSoftmax(xv.toDoubles(), lastDim(shape), true),
+                    toleranceFor(dt));
       }
     }
   }
@@ -255,7 +259,10 @@ TEST_CASE("cross-entropy shape errors name the op") {
     CHECK(contains(rank3, "(N, C)"));
     CHECK(contains(errorOf([&] { sparseSoftmaxCrossEntropy(x, g.placeholder("f", f32, {4})); }), "i32 or i64"));
     CHECK(contains(errorOf([&] { sparseSoftmaxCrossEntropy(x, g.placeholder("i5", i64, {5})); }), "5 ids for 4 rows"));
-    CHECK(contains(errorOf([&] { sparseSoftmaxCrossEntropy(x, g.placeholder("i2", i64, {4, 1})); }), "SparseSoftmaxCrossEntropy"));
+    CHECK(contains(errorOf([&] {
+                     sparseSoftmaxCrossEntropy(x, g.placeholder("i2", i64, {4, 1}));
+                   }),
+                   "SparseSoftmaxCrossEntropy"));
   }
 }
 
@@ -266,12 +273,16 @@ TEST_CASE("sparseSoftmaxCrossEntropy rejects out-of-range ids at run time") {
   auto loss = sparseSoftmaxCrossEntropy(x, ids);
   Tensor xv = randomTensor(f32, {3, 4}, 12);
   SUBCASE("too large") {
-    const std::string e = errorOf([&] { evaluate(g, loss, {{x, xv}, {ids, Tensor::fromVector<int32_t>({0, 4, 1}, {3})}}); });
+    const std::string e = errorOf([&] {
+      evaluate(g, loss, {{x, xv}, {ids, Tensor::fromVector<int32_t>({0, 4, 1}, {3})}});
+    });
     CHECK(contains(e, "SparseSoftmaxCrossEntropy"));
     CHECK(contains(e, "id 4 at position 1"));
   }
   SUBCASE("negative") {
-    const std::string e = errorOf([&] { evaluate(g, loss, {{x, xv}, {ids, Tensor::fromVector<int32_t>({0, 1, -1}, {3})}}); });
+    const std::string e = errorOf([&] {
+      evaluate(g, loss, {{x, xv}, {ids, Tensor::fromVector<int32_t>({0, 1, -1}, {3})}});
+    });
     CHECK(contains(e, "id -1 at position 2"));
   }
   SUBCASE("unknown batch size mismatched at run time") {
@@ -371,7 +382,8 @@ TEST_CASE("sampledSoftmaxCrossEntropy is -log softmax of the row with the true l
     const std::vector<double> tv = trueLogits.toDoubles(), sv = sampled.toDoubles();
     for (int64_t r = 0; r < 5; ++r) {
       std::vector<double> row{tv[static_cast<size_t>(r)]};
-      for (int64_t j = 0; j < samples; ++j) row.push_back(sv[static_cast<size_t>(r * samples + j)] - (r == 2 ? 1e9 : 0));
+      for (int64_t j = 0; j < samples; ++j)
+        row.push_back(sv[static_cast<size_t>(r * samples + j)] - (r == 2 ? 1e9 : 0));
       want.push_back(refLogSumExp(row, 0, samples + 1) - row[0]);
     }
     CHECK_CLOSE(evaluate(g, loss, {{t, trueLogits}, {s, sampled}}), want, toleranceFor(dt));

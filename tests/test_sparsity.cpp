@@ -4,7 +4,7 @@
 // some worker touched.
 #include "tests/TestUtil.h"
 
-#include "dist/CollectiveOps.h"
+#include "dist/collective/CollectiveOps.h"
 #include "dist/Sparsity.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"

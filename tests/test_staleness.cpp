@@ -2,8 +2,8 @@
 // against cases worked out by hand, and the bound under random interleavings of senders.
 #include "tests/TestUtil.h"
 
-#include "dist/Staleness.h"
-#include "dist/SyncPolicy.h"
+#include "dist/server/Staleness.h"
+#include "dist/server/SyncPolicy.h"
 
 #include <algorithm>
 #include <random>
@@ -106,12 +106,14 @@ TEST_CASE("under random speeds no sender ever goes on beyond the bound, and the 
     StalenessGate gate(kSenders, lower, upper);
     std::vector<double> interval(kSenders), next(kSenders, 0.0);
     std::vector<bool> waiting(kSenders, false);
-    for (int s = 0; s < kSenders; ++s) interval[static_cast<size_t>(s)] = std::uniform_real_distribution<double>(0.5, 4.0)(random);
+    for (int s = 0; s < kSenders; ++s)
+      interval[static_cast<size_t>(s)] = std::uniform_real_distribution<double>(0.5, 4.0)(random);
     for (int event = 0; event < 4000; ++event) {
       // The sender whose step ends first applies its update.
       int s = -1;
       for (int c = 0; c < kSenders; ++c)
-        if (!waiting[static_cast<size_t>(c)] && (s < 0 || next[static_cast<size_t>(c)] < next[static_cast<size_t>(s)])) s = c;
+        if (!waiting[static_cast<size_t>(c)] && (s < 0 || next[static_cast<size_t>(c)] < next[static_cast<size_t>(s)]))
+          s = c;
       REQUIRE_MESSAGE(s >= 0, "every sender waits: the gate deadlocked");
       const double now = next[static_cast<size_t>(s)];
       gate.applied(s, now);
@@ -121,7 +123,8 @@ TEST_CASE("under random speeds no sender ever goes on beyond the bound, and the 
         CHECK(gate.gap(c) <= upper);
         waiting[static_cast<size_t>(c)] = false;
         // Jitter of +-20% per step, as a busy machine gives.
-        next[static_cast<size_t>(c)] = now + interval[static_cast<size_t>(c)] * std::uniform_real_distribution<double>(0.8, 1.2)(random);
+        next[static_cast<size_t>(c)] =
+            now + interval[static_cast<size_t>(c)] * std::uniform_real_distribution<double>(0.8, 1.2)(random);
       }
     }
   }

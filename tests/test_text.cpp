@@ -114,11 +114,13 @@ TEST_CASE("Vocab::loadWordList names the file and line of each error") {
   const std::string dup = dir.write("dup.txt", "a 5\nb 4\na 3\n");
   CHECK(contains(errorOf([&] { Vocab::loadWordList(dup, 100); }), dup + ":3: duplicate word 'a' (first on line 1)"));
   const std::string twoMarkers = dir.write("markers.txt", "<S>\nb\n<s>\n");
-  CHECK(contains(errorOf([&] { Vocab::loadWordList(twoMarkers, 100); }), twoMarkers + ":3: duplicate word '<s>' (first on line 1)"));
+  CHECK(contains(errorOf([&] { Vocab::loadWordList(twoMarkers, 100); }),
+                 twoMarkers + ":3: duplicate word '<s>' (first on line 1)"));
   const std::string count = dir.write("count.txt", "a 5\nb many\n");
   CHECK(contains(errorOf([&] { Vocab::loadWordList(count, 100); }), count + ":2: the count 'many' is not a number"));
   const std::string negative = dir.write("negative.txt", "a -5\n");
-  CHECK(contains(errorOf([&] { Vocab::loadWordList(negative, 100); }), negative + ":1: the count '-5' is not a number"));
+  CHECK(
+      contains(errorOf([&] { Vocab::loadWordList(negative, 100); }), negative + ":1: the count '-5' is not a number"));
   const std::string third = dir.write("third.txt", "a 5 x\n");
   CHECK(contains(errorOf([&] { Vocab::loadWordList(third, 100); }), third + ":1: 'x' after the word and its count"));
   const std::string empty = dir.write("empty.txt", "a\n  \nb\n");
@@ -136,7 +138,8 @@ TEST_CASE("a corpus directory is its files in name order; subdirectories are not
   CHECK(files == std::vector<std::string>{dir.file("shards/news-00001"), dir.file("shards/news-00002")});
   CHECK(corpusFiles(dir.file("shards/news-00001")) == std::vector<std::string>{dir.file("shards/news-00001")});
   std::filesystem::create_directories(dir.path / "none");
-  CHECK(contains(errorOf([&] { corpusFiles((dir.path / "none").string()); }), "directory " + dir.file("none") + " holds no files"));
+  CHECK(contains(errorOf([&] { corpusFiles((dir.path / "none").string()); }),
+                 "directory " + dir.file("none") + " holds no files"));
 }
 
 TEST_CASE("packed sentences: every file's non-empty lines in order, unknown words as <unk>, cut at maxLength") {

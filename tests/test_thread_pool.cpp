@@ -44,7 +44,8 @@ TEST_CASE("parallelFor spreads large work over the threads, and keeps small work
   CHECK(ranges.load() == 2);
   const std::thread::id caller = std::this_thread::get_id();
   bool onCaller = false;
-  pool.parallelFor(2, 1, [&](int64_t lo, int64_t hi) { onCaller = lo == 0 && hi == 2 && std::this_thread::get_id() == caller; });
+  pool.parallelFor(
+      2, 1, [&](int64_t lo, int64_t hi) { onCaller = lo == 0 && hi == 2 && std::this_thread::get_id() == caller; });
   CHECK(onCaller);
 }
 

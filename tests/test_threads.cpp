@@ -40,7 +40,9 @@ Output floatInput(Graph& g, FeedMap& feeds, const std::string& name, Shape shape
 
 Tensor ids(int64_t n, int64_t rows, uint64_t seed) {
   Tensor t(i64, {n});
-  for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = static_cast<int64_t>(mix64(seed * 7919 + static_cast<uint64_t>(i)) % static_cast<uint64_t>(rows));
+  for (int64_t i = 0; i < n; ++i)
+    t.data<int64_t>()[i] =
+        static_cast<int64_t>(mix64(seed * 7919 + static_cast<uint64_t>(i)) % static_cast<uint64_t>(rows));
   return t;
 }
 
@@ -182,9 +184,11 @@ TEST_CASE("the fused LSTM and GRU, forward and backward, with products exact or 
       if (rounded) scope.emplace(g, bf16, Graph::MixedOps::RoundInProducts);
       const int64_t steps = 6, batch = 48, input = 96, hidden = 160;
       const Output x = floatInput(g, f, "x", {steps, batch, input}, 1, dt);
-      const Output h0 = floatInput(g, f, "h0", {batch, hidden}, 2, dt), c0 = floatInput(g, f, "c0", {batch, hidden}, 3, dt);
+      const Output h0 = floatInput(g, f, "h0", {batch, hidden}, 2, dt),
+                   c0 = floatInput(g, f, "c0", {batch, hidden}, 3, dt);
       const Output wx = floatInput(g, f, "wx", {input, 4 * hidden}, 4, dt);
-      const Output wh = floatInput(g, f, "wh", {hidden, 4 * hidden}, 5, dt), b = floatInput(g, f, "b", {4 * hidden}, 6, dt);
+      const Output wh = floatInput(g, f, "wh", {hidden, 4 * hidden}, 5, dt),
+                   b = floatInput(g, f, "b", {4 * hidden}, 6, dt);
       const LstmOutputs l = lstm(x * 0.2, h0, c0, wx * 0.1, wh * 0.1, b);
       const Output gx = floatInput(g, f, "gx", {batch, input}, 7, dt);
       const Output gwx = floatInput(g, f, "gwx", {input, 3 * hidden}, 8, dt);

@@ -46,7 +46,8 @@ std::vector<fs::path> temporariesIn(const fs::path& dir) {
 /// Starts `weft ARGS` with its output in `log`, after `shell` (resource limits, say); the process
 /// id is the binary's own (the shell execs it).
 pid_t startWeft(const std::string& args, const std::string& log, const std::string& shell = "") {
-  const std::string command = shell + (shell.empty() ? "" : "; ") + "exec " + WEFT_CLI + " " + args + " > " + log + " 2>&1";
+  const std::string command =
+      shell + (shell.empty() ? "" : "; ") + "exec " + WEFT_CLI + " " + args + " > " + log + " 2>&1";
   const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
   pid_t pid = 0;
   REQUIRE(::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ) == 0);
@@ -89,7 +90,8 @@ void checkSameCheckpoint(const std::string& a, const std::string& b) {
 
 TEST_CASE("a resumed run ends exactly where an uninterrupted run does") {
   TempDir dir;
-  const std::string common = "train mlp --dropout 0.3 --train-size 2000 --test-size 500 --batch 32 --eval-every 40 --log-every 20 --seed 5";
+  const std::string common =
+      "train mlp --dropout 0.3 --train-size 2000 --test-size 500 --batch 32 --eval-every 40 --log-every 20 --seed 5";
   const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
   REQUIRE(weftCli(common + " --steps 120 --out " + whole).status == 0);
   REQUIRE(weftCli(common + " --steps 80 --out " + parts).status == 0);
@@ -143,7 +145,8 @@ TEST_CASE("a checkpoint of another configuration is refused") {
   TempDir dir;
   const std::string out = (dir.path / "cfg").string();
   REQUIRE(weftCli("train mlp --steps 3 --train-size 500 --test-size 100 --out " + out).status == 0);
-  const CliRun r = weftCli("train mlp --steps 6 --hidden-width 64 --train-size 500 --test-size 100 --resume --out " + out);
+  const CliRun r =
+      weftCli("train mlp --steps 6 --hidden-width 64 --train-size 500 --test-size 100 --resume --out " + out);
   CHECK(r.status != 0);
   CHECK(contains(r.output, "does not match the model"));
 }
@@ -206,20 +209,22 @@ TEST_CASE("the MLP trains on MNIST's IDX files with --data and learns them") {
   TempDir dir;
   write(dir.path, "train", 200);
   write(dir.path, "t10k", 50);
-  const CliRun r = weftCli("train mlp --data " + dir.path.string() + " --hidden-width 16 --batch 20 --steps 60 --lr 0.02 --out " +
-                           (dir.path / "out").string());
+  const CliRun r = weftCli("train mlp --data " + dir.path.string() +
+                           " --hidden-width 16 --batch 20 --steps 60 --lr 0.02 --out " + (dir.path / "out").string());
   REQUIRE_MESSAGE(r.status == 0, r.output);
   CHECK(contains(r.output, "accuracy 1.0000"));
   std::ofstream(dir.path / "t10k-labels-idx1-ubyte", std::ios::binary) << idx(0x801, {49}, std::string(49, '\1'));
-  const CliRun bad = weftCli("train mlp --data " + dir.path.string() + " --steps 1 --out " + (dir.path / "bad").string());
+  const CliRun bad =
+      weftCli("train mlp --data " + dir.path.string() + " --steps 1 --out " + (dir.path / "bad").string());
   CHECK(bad.status != 0);
   CHECK(contains(bad.output, "disagree: 50 images, 49 labels"));
 }
 
 TEST_CASE("a resumed language model continues its sampled candidates exactly") {
   TempDir dir;
-  const std::string common = "train lm --vocab 500 --classes 8 --train-sentences 2000 --heldout-sentences 50 --embed 16 "
-                             "--hidden 16 --sampled 64 --batch 16 --eval-every 10 --log-every 10 --seed 2";
+  const std::string common =
+      "train lm --vocab 500 --classes 8 --train-sentences 2000 --heldout-sentences 50 --embed 16 "
+      "--hidden 16 --sampled 64 --batch 16 --eval-every 10 --log-every 10 --seed 2";
   const std::string whole = (dir.path / "lm-whole").string(), parts = (dir.path / "lm-parts").string();
   REQUIRE(weftCli(common + " --steps 30 --out " + whole).status == 0);
   REQUIRE(weftCli(common + " --steps 20 --out " + parts).status == 0);
@@ -242,7 +247,8 @@ TEST_CASE("bad flags are reported") {
 
 TEST_CASE("--precision f16 trains with a loss scale that the checkpoint carries and a resume continues") {
   TempDir dir;
-  const std::string common = "train mlp --precision f16 --train-size 2000 --test-size 500 --batch 32 --eval-every 40 --seed 5";
+  const std::string common =
+      "train mlp --precision f16 --train-size 2000 --test-size 500 --batch 32 --eval-every 40 --seed 5";
   const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
   const CliRun run = weftCli(common + " --steps 80 --out " + whole);
   REQUIRE_MESSAGE(run.status == 0, run.output);
@@ -258,7 +264,8 @@ TEST_CASE("--precision f16 trains with a loss scale that the checkpoint carries 
 }
 
 TEST_CASE("--precision takes f32, bf16 or f16; f16's skipped steps refuse variables on the parameter servers") {
-  CHECK(weftCli("train mlp --precision bf16 --steps 5 --train-size 500 --test-size 100 --out " + TempDir().file("o")).status == 0);
+  CHECK(weftCli("train mlp --precision bf16 --steps 5 --train-size 500 --test-size 100 --out " + TempDir().file("o"))
+            .status == 0);
   const CliRun f8 = weftCli("train mlp --precision f8");
   CHECK(f8.status != 0);
   CHECK(contains(f8.output, "--precision"));
@@ -276,8 +283,8 @@ TEST_CASE("--precision bf16 on a CPU adds no op to the step and keeps the produc
   // Each op of the step's trace, by node name, with the bytes it read and wrote.
   auto opsOf = [&](const std::string& precision) {
     const std::string trace = dir.file(precision + ".json");
-    const CliRun r = weftCli("train mlp --bench 2 --precision " + precision + " --train-size 500 --test-size 100 --trace " +
-                             trace + " --out " + dir.file(precision));
+    const CliRun r = weftCli("train mlp --bench 2 --precision " + precision +
+                             " --train-size 500 --test-size 100 --trace " + trace + " --out " + dir.file(precision));
     REQUIRE_MESSAGE(r.status == 0, r.output);
     std::map<std::string, int64_t> bytes;
     const nlohmann::json events = nlohmann::json::parse(readText(trace));
@@ -313,9 +320,9 @@ TEST_CASE("a checkpoint of a run with other settings is refused, naming each, un
   const CliRun refused = weftCli(changed + " --steps 10 --resume");
   CHECK(refused.status != 0);
   for (const char* difference :
-       {"--lr: 0.002 in the checkpoint, 0.003 now", "--seed: 3 in the checkpoint, 4 now", "--batch: 16 in the checkpoint, 32 now",
-        "--weight-decay: 0 in the checkpoint, 0.01 now", "--dropout: 0.1 in the checkpoint, 0.2 now", "the training data's hash",
-        "resume with --resume-changed"}) {
+       {"--lr: 0.002 in the checkpoint, 0.003 now", "--seed: 3 in the checkpoint, 4 now",
+        "--batch: 16 in the checkpoint, 32 now", "--weight-decay: 0 in the checkpoint, 0.01 now",
+        "--dropout: 0.1 in the checkpoint, 0.2 now", "the training data's hash", "resume with --resume-changed"}) {
     CHECK_MESSAGE(contains(refused.output, difference), refused.output);
   }
   CHECK(!contains(refused.output, "--hidden-width"));
@@ -336,7 +343,8 @@ TEST_CASE("a checkpoint of another corpus with the same vocabulary is refused") 
     forward += fmt::format("w{} w{} w{}\n", a, b, c);
     backward += fmt::format("w{} w{} w{}\n", c, b, a);
   }
-  const std::string common = "train lm --embed 8 --hidden 8 --sampled 0 --batch 8 --eval-batch 2 --eval-batches 1 --out " + dir.file("lm");
+  const std::string common =
+      "train lm --embed 8 --hidden 8 --sampled 0 --batch 8 --eval-batch 2 --eval-batches 1 --out " + dir.file("lm");
   const CliRun first = weftCli(common + " --steps 3 --data " + dir.write("forward.txt", forward));
   REQUIRE_MESSAGE(first.status == 0, first.output);
   const CliRun other = weftCli(common + " --steps 6 --resume --data " + dir.write("backward.txt", backward));
@@ -356,7 +364,8 @@ TEST_CASE("a checkpoint with a negative step, or a data position other than its 
   REQUIRE(weftCli("train mlp --train-size 500 --test-size 100 --steps 4 --out " + out).status == 0);
   const std::vector<std::pair<std::map<std::string, std::string>, std::string>> crafted{
       {{{"step", "-3"}, {"data_position", "-3"}}, "metadata field 'step' is -3, outside [0, "},
-      {{{"step", "4"}, {"data_position", "9223372036854775807"}}, "metadata field 'data_position' is 9223372036854775807, but a run at step 4"},
+      {{{"step", "4"}, {"data_position", "9223372036854775807"}},
+       "metadata field 'data_position' is 9223372036854775807, but a run at step 4"},
       {{{"step", "4x"}}, "metadata field 'step' is '4x', not an integer"},
   };
   for (const auto& [fields, message] : crafted) {
@@ -373,7 +382,8 @@ TEST_CASE("a checkpoint with a negative step, or a data position other than its 
 TEST_CASE("a failed save stops the run with the reason and keeps the previous checkpoint") {
   TempDir dir;
   const std::string out = dir.file("run");
-  const std::string common = "train mlp --train-size 500 --test-size 100 --checkpoint-every 5 --eval-every 5 --out " + out;
+  const std::string common =
+      "train mlp --train-size 500 --test-size 100 --checkpoint-every 5 --eval-every 5 --out " + out;
   REQUIRE(weftCli(common + " --steps 5").status == 0);
   // Writes beyond 64 KiB fail (EFBIG): the checkpoint's, not the log's.
   const pid_t pid = startWeft(common + " --steps 10 --resume", dir.file("log"), "trap '' XFSZ; ulimit -f 128");
@@ -406,14 +416,17 @@ TEST_CASE("runs killed during saves leave checkpoints that load, and the resumed
   const int trials = env ? std::atoi(env) : 12;
   TempDir dir;
   // Each trial advances the run by a few steps, so the run outlasts the trials.
-  const std::string common = fmt::format("train mlp --hidden-width 256 --train-size 2000 --test-size 100 --batch 32 --dropout 0.2 "
-                                         "--checkpoint-every 1 --eval-every 100000 --log-every 100000 --seed 7 --steps {}",
-                                         50 + 15 * trials);
+  const std::string common = fmt::format(
+      "train mlp --hidden-width 256 --train-size 2000 --test-size 100 --batch 32 --dropout 0.2 "
+      "--checkpoint-every 1 --eval-every 100000 --log-every 100000 --seed 7 --steps {}",
+      50 + 15 * trials);
   const std::string whole = dir.file("whole"), out = dir.file("killed");
   REQUIRE(weftCli(common + " --out " + whole).status == 0);
   const std::string path = out + "/checkpoint.safetensors";
   std::mt19937 rng(2024);
-  auto uniform = [&](int lo, int hi) { return std::chrono::microseconds(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  auto uniform = [&](int lo, int hi) {
+    return std::chrono::microseconds(std::uniform_int_distribution<int>(lo, hi)(rng));
+  };
   int killedInSave = 0, finished = 0, temporariesLeft = 0, temporariesRefused = 0;
   for (int trial = 0; trial < trials; ++trial) {
     const pid_t pid = startWeft(common + (fs::exists(path) ? " --resume" : "") + " --out " + out, dir.file("log"));
@@ -430,7 +443,8 @@ TEST_CASE("runs killed during saves leave checkpoints that load, and the resumed
     } else {
       // While the run's first save is being written.
       const auto start = std::chrono::steady_clock::now();
-      while (!fs::exists(temporary) && !exited() && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+      while (!fs::exists(temporary) && !exited() &&
+             std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
       std::this_thread::sleep_for(uniform(0, 800));
@@ -473,13 +487,16 @@ TEST_CASE("--amp trains an AMP model on worker threads, reporting each epoch, it
   CHECK(contains(metrics, "\"staleness_mean\""));
   CHECK(contains(metrics, "\"worker_utilisation\""));
   const std::string events = readText(trace);
-  for (const char* part : {"amp worker 0", "amp worker 1", "\"forward\"", "\"backward\"", "\"update\""}) CHECK(contains(events, part));
+  for (const char* part : {"amp worker 0", "amp worker 1", "\"forward\"", "\"backward\"", "\"update\""})
+    CHECK(contains(events, part));
 }
 
 TEST_CASE("--amp --minibatch trains synchronously") {
   TempDir dir;
-  const CliRun r = weftCli("train list_reduction --amp --minibatch 8 --epochs 1 --target 0 --train-size 40 --eval-size 8 "
-                           "--replicas 2 --out " + (dir.path / "lr").string());
+  const CliRun r = weftCli(
+      "train list_reduction --amp --minibatch 8 --epochs 1 --target 0 --train-size 40 --eval-size 8 "
+      "--replicas 2 --out " +
+      (dir.path / "lr").string());
   REQUIRE_MESSAGE(r.status == 0, r.output);
   CHECK(contains(r.output, "sync, minibatch 8"));
   CHECK(contains(r.output, "\"mode\":\"sync\""));
@@ -593,7 +610,8 @@ TEST_CASE("--amp --resume refuses a checkpoint of other settings, naming them; -
                  "--resume: no checkpoint at " + (dir.path / "none").string() + "/checkpoint.safetensors"));
 }
 
-TEST_CASE("--amp ggsnn --task deduction trains on a graph file whose one node labelled 1 is the answer, and refuses two") {
+TEST_CASE(
+    "--amp ggsnn --task deduction trains on a graph file whose one node labelled 1 is the answer, and refuses two") {
   TempDir dir;
   const std::string good = (dir.path / "deduction.graphs").string(), bad = (dir.path / "bad.graphs").string();
   std::vector<weft::data::Example> graphs = weft::data::basicDeduction({4, 6}, 40, 2);
@@ -621,7 +639,8 @@ TEST_CASE("--amp --cluster runs the worker processes of a specification's hosts,
   const std::string one = (dir.path / "one.safetensors").string(), hosts = (dir.path / "hosts.safetensors").string();
   const CliRun a = weftCli(common + "--out " + (dir.path / "a").string() + " --save " + one);
   REQUIRE_MESSAGE(a.status == 0, a.output);
-  const CliRun b = weftCli(common + "--cluster " + cluster + " --out " + (dir.path / "b").string() + " --save " + hosts);
+  const CliRun b =
+      weftCli(common + "--cluster " + cluster + " --out " + (dir.path / "b").string() + " --save " + hosts);
   REQUIRE_MESSAGE(b.status == 0, b.output);
   CHECK(contains(b.output, "2 process(es) of 1 workers"));
   const weft::TensorFile x = weft::readSafetensors(one), y = weft::readSafetensors(hosts);

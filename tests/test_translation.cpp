@@ -92,7 +92,8 @@ TEST_CASE("translation task: examples carry </s> and <s> where the fields say") 
 
 TEST_CASE("translation task: a Batcher pads the fields and adds their masks") {
   const TranslationTask task{TranslationSpec{}};
-  Batcher batcher(task.examples(0, 16), {.batchSize = 4, .shuffle = false, .padded = {"source", "target_in", "target_out"}, .counted = {}});
+  Batcher batcher(task.examples(0, 16),
+                  {.batchSize = 4, .shuffle = false, .padded = {"source", "target_in", "target_out"}, .counted = {}});
   const Batch b = batcher.next();
   for (const char* f : {"source", "target_in", "target_out"}) {
     REQUIRE(b.count(f));

@@ -293,7 +293,8 @@ TEST_CASE("words must be valid UTF-8 and not reserved; quoted bytes are escaped"
 
 TEST_CASE("hostile deep nesting is refused without crashing") {
   const std::string deep = repeat("(2 ", 100000);
-  CHECK(contains(parseError(deep), "trees.txt:1:3073: brackets nested more than 1024 deep (kMaxTreeDepth): '(2 (2 (2 "));
+  CHECK(
+      contains(parseError(deep), "trees.txt:1:3073: brackets nested more than 1024 deep (kMaxTreeDepth): '(2 (2 (2 "));
   CHECK(contains(parseError(deep + "a" + std::string(100000, ')')), "trees.txt:1:3073: brackets nested more than"));
   CHECK(contains(loadError("(2 a)\n" + deep + "\n"), ":2:3073: brackets nested more than 1024 deep"));
   // Bare brackets stop at the second one, which has no label before it.

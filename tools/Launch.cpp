@@ -4,9 +4,9 @@
 
 #include "core/Error.h"
 #include "dist/Config.h"
-#include "dist/Launcher.h"
-#include "dist/PartitionSampling.h"
-#include "dist/ResourceSpec.h"
+#include "dist/launch/Launcher.h"
+#include "dist/launch/PartitionSampling.h"
+#include "dist/launch/ResourceSpec.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -74,12 +74,14 @@ int runLaunch(int argc, char** argv) {
       "--partitions auto.",
       "weft launch");
   LaunchFlags f;
-  CLI::Option* workers = app.add_option("--workers", f.workers, "local CPU worker processes")->check(CLI::PositiveNumber);
+  CLI::Option* workers =
+      app.add_option("--workers", f.workers, "local CPU worker processes")->check(CLI::PositiveNumber);
   app.add_option("--servers", f.servers, "local parameter-server processes (with --workers)")
       ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(workers);
   app.add_option("--cluster", f.cluster, "the hosts of this resource specification (JSON; see README)")
       ->check(CLI::ExistingFile)->excludes(workers);
-  app.add_option("--arch", f.arch, "how the program's variables are synchronised, overriding its dist::Config: auto, ar "
+  app.add_option("--arch", f.arch,
+                 "how the program's variables are synchronised, overriding its dist::Config: auto, ar "
                  "or ps (passed to every process as WEFT_ARCH)")
       ->check(CLI::IsMember({"auto", "ar", "ps"}));
   app.add_option("--sync", f.sync, "bsp, asp, ssp:S or dssp:L:H, overriding the program's config (WEFT_SYNC)");

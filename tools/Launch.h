@@ -1,6 +1,6 @@
 // `weft launch [--workers N --servers M | --cluster SPEC] [--arch A] -- PROGRAM ARGS...`: starts
 // a user's program as every worker and server of a job, through the launcher `weft train` uses
-// (dist/Launcher.h). Inside, dist::get_runner(graph, config) finds the job from the environment.
+// (dist/launch/Launcher.h). Inside, dist::get_runner(graph, config) finds the job from the environment.
 #pragma once
 
 namespace weft::tools {

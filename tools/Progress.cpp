@@ -12,21 +12,26 @@ double seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 
 std::string duration(double s) {
   const auto total = static_cast<int64_t>(s);
-  return total >= 3600 ? fmt::format("{}h{:02}m", total / 3600, total / 60 % 60) : fmt::format("{}m{:02}s", total / 60, total % 60);
+  return total >= 3600 ? fmt::format("{}h{:02}m", total / 3600, total / 60 % 60)
+                       : fmt::format("{}m{:02}s", total / 60, total % 60);
 }
 
 }  // namespace
 
 Progress::Progress(int64_t total, int64_t first)
-    : total_(total), first_(first), terminal_(::isatty(::fileno(stdout)) != 0), start_(std::chrono::steady_clock::now()),
-      rateStart_(start_), lastDraw_(start_) {}
+    : total_(total),
+      first_(first),
+      terminal_(::isatty(::fileno(stdout)) != 0),
+      start_(std::chrono::steady_clock::now()),
+      rateStart_(start_),
+      lastDraw_(start_) {}
 
 std::string Progress::line(int64_t step, double loss, double items, const std::string& unit) const {
   const auto now = std::chrono::steady_clock::now();
   const double done = static_cast<double>(step - first_);
   const double eta = done > 0 ? seconds(now - start_) / done * static_cast<double>(total_ - step) : 0;
-  return fmt::format("step {:>7}/{}  loss {:.4f}  {:.0f} {}/s  elapsed {}  eta {}", step, total_, loss, rate(items), unit,
-                     duration(seconds(now - start_)), duration(eta));
+  return fmt::format("step {:>7}/{}  loss {:.4f}  {:.0f} {}/s  elapsed {}  eta {}", step, total_, loss, rate(items),
+                     unit, duration(seconds(now - start_)), duration(eta));
 }
 
 void Progress::update(int64_t step, double loss, double items, const std::string& unit) {

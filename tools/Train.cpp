@@ -5,10 +5,10 @@
 #include "core/InputFile.h"
 #include "core/TensorBoard.h"
 #include "core/Trace.h"
-#include "dist/Launcher.h"
-#include "dist/PartitionSampling.h"
-#include "dist/Pipeline.h"
-#include "dist/Preemption.h"
+#include "dist/launch/Launcher.h"
+#include "dist/launch/PartitionSampling.h"
+#include "dist/pipeline/Pipeline.h"
+#include "dist/launch/Preemption.h"
 #include "dist/Runner.h"
 #include "models/AmpModels.h"
 #include "models/ZooModel.h"
@@ -112,8 +112,9 @@ class MetricsLog {
 void writeBytesPerStep(TensorBoardWriter& board, const dist::Traffic& now, const dist::Traffic& before, int64_t steps,
                        int64_t step) {
   if (steps <= 0) return;
-  constexpr std::pair<dist::TrafficKind, const char*> kKinds[] = {
-      {dist::TrafficKind::Dense, "dense"}, {dist::TrafficKind::Sparse, "sparse"}, {dist::TrafficKind::Control, "control"}};
+  constexpr std::pair<dist::TrafficKind, const char*> kKinds[] = {{dist::TrafficKind::Dense, "dense"},
+                                                                  {dist::TrafficKind::Sparse, "sparse"},
+                                                                  {dist::TrafficKind::Control, "control"}};
   double total = 0;
   for (const auto& [kind, name] : kKinds) {
     const auto k = static_cast<size_t>(kind);
@@ -137,7 +138,8 @@ class Trainer {
     const models::OptimizerSpec spec = buildModel(setup);
     // Every process of the job (servers too) decides alike: from the specification, not its own device.
     const std::vector<dist::WorkerSlot> slots = setup.resources.workers();
-    const bool cpuWorkers = std::all_of(slots.begin(), slots.end(), [](const dist::WorkerSlot& w) { return w.device == "cpu"; });
+    const bool cpuWorkers =
+        std::all_of(slots.begin(), slots.end(), [](const dist::WorkerSlot& w) { return w.device == "cpu"; });
     if (setup.config.architecture == dist::Architecture::Auto && setup.config.sync->synchronous() &&
         flags_.stages == 1 && setup.resources.hosts().size() > 1 && cpuWorkers)
       setup.config.sparsity = measureSparsity(static_cast<int>(slots.size()));
@@ -177,7 +179,7 @@ class Trainer {
 
   /// Under a cluster engine (a rank among several, and no launcher): becomes that rank's member
   /// of the job, whose processes the engine started; the job's first process serves the
-  /// rendezvous (dist/EngineJob.h).
+  /// rendezvous (dist/launch/EngineJob.h).
   void joinEngineJob() {
     if (dist::launchIdentityFromEnvironment()) return;
     const std::optional<dist::EngineView> view = dist::detectEngine(dist::processEnvironment());
@@ -293,7 +295,8 @@ class Trainer {
     if (flags_.partitions == "auto") {
       searchPartitions(resources, launch);
     } else {
-      WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0, "the distributed job failed (see the messages above)");
+      WEFT_CHECK(dist::launch(resources, commandLine_, launch) == 0,
+                 "the distributed job failed (see the messages above)");
     }
     if (!flags_.trace.empty()) mergeWorkerTraces(static_cast<int>(resources.workers().size()));
     return 0;
@@ -483,7 +486,8 @@ class Trainer {
     const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
     report.evaluationSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     // The time so far without worker 0's evaluations, for time-to-accuracy curves.
-    report.metrics->write({{"step", step}, {"seconds", progress.elapsed() - report.evaluationSeconds}, {"eval", result}});
+    report.metrics->write(
+        {{"step", step}, {"seconds", progress.elapsed() - report.evaluationSeconds}, {"eval", result}});
     if (report.board)
       for (const auto& [metric, value] : result) report.board->scalar("eval/" + metric, value, step);
     progress.report(step, result);
@@ -519,7 +523,8 @@ class Trainer {
       slow.factor = std::stod(text.substr(colon + 1), &used);
       WEFT_CHECK(used == text.size() - colon - 1, "");
     } catch (const std::exception&) {
-      WEFT_THROW("--slow-worker {}: expected RANK:FACTOR, such as 1:3 (worker 1's steps take three times as long)", text);
+      WEFT_THROW("--slow-worker {}: expected RANK:FACTOR, such as 1:3 (worker 1's steps take three times as long)",
+                 text);
     }
     WEFT_CHECK(slow.rank >= 0 && slow.factor >= 1 && slow.factor <= 1000,
                "--slow-worker {}: the rank must be 0 or more and the factor between 1 and 1000", text);
@@ -552,7 +557,7 @@ class Trainer {
   std::string outDir() const { return flags_.out.empty() ? "runs/" + name_ : flags_.out; }
 
   /// --partitions auto (the launcher): the job's samples and its run on with the chosen count
-  /// (dist/PartitionSampling.h); the samples and the choice go to metrics.jsonl.
+  /// (dist/launch/PartitionSampling.h); the samples and the choice go to metrics.jsonl.
   void searchPartitions(const dist::ResourceSpec& resources, const dist::LaunchOptions& launch) {
     const std::string out = outDir();
     const bool resume =
@@ -595,9 +600,12 @@ class Trainer {
     nlohmann::json record = nlohmann::json::array();
     for (const dist::SparsityChoice& c : runner_->sparsityChoices()) {
       fmt::print("{}\n", c.describe());
-      record.push_back({{"variable", c.variable}, {"alpha", c.alpha},
-                        {"machines", c.machines}, {"servers_bytes", c.bytes.servers},
-                        {"allreduce_bytes", c.bytes.allReduce}, {"synchronised_by", c.allReduce ? "allreduce" : "servers"}});
+      record.push_back({{"variable", c.variable},
+                        {"alpha", c.alpha},
+                        {"machines", c.machines},
+                        {"servers_bytes", c.bytes.servers},
+                        {"allreduce_bytes", c.bytes.allReduce},
+                        {"synchronised_by", c.allReduce ? "allreduce" : "servers"}});
     }
     std::fflush(stdout);
     metrics.write({{"sparsity", record}});
@@ -606,7 +614,8 @@ class Trainer {
   /// This worker's part of a total batch (the batch itself when the data gives only the part).
   data::Batch myPart(const data::Batch& batch) const {
     // A pipeline's stages each see their replica's whole part.
-    return runner_->replicas() > 1 && !readsPart_ ? model_->shard(batch, runner_->replica(), runner_->replicas()) : batch;
+    return runner_->replicas() > 1 && !readsPart_ ? model_->shard(batch, runner_->replica(), runner_->replicas())
+                                                  : batch;
   }
 
   /// What the total batch of `batch` holds, for throughput.
@@ -631,7 +640,8 @@ class Trainer {
   /// The launcher's one trace of the job: every worker's part, in rank order.
   void mergeWorkerTraces(int workers) const {
     std::vector<std::string> parts;
-    for (int r = 0; r < workers; ++r) parts.push_back(InputFile(partPath(r), "trace part", uint64_t{1} << 34).readAll());
+    for (int r = 0; r < workers; ++r)
+      parts.push_back(InputFile(partPath(r), "trace part", uint64_t{1} << 34).readAll());
     std::ofstream out(flags_.trace);
     out << mergeTraces(parts);
     WEFT_CHECK(out.good(), "cannot write the trace {}", flags_.trace);
@@ -658,12 +668,15 @@ class Trainer {
   void reportCommunication(int64_t steps) const {
     const dist::Traffic t = runner_->traffic();
     const double n = static_cast<double>(std::max<int64_t>(steps, 1));
-    fmt::print(stderr, "communication of worker {}: per step {:.0f} dense + {:.0f} sparse bytes sent, {:.0f} dense + {:.0f} "
+    fmt::print(stderr,
+               "communication of worker {}: per step {:.0f} dense + {:.0f} sparse bytes sent, {:.0f} dense + {:.0f} "
                "sparse received; setup and control {} bytes sent\n",
                runner_->rank(), t.sent[0] / n, t.sent[1] / n, t.received[0] / n, t.received[1] / n, t.sent[2]);
-    fmt::print(stderr, "collectives of worker {} with other machines: per step {:.0f} dense + {:.0f} sparse bytes sent, "
+    fmt::print(stderr,
+               "collectives of worker {} with other machines: per step {:.0f} dense + {:.0f} sparse bytes sent, "
                "{:.0f} dense + {:.0f} sparse received\n",
-               runner_->rank(), t.sentAcross[0] / n, t.sentAcross[1] / n, t.receivedAcross[0] / n, t.receivedAcross[1] / n);
+               runner_->rank(), t.sentAcross[0] / n, t.sentAcross[1] / n, t.receivedAcross[0] / n,
+               t.receivedAcross[1] / n);
     for (const auto& [variable, rows] : t.sparseRows) {
       fmt::print(stderr, "sparse gradient of {} on worker {}: alpha {:.6f} (distinct rows per step / {} rows), {:.6f} "
                  "with repeats\n",
@@ -856,8 +869,10 @@ void checkRunIdentity(const std::map<std::string, std::string>& identity,
 
 namespace {
 
-void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
-  CLI::Option* steps = cmd.add_option("--steps", f.steps, "training steps (default: the model's)")->check(CLI::PositiveNumber);
+/// The flags of the step: its length, batch, optimizer, threads, device, precision and seed.
+void addTrainingFlags(CLI::App& cmd, TrainFlags& f) {
+  CLI::Option* steps =
+      cmd.add_option("--steps", f.steps, "training steps (default: the model's)")->check(CLI::PositiveNumber);
   cmd.add_option("--epochs", f.epochs, "train for this many passes over the training data instead of --steps")
       ->check(CLI::PositiveNumber)
       ->excludes(steps);
@@ -885,21 +900,46 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "f64"}));
   cmd.add_option("--seed", f.seed, "seed of weights, data order and dropout")->capture_default_str();
+}
+
+/// The flags of data, evaluation, checkpoints, logs and what a run writes besides.
+void addOutputFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--data", f.data, "real data (file or directory, see README); default: the built-in generator");
   cmd.add_option("--out", f.out, "output directory for metrics.jsonl and checkpoint.safetensors (default: runs/MODEL)");
-  cmd.add_option("--eval-every", f.evalEvery, "steps between evaluations (default: a tenth of the run)")->check(CLI::PositiveNumber);
+  cmd.add_option("--eval-every", f.evalEvery, "steps between evaluations (default: a tenth of the run)")
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--eval-batches", f.evalBatches, "held-out batches per periodic evaluation (the final one uses all)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--checkpoint-every", f.checkpointEvery, "steps between checkpoints (default: at every evaluation)")
       ->check(CLI::PositiveNumber);
-  cmd.add_option("--log-every", f.logEvery, "steps between progress lines")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--log-every", f.logEvery, "steps between progress lines")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   addResumeFlags(cmd, f.resume, f.resumeChanged,
                  "continue from the checkpoint in --out, exactly where it stopped; a checkpoint of a run with other "
                  "settings (seed, batch, optimizer, model options, data) is refused");
-  cmd.add_option("--bench", f.bench, "run N batches untimed, then time them again; print one JSON line")->check(CLI::PositiveNumber);
-  CLI::Option* workers = cmd.add_option("--workers", f.workers, "train data-parallel with N local worker processes (--batch is the total); with --stages, N replicas "
-                                        "of the pipeline, N x S processes")
-                             ->check(CLI::PositiveNumber);
+  cmd.add_option("--bench", f.bench, "run N batches untimed, then time them again; print one JSON line")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--trace", f.trace,
+                 "write a Chrome trace (chrome://tracing, Perfetto) of every op and pipeline action of every process, "
+                 "one track per process");
+  cmd.add_option(
+      "--tensorboard", f.tensorboard,
+      "also write TensorBoard event files into DIR: train/loss, train/learning_rate, the throughput, eval/ "
+      "and final/ metrics, and in a distributed job worker 0's dist/ bytes per step (tensorboard --logdir DIR)");
+  cmd.add_flag(
+      "--report-comm", f.reportComm,
+      "print each worker's bytes sent and received per step, and each server's bytes to and from other machines");
+}
+
+/// The flags of a distributed job: its processes, pipeline stages, cluster and failures.
+void addJobFlags(CLI::App& cmd, TrainFlags& f) {
+  CLI::Option* workers =
+      cmd.add_option(
+             "--workers", f.workers,
+             "train data-parallel with N local worker processes (--batch is the total); with --stages, N replicas "
+             "of the pipeline, N x S processes")
+          ->check(CLI::PositiveNumber);
   CLI::Option* stages = cmd.add_option("--stages", f.stages,
                                        "train pipelined: the model cut into S stages, each a local worker process "
                                        "(cut by profiling one step, or where the model's Graph::stage scopes say)")
@@ -908,10 +948,13 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
                  "each step's batch is cut into M micro-batches, whose gradients are summed before the update "
                  "(--batch is the total): a pipeline's, or one process's gradient accumulation")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--schedule", f.schedule,
-                 "the pipeline's schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at "
-                 "most S micro-batches held) or zb (zero bubble: weight gradients fill the bubbles)")
-      ->capture_default_str()->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))->needs(stages);
+  cmd.add_option(
+         "--schedule", f.schedule,
+         "the pipeline's schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at "
+         "most S micro-batches held) or zb (zero bubble: weight gradients fill the bubbles)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
+      ->needs(stages);
   cmd.add_option("--servers", f.servers, "parameter-server processes of a --workers job")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--cluster", f.cluster, "train data-parallel on the hosts of this resource specification (JSON)")
@@ -933,6 +976,19 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--rendezvous-timeout", f.rendezvousTimeout,
                  "under a cluster engine: seconds the job's processes have to find each other")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--timeout", f.timeout,
+                 "seconds a distributed step may wait for another process before the job stops; a process silent for a "
+                 "third of it (at least 3 s) stops the job at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--max-restarts", f.maxRestarts,
+                 "after a process of a distributed job fails, start the whole job again from its last checkpoint, up "
+                 "to this many times")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+}
+
+/// The flags of how a data-parallel job moves its variables: architecture, partitions, synchronisation.
+void addParallaxFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--arch", f.arch,
                  "how variables are synchronised: auto (AllReduce dense, parameter servers for sparse), ar (AllReduce "
                  "dense, AllGather sparse) or ps (every variable on the parameter servers)")
@@ -954,38 +1010,31 @@ void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--partition-search-steps", f.partitionSearchSteps,
                  "steps each sample of --partitions auto trains; the second half is timed")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  // The search's launcher runs each sample with this; not for users.
   cmd.add_option("--sparsity-batches", f.sparsityBatches,
                  "under --arch auto on several machines: batches whose sparse gradients are measured before training, "
                  "so that a sparse variable that a dense AllReduce moves in fewer bytes than the servers is summed by "
                  "AllReduce (0: every sparse variable on the servers)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd.add_option("--sync", f.sync,
-                 "how the parameter servers synchronise the workers: bsp (every step together), asp (every push "
-                 "applied as it comes), ssp:S (at most S steps ahead of the slowest worker) or dssp:SL:SU (SL, and up to "
-                 "SU when the DSSP controller predicts less waiting); all but bsp serve every variable (--arch ps)")
+  cmd.add_option(
+         "--sync", f.sync,
+         "how the parameter servers synchronise the workers: bsp (every step together), asp (every push "
+         "applied as it comes), ssp:S (at most S steps ahead of the slowest worker) or dssp:SL:SU (SL, and up to "
+         "SU when the DSSP controller predicts less waiting); all but bsp serve every variable (--arch ps)")
       ->capture_default_str();
   cmd.add_option("--slow-worker", f.slowWorker,
                  "RANK:FACTOR: worker RANK's steps take FACTOR times as long (it sleeps after each), to emulate a "
                  "slower machine");
-  cmd.add_option("--timeout", f.timeout, "seconds a distributed step may wait for another process before the job stops; a process silent for a third of it (at least 3 s) stops the job at once")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--max-restarts", f.maxRestarts,
-                 "after a process of a distributed job fails, start the whole job again from its last checkpoint, up "
-                 "to this many times")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd.add_option("--trace", f.trace,
-                 "write a Chrome trace (chrome://tracing, Perfetto) of every op and pipeline action of every process, "
-                 "one track per process");
-  cmd.add_option("--tensorboard", f.tensorboard,
-                 "also write TensorBoard event files into DIR: train/loss, train/learning_rate, the throughput, eval/ "
-                 "and final/ metrics, and in a distributed job worker 0's dist/ bytes per step (tensorboard --logdir DIR)");
-  cmd.add_flag("--report-comm", f.reportComm,
-               "print each worker's bytes sent and received per step, and each server's bytes to and from other machines");
   cmd.add_option("--local-aggregation", f.localAggregation,
                  "on: the workers of a machine reach the parameter servers through its server, as one (pushes summed, "
                  "pulls merged); off: each worker on its own")
       ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
+}
+
+void addCommonFlags(CLI::App& cmd, TrainFlags& f) {
+  addTrainingFlags(cmd, f);
+  addOutputFlags(cmd, f);
+  addJobFlags(cmd, f);
+  addParallaxFlags(cmd, f);
 }
 
 }  // namespace
@@ -1040,7 +1089,8 @@ void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLi
   }
 }
 
-std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep, const PipelineCutOptions& options) {
+std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep,
+                                const PipelineCutOptions& options) {
   Session session(graph, SessionOptions{options.threads, false});
   const data::Batch batch = model.trainData().next();
   const FeedMap feeds = models::feedsFor(graph, model.shard(batch, 0, options.microbatches));

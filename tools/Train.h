@@ -49,6 +49,7 @@ struct PipelineCutOptions {
 };
 /// Profiles one micro-batch's training step of `model` (built in `graph`, trained by `trainStep`),
 /// chooses the stages as `weft train --stages` does, and describes each stage and transfer.
-std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep, const PipelineCutOptions& options);
+std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep,
+                                const PipelineCutOptions& options);
 
 }  // namespace weft::tools

@@ -1,8 +1,8 @@
 // The weft command line: `weft train MODEL`, `weft graph MODEL`, their --amp forms, `weft launch`, `weft env`
 // and `weft secret`.
 #include "core/Error.h"
-#include "dist/Auth.h"
-#include "dist/EngineJob.h"
+#include "dist/transport/Auth.h"
+#include "dist/launch/EngineJob.h"
 #include "models/ZooModel.h"
 #include "tools/AmpTrain.h"
 #include "tools/Launch.h"
@@ -29,15 +29,17 @@ int main(int argc, char** argv) {
   int status = 0;
   weft::tools::addTrainCommands(*train, commandLine, status);
 
-  CLI::App* graph = app.add_subcommand("graph", "print a model's training graph with its gradient links (text, or Graphviz DOT with --dot)");
+  CLI::App* graph = app.add_subcommand(
+      "graph", "print a model's training graph with its gradient links (text, or Graphviz DOT with --dot)");
   std::string model = "mlp";
   bool dot = false;
   graph->add_option("model", model, "model to build")->check(CLI::IsMember(weft::models::zooModelNames()));
   graph->add_flag("--dot", dot, "Graphviz DOT instead of text");
   weft::tools::PipelineCutOptions cut;
-  graph->add_option("--stages", cut.stages,
-                    "print the pipeline cut into S stages instead: each stage's forward ops, measured time and boundary "
-                    "bytes, and the transfers between stages")
+  graph
+      ->add_option("--stages", cut.stages,
+                   "print the pipeline cut into S stages instead: each stage's forward ops, measured time and boundary "
+                   "bytes, and the transfers between stages")
       ->check(CLI::PositiveNumber);
   graph->add_option("--microbatches", cut.microbatches, "the cut profiles one of M micro-batches of a batch")
       ->capture_default_str()->check(CLI::PositiveNumber);

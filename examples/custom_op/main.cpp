@@ -74,7 +74,8 @@ int main() {
 
   Graph g;
   Output x = g.placeholder("x", f64, {3, 4});
-  const GradCheckReport gradient = checkGradients(g, softplus(x), {x}, {{x, testing::randomTensor(f64, {3, 4}, 2, -3, 3)}});
+  const GradCheckReport gradient =
+      checkGradients(g, softplus(x), {x}, {{x, testing::randomTensor(f64, {3, 4}, 2, -3, 3)}});
   expect("gradient", gradient.ok ? "" : gradient.detail);
 
   if (cudaDeviceCount() > 0) {
@@ -82,7 +83,8 @@ int main() {
     expect("gpu parity", testing::compareDevices(
                              [](Graph& graph) {
                                Output in = graph.placeholder("x", f32, {8});
-                               return testing::Computation{{log(1.0 + exp(in))}, {{in, testing::randomTensor(f32, {8}, 3)}}, {}};
+                               return testing::Computation{
+                                   {log(1.0 + exp(in))}, {{in, testing::randomTensor(f32, {8}, 3)}}, {}};
                              },
                              "cuda:0", testing::toleranceFor(f32)));
   }

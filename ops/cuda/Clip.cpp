@@ -25,8 +25,9 @@ void sparseSquaredNorm(KernelContext& ctx) {
     const Tensor workspace(i64, {std::max<int64_t>((bytes + 7) / 8, 1)}, ctx.device);
     dispatchFloating(values.dtype(), [&](auto z) {
       using T = decltype(z);
-      WEFT_CUDA_CHECK(launch::sparseSquaredNorm<T, I>(ids.data<I>(), values.data<T>(), n, width, ctx.output(0).data<T>(),
-                                                      partials.data<double>(), workspace.raw(), streamOf(ctx)));
+      WEFT_CUDA_CHECK(launch::sparseSquaredNorm<T, I>(ids.data<I>(), values.data<T>(), n, width,
+                                                      ctx.output(0).data<T>(), partials.data<double>(), workspace.raw(),
+                                                      streamOf(ctx)));
     });
   });
 }

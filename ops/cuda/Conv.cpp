@@ -33,7 +33,8 @@ struct ConvKey {
   bool tf32, anyDeterminism;
   std::vector<int64_t> dims;  // n, c, h, w, o, kh, kw, strides, padding, dilation
   bool operator<(const ConvKey& o) const {
-    return std::tie(gpu, dtype, tf32, anyDeterminism, dims) < std::tie(o.gpu, o.dtype, o.tf32, o.anyDeterminism, o.dims);
+    return std::tie(gpu, dtype, tf32, anyDeterminism, dims) <
+           std::tie(o.gpu, o.dtype, o.tf32, o.anyDeterminism, o.dims);
   }
 };
 
@@ -63,8 +64,8 @@ struct Chosen {
 /// descriptors as set, not taken from the ranking; an algorithm whose size query fails is passed
 /// over.
 template <class Perf, class Find, class WorkspaceOf>
-Chosen<decltype(Perf::algo)> pickAlgorithm(Find find, WorkspaceOf workspaceOf, cudnnMathType_t math, bool anyDeterminism,
-                                           const char* what) {
+Chosen<decltype(Perf::algo)> pickAlgorithm(Find find, WorkspaceOf workspaceOf, cudnnMathType_t math,
+                                           bool anyDeterminism, const char* what) {
   static thread_local std::vector<Perf> perfs(16);
   int count = 0;
   checkDnn(find(static_cast<int>(perfs.size()), &count, perfs.data()), what);
@@ -90,10 +91,15 @@ const ConvPlan& planFor(const KernelContext& ctx, const Shape& x, const Shape& f
   const auto& dilation = ctx.attrs().get<std::vector<int64_t>>("dilation");
   const DType dtype = ctx.inputs[0]->dtype();
   const bool tf32 = dtype == f32 && tf32Allowed();
-  ConvKey key{ctx.device.index, dtype, tf32, nondeterministicConvolutionsAllowed(), {x[0], x[1], x[2], x[3], filter[0], filter[2], filter[3], strides[0],
-                                              strides[1], padding[0], padding[1], dilation[0], dilation[1]}};
+  ConvKey key{ctx.device.index,
+              dtype,
+              tf32,
+              nondeterministicConvolutionsAllowed(),
+              {x[0], x[1], x[2], x[3], filter[0], filter[2], filter[3], strides[0], strides[1], padding[0], padding[1],
+               dilation[0], dilation[1]}};
   for (int64_t d : key.dims) {
-    WEFT_CHECK(d >= 0 && d <= 2147483647, "{}: a dimension of {} exceeds cuDNN's 32-bit sizes", ctx.node->describe(), d);
+    WEFT_CHECK(d >= 0 && d <= 2147483647, "{}: a dimension of {} exceeds cuDNN's 32-bit sizes", ctx.node->describe(),
+               d);
   }
   static std::mutex mutex;
   static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
@@ -223,10 +229,10 @@ void conv2dBackpropInput(KernelContext& ctx) {
   const ConvPlan& p = planFor(ctx, x.shape(), filter.shape());
   const Tensor space = workspace(ctx, p.backwardDataBytes);
   const Scalars s;
-  checkDnn(cudnnConvolutionBackwardData(boundHandle(ctx), s.one(x.dtype()), p.filter, filter.raw(), p.y, dy.raw(),
-                                        p.conv, p.backwardData, space.raw(), p.backwardDataBytes, s.zero(x.dtype()), p.x,
-                                        dx.raw()),
-           "cudnnConvolutionBackwardData");
+  checkDnn(
+      cudnnConvolutionBackwardData(boundHandle(ctx), s.one(x.dtype()), p.filter, filter.raw(), p.y, dy.raw(), p.conv,
+                                   p.backwardData, space.raw(), p.backwardDataBytes, s.zero(x.dtype()), p.x, dx.raw()),
+      "cudnnConvolutionBackwardData");
 }
 
 // Inputs x, dy, filter; output dfilter.

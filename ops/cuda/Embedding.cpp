@@ -22,8 +22,9 @@ void sumRowsById(const KernelContext& ctx, const Tensor& data, const Tensor& ids
     const Tensor workspace(i64, {(bytes + 7) / 8}, ctx.device);  // freed in stream order
     dispatchAll(data.dtype(), [&](auto z) {
       using T = decltype(z);
-      WEFT_CUDA_CHECK(launch::segmentSum<T, I>(data.data<T>(), ids.data<I>(), n, width, init ? init->data<T>() : nullptr,
-                                               out.data<T>(), segments, workspace.raw(), errorSink(ctx), streamOf(ctx)));
+      WEFT_CUDA_CHECK(launch::segmentSum<T, I>(data.data<T>(), ids.data<I>(), n, width,
+                                               init ? init->data<T>() : nullptr, out.data<T>(), segments,
+                                               workspace.raw(), errorSink(ctx), streamOf(ctx)));
     });
   });
 }

@@ -16,7 +16,9 @@ namespace weft::cudaops {
 inline cudaStream_t streamOf(const KernelContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 
 /// Where this step's kernels record data errors.
-inline ErrorSink errorSink(const KernelContext& ctx) { return {cuda::device(ctx.device.index).deviceError, ctx.planStep}; }
+inline ErrorSink errorSink(const KernelContext& ctx) {
+  return {cuda::device(ctx.device.index).deviceError, ctx.planStep};
+}
 
 /// The map from `out` to `in` (right-aligned shapes); throws beyond kMaxRank dimensions.
 BroadcastMap broadcastMap(const Shape& out, const Shape& in);
@@ -104,8 +106,8 @@ inline void fillOnDevice(const KernelContext& ctx, Tensor& out, double value) {
   if (out.numel() == 0) return;
   switch (out.dtype()) {
     case DType::BF16:
-      WEFT_CUDA_CHECK(launch::fill<uint16_t>(static_cast<uint16_t*>(out.raw()), BFloat16(static_cast<float>(value)).bits,
-                                             out.numel(), streamOf(ctx)));
+      WEFT_CUDA_CHECK(launch::fill<uint16_t>(static_cast<uint16_t*>(out.raw()),
+                                             BFloat16(static_cast<float>(value)).bits, out.numel(), streamOf(ctx)));
       break;
     case DType::F16:
       WEFT_CUDA_CHECK(launch::fill<uint16_t>(static_cast<uint16_t*>(out.raw()), Float16(static_cast<float>(value)).bits,

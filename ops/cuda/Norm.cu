@@ -213,7 +213,8 @@ __global__ void gradApplyKernel(const T* dy, const T* x, const T* mask, const P*
     const Pack<T, V> v = *reinterpret_cast<const Pack<T, V>*>(x + off);
     Pack<T, V> out;
 #pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = narrow<T>(a * maskedGrad(g.v[j], mask, off + j) + b * (widen(v.v[j]) - mean) + c);
+    for (int j = 0; j < V; ++j)
+      out.v[j] = narrow<T>(a * maskedGrad(g.v[j], mask, off + j) + b * (widen(v.v[j]) - mean) + c);
     *reinterpret_cast<Pack<T, V>*>(dx + off) = out;
   });
 }

@@ -48,10 +48,9 @@ void sparseOp(KernelContext& ctx) {
       T* s1 = slots > 0 ? static_cast<T*>(ctx.input(1).raw()) : nullptr;
       T* s2 = slots > 1 ? static_cast<T*>(ctx.input(2).raw()) : nullptr;
       const int64_t* step = R == Rule::Adam ? ctx.input(slots + 4).data<int64_t>() : nullptr;
-      WEFT_CUDA_CHECK(launch::sparseUpdate<R, T, I>(hyperOf(ctx.attrs()), static_cast<T*>(var.raw()), s1, s2, rows, width,
-                                                    ids.data<I>(), values.data<T>(), ids.numel(),
-                                                    ctx.input(slots + 3).data<T>(), step, workspace.raw(),
-                                                    errorSink(ctx), streamOf(ctx)));
+      WEFT_CUDA_CHECK(launch::sparseUpdate<R, T, I>(
+          hyperOf(ctx.attrs()), static_cast<T*>(var.raw()), s1, s2, rows, width, ids.data<I>(), values.data<T>(),
+          ids.numel(), ctx.input(slots + 3).data<T>(), step, workspace.raw(), errorSink(ctx), streamOf(ctx)));
     });
   });
 }

@@ -14,8 +14,8 @@ void dropout(KernelContext& ctx) {
   dispatchFloating(x.dtype(), [&](auto z) {
     using T = decltype(z);
     WEFT_CUDA_CHECK(launch::dropout<T>(x.data<T>(), ctx.output(0).data<T>(), ctx.output(1).data<T>(), n, key,
-                                       static_cast<uint64_t>(ctx.replica) * static_cast<uint64_t>(n), rate, static_cast<T>(1.0 / (1.0 - rate)),
-                                       streamOf(ctx)));
+                                       static_cast<uint64_t>(ctx.replica) * static_cast<uint64_t>(n), rate,
+                                       static_cast<T>(1.0 / (1.0 - rate)), streamOf(ctx)));
   });
 }
 

@@ -11,7 +11,8 @@ namespace {
 ReducePlan reducePlan(const Shape& x, const std::vector<bool>& isReduced) {
   WEFT_CHECK(x.rank() <= kMaxRank, "CUDA reductions take tensors of rank up to {}, got shape {}", kMaxRank, x.str());
   std::vector<int64_t> strides(static_cast<size_t>(x.rank()), 1);
-  for (int d = x.rank() - 2; d >= 0; --d) strides[static_cast<size_t>(d)] = strides[static_cast<size_t>(d) + 1] * x[d + 1];
+  for (int d = x.rank() - 2; d >= 0; --d)
+    strides[static_cast<size_t>(d)] = strides[static_cast<size_t>(d) + 1] * x[d + 1];
   ReducePlan p;
   for (int d = 0; d < x.rank(); ++d) {
     const bool reduced = isReduced[static_cast<size_t>(d)];

@@ -24,7 +24,8 @@ __global__ void reduceKernel(const T* x, T* out, ReducePlan p) {
   __shared__ A scratch[kThreads];
   A init = A(0);
   if constexpr (kind == Reduction::Max) {
-    init = std::numeric_limits<T>::has_infinity ? A(-std::numeric_limits<T>::infinity()) : A(std::numeric_limits<T>::lowest());
+    init = std::numeric_limits<T>::has_infinity ? A(-std::numeric_limits<T>::infinity())
+                                                : A(std::numeric_limits<T>::lowest());
   }
   // NaN wins a maximum, as on the CPU.
   auto combine = [](A a, A b) {

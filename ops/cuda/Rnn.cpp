@@ -34,7 +34,8 @@ struct CudaBackend {
     gemm(false, b.tb, m, b.n, b.k, a, lda, b.b, b.ldb, beta, c, ldc);
   }
   void lstmStep(int64_t batch, int64_t hidden, const T* bias, const T* cPrev, T* gates, T* c, T* h) {
-    if (batch * hidden != 0) WEFT_CUDA_CHECK(launch::lstmStep<T>(batch, hidden, bias, cPrev, gates, c, h, streamOf(ctx)));
+    if (batch * hidden != 0)
+      WEFT_CUDA_CHECK(launch::lstmStep<T>(batch, hidden, bias, cPrev, gates, c, h, streamOf(ctx)));
   }
   void lstmStepGrad(int64_t batch, int64_t hidden, const T* gates, const T* c, const T* cPrev, const T* dy, T* dh,
                     T* dc, T* dGates) {
@@ -43,7 +44,8 @@ struct CudaBackend {
     }
   }
   void gruStep(int64_t batch, int64_t hidden, const T* bx, const T* bh, const T* h, T* gates, T* hn, T* hNew) {
-    if (batch * hidden != 0) WEFT_CUDA_CHECK(launch::gruCell<T>(batch, hidden, bx, bh, h, gates, hn, hNew, streamOf(ctx)));
+    if (batch * hidden != 0)
+      WEFT_CUDA_CHECK(launch::gruCell<T>(batch, hidden, bx, bh, h, gates, hn, hNew, streamOf(ctx)));
   }
   void gruStepGrad(int64_t batch, int64_t hidden, const T* gates, const T* hn, const T* h, const T* dhNew, T* dGx,
                    T* dGh, T* dh) {

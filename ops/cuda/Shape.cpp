@@ -65,7 +65,8 @@ void forEachPiece(const std::vector<const Tensor*>& pieces, int axis,
 void splitInto(KernelContext& ctx, const Tensor& x) {
   const int axis = x.shape().axis(ctx.attrs().getInt("axis"));
   std::vector<const Tensor*> pieces(ctx.outputs.begin(), ctx.outputs.end());
-  forEachPiece(pieces, axis, [&](const Tensor& piece, std::vector<int64_t> begin) { boxBetween(ctx, x, piece, begin, true); });
+  forEachPiece(pieces, axis,
+               [&](const Tensor& piece, std::vector<int64_t> begin) { boxBetween(ctx, x, piece, begin, true); });
 }
 
 std::vector<int64_t> ints(const KernelContext& ctx, const char* name) {
@@ -96,7 +97,8 @@ void transpose(KernelContext& ctx) {
 void concat(KernelContext& ctx) {
   Tensor& out = ctx.output(0);
   const int axis = out.shape().axis(ctx.attrs().getInt("axis"));
-  forEachPiece(ctx.inputs, axis, [&](const Tensor& piece, std::vector<int64_t> begin) { boxBetween(ctx, out, piece, begin, false); });
+  forEachPiece(ctx.inputs, axis,
+               [&](const Tensor& piece, std::vector<int64_t> begin) { boxBetween(ctx, out, piece, begin, false); });
 }
 
 void split(KernelContext& ctx) { splitInto(ctx, ctx.input(0)); }

@@ -48,9 +48,12 @@ cudaError_t launch::reverseSequence(size_t elementBytes, const void* x, void* ou
                                     int64_t seqLen, int64_t batchStride, int64_t batch, const I* lengths,
                                     ErrorSink errors, cudaStream_t stream) {
   switch (elementBytes) {
-    case 2: return launchReverse<uint16_t, I>(x, out, n, seqStride, seqLen, batchStride, batch, lengths, errors, stream);
-    case 4: return launchReverse<uint32_t, I>(x, out, n, seqStride, seqLen, batchStride, batch, lengths, errors, stream);
-    case 8: return launchReverse<uint64_t, I>(x, out, n, seqStride, seqLen, batchStride, batch, lengths, errors, stream);
+    case 2:
+      return launchReverse<uint16_t, I>(x, out, n, seqStride, seqLen, batchStride, batch, lengths, errors, stream);
+    case 4:
+      return launchReverse<uint32_t, I>(x, out, n, seqStride, seqLen, batchStride, batch, lengths, errors, stream);
+    case 8:
+      return launchReverse<uint64_t, I>(x, out, n, seqStride, seqLen, batchStride, batch, lengths, errors, stream);
     default: return cudaErrorInvalidValue;
   }
 }

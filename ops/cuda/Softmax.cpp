@@ -17,7 +17,8 @@ void softmaxOp(KernelContext& ctx, bool logSoftmax) {
   if (rows.count == 0 || rows.width == 0) return;
   dispatchFloating(ctx.input(0).dtype(), [&](auto z) {
     using T = decltype(z);
-    WEFT_CUDA_CHECK(launch::softmax<T>(logSoftmax, ctx.input(0).data<T>(), ctx.output(0).data<T>(), rows, streamOf(ctx)));
+    WEFT_CUDA_CHECK(
+        launch::softmax<T>(logSoftmax, ctx.input(0).data<T>(), ctx.output(0).data<T>(), rows, streamOf(ctx)));
   });
 }
 

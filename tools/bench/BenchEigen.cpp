@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   for (int64_t n : bench::kGemmSizes) {
     Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n), c(n, n);
     const auto t = bench::time([&] { c.noalias() = a * b; }, 3, 20);
-    bench::report("gemm_" + std::to_string(n), "eigen", t, "gflops", 2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
+    bench::report("gemm_" + std::to_string(n), "eigen", t, "gflops",
+                  2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
   }
 }

@@ -150,11 +150,12 @@ int main(int argc, char** argv) {
       for (const Variant& v : variants) {
         const bench::Timing w = timeWeft(s, v.type, v.tf32, reps), c = timeCublas(s, v.type, v.tf32, reps);
         const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k) * kChain;
-        std::printf("{\"bench\": \"%s\", \"type\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"weft_ms\": %.4f, "
-                    "\"cublas_ms\": %.4f, \"weft_tflops\": %.1f, \"cublas_tflops\": %.1f, \"weft_over_cublas\": %.3f}\n",
-                    s.name, v.name, static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-                    w.median * 1e3 / kChain, c.median * 1e3 / kChain, flops / w.median / 1e12, flops / c.median / 1e12,
-                    c.median / w.median);
+        std::printf(
+            "{\"bench\": \"%s\", \"type\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"weft_ms\": %.4f, "
+            "\"cublas_ms\": %.4f, \"weft_tflops\": %.1f, \"cublas_tflops\": %.1f, \"weft_over_cublas\": %.3f}\n",
+            s.name, v.name, static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
+            w.median * 1e3 / kChain, c.median * 1e3 / kChain, flops / w.median / 1e12, flops / c.median / 1e12,
+            c.median / w.median);
         std::fflush(stdout);
       }
     }

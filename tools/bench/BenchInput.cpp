@@ -57,9 +57,10 @@ Cost inputCost(data::Batcher& batcher, int64_t steps, Cut cut) {
 }
 
 void report(const std::string& model, int64_t workers, const char* way, double setup, double held, const Cost& cost) {
-  std::printf("{\"model\": \"%s\", \"workers\": %lld, \"way\": \"%s\", \"setup_s\": %.3f, \"held_mb\": %.1f, "
-              "\"epoch_order_s\": %.3f, \"input_ms_per_step\": %.3f}\n",
-              model.c_str(), static_cast<long long>(workers), way, setup, held / 1e6, cost.epochSeconds, cost.perStepMs);
+  std::printf(
+      "{\"model\": \"%s\", \"workers\": %lld, \"way\": \"%s\", \"setup_s\": %.3f, \"held_mb\": %.1f, "
+      "\"epoch_order_s\": %.3f, \"input_ms_per_step\": %.3f}\n",
+      model.c_str(), static_cast<long long>(workers), way, setup, held / 1e6, cost.epochSeconds, cost.perStepMs);
   std::fflush(stdout);
 }
 

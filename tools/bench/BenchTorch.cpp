@@ -16,7 +16,8 @@ void gemm() {
     torch::NoGradGuard noGrad;
     auto a = torch::rand({n, n}), b = torch::rand({n, n});
     const auto t = bench::time([&] { auto c = torch::mm(a, b); }, 3, 20);
-    bench::report("gemm_" + std::to_string(n), "libtorch", t, "gflops", 2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
+    bench::report("gemm_" + std::to_string(n), "libtorch", t, "gflops",
+                  2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
   }
 }
 

@@ -66,7 +66,8 @@ struct ConvShape {
     return 3.0 * 2.0 * static_cast<double>(batch * channels * channels * 9 * size * size);
   }
 };
-inline const ConvShape kConvs[] = {{"conv3x3_16x32", 64, 16, 32}, {"conv3x3_32x16", 64, 32, 16}, {"conv3x3_64x8", 64, 64, 8}};
+inline const ConvShape kConvs[] = {
+    {"conv3x3_16x32", 64, 16, 32}, {"conv3x3_32x16", 64, 32, 16}, {"conv3x3_64x8", 64, 64, 8}};
 
 inline const int64_t kGemmSizes[] = {256, 512, 1024};
 /// Elementwise sizes: 1M floats (12 MB moved per add, within the last-level cache, like the model

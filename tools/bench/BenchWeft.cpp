@@ -28,7 +28,8 @@ void gemm(DType dtype, const std::string& prefix) {
     const FeedMap feeds{{a, testing::randomTensor(f32, {n, n}, 1).cast(dtype)},
                         {b, testing::randomTensor(f32, {n, n}, 2).cast(dtype)}};
     const auto t = bench::time([&] { s.run({c}, feeds); }, 3, 20);
-    bench::report(prefix + std::to_string(n), "weft", t, "gflops", 2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
+    bench::report(prefix + std::to_string(n), "weft", t, "gflops",
+                  2.0 * static_cast<double>(n * n * n) / t.median / 1e9);
   }
 }
 

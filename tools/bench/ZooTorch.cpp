@@ -11,10 +11,10 @@
 //         --hidden: the recurrent or node state width of lm, nmt, gnn, list_reduction (weft's
 //         --hidden); --hidden-width: the MLP's hidden layers' width (weft's flag of that name);
 //         --batch: the MLP's examples, ResNet's images, the GGSNN's graphs or list reduction's
-//         lists per step; --width: ResNet's first-stage channels (weft's --batch and --width). --precision bf16: the forward pass under
-//         CPU autocast to bf16 (as `with torch.autocast("cpu", torch.bfloat16)` in Python; the
-//         backward pass follows the dtypes it recorded), against weft's --precision bf16. The sequence models keep their batch: its padded
-//         widths below were measured at weft's default batch.
+//         lists per step; --width: ResNet's first-stage channels (weft's --batch and --width). --precision bf16: the
+//         forward pass under CPU autocast to bf16 (as `with torch.autocast("cpu", torch.bfloat16)` in Python; the
+//         backward pass follows the dtypes it recorded), against weft's --precision bf16. The sequence models keep
+//         their batch: its padded widths below were measured at weft's default batch.
 //
 // prints {"model": ..., "impl": "libtorch", "steps": N, "threads": T, "median_ms": ...,
 // "p10_ms": ..., "p90_ms": ..., "<unit>_per_s": ...} on stdout; on stderr the parameter counts,
@@ -28,15 +28,15 @@
 // itemsIn() counts (real words, not padding), per batch their measured mean, scaled by
 // (rounded width / mean width) so that rounding does not change the work per item.
 //
-//   model           weft's default batch (mean of 300)               peer's batch            items credited per batch
-//   mlp             128 examples of 32 features                       the same                examples 128
-//   lm              64 sentences, padded width 21.50, 1302.8 words    64 x 22, 1024 candidates  words 1302.8 x 22 / 21.50
-//   nmt             64 pairs, source and target width 10.09, 632.9    64 x 10 (both)          words 632.9 x 10 / 10.09
+//   model           weft's default batch (mean of 300)            peer's batch          items credited per batch
+//   mlp             128 examples of 32 features                    the same              examples 128
+//   lm              64 sentences, padded width 21.50, 1302.8 words 64 x 22, 1024 cand.   words 1302.8 x 22 / 21.50
+//   nmt             64 pairs, source and target width 10.09, 632.9 64 x 10 (both)        words 632.9 x 10 / 10.09
 //                   target words
-//   resnet          128 images 3 x 32 x 32                            the same                images 128
-//   gnn             32 graphs: 311.5 nodes, 474.4 edges               312 nodes, 474 edges    nodes 312
+//   resnet          128 images 3 x 32 x 32                         the same              images 128
+//   gnn             32 graphs: 311.5 nodes, 474.4 edges            312 nodes, 474 edges  nodes 312
 //                   (--batch B: 312 B / 32 nodes and 474 B / 32 edges, rounded)
-//   list_reduction  64 lists, padded width 11.00                      64 x 11                 lists 64
+//   list_reduction  64 lists, padded width 11.00                   64 x 11               lists 64
 //                   (--batch B >= 64: B x 11, lists B)
 //
 // Parameters (trainable, weft's count = the peer's): mlp 76,810; lm 19,645,780 (19,251,540 with sparse
@@ -117,7 +117,8 @@ class Updater {
       : dense_(std::move(dense)), sparse_(std::move(sparse)), spec_(std::move(spec)) {
     if (spec_.name == "adam") {
       optimizer_ = std::make_unique<torch::optim::Adam>(
-          dense_, torch::optim::AdamOptions(spec_.lr).betas({kBeta1, kBeta2}).eps(kEpsilon).weight_decay(spec_.weightDecay));
+          dense_,
+          torch::optim::AdamOptions(spec_.lr).betas({kBeta1, kBeta2}).eps(kEpsilon).weight_decay(spec_.weightDecay));
     } else {
       optimizer_ = std::make_unique<torch::optim::SGD>(
           dense_, torch::optim::SGDOptions(spec_.lr).momentum(spec_.momentum).weight_decay(spec_.weightDecay));
@@ -222,7 +223,9 @@ struct Linear {
   Linear(int64_t in, int64_t out, bool hasBias = true) : weight(glorot(out, in)) {
     if (hasBias) bias = zeros({out});
   }
-  std::vector<Tensor> params() const { return bias.defined() ? std::vector<Tensor>{weight, bias} : std::vector<Tensor>{weight}; }
+  std::vector<Tensor> params() const {
+    return bias.defined() ? std::vector<Tensor>{weight, bias} : std::vector<Tensor>{weight};
+  }
   Tensor operator()(const Tensor& x) const { return torch::linear(x, weight, bias); }
 };
 
@@ -315,7 +318,8 @@ Peer lm(const Sizes& sizes) {
   };
   p.unit = "words";
   p.items = kMeanWords * static_cast<double>(kWidth) / kMeanWidth;
-  p.shapes = "tokens 64 x 22 (" + std::to_string(std::get<0>(at::_unique(tokens)).numel()) + " distinct), 1024 candidates";
+  p.shapes =
+      "tokens 64 x 22 (" + std::to_string(std::get<0>(at::_unique(tokens)).numel()) + " distinct), 1024 candidates";
   return p;
 }
 
@@ -327,10 +331,12 @@ Peer nmt(const Sizes& sizes) {
   auto sourceEmbedding = normal({kVocab, kEmbed}, embedScale), targetEmbedding = normal({kVocab, kEmbed}, embedScale);
   auto forward = std::make_shared<Lstm>(kEmbed, hiddenSize), backward = std::make_shared<Lstm>(kEmbed, hiddenSize),
        decoder = std::make_shared<Lstm>(kEmbed, hiddenSize);
-  auto initH = std::make_shared<Linear>(hiddenSize, hiddenSize), initC = std::make_shared<Linear>(hiddenSize, hiddenSize);
+  auto initH = std::make_shared<Linear>(hiddenSize, hiddenSize),
+       initC = std::make_shared<Linear>(hiddenSize, hiddenSize);
   auto attentional = std::make_shared<Linear>(2 * hiddenSize, hiddenSize, false);
   auto output = std::make_shared<Linear>(hiddenSize, kVocab);
-  const Tensor source = torch::randint(4, kVocab, {kBatch, kWidth}), targetIn = torch::randint(4, kVocab, {kBatch, kWidth});
+  const Tensor source = torch::randint(4, kVocab, {kBatch, kWidth}),
+               targetIn = torch::randint(4, kVocab, {kBatch, kWidth});
   const Tensor targetOut = torch::randint(4, kVocab, {kBatch * kWidth});
   const Tensor sourceMask = torch::ones({kBatch, kWidth}), targetMask = torch::ones({kBatch * kWidth});
   std::vector<Tensor> dense;
@@ -384,7 +390,8 @@ TORCH_MODULE(ConvBn);
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl(int64_t in, int64_t out, int64_t stride)
-      : conv1(register_module("conv1", ConvBn(in, out, 3, stride))), conv2(register_module("conv2", ConvBn(out, out, 3, 1))) {
+      : conv1(register_module("conv1", ConvBn(in, out, 3, stride))),
+        conv2(register_module("conv2", ConvBn(out, out, 3, 1))) {
     if (stride != 1 || in != out) shortcut = register_module("shortcut", ConvBn(in, out, 1, stride));
   }
   Tensor forward(const Tensor& x) {
@@ -401,7 +408,8 @@ struct ResNet20Impl : torch::nn::Module {
     for (int64_t stage = 0; stage < 3; ++stage) {
       const int64_t out = width << stage;
       for (int64_t b = 0; b < 3; ++b) {
-        blocks.push_back(register_module("block" + std::to_string(stage * 3 + b), Block(in, out, stage > 0 && b == 0 ? 2 : 1)));
+        blocks.push_back(
+            register_module("block" + std::to_string(stage * 3 + b), Block(in, out, stage > 0 && b == 0 ? 2 : 1)));
         in = out;
       }
     }
@@ -446,9 +454,11 @@ Peer gnn(const Sizes& sizes) {
   constexpr int64_t kFeatures = 2, kTypes = 3, kSteps = 5, kClasses = 3;
   auto message = std::make_shared<Linear>(hiddenSize, kTypes * hiddenSize);
   const double limit = 1.0 / std::sqrt(static_cast<double>(hiddenSize));
-  auto gru = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{
-      uniform({3 * hiddenSize, hiddenSize}, limit), uniform({3 * hiddenSize, hiddenSize}, limit), zeros({3 * hiddenSize}), zeros({3 * hiddenSize})});
-  auto readout = std::make_shared<Linear>(2 * hiddenSize, hiddenSize), logits = std::make_shared<Linear>(hiddenSize, kClasses);
+  auto gru = std::make_shared<std::vector<Tensor>>(
+      std::vector<Tensor>{uniform({3 * hiddenSize, hiddenSize}, limit), uniform({3 * hiddenSize, hiddenSize}, limit),
+                          zeros({3 * hiddenSize}), zeros({3 * hiddenSize})});
+  auto readout = std::make_shared<Linear>(2 * hiddenSize, hiddenSize),
+       logits = std::make_shared<Linear>(hiddenSize, kClasses);
   const Tensor features = torch::rand({nodes, kFeatures}).round();
   const Tensor src = torch::randint(0, nodes, {edges}), dst = torch::randint(0, nodes, {edges});
   const Tensor types = torch::randint(0, kTypes, {edges});
@@ -518,7 +528,8 @@ Peer listReduction(const Sizes& sizes) {
   std::vector<Tensor> dense = lstm->params();
   for (const Tensor& t : out->params()) dense.push_back(t);
   Peer p;
-  p.updater = std::make_unique<Updater>(dense, std::vector<Tensor>{embedding}, Updater::Spec{"adam", 3e-3, 0.9, 0, 5.0});
+  p.updater =
+      std::make_unique<Updater>(dense, std::vector<Tensor>{embedding}, Updater::Spec{"adam", 3e-3, 0.9, 0, 5.0});
   p.loss = [=] {
     const Tensor y = std::get<0>((*lstm)(gatherRows(embedding, tokens).transpose(0, 1)));  // (T, B, H)
     // mask[t] - mask[t + 1] is 1 exactly at each list's last real position.

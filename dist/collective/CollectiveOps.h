@@ -1,0 +1,44 @@
+// Graph ops that run a worker's collectives. Each collective is a pair: a Start op (launches
+// asynchronously, so the executor runs it as soon as its inputs exist and the transfer overlaps
+// the rest of the step) that hands its inputs to the backend and outputs a ticket, and a Wait op
+// that waits for the ticket's result and outputs it.
+//
+//   AllReduceStart(x_1..x_k) -> ticket      AllReduceWait(ticket, x_1..x_k) -> scale * sum_ranks x_i
+//   AllGatherStart(indices, values) -> ticket
+//   AllGatherWait(ticket, indices, values) -> (every rank's indices, scale * every rank's values)
+//
+// Attributes: "backend" (AllReduce: CollectiveBackend::id(), the ring or the NCCL group),
+// "communicator" (AllGather: the host ring's id), "scale" (Wait ops), "world_size" (AllGather).
+//
+// An AllReduce of GPU tensors runs on their GPU through the job's NCCL group (dist/collective/Nccl.h); its
+// ticket is then only a place in the GPU's memory that pairs Start and Wait, and neither op
+// blocks the host.
+#pragma once
+
+#include "core/Graph.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace weft::dist {
+
+/// Registers the collective ops (idempotent).
+void registerCollectiveOps();
+
+/// Sums tensors of one dtype over every rank, times `scale`; one fused transfer for all of them.
+/// Through collective backend `backend`: the host's ring, or with `onGpu` the NCCL group, on the
+/// GPU the tensors live on.
+std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t backend, double scale, bool onGpu = false);
+/// Concatenates every rank's sparse rows in rank order (every rank must have as many), values
+/// times `scale`. The rows are the gradient of `variable`, of `variableRows` rows: each step's
+/// rows are counted in the communicator's traffic.
+std::pair<Output, Output> allGatherRows(Output indices, Output values, int64_t communicator, int worldSize,
+                                        double scale, const std::string& variable, int64_t variableRows);
+
+/// Sparse rows from dense `rows` [R, ...] and a count per row [R]: ids (`indexDType`, R of
+/// them) and values like `rows`, where row r with a non-zero count is (r, rows[r]) and every
+/// other row is (the first counted row, zeros). A sparse update summing rows by id therefore
+/// touches exactly the counted rows, each with its value. Throws when no row is counted.
+std::pair<Output, Output> touchedRows(Output rows, Output counts, DType indexDType);
+
+}  // namespace weft::dist

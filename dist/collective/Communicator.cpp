@@ -1,0 +1,192 @@
+// The communication thread (see the header).
+#include "dist/collective/Communicator.h"
+
+#include "core/Error.h"
+#include "core/OpRegistry.h"
+#include "ops/RowIds.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace weft::dist {
+
+Communicator::Communicator(Ring& ring, TrafficLog& traffic)
+    : ring_(ring), traffic_(traffic), rank_(ring.rank()), size_(ring.size()) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+Communicator& Communicator::byId(int64_t id) {
+  auto* communicator = dynamic_cast<Communicator*>(&CollectiveBackend::byId(id));
+  WEFT_CHECK(communicator != nullptr, "collective backend {} is not the host's ring, which this collective needs", id);
+  return *communicator;
+}
+
+uint64_t Communicator::submit(std::vector<uint8_t> buffer, Collective collective, TrafficKind kind) {
+  std::lock_guard lock(mutex_);
+  const uint64_t ticket = nextTicket_++;
+  jobs_[ticket] = Job{std::move(buffer), std::move(collective), kind, false};
+  queue_.push_back(ticket);
+  changed_.notify_all();
+  return ticket;
+}
+
+std::vector<uint8_t> Communicator::wait(uint64_t ticket) {
+  std::unique_lock lock(mutex_);
+  auto it = jobs_.find(ticket);
+  WEFT_CHECK(it != jobs_.end(), "collective {} was never submitted or was already collected", ticket);
+  changed_.wait(lock, [&] { return it->second.done; });
+  std::vector<uint8_t> buffer = std::move(it->second.buffer);
+  jobs_.erase(it);
+  if (failure_) std::rethrow_exception(failure_);
+  return buffer;
+}
+
+namespace {
+
+void writeTicket(KernelContext& ctx, uint64_t ticket) {
+  ctx.output(0).data<int64_t>()[0] = static_cast<int64_t>(ticket);
+}
+
+uint64_t readTicket(const KernelContext& ctx) { return static_cast<uint64_t>(ctx.input(0).data<int64_t>()[0]); }
+
+/// Multiplies a floating tensor by `scale`.
+void scaleInPlace(Tensor& out, double scale) {
+  if (scale == 1.0) return;
+  dispatchFloat(out.dtype(), [&](auto z) {
+    using T = decltype(z);
+    T* p = out.data<T>();
+    const T s = static_cast<T>(scale);
+    for (int64_t i = 0, n = out.numel(); i < n; ++i) p[i] *= s;
+  });
+}
+
+}  // namespace
+
+// The inputs are packed into one buffer, summed in place by the ring, and unpacked by the wait.
+void Communicator::startSum(KernelContext& ctx) {
+  size_t total = 0;
+  for (int i = 0; i < ctx.numInputs(); ++i) total += ctx.input(i).bytes();
+  std::vector<uint8_t> buffer(total);
+  size_t offset = 0;
+  for (int i = 0; i < ctx.numInputs(); ++i) {
+    std::memcpy(buffer.data() + offset, ctx.input(i).raw(), ctx.input(i).bytes());
+    offset += ctx.input(i).bytes();
+  }
+  const DType dtype = ctx.input(0).dtype();
+  const auto count = static_cast<int64_t>(total / dtypeSize(dtype));
+  const uint64_t ticket = submit(
+      std::move(buffer),
+      [dtype, count](Ring& ring, std::vector<uint8_t>& b) { ring.allReduceSum(dtype, b.data(), count); },
+      TrafficKind::Dense);
+  writeTicket(ctx, ticket);
+}
+
+void Communicator::finishSum(KernelContext& ctx, double scale) {
+  const std::vector<uint8_t> buffer = wait(readTicket(ctx));
+  size_t offset = 0;
+  for (int i = 1; i < ctx.numInputs(); ++i) {
+    Tensor& out = ctx.output(i - 1);
+    WEFT_CHECK(offset + out.bytes() <= buffer.size(), "{}: the reduced buffer has {} bytes, fewer than the inputs",
+               ctx.node->describe(), buffer.size());
+    std::memcpy(out.raw(), buffer.data() + offset, out.bytes());
+    offset += out.bytes();
+    scaleInPlace(out, scale);
+  }
+}
+
+void Communicator::startGather(KernelContext& ctx) {
+  const Tensor& indices = ctx.input(0);
+  const Tensor& values = ctx.input(1);
+  traffic_.recordSparseRows(ctx.attrs().get<std::string>("variable"), indices.numel(),
+                            groupRowsById(rowIds(indices)).count(), ctx.attrs().getInt("variable_rows"));
+  std::vector<uint8_t> block(indices.bytes() + values.bytes());
+  std::memcpy(block.data(), indices.raw(), indices.bytes());
+  std::memcpy(block.data() + indices.bytes(), values.raw(), values.bytes());
+  const std::string name = ctx.node->describe();
+  const uint64_t ticket = submit(
+      std::move(block),
+      [name](Ring& ring, std::vector<uint8_t>& b) {
+        const std::vector<uint64_t> sizes = ring.allGatherSizes(b.size());
+        for (size_t r = 0; r < sizes.size(); ++r) {
+          WEFT_CHECK(sizes[r] == b.size(),
+                     "{}: rank {} gathers {} bytes of sparse rows but rank {} has {}: under the AR architecture every "
+                     "worker needs a batch of the same shape",
+                     name, r, sizes[r], ring.rank(), b.size());
+        }
+        b = ring.allGather(b);
+      },
+      TrafficKind::Sparse);
+  writeTicket(ctx, ticket);
+}
+
+void Communicator::finishGather(KernelContext& ctx, double scale) {
+  const std::vector<uint8_t> gathered = wait(readTicket(ctx));
+  const size_t indexBytes = ctx.input(1).bytes(), valueBytes = ctx.input(2).bytes();
+  const size_t world = gathered.size() / (indexBytes + valueBytes);
+  Tensor& indices = ctx.output(0);
+  Tensor& values = ctx.output(1);
+  WEFT_CHECK(indices.bytes() == world * indexBytes && values.bytes() == world * valueBytes,
+             "{}: gathered {} bytes, expected {} ranks of {} + {}", ctx.node->describe(), gathered.size(),
+             indices.bytes() / std::max<size_t>(indexBytes, 1), indexBytes, valueBytes);
+  for (size_t r = 0; r < world; ++r) {
+    const uint8_t* block = gathered.data() + r * (indexBytes + valueBytes);
+    std::memcpy(static_cast<uint8_t*>(indices.raw()) + r * indexBytes, block, indexBytes);
+    std::memcpy(static_cast<uint8_t*>(values.raw()) + r * valueBytes, block + indexBytes, valueBytes);
+  }
+  scaleInPlace(values, scale);
+}
+
+void Communicator::throwIfFailed() const {
+  std::lock_guard lock(mutex_);
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+bool Communicator::sumsInFlight() const {
+  std::lock_guard lock(mutex_);
+  return !jobs_.empty();
+}
+
+void Communicator::abort(const std::string& why) {
+  std::lock_guard lock(mutex_);
+  if (!failure_) failure_ = std::make_exception_ptr(Error(fmt::format("{} (rank {}): {}", name(), rank_, why)));
+}
+
+void Communicator::loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    const uint64_t ticket = queue_.front();
+    queue_.pop_front();
+    Job& job = jobs_.at(ticket);  // std::map: the reference survives other submissions
+    if (!failure_) {
+      lock.unlock();
+      const Transport& transport = ring_.transport();
+      const uint64_t sentBefore = transport.bytesSent(), receivedBefore = transport.bytesReceived();
+      const uint64_t acrossBefore[2] = {ring_.bytesSentAcross(), ring_.bytesReceivedAcross()};
+      std::exception_ptr error;
+      try {
+        job.collective(ring_, job.buffer);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      traffic_.record(job.kind, transport.bytesSent() - sentBefore, transport.bytesReceived() - receivedBefore,
+                      ring_.bytesSentAcross() - acrossBefore[0], ring_.bytesReceivedAcross() - acrossBefore[1]);
+      lock.lock();
+      if (error && !failure_) failure_ = error;
+    }
+    job.done = true;
+    changed_.notify_all();
+  }
+}
+
+}  // namespace weft::dist

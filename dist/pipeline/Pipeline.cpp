@@ -1,0 +1,685 @@
+// The pipeline cut (see the header).
+#include "dist/pipeline/Pipeline.h"
+
+#include "core/Error.h"
+#include "core/OpRegistry.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+
+namespace weft::dist {
+
+const char* phaseName(Phase p) {
+  switch (p) {
+    case Phase::Static: return "static";
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Weights: return "weights";
+    case Phase::Update: return "update";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kNone = -1;
+
+bool isSource(const Node* n) { return n->inputs.empty() && n->controlInputs.empty(); }
+bool isPlaceholder(const Node* n) { return n->op == "Placeholder"; }
+bool isGroup(const Node* n) { return n->op == "NoOp"; }
+bool mutates(const Node* n) { return !n->def->mutatedInputs.empty(); }
+
+/// The cut's working state: one entry per node id.
+class Cutter {
+ public:
+  Cutter(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep, bool splitWeights)
+      : g_(graph), fetches_(fetches), trainStep_(trainStep) {
+    cut_.stages = stages;
+    cut_.splitWeights = splitWeights;
+    const size_t n = graph.size();
+    cut_.stageOf.assign(n, kNone);
+    cut_.phaseOf.assign(n, Phase::Static);
+    needed_.assign(n, 0);
+    dynamic_.assign(n, 0);
+    wave_.assign(n, 0);
+    for (Node* b : graph.collection(kBackwardCollection)) backward_.insert(b);
+    for (size_t i = 0; i < graph.gradientLinks().size(); ++i) {
+      const GradientLink& link = graph.gradientLinks()[i];
+      for (const Output& o : {link.dense, link.indices, link.values})
+        if (o.valid()) gradientOutput_[o] = static_cast<int>(i);
+    }
+  }
+
+  PipelineCut run() {
+    forwardChain();
+    stageForward();
+    stageBackward();
+    stageVariables();
+    checkBackwardFlow();
+    stageUpdates();
+    checkControlEdges();
+    findTransfers();
+    if (cut_.splitWeights) splitWeights();
+    assignWaves();
+    buildRuns();
+    return std::move(cut_);
+  }
+
+  /// Each trainable variable's first and last reader among the chain's ops.
+  std::map<Node*, std::pair<size_t, size_t>> readerSpans(const std::vector<Node*>& chain) {
+    std::map<Node*, std::pair<size_t, size_t>> span;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      for (Node* v : variablesRead(chain[i])) {
+        if (!v->attrs.get<bool>("trainable")) continue;
+        auto [it, added] = span.try_emplace(v, i, i);
+        if (!added) it->second.second = i;
+      }
+    }
+    return span;
+  }
+
+  /// The step's forward ops in topological order (classifying every node on the way).
+  std::vector<Node*> forwardChain() {
+    WEFT_CHECK(cut_.stages >= 1, "a pipeline needs at least one stage, got {}", cut_.stages);
+    markNeeded();
+    order_ = neededOrder();
+    markDynamic();
+    assignPhases();
+    std::vector<Node*> chain;
+    for (Node* n : order_)
+      if (phase(n) == Phase::Forward) chain.push_back(n);
+    return chain;
+  }
+
+ private:
+  size_t at(const Node* n) const { return static_cast<size_t>(n->id); }
+  int& stage(const Node* n) { return cut_.stageOf[at(n)]; }
+  Phase& phase(const Node* n) { return cut_.phaseOf[at(n)]; }
+  bool isDynamicValue(const Output& o) const { return dynamic_[at(o.node())] && !isPlaceholder(o.node()); }
+
+  void markNeeded() {
+    std::vector<Node*> stack(trainStep_ ? std::vector<Node*>{trainStep_} : std::vector<Node*>{});
+    for (const Output& f : fetches_) stack.push_back(f.node());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      if (needed_[at(n)]) continue;
+      needed_[at(n)] = 1;
+      WEFT_CHECK(!n->condition.valid(),
+                 "{} runs only when {} holds; a pipelined step does not run conditional updates (such as a loss "
+                 "scale's skipped steps)",
+                 n->describe(), n->condition.name());
+      for (const Output& in : n->inputs) stack.push_back(in.node());
+      for (Node* c : n->controlInputs) stack.push_back(c);
+    }
+  }
+
+  std::vector<Node*> neededOrder() const {
+    std::vector<Node*> order;
+    for (Node* n : g_.topologicalOrder())
+      if (needed_[at(n)]) order.push_back(n);
+    return order;
+  }
+
+  /// Dynamic: depends on a micro-batch (a placeholder) or on the backward pass.
+  void markDynamic() {
+    for (Node* n : order_) {
+      char d = isPlaceholder(n) || backward_.count(n);
+      for (const Output& in : n->inputs) d = d || dynamic_[at(in.node())];
+      dynamic_[at(n)] = d;
+    }
+  }
+
+  void assignPhases() {
+    // Forward: what the fetches and the backward pass read, outside the backward pass.
+    std::vector<Node*> stack;
+    for (const Output& f : fetches_) stack.push_back(f.node());
+    for (Node* b : backward_)
+      if (needed_[at(b)])
+        for (const Output& in : b->inputs) stack.push_back(in.node());
+    std::vector<char> forward(g_.size(), 0);
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      if (forward[at(n)] || !dynamic_[at(n)] || backward_.count(n) || isPlaceholder(n)) continue;
+      forward[at(n)] = 1;
+      for (const Output& in : n->inputs) stack.push_back(in.node());
+    }
+    addForwardSideEffects(forward);
+    for (Node* n : order_) {
+      if (isSource(n) || isGroup(n)) continue;
+      if (backward_.count(n)) phase(n) = Phase::Backward;
+      else if (forward[at(n)]) phase(n) = Phase::Forward;
+      else if (dynamic_[at(n)] || mutates(n)) phase(n) = Phase::Update;
+    }
+    for (const Output& f : fetches_) {
+      WEFT_CHECK(phase(f.node()) == Phase::Forward,
+                 "a pipelined step fetches values of the forward pass (the loss, a metric); {} is computed in its {} "
+                 "phase",
+                 f.name(), phaseName(phase(f.node())));
+    }
+  }
+
+  /// Marks as forward the side effects of the forward pass: updates of state no optimizer trains
+  /// (batch norm's moving averages) computed from forward values alone, and what only they read.
+  /// They run with each micro-batch's forward, as GPipe's per-micro-batch batch norm does.
+  void addForwardSideEffects(std::vector<char>& forward) {
+    std::vector<char> derived(g_.size(), 0);  // computed from forward values alone
+    for (Node* n : order_) {
+      if (!dynamic_[at(n)] || backward_.count(n) || isPlaceholder(n)) continue;
+      bool fromForward = true;
+      for (const Output& in : n->inputs) {
+        const Node* u = in.node();
+        if (dynamic_[at(u)] && !isPlaceholder(u) && !forward[at(u)] && !derived[at(u)]) fromForward = false;
+      }
+      derived[at(n)] = fromForward && !forward[at(n)];
+    }
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      Node* n = *it;
+      if (!derived[at(n)]) continue;
+      bool sideEffect = mutates(n);
+      for (int m : n->def->mutatedInputs)
+        sideEffect = sideEffect && !n->inputs[static_cast<size_t>(m)].node()->attrs.get<bool>("trainable");
+      if (!mutates(n)) {
+        const std::vector<Node*>& readers = consumers(n);
+        sideEffect = !readers.empty() &&
+                     std::all_of(readers.begin(), readers.end(), [&](const Node* c) { return forward[at(c)] != 0; });
+      }
+      if (sideEffect) forward[at(n)] = 1;
+    }
+  }
+
+  int checkedStage(const Node* n) const {
+    WEFT_CHECK(n->stage < cut_.stages, "{} is in pipeline stage {}, but the pipeline has {} stages (0..{})",
+               n->describe(), n->stage, cut_.stages, cut_.stages - 1);
+    return n->stage;
+  }
+
+  /// The latest stage among the dynamic inputs that have one, or kNone.
+  int latestInputStage(const Node* n) {
+    int s = kNone;
+    for (const Output& in : n->inputs)
+      if (isDynamicValue(in)) s = std::max(s, stage(in.node()));
+    return s;
+  }
+
+  void stageForward() {
+    std::vector<Node*> unplaced;
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Forward) continue;
+      stage(n) = n->stage >= 0 ? checkedStage(n) : latestInputStage(n);
+      if (stage(n) == kNone) unplaced.push_back(n);
+    }
+    // What reads only the micro-batch (the labels' count) goes with its first reader.
+    for (auto it = unplaced.rbegin(); it != unplaced.rend(); ++it) {
+      int s = kNone;
+      for (const Node* c : consumers(*it)) {
+        const int reader = stage(c) != kNone ? stage(c) : c->stage;
+        if (reader != kNone && (s == kNone || reader < s)) s = reader;
+      }
+      stage(*it) = std::max(s, 0);
+    }
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Forward) continue;
+      for (const Output& in : n->inputs) {
+        if (!isDynamicValue(in) || stage(in.node()) <= stage(n)) continue;
+        WEFT_THROW("{} in pipeline stage {} reads {} of stage {}: the forward pass may only flow to later stages",
+                   n->describe(), stage(n), in.name(), stage(in.node()));
+      }
+    }
+    std::vector<int> forwardOps(static_cast<size_t>(cut_.stages), 0);
+    for (Node* n : order_)
+      if (phase(n) == Phase::Forward) ++forwardOps[static_cast<size_t>(stage(n))];
+    for (int s = 0; s < cut_.stages; ++s) {
+      WEFT_CHECK(forwardOps[static_cast<size_t>(s)] > 0,
+                 "pipeline stage {} of {} has no forward ops: put ops in it with Graph::stage({}) or use fewer stages",
+                 s, cut_.stages, s);
+    }
+  }
+
+  void stageBackward() {
+    std::vector<Node*> unplaced;
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Backward) continue;
+      if (n->stage >= 0) stage(n) = checkedStage(n);
+      else if (n->gradientOf != nullptr && stage(n->gradientOf) != kNone) stage(n) = stage(n->gradientOf);
+      else stage(n) = latestInputStage(n);
+      if (stage(n) == kNone) unplaced.push_back(n);
+    }
+    // A backward node that reads no staged value (a constant the backward pass starts from) goes
+    // with its readers.
+    for (auto it = unplaced.rbegin(); it != unplaced.rend(); ++it) {
+      int s = 0;
+      for (Node* c : consumers(*it)) s = std::max(s, stage(c));
+      stage(*it) = s;
+    }
+  }
+
+  void checkBackwardFlow() {
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Backward) continue;
+      for (const Output& in : n->inputs) {
+        const Node* u = in.node();
+        if (phase(u) != Phase::Backward || stage(u) >= stage(n)) continue;
+        WEFT_THROW("{} in pipeline stage {} reads {} of stage {}: the backward pass may only flow to earlier stages",
+                   n->describe(), stage(n), in.name(), stage(u));
+      }
+    }
+  }
+
+  const std::vector<Node*>& consumers(const Node* n) {
+    if (consumers_.empty()) {
+      consumers_.resize(g_.size());
+      for (Node* c : order_)
+        for (const Output& in : c->inputs) consumers_[at(in.node())].push_back(c);
+    }
+    return consumers_[at(n)];
+  }
+
+  /// The variables a node reads directly or through static nodes.
+  const std::set<Node*>& variablesRead(Node* n) {
+    auto [it, added] = variablesRead_.try_emplace(n);
+    if (!added) return it->second;
+    std::set<Node*> vars;
+    for (const Output& in : n->inputs) {
+      Node* u = in.node();
+      if (u->op == "Variable") vars.insert(u);
+      else if (!dynamic_[at(u)]) {
+        const std::set<Node*>& more = variablesRead(u);
+        vars.insert(more.begin(), more.end());
+      }
+    }
+    return variablesRead_[n] = std::move(vars);
+  }
+
+  /// Which stages read each variable in the forward and backward passes.
+  void stageVariables() {
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Forward && phase(n) != Phase::Backward) continue;
+      for (Node* v : variablesRead(n)) readers_[v].insert(stage(n));
+    }
+    for (const auto& [v, stages] : readers_) {
+      if (stages.size() < 2 || !v->attrs.get<bool>("trainable")) continue;
+      WEFT_THROW("variable '{}' is read by pipeline stages {} (tied weights): each trainable variable must live in "
+                 "one stage; give its readers one stage, or untie it",
+                 v->name, fmt::join(stages, " and "));
+    }
+  }
+
+  /// The stage that updates a variable: the one stage that reads it, kNone for none.
+  int ownerOf(Node* v) const {
+    auto it = readers_.find(v);
+    return it == readers_.end() || it->second.size() != 1 ? kNone : *it->second.begin();
+  }
+
+  void stageUpdates() {
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update) continue;
+      for (const Output& in : n->inputs) {
+        const Phase p = phase(in.node());
+        WEFT_CHECK(!(p == Phase::Forward || p == Phase::Backward) || gradientOutput_.count(in),
+                   "{} (an update) reads {}, a value of each micro-batch's {} pass: pipelined training sums only the "
+                   "variables' gradients over the micro-batches (batch-norm moving statistics are not pipelined yet)",
+                   n->describe(), in.name(), phaseName(p));
+      }
+    }
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || !mutates(n)) continue;
+      if (!dynamic_[at(n)]) {
+        replicated_.push_back(n);  // the step counter: every stage counts for itself
+        continue;
+      }
+      int s = kNone;
+      for (int m : n->def->mutatedInputs) s = std::max(s, ownerOf(n->inputs[static_cast<size_t>(m)].node()));
+      WEFT_CHECK(s != kNone, "{} updates {}, which no forward or backward op of the pipeline reads: no stage holds it",
+                 n->describe(), n->inputs[static_cast<size_t>(n->def->mutatedInputs[0])].name());
+      stage(n) = s;
+    }
+    // What one stage's updates alone read goes there; what several read, to the latest stage it reads from.
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      Node* n = *it;
+      if (phase(n) != Phase::Update || mutates(n) || !dynamic_[at(n)]) continue;
+      std::set<int> readers;
+      for (Node* c : consumers(n)) readers.insert(stage(c));
+      if (readers.size() == 1 && *readers.begin() != kNone) stage(n) = *readers.begin();
+    }
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || !dynamic_[at(n)] || stage(n) != kNone) continue;
+      stage(n) = std::max(latestInputStage(n), 0);
+    }
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || stage(n) == kNone) continue;
+      for (Node* v : variablesRead(n)) readers_[v].insert(stage(n));
+      for (int m : n->def->mutatedInputs) readers_[n->inputs[static_cast<size_t>(m)].node()].insert(stage(n));
+    }
+  }
+
+  /// A control edge orders two runs of one stage's phase; across stages or phases nothing could.
+  void checkControlEdges() {
+    for (Node* n : order_) {
+      if (isGroup(n)) continue;
+      for (Node* c : n->controlInputs) {
+        if (stage(c) == stage(n) && phase(c) == phase(n)) continue;
+        WEFT_THROW("{} ({} stage {}) runs after {} ({} stage {}): a control edge across pipeline stages or phases "
+                   "cannot be kept",
+                   n->describe(), phaseName(phase(n)), stage(n), c->describe(), phaseName(phase(c)), stage(c));
+      }
+    }
+  }
+
+  void findTransfers() {
+    std::map<std::pair<Output, int>, int> index;
+    for (Node* n : order_) {
+      if (stage(n) == kNone) continue;
+      for (const Output& in : n->inputs) {
+        if (!isDynamicValue(in) || stage(in.node()) == kNone || stage(in.node()) == stage(n)) continue;
+        if (index.count({in, stage(n)})) continue;
+        Transfer t;
+        t.value = in;
+        t.from = stage(in.node());
+        t.to = stage(n);
+        const Phase produced = phase(in.node());
+        if (phase(n) == Phase::Update) t.receivedIn = Phase::Update;
+        else if (produced == Phase::Forward && t.from < t.to) t.receivedIn = Phase::Forward;
+        else t.receivedIn = Phase::Backward;
+        index[{in, stage(n)}] = static_cast<int>(cut_.transfers.size());
+        cut_.transfers.push_back(t);
+      }
+    }
+  }
+
+  /// Zero bubble: the backward nodes that no transfer to an earlier stage needs become Weights.
+  void splitWeights() {
+    std::vector<char> neededEarlier(g_.size(), 0);
+    std::vector<Node*> stack;
+    for (const Transfer& t : cut_.transfers)
+      if (phase(t.value.node()) == Phase::Backward && t.receivedIn == Phase::Backward) stack.push_back(t.value.node());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      if (needed_[at(n)] == 0 || neededEarlier[at(n)] || phase(n) != Phase::Backward) continue;
+      neededEarlier[at(n)] = 1;
+      for (const Output& in : n->inputs)
+        if (stage(in.node()) == stage(n)) stack.push_back(in.node());
+    }
+    for (Node* n : order_)
+      if (phase(n) == Phase::Backward && !neededEarlier[at(n)]) phase(n) = Phase::Weights;
+  }
+
+  /// Update waves: a node runs after the waves of its inputs, one later when an input comes from
+  /// another stage. Each wave is then split in two, what other stages wait for first (even) and
+  /// the rest after the sends (odd), so a stage's own updates never delay another's.
+  void assignWaves() {
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || stage(n) == kNone) continue;
+      int w = 0;
+      for (const Output& in : n->inputs) {
+        const Node* u = in.node();
+        if (stage(u) == kNone) continue;
+        w = std::max(w, (phase(u) == Phase::Update ? wave_[at(u)] : 0) + (stage(u) != stage(n) ? 1 : 0));
+      }
+      wave_[at(n)] = w;
+    }
+    std::vector<char> awaited(g_.size(), 0);
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      Node* n = *it;
+      if (phase(n) != Phase::Update || stage(n) == kNone) continue;
+      for (Node* c : consumers(n))
+        if (stage(c) != kNone && (stage(c) != stage(n) || (wave_[at(c)] == wave_[at(n)] && awaited[at(c)])))
+          awaited[at(n)] = 1;
+    }
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || stage(n) == kNone) continue;
+      wave_[at(n)] = 2 * wave_[at(n)] + (awaited[at(n)] ? 0 : 1);
+      lastWave_ = std::max(lastWave_, wave_[at(n)]);
+    }
+  }
+
+  /// The run of stage `s` that computes node `n`: 0 forward, 1 backward, 2 weights, 3 + w update wave w.
+  int runOf(const Node* n) const {
+    switch (cut_.phaseOf[at(n)]) {
+      case Phase::Forward: return 0;
+      case Phase::Backward: return 1;
+      case Phase::Weights: return 2;
+      case Phase::Update: return 3 + (cut_.stageOf[at(n)] == kNone ? lastWave_ : wave_[at(n)]);
+      case Phase::Static: break;
+    }
+    return kNone;
+  }
+
+  void buildRuns() {
+    const int runsPerStage = 4 + lastWave_;
+    std::vector<std::vector<StageRun>> runs(static_cast<size_t>(cut_.stages),
+                                            std::vector<StageRun>(static_cast<size_t>(runsPerStage)));
+    auto runAt = [&](int s, int r) -> StageRun& { return runs[static_cast<size_t>(s)][static_cast<size_t>(r)]; };
+    auto addUnique = [](auto& list, const auto& value) {
+      if (std::find(list.begin(), list.end(), value) == list.end()) list.push_back(value);
+    };
+    std::map<Output, int> receiveRun;  // per transfer: the receiving run
+    for (Node* n : order_) {
+      if (phase(n) == Phase::Static || isGroup(n) || isSource(n)) continue;
+      const std::vector<int> stages = stage(n) == kNone ? allStages() : std::vector<int>{stage(n)};
+      for (int s : stages) {
+        StageRun& run = runAt(s, runOf(n));
+        if (mutates(n)) run.targets.push_back(n);
+        for (const Output& in : n->inputs) {
+          const Node* u = in.node();
+          if (isPlaceholder(u)) addUnique(run.placeholders, in);
+          else if (dynamic_[at(u)] && (stage(u) != s || runOf(u) != runOf(n))) addUnique(run.inputs, in);
+        }
+      }
+    }
+    // Each value leaving its run: fetched there, sent, kept or summed.
+    for (Node* n : order_) {
+      if (phase(n) == Phase::Static || isGroup(n) || isSource(n) || !dynamic_[at(n)]) continue;
+      for (const Node* c : consumers(n)) {
+        for (size_t i = 0; i < c->inputs.size(); ++i) {
+          const Output& in = c->inputs[i];
+          if (in.node() != n || stage(c) == kNone) continue;
+          if (stage(c) == stage(n) && runOf(c) == runOf(n)) continue;
+          StageRun& from = runAt(stage(n), runOf(n));
+          addUnique(from.fetches, in);
+          if (stage(c) == stage(n) && phase(c) != Phase::Update) addUnique(from.kept, in);
+          if (stage(c) == stage(n) && phase(c) == Phase::Update && phase(n) == Phase::Update) addUnique(from.kept, in);
+        }
+      }
+    }
+    for (const auto& [output, link] : gradientOutput_) {
+      if (!needed_[at(output.node())] || stage(output.node()) == kNone) continue;
+      StageRun& run = runAt(stage(output.node()), runOf(output.node()));
+      addUnique(run.fetches, output);
+      const int gradient = gradientIndex(link, stage(output.node()));
+      addUnique(run.gradients, gradient);
+    }
+    for (const Output& f : fetches_) {
+      addUnique(runAt(stage(f.node()), 0).fetches, f);
+      cut_.fetchStage.push_back(stage(f.node()));
+    }
+    for (size_t t = 0; t < cut_.transfers.size(); ++t) {
+      const Transfer& transfer = cut_.transfers[t];
+      // A gradient another stage's update reads leaves, summed, at the update's start.
+      const int producer = runOf(transfer.value.node());
+      const int sending = transfer.receivedIn == Phase::Update ? std::max(producer, 3) : producer;
+      runAt(transfer.from, sending).sends.push_back(static_cast<int>(t));
+      runAt(transfer.to, receivingRun(transfer)).receives.push_back(static_cast<int>(t));
+    }
+    for (int s = 0; s < cut_.stages; ++s) {
+      auto& mine = runs[static_cast<size_t>(s)];
+      cut_.forward.push_back(std::move(mine[0]));
+      cut_.backward.push_back(std::move(mine[1]));
+      cut_.weights.push_back(std::move(mine[2]));
+      cut_.update.emplace_back(std::make_move_iterator(mine.begin() + 3), std::make_move_iterator(mine.end()));
+      std::vector<Node*> held;
+      for (const auto& [v, readers] : readers_)
+        if (readers.count(s) || readers.count(kNone)) held.push_back(v);
+      for (Node* r : replicated_)
+        for (int m : r->def->mutatedInputs) addUnique(held, r->inputs[static_cast<size_t>(m)].node());
+      std::sort(held.begin(), held.end(), [](const Node* a, const Node* b) { return a->id < b->id; });
+      cut_.variables.push_back(std::move(held));
+    }
+  }
+
+  /// The run that takes a transfer: the receiver's forward or backward action, or in the update
+  /// the first wave that reads it.
+  int receivingRun(const Transfer& t) {
+    if (t.receivedIn == Phase::Forward) return 0;
+    if (t.receivedIn == Phase::Backward) return 1;
+    int first = 3 + lastWave_;
+    for (const Node* c : consumers(t.value.node()))
+      if (stage(c) == t.to && phase(c) == Phase::Update) first = std::min(first, runOf(c));
+    return first;
+  }
+
+  int gradientIndex(int link, int s) {
+    for (size_t i = 0; i < cut_.gradients.size(); ++i)
+      if (cut_.gradients[i].link == &g_.gradientLinks()[static_cast<size_t>(link)]) return static_cast<int>(i);
+    cut_.gradients.push_back({&g_.gradientLinks()[static_cast<size_t>(link)], s});
+    return static_cast<int>(cut_.gradients.size()) - 1;
+  }
+
+  std::vector<int> allStages() const {
+    std::vector<int> out;
+    for (int s = 0; s < cut_.stages; ++s) out.push_back(s);
+    return out;
+  }
+
+  Graph& g_;
+  std::vector<Output> fetches_;
+  Node* trainStep_;
+  PipelineCut cut_;
+  std::vector<char> needed_, dynamic_;
+  std::vector<int> wave_;
+  int lastWave_ = 0;
+  std::vector<Node*> order_;
+  std::set<Node*> backward_;
+  std::map<Output, int> gradientOutput_;
+  std::vector<std::vector<Node*>> consumers_;
+  std::map<Node*, std::set<Node*>> variablesRead_;
+  std::map<Node*, std::set<int>> readers_;
+  std::vector<Node*> replicated_;
+};
+
+/// The bytes of a value when its batch dimension holds `rows` rows.
+double bytesWithRows(const Output& o, int64_t rows) {
+  double n = 1;
+  for (int64_t d : o.shape().dims()) n *= static_cast<double>(d < 0 ? rows : d);
+  return n * static_cast<double>(dtypeSize(o.dtype()));
+}
+
+/// Per cut point k (between chain ops k and k + 1): the bytes of the values ops up to k make that
+/// later ops read.
+std::vector<double> boundaryBytes(const std::vector<Node*>& chain, int64_t rows) {
+  std::map<const Node*, size_t> position;
+  for (size_t i = 0; i < chain.size(); ++i) position[chain[i]] = i;
+  std::map<Output, size_t> lastReader;
+  for (size_t j = 0; j < chain.size(); ++j)
+    for (const Output& in : chain[j]->inputs)
+      if (position.count(in.node())) lastReader[in] = std::max(lastReader[in], j);
+  std::vector<double> bytes(chain.size(), 0);
+  for (const auto& [value, last] : lastReader)
+    for (size_t k = position.at(value.node()); k < last; ++k) bytes[k] += bytesWithRows(value, rows);
+  return bytes;
+}
+
+}  // namespace
+
+std::string StagePlan::describe() const {
+  std::string out;
+  for (size_t s = 0; s < firstOp.size(); ++s) {
+    out += fmt::format("stage {}: {} forward ops from #{}, {:.3f} ms with their gradients, sends {:.0f} bytes\n", s,
+                       ops[s], firstOp[s], seconds[s] * 1e3, boundaryBytes[s]);
+  }
+  return out;
+}
+
+StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
+                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, int microbatches,
+                     double linkBytesPerSecond) {
+  Cutter cutter(graph, stages, fetches, trainStep, false);
+  const std::vector<Node*> chain = cutter.forwardChain();
+  const std::map<Node*, std::pair<size_t, size_t>> spans = cutter.readerSpans(chain);
+  // A cut never parts a variable's readers (a recurrent layer's steps share its weights).
+  std::vector<char> cuttable(chain.size(), 1);
+  for (const auto& [v, readers] : spans)
+    for (size_t k = readers.first; k < readers.second; ++k) cuttable[k] = 0;
+  const size_t n = chain.size(), count = static_cast<size_t>(stages);
+  WEFT_CHECK(n >= count, "the step has {} forward ops, too few for {} pipeline stages", n, stages);
+  const size_t cuts = static_cast<size_t>(std::count(cuttable.begin(), cuttable.end() - 1, 1));
+  WEFT_CHECK(cuts + 1 >= count,
+             "the step's forward ops can be cut in {} places without parting a variable's readers (a layer's "
+             "weights stay in one stage): too few for {} pipeline stages",
+             cuts, stages);
+  WEFT_CHECK(linkBytesPerSecond > 0, "the link speed for the pipeline cut must be positive, got {}",
+             linkBytesPerSecond);
+  // Each forward op costs its own time and its gradient ops', and its variables' updates (once
+  // per step: a micro-batch's share).
+  std::map<const Node*, double> cost;
+  for (const auto& [node, t] : seconds) {
+    if (!node->def->mutatedInputs.empty()) {
+      auto span = spans.find(node->inputs[static_cast<size_t>(node->def->mutatedInputs.front())].node());
+      if (span != spans.end()) cost[chain[span->second.first]] += t / microbatches;
+      continue;
+    }
+    cost[node->gradientOf != nullptr ? node->gradientOf : node] += t;
+  }
+  std::vector<double> prefix(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + (cost.count(chain[i]) ? cost.at(chain[i]) : 0.0);
+  const std::vector<double> boundary = boundaryBytes(chain, rows);
+  // Both ways: activations forward, their gradients back.
+  auto transfer = [&](size_t k) { return 2 * boundary[k] / linkBytesPerSecond; };
+  auto stageTime = [&](size_t first, size_t last) {
+    return prefix[last + 1] - prefix[first] + (first > 0 ? transfer(first - 1) : 0) +
+           (last + 1 < n ? transfer(last) : 0);
+  };
+  // best[s][j]: the slowest of stages 0..s when stage s ends at op j; from[s][j]: where it starts.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(count, std::vector<double>(n, inf));
+  std::vector<std::vector<size_t>> from(count, std::vector<size_t>(n, 0));
+  for (size_t j = 0; j < n; ++j) best[0][j] = stageTime(0, j);
+  for (size_t s = 1; s < count; ++s)
+    for (size_t j = s; j < n; ++j)
+      for (size_t i = s; i <= j; ++i) {
+        if (!cuttable[i - 1]) continue;
+        const double slowest = std::max(best[s - 1][i - 1], stageTime(i, j));
+        if (slowest < best[s][j]) {
+          best[s][j] = slowest;
+          from[s][j] = i;
+        }
+      }
+  StagePlan plan;
+  plan.firstOp.assign(count, 0);
+  for (size_t s = count - 1, end = n - 1; s > 0; --s) {
+    plan.firstOp[s] = from[s][end];
+    end = plan.firstOp[s] - 1;
+  }
+  for (size_t s = 0; s < count; ++s) {
+    const size_t first = plan.firstOp[s], last = s + 1 < count ? plan.firstOp[s + 1] - 1 : n - 1;
+    plan.ops.push_back(last - first + 1);
+    plan.seconds.push_back(prefix[last + 1] - prefix[first]);
+    plan.boundaryBytes.push_back(last + 1 < n ? boundary[last] : 0);
+  }
+  return plan;
+}
+
+void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
+                 const std::vector<size_t>& firstOp) {
+  const std::vector<Node*> chain =
+      Cutter(graph, static_cast<int>(firstOp.size()), fetches, trainStep, false).forwardChain();
+  for (size_t s = 0; s < firstOp.size(); ++s) {
+    const size_t end = s + 1 < firstOp.size() ? firstOp[s + 1] : chain.size();
+    WEFT_CHECK(firstOp[s] < end && end <= chain.size(),
+               "pipeline stage {} would start at forward op {} of {}: not a cut", s, firstOp[s], chain.size());
+    for (size_t i = firstOp[s]; i < end; ++i) chain[i]->stage = static_cast<int>(s);
+  }
+}
+
+PipelineCut cutPipeline(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
+                        bool splitWeights) {
+  return Cutter(graph, stages, fetches, trainStep, splitWeights).run();
+}
+
+}  // namespace weft::dist

@@ -1,0 +1,495 @@
+// One stage of a synchronous pipeline (see the header).
+#include "dist/pipeline/PipelineStage.h"
+
+#include "core/Error.h"
+#include "core/Trace.h"
+#include "dist/launch/Liveness.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
+
+namespace weft::dist {
+
+namespace {
+
+// Tags: 'P' | kind | step (16 bits) | index (16 bits) | micro-batch (16 bits). The step's bits keep
+// a stage that is one step ahead from matching a receive of the step before.
+enum class TagKind : uint64_t { Header = 1, Payload = 2, Fetches = 3 };
+uint64_t tagOf(TagKind kind, uint64_t step, size_t index, int microbatch) {
+  return (uint64_t{0x50} << 56) | (static_cast<uint64_t>(kind) << 48) | ((step & 0xffff) << 32) |
+         ((static_cast<uint64_t>(index) & 0xffff) << 16) | (static_cast<uint64_t>(microbatch) & 0xffff);
+}
+
+// The index field of the tags that move variables rather than transfers.
+constexpr size_t kGatherIndex = 0xffff, kScatterIndex = 0xfffe;
+
+constexpr int kMaxRank = 8;
+struct TensorHeader {
+  uint8_t dtype = 0;
+  uint8_t rank = 0;
+  std::array<int64_t, kMaxRank> dims{};
+};
+constexpr size_t kHeaderBytes = 8 + 8 * kMaxRank;
+
+std::array<uint8_t, kHeaderBytes> encode(const Tensor& t) {
+  WEFT_CHECK(t.shape().rank() <= kMaxRank, "a pipeline transfer has rank {}, above the most, {}", t.shape().rank(),
+             kMaxRank);
+  std::array<uint8_t, kHeaderBytes> bytes{};
+  bytes[0] = static_cast<uint8_t>(t.dtype());
+  bytes[1] = static_cast<uint8_t>(t.shape().rank());
+  for (int axis = 0; axis < t.shape().rank(); ++axis) {
+    const int64_t d = t.shape()[axis];
+    std::memcpy(bytes.data() + 8 + sizeof d * static_cast<size_t>(axis), &d, sizeof d);
+  }
+  return bytes;
+}
+
+/// The tensor a header announces, checked against the value's static type.
+Tensor allocateFor(const std::array<uint8_t, kHeaderBytes>& bytes, const Output& value, int from) {
+  const int rank = bytes[1];
+  std::vector<int64_t> dims(static_cast<size_t>(std::min(rank, kMaxRank)));
+  for (size_t axis = 0; axis < dims.size(); ++axis)
+    std::memcpy(&dims[axis], bytes.data() + 8 + sizeof(int64_t) * axis, sizeof(int64_t));
+  const Shape shape(dims);
+  bool valid =
+      rank <= kMaxRank && bytes[0] == static_cast<uint8_t>(value.dtype()) && shape.compatibleWith(value.shape());
+  for (int64_t d : dims) valid = valid && d >= 0;
+  WEFT_CHECK(valid, "stage {} sent {} as dtype #{} shape {}: expected {}", from, value.name(), bytes[0], shape.str(),
+             value.type().str());
+  shape.bytes(dtypeSize(value.dtype()));  // throws when it overflows
+  return Tensor(value.dtype(), shape);
+}
+
+template <typename F>
+void forFloating(DType dtype, const char* what, F&& f) {
+  if (dtype == DType::F32) f(float{});
+  else if (dtype == DType::F64) f(double{});
+  else WEFT_THROW("pipelined training sums {} gradients in f32 or f64, not {}", what, dtypeName(dtype));
+}
+
+void addInto(Tensor& sum, const Tensor& value) {
+  forFloating(sum.dtype(), "dense", [&](auto zero) {
+    using T = decltype(zero);
+    T* s = sum.data<T>();
+    const T* v = value.data<T>();
+    for (int64_t i = 0; i < sum.numel(); ++i) s[i] += v[i];
+  });
+}
+
+
+/// The parts joined along their first axis.
+Tensor concatRows(const std::vector<Tensor>& parts) {
+  Shape shape = parts.front().shape();
+  shape[0] = 0;
+  for (const Tensor& p : parts) shape[0] += p.shape()[0];
+  Tensor out(parts.front().dtype(), shape);
+  char* at = static_cast<char*>(out.raw());
+  for (const Tensor& p : parts) {
+    if (p.bytes() > 0) std::memcpy(at, p.raw(), p.bytes());
+    at += p.bytes();
+  }
+  return out;
+}
+
+/// A variable's gradient over the micro-batches: a dense sum, or sparse rows gathered.
+struct GradientSum {
+  Tensor dense;
+  std::vector<Tensor> indices, values;
+  void clear() {
+    dense = Tensor();
+    indices.clear();
+    values.clear();
+  }
+};
+
+}  // namespace
+
+struct PipelineStage::State {
+  Graph& graph;
+  int stage;
+  PipelineOptions options;
+  Transport& transport;
+  std::vector<int> peers;
+  std::unique_ptr<Session> session;
+  // The step being run: its fetches, cut and this stage's actions (cut again when they change).
+  std::vector<Output> fetches;
+  Node* trainStep = nullptr;
+  std::optional<PipelineCut> cut;
+  std::vector<PipelineAction> actions;
+  uint64_t step = 0;
+  double waitSeconds = 0, stepSeconds = 0;  // over every step so far
+  size_t peakKept = 0;                        // the most bytes kept for later runs at once
+  // Per step: what each micro-batch's runs keep (by micro-batch), what the update's waves keep,
+  // the gradient sums and each fetch's sum.
+  std::vector<std::map<Output, Tensor>> kept;
+  std::map<Output, Tensor> updateValues;
+  std::vector<GradientSum> sums;
+  std::vector<double> fetchSums;
+  // What the step's started sends read until finishSends (a deque keeps the headers in place).
+  std::deque<std::array<uint8_t, kHeaderBytes>> headersInFlight;
+  std::vector<Tensor> tensorsInFlight;
+
+  State(Graph& g, int s, const PipelineOptions& o, Transport& t, std::vector<int> p)
+      : graph(g), stage(s), options(o), transport(t), peers(std::move(p)) {
+    WEFT_CHECK(options.stages >= 1 && stage >= 0 && stage < options.stages, "pipeline stage {} of {} does not exist",
+               stage, options.stages);
+    WEFT_CHECK(static_cast<int>(peers.size()) == options.stages, "a pipeline of {} stages needs {} stage peers, got {}",
+               options.stages, options.stages, peers.size());
+    WEFT_CHECK(options.microbatches >= 1 && options.microbatches <= 0xffff,
+               "a pipelined step needs 1 to 65535 micro-batches, got {}", options.microbatches);
+    actions = stageSchedule(options.schedule, options.stages, options.microbatches, stage);
+    session = std::make_unique<Session>(graph, options.session);
+    // A large send moves only while its sender progresses: between ops, not after the whole run.
+    session->setAfterEachOp([this] { transport.progress(); });
+  }
+
+  void prepare(const std::vector<Output>& f, Node* t) {
+    if (cut && f == fetches && t == trainStep) return;
+    for (const Output& o : f) {
+      WEFT_CHECK(o.shape().numel() == 1,
+                 "a pipelined step fetches scalars (their mean over the micro-batches); {} is {}", o.name(),
+                 o.type().str());
+    }
+    cut = cutPipeline(graph, options.stages, f, t, options.schedule == PipelineSchedule::ZeroBubble);
+    WEFT_CHECK(cut->transfers.size() < 0xfffe && graph.variables().size() <= 0xffff,
+               "a pipeline of {} transfers and {} variables is more than its message tags can number",
+               cut->transfers.size(), graph.variables().size());
+    fetches = f;
+    trainStep = t;
+    sums.assign(cut->gradients.size(), {});
+  }
+
+  Deadline deadline() const { return Clock::now() + options.timeout; }
+  int peerOf(int s) const { return peers[static_cast<size_t>(s)]; }
+
+  void sendTensor(int to, uint64_t headerTag, uint64_t payloadTag, const Tensor& t) {
+    const std::array<uint8_t, kHeaderBytes> header = encode(t);
+    transport.send(peerOf(to), headerTag, header, deadline());
+    const std::span<const uint8_t> payload(static_cast<const uint8_t*>(t.raw()), t.bytes());
+    transport.send(peerOf(to), payloadTag, payload, deadline());
+  }
+
+  /// Starts sending `t` without waiting for the receiver (finishSends ends the step's sends):
+  /// a stage that sends forward while the next sends back must not wait on it.
+  void startSendingTensor(int to, uint64_t headerTag, uint64_t payloadTag, const Tensor& t) {
+    headersInFlight.push_back(encode(t));
+    tensorsInFlight.push_back(t);
+    transport.startSend(peerOf(to), headerTag, headersInFlight.back());
+    transport.startSend(peerOf(to), payloadTag,
+                        std::span<const uint8_t>(static_cast<const uint8_t*>(t.raw()), t.bytes()));
+  }
+
+  /// Runs `wait` (receives, or the sends' end) as time this stage waited on others.
+  template <typename F>
+  void waitFor(const std::string& what, F&& wait) {
+    const auto started = TraceClock::now();
+    {
+      const TraceScope waiting(what, "wait", "pipeline");
+      wait();
+    }
+    waitSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
+  }
+
+  void finishSends() {
+    try {
+      waitFor("finish the step's sends", [&] { transport.finishSends(deadline()); });
+    } catch (const Error& e) {
+      WEFT_THROW("pipeline stage {} finishing the sends of step {}: {}", stage, step + 1, e.what());
+    }
+    headersInFlight.clear();
+    tensorsInFlight.clear();
+  }
+
+  Tensor receiveTensor(int from, uint64_t headerTag, uint64_t payloadTag, const Output& value) {
+    std::array<uint8_t, kHeaderBytes> header{};
+    transport.receive(headerTag, header, deadline(), peerOf(from));
+    Tensor t = allocateFor(header, value, from);
+    transport.receive(payloadTag, std::span<uint8_t>(static_cast<uint8_t*>(t.raw()), t.bytes()), deadline(),
+                      peerOf(from));
+    return t;
+  }
+
+  void receive(const StageRun& run, int microbatch, std::map<Output, Tensor>& into) {
+    for (int t : run.receives) {
+      const Transfer& transfer = cut->transfers[static_cast<size_t>(t)];
+      try {
+        into[transfer.value] =
+            receiveTensor(transfer.from, tagOf(TagKind::Header, step, static_cast<size_t>(t), microbatch),
+                          tagOf(TagKind::Payload, step, static_cast<size_t>(t), microbatch), transfer.value);
+      } catch (const Error& e) {
+        WEFT_THROW("pipeline stage {} waiting for {} of micro-batch {} from stage {} (step {}): {}", stage,
+                   transfer.value.name(), microbatch, transfer.from, step + 1, e.what());
+      }
+    }
+  }
+
+  void send(const StageRun& run, int microbatch, const std::map<Output, Tensor>& values) {
+    for (int t : run.sends) {
+      const Transfer& transfer = cut->transfers[static_cast<size_t>(t)];
+      try {
+        startSendingTensor(transfer.to, tagOf(TagKind::Header, step, static_cast<size_t>(t), microbatch),
+                           tagOf(TagKind::Payload, step, static_cast<size_t>(t), microbatch),
+                           values.at(transfer.value));
+      } catch (const Error& e) {
+        WEFT_THROW("pipeline stage {} sending {} of micro-batch {} to stage {} (step {}): {}", stage,
+                   transfer.value.name(), microbatch, transfer.to, step + 1, e.what());
+      }
+    }
+  }
+
+  /// Variable `v` (the `i`-th of a list every stage knows) from stage `from` to stage `to`.
+  void moveVariable(Node* v, size_t i, int from, int to, size_t kind) {
+    const uint64_t headerTag = tagOf(TagKind::Header, step, kind, static_cast<int>(i));
+    const uint64_t payloadTag = tagOf(TagKind::Payload, step, kind, static_cast<int>(i));
+    if (stage == from) sendTensor(to, headerTag, payloadTag, session->variable(v));
+    else session->variable(v).copyFrom(receiveTensor(from, headerTag, payloadTag, v->output()));
+  }
+
+  static const Tensor& fed(const FeedMap& feeds, const Output& placeholder) {
+    for (const auto& [out, value] : feeds)
+      if (out == placeholder) return value;
+    WEFT_THROW("placeholder '{}' ({}) is needed by the pipelined step but was not fed", placeholder.node()->name,
+               placeholder.type().str());
+  }
+
+  /// Runs `run` on the values it needs; returns every fetched value by output.
+  std::map<Output, Tensor> compute(const StageRun& run, const FeedMap& microbatch,
+                                   const std::map<Output, Tensor>& available) {
+    FeedMap feeds;
+    for (const Output& p : run.placeholders) feeds.emplace_back(p, fed(microbatch, p));
+    for (const Output& in : run.inputs) {
+      auto it = available.find(in);
+      WEFT_CHECK(it != available.end(), "pipeline stage {}: {} is needed but was neither received nor kept", stage,
+                 in.name());
+      feeds.emplace_back(in, it->second);
+    }
+    std::map<Output, Tensor> out;
+    if (run.fetches.empty() && run.targets.empty()) return out;
+    std::vector<Tensor> values = session->run(run.fetches, feeds, run.targets);
+    noteProgress();
+    for (size_t i = 0; i < values.size(); ++i) out[run.fetches[i]] = std::move(values[i]);
+    return out;
+  }
+
+  void accumulate(const StageRun& run, const std::map<Output, Tensor>& values) {
+    for (int g : run.gradients) {
+      const GradientLink& link = *cut->gradients[static_cast<size_t>(g)].link;
+      GradientSum& sum = sums[static_cast<size_t>(g)];
+      if (link.sparse) {
+        sum.indices.push_back(values.at(link.indices));
+        sum.values.push_back(values.at(link.values));
+      } else if (!sum.dense.defined()) {
+        sum.dense = values.at(link.dense);  // a fetch is the caller's own tensor: summed into in place
+      } else {
+        addInto(sum.dense, values.at(link.dense));
+      }
+    }
+  }
+
+  /// Forward, backward or weights of one micro-batch.
+  void act(const PipelineAction& a, const std::vector<FeedMap>& microbatches) {
+    const StageRun& run = a.kind == PipelineAction::Kind::Forward    ? cut->forward[static_cast<size_t>(stage)]
+                          : a.kind == PipelineAction::Kind::Backward ? cut->backward[static_cast<size_t>(stage)]
+                                                                     : cut->weights[static_cast<size_t>(stage)];
+    std::map<Output, Tensor>& mine = kept[static_cast<size_t>(a.microbatch)];
+    waitFor("wait for " + describe(a), [&] { receive(run, a.microbatch, mine); });
+    std::map<Output, Tensor> values;
+    {
+      const TraceScope working(describe(a), "compute", "pipeline");
+      values = compute(run, microbatches[static_cast<size_t>(a.microbatch)], mine);
+    }
+    {
+      const TraceScope sending("send " + describe(a), "send", "pipeline");
+      send(run, a.microbatch, values);
+    }
+    {
+      const TraceScope summing("sum gradients of " + describe(a), "sum", "pipeline");
+      accumulate(run, values);
+    }
+    for (const Output& k : run.kept) mine[k] = values.at(k);
+    if (a.kind == PipelineAction::Kind::Forward) {
+      for (size_t f = 0; f < fetches.size(); ++f)
+        if (cut->fetchStage[f] == stage) fetchSums[f] += values.at(fetches[f]).item();
+    }
+    noteKeptBytes();
+    if (a.kind == lastKind()) mine.clear();  // the micro-batch is done on this stage
+  }
+
+  /// The activations (and received values) kept for later runs now, against the peak.
+  void noteKeptBytes() {
+    size_t bytes = 0;
+    for (const auto& microbatch : kept)
+      for (const auto& [output, value] : microbatch) bytes += value.bytes();
+    peakKept = std::max(peakKept, bytes);
+  }
+
+  PipelineAction::Kind lastKind() const {
+    return cut->splitWeights ? PipelineAction::Kind::Weights : PipelineAction::Kind::Backward;
+  }
+
+  /// The mean gradients, as the update reads them (over the replicas too, with replicas).
+  void feedGradients(std::map<Output, Tensor>& into) {
+    const double inverse = 1.0 / options.microbatches;
+    StageGradients mine;
+    std::vector<const GradientLink*> links;
+    for (size_t g = 0; g < sums.size(); ++g) {
+      if (cut->gradients[g].stage != stage) continue;
+      const GradientLink& link = *cut->gradients[g].link;
+      links.push_back(&link);
+      GradientSum& sum = sums[g];
+      if (link.sparse) {
+        Tensor values = concatRows(sum.values);
+        scaleGradient(values, inverse);
+        into[link.indices] = concatRows(sum.indices);
+        into[link.values] = values;
+      } else {
+        scaleGradient(sum.dense, inverse);
+        into[link.dense] = sum.dense;
+      }
+      sum.clear();
+    }
+    if (!options.averageOverReplicas) return;
+    for (const GradientLink* link : links) {
+      if (link->sparse) mine.sparse.emplace_back(&into.at(link->indices), &into.at(link->values));
+      else mine.dense.push_back(&into.at(link->dense));
+    }
+    waitFor("average gradients over the replicas", [&] { options.averageOverReplicas(mine); });
+  }
+
+  void update(const FeedMap& firstMicrobatch) {
+    updateValues.clear();
+    feedGradients(updateValues);
+    const std::vector<StageRun>& waves = cut->update[static_cast<size_t>(stage)];
+    for (size_t w = 0; w < waves.size(); ++w) {
+      waitFor(fmt::format("wait for update wave {}", w), [&] { receive(waves[w], 0, updateValues); });
+      std::map<Output, Tensor> values;
+      {
+        const TraceScope working(fmt::format("update wave {}", w), "compute", "pipeline");
+        values = compute(waves[w], firstMicrobatch, updateValues);
+      }
+      for (const auto& [out, value] : values) updateValues[out] = value;
+      send(waves[w], 0, updateValues);
+    }
+    updateValues.clear();
+  }
+
+  /// Each fetch's mean, from the stage that computed it to every other.
+  std::vector<double> shareFetches() {
+    std::vector<double> means(fetches.size());
+    for (size_t f = 0; f < fetches.size(); ++f) {
+      const int owner = cut->fetchStage[f];
+      const uint64_t tag = tagOf(TagKind::Fetches, step, f, 0);
+      if (owner == stage) {
+        means[f] = fetchSums[f] / options.microbatches;
+        const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(&means[f]), sizeof(double));
+        for (int s = 0; s < options.stages; ++s)
+          if (s != stage) transport.startSend(peerOf(s), tag, bytes);
+      } else {
+        waitFor("wait for the step's loss", [&] {
+          transport.receive(tag, std::span<uint8_t>(reinterpret_cast<uint8_t*>(&means[f]), sizeof(double)), deadline(),
+                            peerOf(owner));
+        });
+      }
+    }
+    return means;
+  }
+};
+
+PipelineStage::PipelineStage(Graph& graph, int stage, const PipelineOptions& options, Transport& transport,
+                             std::vector<int> stagePeers)
+    : state_(std::make_unique<State>(graph, stage, options, transport, std::move(stagePeers))) {}
+
+PipelineStage::~PipelineStage() = default;
+
+std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node* trainStep,
+                                        const std::vector<FeedMap>& microbatches) {
+  State& s = *state_;
+  s.prepare(fetches, trainStep);
+  const auto started = TraceClock::now();
+  WEFT_CHECK(static_cast<int>(microbatches.size()) == s.options.microbatches,
+             "a pipelined step of {} micro-batches was given {}", s.options.microbatches, microbatches.size());
+  s.kept.assign(microbatches.size(), {});
+  s.fetchSums.assign(s.fetches.size(), 0.0);
+  for (const PipelineAction& a : s.actions) s.act(a, microbatches);
+  s.update(microbatches.front());
+  std::vector<double> means = s.shareFetches();
+  s.finishSends();
+  s.stepSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
+  ++s.step;
+  return means;
+}
+
+void PipelineStage::gatherVariables(int into) {
+  State& s = *state_;
+  if (!s.cut) return;  // no step yet: every stage still holds the initial values
+  // Each stage's own variables go to `into`, in the cut's order, which every stage knows.
+  for (int from = 0; from < s.options.stages; ++from) {
+    if (from == into || (s.stage != from && s.stage != into)) continue;
+    const std::vector<Node*>& held = s.cut->variables[static_cast<size_t>(from)];
+    for (size_t i = 0; i < held.size(); ++i) s.moveVariable(held[i], i, from, into, kGatherIndex);
+  }
+}
+
+void PipelineStage::scatterVariables(int from) {
+  State& s = *state_;
+  // Every variable to every stage: what a stage does not hold costs a copy, and no cut is needed.
+  const std::vector<Node*> all = s.graph.variables();
+  for (int to = 0; to < s.options.stages; ++to) {
+    if (to == from || (s.stage != from && s.stage != to)) continue;
+    for (size_t i = 0; i < all.size(); ++i) s.moveVariable(all[i], i, from, to, kScatterIndex);
+  }
+}
+
+const PipelineCut& PipelineStage::cut() const {
+  WEFT_CHECK(state_->cut.has_value(), "pipeline stage {} has not run a step: it has no cut yet", state_->stage);
+  return *state_->cut;
+}
+
+int PipelineStage::stage() const { return state_->stage; }
+Session& PipelineStage::session() { return *state_->session; }
+double PipelineStage::idleFraction() const {
+  return state_->stepSeconds > 0 ? state_->waitSeconds / state_->stepSeconds : 0;
+}
+size_t PipelineStage::peakKeptBytes() const { return state_->peakKept; }
+
+void scaleGradient(Tensor& t, double factor) {
+  forFloating(t.dtype(), "the", [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * factor);
+  });
+}
+
+std::vector<FeedMap> splitMicrobatches(const FeedMap& feeds, int count) {
+  WEFT_CHECK(count >= 1, "cannot cut a batch into {} micro-batches", count);
+  std::vector<FeedMap> parts(static_cast<size_t>(count));
+  for (const auto& [placeholder, value] : feeds) {
+    const Shape& declared = placeholder.shape();
+    const bool batched = declared.rank() >= 1 && declared[0] == -1 && value.shape().rank() >= 1;
+    if (!batched) {
+      for (FeedMap& part : parts) part.emplace_back(placeholder, value);
+      continue;
+    }
+    const int64_t rows = value.shape()[0];
+    WEFT_CHECK(rows % count == 0, "the feed of '{}' has {} rows, which do not cut into {} equal micro-batches",
+               placeholder.node()->name, rows, count);
+    Shape shape = value.shape();
+    shape[0] = rows / count;
+    const Tensor host = value.to(cpu());
+    for (int i = 0; i < count; ++i) {
+      Tensor part(value.dtype(), shape);
+      if (part.bytes() > 0)
+        std::memcpy(part.raw(), static_cast<const char*>(host.raw()) + static_cast<size_t>(i) * part.bytes(),
+                    part.bytes());
+      parts[static_cast<size_t>(i)].emplace_back(placeholder, part);
+    }
+  }
+  return parts;
+}
+
+}  // namespace weft::dist

@@ -1,0 +1,84 @@
+// A worker's side of the parameter servers: sends requests (dist/server/ServerProtocol.h) as active
+// messages of its Transport (UCX between processes) and waits for the replies, on the thread
+// that calls it (the executor's) and over a transport of its own. Requests therefore never wait behind the collectives
+// queued on the communication thread: a push made while the dense AllReduce runs travels beside it. It keeps the
+// worker's clock per partition (gradients pushed so far), which every request carries. The graph ops that pull rows and
+// push gradients find their client by id, like the collective ops find their backend. When a request waits is the
+// SyncPolicy's to say (BSP by default).
+#pragma once
+
+#include "dist/Placement.h"
+#include "dist/server/ServerProtocol.h"
+#include "dist/server/SyncPolicy.h"
+#include "dist/transport/Traffic.h"
+#include "dist/transport/Transport.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace weft::dist {
+
+class ServerClient {
+ public:
+  /// `serverPeers[s]` is the transport's peer index of server s. With `relay` (a server index,
+  /// or -1) every request goes to that server, the local aggregator of this worker's machine.
+  /// `transport` is used by this client alone; its bytes count in `traffic`.
+  ServerClient(TrafficLog& traffic, Transport& transport, int rank, std::vector<int> serverPeers,
+               const ServerPlan& plan, std::chrono::milliseconds timeout, int relay = -1,
+               std::shared_ptr<const SyncPolicy> sync = bspPolicy());
+  ~ServerClient();
+  ServerClient(const ServerClient&) = delete;
+  ServerClient& operator=(const ServerClient&) = delete;
+
+  struct Call {
+    int partition = 0;
+    RequestKind kind = RequestKind::PullAll;
+    std::vector<uint8_t> payload;
+  };
+  /// Sends every call and waits for every reply; returns the reply payloads in call order.
+  /// Throws the server's error message, or names the request, the partition and its variable
+  /// when its server fails or does not answer within the timeout.
+  std::vector<std::vector<uint8_t>> request(std::vector<Call> calls, TrafficKind kind);
+  /// Tells every server (or the relay) that this worker leaves the job, and waits until each has
+  /// heard it (so that closing the connections afterwards is not taken for a failure).
+  void goodbye();
+
+  /// Whether the worker's session holds the servers' current values of every served variable
+  /// (set after Runner::pullVariables; cleared by this worker's next push when the sync policy
+  /// keeps values until then, and at once otherwise): pulls then read it locally.
+  bool localCopyCurrent() const { return localCopyCurrent_; }
+  void setLocalCopyCurrent(bool current) { localCopyCurrent_ = current && sync_->valuesWaitForOwnPush(); }
+
+  /// Whether this worker applies its own pushes (the asynchronous modes), rather than worker 0
+  /// applying the step's aggregate for every worker (BSP).
+  bool appliesOwnPushes() const { return !sync_->synchronous(); }
+  int rank() const { return rank_; }
+  TrafficLog& traffic() const { return traffic_; }
+  const ServerPlan& plan() const { return plan_; }
+  int64_t id() const { return id_; }
+  /// The live client of this id, or nullptr once it is gone (the worker has left the job).
+  static ServerClient* find(int64_t id);
+
+ private:
+  /// The server a call goes to: the partition's, or the relay.
+  int destinationOf(const Call& call) const;
+  std::string describe(const Call& call) const;
+  int serverOf(const Call& call) const;
+
+  TrafficLog& traffic_;
+  Transport& transport_;
+  int rank_;
+  std::vector<int> serverPeers_;
+  const ServerPlan& plan_;
+  std::chrono::milliseconds timeout_;
+  int relay_;
+  std::shared_ptr<const SyncPolicy> sync_;
+  int64_t id_;
+  std::vector<uint64_t> pushes_;  // per partition
+  uint64_t nextRequest_ = 1;
+  std::atomic<bool> localCopyCurrent_{false};
+};
+
+}  // namespace weft::dist
