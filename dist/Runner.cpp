@@ -27,7 +27,7 @@ constexpr int kReplicaChannel = 1;
 }  // namespace
 
 namespace {
-void broadcastVariables(Session& session, Communicator& communicator, const ServerPlan& plan);
+void broadcastVariables(Session& session, HostCollectives& workers, const ServerPlan& plan);
 }  // namespace
 
 struct Runner::State {
@@ -51,6 +51,7 @@ struct Runner::State {
   // A pipeline's stage (instead of a session of a data-parallel replica), and its automatic cut;
   // with replicas of the pipeline, the ring of this stage's replicas.
   std::unique_ptr<Ring> replicaRing;
+  std::unique_ptr<RingCollectives> replicaSums;
   std::unique_ptr<LoopbackTransport> localTransport;  // one process's micro-batches
   std::unique_ptr<PipelineStage> pipeline;
   PipelineConfig pipelineConfig;
@@ -82,8 +83,7 @@ struct Runner::State {
     // last barrier waits as long as the others live. A dead one fails the transport; a frozen
     // one is stopped by the launcher's heartbeat watch.
     const auto patience = synchronous ? timeout : std::chrono::hours(24 * 365);
-    communicator->run({}, [patience](Ring& r, std::vector<uint8_t>&) { r.allGatherSizes(0, Clock::now() + patience); },
-                      TrafficKind::Control);
+    communicator->barrier(patience);
   }
 
   /// The served variable of partition `p`, its slots and moving averages: what LOAD carries and
@@ -157,6 +157,7 @@ struct Runner::State {
     options.session = config.session;
     if (replicas() > 1) {
       replicaRing = std::make_unique<Ring>(*job->transport, replica, replicaPeers, config.timeout, kReplicaChannel);
+      replicaSums = std::make_unique<RingCollectives>(*replicaRing);
       options.averageOverReplicas = [this](StageGradients& g) { averageOverReplicas(g); };
     }
     pipeline = std::make_unique<PipelineStage>(graph, stage, options, *job->transport, stagePeers);
@@ -182,7 +183,7 @@ struct Runner::State {
   void averageOverReplicas(StageGradients& g) {
     const double inverse = 1.0 / replicas();
     for (Tensor* dense : g.dense) {
-      replicaRing->allReduceSum(dense->dtype(), dense->raw(), dense->numel());
+      replicaSums->sum(dense->dtype(), dense->raw(), dense->numel());
       scaleGradient(*dense, inverse);
     }
     for (auto& [indices, values] : g.sparse) {
@@ -194,7 +195,8 @@ struct Runner::State {
 
   /// Every replica's rows of `t`, concatenated in replica order.
   Tensor gatheredRows(const Tensor& t) {
-    const std::vector<uint8_t> all = replicaRing->allGather({static_cast<const uint8_t*>(t.raw()), t.bytes()});
+    const auto* raw = static_cast<const uint8_t*>(t.raw());
+    const std::vector<uint8_t> all = replicaSums->gather({raw, raw + t.bytes()});
     size_t rowBytes = dtypeSize(t.dtype());
     for (int axis = 1; axis < t.shape().rank(); ++axis) rowBytes *= static_cast<size_t>(t.shape()[axis]);
     Shape shape = t.shape();
@@ -228,8 +230,7 @@ struct Runner::State {
         std::memcpy(firstOps.data() + s * sizeof first, &first, sizeof first);
       }
     }
-    firstOps = communicator->run(std::move(firstOps), [](Ring& r, std::vector<uint8_t>& b) { r.broadcast(b, 0); },
-                                 TrafficKind::Control);
+    firstOps = communicator->broadcast(std::move(firstOps), 0);
     std::vector<size_t> firstOp(stages);
     for (size_t s = 0; s < stages; ++s) {
       uint64_t first = 0;
@@ -337,12 +338,7 @@ std::vector<Tensor> Runner::runMicrobatches(const std::vector<Output>& fetches,
 
 double Runner::meanOverWorkers(double value) {
   if (!state_->communicator) return value;
-  std::vector<uint8_t> bytes(sizeof value);
-  std::memcpy(bytes.data(), &value, sizeof value);
-  bytes = state_->communicator->run(
-      std::move(bytes), [](Ring& r, std::vector<uint8_t>& b) { r.allReduceSum(DType::F64, b.data(), 1); },
-      TrafficKind::Control);
-  std::memcpy(&value, bytes.data(), sizeof value);
+  state_->communicator->sum(DType::F64, &value, 1);
   return value / state_->workers();
 }
 
@@ -350,8 +346,7 @@ std::vector<int64_t> Runner::fromWorker0(std::vector<int64_t> values) {
   if (!state_->communicator) return values;
   std::vector<uint8_t> bytes(values.size() * sizeof(int64_t));
   std::memcpy(bytes.data(), values.data(), bytes.size());
-  bytes = state_->communicator->run(
-      std::move(bytes), [](Ring& r, std::vector<uint8_t>& b) { r.broadcast(b, 0); }, TrafficKind::Control);
+  bytes = state_->communicator->broadcast(std::move(bytes), 0);
   WEFT_CHECK(bytes.size() == values.size() * sizeof(int64_t), "fromWorker0: worker 0 sent {} bytes for {} values",
              bytes.size(), values.size());
   std::memcpy(values.data(), bytes.data(), bytes.size());
@@ -409,7 +404,7 @@ namespace {
 /// Copies worker rank 0's value of every variable the workers keep to this worker, in one
 /// broadcast. The servers' variables, slots and moving averages are not sent: worker 0 loads
 /// them into the servers, and a worker reads them from there until it pulls them all.
-void broadcastVariables(Session& session, Communicator& communicator, const ServerPlan& plan) {
+void broadcastVariables(Session& session, HostCollectives& workers, const ServerPlan& plan) {
   std::set<const Node*> served;
   for (const ServedVariable& v : plan.variables) {
     served.insert(v.variable);
@@ -427,8 +422,7 @@ void broadcastVariables(Session& session, Communicator& communicator, const Serv
     std::memcpy(buffer.data() + offset, t.raw(), t.bytes());
     offset += t.bytes();
   }
-  buffer = communicator.run(std::move(buffer), [](Ring& r, std::vector<uint8_t>& b) { r.broadcast(b, 0); },
-                            TrafficKind::Control);
+  buffer = workers.broadcast(std::move(buffer), 0);
   offset = 0;
   for (Node* v : variables) {
     Tensor& t = session.variable(v);

@@ -54,26 +54,8 @@ std::string resolveProgram(const std::string& program) {
   return std::filesystem::absolute(program).lexically_normal().string();
 }
 
-}  // namespace
-
-bool wantsLaunch(int argc, char** argv) { return argc >= 2 && std::strcmp(argv[1], "launch") == 0; }
-
-int runLaunch(int argc, char** argv) {
-  std::vector<std::string> own(argv + 2, argv + argc);
-  std::vector<std::string> command;
-  const auto dashes = std::find(own.begin(), own.end(), "--");
-  if (dashes != own.end()) {
-    command.assign(dashes + 1, own.end());
-    own.erase(dashes, own.end());
-  }
-  CLI::App app(
-      "usage: weft launch [--workers N [--servers M | --stages S] | --cluster SPEC.json] [--arch auto|ar|ps] "
-      "[--sync MODE] [--partitions N|auto] [--max-restarts N] -- PROGRAM [ARGS...]\n\nRuns PROGRAM as every "
-      "worker and parameter server of a job; inside it, dist::get_runner(graph, config) joins the job, with "
-      "these flags over its config, and dist::TrainingLoop checkpoints, resumes and samples for "
-      "--partitions auto.",
-      "weft launch");
-  LaunchFlags f;
+/// The flags of `weft launch` before "--": the job's shape and the settings its processes get.
+void addLaunchFlags(CLI::App& app, LaunchFlags& f) {
   CLI::Option* workers =
       app.add_option("--workers", f.workers, "local CPU worker processes")->check(CLI::PositiveNumber);
   app.add_option("--servers", f.servers, "local parameter-server processes (with --workers)")
@@ -108,6 +90,29 @@ int runLaunch(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--rendezvous-timeout", f.rendezvousSeconds, "seconds the processes have to join the job")
       ->capture_default_str()->check(CLI::PositiveNumber);
+}
+
+}  // namespace
+
+bool wantsLaunch(int argc, char** argv) { return argc >= 2 && std::strcmp(argv[1], "launch") == 0; }
+
+int runLaunch(int argc, char** argv) {
+  std::vector<std::string> own(argv + 2, argv + argc);
+  std::vector<std::string> command;
+  const auto dashes = std::find(own.begin(), own.end(), "--");
+  if (dashes != own.end()) {
+    command.assign(dashes + 1, own.end());
+    own.erase(dashes, own.end());
+  }
+  CLI::App app(
+      "usage: weft launch [--workers N [--servers M | --stages S] | --cluster SPEC.json] [--arch auto|ar|ps] "
+      "[--sync MODE] [--partitions N|auto] [--max-restarts N] -- PROGRAM [ARGS...]\n\nRuns PROGRAM as every "
+      "worker and parameter server of a job; inside it, dist::get_runner(graph, config) joins the job, with "
+      "these flags over its config, and dist::TrainingLoop checkpoints, resumes and samples for "
+      "--partitions auto.",
+      "weft launch");
+  LaunchFlags f;
+  addLaunchFlags(app, f);
   try {
     std::reverse(own.begin(), own.end());  // CLI11 takes a vector of arguments last-first
     app.parse(own);

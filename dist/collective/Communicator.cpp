@@ -50,6 +50,29 @@ std::vector<uint8_t> Communicator::wait(uint64_t ticket) {
   return buffer;
 }
 
+void Communicator::sum(DType dtype, void* data, int64_t count) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(count) * dtypeSize(dtype));
+  std::memcpy(bytes.data(), data, bytes.size());
+  bytes = run(
+      std::move(bytes), [dtype, count](Ring& r, std::vector<uint8_t>& b) { r.allReduceSum(dtype, b.data(), count); },
+      TrafficKind::Control);
+  std::memcpy(data, bytes.data(), bytes.size());
+}
+
+std::vector<uint8_t> Communicator::broadcast(std::vector<uint8_t> bytes, int root) {
+  return run(
+      std::move(bytes), [root](Ring& r, std::vector<uint8_t>& b) { r.broadcast(b, root); }, TrafficKind::Control);
+}
+
+std::vector<uint8_t> Communicator::gather(std::vector<uint8_t> bytes) {
+  return run(std::move(bytes), [](Ring& r, std::vector<uint8_t>& b) { b = r.allGather(b); }, TrafficKind::Control);
+}
+
+void Communicator::barrier(std::chrono::milliseconds patience) {
+  run({}, [patience](Ring& r, std::vector<uint8_t>&) { r.allGatherSizes(0, Clock::now() + patience); },
+      TrafficKind::Control);
+}
+
 namespace {
 
 void writeTicket(KernelContext& ctx, uint64_t ticket) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "dist/collective/Collective.h"
+#include "dist/collective/HostCollectives.h"
 #include "dist/collective/Ring.h"
 #include "dist/transport/Traffic.h"
 
@@ -24,7 +25,7 @@
 
 namespace weft::dist {
 
-class Communicator final : public CollectiveBackend {
+class Communicator final : public CollectiveBackend, public HostCollectives {
  public:
   /// Works on the buffer handed to submit(): in place, or by replacing it.
   using Collective = std::function<void(Ring&, std::vector<uint8_t>&)>;
@@ -43,6 +44,12 @@ class Communicator final : public CollectiveBackend {
   std::vector<uint8_t> run(std::vector<uint8_t> buffer, Collective collective, TrafficKind kind) {
     return wait(submit(std::move(buffer), std::move(collective), kind));
   }
+
+  /// The host collectives, queued like any other and counted as control traffic.
+  void sum(DType dtype, void* data, int64_t count) override;
+  std::vector<uint8_t> broadcast(std::vector<uint8_t> bytes, int root) override;
+  std::vector<uint8_t> gather(std::vector<uint8_t> bytes) override;
+  void barrier(std::chrono::milliseconds patience) override;
 
   std::string name() const override { return "the UCX ring of CPU workers"; }
   int rank() const override { return rank_; }

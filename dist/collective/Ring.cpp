@@ -241,4 +241,11 @@ void Ring::broadcast(std::span<uint8_t> data, int root) {
   }
 }
 
+std::vector<uint8_t> RingCollectives::broadcast(std::vector<uint8_t> bytes, int root) {
+  ring_.broadcast(bytes, root);
+  return bytes;
+}
+
+void RingCollectives::barrier(std::chrono::milliseconds patience) { ring_.allGatherSizes(0, Clock::now() + patience); }
+
 }  // namespace weft::dist

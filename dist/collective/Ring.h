@@ -14,6 +14,7 @@
 #pragma once
 
 #include "core/DType.h"
+#include "dist/collective/HostCollectives.h"
 #include "dist/transport/Transport.h"
 
 #include <chrono>
@@ -86,6 +87,20 @@ class Ring {
   std::vector<int> machineOf_;  // empty: one machine per rank
   bool hierarchical_ = false;
   uint64_t sentAcross_ = 0, receivedAcross_ = 0;
+};
+
+/// The host collectives over a ring, run on the calling thread (a pipeline stage's replicas sum
+/// their gradients between steps, when no other collective of theirs is in flight).
+class RingCollectives final : public HostCollectives {
+ public:
+  explicit RingCollectives(Ring& ring) : ring_(ring) {}
+  void sum(DType dtype, void* data, int64_t count) override { ring_.allReduceSum(dtype, data, count); }
+  std::vector<uint8_t> broadcast(std::vector<uint8_t> bytes, int root) override;
+  std::vector<uint8_t> gather(std::vector<uint8_t> bytes) override { return ring_.allGather(bytes); }
+  void barrier(std::chrono::milliseconds patience) override;
+
+ private:
+  Ring& ring_;
 };
 
 }  // namespace weft::dist

@@ -85,6 +85,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -545,50 +546,19 @@ Peer listReduction(const Sizes& sizes) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const auto usage = [&] {
-    std::fprintf(stderr,
-                 "usage: %s MODEL STEPS [THREADS] [--hidden H] [--hidden-width H] [--batch B] [--width W] "
-                 "[--precision bf16]   "
-                 "(MODEL: mlp lm nmt resnet gnn list_reduction)\n",
-                 argv[0]);
-    return 2;
-  };
-  if (argc < 3) return usage();
-  const std::string model = argv[1];
-  const int steps = std::atoi(argv[2]);
-  int next = 3;
-  const int threads = argc > 3 && argv[3][0] != '-' ? std::atoi(argv[next++]) : 2;
-  Sizes sizes;
-  bool bf16 = false;
-  for (; next + 1 < argc; next += 2) {
-    const std::string flag = argv[next];
-    if (flag == "--precision" && (std::string(argv[next + 1]) == "bf16" || std::string(argv[next + 1]) == "f32")) {
-      bf16 = std::string(argv[next + 1]) == "bf16";
-      continue;
-    }
-    const int64_t value = std::atoll(argv[next + 1]);
-    if (value < 1) return usage();
-    if (flag == "--hidden" && model != "resnet" && model != "mlp") sizes.hidden = value;
-    else if (flag == "--hidden-width" && model == "mlp") sizes.hidden = value;
-    else if (flag == "--batch" && model != "lm" && model != "nmt") sizes.batch = value;
-    else if (flag == "--width" && model == "resnet") sizes.width = value;
-    else return usage();
-  }
-  if (next != argc || steps < 1 || threads < 1) return usage();
-  torch::set_num_threads(threads);
-  torch::manual_seed(1);
-  Peer peer;
-  if (model == "mlp") peer = mlp(sizes);
-  else if (model == "lm") peer = lm(sizes);
-  else if (model == "nmt") peer = nmt(sizes);
-  else if (model == "resnet") peer = resnet(sizes);
-  else if (model == "gnn") peer = gnn(sizes);
-  else if (model == "list_reduction") peer = listReduction(sizes);
-  else {
-    std::fprintf(stderr, "unknown model '%s' (known: mlp lm nmt resnet gnn list_reduction)\n", model.c_str());
-    return 2;
-  }
+/// The peer of the weft model `model`; none for a name it does not know.
+std::optional<Peer> makePeer(const std::string& model, const Sizes& sizes) {
+  if (model == "mlp") return mlp(sizes);
+  if (model == "lm") return lm(sizes);
+  if (model == "nmt") return nmt(sizes);
+  if (model == "resnet") return resnet(sizes);
+  if (model == "gnn") return gnn(sizes);
+  if (model == "list_reduction") return listReduction(sizes);
+  return std::nullopt;
+}
+
+/// Warms up, times `steps` steps and prints the JSON line.
+void benchmark(Peer& peer, const std::string& model, int steps, int threads, bool bf16) {
   std::fprintf(stderr, "%s: %lld parameters (%lld dense, %lld with sparse gradients); %s\n", model.c_str(),
                static_cast<long long>(peer.updater->denseCount() + peer.updater->sparseCount()),
                static_cast<long long>(peer.updater->denseCount()), static_cast<long long>(peer.updater->sparseCount()),
@@ -631,5 +601,46 @@ int main(int argc, char** argv) {
       "%.4f, \"p90_ms\": %.4f, \"%s_per_s\": %.6g}\n",
       model.c_str(), steps, threads, at(0.5), at(0.1), at(0.9), peer.unit.c_str(),
       peer.items * static_cast<double>(steps) / total);
+}
+
+int main(int argc, char** argv) {
+  const auto usage = [&] {
+    std::fprintf(stderr,
+                 "usage: %s MODEL STEPS [THREADS] [--hidden H] [--hidden-width H] [--batch B] [--width W] "
+                 "[--precision bf16]   "
+                 "(MODEL: mlp lm nmt resnet gnn list_reduction)\n",
+                 argv[0]);
+    return 2;
+  };
+  if (argc < 3) return usage();
+  const std::string model = argv[1];
+  const int steps = std::atoi(argv[2]);
+  int next = 3;
+  const int threads = argc > 3 && argv[3][0] != '-' ? std::atoi(argv[next++]) : 2;
+  Sizes sizes;
+  bool bf16 = false;
+  for (; next + 1 < argc; next += 2) {
+    const std::string flag = argv[next];
+    if (flag == "--precision" && (std::string(argv[next + 1]) == "bf16" || std::string(argv[next + 1]) == "f32")) {
+      bf16 = std::string(argv[next + 1]) == "bf16";
+      continue;
+    }
+    const int64_t value = std::atoll(argv[next + 1]);
+    if (value < 1) return usage();
+    if (flag == "--hidden" && model != "resnet" && model != "mlp") sizes.hidden = value;
+    else if (flag == "--hidden-width" && model == "mlp") sizes.hidden = value;
+    else if (flag == "--batch" && model != "lm" && model != "nmt") sizes.batch = value;
+    else if (flag == "--width" && model == "resnet") sizes.width = value;
+    else return usage();
+  }
+  if (next != argc || steps < 1 || threads < 1) return usage();
+  torch::set_num_threads(threads);
+  torch::manual_seed(1);
+  std::optional<Peer> peer = makePeer(model, sizes);
+  if (!peer) {
+    std::fprintf(stderr, "unknown model '%s' (known: mlp lm nmt resnet gnn list_reduction)\n", model.c_str());
+    return 2;
+  }
+  benchmark(*peer, model, steps, threads, bf16);
   return 0;
 }
