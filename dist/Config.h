@@ -71,6 +71,9 @@ struct Config {
   bool localAggregation = true;
   /// Servers print the pushes and pulls that crossed between machines when the job ends.
   bool reportTraffic = false;
+  /// The data plane's payloads travel as AES-256-GCM ciphertext (dist/transport/Seal.h), as
+  /// under a resource specification's "encrypt": true; every process of the job must agree.
+  bool encrypt = false;
   /// When the parameter servers take pushes and answer pulls (dist/server/SyncPolicy.h). The
   /// asynchronous modes (aspPolicy, sspPolicy, dsspPolicy) need Architecture::ParameterServer and
   /// one pipeline stage; a machine's workers then reach the servers each on its own.

@@ -52,6 +52,35 @@ TEST_CASE("Gmac: a tag verifies for its bytes, counter and part, and for nothing
   CHECK_FALSE(otherKey.verify(tag, 7, 1, {header, payload}));
 }
 
+TEST_CASE("Gmac: encryption round-trips; the ciphertext hides the bytes, and a changed bit, counter or key fails") {
+  Gmac sender(dataKey(secretOf(1), kJob, kWorker, kServer)), receiver(dataKey(secretOf(1), kJob, kWorker, kServer));
+  const std::vector<uint8_t> payload = bytes(1000, 2);
+  std::vector<uint8_t> wire = payload;
+  const MacTag tag = sender.encrypt(7, 1, wire);
+  size_t same = 0;
+  for (size_t i = 0; i < wire.size(); ++i) same += wire[i] == payload[i];
+  CHECK(same < 20);  // about 4 of 1,000 bytes agree by chance
+  // The tag is GCM's over the ciphertext: a GMAC of the plaintext is another value.
+  CHECK(tag != sender.compute(7, 1, {payload}));
+  std::vector<uint8_t> opened = wire;
+  CHECK(receiver.decrypt(tag, 7, 1, opened));
+  CHECK(opened == payload);
+  for (size_t bit : {size_t{0}, size_t{333}, size_t{7999}}) {
+    std::vector<uint8_t> flipped = wire;
+    flipped[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    CHECK_FALSE(receiver.decrypt(tag, 7, 1, flipped));
+  }
+  std::vector<uint8_t> copy = wire;
+  CHECK_FALSE(receiver.decrypt(tag, 8, 1, copy));
+  copy = wire;
+  CHECK_FALSE(Gmac(dataKey(secretOf(2), kJob, kWorker, kServer)).decrypt(tag, 7, 1, copy));
+  // The context goes on computing tags after decrypting.
+  const std::vector<uint8_t> header = bytes(40, 1);
+  CHECK(receiver.compute(9, 0, {header}) == sender.compute(9, 0, {header}));
+  std::vector<uint8_t> empty;
+  CHECK(receiver.decrypt(sender.encrypt(10, 1, empty), 10, 1, empty));
+}
+
 TEST_CASE("ReplayWindow: every counter is accepted once, in any order within the window") {
   ReplayWindow window;
   CHECK_FALSE(window.accept(0));
@@ -68,7 +97,7 @@ TEST_CASE("ReplayWindow: every counter is accepted once, in any order within the
   CHECK_FALSE(window.accept(6));
 }
 
-TEST_CASE("Seal: encodes and decodes every field; a short, foreign or padded header is refused") {
+TEST_CASE("Seal: encodes and decodes every field; a short, foreign, padded or unknown-flag header is refused") {
   Seal seal;
   seal.kind = Seal::Tagged;
   seal.sender = kServer;
@@ -87,6 +116,10 @@ TEST_CASE("Seal: encodes and decodes every field; a short, foreign or padded hea
   CHECK(back.payloadLength == seal.payloadLength);
   CHECK(back.headerMac == seal.headerMac);
   CHECK(back.payloadMac == seal.payloadMac);
+  CHECK_FALSE(back.encrypted);
+  seal.encrypted = true;
+  seal.encodeInto(encoded);
+  CHECK(Seal::decode(encoded).encrypted);
 
   CHECK(errorOf([&] { Seal::decode(std::span(encoded).first(3)); }) ==
         "message seal: 3 header bytes, a seal takes 72");
@@ -96,6 +129,10 @@ TEST_CASE("Seal: encodes and decodes every field; a short, foreign or padded hea
   bad = encoded;
   bad[4] = 9;
   CHECK(errorOf([&] { Seal::decode(bad); }) == "message seal: unknown kind 9");
+  bad = encoded;
+  bad[5] = 2;
+  CHECK(errorOf([&] { Seal::decode(bad); }) == "message seal: the encrypted flag is 2, not 0 or 1");
+  CHECK_FALSE(Seal::wellFormed(bad));
   bad = encoded;
   bad[6] = 1;
   CHECK(errorOf([&] { Seal::decode(bad); }) == "message seal: padding is not zero");

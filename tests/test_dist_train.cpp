@@ -162,6 +162,10 @@ TEST_CASE("LM: 2 workers train like one process under each architecture (sparse 
   }
 }
 
+TEST_CASE("--encrypt: 2 workers and a server train like one process with every payload encrypted") {
+  checkSameVariables("lm", lmFlags, 2, 1e-5, "--arch auto --encrypt");
+}
+
 TEST_CASE("ResNet: 2 and 4 workers train like one process with the total batch (batch-norm statistics, momentum, "
           "weight decay)") {
   // Batch norm normalises with the statistics of the total batch on every worker, and its

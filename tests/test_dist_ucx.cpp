@@ -49,7 +49,9 @@ const JobId kJob = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
 /// Transport k of side `rank`, as the job names it.
 EndpointName nameOf(int rank, size_t k) { return endpointName(0, 0, rank, static_cast<uint8_t>(k)); }
 
-UcxIdentity identityOf(EndpointName name, uint8_t secretSeed = 1) { return {secretOf(secretSeed), kJob, name, "lo"}; }
+UcxIdentity identityOf(EndpointName name, uint8_t secretSeed = 1, bool encrypt = false) {
+  return {secretOf(secretSeed), kJob, name, "lo", encrypt};
+}
 
 /// The other side's transport addresses, in the child (what an outsider who found them would use).
 std::vector<std::vector<uint8_t>>& otherSideAddresses() {
@@ -121,14 +123,14 @@ std::vector<uint8_t> pattern(size_t size, uint8_t seed) {
 }
 
 /// Builds the transports, swaps addresses with the other child, runs the body; returns the report.
-std::string runSide(int rank, int toPeer, int fromPeer, size_t count, const MultiBody& body) {
+std::string runSide(int rank, int toPeer, int fromPeer, size_t count, const MultiBody& body, bool encrypt) {
   ::setenv("UCX_TLS", "tcp", 1);  // shm transports refuse peer error handling in UCX 1.13
   ::setenv("UCX_NET_DEVICES", "lo", 1);
   std::string report;
   try {
     Transports transports;
     for (size_t k = 0; k < count; ++k) {
-      transports.push_back(std::make_unique<UcxTransport>(identityOf(nameOf(rank, k))));
+      transports.push_back(std::make_unique<UcxTransport>(identityOf(nameOf(rank, k), 1, encrypt)));
       sendBlob(toPeer, transports.back()->address());
     }
     std::vector<int> peers;
@@ -153,7 +155,8 @@ struct SideResult {
 };
 
 /// Forks both sides, collects their reports (read until the child closes its end) and statuses.
-std::array<SideResult, 2> runPair(size_t transports, const MultiBody& body) {
+/// With `encrypt`, both sides' transports encrypt their payloads.
+std::array<SideResult, 2> runPair(size_t transports, const MultiBody& body, bool encrypt = false) {
   std::array<Pipe, 2> toRank = {makePipe(), makePipe()};
   std::array<Pipe, 2> reports = {makePipe(), makePipe()};
   std::array<pid_t, 2> pids{};
@@ -165,7 +168,7 @@ std::array<SideResult, 2> runPair(size_t transports, const MultiBody& body) {
       reports[1 - rank].read.reset();
       reports[1 - rank].write.reset();
       const std::string report =
-          runSide(rank, toRank[1 - rank].write.get(), toRank[rank].read.get(), transports, body);
+          runSide(rank, toRank[1 - rank].write.get(), toRank[rank].read.get(), transports, body, encrypt);
       writeAll(reports[rank].write.get(), report.data(), report.size());
       ::_exit(0);
     }
@@ -180,9 +183,9 @@ std::array<SideResult, 2> runPair(size_t transports, const MultiBody& body) {
   return results;
 }
 
-std::array<SideResult, 2> runPair(const Body& body) {
-  return runPair(1,
-                 [&](Transports& t, int rank, const std::vector<int>& peers) { return body(*t[0], rank, peers[0]); });
+std::array<SideResult, 2> runPair(const Body& body, bool encrypt = false) {
+  return runPair(
+      1, [&](Transports& t, int rank, const std::vector<int>& peers) { return body(*t[0], rank, peers[0]); }, encrypt);
 }
 
 bool exitedCleanly(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
@@ -361,6 +364,42 @@ TEST_CASE("UcxTransport: messages sealed under another secret are dropped and th
     t.send(peer, 0x42, buffer, Clock::now() + 5s);
     return problems.empty() ? "ok" : problems;
   });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
+}
+
+TEST_CASE("UcxTransport: an encrypting job's messages arrive intact, and a payload sent in the clear is refused") {
+  const auto results = runPair(
+      [](UcxTransport& t, int rank, int peer) {
+        std::vector<uint8_t> buffer(kMiB);
+        if (rank == 1) {
+          // A process with the job's secret that does not encrypt: its payloads are refused.
+          UcxTransport clear(identityOf(nameOf(1, 1)));
+          const int victim = clear.connect(otherSideAddresses()[0], nameOf(0, 0));
+          clear.send(victim, 0x41, pattern(64, 9), Clock::now() + 5s);
+          clear.sendMessage(victim, std::vector<uint8_t>{1, 2, 3}, pattern(16, 9), Clock::now() + 5s);
+          std::this_thread::sleep_for(100ms);  // the clear messages are ahead of the genuine ones
+          t.send(peer, 0x41, pattern(kMiB, 1), Clock::now() + 5s);
+          t.sendMessage(peer, std::vector<uint8_t>{4, 5, 6}, pattern(4096, 2), Clock::now() + 5s);
+          t.receive(0x42, buffer, Clock::now() + 5s);
+          return std::string("ok");
+        }
+        t.receive(0x41, buffer, Clock::now() + 5s);
+        std::string problems = expectBytes(buffer, pattern(kMiB, 1), "the encrypted tagged message");
+        std::vector<Message> requests;
+        for (auto until = Clock::now() + 5s; requests.empty() && Clock::now() < until;)
+          requests = t.takeMessages(Clock::now() + 1s);
+        if (requests.size() != 1 || requests[0].header != std::vector<uint8_t>{4, 5, 6} ||
+            requests[0].payload != pattern(4096, 2))
+          problems += fmt::format("{} request(s), not the one encrypted request; ", requests.size());
+        const uint64_t rejected = awaitRejections(t, 2);
+        if (rejected != 2) problems += fmt::format("{} messages rejected, expected the 2 in the clear; ", rejected);
+        t.send(peer, 0x42, buffer, Clock::now() + 5s);
+        return problems.empty() ? "ok" : problems;
+      },
+      true);
   for (const SideResult& r : results) {
     CHECK(r.report == "ok");
     CHECK(exitedCleanly(r.status));

@@ -138,7 +138,7 @@ TEST_CASE("resource spec: toJson reads back as the same specification") {
       R"({"hosts": [{"address": "user@10.1.0.1", "cpu_workers": 2, "servers": 0,
                      "launch_prefix": ["ip", "netns", "exec", "h1"]},
                     {"address": "gpu-box", "gpus": [3, 1], "servers": 2}],
-          "bind": "0.0.0.0", "coordinator_port": 4711})",
+          "bind": "0.0.0.0", "coordinator_port": 4711, "encrypt": true})",
       "cluster.json");
   const ResourceSpec back = ResourceSpec::parse(spec.toJson(), "toJson");
   REQUIRE(back.hosts().size() == 2);
@@ -152,6 +152,8 @@ TEST_CASE("resource spec: toJson reads back as the same specification") {
   }
   CHECK(back.bind() == "0.0.0.0");
   CHECK(back.coordinatorPort() == 4711);
+  CHECK(back.encrypt());
+  CHECK_FALSE(ResourceSpec::localCpu(2).encrypt());  // authenticated, not encrypted, unless asked
 }
 
 TEST_CASE("resource spec: a launched process reads its job's specification from WEFT_RESOURCES") {
@@ -181,7 +183,9 @@ TEST_CASE("resource spec: every error names the file and the JSON path") {
   CHECK(contains(specError("{"), "cluster.json: not valid JSON"));
   CHECK(specError("[1]") == "cluster.json: the top level must be an object, got [1]");
   CHECK(specError(R"({"hosts": [], "bnd": "x"})") ==
-        "cluster.json: unknown key 'bnd' (allowed: bind, coordinator_port, hosts)");
+        "cluster.json: unknown key 'bnd' (allowed: bind, coordinator_port, encrypt, hosts)");
+  CHECK(specError(R"({"hosts": [{"address": "a", "cpu_workers": 1}], "encrypt": "yes"})") ==
+        "cluster.json: encrypt must be true or false, got \"yes\"");
   CHECK(specError("{}") == "cluster.json: hosts is missing");
   CHECK(specError(R"({"hosts": {}})") == "cluster.json: hosts must be an array, got {}");
   CHECK(specError(R"({"hosts": []})") == "cluster.json: hosts is empty; list at least one host");
@@ -443,7 +447,7 @@ TEST_CASE("resource spec: addresses are host names or IP addresses, never ssh op
 
 TEST_CASE("resource spec: quoted keys and values are escaped; a FIFO or directory is refused") {
   const std::string e = specError("{\"hosts\": [], \"\\u001b[2Jk\": 1}");
-  CHECK(e == "cluster.json: unknown key '\\x1b[2Jk' (allowed: bind, coordinator_port, hosts)");
+  CHECK(e == "cluster.json: unknown key '\\x1b[2Jk' (allowed: bind, coordinator_port, encrypt, hosts)");
   CHECK(specError("{\"hosts\": \"\\u009b1m\"}") == "cluster.json: hosts must be an array, got \"\\xc2\\x9b1m\"");
   TempDir dir;
   CHECK(contains(errorOf([&] { ResourceSpec::load(dir.path.string()); }), "is a directory"));

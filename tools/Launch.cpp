@@ -34,6 +34,7 @@ struct LaunchFlags {
   int64_t partitionSearchSteps = 100;
   int maxRestarts = 0;
   double rendezvousSeconds = 60;
+  bool encrypt = false;
 };
 
 /// What the flags set over the program's dist::Config, in every process's environment.
@@ -83,6 +84,8 @@ void addLaunchFlags(CLI::App& app, LaunchFlags& f) {
                  "the second half timed")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_flag("--encrypt", f.encrypt,
+               "encrypt the data plane's payloads (AES-256-GCM), as the specification's \"encrypt\": true does");
   app.add_option("--max-restarts", f.maxRestarts,
                  "start the whole job again up to N times after a process fails "
                  "(dist::TrainingLoop continues from its checkpoint)")
@@ -124,9 +127,10 @@ int runLaunch(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    const dist::ResourceSpec spec =
+    dist::ResourceSpec spec =
         f.cluster.empty() ? dist::ResourceSpec::localCpu(f.workers * f.stages, f.stages > 1 ? 0 : f.servers)
                           : dist::ResourceSpec::load(f.cluster);
+    if (f.encrypt) spec.setEncrypt(true);
     command[0] = resolveProgram(command[0]);
     dist::LaunchOptions options;
     options.rendezvousTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.rendezvousSeconds * 1000));

@@ -74,6 +74,7 @@ struct TrainFlags {
   double termGrace = 25;  // seconds from SIGTERM to the checkpoint's end
   bool engine = false;  // set once this process joined its engine's job
   bool reportComm = false;
+  bool encrypt = false;
   std::string trace;  // a Chrome trace of every process's ops and pipeline actions
   std::string tensorboard;  // a directory for TensorBoard event files
   std::string localAggregation = "on";
@@ -275,6 +276,7 @@ class Trainer {
     config.session = SessionOptions{flags_.threads, false};
     config.localAggregation = flags_.localAggregation == "on";
     config.reportTraffic = flags_.reportComm;
+    config.encrypt = flags_.encrypt;
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
     config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
@@ -981,6 +983,9 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
                  "third of it (at least 3 s) stops the job at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_flag("--encrypt", f.encrypt,
+               "encrypt the data plane's payloads (AES-256-GCM) between the job's processes, not only authenticate "
+               "them; the resource specification's \"encrypt\": true does the same");
   cmd.add_option("--max-restarts", f.maxRestarts,
                  "after a process of a distributed job fails, start the whole job again from its last checkpoint, up "
                  "to this many times")

@@ -273,7 +273,7 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
   }
   markMainThread();
   UcxIdentity ucx{job.identity.secret, job.identity.job, nameOf(job.identity.id, kPeersChannel),
-                  listeningDevice(resources, job.identity.id.host)};
+                  listeningDevice(resources, job.identity.id.host), resources.encrypt() || config.encrypt};
   job.transport = watchWaits(std::make_unique<UcxTransport>(ucx));
   JoinRequest request{job.identity.id, job.transport->address(), {}, {}};
   publishAddress(job.identity.id, kPeersChannel, request.address);

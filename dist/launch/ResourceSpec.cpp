@@ -169,7 +169,7 @@ ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sou
     p.fail("not valid JSON ({})", escapeBytes(e.what(), 300));
   }
   if (!doc.is_object()) p.fail("the top level must be an object, got {}", shown(doc));
-  p.checkKeys(doc, "", {"hosts", "bind", "coordinator_port"});
+  p.checkKeys(doc, "", {"hosts", "bind", "coordinator_port", "encrypt"});
   if (!doc.contains("hosts")) p.fail("hosts is missing");
   const json& hosts = doc["hosts"];
   if (!hosts.is_array()) p.fail("hosts must be an array, got {}", shown(hosts));
@@ -179,6 +179,10 @@ ResourceSpec ResourceSpec::parse(const std::string& text, const std::string& sou
   for (size_t i = 0; i < hosts.size(); ++i) spec.hosts_.push_back(p.host(hosts[i], fmt::format("hosts[{}]", i)));
   if (doc.contains("bind")) spec.bind_ = p.address(doc["bind"], "bind");
   if (doc.contains("coordinator_port")) spec.coordinatorPort_ = p.port(doc["coordinator_port"]);
+  if (doc.contains("encrypt")) {
+    if (!doc["encrypt"].is_boolean()) p.fail("encrypt must be true or false, got {}", shown(doc["encrypt"]));
+    spec.encrypt_ = doc["encrypt"].get<bool>();
+  }
   return spec;
 }
 
@@ -197,7 +201,9 @@ std::string ResourceSpec::toJson() const {
     if (!h.launchPrefix.empty()) host["launch_prefix"] = h.launchPrefix;
     hosts.push_back(std::move(host));
   }
-  return json{{"hosts", std::move(hosts)}, {"bind", bind_}, {"coordinator_port", coordinatorPort_}}.dump();
+  json doc{{"hosts", std::move(hosts)}, {"bind", bind_}, {"coordinator_port", coordinatorPort_}};
+  if (encrypt_) doc["encrypt"] = true;
+  return doc.dump();
 }
 
 ResourceSpec ResourceSpec::localCpu(int workers, int servers) {

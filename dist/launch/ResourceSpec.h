@@ -66,6 +66,9 @@ class ResourceSpec {
   const std::vector<HostSpec>& hosts() const { return hosts_; }
   const std::string& bind() const { return bind_; }
   uint16_t coordinatorPort() const { return coordinatorPort_; }
+  /// Whether the job's data plane encrypts its payloads ("encrypt": true; dist/transport/Seal.h).
+  bool encrypt() const { return encrypt_; }
+  void setEncrypt(bool encrypt) { encrypt_ = encrypt; }
   /// Every worker in rank order: hosts in order, then slots in order.
   std::vector<WorkerSlot> workers() const;
   /// Parameter servers over all hosts.
@@ -75,6 +78,7 @@ class ResourceSpec {
   std::vector<HostSpec> hosts_;
   std::string bind_ = "127.0.0.1";
   uint16_t coordinatorPort_ = 0;
+  bool encrypt_ = false;
 };
 
 /// ssh's argument list that runs `remoteCommand` on `address`: batch mode, and "--" ending

@@ -94,6 +94,57 @@ bool Gmac::verify(const MacTag& tag, uint64_t counter, uint32_t part,
   return CRYPTO_memcmp(expected.data(), tag.data(), tag.size()) == 0;
 }
 
+namespace {
+
+/// Runs EVP's update over `bytes` in place, in pieces (EVP takes int lengths).
+void cryptInPlace(evp_cipher_ctx_st* context, std::span<uint8_t> bytes, bool encrypting) {
+  for (size_t done = 0; done < bytes.size();) {
+    const size_t piece = std::min<size_t>(bytes.size() - done, size_t{1} << 30);
+    int length = 0;
+    uint8_t* at = bytes.data() + done;
+    checkOpenSsl(encrypting ? EVP_EncryptUpdate(context, at, &length, at, static_cast<int>(piece))
+                            : EVP_DecryptUpdate(context, at, &length, at, static_cast<int>(piece)),
+                 encrypting ? "GCM encryption" : "GCM decryption");
+    done += piece;
+  }
+}
+
+void setIv(evp_cipher_ctx_st* context, uint64_t counter, uint32_t part, bool encrypting) {
+  uint8_t iv[12];
+  putLe(iv, counter, 8);
+  putLe(iv + 8, part, 4);
+  checkOpenSsl(encrypting ? EVP_EncryptInit_ex(context, nullptr, nullptr, nullptr, iv)
+                          : EVP_DecryptInit_ex(context, nullptr, nullptr, nullptr, iv),
+               "GCM IV setup");
+}
+
+}  // namespace
+
+MacTag Gmac::encrypt(uint64_t counter, uint32_t part, std::span<uint8_t> bytes) {
+  setIv(context_, counter, part, true);
+  cryptInPlace(context_, bytes, true);
+  int length = 0;
+  uint8_t none[16];
+  checkOpenSsl(EVP_EncryptFinal_ex(context_, none, &length), "GCM final");
+  MacTag tag{};
+  checkOpenSsl(EVP_CIPHER_CTX_ctrl(context_, EVP_CTRL_GCM_GET_TAG, static_cast<int>(tag.size()), tag.data()),
+               "GCM tag");
+  return tag;
+}
+
+bool Gmac::decrypt(const MacTag& tag, uint64_t counter, uint32_t part, std::span<uint8_t> bytes) {
+  // The context switches direction with the IV and keeps its key schedule (GCM runs AES forward
+  // both ways); compute() and encrypt() switch it back.
+  setIv(context_, counter, part, false);
+  cryptInPlace(context_, bytes, false);
+  MacTag expected = tag;
+  checkOpenSsl(EVP_CIPHER_CTX_ctrl(context_, EVP_CTRL_GCM_SET_TAG, static_cast<int>(expected.size()), expected.data()),
+               "GCM tag setup");
+  int length = 0;
+  uint8_t none[16];
+  return EVP_DecryptFinal_ex(context_, none, &length) > 0;
+}
+
 bool ReplayWindow::accept(uint64_t counter) {
   if (counter == 0) return false;
   if (counter > highest_) {
@@ -116,7 +167,8 @@ void Seal::encodeInto(std::span<uint8_t, kBytes> out) const {
   uint8_t* p = out.data();
   putLe(p, kSealMagic, 4);
   p[4] = kind;
-  p[5] = p[6] = p[7] = 0;
+  p[5] = encrypted ? 1 : 0;
+  p[6] = p[7] = 0;
   putLe(p + 8, sender, 8);
   putLe(p + 16, counter, 8);
   putLe(p + 24, tag, 8);
@@ -127,7 +179,7 @@ void Seal::encodeInto(std::span<uint8_t, kBytes> out) const {
 
 bool Seal::wellFormed(std::span<const uint8_t> bytes) {
   const uint8_t* p = bytes.data();
-  return bytes.size() >= kBytes && getLe(p, 4) == kSealMagic && p[4] <= Tagged && p[5] == 0 && p[6] == 0 && p[7] == 0;
+  return bytes.size() >= kBytes && getLe(p, 4) == kSealMagic && p[4] <= Tagged && p[5] <= 1 && p[6] == 0 && p[7] == 0;
 }
 
 Seal Seal::decode(std::span<const uint8_t> bytes) {
@@ -136,9 +188,11 @@ Seal Seal::decode(std::span<const uint8_t> bytes) {
   const uint64_t magic = getLe(p, 4);
   WEFT_CHECK(magic == kSealMagic, "message seal: bad magic {:#x}", magic);
   WEFT_CHECK(p[4] <= Tagged, "message seal: unknown kind {}", p[4]);
-  WEFT_CHECK(p[5] == 0 && p[6] == 0 && p[7] == 0, "message seal: padding is not zero");
+  WEFT_CHECK(p[5] <= 1, "message seal: the encrypted flag is {}, not 0 or 1", p[5]);
+  WEFT_CHECK(p[6] == 0 && p[7] == 0, "message seal: padding is not zero");
   Seal s;
   s.kind = static_cast<Kind>(p[4]);
+  s.encrypted = p[5] == 1;
   s.sender = getLe(p + 8, 8);
   s.counter = getLe(p + 16, 8);
   s.tag = getLe(p + 24, 8);

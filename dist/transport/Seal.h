@@ -14,6 +14,11 @@
 // The receiver accepts a counter once (a window of recent counters, as IPsec keeps, because
 // UCX does not order a small message behind a large one). A job id is never reused, so neither
 // is a (key, IV) pair.
+//
+// A job that encrypts (ResourceSpec "encrypt", --encrypt) sends every payload as AES-256-GCM
+// ciphertext instead, under the same key and IV (counter, 1), whose tag is the payload MAC: the
+// seal's `encrypted` flag (covered by the header MAC) says so. The seal and the protocol headers
+// (message kinds, partition and row counts, tags) stay in the clear.
 #pragma once
 
 #include "dist/transport/Auth.h"
@@ -56,6 +61,11 @@ class Gmac {
   /// Whether `tag` is that tag (compared in constant time).
   bool verify(const MacTag& tag, uint64_t counter, uint32_t part,
               std::initializer_list<std::span<const uint8_t>> parts);
+  /// Encrypts `bytes` in place with IV (counter, part); returns the tag of the ciphertext.
+  MacTag encrypt(uint64_t counter, uint32_t part, std::span<uint8_t> bytes);
+  /// Decrypts `bytes` in place when `tag` is the tag of that ciphertext; false (the bytes then
+  /// garbage) when it is not.
+  bool decrypt(const MacTag& tag, uint64_t counter, uint32_t part, std::span<uint8_t> bytes);
 
  private:
   evp_cipher_ctx_st* context_;
@@ -76,12 +86,13 @@ class ReplayWindow {
 };
 
 /// The seal in front of every UCX active message of a job (all integers little-endian):
-///   magic u32 "WFTS", kind u8, padding u8[3], sender u64, counter u64, tag u64,
+///   magic u32 "WFTS", kind u8, encrypted u8 (0 or 1), padding u8[2], sender u64, counter u64, tag u64,
 ///   payload_length u64, header_mac u8[16], payload_mac u8[16]
 /// followed by the protocol's own header (none for tagged data).
 struct Seal {
   enum Kind : uint8_t { Request = 0, Tagged = 1 };
   Kind kind = Request;
+  bool encrypted = false;  ///< the payload is ciphertext and payloadMac its GCM tag
   EndpointName sender = 0;
   uint64_t counter = 0;
   uint64_t tag = 0;  ///< a tagged message's tag; 0 for requests and replies

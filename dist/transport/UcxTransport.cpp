@@ -178,15 +178,24 @@ void* UcxTransport::postSend(int index, Seal::Kind kind, uint64_t tag, std::span
   seal.counter = p.nextCounter++;
   seal.tag = tag;
   seal.payloadLength = payload.size();
-  keep.assign(Seal::kBytes + header.size(), 0);
+  seal.encrypted = identity_.encrypt;
+  // `keep` holds the seal and the header, and an encrypted payload's ciphertext after them.
+  const size_t sealed = Seal::kBytes + header.size();
+  keep.assign(sealed + (seal.encrypted ? payload.size() : 0), 0);
   std::copy(header.begin(), header.end(), keep.begin() + Seal::kBytes);
   const std::span<uint8_t, Seal::kBytes> sealBytes(keep.data(), Seal::kBytes);
   seal.encodeInto(sealBytes);
   seal.headerMac = p.sendMac->compute(seal.counter, 0, {sealBytes.first(Seal::kCoveredBytes), header});
-  seal.payloadMac = p.sendMac->compute(seal.counter, 1, {payload});
+  if (seal.encrypted) {
+    std::copy(payload.begin(), payload.end(), keep.begin() + static_cast<std::ptrdiff_t>(sealed));
+    payload = std::span<const uint8_t>(keep.data() + sealed, payload.size());
+    seal.payloadMac = p.sendMac->encrypt(seal.counter, 1, std::span<uint8_t>(keep.data() + sealed, payload.size()));
+  } else {
+    seal.payloadMac = p.sendMac->compute(seal.counter, 1, {payload});
+  }
   seal.encodeInto(sealBytes);
   const ucp_request_param_t params = byteParams();
-  return ucp_am_send_nbx(p.endpoint, kMessageId, keep.data(), keep.size(), payload.data(), payload.size(), &params);
+  return ucp_am_send_nbx(p.endpoint, kMessageId, keep.data(), sealed, payload.data(), payload.size(), &params);
 }
 
 void UcxTransport::finishSend(void* request, int index, uint64_t tag, size_t size) {
@@ -292,6 +301,12 @@ int UcxTransport::admit(const Seal& seal, std::span<const uint8_t> sealedHeader,
     });
     return -1;
   }
+  if (identity_.encrypt && !seal.encrypted) {
+    reject([&] {
+      return fmt::format("{} sent a payload in the clear to a job that encrypts", describeEndpoint(seal.sender));
+    });
+    return -1;
+  }
   if (!p.window.accept(seal.counter)) {
     reject([&] {
       return fmt::format("message {} of {} came again (a replay)", seal.counter, describeEndpoint(seal.sender));
@@ -390,10 +405,15 @@ void UcxTransport::fail(Posted& r, size_t length) {
       fmt::format("UCX receive of tag {:#x}: expected {} bytes, the message has {}", r.tag, r.into.size(), length);
 }
 
+bool UcxTransport::openPayload(Peer& from, const Seal& seal, std::span<uint8_t> payload) {
+  return seal.encrypted ? from.receiveMac->decrypt(seal.payloadMac, seal.counter, 1, payload)
+                        : from.receiveMac->verify(seal.payloadMac, seal.counter, 1, {payload});
+}
+
 void UcxTransport::complete(Posted& r, std::span<const uint8_t> payload) {
   if (payload.size() != r.into.size()) return fail(r, payload.size());
   if (!payload.empty() && payload.data() != r.into.data()) std::memcpy(r.into.data(), payload.data(), payload.size());
-  if (peer(r.peer).receiveMac->verify(r.seal.payloadMac, r.seal.counter, 1, {r.into})) {
+  if (openPayload(peer(r.peer), r.seal, r.into)) {
     r.state = Posted::Done;
     return;
   }
@@ -546,7 +566,7 @@ std::vector<Message> UcxTransport::takeMessages(Deadline deadline) {
                    status == UCS_INPROGRESS ? "the deadline passed" : ucs_status_string(status));
       }
     }
-    if (!peer(a.peer).receiveMac->verify(a.seal.payloadMac, a.seal.counter, 1, {a.payload})) {
+    if (!openPayload(peer(a.peer), a.seal, a.payload)) {
       reject([&] {
         return fmt::format("the payload of message {} of {} does not verify", a.seal.counter,
                            describeEndpoint(a.seal.sender));

@@ -53,6 +53,9 @@ struct UcxIdentity {
   /// UCX_NET_DEVICES for this transport ("lo", "eth0", ...); empty leaves UCX's choice (every
   /// device). The environment's UCX_NET_DEVICES, when set, wins.
   std::string netDevices;
+  /// Payloads go out as AES-256-GCM ciphertext (dist/transport/Seal.h), and payloads that arrive
+  /// in the clear are refused.
+  bool encrypt = false;
 };
 
 class UcxTransport final : public Transport {
@@ -153,6 +156,9 @@ class UcxTransport final : public Transport {
   ucs_status_t takeTagged(Arrival arrival, void* data, size_t length, bool rendezvous);
   /// Copies an arrived payload into a posted receive and checks its seal; one that does not
   /// verify fails the receive (its genuine header's counter is spent).
+  /// Verifies a payload that arrived against its seal (and decrypts it in place when the seal
+  /// says it is ciphertext); false when it was altered on the way.
+  bool openPayload(Peer& from, const Seal& seal, std::span<uint8_t> payload);
   void complete(Posted& r, std::span<const uint8_t> payload);
   /// Matches a waiting receive with a tagged message that came before it.
   void matchUnexpected(Posted& r);
