@@ -92,6 +92,13 @@ void checkConfig(const Config& config, const JobShape& job) {
              "{} partitions (--partitions) split variables on parameter servers, which this job has none of (they need "
              "--workers or --cluster, one pipeline stage and --arch auto or ps)",
              config.partitioning.count);
+  WEFT_CHECK(config.wireDType == DType::F32 || config.wireDType == DType::BF16 || config.wireDType == DType::F16,
+             "--wire-dtype {}: gradients travel as f32, bf16 or f16", dtypeName(config.wireDType));
+  WEFT_CHECK(config.wireDType == DType::F32 ||
+                 (job.workers > 1 && pipeline.stages == 1 && config.architecture != Architecture::ParameterServer),
+             "--wire-dtype {} narrows the ring AllReduce of dense gradients among data-parallel workers, which this "
+             "job has none of (it needs several workers, one pipeline stage and --arch auto or ar)",
+             dtypeName(config.wireDType));
 }
 
 }  // namespace weft::dist

@@ -74,6 +74,9 @@ struct Config {
   /// The data plane's payloads travel as AES-256-GCM ciphertext (dist/transport/Seal.h), as
   /// under a resource specification's "encrypt": true; every process of the job must agree.
   bool encrypt = false;
+  /// How CPU workers' dense f32 gradients travel in the ring AllReduce: f32, or bf16 / f16 with
+  /// the sums accumulated in f32 (dist/collective/Ring.h); half the bytes, not the same sums.
+  DType wireDType = DType::F32;
   /// When the parameter servers take pushes and answer pulls (dist/server/SyncPolicy.h). The
   /// asynchronous modes (aspPolicy, sspPolicy, dsspPolicy) need Architecture::ParameterServer and
   /// one pipeline stage; a machine's workers then reach the servers each on its own.

@@ -492,6 +492,10 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   options.averageDense = config.averageDense;
   options.averageSparse = config.averageSparse;
   options.bucketBytes = config.bucketBytes;
+  options.wireDType = config.wireDType;
+  WEFT_CHECK(!options.denseOnGpu || config.wireDType == DType::F32,
+             "--wire-dtype {}: GPU workers sum their dense gradients through NCCL, which this setting does not narrow",
+             dtypeName(config.wireDType));
   options.synchronous = synchronous;
   for (const SparsityChoice& c : state->sparsityChoices) {
     if (!c.allReduce) continue;

@@ -162,7 +162,8 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     for (const GradientLink* l : bucket) grads.push_back(l->dense);
     const auto& [dtype, onGpu] = key;
     const std::vector<Output> reduced =
-        allReduce(grads, onGpu ? options.denseBackend : options.hostRing, denseScale, onGpu);
+        allReduce(grads, onGpu ? options.denseBackend : options.hostRing, denseScale, onGpu,
+                  onGpu || dtype != DType::F32 ? dtype : options.wireDType);
     for (size_t i = 0; i < bucket.size(); ++i) {
       rewirer.redirect({{bucket[i]->dense, reduced[i]}});
       result.variables.push_back({bucket[i]->variable, false, byteSize(bucket[i]->dense), result.buckets});

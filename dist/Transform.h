@@ -31,6 +31,9 @@ struct TransformOptions {
   bool averageDense = true;   ///< divide summed dense gradients by the worker count
   bool averageSparse = true;  ///< likewise for sparse rows
   size_t bucketBytes = size_t{4} << 20;
+  /// How dense f32 gradient buckets summed over the host ring travel: f32, or bf16 / f16 (summed
+  /// in f32). Batch-norm moments and sparse sums always travel in full.
+  DType wireDType = DType::F32;
   /// False under the asynchronous modes: batch normalisation keeps each worker's own batch
   /// statistics, since their AllReduce would hold every worker to the same step.
   bool synchronous = true;

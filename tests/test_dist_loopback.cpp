@@ -230,6 +230,58 @@ TEST_CASE("the ring's AllReduce, AllGather and Broadcast over in-process transpo
   }
 }
 
+TEST_CASE("the ring's AllReduce with bf16 or f16 on the wire: f32 sums within the rounding, equal on every rank, "
+          "half the bytes") {
+  auto network = std::make_shared<LoopbackNetwork>();
+  const int ranks = 4;
+  const int64_t count = 1001;  // chunks of unequal length
+  std::vector<std::unique_ptr<LoopbackTransport>> transports;
+  for (int r = 0; r < ranks; ++r) transports.push_back(std::make_unique<LoopbackTransport>(network));
+  std::vector<std::vector<int>> peers(ranks, std::vector<int>(ranks, -1));
+  for (int r = 0; r < ranks; ++r)
+    for (int q = 0; q < ranks; ++q)
+      if (q != r) peers[r][q] = transports[r]->connect(transports[q]->address(), static_cast<EndpointName>(q));
+  auto valueOf = [](int r, int64_t i) { return std::sin(0.37 * static_cast<double>(i) + r) * (1.0 + i % 7); };
+  for (DType wire : {bf16, f16}) {
+    for (bool twoMachines : {false, true}) {
+      CAPTURE(dtypeName(wire));
+      CAPTURE(twoMachines);
+      std::vector<std::vector<float>> sums(ranks);
+      std::vector<uint64_t> sent(ranks);
+      const std::vector<std::string> errors = onThreads(ranks, [&](size_t r) {
+        Ring ring(*transports[r], static_cast<int>(r), peers[r], 30s);
+        if (twoMachines) ring.setMachines({0, 0, 1, 1}, true);
+        std::vector<float> own(static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i) own[static_cast<size_t>(i)] = static_cast<float>(valueOf(int(r), i));
+        const uint64_t before = transports[r]->bytesSent();
+        ring.allReduceSum(f32, own.data(), count, wire);
+        sent[r] = transports[r]->bytesSent() - before;
+        sums[r] = own;
+      });
+      for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+      // A value is rounded at most 4 times on its way (3 partial sums sent, and the final sum),
+      // each time by at most half a unit in the last place of a value no larger than the sum of
+      // magnitudes: 2^-8 of it for bf16 (7 stored mantissa bits), 2^-11 for f16 (10).
+      const double unit = wire == bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+      for (int64_t i = 0; i < count; ++i) {
+        double exact = 0, magnitude = 0;
+        for (int r = 0; r < ranks; ++r) exact += valueOf(r, i), magnitude += std::abs(valueOf(r, i));
+        CAPTURE(i);
+        CHECK(std::abs(sums[0][static_cast<size_t>(i)] - exact) <= 4 * unit * magnitude);
+        for (int r = 1; r < ranks; ++r) CHECK(sums[r][static_cast<size_t>(i)] == sums[0][static_cast<size_t>(i)]);
+      }
+      if (!twoMachines) {
+        // A flat ring: each rank sends 2 (N - 1) / N of the buffer, in 2 bytes a value.
+        for (int r = 0; r < ranks; ++r) CHECK(sent[r] <= 2 * 3 * (static_cast<uint64_t>(count) / 4 + 1) * 2);
+      }
+    }
+  }
+  Ring ring(*transports[0], 0, peers[0], 30s);
+  double values[2] = {1, 2};
+  CHECK(errorOf([&] { ring.allReduceSum(f64, values, 2, bf16); }) ==
+        "AllReduce: f64 values cannot travel as bf16 (only f32 sums travel narrower, as bf16 or f16)");
+}
+
 TEST_CASE("a job of threads trains like one session on the total batch, under each architecture") {
   const auto alone = trainedAlone();
   for (Architecture a : {Architecture::Auto, Architecture::AllReduce, Architecture::ParameterServer}) {

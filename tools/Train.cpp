@@ -75,6 +75,7 @@ struct TrainFlags {
   bool engine = false;  // set once this process joined its engine's job
   bool reportComm = false;
   bool encrypt = false;
+  std::string wireDType = "f32";
   std::string trace;  // a Chrome trace of every process's ops and pipeline actions
   std::string tensorboard;  // a directory for TensorBoard event files
   std::string localAggregation = "on";
@@ -277,6 +278,7 @@ class Trainer {
     config.localAggregation = flags_.localAggregation == "on";
     config.reportTraffic = flags_.reportComm;
     config.encrypt = flags_.encrypt;
+    config.wireDType = parseDType(flags_.wireDType);
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
     config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
@@ -703,6 +705,8 @@ class Trainer {
         {"run.data-hash", hex64(model_->trainData().dataHash())},
     };
     for (const models::ModelOption& o : model_->options()) id["run." + o.name] = optionValue(o);
+    // Narrowed gradients change the values (full ones leave no key: checkpoints before it match).
+    if (flags_.wireDType != "f32") id["run.wire-dtype"] = flags_.wireDType;
     return id;
   }
 
@@ -983,6 +987,12 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
                  "third of it (at least 3 s) stops the job at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--wire-dtype", f.wireDType,
+                 "how dense gradients travel in the workers' ring AllReduce: f32, or bf16 / f16 (half the bytes; the "
+                 "sums still accumulate in f32, but are rounded on the way, so the job no longer computes exactly what "
+                 "one process computes)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   cmd.add_flag("--encrypt", f.encrypt,
                "encrypt the data plane's payloads (AES-256-GCM) between the job's processes, not only authenticate "
                "them; the resource specification's \"encrypt\": true does the same");

@@ -105,10 +105,11 @@ void Communicator::startSum(KernelContext& ctx) {
     offset += ctx.input(i).bytes();
   }
   const DType dtype = ctx.input(0).dtype();
+  const auto wire = static_cast<DType>(ctx.attrs().getInt("wire", static_cast<int64_t>(dtype)));
   const auto count = static_cast<int64_t>(total / dtypeSize(dtype));
   const uint64_t ticket = submit(
       std::move(buffer),
-      [dtype, count](Ring& ring, std::vector<uint8_t>& b) { ring.allReduceSum(dtype, b.data(), count); },
+      [dtype, wire, count](Ring& ring, std::vector<uint8_t>& b) { ring.allReduceSum(dtype, b.data(), count, wire); },
       TrafficKind::Dense);
   writeTicket(ctx, ticket);
 }

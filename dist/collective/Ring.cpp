@@ -2,6 +2,7 @@
 #include "dist/collective/Ring.h"
 
 #include "core/Error.h"
+#include "core/Half.h"
 #include "core/Tensor.h"
 
 #include <cstring>
@@ -109,15 +110,20 @@ void Ring::circulate(const Circle& circle, const char* collective, uint64_t sequ
   }
 }
 
-void Ring::allReduceSum(DType dtype, void* data, int64_t count) {
+void Ring::allReduceSum(DType dtype, void* data, int64_t count, DType wire) {
+  WEFT_CHECK(wire == dtype || (dtype == DType::F32 && (wire == DType::BF16 || wire == DType::F16)),
+             "AllReduce: {} values cannot travel as {} (only f32 sums travel narrower, as bf16 or f16)",
+             dtypeName(dtype), dtypeName(wire));
   const uint64_t sequence = sequence_++;
   if (size() == 1 || count == 0) return;
   const Deadline deadline = Clock::now() + timeout_;
-  if (hierarchical_) return hierarchicalAllReduce(sequence, dtype, data, count, deadline);
+  if (hierarchical_) return hierarchicalAllReduce(sequence, dtype, wire, data, count, deadline);
+  if (wire != dtype) return narrowRingAllReduce(everyone(), sequence, wire, static_cast<float*>(data), count, deadline);
   ringAllReduce(everyone(), sequence, dtype, data, count, deadline);
 }
 
-void Ring::hierarchicalAllReduce(uint64_t sequence, DType dtype, void* data, int64_t count, Deadline deadline) {
+void Ring::hierarchicalAllReduce(uint64_t sequence, DType dtype, DType wire, void* data, int64_t count,
+                                 Deadline deadline) {
   const int machine = machineOf_[static_cast<size_t>(rank_)];
   int first = rank_, last = rank_;
   while (first > 0 && machineOf_[static_cast<size_t>(first - 1)] == machine) --first;
@@ -152,7 +158,11 @@ void Ring::hierarchicalAllReduce(uint64_t sequence, DType dtype, void* data, int
     if (r == rank_) firsts.position = firsts.size();
     firsts.ranks.push_back(r);
   }
-  if (firsts.size() > 1) ringAllReduce(firsts, sequence, dtype, data, count, deadline);
+  // Only the ring between machines is narrowed: within a machine the sums stay exact.
+  if (firsts.size() > 1 && wire != dtype)
+    narrowRingAllReduce(firsts, sequence, wire, static_cast<float*>(data), count, deadline);
+  else if (firsts.size() > 1)
+    ringAllReduce(firsts, sequence, dtype, data, count, deadline);
   for (int r = first + 1; r <= last; ++r) {
     try {
       transport_.send(peers_[static_cast<size_t>(r)], tagOf(sequence, kMachineResult, r - first), bytes, deadline);
@@ -188,6 +198,52 @@ void Ring::ringAllReduce(const Circle& circle, uint64_t sequence, DType dtype, v
   std::vector<std::span<uint8_t>> chunks;
   for (int i = 0; i < n; ++i) chunks.push_back(chunk(i));
   circulate(circle, "AllReduce", sequence, kGatherReduced, chunks, 1, deadline);
+}
+
+namespace {
+
+uint16_t narrowed(DType wire, float value) {
+  return wire == DType::BF16 ? half_bits::bfloat16FromFloat(value) : half_bits::float16FromFloat(value);
+}
+
+float widened(DType wire, uint16_t bits) {
+  return wire == DType::BF16 ? half_bits::bfloat16ToFloat(bits) : half_bits::float16ToFloat(bits);
+}
+
+std::span<uint8_t> bytesOf(std::span<uint16_t> values) {
+  return {reinterpret_cast<uint8_t*>(values.data()), values.size_bytes()};
+}
+
+}  // namespace
+
+void Ring::narrowRingAllReduce(const Circle& circle, uint64_t sequence, DType wire, float* data, int64_t count,
+                               Deadline deadline) {
+  const int n = circle.size();
+  const int position = circle.position;
+  auto begin = [&](int i) { return count * i / n; };
+  auto length = [&](int i) { return static_cast<size_t>(begin(i + 1) - begin(i)); };
+  // The same steps as ringAllReduce: the partial sums travel rounded, and are added in f32.
+  std::vector<uint16_t> outgoing(length(0) + 1), incoming(length(0) + 1);
+  for (int step = 0; step < n - 1; ++step) {
+    const int sent = ((position - step) % n + n) % n;
+    const int received = (sent + n - 1) % n;
+    for (size_t i = 0; i < length(sent); ++i) outgoing[i] = narrowed(wire, data[begin(sent) + static_cast<int64_t>(i)]);
+    shift(circle, "AllReduce", sequence, kReduceScatter, step, bytesOf(std::span(outgoing).first(length(sent))),
+          bytesOf(std::span(incoming).first(length(received))), deadline);
+    for (size_t i = 0; i < length(received); ++i)
+      data[begin(received) + static_cast<int64_t>(i)] += widened(wire, incoming[i]);
+  }
+  // This rank owns chunk position + 1: it rounds that chunk once, and every rank (itself
+  // included) takes the rounded values, so the replicas stay identical.
+  std::vector<uint16_t> all(static_cast<size_t>(count));
+  const int owned = (position + 1) % n;
+  for (size_t i = 0; i < length(owned); ++i)
+    all[static_cast<size_t>(begin(owned)) + i] = narrowed(wire, data[begin(owned) + static_cast<int64_t>(i)]);
+  std::vector<std::span<uint8_t>> chunks;
+  for (int i = 0; i < n; ++i)
+    chunks.push_back(bytesOf(std::span(all).subspan(static_cast<size_t>(begin(i)), length(i))));
+  circulate(circle, "AllReduce", sequence, kGatherReduced, chunks, 1, deadline);
+  for (int64_t i = 0; i < count; ++i) data[i] = widened(wire, all[static_cast<size_t>(i)]);
 }
 
 std::vector<uint64_t> Ring::allGatherSizes(uint64_t mine) { return allGatherSizes(mine, Clock::now() + timeout_); }

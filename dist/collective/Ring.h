@@ -45,7 +45,12 @@ class Ring {
   uint64_t bytesReceivedAcross() const { return receivedAcross_; }
 
   /// Replaces `count` elements of `dtype` (f32, f64, i64) at `data` by their sum over all ranks.
-  void allReduceSum(DType dtype, void* data, int64_t count);
+  /// With `wire` bf16 or f16 (f32 sums only), what travels between ranks is rounded to 16 bits
+  /// while every rank accumulates in f32: each step of the reduce-scatter sends its partial sums
+  /// rounded, and the owner of a reduced chunk rounds it before the all-gather, so every rank ends
+  /// with the same values, each within a 16-bit rounding of every partial sum of the exact one.
+  void allReduceSum(DType dtype, void* data, int64_t count, DType wire);
+  void allReduceSum(DType dtype, void* data, int64_t count) { allReduceSum(dtype, data, count, dtype); }
   /// Every rank's block, concatenated in rank order; blocks may differ in size.
   std::vector<uint8_t> allGather(std::span<const uint8_t> block);
   /// Every rank's block size, in rank order.
@@ -76,7 +81,11 @@ class Ring {
                  std::vector<std::span<uint8_t>> blocks, int firstOwnedShift, Deadline deadline);
   void ringAllReduce(const Circle& circle, uint64_t sequence, DType dtype, void* data, int64_t count,
                      Deadline deadline);
-  void hierarchicalAllReduce(uint64_t sequence, DType dtype, void* data, int64_t count, Deadline deadline);
+  /// The ring AllReduce of f32 values whose messages carry them as `wire` (bf16 or f16).
+  void narrowRingAllReduce(const Circle& circle, uint64_t sequence, DType wire, float* data, int64_t count,
+                           Deadline deadline);
+  void hierarchicalAllReduce(uint64_t sequence, DType dtype, DType wire, void* data, int64_t count,
+                             Deadline deadline);
   void countBytes(int peerRank, size_t sent, size_t received);
 
   Transport& transport_;
