@@ -122,13 +122,14 @@ void registerCollectiveOps() {
   });
 }
 
-std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t backend, double scale, bool onGpu, DType wire) {
+std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t backend, double scale, bool onGpu,
+                              std::optional<DType> wire) {
   registerCollectiveOps();
   Graph& g = xs.at(0).graph();
   const std::string& device = xs[0].node()->device;
   auto placed = g.onDevice(onGpu && device.rfind("cuda", 0) == 0 ? device : "");
   Attrs startAttrs{{"backend", backend}};
-  if (wire != xs[0].dtype()) startAttrs.set("wire", static_cast<int64_t>(wire));
+  if (wire && *wire != xs[0].dtype()) startAttrs.set("wire", static_cast<int64_t>(*wire));
   Node* start = g.addNode("AllReduceStart", xs, startAttrs);
   std::vector<Output> waitInputs{start->output()};
   waitInputs.insert(waitInputs.end(), xs.begin(), xs.end());

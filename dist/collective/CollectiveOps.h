@@ -18,6 +18,7 @@
 #include "core/Graph.h"
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace weft::dist {
@@ -28,9 +29,10 @@ void registerCollectiveOps();
 /// Sums tensors of one dtype over every rank, times `scale`; one fused transfer for all of them.
 /// Through collective backend `backend`: the host's ring, or with `onGpu` the NCCL group, on the
 /// GPU the tensors live on. With `wire` bf16 or f16 (f32 tensors on the host's ring), the sums
-/// travel between ranks in 16 bits and accumulate in f32 (Ring::allReduceSum).
+/// travel between ranks in 16 bits and accumulate in f32 (Ring::allReduceSum); without it, in
+/// the tensors' own dtype.
 std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t backend, double scale, bool onGpu = false,
-                              DType wire = DType::F32);
+                              std::optional<DType> wire = std::nullopt);
 /// Concatenates every rank's sparse rows in rank order (every rank must have as many), values
 /// times `scale`. The rows are the gradient of `variable`, of `variableRows` rows: each step's
 /// rows are counted in the communicator's traffic.

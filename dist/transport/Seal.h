@@ -48,7 +48,8 @@ using DataKey = std::array<uint8_t, 32>;
 /// The key of messages from `from` to `to` in job `job`.
 DataKey dataKey(const Secret& secret, const JobId& job, EndpointName from, EndpointName to);
 
-/// GMAC under one key (an AES-256-GCM context whose key schedule is computed once).
+/// AES-256-GCM under one key, its key schedule computed once: GMACs of byte sequences, and
+/// payloads encrypted and decrypted in place (a job that encrypts).
 class Gmac {
  public:
   explicit Gmac(const DataKey& key);
