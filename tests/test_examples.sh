@@ -69,6 +69,11 @@ agree() {
 }
 # The loss and the variables' sums agree to rounding: the job sums in another order.
 agree "$work/launched"
+# With its payloads encrypted, the same job trains bit for bit as before.
+"$prefix/bin/weft" launch --workers 2 --servers 1 --encrypt -- "$work/data_parallel/data_parallel" \
+  >"$work/encrypted" || fail "the data-parallel example failed under weft launch --encrypt"
+cmp -s "$work/launched" "$work/encrypted" ||
+  fail "the encrypted job trained otherwise: $(diff "$work/launched" "$work/encrypted")"
 # dist::TrainingLoop under weft launch: --partitions auto runs samples that go on from one
 # another's checkpoints, and the job ends as the lone run.
 "$prefix/bin/weft" launch --workers 2 --servers 2 --partitions auto --partition-search-steps 8 -- \
@@ -130,4 +135,4 @@ if command -v mpirun >/dev/null; then
   cmp -s "$work/uninterrupted" "$work/requeued" ||
     fail "the requeued job trained otherwise than the uninterrupted one: $(diff "$work/uninterrupted" "$work/requeued")"
 fi
-echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch (with --partitions auto, and restarted after a kill) and mpirun (preempted and started again), where it is, trained the data-parallel one as one process"
+echo "examples: built against the installed package (CMake and pkg-config) and run; weft launch (also with --encrypt and --partitions auto, and restarted after a kill) and mpirun (preempted and started again), where it is, trained the data-parallel one as one process"
