@@ -1,5 +1,6 @@
 #include "autodiff/Gradients.h"
 
+#include "autodiff/Recompute.h"
 #include "ops/Ops.h"
 
 #include <algorithm>
@@ -128,6 +129,7 @@ std::vector<Grad> gradients(Output loss, const std::vector<Output>& xs) {
     result.push_back(grad);
   }
   for (size_t id = n; id < g.size(); ++id) g.addToCollection(kBackwardCollection, g.node(static_cast<int>(id)));
+  recomputeInBackward(g, static_cast<int>(n));
   return result;
 }
 

@@ -10,7 +10,8 @@ namespace weft {
 
 /// Gradients of the scalar `loss` with respect to each of `xs` (variables or any outputs). A
 /// gradient that reaches an x only through gathers stays sparse; an x that the loss does not
-/// depend on gets an invalid Grad. Variables among xs get a GradientLink in the graph.
+/// depend on gets an invalid Grad. Variables among xs get a GradientLink in the graph. Values of
+/// recompute scopes (Graph::recompute) are recomputed for the backward pass (autodiff/Recompute.h).
 ///
 ///     auto grads = gradients(loss, {w, embedding});
 ///     // grads[1].isSparse(): indices and values of the embedding rows touched

@@ -93,6 +93,10 @@ Node* Graph::addNode(const std::string& op, std::vector<Output> inputs, Attrs at
   node->attrs = std::move(attrs);
   node->device = devices_.empty() ? std::string() : devices_.back();
   node->stage = currentStage();
+  if (!recomputeSegments_.empty()) {
+    node->recompute = recomputeSegments_.back().mode;
+    node->recomputeSegment = recomputeSegments_.back().id;
+  }
   node->def = &def;
   node->graph = this;
 
@@ -179,6 +183,27 @@ Graph::StageScope::StageScope(Graph& g, int stage) : graph_(g) {
   g.stages_.push_back(stage);
 }
 Graph::StageScope::~StageScope() { graph_.stages_.pop_back(); }
+
+Graph::RecomputeScope::RecomputeScope(Graph& g, Recompute mode) : graph_(g) {
+  g.recomputeSegments_.push_back({mode, g.nextRecomputeSegment_++});
+}
+Graph::RecomputeScope::~RecomputeScope() { graph_.recomputeSegments_.pop_back(); }
+
+Recompute parseRecompute(const std::string& text) {
+  for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    if (text == recomputeName(mode)) return mode;
+  }
+  throw Error(fmt::format("recompute '{}': expected none, selective or full", text));
+}
+
+const char* recomputeName(Recompute mode) {
+  switch (mode) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "none";
+}
 
 Graph::PartitionerScope::PartitionerScope(Graph& g, int partitions) : graph_(g) {
   WEFT_CHECK(partitions >= 0,

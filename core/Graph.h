@@ -68,6 +68,16 @@ inline constexpr char kLossScaledCollection[] = "loss_scaled";
 /// pass and the updates by this.
 inline constexpr char kBackwardCollection[] = "backward";
 
+/// How the values of a recompute scope (Graph::recompute) reach the backward pass.
+enum class Recompute {
+  None,       // kept alive from the forward pass, as outside every scope
+  Selective,  // element-wise, normalisation and shape values recomputed; products' and convolutions' kept
+  Full,       // every value recomputed from what flows into the scope
+};
+/// "none", "selective" or "full"; throws naming the text otherwise.
+Recompute parseRecompute(const std::string& text);
+const char* recomputeName(Recompute mode);
+
 /// One op instance.
 struct Node {
   int id = 0;
@@ -80,6 +90,8 @@ struct Node {
   std::vector<TensorType> outputs;
   std::string device;  // requested placement ("" = default device)
   int stage = -1;      // pipeline stage the author put it in (Graph::stage); -1: chosen by the cut
+  Recompute recompute = Recompute::None;  // set by Graph::recompute
+  int recomputeSegment = -1;              // which recompute scope: one segment per scope
   const Node* gradientOf = nullptr;  // autodiff's nodes: the forward op whose gradient they compute
   const OpDef* def = nullptr;
   Graph* graph = nullptr;
@@ -200,6 +212,30 @@ class Graph {
   StageScope stage(int stage) { return StageScope(*this, stage); }
   /// The stage nodes created now belong to (-1 outside every stage scope).
   int currentStage() const { return stages_.empty() ? -1 : stages_.back(); }
+
+  /// RAII recompute scope (activation checkpointing): the values of the forward ops created
+  /// while it lives are not kept for the backward pass. autodiff's gradients() has the backward
+  /// read copies of those ops instead, which re-run just before the backward needs them, from the
+  /// values that flow into the scope (kept) and the variables. Each scope is one segment: wrap
+  /// each layer or block in its own, so that only one segment's values are alive again at a time.
+  /// Random ops draw the same numbers again; ops that write state (batch norm's moving averages
+  /// are separate update ops) run once.
+  ///
+  ///     for (auto& layer : layers) {
+  ///       auto segment = g.recompute();
+  ///       h = relu(layer(h));
+  ///     }
+  class RecomputeScope {
+   public:
+    RecomputeScope(Graph& g, Recompute mode);
+    ~RecomputeScope();
+    RecomputeScope(const RecomputeScope&) = delete;
+    RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+   private:
+    Graph& graph_;
+  };
+  RecomputeScope recompute(Recompute mode = Recompute::Full) { return RecomputeScope(*this, mode); }
 
   /// RAII partitioner scope (the `partitioner` of the sparsity-aware Parallax paper): variables
   /// created while it lives, when a distributed job puts them on parameter servers, are split
@@ -344,6 +380,12 @@ class Graph {
   std::vector<std::string> scopes_;
   std::vector<std::string> devices_;
   std::vector<int> stages_;
+  struct RecomputeSegment {
+    Recompute mode;
+    int id;
+  };
+  std::vector<RecomputeSegment> recomputeSegments_;
+  int nextRecomputeSegment_ = 0;
   std::vector<int> partitioners_;
   std::map<const Node*, int> requestedPartitions_;
   std::vector<ComputePrecision> precisions_;

@@ -62,6 +62,11 @@ struct KernelContext {
   T* out(int i) const { return output(i).template data<T>(); }
   int numInputs() const { return static_cast<int>(inputs.size()); }
   const Attrs& attrs() const { return node->attrs; }
+  /// What a random op's draws are keyed by, with the seed and the step: the node's name, or the
+  /// name of the node whose draws it repeats (attribute "stream": a recomputed copy's).
+  const std::string& randomStream() const {
+    return node->attrs.has("stream") ? node->attrs.get<std::string>("stream") : node->name;
+  }
   void parallelFor(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& f) const {
     pool->parallelFor(n, cost, f);
   }
@@ -103,6 +108,11 @@ struct GradContext {
   Output y(int i = 0) const { return node->output(i); }
   Output dy(int i = 0) const { return outputGrads[static_cast<size_t>(i)]; }
   const Attrs& attrs() const { return node->attrs; }
+  /// What a random op's draws are keyed by, with the seed and the step: the node's name, or the
+  /// name of the node whose draws it repeats (attribute "stream": a recomputed copy's).
+  const std::string& randomStream() const {
+    return node->attrs.has("stream") ? node->attrs.get<std::string>("stream") : node->name;
+  }
 };
 
 using InferFn = std::function<std::vector<TensorType>(const InferContext&)>;

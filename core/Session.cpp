@@ -683,4 +683,10 @@ PlanStats Session::planStats(const std::vector<Output>& fetches, const FeedMap& 
   return planFor(fetches, feeds, targets).stats;
 }
 
+size_t Session::largestPlanPeakBytes() const {
+  size_t largest = 0;
+  for (const auto& [key, plan] : plans_) largest = std::max(largest, plan->stats.peakBytes);
+  return largest;
+}
+
 }  // namespace weft

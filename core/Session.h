@@ -83,6 +83,8 @@ class Session {
   PlanStats planStats(const std::vector<Output>& fetches, const FeedMap& feeds = {},
                       const std::vector<Node*>& targets = {});
   size_t cachedPlans() const { return plans_.size(); }
+  /// The largest peakBytes among the plans compiled so far (a training run's largest batch shape).
+  size_t largestPlanPeakBytes() const;
 
   /// The live value of a variable (shares its storage; initialised on first use).
   Tensor& variable(Node* variable);

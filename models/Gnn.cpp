@@ -24,6 +24,7 @@ Output ggsnnStates(Graph& g, const GnnConfig& c, Output x, Output src, Output ds
   const Output h0 = pad(x, {0, 0, 0, c.hidden - c.features});
   Output h = h0;
   for (int64_t t = 0; t < c.steps; ++t) {
+    auto segment = g.recompute(c.recompute);
     const Output perType = reshape(message(h), {-1, c.hidden});
     const Output incoming = scatterAdd(zerosLike(h), dst, gather(perType, messageRow));
     h = update(incoming, h);
@@ -36,6 +37,7 @@ Output gcnStates(Graph& g, const GnnConfig& c, Output x, Output src, Output dst)
   Output h = x;
   int64_t width = c.features;
   for (int64_t l = 0; l < c.steps; ++l) {
+    auto segment = g.recompute(c.recompute);
     nn::Linear layer(g, "gcn" + std::to_string(l + 1), width, c.hidden, true, c.dtype);
     h = relu(layer(gcnAggregate(h, src, dst)));
     width = c.hidden;
@@ -116,6 +118,7 @@ class GnnZooModel : public ZooModel {
     loadData(common);
     config_.seed = common.seed;
     config_.dtype = dtypeFromName(common.dtype);
+    config_.recompute = common.recompute;
     model_ = buildGnn(g, config_);
     batch_ = common.batchSize > 0 ? common.batchSize : 32;
     train_ = std::make_unique<data::GraphBatcher>(trainSet_, batch_, common.seed, true, true);

@@ -20,6 +20,7 @@ struct GnnConfig {
   int64_t steps = 5;    // GGSNN propagation steps, or GCN layers
   uint64_t seed = 1;
   DType dtype = f32;
+  Recompute recompute = Recompute::None;  // each propagation step (layer) a recompute segment of this mode
 };
 
 struct GnnGraph {

@@ -25,8 +25,12 @@ ListReductionGraph buildListReduction(Graph& g, const ListReductionConfig& c) {
   nn::Embedding embed(g, "embedding", data::kListVocab, c.embedding, c.dtype);
   nn::LSTM rnn(g, "lstm", c.embedding, c.hidden, c.dtype);
   nn::Linear out(g, "logits", c.hidden, data::kListClasses, true, c.dtype);
-  const Output timeMajor = transpose(embed(m.tokens), {1, 0, 2});
-  m.logits = out(lastStates(rnn(timeMajor).y, m.mask));
+  Output states;  // the lookup and the LSTM: one recompute segment
+  {
+    auto segment = g.recompute(c.recompute);
+    states = lastStates(rnn(transpose(embed(m.tokens), {1, 0, 2})).y, m.mask);
+  }
+  m.logits = out(states);
   m.loss = nn::meanSparseCrossEntropy(m.logits, m.labels);
   m.accuracy = nn::accuracy(m.logits, m.labels);
   return m;
@@ -54,6 +58,7 @@ class ListReductionZooModel : public ZooModel {
                "list_reduction: dtype '{}' is not supported (f32 or f64)", common.dtype);
     config_.seed = common.seed;
     config_.dtype = common.dtype == "f32" ? f32 : f64;
+    config_.recompute = common.recompute;
     model_ = buildListReduction(g, config_);
     batch_ = common.batchSize > 0 ? common.batchSize : 64;
     train_ =

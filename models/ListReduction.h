@@ -14,6 +14,7 @@ struct ListReductionConfig {
   int64_t hidden = 128;
   uint64_t seed = 1;
   DType dtype = f32;
+  Recompute recompute = Recompute::None;  // the lookup and the LSTM one recompute segment of this mode
 };
 
 struct ListReductionGraph {

@@ -240,8 +240,13 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
 
   nn::Embedding embedding(g, "embedding", vocabSize_, config_.embed, dt);
   nn::LSTM lstm(g, "lstm", config_.embed, config_.hidden, dt);
-  // The Batcher gives (B, T); the fused LSTM runs time-major.
-  const Output states = transpose(lstm(transpose(embedding(tokens_), {1, 0, 2})).y, {1, 0, 2});
+  // The Batcher gives (B, T); the fused LSTM runs time-major. The lookup and the LSTM are one
+  // recompute segment (its gates and cells are what the LSTM's gradient reads).
+  Output states;
+  {
+    auto segment = g.recompute(common.recompute);
+    states = transpose(lstm(transpose(embedding(tokens_), {1, 0, 2})).y, {1, 0, 2});
+  }
   Output hidden = reshape(states, {-1, config_.hidden});
   int64_t width = config_.hidden;
   if (config_.projection > 0) {

@@ -21,8 +21,10 @@ MlpModel buildMlp(Graph& g, const MlpConfig& config) {
   nn::Linear out(g, "logits", width, config.classes, true, config.dtype);
   auto forward = [&](bool training) {
     Output h = config.dtype == f32 ? m.features : cast(m.features, config.dtype);
-    for (size_t i = 0; i < layers.size(); ++i)
+    for (size_t i = 0; i < layers.size(); ++i) {
+      auto segment = g.recompute(training ? config.recompute : Recompute::None);
       h = nn::Dropout(config.dropout, config.seed + i)(relu(layers[i](h)), training);
+    }
     return out(h);
   };
   const Output trainLogits = forward(config.dropout > 0);
@@ -74,6 +76,7 @@ class MlpZooModel : public ZooModel {
     config_.hidden = {width_, width_};
     config_.seed = common.seed;
     config_.dtype = common.dtype == "f64" ? f64 : f32;
+    config_.recompute = common.recompute;
     model_ = buildMlp(g, config_);
     const int64_t batch = common.batchSize > 0 ? common.batchSize : 128;
     data::BatchOptions batching{batch, true, common.seed, {}, 0, 0, {}};

@@ -16,6 +16,7 @@ struct MlpConfig {
   double dropout = 0.0;
   uint64_t seed = 1;
   DType dtype = f32;
+  Recompute recompute = Recompute::None;  // each hidden layer a recompute segment of this mode
 };
 
 struct MlpModel {

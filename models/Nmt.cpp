@@ -50,10 +50,18 @@ Output attend(const NmtLayers& l, Output queries, Output encoded, Output mask) {
 void buildEncoder(const NmtLayers& l, const NmtConfig& c, NmtNet& net) {
   auto scope = net.source.graph().scope("encoder");
   const Output lengths = cast(sum(net.sourceMask, {1}), i32);
-  const Output x = transpose(l.sourceEmbedding(net.source), {1, 0, 2});  // (Ts, B, E)
-  const Output forward = l.forward(x).y;
-  // The backward LSTM reads each sentence from its last real word; padding stays at the end.
-  const Output backward = reverseSequence(l.backward(reverseSequence(x, lengths, 0, 1)).y, lengths, 0, 1);
+  Graph& g = net.source.graph();
+  Output x, forward, backward;  // each direction a recompute segment
+  {
+    auto segment = g.recompute(c.recompute);
+    x = transpose(l.sourceEmbedding(net.source), {1, 0, 2});  // (Ts, B, E)
+    forward = l.forward(x).y;
+  }
+  {
+    // The backward LSTM reads each sentence from its last real word; padding stays at the end.
+    auto segment = g.recompute(c.recompute);
+    backward = reverseSequence(l.backward(reverseSequence(x, lengths, 0, 1)).y, lengths, 0, 1);
+  }
   net.encoded = transpose(forward + backward, {1, 0, 2});
   // Position 0 of the backward pass has read the whole sentence and no padding.
   const Output summary = reshape(slice(backward, {0, 0, 0}, {1, -1, -1}), {-1, c.hidden});
@@ -63,9 +71,18 @@ void buildEncoder(const NmtLayers& l, const NmtConfig& c, NmtNet& net) {
 
 void buildTrainingDecoder(const NmtLayers& l, const NmtConfig& c, NmtNet& net) {
   auto scope = net.source.graph().scope("decoder_train");
-  const Output y = transpose(l.targetEmbedding(net.targetIn), {1, 0, 2});  // (Tt, B, E)
-  const Output states = transpose(l.decoder(y, net.initialH, net.initialC).y, {1, 0, 2});
-  const Output logits = l.output(attend(l, states, net.encoded, cast(net.sourceMask, c.dtype)));
+  Graph& g = net.source.graph();
+  Output states, attentional;  // the decoder's LSTM and its attention, each a recompute segment
+  {
+    auto segment = g.recompute(c.recompute);
+    const Output y = transpose(l.targetEmbedding(net.targetIn), {1, 0, 2});  // (Tt, B, E)
+    states = transpose(l.decoder(y, net.initialH, net.initialC).y, {1, 0, 2});
+  }
+  {
+    auto segment = g.recompute(c.recompute);
+    attentional = attend(l, states, net.encoded, cast(net.sourceMask, c.dtype));
+  }
+  const Output logits = l.output(attentional);
   const Output tokenLoss = sparseSoftmaxCrossEntropy(logits, reshape(net.targetOut, {-1}));
   const Output weights = reshape(cast(net.targetOutMask, c.dtype), {-1});
   net.tokenLossSum = sum(tokenLoss * weights);
@@ -362,6 +379,7 @@ void NmtModel::build(Graph& g, const CommonOptions& common) {
   WEFT_CHECK(beam_ >= 1, "nmt: beam {} must be at least 1", beam_);
   WEFT_CHECK(evalBatch_ >= 1, "nmt: eval-batch {} must be at least 1", evalBatch_);
   config_.dtype = common.dtype == "f64" ? f64 : f32;
+  config_.recompute = common.recompute;
   config_.seed = common.seed;
   if (common.batchSize > 0) batchSize_ = common.batchSize;
   loadData(common);

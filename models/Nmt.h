@@ -17,6 +17,7 @@ struct NmtConfig {
   int64_t hidden = 256;
   uint64_t seed = 1;
   DType dtype = f32;
+  Recompute recompute = Recompute::None;  // each LSTM and the attention a recompute segment of this mode
 };
 
 /// The decoder's one-step graph: feed the previous token, the state and the encoder's outputs;

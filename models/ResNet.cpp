@@ -45,10 +45,18 @@ struct Network {
   std::vector<Block> blocks;
   std::optional<nn::Linear> fc;
 
-  Output operator()(Output x, bool training) const {
-    for (const ConvBn& unit : stem) x = relu(unit(x, training));
+  /// Each stem unit and each block is a recompute segment of mode `recompute`.
+  Output operator()(Output x, bool training, Recompute recompute) const {
+    Graph& g = x.graph();
+    for (const ConvBn& unit : stem) {
+      auto segment = g.recompute(recompute);
+      x = relu(unit(x, training));
+    }
     if (stemPool) x = maxPool2d(x, {3, 3}, {2, 2}, {1, 1});
-    for (const Block& block : blocks) x = block(x, training);
+    for (const Block& block : blocks) {
+      auto segment = g.recompute(recompute);
+      x = block(x, training);
+    }
     return (*fc)(globalAvgPool(x));
   }
 };
@@ -125,10 +133,10 @@ ResNetNet buildResNet(Graph& g, const ResNetConfig& config) {
   const Output x = config.dtype == f32 ? r.images : cast(r.images, config.dtype);
   {
     auto scope = g.scope("train");
-    r.loss = nn::meanSparseCrossEntropy(net(x, true), r.labels);
+    r.loss = nn::meanSparseCrossEntropy(net(x, true, config.recompute), r.labels);
   }
   auto scope = g.scope("eval");
-  r.evalLogits = net(x, false);
+  r.evalLogits = net(x, false, Recompute::None);
   r.evalLoss = nn::meanSparseCrossEntropy(r.evalLogits, r.labels);
   r.evalAccuracy = nn::accuracy(r.evalLogits, r.labels);
   return r;
@@ -161,6 +169,7 @@ void ResNetModel::build(Graph& g, const CommonOptions& common) {
   WEFT_CHECK(evalBatch_ > 0, "resnet: eval-batch {} must be positive", evalBatch_);
   config_.seed = common.seed;
   config_.dtype = common.dtype == "f64" ? f64 : f32;
+  config_.recompute = common.recompute;
   if (common.batchSize > 0) batchSize_ = common.batchSize;
   // An ImageNet-style directory holds train/ and val/ class folders.
   const bool folder =

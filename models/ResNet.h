@@ -23,6 +23,7 @@ struct ResNetConfig {
   double bnMomentum = 0.9;
   uint64_t seed = 1;
   DType dtype = f32;
+  Recompute recompute = Recompute::None;  // each stem unit and block a recompute segment of this mode
 };
 
 /// The built network: one set of layers applied twice, batch statistics for training and moving

@@ -28,6 +28,9 @@ struct CommonOptions {
   uint64_t seed = 1;
   std::string data;       // path to real data; empty: the built-in generator
   std::string dtype = "f32";
+  /// How the model's layers keep their activations for the backward pass: each layer (or block)
+  /// is a Graph::recompute scope of this mode.
+  Recompute recompute = Recompute::None;
 };
 
 /// How a model trains unless the command line says otherwise.

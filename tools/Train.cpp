@@ -40,6 +40,7 @@ struct TrainFlags {
   std::string precision = "f32";
   std::string deterministic = "on";
   std::string dtype = "f32";
+  std::string recompute = "none";
   uint64_t seed = 1;
   std::string data;
   std::string out;
@@ -314,6 +315,7 @@ class Trainer {
     common.seed = flags_.seed;
     common.data = flags_.data;
     common.dtype = flags_.dtype;
+    common.recompute = parseRecompute(flags_.recompute);
     graph_.setSeed(flags_.seed);
     const Device device = Device::parse(flags_.distributed() ? dist::processDevice(setup.resources) : flags_.device);
     // One process on a GPU is fed from there; a distributed worker's feeds stay on the host, where
@@ -804,7 +806,8 @@ class Trainer {
                               {unit + "_per_s", items / total},
                               {"isa", kernels.vectorIsa},
                               {"gemm_f32", kernels.f32Gemm},
-                              {"gemm_bf16", kernels.bf16Gemm}};
+                              {"gemm_bf16", kernels.bf16Gemm},
+                              {"peak_plan_bytes", session_->largestPlanPeakBytes()}};
     fmt::print("{}\n", line.dump());
   }
 
@@ -906,6 +909,11 @@ void addTrainingFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "f64"}));
   cmd.add_option("--seed", f.seed, "seed of weights, data order and dropout")->capture_default_str();
+  cmd.add_option("--recompute", f.recompute,
+                 "activations recomputed in the backward pass instead of kept: none, selective (each layer's "
+                 "element-wise and normalisation values) or full (everything but each layer's input)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "selective", "full"}));
 }
 
 /// The flags of data, evaluation, checkpoints, logs and what a run writes besides.
