@@ -27,7 +27,8 @@ std::vector<TensorType> dropoutInfer(const InferContext& c) {
 void dropoutKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const double rate = ctx.attrs().getFloat("rate");
-  const uint64_t key = stepKey(streamKey(static_cast<uint64_t>(ctx.attrs().getInt("seed")), ctx.randomStream()), ctx.step);
+  const uint64_t key =
+      stepKey(streamKey(static_cast<uint64_t>(ctx.attrs().getInt("seed")), ctx.randomStream()), ctx.step);
   const int64_t n = x.numel();
   const uint64_t base = static_cast<uint64_t>(ctx.replica) * static_cast<uint64_t>(n);
   dispatchFloat(x.dtype(), [&](auto z) {

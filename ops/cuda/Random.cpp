@@ -10,7 +10,8 @@ void dropout(KernelContext& ctx) {
   const int64_t n = x.numel();
   if (n == 0) return;
   const double rate = ctx.attrs().getFloat("rate");
-  const uint64_t key = stepKey(streamKey(static_cast<uint64_t>(ctx.attrs().getInt("seed")), ctx.randomStream()), ctx.step);
+  const uint64_t key =
+      stepKey(streamKey(static_cast<uint64_t>(ctx.attrs().getInt("seed")), ctx.randomStream()), ctx.step);
   dispatchFloating(x.dtype(), [&](auto z) {
     using T = decltype(z);
     WEFT_CUDA_CHECK(launch::dropout<T>(x.data<T>(), ctx.output(0).data<T>(), ctx.output(1).data<T>(), n, key,
