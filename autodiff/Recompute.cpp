@@ -67,6 +67,7 @@ class Recomputer {
     auto placed = g_.onDevice(original->device);
     Node* copy = g_.addNode(original->op, std::move(inputs), std::move(attrs), original->name + "/recomputed");
     copy->gradientOf = original;
+    copy->recomputed = true;
     for (Node* before : original->controlInputs) g_.addControlInput(copy, before);
     for (Node* before : anchors_[original->recomputeSegment]) g_.addControlInput(copy, before);
     g_.addToCollection(kBackwardCollection, copy);

@@ -443,6 +443,13 @@ void Graph::addControlInput(Node* node, Node* before) {
   node->controlInputs.push_back(before);
 }
 
+void Graph::removeControlInput(Node* node, Node* before) {
+  auto& inputs = node->controlInputs;
+  const auto it = std::find(inputs.begin(), inputs.end(), before);
+  WEFT_CHECK(it != inputs.end(), "removeControlInput: {} does not wait for {}", node->describe(), before->describe());
+  inputs.erase(it);
+}
+
 void Graph::replaceControlInputs(Node* from, Node* to) {
   WEFT_CHECK(from && to && from->graph == this && to->graph == this, "replaceControlInputs: nodes of another graph");
   const bool selfWait = std::find(to->controlInputs.begin(), to->controlInputs.end(), from) != to->controlInputs.end();

@@ -92,6 +92,7 @@ struct Node {
   int stage = -1;      // pipeline stage the author put it in (Graph::stage); -1: chosen by the cut
   Recompute recompute = Recompute::None;  // set by Graph::recompute
   int recomputeSegment = -1;              // which recompute scope: one segment per scope
+  bool recomputed = false;  // a copy of forward op gradientOf, made for the backward (autodiff/Recompute.h)
   const Node* gradientOf = nullptr;  // autodiff's nodes: the forward op whose gradient they compute
   const OpDef* def = nullptr;
   Graph* graph = nullptr;
@@ -330,6 +331,8 @@ class Graph {
               const std::function<Output(Output)>& convert);
   /// Makes `node` run after `before`.
   void addControlInput(Node* node, Node* before);
+  /// Makes `node` no longer wait for `before` (one of its control inputs).
+  void removeControlInput(Node* node, Node* before);
   /// Every node that ran after `from` runs after `to` instead.
   void replaceControlInputs(Node* from, Node* to);
 

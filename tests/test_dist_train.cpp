@@ -209,6 +209,15 @@ TEST_CASE("ResNet pipelined over 2 stages trains like one process accumulating t
   checkSameVariablesAs("resnet", flags + " --microbatches 4", "--stages 3 --schedule zb", 1e-5);
 }
 
+TEST_CASE("--recompute: a pipelined ResNet whose cut splits a recompute segment trains like one process") {
+  // Three stages of a three-block ResNet-8: the cut falls inside blocks, so a stage recomputes
+  // its part of a block from the values the other stage sent forward.
+  const std::string flags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 2 "
+                            "--eval-every 2 --threads 1 --timeout 30 --microbatches 4";
+  checkSameVariablesAs("resnet", flags + " --recompute full", "--stages 3", 1e-5);
+  checkSameVariablesAs("resnet", flags + " --recompute selective", "--stages 2 --schedule zb", 1e-5);
+}
+
 TEST_CASE("2 data-parallel replicas of a 2-stage pipeline train like one process on the total batch (dense "
           "gradients summed by each stage's replicas, sparse rows gathered)") {
   checkSameVariablesAs("mlp", mlpF64Flags, "--stages 2 --workers 2 --microbatches 2", kMlpF64Tolerance);

@@ -58,6 +58,7 @@ class Cutter {
     forwardChain();
     stageForward();
     stageBackward();
+    keepRecomputationWithinStages();
     stageVariables();
     checkBackwardFlow();
     stageUpdates();
@@ -257,6 +258,29 @@ class Cutter {
       for (Node* c : consumers(*it)) s = std::max(s, stage(c));
       stage(*it) = s;
     }
+  }
+
+  /// A recompute segment (autodiff/Recompute.h) that the cut splits: a stage's backward reads
+  /// what the other stage's part of the segment computed in the forward pass (sent forward as
+  /// any value crossing the cut is) instead of that stage's recomputed copy, and a copy waits
+  /// only for gradients of its own stage, since nothing orders two stages.
+  void keepRecomputationWithinStages() {
+    bool rewired = false;
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Backward) continue;
+      for (size_t i = 0; i < n->inputs.size(); ++i) {
+        const Output in = n->inputs[i];
+        if (!in.node()->recomputed || stage(in.node()) == stage(n)) continue;
+        g_.setInput(n, static_cast<int>(i), Output(const_cast<Node*>(in.node()->gradientOf), in.index()));
+        rewired = true;
+      }
+      if (!n->recomputed) continue;
+      const std::vector<Node*> waits = n->controlInputs;
+      for (Node* before : waits) {
+        if (phase(before) == Phase::Backward && stage(before) != stage(n)) g_.removeControlInput(n, before);
+      }
+    }
+    if (rewired) consumers_.clear();
   }
 
   void checkBackwardFlow() {
