@@ -11,9 +11,14 @@ namespace {
 /// Products, convolutions, recurrent layers and the softmax losses: the ops whose values
 /// Recompute::Selective keeps, as they cost far more to compute again than to hold.
 bool costly(const std::string& op) {
-  static const std::set<std::string> ops = {"MatMul",     "BatchMatMul", "Conv2D",
-                                            "LSTM",       "GRUCell",     "SampledSoftmaxCrossEntropy",
-                                            "SoftmaxCrossEntropy", "SparseSoftmaxCrossEntropy"};
+  static const std::set<std::string> ops = {"MatMul",
+                                            "BatchMatMul",
+                                            "Conv2D",
+                                            "LSTM",
+                                            "GRUCell",
+                                            "SampledSoftmaxCrossEntropy",
+                                            "SoftmaxCrossEntropy",
+                                            "SparseSoftmaxCrossEntropy"};
   return ops.count(op) != 0;
 }
 

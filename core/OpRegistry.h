@@ -108,11 +108,6 @@ struct GradContext {
   Output y(int i = 0) const { return node->output(i); }
   Output dy(int i = 0) const { return outputGrads[static_cast<size_t>(i)]; }
   const Attrs& attrs() const { return node->attrs; }
-  /// What a random op's draws are keyed by, with the seed and the step: the node's name, or the
-  /// name of the node whose draws it repeats (attribute "stream": a recomputed copy's).
-  const std::string& randomStream() const {
-    return node->attrs.has("stream") ? node->attrs.get<std::string>("stream") : node->name;
-  }
 };
 
 using InferFn = std::function<std::vector<TensorType>(const InferContext&)>;
