@@ -38,6 +38,8 @@ struct PipelineConfig {
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   /// The link speed the automatic cut (without Graph::stage scopes) weighs boundary transfers by.
   double linkBytesPerSecond = 1.25e9;
+  /// The most bytes the automatic cut lets a stage hold (StageMemory::total); 0: no limit.
+  double memoryPerStage = 0;
 };
 
 /// How the sparse variables on the parameter servers are split into row partitions (the

@@ -216,28 +216,50 @@ struct Runner::State {
     for (const auto& n : graph.nodes())
       if (n->stage >= 0) return;
     const size_t stages = static_cast<size_t>(pipelineConfig.stages);
-    std::vector<uint8_t> firstOps(stages * sizeof(uint64_t));
+    // Worker 0's choice: a 0 byte and each stage's first op, or a 1 byte and why it found none
+    // (no cut fits --memory-per-stage), so that every worker stops with that error at once
+    // rather than waiting out the timeout for a plan.
+    std::vector<uint8_t> choice;
     if (rank() == 0) {
-      int64_t rows = 1;
-      for (const auto& [placeholder, value] : microbatch)
-        if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
-      const auto seconds = pipeline->session().profile(fetches, microbatch, {trainStep});
-      const StagePlan plan = planStages(graph, pipelineConfig.stages, fetches, trainStep, seconds, rows,
-                                        pipelineConfig.microbatches, pipelineConfig.linkBytesPerSecond);
-      pipelinePlan = plan.describe();
-      for (size_t s = 0; s < stages; ++s) {
-        const uint64_t first = plan.firstOp[s];
-        std::memcpy(firstOps.data() + s * sizeof first, &first, sizeof first);
+      choice.push_back(0);
+      try {
+        const StagePlan plan = planPipeline(fetches, trainStep, microbatch);
+        pipelinePlan = plan.describe();
+        for (size_t s = 0; s < stages; ++s) {
+          const uint64_t first = plan.firstOp[s];
+          choice.insert(choice.end(), reinterpret_cast<const uint8_t*>(&first),
+                        reinterpret_cast<const uint8_t*>(&first) + sizeof first);
+        }
+      } catch (const Error& e) {
+        const std::string why = e.what();
+        choice.assign(1, 1);
+        choice.insert(choice.end(), why.begin(), why.end());
       }
     }
-    firstOps = communicator->broadcast(std::move(firstOps), 0);
+    choice = communicator->gather(std::move(choice));  // the others give none: worker 0's, everywhere
+    if (choice.at(0) == 1) throw Error(std::string(choice.begin() + 1, choice.end()));
+    WEFT_CHECK(choice.size() == 1 + stages * sizeof(uint64_t),
+               "worker 0's pipeline cut holds {} bytes, not one first op for each of {} stages", choice.size(),
+               stages);
     std::vector<size_t> firstOp(stages);
     for (size_t s = 0; s < stages; ++s) {
       uint64_t first = 0;
-      std::memcpy(&first, firstOps.data() + s * sizeof first, sizeof first);
+      std::memcpy(&first, choice.data() + 1 + s * sizeof first, sizeof first);
       firstOp[s] = static_cast<size_t>(first);
     }
     applyStages(graph, fetches, trainStep, firstOp);
+  }
+
+  /// Profiles one micro-batch's step and chooses the stages (worker 0's part of stageGraph).
+  StagePlan planPipeline(const std::vector<Output>& fetches, Node* trainStep, const FeedMap& microbatch) {
+    int64_t rows = 1;
+    for (const auto& [placeholder, value] : microbatch)
+      if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
+    const auto seconds = pipeline->session().profile(fetches, microbatch, {trainStep});
+    return planStages(pipeline->session().graph(), fetches, trainStep, seconds,
+                      {.stages = pipelineConfig.stages, .rows = rows, .microbatches = pipelineConfig.microbatches,
+                       .schedule = pipelineConfig.schedule, .linkBytesPerSecond = pipelineConfig.linkBytesPerSecond,
+                       .memoryPerStage = pipelineConfig.memoryPerStage});
   }
 
   std::vector<Tensor> runPipelined(const std::vector<Output>& fetches, const std::vector<FeedMap>& microbatches,

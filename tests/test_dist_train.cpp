@@ -361,6 +361,22 @@ void checkRefused(const std::string& args, const std::string& message) {
   CHECK(contains(run.output, message));
 }
 
+TEST_CASE("--memory-per-stage: a cut that fits trains and says what each stage holds; none fitting stops the job") {
+  TempDir dir;
+  const std::string flags = "train mlp --train-size 256 --test-size 64 --batch 64 --steps 2 --threads 1 --stages 2 "
+                            "--microbatches 2 --out " + (dir.path / "run").string();
+  const CliRun fits = weftCli(flags + " --memory-per-stage 64MB");
+  REQUIRE_MESSAGE(fits.status == 0, fits.output);
+  CHECK(contains(fits.output, "stage 0: "));
+  CHECK(contains(fits.output, "activations 2 x "));
+  // Worker 0 finds no cut and tells the other, which stops at once rather than after --timeout.
+  const CliRun none = weftCli(flags + " --memory-per-stage 100kB --timeout 600");
+  CHECK(none.status != 0);
+  CHECK(contains(none.output, "no cut of the step into 2 pipeline stages keeps every stage within 100.0 kB"));
+  CHECK_FALSE(contains(none.output, "timed out"));
+  checkRefused("mlp --memory-per-stage 1GB", "--memory-per-stage requires --stages");
+}
+
 TEST_CASE("--sync: combinations that cannot work and malformed values are refused before any process starts") {
   checkRefused("mlp --workers 2 --arch ar --sync ssp:2",
                "SSP(s=2) (--sync) applies each worker's push on the parameter "

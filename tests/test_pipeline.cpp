@@ -316,7 +316,8 @@ struct Unstaged {
   Node* step = nullptr;
   std::vector<Node*> matmuls;
 
-  Unstaged() {
+  /// Trained by SGD, or with `adam` by Adam (two slots per variable).
+  explicit Unstaged(bool adam = false) {
     Output h = g.placeholder("x", f64, {-1, 4});
     for (int l = 0; l < 6; ++l) {
       h = matmul(h, g.variable(fmt::format("w{}", l), f64, {4, 4}, Initializer::glorotUniform()));
@@ -324,7 +325,7 @@ struct Unstaged {
       h = tanh(h);
     }
     loss = mean(square(h));
-    step = optim::SGD(0.1).minimize(loss);
+    step = adam ? optim::Adam(1e-3).minimize(loss) : optim::SGD(0.1).minimize(loss);
   }
   std::unordered_map<const Node*, double> seconds(const std::vector<double>& layerCosts) const {
     std::unordered_map<const Node*, double> out;
@@ -339,10 +340,12 @@ struct Unstaged {
 TEST_CASE("planStages balances the measured time of the forward ops and their gradients") {
   Unstaged m;
   const double fast = 1e9;  // transfers cost nothing
-  const StagePlan even = planStages(m.g, 3, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 1, fast);
+  const StagePlan even = planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
+                                    {.stages = 3, .rows = 8, .linkBytesPerSecond = fast});
   CHECK(even.seconds == std::vector<double>{2, 2, 2});
   // 4 1 | 1 1 1 2 is the one split whose slowest stage takes 5.
-  const StagePlan skewed = planStages(m.g, 2, {m.loss}, m.step, m.seconds({4, 1, 1, 1, 1, 2}), 8, 1, fast);
+  const StagePlan skewed = planStages(m.g, {m.loss}, m.step, m.seconds({4, 1, 1, 1, 1, 2}),
+                                      {.stages = 2, .rows = 8, .linkBytesPerSecond = fast});
   CHECK(skewed.seconds == std::vector<double>{5, 5});
   applyStages(m.g, {m.loss}, m.step, even.firstOp);
   for (size_t l = 0; l < 6; ++l) {
@@ -362,11 +365,13 @@ TEST_CASE("planStages weighs the boundary's transfer against the compute it bala
   Unstaged m;
   // Every boundary carries 8 rows x 4 f64 = 256 bytes forward and as much back: at 512 bytes/s
   // a cut costs 1 s on each side of it, so 2 stages must split 6 equal layers 3 + 3.
-  const StagePlan plan = planStages(m.g, 2, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 1, 512);
+  const StagePlan plan = planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
+                                    {.stages = 2, .rows = 8, .linkBytesPerSecond = 512});
   CHECK(plan.boundaryBytes[0] == 256);
   CHECK(plan.ops[0] >= 1);
   CHECK(plan.seconds == std::vector<double>{3, 3});
-  CHECK_THROWS_WITH(planStages(m.g, 40, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}), 8, 1, 512),
+  CHECK_THROWS_WITH(planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
+                               {.stages = 40, .rows = 8, .linkBytesPerSecond = 512}),
                     doctest::Contains("too few for 40 pipeline stages"));
 }
 
@@ -383,9 +388,81 @@ TEST_CASE("planStages never parts the readers of one variable (a recurrent layer
   for (const auto& n : g.nodes())
     if (n->op == "MatMul" && n->gradientOf == nullptr) seconds[n.get()] = 1;
   // Balanced would be 2 + 2; the shared weights leave 1 + 3 as the only cut.
-  const StagePlan plan = planStages(g, 2, {loss}, train, seconds, 8, 1, 1e9);
+  const StagePlan plan = planStages(g, {loss}, train, seconds, {.stages = 2, .rows = 8, .linkBytesPerSecond = 1e9});
   CHECK(plan.seconds == std::vector<double>{1, 3});
   // 10 forward ops, but no cut inside the shared block's 4 ops + 3 tanh between its readers.
-  CHECK_THROWS_WITH(planStages(g, 7, {loss}, train, seconds, 8, 1, 1e9),
+  CHECK_THROWS_WITH(planStages(g, {loss}, train, seconds, {.stages = 7, .rows = 8, .linkBytesPerSecond = 1e9}),
                     doctest::Contains("can be cut in 5 places without parting a variable's readers"));
+}
+
+// Unstaged's values: every matmul's gradient reads its input (x or the tanh before it), every
+// tanh's gradient its output, square's gradient its input, mean's its input, and the backward
+// pass starts from the loss (8 bytes); with 8 rows each other value is 8 x 4 float64 = 256 bytes,
+// each variable 4 x 4 = 128.
+TEST_CASE("planStages reckons what each stage holds: parameters, gradients, optimizer state, kept activations") {
+  Unstaged m(true);
+  const StagePlan plan = planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
+                                    {.stages = 3, .rows = 8, .microbatches = 4, .linkBytesPerSecond = 1e9});
+  REQUIRE(plan.memory.size() == 3);
+  // Stage s: layers 2s and 2s + 1, the tanh of layer 2s - 1 and (last stage) the loss.
+  // {x, tanh 0}, {tanh 1, tanh 2}, {tanh 3, tanh 4, tanh 5, square, the loss}
+  const std::vector<double> kept{2 * 256, 2 * 256, 4 * 256 + 8};
+  const std::vector<int> inFlight{3, 2, 1};  // 1f1b: stage s holds min(S - s, M) micro-batches
+  for (size_t s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    const StageMemory& held = plan.memory[s];
+    CHECK(held.parameters == 2 * 128);
+    CHECK(held.gradients == 2 * 128);
+    CHECK(held.optimizerState == 2 * 2 * 128);
+    CHECK(held.activations == kept[s]);
+    CHECK(held.inFlight == inFlight[s]);
+    CHECK(held.total() == 4 * 256 + inFlight[s] * kept[s]);
+  }
+  CHECK(contains(plan.describe(), "holds 2.6 kB (parameters 256 B, gradients 256 B, optimizer state 512 B, "
+                                  "activations 3 x 512 B)"));
+  // GPipe holds every micro-batch on every stage.
+  const StagePlan gpipe =
+      planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
+                 {.stages = 3, .rows = 8, .microbatches = 4, .schedule = PipelineSchedule::GPipe});
+  for (const StageMemory& held : gpipe.memory) CHECK(held.inFlight == 4);
+}
+
+TEST_CASE("planStages under a memory limit: the fastest cut that fits, or a refusal saying what the leanest needs") {
+  Unstaged m;
+  const auto seconds = m.seconds({2, 2, 1, 1, 1, 1});
+  StagePlanOptions options{.stages = 2, .rows = 64, .microbatches = 4, .linkBytesPerSecond = 1e9};
+  const StagePlan fastest = planStages(m.g, {m.loss}, m.step, seconds, options);
+  auto largest = [](const StagePlan& p) {
+    double most = 0;
+    for (const StageMemory& held : p.memory) most = std::max(most, held.total());
+    return most;
+  };
+  // The fastest cut is 2 layers | 4 layers, and its second stage holds the most (under 1f1b stage
+  // 0 keeps two micro-batches' activations, stage 1 one, but stage 1 keeps six values and the
+  // loss): a limit just below it moves a layer into stage 0, slower but within the limit.
+  CHECK(fastest.seconds == std::vector<double>{4, 4});
+  options.memoryPerStage = largest(fastest) - 1;
+  const StagePlan lean = planStages(m.g, {m.loss}, m.step, seconds, options);
+  CHECK(lean.firstOp[1] > fastest.firstOp[1]);
+  CHECK(lean.memory[1].total() < fastest.memory[1].total());
+  CHECK(largest(lean) <= options.memoryPerStage);
+  CHECK(*std::max_element(lean.seconds.begin(), lean.seconds.end()) >
+        *std::max_element(fastest.seconds.begin(), fastest.seconds.end()));
+  // Below every cut: refused with what the leanest cut needs, and that much fits.
+  options.memoryPerStage = largest(lean) / 2;
+  std::string refusal;
+  try {
+    planStages(m.g, {m.loss}, m.step, seconds, options);
+  } catch (const Error& e) {
+    refusal = e.what();
+  }
+  CHECK(contains(refusal, "no cut of the step into 2 pipeline stages keeps every stage within"));
+  CHECK(contains(refusal, "activations the 1f1b schedule holds"));
+  const std::string needs = refusal.substr(refusal.find("needs ") + 6);
+  const double leanest = std::stod(needs.substr(needs.find('(') + 1));
+  CHECK(contains(refusal, fmt::format("{:.0f} bytes more", leanest - options.memoryPerStage)));
+  options.memoryPerStage = leanest;
+  CHECK(largest(planStages(m.g, {m.loss}, m.step, seconds, options)) == leanest);
+  options.memoryPerStage = leanest - 1;
+  CHECK_THROWS_AS(planStages(m.g, {m.loss}, m.step, seconds, options), Error);
 }

@@ -529,6 +529,23 @@ TEST_CASE("weft graph MODEL --amp prints the AMP graph, as text or DOT") {
   CHECK(contains(dot.output, "digraph amp"));
 }
 
+TEST_CASE("weft graph MODEL --stages S prints each stage's memory, and --memory-per-stage bounds it") {
+  const CliRun cut = weftCli("graph mlp --stages 2 --microbatches 2");
+  REQUIRE_MESSAGE(cut.status == 0, cut.output);
+  CHECK(contains(cut.output, "stage 0: "));
+  CHECK(contains(cut.output, ", optimizer state "));
+  CHECK(contains(cut.output, "activations 2 x "));  // 1f1b: stage 0 of 2 holds two micro-batches
+  CHECK(contains(weftCli("graph mlp --stages 2 --microbatches 2 --schedule gpipe --memory-per-stage 2GiB").output,
+                 "activations 2 x "));
+  const CliRun tight = weftCli("graph mlp --stages 2 --memory-per-stage 1kB");
+  CHECK(tight.status != 0);
+  CHECK(contains(tight.output,
+                 "no cut of the step into 2 pipeline stages keeps every stage within 1.0 kB (1000 bytes;"));
+  const CliRun unit = weftCli("graph mlp --stages 2 --memory-per-stage 12XB");
+  CHECK(unit.status != 0);
+  CHECK(contains(unit.output, "'12XB' is not a number of bytes"));
+}
+
 TEST_CASE("--amp reports an unknown model and bad data files by name") {
   CHECK(weftCli("train resnet --amp").status != 0);
   TempDir dir;

@@ -19,9 +19,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -57,6 +60,7 @@ struct TrainFlags {
   int stages = 1;
   int microbatches = 1;
   std::string schedule = "1f1b";
+  double memoryPerStage = 0;  // bytes; 0: no limit
   int servers = 1;
   std::string cluster;
   std::string arch = "auto";
@@ -283,6 +287,7 @@ class Trainer {
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
     config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
+    config.pipeline.memoryPerStage = flags_.memoryPerStage;
     return config;
   }
 
@@ -969,6 +974,7 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
       ->needs(stages);
+  addMemoryPerStageFlag(cmd, f.memoryPerStage)->needs(stages);
   cmd.add_option("--servers", f.servers, "parameter-server processes of a --workers job")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--cluster", f.cluster, "train data-parallel on the hosts of this resource specification (JSON)")
@@ -1112,6 +1118,47 @@ void addTrainCommands(CLI::App& train, const std::vector<std::string>& commandLi
   }
 }
 
+double parseByteSize(const std::string& text) {
+  static const std::map<std::string, double> units{{"", 1},
+                                                   {"kB", 1e3},
+                                                   {"MB", 1e6},
+                                                   {"GB", 1e9},
+                                                   {"TB", 1e12},
+                                                   {"KiB", 1024.0},
+                                                   {"MiB", 1048576.0},
+                                                   {"GiB", 1073741824.0},
+                                                   {"TiB", 1099511627776.0}};
+  size_t end = 0;
+  double number = -1;
+  try {
+    number = std::stod(text, &end);
+  } catch (const std::exception&) {
+  }
+  const auto unit = units.find(end > 0 ? text.substr(end) : "?");
+  WEFT_CHECK(number >= 0 && std::isfinite(number) && std::isdigit(static_cast<unsigned char>(text[0])) &&
+                 unit != units.end(),
+             "'{}' is not a number of bytes: write digits, optionally with a unit (kB, MB, GB, TB or KiB, MiB, GiB, "
+             "TiB), such as 512MB or 2GiB",
+             text);
+  return number * unit->second;
+}
+
+CLI::Option* addMemoryPerStageFlag(CLI::App& cmd, double& bytes) {
+  return cmd.add_option_function<std::string>(
+         "--memory-per-stage", [&bytes](const std::string& text) { bytes = parseByteSize(text); },
+         "the automatic pipeline cut keeps each stage's parameters, gradients, optimizer state and the activations "
+         "its schedule holds within BYTES (such as 4GB or 512MiB), refusing, with what the leanest cut needs, when "
+         "none fits")
+      ->check([](const std::string& text) -> std::string {
+        try {
+          parseByteSize(text);
+          return "";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      });
+}
+
 std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep,
                                 const PipelineCutOptions& options) {
   Session session(graph, SessionOptions{options.threads, false});
@@ -1122,9 +1169,11 @@ std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* tra
   int64_t rows = 1;
   for (const auto& [placeholder, value] : feeds)
     if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
-  const dist::StagePlan plan =
-      dist::planStages(graph, options.stages, fetches, trainStep, seconds, rows, options.microbatches,
-                       options.linkGbps * 1e9 / 8);
+  const dist::StagePlan plan = dist::planStages(
+      graph, fetches, trainStep, seconds,
+      {.stages = options.stages, .rows = rows, .microbatches = options.microbatches,
+       .schedule = dist::parseSchedule(options.schedule), .linkBytesPerSecond = options.linkGbps * 1e9 / 8,
+       .memoryPerStage = options.memoryPerStage});
   dist::applyStages(graph, fetches, trainStep, plan.firstOp);
   const dist::PipelineCut cut = dist::cutPipeline(graph, options.stages, fetches, trainStep, false);
   std::string out = plan.describe();

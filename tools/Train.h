@@ -40,11 +40,20 @@ void checkRunIdentity(const std::map<std::string, std::string>& identity,
 /// The optimizer a spec names (adam, sgd, momentum, adagrad); throws naming an unknown one.
 std::unique_ptr<optim::Optimizer> makeOptimizer(const models::OptimizerSpec& spec);
 
+/// A number of bytes: digits, or a number with a unit: kB, MB, GB, TB (powers of 1000) or KiB,
+/// MiB, GiB, TiB (powers of 1024); "0" is 0. Throws naming the text otherwise.
+double parseByteSize(const std::string& text);
+
+/// --memory-per-stage BYTES (parseByteSize's units) into `bytes`, for `weft train` and `weft graph`.
+CLI::Option* addMemoryPerStageFlag(CLI::App& cmd, double& bytes);
+
 /// `weft graph MODEL --stages S`: how the automatic cut would pipeline the model.
 struct PipelineCutOptions {
   int stages = 0;
   int microbatches = 1;
+  std::string schedule = "1f1b";
   double linkGbps = 10;
+  double memoryPerStage = 0;  ///< bytes; 0: no limit
   int threads = 2;
 };
 /// Profiles one micro-batch's training step of `model` (built in `graph`, trained by `trainStep`),

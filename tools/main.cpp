@@ -36,15 +36,26 @@ int main(int argc, char** argv) {
   graph->add_option("model", model, "model to build")->check(CLI::IsMember(weft::models::zooModelNames()));
   graph->add_flag("--dot", dot, "Graphviz DOT instead of text");
   weft::tools::PipelineCutOptions cut;
-  graph
-      ->add_option("--stages", cut.stages,
-                   "print the pipeline cut into S stages instead: each stage's forward ops, measured time and boundary "
-                   "bytes, and the transfers between stages")
-      ->check(CLI::PositiveNumber);
+  CLI::Option* stages =
+      graph
+          ->add_option(
+              "--stages", cut.stages,
+              "print the pipeline cut into S stages instead: each stage's forward ops, measured time, boundary "
+              "bytes and memory, and the transfers between stages")
+          ->check(CLI::PositiveNumber);
   graph->add_option("--microbatches", cut.microbatches, "the cut profiles one of M micro-batches of a batch")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   graph->add_option("--link-gbps", cut.linkGbps, "the link speed the cut weighs boundary transfers by")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  graph
+      ->add_option("--schedule", cut.schedule,
+                   "the pipeline's schedule, which sets how many micro-batches' activations each stage holds")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
+      ->needs(stages);
+  weft::tools::addMemoryPerStageFlag(*graph, cut.memoryPerStage)->needs(stages);
   graph->add_option("--threads", cut.threads, "intra-op threads of the profiled step")->capture_default_str();
   graph->callback([&] {
     weft::Graph g;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace weft::dist {
@@ -32,6 +33,23 @@ bool isSource(const Node* n) { return n->inputs.empty() && n->controlInputs.empt
 bool isPlaceholder(const Node* n) { return n->op == "Placeholder"; }
 bool isGroup(const Node* n) { return n->op == "NoOp"; }
 bool mutates(const Node* n) { return !n->def->mutatedInputs.empty(); }
+
+/// The bytes of a value when its batch dimension holds `rows` rows.
+double bytesWithRows(const Output& o, int64_t rows) {
+  double n = 1;
+  for (int64_t d : o.shape().dims()) n *= static_cast<double>(d < 0 ? rows : d);
+  return n * static_cast<double>(dtypeSize(o.dtype()));
+}
+
+/// Where the bytes a stage holds come from, by the forward ops of the step's chain: `state[i]`
+/// holds the variables first read by op i, with their gradients and optimizer slots; `kept[i]`
+/// the values that op i's gradient ops read, each with the position just past its previous such
+/// reader (0 for the first), so that a stage counts a value once however many of its ops'
+/// gradients read it.
+struct ChainMemory {
+  std::vector<StageMemory> state;
+  std::vector<std::vector<std::pair<size_t, double>>> kept;
+};
 
 /// The cut's working state: one entry per node id.
 class Cutter {
@@ -81,6 +99,55 @@ class Cutter {
       }
     }
     return span;
+  }
+
+  /// What the ops of `chain` (forwardChain's) hold; a batch dimension counts `rows` rows.
+  ChainMemory chainMemory(const std::vector<Node*>& chain, int64_t rows, int microbatches) {
+    ChainMemory memory{std::vector<StageMemory>(chain.size()),
+                       std::vector<std::vector<std::pair<size_t, double>>>(chain.size())};
+    std::map<const Node*, size_t> position, firstReader;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      position[chain[i]] = i;
+      for (Node* v : variablesRead(chain[i]))
+        if (firstReader.try_emplace(v, i).second) memory.state[i].parameters += bytesWithRows(v->output(), rows);
+    }
+    for (const GradientLink& link : g_.gradientLinks()) {
+      auto reader = firstReader.find(link.variable);
+      if (reader == firstReader.end()) continue;
+      // A sparse gradient's rows are gathered from every micro-batch, a dense one summed in place.
+      memory.state[reader->second].gradients +=
+          link.sparse ? microbatches * (bytesWithRows(link.indices, rows) + bytesWithRows(link.values, rows))
+                      : bytesWithRows(link.variable->output(), rows);
+    }
+    for (Node* n : order_) {
+      if (!mutates(n) || phase(n) != Phase::Update) continue;
+      const std::vector<int>& written = n->def->mutatedInputs;
+      auto reader = firstReader.find(n->inputs[static_cast<size_t>(written.front())].node());
+      if (reader == firstReader.end()) continue;
+      for (size_t m = 1; m < written.size(); ++m)
+        memory.state[reader->second].optimizerState += bytesWithRows(n->inputs[static_cast<size_t>(written[m])], rows);
+    }
+    // A gradient op goes with its forward op's stage, else with its latest input's.
+    std::map<Output, std::set<size_t>> readers;
+    for (Node* b : order_) {
+      if (phase(b) != Phase::Backward) continue;
+      std::optional<size_t> at;
+      if (auto p = position.find(b->gradientOf); p != position.end()) at = p->second;
+      else
+        for (const Output& in : b->inputs)
+          if (auto p = position.find(in.node()); p != position.end()) at = std::max(at.value_or(0), p->second);
+      if (!at) continue;
+      for (const Output& in : b->inputs)
+        if (isPlaceholder(in.node()) || phase(in.node()) == Phase::Forward) readers[in].insert(*at);
+    }
+    for (const auto& [value, at] : readers) {
+      size_t after = 0;
+      for (size_t p : at) {
+        memory.kept[p].emplace_back(after, bytesWithRows(value, rows));
+        after = p + 1;
+      }
+    }
+    return memory;
   }
 
   /// The step's forward ops in topological order (classifying every node on the way).
@@ -587,13 +654,6 @@ class Cutter {
   std::vector<Node*> replicated_;
 };
 
-/// The bytes of a value when its batch dimension holds `rows` rows.
-double bytesWithRows(const Output& o, int64_t rows) {
-  double n = 1;
-  for (int64_t d : o.shape().dims()) n *= static_cast<double>(d < 0 ? rows : d);
-  return n * static_cast<double>(dtypeSize(o.dtype()));
-}
-
 /// Per cut point k (between chain ops k and k + 1): the bytes of the values ops up to k make that
 /// later ops read.
 std::vector<double> boundaryBytes(const std::vector<Node*>& chain, int64_t rows) {
@@ -609,20 +669,53 @@ std::vector<double> boundaryBytes(const std::vector<Node*>& chain, int64_t rows)
   return bytes;
 }
 
+/// "512 B", "20.5 kB", "12.34 MB", "1.50 GB".
+std::string humanBytes(double bytes) {
+  if (bytes < 1e3) return fmt::format("{:.0f} B", bytes);
+  if (bytes < 1e6) return fmt::format("{:.1f} kB", bytes / 1e3);
+  if (bytes < 1e9) return fmt::format("{:.2f} MB", bytes / 1e6);
+  return fmt::format("{:.2f} GB", bytes / 1e9);
+}
+
+/// The activations of stages starting at one op, as their last op moves on: each value the
+/// gradients of ops in [first, last] read, once.
+class KeptBytes {
+ public:
+  KeptBytes(const ChainMemory& memory, size_t first) : memory_(memory), first_(first) {}
+  /// Adds op `last` (called for first, first + 1, ...) and returns the stage's activations.
+  double through(size_t last) {
+    for (const auto& [after, bytes] : memory_.kept[last])
+      if (after <= first_) bytes_ += bytes;
+    return bytes_;
+  }
+
+ private:
+  const ChainMemory& memory_;
+  size_t first_;
+  double bytes_ = 0;
+};
+
 }  // namespace
 
 std::string StagePlan::describe() const {
   std::string out;
   for (size_t s = 0; s < firstOp.size(); ++s) {
-    out += fmt::format("stage {}: {} forward ops from #{}, {:.3f} ms with their gradients, sends {:.0f} bytes\n", s,
+    out += fmt::format("stage {}: {} forward ops from #{}, {:.3f} ms with their gradients, sends {:.0f} bytes", s,
                        ops[s], firstOp[s], seconds[s] * 1e3, boundaryBytes[s]);
+    if (s < memory.size()) {
+      const StageMemory& m = memory[s];
+      out += fmt::format(", holds {} (parameters {}, gradients {}, optimizer state {}, activations {} x {})",
+                         humanBytes(m.total()), humanBytes(m.parameters), humanBytes(m.gradients),
+                         humanBytes(m.optimizerState), m.inFlight, humanBytes(m.activations));
+    }
+    out += "\n";
   }
   return out;
 }
 
-StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
-                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, int microbatches,
-                     double linkBytesPerSecond) {
+StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
+                     const std::unordered_map<const Node*, double>& seconds, const StagePlanOptions& options) {
+  const int stages = options.stages;
   Cutter cutter(graph, stages, fetches, trainStep, false);
   const std::vector<Node*> chain = cutter.forwardChain();
   const std::map<Node*, std::pair<size_t, size_t>> spans = cutter.readerSpans(chain);
@@ -637,43 +730,69 @@ StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetche
              "the step's forward ops can be cut in {} places without parting a variable's readers (a layer's "
              "weights stay in one stage): too few for {} pipeline stages",
              cuts, stages);
-  WEFT_CHECK(linkBytesPerSecond > 0, "the link speed for the pipeline cut must be positive, got {}",
-             linkBytesPerSecond);
+  WEFT_CHECK(options.linkBytesPerSecond > 0, "the link speed for the pipeline cut must be positive, got {}",
+             options.linkBytesPerSecond);
+  WEFT_CHECK(options.memoryPerStage >= 0, "the memory per pipeline stage must be positive (or 0: no limit), got {}",
+             options.memoryPerStage);
   // Each forward op costs its own time and its gradient ops', and its variables' updates (once
   // per step: a micro-batch's share).
   std::map<const Node*, double> cost;
   for (const auto& [node, t] : seconds) {
     if (!node->def->mutatedInputs.empty()) {
       auto span = spans.find(node->inputs[static_cast<size_t>(node->def->mutatedInputs.front())].node());
-      if (span != spans.end()) cost[chain[span->second.first]] += t / microbatches;
+      if (span != spans.end()) cost[chain[span->second.first]] += t / options.microbatches;
       continue;
     }
     cost[node->gradientOf != nullptr ? node->gradientOf : node] += t;
   }
   std::vector<double> prefix(n + 1, 0);
   for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + (cost.count(chain[i]) ? cost.at(chain[i]) : 0.0);
-  const std::vector<double> boundary = boundaryBytes(chain, rows);
+  const std::vector<double> boundary = boundaryBytes(chain, options.rows);
   // Both ways: activations forward, their gradients back.
-  auto transfer = [&](size_t k) { return 2 * boundary[k] / linkBytesPerSecond; };
+  auto transfer = [&](size_t k) { return 2 * boundary[k] / options.linkBytesPerSecond; };
   auto stageTime = [&](size_t first, size_t last) {
     return prefix[last + 1] - prefix[first] + (first > 0 ? transfer(first - 1) : 0) +
            (last + 1 < n ? transfer(last) : 0);
   };
-  // best[s][j]: the slowest of stages 0..s when stage s ends at op j; from[s][j]: where it starts.
+  const ChainMemory memory = cutter.chainMemory(chain, options.rows, options.microbatches);
+  std::vector<double> statePrefix(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const StageMemory& m = memory.state[i];
+    statePrefix[i + 1] = statePrefix[i] + m.parameters + m.gradients + m.optimizerState;
+  }
+  const std::vector<int> inFlight =
+      simulate(options.schedule, stages, options.microbatches, 1, 1, 1).peakInFlight;
+  // best[s][j]: the slowest of stages 0..s when stage s ends at op j, each within the memory
+  // limit; from[s][j]: where stage s starts. leanest[s][j]: the least memory the largest of
+  // stages 0..s can hold when stage s ends at op j, limit or not (what a refusal reports).
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(count, std::vector<double>(n, inf));
+  std::vector<std::vector<double>> best(count, std::vector<double>(n, inf)), leanest = best;
   std::vector<std::vector<size_t>> from(count, std::vector<size_t>(n, 0));
-  for (size_t j = 0; j < n; ++j) best[0][j] = stageTime(0, j);
-  for (size_t s = 1; s < count; ++s)
-    for (size_t j = s; j < n; ++j)
-      for (size_t i = s; i <= j; ++i) {
-        if (!cuttable[i - 1]) continue;
-        const double slowest = std::max(best[s - 1][i - 1], stageTime(i, j));
-        if (slowest < best[s][j]) {
-          best[s][j] = slowest;
+  for (size_t i = 0; i < n; ++i) {  // a stage's first op
+    if (i > 0 && !cuttable[i - 1]) continue;
+    KeptBytes kept(memory, i);
+    for (size_t j = i; j < n; ++j) {  // its last
+      const double activations = kept.through(j), time = stageTime(i, j);
+      for (size_t s = i == 0 ? 0 : 1; s < count && s <= i; ++s) {
+        const double bytes = statePrefix[j + 1] - statePrefix[i] + inFlight[s] * activations;
+        const double before = s == 0 ? 0 : best[s - 1][i - 1];
+        const double largestBefore = s == 0 ? 0 : leanest[s - 1][i - 1];
+        leanest[s][j] = std::min(leanest[s][j], std::max(largestBefore, bytes));
+        if (options.memoryPerStage > 0 && bytes > options.memoryPerStage) continue;
+        if (std::max(before, time) < best[s][j]) {
+          best[s][j] = std::max(before, time);
           from[s][j] = i;
         }
       }
+    }
+  }
+  const double leastLargest = leanest[count - 1][n - 1];
+  WEFT_CHECK(best[count - 1][n - 1] < inf,
+             "no cut of the step into {} pipeline stages keeps every stage within {} ({:.0f} bytes; parameters, "
+             "gradients, optimizer state and the activations the {} schedule holds): the cut whose largest stage "
+             "holds least needs {} ({:.0f} bytes) there, {:.0f} bytes more",
+             stages, humanBytes(options.memoryPerStage), options.memoryPerStage, scheduleName(options.schedule),
+             humanBytes(leastLargest), leastLargest, leastLargest - options.memoryPerStage);
   StagePlan plan;
   plan.firstOp.assign(count, 0);
   for (size_t s = count - 1, end = n - 1; s > 0; --s) {
@@ -685,6 +804,16 @@ StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetche
     plan.ops.push_back(last - first + 1);
     plan.seconds.push_back(prefix[last + 1] - prefix[first]);
     plan.boundaryBytes.push_back(last + 1 < n ? boundary[last] : 0);
+    StageMemory held;
+    for (size_t i = first; i <= last; ++i) {
+      held.parameters += memory.state[i].parameters;
+      held.gradients += memory.state[i].gradients;
+      held.optimizerState += memory.state[i].optimizerState;
+    }
+    KeptBytes kept(memory, first);
+    for (size_t i = first; i <= last; ++i) held.activations = kept.through(i);
+    held.inFlight = inFlight[s];
+    plan.memory.push_back(held);
   }
   return plan;
 }

@@ -32,6 +32,7 @@
 #pragma once
 
 #include "core/Graph.h"
+#include "dist/pipeline/Schedule.h"
 
 #include <cstdint>
 #include <string>
@@ -87,6 +88,27 @@ struct PipelineCut {
   std::vector<int> fetchStage;
 };
 
+/// What a stage holds during a step, in bytes, as the cut reckons it from the graph before any
+/// run: the training state of its variables and the activations its schedule keeps.
+struct StageMemory {
+  double parameters = 0;      ///< the variables its forward ops read (trained or not)
+  double gradients = 0;       ///< their gradients, summed over the micro-batches
+  double optimizerState = 0;  ///< the optimizer's slots of its variables (Adam: m and v)
+  double activations = 0;     ///< one micro-batch's values that its backward reads
+  int inFlight = 1;           ///< the micro-batches whose activations the schedule holds at once
+  double total() const { return parameters + gradients + optimizerState + activations * inFlight; }
+};
+
+/// What an automatic cut weighs besides the profile.
+struct StagePlanOptions {
+  int stages = 1;
+  int64_t rows = 1;  ///< a micro-batch's rows: what a batch dimension (-1) of a value counts
+  int microbatches = 1;
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  double linkBytesPerSecond = 1.25e9;
+  double memoryPerStage = 0;  ///< the most bytes (StageMemory::total) a stage may hold; 0: no limit
+};
+
 /// What an automatic cut chose: where each stage starts among the step's forward ops (in
 /// topological order), and what each stage measured.
 struct StagePlan {
@@ -94,20 +116,22 @@ struct StagePlan {
   std::vector<size_t> ops;            ///< per stage: how many forward ops it has
   std::vector<double> seconds;        ///< per stage: its forward ops' and their gradients' time per step
   std::vector<double> boundaryBytes;  ///< per stage: the bytes it sends forward (and gets back as gradients)
-  /// "stage 0: 12 ops, 1.25 ms, sends 16384 bytes" per stage, one line each.
+  std::vector<StageMemory> memory;    ///< per stage: what it holds
+  /// Per stage, one line each: its ops, time, boundary bytes, and memory with its parts.
   std::string describe() const;
 };
 
-/// Chooses `stages` contiguous stages of the forward ops of the step (in topological order) that
-/// minimise the slowest stage's time per micro-batch (its ops' and their gradients' measured
-/// `seconds` of one micro-batch's step, from Session::profile, and its variables' updates over
-/// `microbatches`) plus its boundary transfers both ways at `linkBytesPerSecond`: a dynamic
-/// program over the chain, as PipeDream's planner. No cut parts one variable's readers. Sizes
-/// whose first dimension is the batch's count `rows` rows. Throws when there are fewer places to
-/// cut than stages need.
-StagePlan planStages(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
-                     const std::unordered_map<const Node*, double>& seconds, int64_t rows, int microbatches,
-                     double linkBytesPerSecond);
+/// Chooses `options.stages` contiguous stages of the forward ops of the step (in topological
+/// order) that minimise the slowest stage's time per micro-batch (its ops' and their gradients'
+/// measured `seconds` of one micro-batch's step, from Session::profile, and its variables'
+/// updates over the micro-batches) plus its boundary transfers both ways at the link's speed: a
+/// dynamic program over the chain, as PipeDream's planner. No cut parts one variable's readers,
+/// and with a memory limit no stage holds more than it (StageMemory::total, with the activations
+/// of as many micro-batches as the schedule holds on that stage at once). Throws when there are
+/// fewer places to cut than stages need, and when no cut fits the limit, saying by how much the
+/// cut closest to fitting misses it.
+StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
+                     const std::unordered_map<const Node*, double>& seconds, const StagePlanOptions& options);
 /// Puts the step's forward ops in the stages `firstOp` starts (Node::stage), as planStages chose:
 /// every process of a pipeline applies the plan one of them made.
 void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep, const std::vector<size_t>& firstOp);
