@@ -41,6 +41,7 @@ struct detail::Plan {
 
   std::vector<Tensor> slots;  // one per value; never resized after compile
   std::vector<TensorType> slotTypes;
+  std::map<Output, int> slotOf;  // each graph value's slot (a copy to another device has its own)
   std::vector<Device> slotDevices;
   std::vector<Step> steps;
   std::vector<FeedSlot> feeds;  // sorted by output
@@ -484,6 +485,7 @@ std::unique_ptr<detail::Plan> Session::compile(const std::vector<Output>& fetche
 
   Slots slots = assignSlots(order, feedValue, fed);
   plan->slotTypes = slots.types;
+  plan->slotOf = slots.slotOf;
   plan->slotDevices = slots.devices;
   plan->slots.resize(slots.types.size());
 
@@ -681,6 +683,14 @@ std::unordered_map<const Node*, double> Session::profile(const std::vector<Outpu
 PlanStats Session::planStats(const std::vector<Output>& fetches, const FeedMap& feeds,
                              const std::vector<Node*>& targets) {
   return planFor(fetches, feeds, targets).stats;
+}
+
+std::map<Output, TensorType> Session::valueTypes(const std::vector<Output>& fetches, const FeedMap& feeds,
+                                                const std::vector<Node*>& targets) {
+  const Plan& plan = planFor(fetches, feeds, targets);
+  std::map<Output, TensorType> types;
+  for (const auto& [output, slot] : plan.slotOf) types.emplace(output, plan.slotTypes[static_cast<size_t>(slot)]);
+  return types;
 }
 
 size_t Session::largestPlanPeakBytes() const {

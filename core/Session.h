@@ -82,6 +82,10 @@ class Session {
   /// The cost of the plan for these fetches, targets and feeds (compiling it if needed).
   PlanStats planStats(const std::vector<Output>& fetches, const FeedMap& feeds = {},
                       const std::vector<Node*>& targets = {});
+  /// The concrete type of every value the plan for these fetches, targets and feeds reads or
+  /// computes (compiling it if needed): the graph's partial shapes as this batch makes them.
+  std::map<Output, TensorType> valueTypes(const std::vector<Output>& fetches, const FeedMap& feeds = {},
+                                          const std::vector<Node*>& targets = {});
   size_t cachedPlans() const { return plans_.size(); }
   /// The largest peakBytes among the plans compiled so far (a training run's largest batch shape).
   size_t largestPlanPeakBytes() const;

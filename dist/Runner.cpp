@@ -255,9 +255,12 @@ struct Runner::State {
     int64_t rows = 1;
     for (const auto& [placeholder, value] : microbatch)
       if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
-    const auto seconds = pipeline->session().profile(fetches, microbatch, {trainStep});
-    return planStages(pipeline->session().graph(), fetches, trainStep, seconds,
-                      {.stages = pipelineConfig.stages, .rows = rows, .microbatches = pipelineConfig.microbatches,
+    Session& session = pipeline->session();
+    const auto seconds = session.profile(fetches, microbatch, {trainStep});
+    return planStages(session.graph(), fetches, trainStep, seconds,
+                      {.stages = pipelineConfig.stages,
+                       .valueBytes = valueBytes(session.valueTypes(fetches, microbatch, {trainStep})),
+                       .rows = rows, .microbatches = pipelineConfig.microbatches,
                        .schedule = pipelineConfig.schedule, .linkBytesPerSecond = pipelineConfig.linkBytesPerSecond,
                        .memoryPerStage = pipelineConfig.memoryPerStage});
   }

@@ -427,6 +427,22 @@ TEST_CASE("planStages reckons what each stage holds: parameters, gradients, opti
   for (const StageMemory& held : gpipe.memory) CHECK(held.inFlight == 4);
 }
 
+TEST_CASE("planStages takes each value's bytes from a run of the step where it is given one") {
+  Unstaged m(true);
+  // A run of 5 rows (Session::valueTypes) sizes the values 5 x 4 float64 = 160 bytes, whatever
+  // `rows` says; the loss stays 8 bytes and the variables 128.
+  Session session(m.g);
+  const FeedMap feeds{{m.g.find("x")->output(), randomTensor(f64, {5, 4}, 1)}};
+  const StagePlan plan =
+      planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
+                 {.stages = 3, .valueBytes = valueBytes(session.valueTypes({m.loss}, feeds, {m.step})), .rows = 8});
+  REQUIRE(plan.memory.size() == 3);
+  CHECK(plan.memory[0].parameters == 2 * 128);
+  CHECK(plan.memory[0].activations == 2 * 160);
+  CHECK(plan.memory[2].activations == 4 * 160 + 8);
+  CHECK(plan.boundaryBytes[0] == 160);
+}
+
 TEST_CASE("planStages under a memory limit: the fastest cut that fits, or a refusal saying what the leanest needs") {
   Unstaged m;
   const auto seconds = m.seconds({2, 2, 1, 1, 1, 1});

@@ -1171,7 +1171,9 @@ std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* tra
     if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
   const dist::StagePlan plan = dist::planStages(
       graph, fetches, trainStep, seconds,
-      {.stages = options.stages, .rows = rows, .microbatches = options.microbatches,
+      {.stages = options.stages,
+       .valueBytes = dist::valueBytes(session.valueTypes(fetches, feeds, {trainStep})),
+       .rows = rows, .microbatches = options.microbatches,
        .schedule = dist::parseSchedule(options.schedule), .linkBytesPerSecond = options.linkGbps * 1e9 / 8,
        .memoryPerStage = options.memoryPerStage});
   dist::applyStages(graph, fetches, trainStep, plan.firstOp);

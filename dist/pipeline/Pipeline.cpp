@@ -34,12 +34,18 @@ bool isPlaceholder(const Node* n) { return n->op == "Placeholder"; }
 bool isGroup(const Node* n) { return n->op == "NoOp"; }
 bool mutates(const Node* n) { return !n->def->mutatedInputs.empty(); }
 
-/// The bytes of a value when its batch dimension holds `rows` rows.
-double bytesWithRows(const Output& o, int64_t rows) {
-  double n = 1;
-  for (int64_t d : o.shape().dims()) n *= static_cast<double>(d < 0 ? rows : d);
-  return n * static_cast<double>(dtypeSize(o.dtype()));
-}
+/// The bytes of a value: as a run of the step made it where one did (StagePlanOptions::valueBytes),
+/// else from its static shape with `rows` for each unknown dimension.
+struct ValueSize {
+  const std::map<Output, size_t>& concrete;
+  int64_t rows;
+  double operator()(const Output& o) const {
+    if (auto it = concrete.find(o); it != concrete.end()) return static_cast<double>(it->second);
+    double n = 1;
+    for (int64_t d : o.shape().dims()) n *= static_cast<double>(d < 0 ? rows : d);
+    return n * static_cast<double>(dtypeSize(o.dtype()));
+  }
+};
 
 /// Where the bytes a stage holds come from, by the forward ops of the step's chain: `state[i]`
 /// holds the variables first read by op i, with their gradients and optimizer slots; `kept[i]`
@@ -102,22 +108,22 @@ class Cutter {
   }
 
   /// What the ops of `chain` (forwardChain's) hold; a batch dimension counts `rows` rows.
-  ChainMemory chainMemory(const std::vector<Node*>& chain, int64_t rows, int microbatches) {
+  ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, int microbatches) {
     ChainMemory memory{std::vector<StageMemory>(chain.size()),
                        std::vector<std::vector<std::pair<size_t, double>>>(chain.size())};
     std::map<const Node*, size_t> position, firstReader;
     for (size_t i = 0; i < chain.size(); ++i) {
       position[chain[i]] = i;
       for (Node* v : variablesRead(chain[i]))
-        if (firstReader.try_emplace(v, i).second) memory.state[i].parameters += bytesWithRows(v->output(), rows);
+        if (firstReader.try_emplace(v, i).second) memory.state[i].parameters += bytesOf(v->output());
     }
     for (const GradientLink& link : g_.gradientLinks()) {
       auto reader = firstReader.find(link.variable);
       if (reader == firstReader.end()) continue;
       // A sparse gradient's rows are gathered from every micro-batch, a dense one summed in place.
       memory.state[reader->second].gradients +=
-          link.sparse ? microbatches * (bytesWithRows(link.indices, rows) + bytesWithRows(link.values, rows))
-                      : bytesWithRows(link.variable->output(), rows);
+          link.sparse ? microbatches * (bytesOf(link.indices) + bytesOf(link.values))
+                      : bytesOf(link.variable->output());
     }
     for (Node* n : order_) {
       if (!mutates(n) || phase(n) != Phase::Update) continue;
@@ -125,7 +131,7 @@ class Cutter {
       auto reader = firstReader.find(n->inputs[static_cast<size_t>(written.front())].node());
       if (reader == firstReader.end()) continue;
       for (size_t m = 1; m < written.size(); ++m)
-        memory.state[reader->second].optimizerState += bytesWithRows(n->inputs[static_cast<size_t>(written[m])], rows);
+        memory.state[reader->second].optimizerState += bytesOf(n->inputs[static_cast<size_t>(written[m])]);
     }
     // A gradient op goes with its forward op's stage, else with its latest input's.
     std::map<Output, std::set<size_t>> readers;
@@ -143,7 +149,7 @@ class Cutter {
     for (const auto& [value, at] : readers) {
       size_t after = 0;
       for (size_t p : at) {
-        memory.kept[p].emplace_back(after, bytesWithRows(value, rows));
+        memory.kept[p].emplace_back(after, bytesOf(value));
         after = p + 1;
       }
     }
@@ -656,7 +662,7 @@ class Cutter {
 
 /// Per cut point k (between chain ops k and k + 1): the bytes of the values ops up to k make that
 /// later ops read.
-std::vector<double> boundaryBytes(const std::vector<Node*>& chain, int64_t rows) {
+std::vector<double> boundaryBytes(const std::vector<Node*>& chain, const ValueSize& bytesOf) {
   std::map<const Node*, size_t> position;
   for (size_t i = 0; i < chain.size(); ++i) position[chain[i]] = i;
   std::map<Output, size_t> lastReader;
@@ -665,7 +671,7 @@ std::vector<double> boundaryBytes(const std::vector<Node*>& chain, int64_t rows)
       if (position.count(in.node())) lastReader[in] = std::max(lastReader[in], j);
   std::vector<double> bytes(chain.size(), 0);
   for (const auto& [value, last] : lastReader)
-    for (size_t k = position.at(value.node()); k < last; ++k) bytes[k] += bytesWithRows(value, rows);
+    for (size_t k = position.at(value.node()); k < last; ++k) bytes[k] += bytesOf(value);
   return bytes;
 }
 
@@ -696,6 +702,13 @@ class KeptBytes {
 };
 
 }  // namespace
+
+std::map<Output, size_t> valueBytes(const std::map<Output, TensorType>& types) {
+  std::map<Output, size_t> bytes;
+  for (const auto& [value, type] : types)
+    bytes.emplace(value, static_cast<size_t>(std::max<int64_t>(type.shape.numel(), 0)) * dtypeSize(type.dtype));
+  return bytes;
+}
 
 std::string StagePlan::describe() const {
   std::string out;
@@ -747,14 +760,15 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   }
   std::vector<double> prefix(n + 1, 0);
   for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + (cost.count(chain[i]) ? cost.at(chain[i]) : 0.0);
-  const std::vector<double> boundary = boundaryBytes(chain, options.rows);
+  const ValueSize bytesOf{options.valueBytes, options.rows};
+  const std::vector<double> boundary = boundaryBytes(chain, bytesOf);
   // Both ways: activations forward, their gradients back.
   auto transfer = [&](size_t k) { return 2 * boundary[k] / options.linkBytesPerSecond; };
   auto stageTime = [&](size_t first, size_t last) {
     return prefix[last + 1] - prefix[first] + (first > 0 ? transfer(first - 1) : 0) +
            (last + 1 < n ? transfer(last) : 0);
   };
-  const ChainMemory memory = cutter.chainMemory(chain, options.rows, options.microbatches);
+  const ChainMemory memory = cutter.chainMemory(chain, bytesOf, options.microbatches);
   std::vector<double> statePrefix(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
     const StageMemory& m = memory.state[i];

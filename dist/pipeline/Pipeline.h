@@ -35,6 +35,7 @@
 #include "dist/pipeline/Schedule.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -102,12 +103,19 @@ struct StageMemory {
 /// What an automatic cut weighs besides the profile.
 struct StagePlanOptions {
   int stages = 1;
-  int64_t rows = 1;  ///< a micro-batch's rows: what a batch dimension (-1) of a value counts
+  /// Each value's bytes in a run of one micro-batch's step (Session::valueTypes); a value
+  /// missing here counts `rows` for each unknown dimension of its static shape.
+  std::map<Output, size_t> valueBytes;
+  int64_t rows = 1;  ///< a micro-batch's rows
   int microbatches = 1;
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   double linkBytesPerSecond = 1.25e9;
   double memoryPerStage = 0;  ///< the most bytes (StageMemory::total) a stage may hold; 0: no limit
 };
+
+/// The bytes of each value of `types` (Session::valueTypes of one micro-batch's step), for
+/// StagePlanOptions::valueBytes.
+std::map<Output, size_t> valueBytes(const std::map<Output, TensorType>& types);
 
 /// What an automatic cut chose: where each stage starts among the step's forward ops (in
 /// topological order), and what each stage measured.
