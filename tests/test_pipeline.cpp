@@ -231,6 +231,38 @@ TEST_CASE("the cut: a value two later stages read is sent to each") {
   CHECK(toTwo == 1);
 }
 
+TEST_CASE("the cut: a recomputed batch norm fused with its ReLU goes with its weights' stage, its gradient too") {
+  // minimize() fuses the batch norm and ReLU after autodiff has made the backward pass read
+  // recomputed copies of both, so the copy's and the gradient's forward op, the unfused batch
+  // norm, runs in no stage; an automatic cut (applyStages) cuts between the product and it.
+  Graph g;
+  const Output x = g.placeholder("x", f64, {-1, 4});
+  Output h = matmul(x, g.variable("w", f64, {4, 4}, Initializer::glorotUniform()));
+  {
+    auto segment = g.recompute(Recompute::Selective);
+    const Output gamma = g.variable("gamma", f64, {4}, Initializer::constant(1));
+    h = relu(batchNormTrain(h, gamma, g.variable("beta", f64, {4}, Initializer::zeros()), 1e-5).y);
+  }
+  const Output loss = mean(square(h));
+  Node* step = optim::SGD(0.1).minimize(loss);
+  REQUIRE(std::any_of(g.nodes().begin(), g.nodes().end(),
+                      [](const auto& n) { return n->op == "BatchNormReluTrain"; }));
+  applyStages(g, {loss}, step, {0, 1});
+  const PipelineCut cut = cutPipeline(g, 2, {loss}, step, false);
+  int readers = 0;
+  for (const auto& n : g.nodes()) {
+    const int stage = cut.stageOf[static_cast<size_t>(n->id)];
+    if (stage < 0 || cut.phaseOf[static_cast<size_t>(n->id)] == Phase::Update) continue;
+    for (const Output& in : n->inputs) {
+      if (in.node()->name != "gamma") continue;
+      CAPTURE(n->describe());
+      CHECK(stage == 1);
+      ++readers;
+    }
+  }
+  CHECK(readers == 3);  // the fused forward op, the recomputed copy, the gradient
+}
+
 TEST_CASE("zero bubble: a stage's weight gradients run apart from what the previous stage waits for") {
   Chain c(2);
   c.train();

@@ -274,6 +274,25 @@ class Cutter {
   }
 
   /// The latest stage among the dynamic inputs that have one, or kNone.
+  /// The stage of each variable's forward readers.
+  std::map<const Node*, int> forwardStageOfVariables() {
+    std::map<const Node*, int> stages;
+    for (Node* n : order_)
+      if (phase(n) == Phase::Forward)
+        for (Node* v : variablesRead(n)) stages.emplace(v, stage(n));
+    return stages;
+  }
+
+  /// A gradient op whose forward op runs in no stage (a fusion took its place, as
+  /// fuseBatchNormRelu does with a batch norm whose recomputed copy the backward reads) goes
+  /// with the forward readers of the weights it reads, which a cut keeps in one stage.
+  int stageOfWeightsRead(Node* n, const std::map<const Node*, int>& weightStage) {
+    int s = kNone;
+    for (Node* v : variablesRead(n))
+      if (auto it = weightStage.find(v); it != weightStage.end()) s = std::max(s, it->second);
+    return s;
+  }
+
   int latestInputStage(const Node* n) {
     int s = kNone;
     for (const Output& in : n->inputs)
@@ -317,10 +336,12 @@ class Cutter {
 
   void stageBackward() {
     std::vector<Node*> unplaced;
+    const std::map<const Node*, int> weightStage = forwardStageOfVariables();
     for (Node* n : order_) {
       if (phase(n) != Phase::Backward) continue;
       if (n->stage >= 0) stage(n) = checkedStage(n);
       else if (n->gradientOf != nullptr && stage(n->gradientOf) != kNone) stage(n) = stage(n->gradientOf);
+      else if (const int s = stageOfWeightsRead(n, weightStage); s != kNone) stage(n) = s;
       else stage(n) = latestInputStage(n);
       if (stage(n) == kNone) unplaced.push_back(n);
     }

@@ -6,7 +6,8 @@
 //     else the latest stage among its inputs (stage 0 for the first ops). An update of untrained
 //     state from forward values alone (batch norm's moving averages) runs with each micro-batch's
 //     forward too, as GPipe's per-micro-batch batch norm does.
-//   - Backward / Weights: autodiff's nodes, in their forward op's stage. Split into the part the
+//   - Backward / Weights: autodiff's nodes, in their forward op's stage; where that op runs in no
+//     stage (a fusion replaced it), in the stage of the weights they read. Split into the part the
 //     previous stage waits for (Backward) and the rest (Weights) when the schedule runs them apart
 //     (zero bubble); otherwise all Backward.
 //   - Update: the optimizer, in the stage of the variable it updates; a computation several stages
@@ -105,7 +106,7 @@ struct StagePlanOptions {
   int stages = 1;
   /// Each value's bytes in a run of one micro-batch's step (Session::valueTypes); a value
   /// missing here counts `rows` for each unknown dimension of its static shape.
-  std::map<Output, size_t> valueBytes;
+  std::map<Output, size_t> valueBytes{};
   int64_t rows = 1;  ///< a micro-batch's rows
   int microbatches = 1;
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
