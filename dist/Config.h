@@ -38,7 +38,8 @@ struct PipelineConfig {
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   /// The link speed the automatic cut (without Graph::stage scopes) weighs boundary transfers by.
   double linkBytesPerSecond = 1.25e9;
-  /// The most bytes the automatic cut lets a stage hold (StageMemory::total); 0: no limit.
+  /// The most bytes a stage may hold (StageMemory::total): the automatic cut keeps within it,
+  /// and the author's stage scopes are checked against it; 0: no limit.
   double memoryPerStage = 0;
 };
 

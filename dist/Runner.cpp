@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -209,26 +210,31 @@ struct Runner::State {
   Session& activeSession() { return pipeline ? pipeline->session() : *session; }
 
   /// Without the author's Graph::stage scopes, worker 0 profiles one micro-batch's step and
-  /// chooses the stages; every worker applies its choice.
+  /// chooses the stages; every worker applies its choice. With them, worker 0 reckons what each
+  /// stage holds and holds it to the memory limit.
   void stageGraph(const std::vector<Output>& fetches, Node* trainStep, const FeedMap& microbatch) {
     staged = true;
     Graph& graph = pipeline->session().graph();
-    for (const auto& n : graph.nodes())
-      if (n->stage >= 0) return;
+    const bool authorStaged =
+        std::any_of(graph.nodes().begin(), graph.nodes().end(), [](const auto& n) { return n->stage >= 0; });
     const size_t stages = static_cast<size_t>(pipelineConfig.stages);
-    // Worker 0's choice: a 0 byte and each stage's first op, or a 1 byte and why it found none
-    // (no cut fits --memory-per-stage), so that every worker stops with that error at once
-    // rather than waiting out the timeout for a plan.
+    // Worker 0's choice: a 0 byte and each stage's first op (none for the author's stages), or a
+    // 1 byte and why there is none (no cut fits --memory-per-stage), so that every worker stops
+    // with that error at once rather than waiting out the timeout for a plan.
     std::vector<uint8_t> choice;
     if (rank() == 0) {
       choice.push_back(0);
       try {
-        const StagePlan plan = planPipeline(fetches, trainStep, microbatch);
-        pipelinePlan = plan.describe();
-        for (size_t s = 0; s < stages; ++s) {
-          const uint64_t first = plan.firstOp[s];
-          choice.insert(choice.end(), reinterpret_cast<const uint8_t*>(&first),
-                        reinterpret_cast<const uint8_t*>(&first) + sizeof first);
+        if (authorStaged) {
+          pipelinePlan = checkAuthorStages(fetches, trainStep, microbatch);
+        } else {
+          const StagePlan plan = planPipeline(fetches, trainStep, microbatch);
+          pipelinePlan = plan.describe();
+          for (size_t s = 0; s < stages; ++s) {
+            const uint64_t first = plan.firstOp[s];
+            choice.insert(choice.end(), reinterpret_cast<const uint8_t*>(&first),
+                          reinterpret_cast<const uint8_t*>(&first) + sizeof first);
+          }
         }
       } catch (const Error& e) {
         const std::string why = e.what();
@@ -238,6 +244,7 @@ struct Runner::State {
     }
     choice = communicator->gather(std::move(choice));  // the others give none: worker 0's, everywhere
     if (choice.at(0) == 1) throw Error(std::string(choice.begin() + 1, choice.end()));
+    if (authorStaged) return;
     WEFT_CHECK(choice.size() == 1 + stages * sizeof(uint64_t),
                "worker 0's pipeline cut holds {} bytes, not one first op for each of {} stages", choice.size(),
                stages);
@@ -250,19 +257,40 @@ struct Runner::State {
     applyStages(graph, fetches, trainStep, firstOp);
   }
 
-  /// Profiles one micro-batch's step and chooses the stages (worker 0's part of stageGraph).
-  StagePlan planPipeline(const std::vector<Output>& fetches, Node* trainStep, const FeedMap& microbatch) {
+  /// What the cut weighs for one micro-batch's step.
+  StagePlanOptions planOptions(const std::vector<Output>& fetches, Node* trainStep, const FeedMap& microbatch) {
     int64_t rows = 1;
     for (const auto& [placeholder, value] : microbatch)
       if (placeholder.shape().rank() >= 1 && placeholder.shape()[0] == -1) rows = value.shape()[0];
+    return {.stages = pipelineConfig.stages,
+            .valueBytes = valueBytes(pipeline->session().valueTypes(fetches, microbatch, {trainStep})),
+            .rows = rows,
+            .microbatches = pipelineConfig.microbatches,
+            .schedule = pipelineConfig.schedule,
+            .linkBytesPerSecond = pipelineConfig.linkBytesPerSecond,
+            .memoryPerStage = pipelineConfig.memoryPerStage};
+  }
+
+  /// Profiles one micro-batch's step and chooses the stages (worker 0's part of stageGraph).
+  StagePlan planPipeline(const std::vector<Output>& fetches, Node* trainStep, const FeedMap& microbatch) {
     Session& session = pipeline->session();
     const auto seconds = session.profile(fetches, microbatch, {trainStep});
-    return planStages(session.graph(), fetches, trainStep, seconds,
-                      {.stages = pipelineConfig.stages,
-                       .valueBytes = valueBytes(session.valueTypes(fetches, microbatch, {trainStep})),
-                       .rows = rows, .microbatches = pipelineConfig.microbatches,
-                       .schedule = pipelineConfig.schedule, .linkBytesPerSecond = pipelineConfig.linkBytesPerSecond,
-                       .memoryPerStage = pipelineConfig.memoryPerStage});
+    return planStages(session.graph(), fetches, trainStep, seconds, planOptions(fetches, trainStep, microbatch));
+  }
+
+  /// What each of the author's stages holds, one line each; throws when one exceeds the limit.
+  std::string checkAuthorStages(const std::vector<Output>& fetches, Node* trainStep, const FeedMap& microbatch) {
+    const StagePlanOptions options = planOptions(fetches, trainStep, microbatch);
+    const std::vector<StageMemory> memory = stageMemory(pipeline->session().graph(), fetches, trainStep, options);
+    std::string described;
+    for (size_t s = 0; s < memory.size(); ++s) {
+      WEFT_CHECK(options.memoryPerStage == 0 || memory[s].total() <= options.memoryPerStage,
+                 "pipeline stage {} of the model's stage scopes {}: {:.0f} bytes more than the {:.0f} a stage may "
+                 "hold (--memory-per-stage); move layers to another stage",
+                 s, memory[s].describe(), memory[s].total() - options.memoryPerStage, options.memoryPerStage);
+      described += fmt::format("stage {} (the model's stage scopes): {}\n", s, memory[s].describe());
+    }
+    return described;
   }
 
   std::vector<Tensor> runPipelined(const std::vector<Output>& fetches, const std::vector<FeedMap>& microbatches,

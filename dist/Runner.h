@@ -93,8 +93,8 @@ class Runner {
   int replica() const;
   /// Whether the workers step together (false under the asynchronous modes, ASP, SSP and DSSP).
   bool synchronous() const;
-  /// What the automatic pipeline cut measured and chose (after the first step; "" when the
-  /// author chose the stages, or without a pipeline).
+  /// What the automatic pipeline cut measured and chose, or what each of the author's stages
+  /// holds (after the first step, on worker 0; "" without a pipeline).
   std::string pipelinePlan() const;
   /// This pipeline stage's idle fraction of its steps so far (PipelineStage::idleFraction); 0
   /// without a pipeline.

@@ -341,6 +341,54 @@ TEST_CASE("a worker that dies mid-job stops the other worker and the server with
 
 namespace {
 
+/// Two stages the author chose with Graph::stage scopes, trained pipelined by two workers over
+/// two micro-batches under a memory limit (0: none); rank 0's pipelinePlan() and each worker's
+/// error.
+std::pair<std::string, std::vector<std::string>> authorStagedJob(double memoryPerStage) {
+  auto network = std::make_shared<LoopbackNetwork>();
+  Config config = jobConfig(Architecture::AllReduce);
+  config.pipeline.stages = 2;
+  config.pipeline.microbatches = 2;
+  config.pipeline.memoryPerStage = memoryPerStage;
+  std::vector<JobContext> members = loopbackJob(network, {2}, false, config);
+  std::string plan;
+  const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
+    Graph g;
+    const Output x = g.placeholder("x", f64, {-1, 4});
+    Output h;
+    {
+      auto first = g.stage(0);
+      h = tanh(matmul(x, g.variable("w0", f64, {4, 4}, Initializer::glorotUniform())));
+    }
+    {
+      auto second = g.stage(1);
+      h = matmul(h, g.variable("w1", f64, {4, 4}, Initializer::glorotUniform()));
+    }
+    const Output loss = mean(square(h));
+    Node* step = optim::SGD(0.1).minimize(loss);
+    Runner runner = makeWorker(std::move(members[i]), g, config);
+    runner.run({loss}, {{x, randomTensor(f64, {8, 4}, 5)}}, {step});
+    if (runner.rank() == 0) plan = runner.pipelinePlan();
+  });
+  return {plan, errors};
+}
+
+}  // namespace
+
+TEST_CASE("a pipeline the author cut: the job reckons what each stage holds and holds it to the memory limit") {
+  const auto [plan, errors] = authorStagedJob(0);
+  for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  // Each stage: one 4 x 4 float64 weight (128 B) and its gradient; SGD keeps no slots.
+  CHECK(contains(plan, "stage 0 (the model's stage scopes): holds "));
+  CHECK(contains(plan, "stage 1 (the model's stage scopes): holds "));
+  CHECK(contains(plan, "(parameters 128 B, gradients 128 B, optimizer state 0 B, activations 2 x "));
+  const auto [none, refused] = authorStagedJob(100);
+  for (const std::string& e : refused)
+    CHECK(contains(e, "pipeline stage 0 of the model's stage scopes holds "));
+}
+
+namespace {
+
 /// A dense regression model whose loss is scaled (optim::LossScaling), in float64; its feeds
 /// may hold an infinity, which overflows the scaled gradient of whoever reads it.
 struct ScaledModel {

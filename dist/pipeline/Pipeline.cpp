@@ -55,6 +55,7 @@ struct ValueSize {
 struct ChainMemory {
   std::vector<StageMemory> state;
   std::vector<std::vector<std::pair<size_t, double>>> kept;
+  std::vector<std::pair<std::set<size_t>, double>> values;  ///< each kept value: its readers' positions, bytes
 };
 
 /// The cut's working state: one entry per node id.
@@ -107,10 +108,11 @@ class Cutter {
     return span;
   }
 
-  /// What the ops of `chain` (forwardChain's) hold; a batch dimension counts `rows` rows.
+  /// What the ops of `chain` (forwardChain's) hold, each value sized by `bytesOf`.
   ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, int microbatches) {
-    ChainMemory memory{std::vector<StageMemory>(chain.size()),
-                       std::vector<std::vector<std::pair<size_t, double>>>(chain.size())};
+    ChainMemory memory;
+    memory.state.resize(chain.size());
+    memory.kept.resize(chain.size());
     std::map<const Node*, size_t> position, firstReader;
     for (size_t i = 0; i < chain.size(); ++i) {
       position[chain[i]] = i;
@@ -152,8 +154,18 @@ class Cutter {
         memory.kept[p].emplace_back(after, bytesOf(value));
         after = p + 1;
       }
+      memory.values.emplace_back(at, bytesOf(value));
     }
     return memory;
+  }
+
+  /// The stage of each op of `chain` (forwardChain's), as the cut places it: the author's stage
+  /// scopes' or applyStages'.
+  std::vector<int> chainStages(const std::vector<Node*>& chain) {
+    stageForward();
+    std::vector<int> stages;
+    for (const Node* n : chain) stages.push_back(stage(n));
+    return stages;
   }
 
   /// The step's forward ops in topological order (classifying every node on the way).
@@ -199,10 +211,11 @@ class Cutter {
     return order;
   }
 
-  /// Dynamic: depends on a micro-batch (a placeholder) or on the backward pass.
+  /// Dynamic: depends on a micro-batch (a placeholder) or on the backward pass. A constant that
+  /// autodiff made (Square's 2) is static like any other.
   void markDynamic() {
     for (Node* n : order_) {
-      char d = isPlaceholder(n) || backward_.count(n);
+      char d = isPlaceholder(n) || (backward_.count(n) && !isSource(n));
       for (const Output& in : n->inputs) d = d || dynamic_[at(in.node())];
       dynamic_[at(n)] = d;
     }
@@ -731,20 +744,46 @@ std::map<Output, size_t> valueBytes(const std::map<Output, TensorType>& types) {
   return bytes;
 }
 
+std::string StageMemory::describe() const {
+  return fmt::format("holds {} (parameters {}, gradients {}, optimizer state {}, activations {} x {})",
+                     humanBytes(total()), humanBytes(parameters), humanBytes(gradients), humanBytes(optimizerState),
+                     inFlight, humanBytes(activations));
+}
+
 std::string StagePlan::describe() const {
   std::string out;
   for (size_t s = 0; s < firstOp.size(); ++s) {
     out += fmt::format("stage {}: {} forward ops from #{}, {:.3f} ms with their gradients, sends {:.0f} bytes", s,
                        ops[s], firstOp[s], seconds[s] * 1e3, boundaryBytes[s]);
-    if (s < memory.size()) {
-      const StageMemory& m = memory[s];
-      out += fmt::format(", holds {} (parameters {}, gradients {}, optimizer state {}, activations {} x {})",
-                         humanBytes(m.total()), humanBytes(m.parameters), humanBytes(m.gradients),
-                         humanBytes(m.optimizerState), m.inFlight, humanBytes(m.activations));
-    }
+    if (s < memory.size()) out += ", " + memory[s].describe();
     out += "\n";
   }
   return out;
+}
+
+std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
+                                     const StagePlanOptions& options) {
+  Cutter cutter(graph, options.stages, fetches, trainStep, false);
+  const std::vector<Node*> chain = cutter.forwardChain();
+  const std::vector<int> stageOf = cutter.chainStages(chain);
+  const ChainMemory memory =
+      cutter.chainMemory(chain, ValueSize{options.valueBytes, options.rows}, options.microbatches);
+  const std::vector<int> inFlight =
+      simulate(options.schedule, options.stages, options.microbatches, 1, 1, 1).peakInFlight;
+  std::vector<StageMemory> held(static_cast<size_t>(options.stages));
+  for (size_t s = 0; s < held.size(); ++s) held[s].inFlight = inFlight[s];
+  for (size_t i = 0; i < chain.size(); ++i) {
+    StageMemory& stage = held.at(static_cast<size_t>(stageOf[i]));
+    stage.parameters += memory.state[i].parameters;
+    stage.gradients += memory.state[i].gradients;
+    stage.optimizerState += memory.state[i].optimizerState;
+  }
+  for (const auto& [readers, bytes] : memory.values) {
+    std::set<int> stages;
+    for (size_t p : readers) stages.insert(stageOf[p]);
+    for (int s : stages) held.at(static_cast<size_t>(s)).activations += bytes;
+  }
+  return held;
 }
 
 StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,

@@ -99,6 +99,8 @@ struct StageMemory {
   double activations = 0;     ///< one micro-batch's values that its backward reads
   int inFlight = 1;           ///< the micro-batches whose activations the schedule holds at once
   double total() const { return parameters + gradients + optimizerState + activations * inFlight; }
+  /// "holds 5.82 MB (parameters 1.05 MB, gradients 1.05 MB, optimizer state 2.10 MB, activations 2 x 0.81 MB)".
+  std::string describe() const;
 };
 
 /// What an automatic cut weighs besides the profile.
@@ -141,6 +143,11 @@ struct StagePlan {
 /// cut closest to fitting misses it.
 StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
                      const std::unordered_map<const Node*, double>& seconds, const StagePlanOptions& options);
+/// What each stage of the step holds as its ops are staged now (the author's Graph::stage scopes,
+/// or applyStages'), reckoned as planStages reckons it; `options.memoryPerStage` is not applied.
+std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
+                                     const StagePlanOptions& options);
+
 /// Puts the step's forward ops in the stages `firstOp` starts (Node::stage), as planStages chose:
 /// every process of a pipeline applies the plan one of them made.
 void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep, const std::vector<size_t>& firstOp);
