@@ -270,7 +270,7 @@ std::vector<uint8_t> Ring::allGather(std::span<const uint8_t> block) {
     blocks.emplace_back(out.data() + offset, s);
     offset += s;
   }
-  std::memcpy(blocks[static_cast<size_t>(rank_)].data(), block.data(), block.size());
+  if (!block.empty()) std::memcpy(blocks[static_cast<size_t>(rank_)].data(), block.data(), block.size());
   circulate(everyone(), "AllGather", sequence, kGatherBlocks, blocks, 0, Clock::now() + timeout_);
   return out;
 }
