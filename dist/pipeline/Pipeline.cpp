@@ -48,14 +48,12 @@ struct ValueSize {
 };
 
 /// Where the bytes a stage holds come from, by the forward ops of the step's chain: `state[i]`
-/// holds the variables first read by op i, with their gradients and optimizer slots; `kept[i]`
-/// the values that op i's gradient ops read, each with the position just past its previous such
-/// reader (0 for the first), so that a stage counts a value once however many of its ops'
-/// gradients read it.
+/// holds the variables first read by op i, with their gradients and optimizer slots; `kept`
+/// each value the backward pass reads, with the chain positions of the ops whose gradients read
+/// it and its bytes.
 struct ChainMemory {
   std::vector<StageMemory> state;
-  std::vector<std::vector<std::pair<size_t, double>>> kept;
-  std::vector<std::pair<std::set<size_t>, double>> values;  ///< each kept value: its readers' positions, bytes
+  std::vector<std::pair<std::set<size_t>, double>> kept;
 };
 
 /// The cut's working state: one entry per node id.
@@ -112,7 +110,6 @@ class Cutter {
   ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, int microbatches) {
     ChainMemory memory;
     memory.state.resize(chain.size());
-    memory.kept.resize(chain.size());
     std::map<const Node*, size_t> position, firstReader;
     for (size_t i = 0; i < chain.size(); ++i) {
       position[chain[i]] = i;
@@ -135,28 +132,30 @@ class Cutter {
       for (size_t m = 1; m < written.size(); ++m)
         memory.state[reader->second].optimizerState += bytesOf(n->inputs[static_cast<size_t>(written[m])]);
     }
-    // A gradient op goes with its forward op's stage, else with its latest input's.
+    // A gradient op goes with its forward op, else with the weights it reads, else with its
+    // latest input, as stageBackward places it.
     std::map<Output, std::set<size_t>> readers;
     for (Node* b : order_) {
       if (phase(b) != Phase::Backward) continue;
       std::optional<size_t> at;
       if (auto p = position.find(b->gradientOf); p != position.end()) at = p->second;
-      else
-        for (const Output& in : b->inputs)
-          if (auto p = position.find(in.node()); p != position.end()) at = std::max(at.value_or(0), p->second);
+      for (Node* v : variablesRead(b))
+        if (auto r = firstReader.find(v); !at && r != firstReader.end()) at = r->second;
+      if (!at) at = latestChainInput(b, position);
       if (!at) continue;
       for (const Output& in : b->inputs)
         if (isPlaceholder(in.node()) || phase(in.node()) == Phase::Forward) readers[in].insert(*at);
     }
-    for (const auto& [value, at] : readers) {
-      size_t after = 0;
-      for (size_t p : at) {
-        memory.kept[p].emplace_back(after, bytesOf(value));
-        after = p + 1;
-      }
-      memory.values.emplace_back(at, bytesOf(value));
-    }
+    for (const auto& [value, at] : readers) memory.kept.emplace_back(at, bytesOf(value));
     return memory;
+  }
+
+  /// The chain position of `n`'s latest input among the chain's ops, if any.
+  static std::optional<size_t> latestChainInput(const Node* n, const std::map<const Node*, size_t>& position) {
+    std::optional<size_t> latest;
+    for (const Output& in : n->inputs)
+      if (auto p = position.find(in.node()); p != position.end()) latest = std::max(latest.value_or(0), p->second);
+    return latest;
   }
 
   /// The stage of each op of `chain` (forwardChain's), as the cut places it: the author's stage
@@ -286,7 +285,6 @@ class Cutter {
     return n->stage;
   }
 
-  /// The latest stage among the dynamic inputs that have one, or kNone.
   /// The stage of each variable's forward readers.
   std::map<const Node*, int> forwardStageOfVariables() {
     std::map<const Node*, int> stages;
@@ -306,6 +304,7 @@ class Cutter {
     return s;
   }
 
+  /// The latest stage among the dynamic inputs that have one, or kNone.
   int latestInputStage(const Node* n) {
     int s = kNone;
     for (const Output& in : n->inputs)
@@ -717,20 +716,36 @@ std::string humanBytes(double bytes) {
   return fmt::format("{:.2f} GB", bytes / 1e9);
 }
 
+/// Per chain position p: the kept values whose gradient readers include p, each with the
+/// position just past its previous such reader (0 for the first) and its bytes.
+using KeptByReader = std::vector<std::vector<std::pair<size_t, double>>>;
+
+KeptByReader keptByReader(const ChainMemory& memory) {
+  KeptByReader byReader(memory.state.size());
+  for (const auto& [readers, bytes] : memory.kept) {
+    size_t after = 0;
+    for (size_t p : readers) {
+      byReader[p].emplace_back(after, bytes);
+      after = p + 1;
+    }
+  }
+  return byReader;
+}
+
 /// The activations of stages starting at one op, as their last op moves on: each value the
-/// gradients of ops in [first, last] read, once.
+/// gradients of ops in [first, last] read, once (its previous reader lies before `first`).
 class KeptBytes {
  public:
-  KeptBytes(const ChainMemory& memory, size_t first) : memory_(memory), first_(first) {}
+  KeptBytes(const KeptByReader& kept, size_t first) : kept_(kept), first_(first) {}
   /// Adds op `last` (called for first, first + 1, ...) and returns the stage's activations.
   double through(size_t last) {
-    for (const auto& [after, bytes] : memory_.kept[last])
+    for (const auto& [after, bytes] : kept_[last])
       if (after <= first_) bytes_ += bytes;
     return bytes_;
   }
 
  private:
-  const ChainMemory& memory_;
+  const KeptByReader& kept_;
   size_t first_;
   double bytes_ = 0;
 };
@@ -778,7 +793,7 @@ std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fe
     stage.gradients += memory.state[i].gradients;
     stage.optimizerState += memory.state[i].optimizerState;
   }
-  for (const auto& [readers, bytes] : memory.values) {
+  for (const auto& [readers, bytes] : memory.kept) {
     std::set<int> stages;
     for (size_t p : readers) stages.insert(stageOf[p]);
     for (int s : stages) held.at(static_cast<size_t>(s)).activations += bytes;
@@ -829,6 +844,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
            (last + 1 < n ? transfer(last) : 0);
   };
   const ChainMemory memory = cutter.chainMemory(chain, bytesOf, options.microbatches);
+  const KeptByReader byReader = keptByReader(memory);
   std::vector<double> statePrefix(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
     const StageMemory& m = memory.state[i];
@@ -844,7 +860,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   std::vector<std::vector<size_t>> from(count, std::vector<size_t>(n, 0));
   for (size_t i = 0; i < n; ++i) {  // a stage's first op
     if (i > 0 && !cuttable[i - 1]) continue;
-    KeptBytes kept(memory, i);
+    KeptBytes kept(byReader, i);
     for (size_t j = i; j < n; ++j) {  // its last
       const double activations = kept.through(j), time = stageTime(i, j);
       for (size_t s = i == 0 ? 0 : 1; s < count && s <= i; ++s) {
@@ -884,7 +900,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
       held.gradients += memory.state[i].gradients;
       held.optimizerState += memory.state[i].optimizerState;
     }
-    KeptBytes kept(memory, first);
+    KeptBytes kept(byReader, first);
     for (size_t i = first; i <= last; ++i) held.activations = kept.through(i);
     held.inFlight = inFlight[s];
     plan.memory.push_back(held);
