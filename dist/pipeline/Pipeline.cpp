@@ -732,6 +732,25 @@ KeptByReader keptByReader(const ChainMemory& memory) {
   return byReader;
 }
 
+/// What each stage holds when chain op i runs in stage `stageOf[i]`; `inFlight` per stage.
+std::vector<StageMemory> sumByStage(const ChainMemory& memory, const std::vector<int>& stageOf,
+                                    const std::vector<int>& inFlight) {
+  std::vector<StageMemory> held(inFlight.size());
+  for (size_t s = 0; s < held.size(); ++s) held[s].inFlight = inFlight[s];
+  for (size_t i = 0; i < stageOf.size(); ++i) {
+    StageMemory& stage = held.at(static_cast<size_t>(stageOf[i]));
+    stage.parameters += memory.state[i].parameters;
+    stage.gradients += memory.state[i].gradients;
+    stage.optimizerState += memory.state[i].optimizerState;
+  }
+  for (const auto& [readers, bytes] : memory.kept) {
+    std::set<int> stages;
+    for (size_t p : readers) stages.insert(stageOf[p]);
+    for (int s : stages) held.at(static_cast<size_t>(s)).activations += bytes;
+  }
+  return held;
+}
+
 /// The activations of stages starting at one op, as their last op moves on: each value the
 /// gradients of ops in [first, last] read, once (its previous reader lies before `first`).
 class KeptBytes {
@@ -783,22 +802,8 @@ std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fe
   const std::vector<int> stageOf = cutter.chainStages(chain);
   const ChainMemory memory =
       cutter.chainMemory(chain, ValueSize{options.valueBytes, options.rows}, options.microbatches);
-  const std::vector<int> inFlight =
-      simulate(options.schedule, options.stages, options.microbatches, 1, 1, 1).peakInFlight;
-  std::vector<StageMemory> held(static_cast<size_t>(options.stages));
-  for (size_t s = 0; s < held.size(); ++s) held[s].inFlight = inFlight[s];
-  for (size_t i = 0; i < chain.size(); ++i) {
-    StageMemory& stage = held.at(static_cast<size_t>(stageOf[i]));
-    stage.parameters += memory.state[i].parameters;
-    stage.gradients += memory.state[i].gradients;
-    stage.optimizerState += memory.state[i].optimizerState;
-  }
-  for (const auto& [readers, bytes] : memory.kept) {
-    std::set<int> stages;
-    for (size_t p : readers) stages.insert(stageOf[p]);
-    for (int s : stages) held.at(static_cast<size_t>(s)).activations += bytes;
-  }
-  return held;
+  return sumByStage(memory, stageOf,
+                    simulate(options.schedule, options.stages, options.microbatches, 1, 1, 1).peakInFlight);
 }
 
 StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
@@ -894,17 +899,11 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
     plan.ops.push_back(last - first + 1);
     plan.seconds.push_back(prefix[last + 1] - prefix[first]);
     plan.boundaryBytes.push_back(last + 1 < n ? boundary[last] : 0);
-    StageMemory held;
-    for (size_t i = first; i <= last; ++i) {
-      held.parameters += memory.state[i].parameters;
-      held.gradients += memory.state[i].gradients;
-      held.optimizerState += memory.state[i].optimizerState;
-    }
-    KeptBytes kept(byReader, first);
-    for (size_t i = first; i <= last; ++i) held.activations = kept.through(i);
-    held.inFlight = inFlight[s];
-    plan.memory.push_back(held);
   }
+  std::vector<int> stageOf(n);
+  for (size_t s = 0; s < count; ++s)
+    std::fill(stageOf.begin() + static_cast<std::ptrdiff_t>(plan.firstOp[s]), stageOf.end(), static_cast<int>(s));
+  plan.memory = sumByStage(memory, stageOf, inFlight);
   return plan;
 }
 
