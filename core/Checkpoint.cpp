@@ -384,26 +384,55 @@ RemovedFiles removeStaleTemporaries(const std::string& path) {
   return removed;
 }
 
-void saveCheckpoint(Session& session, const std::string& path, std::map<std::string, std::string> metadata) {
+void copyShardOf(const Node& variable, const Tensor& whole, Tensor& shard) {
+  const int64_t offset = Graph::shardOffsetOf(variable);
+  WEFT_CHECK(whole.shape() == Graph::wholeShapeOf(variable) && whole.dtype() == shard.dtype() &&
+                 offset + shard.numel() <= whole.numel(),
+             "the whole value of shard '{}' is {}{}, not {}{}", variable.name, dtypeName(whole.dtype()),
+             whole.shape().str(), dtypeName(shard.dtype()), Graph::wholeShapeOf(variable).str());
+  const Tensor host = whole.to(cpu());
+  Tensor part(shard.dtype(), shard.shape());
+  std::memcpy(part.raw(),
+              static_cast<const uint8_t*>(host.raw()) + offset * static_cast<int64_t>(dtypeSize(host.dtype())),
+              part.bytes());
+  shard.copyFrom(part);
+}
+
+void saveCheckpoint(Session& session, const std::string& path, std::map<std::string, std::string> metadata,
+                    const WholeValues& wholes) {
   TensorFile file;
-  for (Node* v : session.graph().variables()) file.tensors[v->name] = session.variable(v).to(cpu());
+  for (Node* v : session.graph().variables()) {
+    if (!Graph::isShard(*v)) {
+      file.tensors[v->name] = session.variable(v).to(cpu());
+      continue;
+    }
+    const auto whole = wholes.find(v->name);
+    WEFT_CHECK(whole != wholes.end(), "saving checkpoint {}: the session holds a shard of '{}', and its whole value "
+               "was not given", path, v->name);
+    WEFT_CHECK(whole->second.shape() == Graph::wholeShapeOf(*v) && whole->second.dtype() == v->outputs[0].dtype,
+               "saving checkpoint {}: the whole value given for '{}' is {}{}, the variable is {}{}", path, v->name,
+               dtypeName(whole->second.dtype()), whole->second.shape().str(), dtypeName(v->outputs[0].dtype),
+               Graph::wholeShapeOf(*v).str());
+    file.tensors[v->name] = whole->second.to(cpu());
+  }
   file.metadata = std::move(metadata);
   file.metadata["session_step"] = std::to_string(session.step());
   writeSafetensors(path, file);
 }
 
-std::map<std::string, std::string> restoreCheckpoint(Session& session, const std::string& path) {
+std::map<std::string, std::string> restoreCheckpoint(Session& session, const std::string& path, WholeValues* wholes) {
   TensorFile file = readSafetensors(path, Checksums::Required);
   std::vector<std::string> problems;
   std::map<std::string, bool> used;
   for (Node* v : session.graph().variables()) {
     const Tensor& current = session.variable(v);
+    const Shape shape = Graph::wholeShapeOf(*v);
     auto it = file.tensors.find(v->name);
     if (it == file.tensors.end()) {
       problems.push_back(fmt::format("variable '{}' is missing", v->name));
-    } else if (it->second.dtype() != current.dtype() || it->second.shape() != current.shape()) {
+    } else if (it->second.dtype() != current.dtype() || it->second.shape() != shape) {
       problems.push_back(fmt::format("variable '{}' is {}{} in the model but {}{} in the checkpoint", v->name,
-                                     dtypeName(current.dtype()), current.shape().str(), dtypeName(it->second.dtype()),
+                                     dtypeName(current.dtype()), shape.str(), dtypeName(it->second.dtype()),
                                      it->second.shape().str()));
     }
     used[v->name] = true;
@@ -417,7 +446,15 @@ std::map<std::string, std::string> restoreCheckpoint(Session& session, const std
     WEFT_THROW("checkpoint {} does not match the model:{}", path, all);
   }
   const int64_t step = metadataInteger(file.metadata, path, "session_step", 0);
-  for (Node* v : session.graph().variables()) session.variable(v).copyFrom(file.tensors.at(v->name));
+  for (Node* v : session.graph().variables()) {
+    const Tensor& value = file.tensors.at(v->name);
+    if (!Graph::isShard(*v)) {
+      session.variable(v).copyFrom(value);
+      continue;
+    }
+    copyShardOf(*v, value, session.variable(v));
+    if (wholes) (*wholes)[v->name] = value;
+  }
   session.setStep(static_cast<uint64_t>(step));
   return file.metadata;
 }

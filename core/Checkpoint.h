@@ -47,14 +47,24 @@ struct RemovedFiles {
 };
 RemovedFiles removeStaleTemporaries(const std::string& path);
 
+/// Whole values of the variables a session holds a shard of (Graph::shardVariable), by name.
+using WholeValues = std::map<std::string, Tensor>;
+
 /// Saves every variable of the session's graph (optimizer slots and the global step included)
-/// and the session's random step (Session::step), with extra metadata.
-void saveCheckpoint(Session& session, const std::string& path, std::map<std::string, std::string> metadata = {});
+/// and the session's random step (Session::step), with extra metadata. A variable the session
+/// holds a shard of is saved whole, from `wholes` (which must hold it, of its whole shape), so a
+/// checkpoint never depends on how a job was sharded.
+void saveCheckpoint(Session& session, const std::string& path, std::map<std::string, std::string> metadata = {},
+                    const WholeValues& wholes = {});
 /// Restores a checkpoint into the session: every variable of the graph must be in the file with
-/// the same dtype and shape and a valid checksum, and the file may hold nothing else; a mismatch
-/// is refused with a message listing what differs, before any variable is changed. Returns the
-/// metadata.
-std::map<std::string, std::string> restoreCheckpoint(Session& session, const std::string& path);
+/// the same dtype and shape (a shard: its whole shape) and a valid checksum, and the file may hold
+/// nothing else; a mismatch is refused with a message listing what differs, before any variable
+/// is changed. A shard takes its elements of the whole, and the whole goes into `wholes` when
+/// given (for the other workers' shards). Returns the metadata.
+std::map<std::string, std::string> restoreCheckpoint(Session& session, const std::string& path,
+                                                     WholeValues* wholes = nullptr);
+/// Copies shard variable `variable`'s elements out of `whole` (its whole value) into `shard`.
+void copyShardOf(const Node& variable, const Tensor& whole, Tensor& shard);
 
 /// The integer metadata field `key` of checkpoint `path`; throws naming the file, the field and
 /// the value when it is missing, not an integer, or outside [min, max].

@@ -454,7 +454,13 @@ void Graph::replaceControlInputs(Node* from, Node* to) {
   WEFT_CHECK(from && to && from->graph == this && to->graph == this, "replaceControlInputs: nodes of another graph");
   const bool selfWait = std::find(to->controlInputs.begin(), to->controlInputs.end(), from) != to->controlInputs.end();
   WEFT_CHECK(!selfWait, "replaceControlInputs: {} would wait for itself", to->describe());
-  for (const auto& n : nodes_) std::replace(n->controlInputs.begin(), n->controlInputs.end(), from, to);
+  for (const auto& n : nodes_) {
+    std::vector<Node*>& waits = n->controlInputs;
+    if (std::find(waits.begin(), waits.end(), to) != waits.end())
+      waits.erase(std::remove(waits.begin(), waits.end(), from), waits.end());  // waits for `to` once
+    else
+      std::replace(waits.begin(), waits.end(), from, to);
+  }
 }
 
 std::vector<Node*> Graph::topologicalOrder() const {
@@ -517,6 +523,28 @@ void Graph::verify() const {
 Node* Graph::find(const std::string& name) const {
   auto it = byName_.find(name);
   return it == byName_.end() ? nullptr : it->second;
+}
+
+void Graph::shardVariable(Node* variable, int64_t offset, int64_t count) {
+  WEFT_CHECK(variable && variable->graph == this && variable->op == "Variable",
+             "shardVariable: {} is not a variable of this graph", variable ? variable->describe() : "null");
+  WEFT_CHECK(!isShard(*variable), "shardVariable: '{}' is a shard already", variable->name);
+  const Shape whole = variable->attrs.get<Shape>("shape");
+  WEFT_CHECK(offset >= 0 && count >= 0 && offset + count <= whole.numel(),
+             "shardVariable: elements [{}, {}) are not within '{}' of shape {}", offset, offset + count,
+             variable->name, whole.str());
+  const Initializer::Kind init = Initializer::parseKind(variable->attrs.get<std::string>("init"));
+  WEFT_CHECK(init == Initializer::Kind::Zeros || init == Initializer::Kind::Constant,
+             "'{}' cannot be sharded: it starts from a {} initializer, which draws over the whole variable",
+             variable->name, Initializer::kindName(init));
+  variable->attrs.set("whole_shape", whole);
+  variable->attrs.set("shard_offset", offset);
+  variable->attrs.set("shape", Shape{count});
+  variable->outputs[0].shape = Shape{count};
+}
+
+Shape Graph::wholeShapeOf(const Node& variable) {
+  return isShard(variable) ? variable.attrs.get<Shape>("whole_shape") : variable.attrs.get<Shape>("shape");
 }
 
 std::vector<Node*> Graph::variables() const {

@@ -329,11 +329,18 @@ class Graph {
   /// an output's shape would change.
   void retype(Node* node, const std::vector<std::pair<int, Output>>& inputs,
               const std::function<Output(Output)>& convert);
+  /// Makes `variable` hold one shard of itself: the elements [offset, offset + count) of its
+  /// value flattened, as a vector of `count` (ZeRO's sharded optimizer state, dist/Transform.h).
+  /// Its attributes keep the whole: "whole_shape" and "shard_offset" (wholeShapeOf, shardOffsetOf).
+  /// Only a variable that starts as zeros or a constant can be sharded (a random initializer
+  /// draws over the whole). Its readers read a vector now: the caller rebuilds them before the
+  /// graph is verified.
+  void shardVariable(Node* variable, int64_t offset, int64_t count);
   /// Makes `node` run after `before`.
   void addControlInput(Node* node, Node* before);
   /// Makes `node` no longer wait for `before` (one of its control inputs).
   void removeControlInput(Node* node, Node* before);
-  /// Every node that ran after `from` runs after `to` instead.
+  /// Every node that ran after `from` runs after `to` instead (once, if it already waited for it).
   void replaceControlInputs(Node* from, Node* to);
 
   /// Every node once, each after its inputs, control inputs and condition; among the nodes that
@@ -352,6 +359,11 @@ class Graph {
   Node* find(const std::string& name) const;
   /// Every Variable node, in creation order.
   std::vector<Node*> variables() const;
+  /// Whether `variable` holds a shard of itself (shardVariable); the shape of its whole value,
+  /// and where its shard begins in the whole flattened.
+  static bool isShard(const Node& variable) { return variable.attrs.has("shard_offset"); }
+  static Shape wholeShapeOf(const Node& variable);
+  static int64_t shardOffsetOf(const Node& variable) { return variable.attrs.getInt("shard_offset", 0); }
   std::vector<Node*> trainableVariables() const;
 
   /// Seed of every random initializer and random op that does not name its own.

@@ -92,6 +92,8 @@ class Session {
 
   /// The live value of a variable (shares its storage; initialised on first use).
   Tensor& variable(Node* variable);
+  /// Whether the variable's value exists yet (without making it).
+  bool holdsVariable(const Node* variable) const { return variables_.count(variable) != 0; }
   Tensor& variable(const std::string& name);
   /// Overwrites a variable's value (same dtype and shape).
   void setVariable(const std::string& name, const Tensor& value);

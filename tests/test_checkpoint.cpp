@@ -328,6 +328,30 @@ TEST_CASE("a checkpoint restores variables and the random step") {
   CHECK(fresh.step() == 2);
 }
 
+TEST_CASE("a variable the session holds a shard of is saved whole, and restored as its elements") {
+  TempDir dir;
+  Graph g;
+  g.variable("w", f32, {2, 3}, Initializer::zeros());
+  g.shardVariable(g.find("w"), 2, 3);
+  Session s(g);
+  CHECK(s.variable("w").shape() == Shape{3});
+  CHECK(contains(errorOf([&] { saveCheckpoint(s, dir.file("c.safetensors")); }),
+                 "the session holds a shard of 'w', and its whole value was not given"));
+  CHECK(contains(errorOf([&] {
+          saveCheckpoint(s, dir.file("c.safetensors"), {}, {{"w", Tensor::full(f32, {3}, 1)}});
+        }),
+        "the whole value given for 'w' is f32[3], the variable is f32[2, 3]"));
+  const Tensor whole = Tensor::fromVector<float>({0, 1, 2, 3, 4, 5}, {2, 3});
+  saveCheckpoint(s, dir.file("c.safetensors"), {}, {{"w", whole}});
+  CHECK(readSafetensors(dir.file("c.safetensors")).tensors.at("w").toDoubles() == whole.toDoubles());
+
+  Session fresh(g);
+  WholeValues wholes;
+  restoreCheckpoint(fresh, dir.file("c.safetensors"), &wholes);
+  CHECK(fresh.variable("w").toDoubles() == std::vector<double>{2, 3, 4});
+  CHECK(wholes.at("w").toDoubles() == whole.toDoubles());
+}
+
 TEST_CASE("a checkpoint of another model is refused, naming every difference, and changes nothing") {
   TempDir dir;
   {

@@ -102,6 +102,18 @@ TEST_CASE("control edges go through the graph") {
   CHECK(contains(errorOf([&] { g.replaceControlInputs(first, second); }), "would wait for itself"));
 }
 
+TEST_CASE("a node that waited for two nodes replaced by one waits for it once") {
+  Graph g;
+  const Output v = g.variable("v", f32, {1}, Initializer::zeros());
+  Node* first = assign(v, onesLike(v));
+  Node* second = assignAdd(v, onesLike(v));
+  Node* step = g.group({first, second});
+  Node* both = g.group({});
+  g.replaceControlInputs(first, both);
+  g.replaceControlInputs(second, both);
+  CHECK(step->controlInputs == std::vector<Node*>{both});
+}
+
 TEST_CASE("an untouched graph's topological order is its creation order") {
   Graph g;
   const Output x = g.placeholder("x", f32, {4});
