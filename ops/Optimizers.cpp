@@ -3,7 +3,9 @@
 // gradient on the rows it touches). Inputs: the variable, its slots, the gradient, the learning
 // rate (a scalar of the variable's dtype) and, for Adam, the step count before this update (i64
 // scalar). Weight decay adds wd * w to the gradient (L2); Adam's "decoupled" applies it to the
-// weights directly (AdamW).
+// weights directly (AdamW). A dense update with attribute "shard_offset" updates one worker's
+// shard of the variable (ZeRO, dist/Transform.h): its flattened elements from that offset, as
+// many as the gradient, a vector like the slots, has.
 #include "ops/OpUtil.h"
 #include "ops/OptimizerRules.h"
 #include "ops/RowIds.h"
@@ -45,6 +47,10 @@ void applyRule(Rule r, const Hyper& h, T* w, T* s1, T* s2, const T* g, int64_t n
   }
 }
 
+/// A sharded update's first element of the variable (it updates as many as its gradient has);
+/// -1 for an update of the whole variable.
+int64_t shardOffset(const Attrs& attrs) { return attrs.getInt("shard_offset", -1); }
+
 /// Inputs after the variable and its slots: dense (grad, lr[, step]) or sparse (ids, values, lr[, step]).
 Hyper hyper(const KernelContext& ctx, Rule r, int lrInput) {
   const Attrs& a = ctx.attrs();
@@ -59,18 +65,22 @@ Hyper hyper(const KernelContext& ctx, Rule r, int lrInput) {
   return h;
 }
 
+/// The whole variable, or under "shard_offset" its elements from there, as many as the
+/// gradient has (one worker's shard under ZeRO: dist/Transform.h).
 template <Rule rule>
 void denseKernel(KernelContext& ctx) {
   const int slots = slotCount(rule);
   const Tensor& var = ctx.input(0);
   const Hyper h = hyper(ctx, rule, slots + 2);
+  const int64_t offset = std::max<int64_t>(shardOffset(ctx.attrs()), 0);
+  const int64_t count = ctx.input(slots + 1).numel();
   dispatchFloat(var.dtype(), [&](auto z) {
     using T = decltype(z);
-    T* w = static_cast<T*>(var.raw());
+    T* w = static_cast<T*>(var.raw()) + offset;
     T* s1 = slots > 0 ? static_cast<T*>(ctx.input(1).raw()) : nullptr;
     T* s2 = slots > 1 ? static_cast<T*>(ctx.input(2).raw()) : nullptr;
     const T* g = ctx.input(slots + 1).data<T>();
-    ctx.parallelFor(var.numel(), 8, [&](int64_t lo, int64_t hi) {
+    ctx.parallelFor(count, 8, [&](int64_t lo, int64_t hi) {
       applyRule<T>(rule, h, w + lo, s1 ? s1 + lo : nullptr, s2 ? s2 + lo : nullptr, g + lo, hi - lo);
     });
   });
@@ -110,18 +120,35 @@ void sparseKernel(KernelContext& ctx) {
   });
 }
 
+/// Checks a sharded dense update: slots and gradient are vectors of one shard's elements.
+void checkShard(const InferContext& c, int slots, int64_t offset) {
+  const Shape& g = c.shape(slots + 1);
+  c.check(g.rank() == 1 && g.isFullyDefined(), "a sharded update takes its gradient as a vector, got {}", g.str());
+  c.check(offset + g[0] <= c.shape(0).numel(), "shard [{}, {}) lies outside the variable of {} elements", offset,
+          offset + g[0], c.shape(0).numel());
+  for (int i = 1; i <= slots; ++i)
+    c.check(c.shape(i) == g, "slot {} has shape {}, the shard of the gradient {}", i, c.shape(i).str(), g.str());
+}
+
 /// Checks the variable, its slots, the gradient and the scalars of an update op.
 std::vector<TensorType> updateInfer(const InferContext& c, Rule rule, bool sparse) {
   const int slots = slotCount(rule);
   const Node& n = c.node;
+  const int64_t offset = shardOffset(c.attrs());
+  c.check(offset < 0 || !sparse, "a sparse update cannot be sharded");
   for (int i = 0; i <= slots; ++i) {
     c.check(n.inputs[static_cast<size_t>(i)].node()->op == "Variable", "input {} must be a variable", i);
     detail::requireSameDType(c, 0, i);
-    c.check(c.shape(i) == c.shape(0), "slot {} has shape {}, the variable {}", i, c.shape(i).str(), c.shape(0).str());
+    c.check(offset >= 0 || c.shape(i) == c.shape(0), "slot {} has shape {}, the variable {}", i, c.shape(i).str(),
+            c.shape(0).str());
   }
   detail::requireFloat(c, 0);
   int next = slots + 1;
-  if (sparse) {
+  if (offset >= 0) {
+    checkShard(c, slots, offset);
+    detail::requireSameDType(c, 0, next);
+    next += 1;
+  } else if (sparse) {
     c.check(isInteger(c.dtype(next)) && c.shape(next).rank() == 1, "row ids must be an integer vector");
     const Shape& v = c.shape(next + 1);
     detail::requireSameDType(c, 0, next + 1);

@@ -60,6 +60,43 @@ TEST_CASE("AdamW decays the weights directly") {
   CHECK_CLOSE(Tensor::fromVector(twoSteps(opt), {2}), (std::vector<double>{0.7075, 2.0}), 1e-6);
 }
 
+TEST_CASE("a sharded update changes its elements of the variable as the whole update does, and no other") {
+  Graph g;
+  const Tensor start = Tensor::fromVector<double>({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Output lr = g.scalar(0.1, f64);
+  const Attrs momentum{{"momentum", 0.9}};
+  const Output w = g.variable("w", f64, {2, 3}, Initializer::fromTensor(start));
+  const Output a = g.variable("a", f64, {2, 3}, Initializer::zeros());
+  const Output grad = g.constant(Tensor::fromVector<double>({0.5, -1, 2, -3, 0.25, 7}, {2, 3}));
+  Node* whole = g.addNode("ApplyMomentum", {w, a, grad, lr}, momentum);
+  // Elements [2, 5) of the same variable, its slot and gradient.
+  const Output w2 = g.variable("w2", f64, {2, 3}, Initializer::fromTensor(start));
+  const Output a2 = g.variable("a2", f64, {2, 3}, Initializer::zeros());
+  g.shardVariable(a2.node(), 2, 3);
+  Attrs sharded = momentum;
+  sharded.set("shard_offset", int64_t{2});
+  Node* shard =
+      g.addNode("ApplyMomentum", {w2, a2, g.constant(Tensor::fromVector<double>({2, -3, 0.25}, {3})), lr}, sharded);
+  Session s(g);
+  for (int i = 0; i < 2; ++i) s.run({}, {}, {whole, shard});
+  const std::vector<double> expected = s.variable("w").toDoubles(), got = s.variable("w2").toDoubles();
+  for (size_t i = 0; i < 6; ++i) CHECK(got[i] == (i >= 2 && i < 5 ? expected[i] : start.toDoubles()[i]));
+  const std::vector<double> slot = s.variable("a").toDoubles();
+  CHECK(s.variable("a2").toDoubles() == std::vector<double>(slot.begin() + 2, slot.begin() + 5));
+}
+
+TEST_CASE("a sharded update reaching past the variable's end is refused, naming the elements") {
+  Graph g;
+  const Output w = g.variable("w", f64, {6}, Initializer::zeros());
+  const Output a = g.variable("a", f64, {8}, Initializer::zeros());
+  g.shardVariable(a.node(), 4, 3);  // a slot of 3 elements, as a shard [4, 7) of w's would be
+  const std::string error = errorOf([&] {
+    g.addNode("ApplyMomentum", {w, a, g.constant(Tensor::full(f64, {3}, 1)), g.scalar(0.1, f64)},
+              {{"momentum", 0.9}, {"shard_offset", int64_t{4}}});
+  });
+  CHECK(contains(error, "shard [4, 7) lies outside the variable of 6 elements"));
+}
+
 TEST_CASE("Adagrad divides by the root of the summed squares") {
   optim::Adagrad opt(0.1);
   const double s = 0.1 / std::sqrt(2.0);

@@ -4,6 +4,8 @@
 #include "ops/cuda/Host.h"
 #include "ops/cuda/Kernels.h"
 
+#include <algorithm>
+
 namespace weft::cudaops {
 namespace {
 
@@ -19,15 +21,17 @@ void denseOp(KernelContext& ctx) {
   const int slots = rules::slotCount(R);
   const Tensor& var = ctx.input(0);
   const rules::Hyper h = hyperOf(ctx.attrs());
-  if (var.numel() == 0) return;
+  const int64_t offset = std::max<int64_t>(ctx.attrs().getInt("shard_offset", 0), 0);  // a ZeRO shard's elements
+  const int64_t count = ctx.input(slots + 1).numel();
+  if (count == 0) return;
   dispatchFloating(var.dtype(), [&](auto z) {
     using T = decltype(z);
     T* s1 = slots > 0 ? static_cast<T*>(ctx.input(1).raw()) : nullptr;
     T* s2 = slots > 1 ? static_cast<T*>(ctx.input(2).raw()) : nullptr;
     const int64_t* step = R == Rule::Adam ? ctx.input(slots + 3).data<int64_t>() : nullptr;
-    WEFT_CUDA_CHECK(launch::denseUpdate<R, T>(h, static_cast<T*>(var.raw()), s1, s2, ctx.input(slots + 1).data<T>(),
-                                              ctx.input(slots + 2).data<T>(), step, var.numel(), errorSink(ctx),
-                                              streamOf(ctx)));
+    WEFT_CUDA_CHECK(launch::denseUpdate<R, T>(h, static_cast<T*>(var.raw()) + offset, s1, s2,
+                                              ctx.input(slots + 1).data<T>(), ctx.input(slots + 2).data<T>(), step,
+                                              count, errorSink(ctx), streamOf(ctx)));
   });
 }
 
