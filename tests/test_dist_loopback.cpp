@@ -191,22 +191,30 @@ void checkSame(const std::map<std::string, std::vector<double>>& a,
   }
 }
 
+/// In-process transports of `ranks` ring ranks, each connected to every other.
+struct RingTransports {
+  explicit RingTransports(int ranks)
+      : peers(static_cast<size_t>(ranks), std::vector<int>(static_cast<size_t>(ranks), -1)) {
+    auto network = std::make_shared<LoopbackNetwork>();
+    for (int r = 0; r < ranks; ++r) transports.push_back(std::make_unique<LoopbackTransport>(network));
+    for (size_t r = 0; r < transports.size(); ++r)
+      for (size_t q = 0; q < transports.size(); ++q)
+        if (q != r) peers[r][q] = transports[r]->connect(transports[q]->address(), static_cast<EndpointName>(q));
+  }
+  std::vector<std::unique_ptr<LoopbackTransport>> transports;
+  std::vector<std::vector<int>> peers;
+};
+
 }  // namespace
 
 TEST_CASE("the ring's AllReduce, AllGather and Broadcast over in-process transports") {
-  auto network = std::make_shared<LoopbackNetwork>();
   const int ranks = 4;
-  std::vector<std::unique_ptr<LoopbackTransport>> transports;
-  for (int r = 0; r < ranks; ++r) transports.push_back(std::make_unique<LoopbackTransport>(network));
-  std::vector<std::vector<int>> peers(ranks, std::vector<int>(ranks, -1));
-  for (int r = 0; r < ranks; ++r)
-    for (int q = 0; q < ranks; ++q)
-      if (q != r) peers[r][q] = transports[r]->connect(transports[q]->address(), static_cast<EndpointName>(q));
+  RingTransports net(ranks);
   for (bool twoMachines : {false, true}) {
     CAPTURE(twoMachines);
     std::vector<std::vector<double>> sums(ranks), gathered(ranks), broadcasts(ranks);
     const std::vector<std::string> errors = onThreads(ranks, [&](size_t r) {
-      Ring ring(*transports[r], static_cast<int>(r), peers[r], 30s);
+      Ring ring(*net.transports[r], static_cast<int>(r), net.peers[r], 30s);
       if (twoMachines) ring.setMachines({0, 0, 1, 1}, true);
       std::vector<double> own(1000);
       for (size_t i = 0; i < own.size(); ++i) own[i] = static_cast<double>(r * 1000 + i);
@@ -230,17 +238,42 @@ TEST_CASE("the ring's AllReduce, AllGather and Broadcast over in-process transpo
   }
 }
 
+TEST_CASE("the ring's reduce-scatter leaves each rank the sum of its chunk, and the all-gather every rank's chunk") {
+  const int ranks = 3;
+  RingTransports net(ranks);
+  // Chunks of unequal sizes, one of them empty (a shard of a variable smaller than the ring).
+  const std::vector<int64_t> counts{5, 0, 7};
+  const int64_t total = 12;
+  std::vector<std::vector<double>> reduced(ranks), gathered(ranks);
+  const std::vector<std::string> errors = onThreads(ranks, [&](size_t r) {
+    Ring ring(*net.transports[r], static_cast<int>(r), net.peers[r], 30s);
+    std::vector<double> own(total);
+    for (int64_t i = 0; i < total; ++i) own[static_cast<size_t>(i)] = static_cast<double>((r + 1) * 100 + i);
+    ring.reduceScatterSum(f64, own.data(), counts);
+    reduced[r] = own;
+    std::vector<double> mine(total, -1);  // only this rank's chunk is filled in
+    int64_t begin = 0;
+    for (size_t q = 0; q < r; ++q) begin += counts[q];
+    for (int64_t i = 0; i < counts[r]; ++i) mine[static_cast<size_t>(begin + i)] = static_cast<double>(r * 10 + i);
+    const std::vector<size_t> sizes{5 * sizeof(double), 0, 7 * sizeof(double)};
+    ring.allGatherChunks(mine.data(), sizes);
+    gathered[r] = mine;
+  });
+  for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  // Rank 0 owns elements [0, 5), rank 2 [5, 12): each sums 100 + 200 + 300 + 3 i.
+  for (int64_t i = 0; i < 5; ++i) CHECK(reduced[0][static_cast<size_t>(i)] == 600.0 + 3.0 * static_cast<double>(i));
+  for (int64_t i = 5; i < 12; ++i) CHECK(reduced[2][static_cast<size_t>(i)] == 600.0 + 3.0 * static_cast<double>(i));
+  std::vector<double> expected;
+  for (int64_t i = 0; i < 5; ++i) expected.push_back(static_cast<double>(i));
+  for (int64_t i = 0; i < 7; ++i) expected.push_back(static_cast<double>(20 + i));
+  for (int r = 0; r < ranks; ++r) CHECK(gathered[r] == expected);
+}
+
 TEST_CASE("the ring's AllReduce with bf16 or f16 on the wire: f32 sums within the rounding, equal on every rank, "
           "half the bytes") {
-  auto network = std::make_shared<LoopbackNetwork>();
   const int ranks = 4;
   const int64_t count = 1001;  // chunks of unequal length
-  std::vector<std::unique_ptr<LoopbackTransport>> transports;
-  for (int r = 0; r < ranks; ++r) transports.push_back(std::make_unique<LoopbackTransport>(network));
-  std::vector<std::vector<int>> peers(ranks, std::vector<int>(ranks, -1));
-  for (int r = 0; r < ranks; ++r)
-    for (int q = 0; q < ranks; ++q)
-      if (q != r) peers[r][q] = transports[r]->connect(transports[q]->address(), static_cast<EndpointName>(q));
+  RingTransports net(ranks);
   auto valueOf = [](int r, int64_t i) { return std::sin(0.37 * static_cast<double>(i) + r) * (1.0 + i % 7); };
   for (DType wire : {bf16, f16}) {
     for (bool twoMachines : {false, true}) {
@@ -249,13 +282,13 @@ TEST_CASE("the ring's AllReduce with bf16 or f16 on the wire: f32 sums within th
       std::vector<std::vector<float>> sums(ranks);
       std::vector<uint64_t> sent(ranks);
       const std::vector<std::string> errors = onThreads(ranks, [&](size_t r) {
-        Ring ring(*transports[r], static_cast<int>(r), peers[r], 30s);
+        Ring ring(*net.transports[r], static_cast<int>(r), net.peers[r], 30s);
         if (twoMachines) ring.setMachines({0, 0, 1, 1}, true);
         std::vector<float> own(static_cast<size_t>(count));
         for (int64_t i = 0; i < count; ++i) own[static_cast<size_t>(i)] = static_cast<float>(valueOf(int(r), i));
-        const uint64_t before = transports[r]->bytesSent();
+        const uint64_t before = net.transports[r]->bytesSent();
         ring.allReduceSum(f32, own.data(), count, wire);
-        sent[r] = transports[r]->bytesSent() - before;
+        sent[r] = net.transports[r]->bytesSent() - before;
         sums[r] = own;
       });
       for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
@@ -276,7 +309,7 @@ TEST_CASE("the ring's AllReduce with bf16 or f16 on the wire: f32 sums within th
       }
     }
   }
-  Ring ring(*transports[0], 0, peers[0], 30s);
+  Ring ring(*net.transports[0], 0, net.peers[0], 30s);
   double values[2] = {1, 2};
   CHECK(errorOf([&] { ring.allReduceSum(f64, values, 2, bf16); }) ==
         "AllReduce: f64 values cannot travel as bf16 (only f32 sums travel narrower, as bf16 or f16)");

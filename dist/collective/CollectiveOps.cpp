@@ -6,6 +6,7 @@
 #include "core/OpRegistry.h"
 #include "core/Tensor.h"
 #include "dist/collective/Communicator.h"
+#include "ops/Ops.h"
 
 #include <algorithm>
 #include <cstring>
@@ -101,6 +102,46 @@ void touchedRowsKernel(KernelContext& ctx) {
   }
 }
 
+std::vector<TensorType> shardingStartInfer(const InferContext& c) {
+  c.check(c.numInputs() >= 1, "needs at least one input");
+  const int64_t ranks = c.attrs().getInt("world_size"), rank = c.attrs().getInt("rank");
+  c.check(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of {} ranks", rank, ranks);
+  for (int i = 0; i < c.numInputs(); ++i) {
+    c.check(c.dtype(i) == c.dtype(0), "input {} is {}, input 0 is {}: one collective moves one dtype", i,
+            dtypeName(c.dtype(i)), dtypeName(c.dtype(0)));
+    c.check(c.shape(i).isFullyDefined(), "input {} has shape {}: a shard needs a known size", i, c.shape(i).str());
+  }
+  return ticketType(c);
+}
+
+std::vector<TensorType> reduceScatterStartInfer(const InferContext& c) {
+  for (int i = 0; i < c.numInputs(); ++i)
+    c.check(c.dtype(i) == DType::F32 || c.dtype(i) == DType::F64, "dtype {} cannot be summed (f32 and f64 can)",
+            dtypeName(c.dtype(i)));
+  return shardingStartInfer(c);
+}
+
+std::vector<TensorType> reduceScatterWaitInfer(const InferContext& c) {
+  c.check(c.dtype(0) == DType::I64, "input 0 must be the i64 ticket of a ReduceScatterStart");
+  const auto rank = static_cast<int>(c.attrs().getInt("rank"));
+  const auto ranks = static_cast<int>(c.attrs().getInt("world_size"));
+  std::vector<TensorType> shards;
+  for (int i = 1; i < c.numInputs(); ++i)
+    shards.push_back({c.dtype(i), Shape{shardOf(c.shape(i).numel(), rank, ranks).count}});
+  return shards;
+}
+
+std::vector<TensorType> shardGatherStartInfer(const InferContext& c) {
+  for (int i = 0; i < c.numInputs(); ++i)
+    c.check(c.node.inputs[static_cast<size_t>(i)].node()->op == "Variable", "input {} must be a variable", i);
+  return shardingStartInfer(c);
+}
+
+std::vector<TensorType> shardGatherWaitInfer(const InferContext& c) {
+  c.check(c.dtype(0) == DType::I64, "input 0 must be the i64 ticket of a ShardGatherStart");
+  return std::vector<TensorType>(c.inputs.begin() + 1, c.inputs.end());
+}
+
 void allGatherStartKernel(KernelContext& ctx) { communicatorOf(ctx).startGather(ctx); }
 void allGatherWaitKernel(KernelContext& ctx) { communicatorOf(ctx).finishGather(ctx, ctx.attrs().getFloat("scale")); }
 
@@ -118,6 +159,19 @@ void registerCollectiveOps() {
     r.add(OpDef("AllGatherStart").inputs(2).infer(allGatherStartInfer).cpu(allGatherStartKernel)
               .launchAsync().noGradient());
     r.add(OpDef("AllGatherWait").inputs(3).infer(allGatherWaitInfer).cpu(allGatherWaitKernel).noGradient());
+    r.add(OpDef("ReduceScatterStart").inputs(1, -1).infer(reduceScatterStartInfer)
+              .cpu([](KernelContext& ctx) { communicatorOf(ctx).startReduceScatter(ctx); }).launchAsync().noGradient());
+    r.add(OpDef("ReduceScatterWait")
+              .inputs(2, -1)
+              .infer(reduceScatterWaitInfer)
+              .cpu([](KernelContext& ctx) {
+                communicatorOf(ctx).finishReduceScatter(ctx, ctx.attrs().getFloat("scale"));
+              })
+              .noGradient());
+    r.add(OpDef("ShardGatherStart").inputs(1, -1).infer(shardGatherStartInfer)
+              .cpu([](KernelContext& ctx) { communicatorOf(ctx).startShardGather(ctx); }).launchAsync().noGradient());
+    r.add(OpDef("ShardGatherWait").inputs(2, -1).infer(shardGatherWaitInfer)
+              .cpu([](KernelContext& ctx) { communicatorOf(ctx).finishShardGather(ctx); }).noGradient());
     r.add(OpDef("TouchedRows").inputs(2).infer(touchedRowsInfer).cpu(touchedRowsKernel).noGradient());
   });
 }
@@ -148,6 +202,45 @@ std::pair<Output, Output> allGatherRows(Output indices, Output values, int64_t c
   Node* wait = g.addNode("AllGatherWait", {start->output(), indices, values},
                          {{"communicator", communicator}, {"scale", scale}, {"world_size", int64_t{worldSize}}});
   return {wait->output(0), wait->output(1)};
+}
+
+ShardRange shardOf(int64_t numel, int rank, int ranks) {
+  const int64_t begin = numel * rank / ranks, end = numel * (rank + 1) / ranks;
+  return {begin, end - begin};
+}
+
+std::vector<Output> reduceScatter(const std::vector<Output>& xs, int64_t communicator, int rank, int ranks,
+                                  double scale) {
+  registerCollectiveOps();
+  Graph& g = xs.at(0).graph();
+  auto placed = g.onDevice("");
+  const Attrs where{{"communicator", communicator}, {"rank", int64_t{rank}}, {"world_size", int64_t{ranks}}};
+  Node* start = g.addNode("ReduceScatterStart", xs, where);
+  std::vector<Output> waitInputs{start->output()};
+  waitInputs.insert(waitInputs.end(), xs.begin(), xs.end());
+  Attrs waitAttrs = where;
+  waitAttrs.set("scale", scale);
+  Node* wait = g.addNode("ReduceScatterWait", waitInputs, waitAttrs);
+  std::vector<Output> out;
+  for (size_t i = 0; i < xs.size(); ++i) out.push_back(wait->output(static_cast<int>(i)));
+  return out;
+}
+
+std::vector<Node*> gatherShards(const std::vector<Output>& variables, const std::vector<Node*>& after,
+                                int64_t communicator, int rank, int ranks) {
+  registerCollectiveOps();
+  Graph& g = variables.at(0).graph();
+  auto placed = g.onDevice("");
+  const Attrs where{{"communicator", communicator}, {"rank", int64_t{rank}}, {"world_size", int64_t{ranks}}};
+  Node* start = g.addNode("ShardGatherStart", variables, where);
+  for (Node* n : after) g.addControlInput(start, n);
+  std::vector<Output> waitInputs{start->output()};
+  waitInputs.insert(waitInputs.end(), variables.begin(), variables.end());
+  Node* wait = g.addNode("ShardGatherWait", waitInputs, where);
+  std::vector<Node*> assigns;
+  for (size_t i = 0; i < variables.size(); ++i)
+    assigns.push_back(assign(variables[i], wait->output(static_cast<int>(i))));
+  return assigns;
 }
 
 std::pair<Output, Output> touchedRows(Output rows, Output counts, DType indexDType) {

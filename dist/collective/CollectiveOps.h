@@ -6,6 +6,14 @@
 //   AllReduceStart(x_1..x_k) -> ticket      AllReduceWait(ticket, x_1..x_k) -> scale * sum_ranks x_i
 //   AllGatherStart(indices, values) -> ticket
 //   AllGatherWait(ticket, indices, values) -> (every rank's indices, scale * every rank's values)
+//   ReduceScatterStart(g_1..g_k) -> ticket
+//   ReduceScatterWait(ticket, g_1..g_k) -> this rank's shard of scale * sum_ranks g_i, each a vector
+//   ShardGatherStart(v_1..v_k) -> ticket     (this rank's shard of each variable)
+//   ShardGatherWait(ticket, v_1..v_k) -> v_1..v_k with every rank's shard of each (assigned to them)
+//
+// The last two pairs are ZeRO's (dist/Transform.h): rank r's shard of a tensor of n elements is
+// its flattened elements [n r / N, n (r + 1) / N) (shardOf). They run on the host's ring, named by
+// "communicator", and are built for one rank ("rank", "world_size"), whose shard shapes they infer.
 //
 // Attributes: "backend" (AllReduce: CollectiveBackend::id(), the ring or the NCCL group),
 // "communicator" (AllGather: the host ring's id), "scale" (Wait ops), "world_size" (AllGather).
@@ -38,6 +46,22 @@ std::vector<Output> allReduce(const std::vector<Output>& xs, int64_t backend, do
 /// rows are counted in the communicator's traffic.
 std::pair<Output, Output> allGatherRows(Output indices, Output values, int64_t communicator, int worldSize,
                                         double scale, const std::string& variable, int64_t variableRows);
+
+/// Rank `rank`'s shard of `numel` elements among `ranks` ranks.
+struct ShardRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+ShardRange shardOf(int64_t numel, int rank, int ranks);
+
+/// This rank's shard of the sum of each of `xs` (one dtype) over the ranks, times `scale`: one
+/// reduce-scatter for all of them on the host's ring `communicator`.
+std::vector<Output> reduceScatter(const std::vector<Output>& xs, int64_t communicator, int rank, int ranks,
+                                  double scale);
+/// Fills in every other rank's shard of `variables` (each rank updated its own) once `after` ran:
+/// one all-gather on the host's ring, whose values are assigned to them. Returns the assigns.
+std::vector<Node*> gatherShards(const std::vector<Output>& variables, const std::vector<Node*>& after,
+                                int64_t communicator, int rank, int ranks);
 
 /// Sparse rows from dense `rows` [R, ...] and a count per row [R]: ids (`indexDType`, R of
 /// them) and values like `rows`, where row r with a non-zero count is (r, rows[r]) and every

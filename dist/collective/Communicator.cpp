@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "core/OpRegistry.h"
+#include "dist/collective/CollectiveOps.h"
 #include "ops/RowIds.h"
 
 #include <algorithm>
@@ -167,6 +168,129 @@ void Communicator::finishGather(KernelContext& ctx, double scale) {
     std::memcpy(static_cast<uint8_t*>(values.raw()) + r * valueBytes, block + indexBytes, valueBytes);
   }
   scaleInPlace(values, scale);
+}
+
+namespace {
+
+/// Where each tensor's shards lie in one buffer laid out rank by rank (every tensor's shard of
+/// rank 0, then of rank 1, ...), the chunks the ring's reduce-scatter and all-gather work on.
+struct ShardLayout {
+  std::vector<std::vector<ShardRange>> shards;   ///< [rank][tensor], in elements of the tensor
+  std::vector<std::vector<size_t>> placed;       ///< [rank][tensor]: byte offset in the buffer
+  std::vector<size_t> chunkBytes;                ///< [rank]
+  size_t total = 0;
+};
+
+ShardLayout shardLayout(const std::vector<int64_t>& numels, size_t element, int ranks) {
+  ShardLayout layout;
+  for (int r = 0; r < ranks; ++r) {
+    layout.shards.emplace_back();
+    layout.placed.emplace_back();
+    size_t chunk = 0;
+    for (int64_t n : numels) {
+      const ShardRange shard = shardOf(n, r, ranks);
+      layout.shards.back().push_back(shard);
+      layout.placed.back().push_back(layout.total + chunk);
+      chunk += static_cast<size_t>(shard.count) * element;
+    }
+    layout.chunkBytes.push_back(chunk);
+    layout.total += chunk;
+  }
+  return layout;
+}
+
+/// Copies shard `shard` of a tensor (elements of `element` bytes) between it and the buffer.
+void copyShard(const ShardRange& shard, size_t element, const void* from, size_t fromOffset, void* to,
+               size_t toOffset) {
+  if (shard.count == 0) return;
+  std::memcpy(static_cast<uint8_t*>(to) + toOffset, static_cast<const uint8_t*>(from) + fromOffset,
+              static_cast<size_t>(shard.count) * element);
+}
+
+/// The tensors of a sharding collective's inputs from `first` on, their element count each.
+std::vector<int64_t> numelsOf(const KernelContext& ctx, int first) {
+  std::vector<int64_t> numels;
+  for (int i = first; i < ctx.numInputs(); ++i) numels.push_back(ctx.input(i).numel());
+  return numels;
+}
+
+void checkRank(const KernelContext& ctx, int rank, int size) {
+  WEFT_CHECK(ctx.attrs().getInt("rank") == rank && ctx.attrs().getInt("world_size") == size,
+             "{} was built for rank {} of {}, but runs on rank {} of {}", ctx.node->describe(),
+             ctx.attrs().getInt("rank"), ctx.attrs().getInt("world_size"), rank, size);
+}
+
+}  // namespace
+
+// Every input is packed rank by rank and reduce-scattered as one buffer; the wait unpacks this
+// rank's chunk.
+void Communicator::startReduceScatter(KernelContext& ctx) {
+  checkRank(ctx, rank_, size_);
+  const DType dtype = ctx.input(0).dtype();
+  const size_t element = dtypeSize(dtype);
+  const ShardLayout layout = shardLayout(numelsOf(ctx, 0), element, size_);
+  std::vector<uint8_t> buffer(layout.total);
+  for (int r = 0; r < size_; ++r) {
+    for (int t = 0; t < ctx.numInputs(); ++t) {
+      const ShardRange& shard = layout.shards[static_cast<size_t>(r)][static_cast<size_t>(t)];
+      copyShard(shard, element, ctx.input(t).raw(), static_cast<size_t>(shard.offset) * element, buffer.data(),
+                layout.placed[static_cast<size_t>(r)][static_cast<size_t>(t)]);
+    }
+  }
+  std::vector<int64_t> counts;
+  for (size_t bytes : layout.chunkBytes) counts.push_back(static_cast<int64_t>(bytes / element));
+  const uint64_t ticket = submit(
+      std::move(buffer),
+      [dtype, counts](Ring& ring, std::vector<uint8_t>& b) { ring.reduceScatterSum(dtype, b.data(), counts); },
+      TrafficKind::Dense);
+  writeTicket(ctx, ticket);
+}
+
+void Communicator::finishReduceScatter(KernelContext& ctx, double scale) {
+  const std::vector<uint8_t> buffer = wait(readTicket(ctx));
+  const size_t element = dtypeSize(ctx.input(1).dtype());
+  const ShardLayout layout = shardLayout(numelsOf(ctx, 1), element, size_);
+  WEFT_CHECK(buffer.size() == layout.total, "{}: the reduced buffer has {} bytes, the inputs {}",
+             ctx.node->describe(), buffer.size(), layout.total);
+  for (int t = 0; t + 1 < ctx.numInputs(); ++t) {
+    Tensor& out = ctx.output(t);
+    const ShardRange& shard = layout.shards[static_cast<size_t>(rank_)][static_cast<size_t>(t)];
+    copyShard(shard, element, buffer.data(), layout.placed[static_cast<size_t>(rank_)][static_cast<size_t>(t)],
+              out.raw(), 0);
+    scaleInPlace(out, scale);
+  }
+}
+
+void Communicator::startShardGather(KernelContext& ctx) {
+  checkRank(ctx, rank_, size_);
+  const size_t element = dtypeSize(ctx.input(0).dtype());
+  const ShardLayout layout = shardLayout(numelsOf(ctx, 0), element, size_);
+  std::vector<uint8_t> buffer(layout.total);
+  for (int t = 0; t < ctx.numInputs(); ++t) {
+    const ShardRange& shard = layout.shards[static_cast<size_t>(rank_)][static_cast<size_t>(t)];
+    copyShard(shard, element, ctx.input(t).raw(), static_cast<size_t>(shard.offset) * element, buffer.data(),
+              layout.placed[static_cast<size_t>(rank_)][static_cast<size_t>(t)]);
+  }
+  const std::vector<size_t> sizes = layout.chunkBytes;
+  const uint64_t ticket = submit(
+      std::move(buffer), [sizes](Ring& ring, std::vector<uint8_t>& b) { ring.allGatherChunks(b.data(), sizes); },
+      TrafficKind::Dense);
+  writeTicket(ctx, ticket);
+}
+
+void Communicator::finishShardGather(KernelContext& ctx) {
+  const std::vector<uint8_t> buffer = wait(readTicket(ctx));
+  const size_t element = dtypeSize(ctx.input(1).dtype());
+  const ShardLayout layout = shardLayout(numelsOf(ctx, 1), element, size_);
+  WEFT_CHECK(buffer.size() == layout.total, "{}: the gathered buffer has {} bytes, the variables {}",
+             ctx.node->describe(), buffer.size(), layout.total);
+  for (int r = 0; r < size_; ++r) {
+    for (int t = 0; t + 1 < ctx.numInputs(); ++t) {
+      const ShardRange& shard = layout.shards[static_cast<size_t>(r)][static_cast<size_t>(t)];
+      copyShard(shard, element, buffer.data(), layout.placed[static_cast<size_t>(r)][static_cast<size_t>(t)],
+                ctx.output(t).raw(), static_cast<size_t>(shard.offset) * element);
+    }
+  }
 }
 
 void Communicator::throwIfFailed() const {

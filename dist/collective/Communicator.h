@@ -63,6 +63,13 @@ class Communicator final : public CollectiveBackend, public HostCollectives {
   /// order, values times `scale`; the rows are counted per step in the traffic.
   void startGather(KernelContext& ctx);
   void finishGather(KernelContext& ctx, double scale);
+  /// ReduceScatterStart and ReduceScatterWait (dist/collective/CollectiveOps.h): this rank's
+  /// shard of each input's sum over the ranks, times `scale`.
+  void startReduceScatter(KernelContext& ctx);
+  void finishReduceScatter(KernelContext& ctx, double scale);
+  /// ShardGatherStart and ShardGatherWait: each variable with every rank's shard of it.
+  void startShardGather(KernelContext& ctx);
+  void finishShardGather(KernelContext& ctx);
   void abort(const std::string& why) override;
 
   TrafficLog& traffic() const { return traffic_; }

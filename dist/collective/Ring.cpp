@@ -5,6 +5,7 @@
 #include "core/Half.h"
 #include "core/Tensor.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace weft::dist {
@@ -173,31 +174,67 @@ void Ring::hierarchicalAllReduce(uint64_t sequence, DType dtype, DType wire, voi
   }
 }
 
+void Ring::reduceScatter(const Circle& circle, const char* collective, uint64_t sequence, DType dtype,
+                         const std::vector<std::span<uint8_t>>& chunks, int ownedShift, Deadline deadline) {
+  const int n = circle.size();
+  const size_t element = dtypeSize(dtype);
+  size_t largest = 0;
+  for (const std::span<uint8_t>& c : chunks) largest = std::max(largest, c.size());
+  // After step s, chunk (p + ownedShift - s - 2) holds the sum over s + 2 ranks; after n - 1
+  // steps this rank holds the full sum of chunk p + ownedShift.
+  std::vector<uint8_t> incoming(largest + element);
+  for (int step = 0; step < n - 1; ++step) {
+    const int sent = ((circle.position + ownedShift - 1 - step) % n + n) % n;
+    const int received = (sent + n - 1) % n;
+    const std::span<uint8_t> target = chunks[static_cast<size_t>(received)];
+    shift(circle, collective, sequence, kReduceScatter, step, chunks[static_cast<size_t>(sent)],
+          std::span(incoming).first(target.size()), deadline);
+    addElements(dtype, target.data(), incoming.data(), static_cast<int64_t>(target.size() / element));
+  }
+}
+
 void Ring::ringAllReduce(const Circle& circle, uint64_t sequence, DType dtype, void* data, int64_t count,
                          Deadline deadline) {
   const int n = circle.size();
-  const int position = circle.position;
   const size_t element = dtypeSize(dtype);
   auto chunkBegin = [&](int i) { return count * i / n; };
-  auto chunk = [&](int i) {
-    return std::span<uint8_t>(static_cast<uint8_t*>(data) + chunkBegin(i) * static_cast<int64_t>(element),
-                              static_cast<size_t>(chunkBegin(i + 1) - chunkBegin(i)) * element);
-  };
-  // Reduce-scatter: after step s, chunk (rank - s - 1) holds the sum over s + 2 ranks; after
-  // n - 1 steps this rank holds the full sum of chunk (rank + 1).
-  std::vector<uint8_t> incoming(chunk(0).size() + element);
-  for (int step = 0; step < n - 1; ++step) {
-    const int sent = ((position - step) % n + n) % n;
-    const int received = (sent + n - 1) % n;
-    std::span<uint8_t> target = chunk(received);
-    shift(circle, "AllReduce", sequence, kReduceScatter, step, chunk(sent), std::span(incoming).first(target.size()),
-          deadline);
-    addElements(dtype, target.data(), incoming.data(), static_cast<int64_t>(target.size() / element));
-  }
-  // All-gather the reduced chunks: rank r owns chunk r + 1.
   std::vector<std::span<uint8_t>> chunks;
-  for (int i = 0; i < n; ++i) chunks.push_back(chunk(i));
+  for (int i = 0; i < n; ++i) {
+    chunks.emplace_back(static_cast<uint8_t*>(data) + chunkBegin(i) * static_cast<int64_t>(element),
+                        static_cast<size_t>(chunkBegin(i + 1) - chunkBegin(i)) * element);
+  }
+  reduceScatter(circle, "AllReduce", sequence, dtype, chunks, 1, deadline);
+  // All-gather the reduced chunks: rank r owns chunk r + 1.
   circulate(circle, "AllReduce", sequence, kGatherReduced, chunks, 1, deadline);
+}
+
+void Ring::reduceScatterSum(DType dtype, void* data, std::span<const int64_t> counts) {
+  WEFT_CHECK(static_cast<int>(counts.size()) == size(), "ReduceScatter: chunks given for {} ranks, the ring has {}",
+             counts.size(), size());
+  const uint64_t sequence = sequence_++;
+  if (size() == 1) return;
+  const size_t element = dtypeSize(dtype);
+  std::vector<std::span<uint8_t>> chunks;
+  auto* next = static_cast<uint8_t*>(data);
+  for (int64_t c : counts) {
+    chunks.emplace_back(next, static_cast<size_t>(c) * element);
+    next += chunks.back().size();
+  }
+  reduceScatter(everyone(), "ReduceScatter", sequence, dtype, chunks, 0, Clock::now() + timeout_);
+}
+
+void Ring::allGatherChunks(void* data, std::span<const size_t> sizes) {
+  WEFT_CHECK(static_cast<int>(sizes.size()) == size(), "AllGather: chunks given for {} ranks, the ring has {}",
+             sizes.size(), size());
+  const uint64_t sequence = sequence_++;
+  if (size() == 1) return;
+  std::vector<std::span<uint8_t>> chunks;
+  auto* next = static_cast<uint8_t*>(data);
+  for (size_t bytes : sizes) {
+    chunks.emplace_back(next, bytes);
+    next += bytes;
+  }
+  circulate(everyone(), "AllGather", sequence, kGatherBlocks, chunks, 0, Clock::now() + timeout_);
 }
 
 namespace {

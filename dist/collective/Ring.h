@@ -51,6 +51,14 @@ class Ring {
   /// with the same values, each within a 16-bit rounding of every partial sum of the exact one.
   void allReduceSum(DType dtype, void* data, int64_t count, DType wire);
   void allReduceSum(DType dtype, void* data, int64_t count) { allReduceSum(dtype, data, count, dtype); }
+  /// The reduce-scatter half of allReduceSum over chunks of given sizes (ZeRO's sharded
+  /// gradients): `data` is every rank's chunk in rank order, counts[r] elements of `dtype` for
+  /// rank r; afterwards this rank's chunk holds the sum of every rank's, and the other chunks
+  /// hold partial sums. Each rank sends and receives (N - 1) / N of the buffer, half an AllReduce.
+  void reduceScatterSum(DType dtype, void* data, std::span<const int64_t> counts);
+  /// The all-gather half: `data` is every rank's chunk in rank order, sizes[r] bytes for rank r;
+  /// afterwards every chunk holds what its rank had there.
+  void allGatherChunks(void* data, std::span<const size_t> sizes);
   /// Every rank's block, concatenated in rank order; blocks may differ in size.
   std::vector<uint8_t> allGather(std::span<const uint8_t> block);
   /// Every rank's block size, in rank order.
@@ -79,6 +87,10 @@ class Ring {
   /// The ring pass that gives every rank every block; `blocks[i]` is the i-th rank's block.
   void circulate(const Circle& circle, const char* collective, uint64_t sequence, int phase,
                  std::vector<std::span<uint8_t>> blocks, int firstOwnedShift, Deadline deadline);
+  /// Reduce-scatter of `chunks` (one per position of the circle): afterwards the rank at
+  /// position p holds the sum of chunk (p + ownedShift) mod n.
+  void reduceScatter(const Circle& circle, const char* collective, uint64_t sequence, DType dtype,
+                     const std::vector<std::span<uint8_t>>& chunks, int ownedShift, Deadline deadline);
   void ringAllReduce(const Circle& circle, uint64_t sequence, DType dtype, void* data, int64_t count,
                      Deadline deadline);
   /// The ring AllReduce of f32 values whose messages carry them as `wire` (bf16 or f16).
