@@ -26,6 +26,18 @@ Architecture parseArchitecture(const std::string& name) {
   WEFT_THROW("unknown architecture '{}' (expected auto, ar or ps)", name);
 }
 
+const char* shardingName(Sharding s) { return s == Sharding::Optimizer ? "optimizer" : "none"; }
+
+Sharding parseSharding(const std::string& name) {
+  if (name == "none") return Sharding::None;
+  if (name == "optimizer") return Sharding::Optimizer;
+  WEFT_CHECK(name != "gradients", "--shard gradients: 'optimizer' reduce-scatters the gradients already, so no worker "
+             "holds a whole summed gradient (ZeRO stages 1 and 2 are one mode here)");
+  WEFT_CHECK(name != "parameters", "--shard parameters (ZeRO stage 3, FSDP) is not implemented: every worker keeps "
+             "the whole parameters; 'optimizer' shards the optimizer slots and summed gradients");
+  WEFT_THROW("unknown sharding '{}' (expected none or optimizer)", name);
+}
+
 int64_t integerFromEnvironment(const char* name, int64_t otherwise) {
   const char* text = std::getenv(name);
   if (text == nullptr) return otherwise;
@@ -99,6 +111,17 @@ void checkConfig(const Config& config, const JobShape& job) {
              "--wire-dtype {} narrows the ring AllReduce of dense gradients among data-parallel workers, which this "
              "job has none of (it needs several workers, one pipeline stage and --arch auto or ar)",
              dtypeName(config.wireDType));
+  if (config.sharding != Sharding::None) {
+    WEFT_CHECK(pipeline.stages == 1, "--shard {} shards the dense state of data-parallel workers; sharding the "
+               "replicas of a pipeline of {} stages is not implemented", shardingName(config.sharding),
+               pipeline.stages);
+    WEFT_CHECK(config.architecture != Architecture::ParameterServer, "--shard {} shards the dense variables the "
+               "workers sum by AllReduce, and --arch ps puts every variable on the parameter servers",
+               shardingName(config.sharding));
+    WEFT_CHECK(config.wireDType == DType::F32, "--shard {} reduce-scatters the gradients in full precision; "
+               "--wire-dtype {} narrows only the AllReduce", shardingName(config.sharding),
+               dtypeName(config.wireDType));
+  }
 }
 
 }  // namespace weft::dist

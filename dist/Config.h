@@ -30,6 +30,17 @@ Architecture parseArchitecture(const std::string& name);
 /// program that calls get_runner(graph, config).
 inline constexpr char kArchitectureVariable[] = "WEFT_ARCH";
 
+/// What data-parallel workers shard of their dense training state (ZeRO, dist/Transform.h).
+enum class Sharding {
+  None,       ///< every worker holds everything
+  Optimizer,  ///< each worker holds 1/N of each dense variable's optimizer slots and summed gradient
+};
+/// "none", "optimizer".
+const char* shardingName(Sharding s);
+/// Parses "none", "optimizer" (the --shard flag); throws naming the value otherwise, and saying
+/// that "gradients" is what "optimizer" does already and "parameters" is not implemented.
+Sharding parseSharding(const std::string& name);
+
 /// Pipelined model parallelism (dist/pipeline/PipelineStage.h): with more than one stage, each worker of
 /// the job runs one stage of the model.
 struct PipelineConfig {
@@ -80,6 +91,8 @@ struct Config {
   /// How CPU workers' dense f32 gradients travel in the ring AllReduce: f32, or bf16 / f16 with
   /// the sums accumulated in f32 (dist/collective/Ring.h); half the bytes, not the same sums.
   DType wireDType = DType::F32;
+  /// ZeRO: what each data-parallel CPU worker keeps a shard of, rather than the whole.
+  Sharding sharding = Sharding::None;
   /// When the parameter servers take pushes and answer pulls (dist/server/SyncPolicy.h). The
   /// asynchronous modes (aspPolicy, sspPolicy, dsspPolicy) need Architecture::ParameterServer and
   /// one pipeline stage; a machine's workers then reach the servers each on its own.
@@ -126,7 +139,8 @@ struct JobShape {
 /// Throws, naming the settings (and the `weft train` flags that set them), where `config`
 /// contradicts itself or the job it runs in: an asynchronous synchronisation mode needs
 /// parameter servers holding every trained variable and one pipeline stage (AllReduce and
-/// pipeline stages wait for every worker at every step); data-parallel workers do not cut their
+/// pipeline stages wait for every worker at every step); sharding needs dense variables summed
+/// among data-parallel workers in full precision; data-parallel workers do not cut their
 /// parts into micro-batches; a pipeline has no parameter servers and a whole number of replicas;
 /// partitions need variables on servers. get_runner checks every process's configuration this
 /// way, and `weft train` checks its flags before it launches anything.

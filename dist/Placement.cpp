@@ -84,7 +84,8 @@ std::set<const Node*> ancestors(const Node* node) {
 }
 
 /// Fills update, slots, chain, extras and squaredNorm; false when no update op writes the variable.
-bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::map<const Node*, size_t>& position) {
+bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::map<const Node*, size_t>& position,
+                    const std::string& purpose) {
   const std::set<const Node*> fromGradient = descendants(v.gradient, consumers);
   v.update = updateOf(v.variable, fromGradient, consumers);
   if (v.update == nullptr) return false;
@@ -93,8 +94,8 @@ bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::ma
     Node* written = v.update->inputs[static_cast<size_t>(m)].node();
     if (written == v.variable) continue;
     WEFT_CHECK(written->outputs[0].shape.dims() == v.variable->outputs[0].shape.dims(),
-               "variable '{}' cannot be served: its update {} also writes '{}' of shape {}, not the variable's {}",
-               name, v.update->describe(), written->name, written->outputs[0].shape.str(),
+               "variable '{}' cannot be {}: its update {} also writes '{}' of shape {}, not the variable's {}",
+               name, purpose, v.update->describe(), written->name, written->outputs[0].shape.str(),
                v.variable->outputs[0].shape.str());
     v.slots.push_back(written);
   }
@@ -114,9 +115,9 @@ bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::ma
                    name, v.squaredNorm->describe(), c->describe());
         v.squaredNorm = c;
       } else if (std::find(v.chain.begin(), v.chain.end(), c) == v.chain.end()) {
-        WEFT_THROW("variable '{}' cannot be served: its gradient is also read by {}, which is neither its update nor "
+        WEFT_THROW("variable '{}' cannot be {}: its gradient is also read by {}, which is neither its update nor "
                    "clipping",
-                   name, c->describe());
+                   name, purpose, c->describe());
       }
     }
   }
@@ -124,8 +125,8 @@ bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::ma
     if (n->op != "AssignMovingAverage" || n->inputs[1] != v.variable->output()) continue;
     const Node* shadow = n->inputs[0].node();
     WEFT_CHECK(shadow->op == "Variable" && shadow->outputs[0].shape.dims() == v.variable->outputs[0].shape.dims(),
-               "variable '{}' cannot be served: its moving average {} writes '{}' of shape {}, not a variable of its "
-               "shape {}", name, n->describe(), shadow->name, shadow->outputs[0].shape.str(),
+               "variable '{}' cannot be {}: its moving average {} writes '{}' of shape {}, not a variable of its "
+               "shape {}", name, purpose, n->describe(), shadow->name, shadow->outputs[0].shape.str(),
                v.variable->outputs[0].shape.str());
     v.averages.push_back(n);
   }
@@ -137,8 +138,8 @@ bool describeUpdate(ServedVariable& v, const Consumers& consumers, const std::ma
           in.node() == v.variable || std::find(v.slots.begin(), v.slots.end(), in.node()) != v.slots.end();
       const bool gradient = std::find(grad.begin(), grad.end(), in) != grad.end();
       if (internal || state || gradient || !extras.insert(in).second) continue;
-      WEFT_CHECK(in.shape().isFullyDefined(), "variable '{}' cannot be served: {} reads {} of unknown shape {}", name,
-                 n->describe(), in.name(), in.shape().str());
+      WEFT_CHECK(in.shape().isFullyDefined(), "variable '{}' cannot be {}: {} reads {} of unknown shape {}", name,
+                 purpose, n->describe(), in.name(), in.shape().str());
       v.extras.push_back(in);
     }
   }
@@ -247,13 +248,29 @@ ServerPlan planServers(const Graph& graph, Architecture architecture, int server
     WEFT_CHECK(shape.rank() >= 1 && shape.isFullyDefined(),
                "variable '{}' of shape {} cannot be served: a served variable needs rows and a static shape",
                v.variable->name, shape.str());
-    if (describeUpdate(v, consumers, position)) plan.variables.push_back(std::move(v));
+    if (describeUpdate(v, consumers, position, "served")) plan.variables.push_back(std::move(v));
   }
   WEFT_CHECK(plan.empty() || servers > 0,
              "architecture '{}' puts {} variables on parameter servers, but the job has no server",
              architectureName(architecture), plan.variables.size());
   partition(graph, plan, partitioning);
   return plan;
+}
+
+std::vector<ServedVariable> describeUpdates(const Graph& graph, const std::vector<GradientLink>& links,
+                                           const std::string& purpose) {
+  const Consumers consumers = consumersOf(graph);
+  std::map<const Node*, size_t> position;
+  for (const Node* n : graph.topologicalOrder()) position.emplace(n, position.size());
+  std::vector<ServedVariable> updates;
+  for (const GradientLink& link : links) {
+    ServedVariable v;
+    v.variable = link.variable;
+    v.sparse = link.sparse;
+    v.gradient = link;
+    if (describeUpdate(v, consumers, position, purpose)) updates.push_back(std::move(v));
+  }
+  return updates;
 }
 
 ServerPlan planServersBySparsity(const Graph& graph, const Config& config, int servers,

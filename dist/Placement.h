@@ -90,6 +90,13 @@ struct ServerPlan {
 ServerPlan planServers(const Graph& graph, Architecture architecture, int servers, const Partitioning& partitioning,
                        const std::set<std::string>& allReduced = {});
 
+/// The update of each variable of `links` that an update op writes, taken apart as planServers
+/// does for a served variable (update, slots, chain, extras, squared norm, moving averages; no
+/// partitions). Throws naming the variable when its update cannot be run apart from the rest of
+/// the step, saying that it cannot be `purpose` ("served", "sharded").
+std::vector<ServedVariable> describeUpdates(const Graph& graph, const std::vector<GradientLink>& links,
+                                           const std::string& purpose);
+
 /// planServers under `config`, with the choices of chooseBySparsity applied under Auto when
 /// config.sparsity measures variables (server s runs on machine serverHosts[s] of `machines`):
 /// the variables it gives to AllReduce leave the plan. `choices` receives every choice made.

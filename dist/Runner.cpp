@@ -1,6 +1,7 @@
 // get_runner, makeWorker and the Runner (see the header).
 #include "dist/Runner.h"
 
+#include "core/Checkpoint.h"
 #include "core/Error.h"
 #include "dist/collective/Communicator.h"
 #include "dist/launch/Liveness.h"
@@ -55,6 +56,7 @@ struct Runner::State {
   std::unique_ptr<RingCollectives> replicaSums;
   std::unique_ptr<LoopbackTransport> localTransport;  // one process's micro-batches
   std::unique_ptr<PipelineStage> pipeline;
+  WholeValues wholeShards;  // worker 0, after gatherModel: the sharded variables whole
   PipelineConfig pipelineConfig;
   bool staged = false;
   std::string pipelinePlan;
@@ -306,12 +308,61 @@ struct Runner::State {
     return out;
   }
 
-  void publishVariables() {
+  /// The variables this worker holds a shard of (ZeRO's optimizer slots), in graph order.
+  std::vector<Node*> shards() const {
+    std::vector<Node*> out;
+    for (Node* v : session->graph().variables())
+      if (Graph::isShard(*v)) out.push_back(v);
+    return out;
+  }
+
+  /// Worker 0 takes every shard's whole value (every rank's shard, in rank order, is the whole
+  /// flattened); one variable at a time, so no worker holds more than one whole slot at once.
+  void gatherShards() {
+    wholeShards.clear();
+    for (Node* v : shards()) {
+      const Tensor shard = session->variable(v).to(cpu());
+      const std::vector<uint8_t> mine(static_cast<const uint8_t*>(shard.raw()),
+                                      static_cast<const uint8_t*>(shard.raw()) + shard.bytes());
+      const std::vector<uint8_t> all = communicator->gather(mine);
+      if (rank() != 0) continue;
+      Tensor whole(shard.dtype(), Graph::wholeShapeOf(*v));
+      WEFT_CHECK(all.size() == whole.bytes(), "gathering the shards of '{}': {} bytes arrived, the whole {} has {}",
+                 v->name, all.size(), whole.shape().str(), whole.bytes());
+      std::memcpy(whole.raw(), all.data(), all.size());
+      wholeShards.emplace(v->name, std::move(whole));
+    }
+  }
+
+  /// Every worker takes its shard of worker 0's `wholes` (what worker 0 restored), when worker 0
+  /// has them; the broadcast of each whole is one variable at a time.
+  void scatterShards(const WholeValues& wholes) {
+    const std::vector<Node*> sharded = shards();
+    if (sharded.empty()) return;
+    const std::vector<uint8_t> present = communicator->broadcast({static_cast<uint8_t>(!wholes.empty())}, 0);
+    if (present.at(0) == 0) return;
+    for (Node* v : sharded) {
+      Tensor whole(v->outputs[0].dtype, Graph::wholeShapeOf(*v));
+      std::vector<uint8_t> bytes(whole.bytes());
+      if (rank() == 0) {
+        const auto it = wholes.find(v->name);
+        WEFT_CHECK(it != wholes.end(), "publishing the restored shards: no whole value of '{}'", v->name);
+        const Tensor host = it->second.to(cpu());
+        std::memcpy(bytes.data(), host.raw(), bytes.size());
+      }
+      bytes = communicator->broadcast(std::move(bytes), 0);
+      std::memcpy(whole.raw(), bytes.data(), bytes.size());
+      copyShardOf(*v, whole, session->variable(v));
+    }
+  }
+
+  void publishVariables(const WholeValues& wholes) {
     if (pipeline) {
       pipeline->scatterVariables(0);
       return;
     }
     broadcastVariables(*session, *communicator, plan);  // those the workers hold
+    scatterShards(wholes);
     if (plan.empty()) return;
     if (rank() == 0) {
       std::vector<ServerClient::Call> calls;
@@ -415,12 +466,18 @@ void Runner::pullVariables() {
 }
 
 void Runner::gatherModel() {
-  if (state_->pipeline) state_->pipeline->gatherVariables(0);
-  else if (rank() == 0) pullVariables();
+  if (state_->pipeline) {
+    state_->pipeline->gatherVariables(0);
+    return;
+  }
+  if (state_->communicator) state_->gatherShards();
+  if (rank() == 0) pullVariables();
 }
 
-void Runner::publishVariables() {
-  if (state_->communicator) state_->publishVariables();
+const WholeValues& Runner::wholeShards() const { return state_->wholeShards; }
+
+void Runner::publishVariables(const WholeValues& wholes) {
+  if (state_->communicator) state_->publishVariables(wholes);
 }
 
 bool Runner::served() const { return state_->serverStatus >= 0; }
@@ -440,6 +497,29 @@ Session& Runner::session() {
   return state_->activeSession();
 }
 const DistributedGraph& Runner::distribution() const { return state_->distribution; }
+
+std::string Runner::shardingReport() {
+  if (state_->session == nullptr) return "";
+  size_t held = 0, whole = 0, all = 0, allWhole = 0;
+  int sharded = 0;
+  for (Node* v : state_->session->graph().variables()) {
+    // Variables are made on first use; the shards are by the first step.
+    if (!Graph::isShard(*v) && !state_->session->holdsVariable(v)) continue;
+    const size_t bytes = state_->session->variable(v).bytes();
+    const size_t wholeBytes =
+        static_cast<size_t>(Graph::wholeShapeOf(*v).numel()) * dtypeSize(v->outputs[0].dtype);
+    all += bytes;
+    allWhole += wholeBytes;
+    if (!Graph::isShard(*v)) continue;
+    ++sharded;
+    held += bytes;
+    whole += wholeBytes;
+  }
+  if (sharded == 0) return "";
+  return fmt::format("sharded optimizer state (1/{} each): this worker holds {} of {} bytes of its {} sharded slots; "
+                     "its variables take {} bytes, {} unsharded",
+                     workers(), held, whole, sharded, all, allWhole);
+}
 const ServerPlan& Runner::serverPlan() const { return state_->plan; }
 const std::vector<SparsityChoice>& Runner::sparsityChoices() const { return state_->sparsityChoices; }
 Traffic Runner::traffic() const { return state_->traffic.snapshot(); }
@@ -456,7 +536,8 @@ namespace {
 
 /// Copies worker rank 0's value of every variable the workers keep to this worker, in one
 /// broadcast. The servers' variables, slots and moving averages are not sent: worker 0 loads
-/// them into the servers, and a worker reads them from there until it pulls them all.
+/// them into the servers, and a worker reads them from there until it pulls them all. Nor are
+/// the shards a worker keeps of itself (State::scatterShards).
 void broadcastVariables(Session& session, HostCollectives& workers, const ServerPlan& plan) {
   std::set<const Node*> served;
   for (const ServedVariable& v : plan.variables) {
@@ -465,7 +546,7 @@ void broadcastVariables(Session& session, HostCollectives& workers, const Server
   }
   std::vector<Node*> variables;
   for (Node* v : session.graph().variables())
-    if (!served.count(v)) variables.push_back(v);
+    if (!served.count(v) && !Graph::isShard(*v)) variables.push_back(v);
   size_t total = 0;
   for (Node* v : variables) total += session.variable(v).bytes();
   std::vector<uint8_t> buffer(total);
@@ -550,6 +631,11 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
              "--wire-dtype {}: GPU workers sum their dense gradients through NCCL, which this setting does not narrow",
              dtypeName(config.wireDType));
   options.synchronous = synchronous;
+  options.shardOptimizer = config.sharding == Sharding::Optimizer;
+  options.rank = state->communicator->rank();
+  WEFT_CHECK(!options.denseOnGpu || !options.shardOptimizer,
+             "--shard {}: GPU workers sum their dense gradients through NCCL, whose reduce-scatter weft does not use "
+             "yet; sharding runs among CPU workers", shardingName(config.sharding));
   for (const SparsityChoice& c : state->sparsityChoices) {
     if (!c.allReduce) continue;
     WEFT_CHECK(!options.denseOnGpu, "{}: summing a sparse gradient by AllReduce runs on CPU workers only",
@@ -567,7 +653,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   SessionOptions session = config.session;
   session.replica = j.rank();  // each worker feeds the rank-th part of the total batch
   state->session = std::make_unique<Session>(graph, session);
-  state->publishVariables();  // every worker starts from worker 0's variables
+  state->publishVariables({});  // every worker starts from worker 0's variables
   return Runner(std::move(state));
 }
 

@@ -14,6 +14,7 @@
 // stage of a pipeline (dist/pipeline/PipelineStage.h) instead.
 #pragma once
 
+#include "core/Checkpoint.h"
 #include "core/Session.h"
 #include "dist/Config.h"
 #include "dist/launch/Job.h"
@@ -63,17 +64,23 @@ class Runner {
   void finish();
 
   /// Makes worker 0's session hold the whole model's current values, to evaluate or save it:
-  /// pulls the servers' variables into it, or gathers a pipeline's other stages' variables.
-  /// Every worker calls it at the same point; the other workers' sessions stay as they are.
+  /// pulls the servers' variables into it, or gathers a pipeline's other stages' variables; the
+  /// variables each worker keeps a shard of (Config::sharding) it gathers whole into
+  /// wholeShards(). Every worker calls it at the same point; the other workers' sessions stay as
+  /// they are.
   void gatherModel();
+  /// On worker 0 after gatherModel(): the whole values of the variables the workers keep shards
+  /// of, for saveCheckpoint (empty without sharding).
+  const WholeValues& wholeShards() const;
   /// Copies the servers' current values of the variables they hold, with their optimizer slots,
   /// into this worker's session (before saving a checkpoint). Nothing to do without servers.
   void pullVariables();
   /// Makes worker 0's values of the variables and their slots the job's (after worker 0 alone
   /// restored a checkpoint): the servers' values of those they hold, every worker's of the
-  /// others, or a pipeline's stage 0's values every stage's. Every worker must call it at the
-  /// same point.
-  void publishVariables();
+  /// others, or a pipeline's stage 0's values every stage's. The variables workers keep shards
+  /// of take their shard of `wholes`, worker 0's whole values of them (restoreCheckpoint's; on
+  /// the other workers, anything). Every worker must call it at the same point.
+  void publishVariables(const WholeValues& wholes = {});
 
   /// Whether this process was one of the job's servers: get_runner served until the workers
   /// left, and serverStatus() is the exit status the program should end with (0, or 1 after an
@@ -104,6 +111,11 @@ class Runner {
   Session& session();
   /// What the distribution pass did.
   const DistributedGraph& distribution() const;
+  /// Under Config::sharding, what this worker holds of its sharded variables, measured on its
+  /// session's tensors: "sharded optimizer state (1/N each): this worker holds A of B bytes of its
+  /// K sharded slots; its variables take C bytes, D unsharded" (those its session has made, and
+  /// its shards); "" without shards.
+  std::string shardingReport();
   /// Which variables the parameter servers hold, in which partitions (empty without servers).
   const ServerPlan& serverPlan() const;
   /// Under Auto with Config::sparsity: how each measured sparse variable is synchronised, and why.

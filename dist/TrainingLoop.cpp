@@ -84,8 +84,9 @@ void TrainingLoop::resume() {
   if (runner_->fromWorker0({present ? 1 : 0})[0] == 0) return;
   // Worker 0 alone reads the checkpoint and hands the job its values: no other host needs it.
   std::vector<int64_t> position{0, 0};  // the step, the session's random step
+  WholeValues wholes;  // of the variables workers keep shards of
   if (leader_) {
-    const std::map<std::string, std::string> metadata = restoreCheckpoint(runner_->session(), path);
+    const std::map<std::string, std::string> metadata = restoreCheckpoint(runner_->session(), path, &wholes);
     const std::vector<std::string> differences =
         settingDifferences(recordedSettings(options_.settings), metadata,
                            [](const std::string& key) { return fmt::format("'{}'", key.substr(4)); });
@@ -96,7 +97,7 @@ void TrainingLoop::resume() {
   }
   position = runner_->fromWorker0(position);
   runner_->session().setStep(static_cast<uint64_t>(position[1]));
-  runner_->publishVariables();
+  runner_->publishVariables(wholes);
   step_ = position[0];
   resumed_ = true;
 }
@@ -131,7 +132,7 @@ void TrainingLoop::checkpoint() {
   if (!leader_) return;
   std::map<std::string, std::string> metadata = recordedSettings(options_.settings);
   metadata["step"] = std::to_string(step_);
-  saveCheckpoint(runner_->session(), options_.checkpoint, std::move(metadata));
+  saveCheckpoint(runner_->session(), options_.checkpoint, std::move(metadata), runner_->wholeShards());
 }
 
 int TrainingLoop::finish() {

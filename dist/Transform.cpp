@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 #include <unordered_set>
 
 namespace weft::dist {
@@ -77,6 +78,111 @@ std::pair<Output, Output> allReduceRows(const GradientLink& l, const TransformOp
       allReduce({unsortedSegmentSum(l.values, l.indices, rows), counts}, options.hostRing, scale);
   return touchedRows(summed[0], summed[1], l.indices.dtype());
 }
+
+/// The ZeRO rewrite of the dense variables distributeAllReduce shards (see the header).
+class OptimizerSharding {
+ public:
+  OptimizerSharding(Graph& graph, const TransformOptions& options, const std::vector<const GradientLink*>& dense)
+      : graph_(graph), options_(options) {
+    if (!options.shardOptimizer) return;
+    std::vector<GradientLink> links;
+    for (const GradientLink* l : dense) links.push_back(*l);
+    for (ServedVariable& u : describeUpdates(graph, links, "sharded")) {
+      checkElementwise(u);
+      updates_.emplace(u.variable, std::move(u));
+    }
+  }
+
+  bool covers(const Node* variable) const { return updates_.count(variable) != 0; }
+
+  /// Reduce-scatters one bucket of gradients and turns its variables' updates onto their shards.
+  void shardBucket(const std::vector<const GradientLink*>& bucket, double scale) {
+    std::vector<Output> grads;
+    for (const GradientLink* l : bucket) grads.push_back(l->dense);
+    const std::vector<Output> shards = reduceScatter(grads, options_.hostRing, options_.rank, options_.workers, scale);
+    std::vector<Output> variables;
+    std::vector<Node*> updates;
+    for (size_t i = 0; i < bucket.size(); ++i) {
+      const ServedVariable& u = updates_.at(bucket[i]->variable);
+      shardUpdate(u, shards[i]);
+      variables.push_back(u.variable->output());
+      updates.push_back(u.update);
+    }
+    // What ran after the updates runs once every shard is back in place.
+    Node* gathered = graph_.group({}, bucket.front()->variable->name + "/shards_gathered");
+    for (Node* u : updates) graph_.replaceControlInputs(u, gathered);
+    for (Node* a : gatherShards(variables, updates, options_.hostRing, options_.rank, options_.workers))
+      graph_.addControlInput(gathered, a);
+  }
+
+  /// Clipping reads the whole gradients' squared norms: each is the sum over the workers of
+  /// their shards' norms, all summed in one AllReduce per dtype.
+  void sumNorms() {
+    std::map<DType, std::vector<std::pair<Output, Output>>> byDType;
+    for (const auto& [whole, shard] : norms_) byDType[shard.dtype()].push_back({whole, shard});
+    for (const auto& [dtype, pairs] : byDType) {
+      std::vector<Output> shards;
+      for (const auto& p : pairs) shards.push_back(p.second);
+      const std::vector<Output> sums = allReduce(shards, options_.hostRing, 1.0);
+      for (size_t i = 0; i < pairs.size(); ++i) graph_.replaceUses(pairs[i].first, sums[i]);
+    }
+  }
+
+ private:
+  /// The chain from the gradient to the update must work element by element (scaling by a
+  /// clipping factor, casts), for it to run on a shard of the gradient.
+  static void checkElementwise(const ServedVariable& u) {
+    for (const Node* n : u.chain) {
+      if (n == u.update) continue;
+      for (const Output& in : n->inputs) {
+        const bool scalar = in.shape().isFullyDefined() && in.shape().numel() == 1;
+        const bool full = in.shape() == u.variable->outputs[0].shape;
+        WEFT_CHECK(scalar || full, "variable '{}' cannot be sharded: {} reads {} of shape {} on the way from its "
+                   "gradient to its update, neither a scalar nor the variable's shape {}",
+                   u.variable->name, n->describe(), in.name(), in.shape().str(), u.variable->outputs[0].shape.str());
+      }
+      for (const TensorType& out : n->outputs)
+        WEFT_CHECK(out.shape == u.variable->outputs[0].shape, "variable '{}' cannot be sharded: {} turns its gradient "
+                   "into shape {}, not the variable's {}", u.variable->name, n->describe(), out.shape.str(),
+                   u.variable->outputs[0].shape.str());
+    }
+  }
+
+  /// Copies the chain onto `gradientShard`, shards the slots and points the update at them.
+  void shardUpdate(const ServedVariable& u, Output gradientShard) {
+    const ShardRange range = shardOf(u.variable->outputs[0].shape.numel(), options_.rank, options_.workers);
+    std::map<Output, Output> onShard{{u.gradient.dense, gradientShard}};
+    auto mapped = [&](const Output& in) {
+      auto it = onShard.find(in);
+      return it == onShard.end() ? in : it->second;
+    };
+    for (Node* n : u.chain) {
+      if (n == u.update) continue;
+      std::vector<Output> inputs;
+      for (const Output& in : n->inputs) inputs.push_back(mapped(in));
+      auto placed = graph_.onDevice(n->device);
+      Node* copy = graph_.addNode(n->op, inputs, n->attrs, n->name + "/shard");
+      for (size_t k = 0; k < n->outputs.size(); ++k)
+        onShard[n->output(static_cast<int>(k))] = copy->output(static_cast<int>(k));
+    }
+    if (u.squaredNorm != nullptr) {
+      Node* norm = graph_.addNode(u.squaredNorm->op, {gradientShard}, u.squaredNorm->attrs,
+                                  u.squaredNorm->name + "/shard");
+      norms_.push_back({u.squaredNorm->output(), norm->output()});
+    }
+    for (Node* slot : u.slots) graph_.shardVariable(slot, range.offset, range.count);
+    std::vector<Output> inputs;
+    for (const Output& in : u.update->inputs) inputs.push_back(mapped(in));
+    Attrs attrs = u.update->attrs;
+    attrs.set("shard_offset", range.offset);
+    graph_.rebuild(u.update, u.update->op, inputs, attrs);
+  }
+
+  Graph& graph_;
+  const TransformOptions& options_;
+  std::map<const Node*, ServedVariable> updates_;
+  std::vector<std::pair<Output, Output>> norms_;  // a whole gradient's norm, its shard's
+};
 
 }  // namespace
 
@@ -152,34 +258,39 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
   std::stable_sort(dense.begin(), dense.end(), [&](const GradientLink* a, const GradientLink* b) {
     return position.at(a->dense.node()) < position.at(b->dense.node());
   });
-  using BucketKey = std::pair<DType, bool>;  // dtype, summed on the GPU
+  OptimizerSharding sharding(graph, options, dense);
+  using BucketKey = std::tuple<DType, bool, bool>;  // dtype, summed on the GPU, sharded
   std::map<BucketKey, std::vector<const GradientLink*>> open;
   std::map<BucketKey, size_t> openBytes;
   auto flush = [&](const BucketKey& key) {
     std::vector<const GradientLink*>& bucket = open[key];
     if (bucket.empty()) return;
-    std::vector<Output> grads;
-    for (const GradientLink* l : bucket) grads.push_back(l->dense);
-    const auto& [dtype, onGpu] = key;
-    const std::vector<Output> reduced =
-        allReduce(grads, onGpu ? options.denseBackend : options.hostRing, denseScale, onGpu,
-                  onGpu || dtype != DType::F32 ? dtype : options.wireDType);
-    for (size_t i = 0; i < bucket.size(); ++i) {
-      rewirer.redirect({{bucket[i]->dense, reduced[i]}});
-      result.variables.push_back({bucket[i]->variable, false, byteSize(bucket[i]->dense), result.buckets});
+    const auto& [dtype, onGpu, sharded] = key;
+    if (sharded) {
+      sharding.shardBucket(bucket, denseScale);
+    } else {
+      std::vector<Output> grads;
+      for (const GradientLink* l : bucket) grads.push_back(l->dense);
+      const std::vector<Output> reduced =
+          allReduce(grads, onGpu ? options.denseBackend : options.hostRing, denseScale, onGpu,
+                    onGpu || dtype != DType::F32 ? dtype : options.wireDType);
+      for (size_t i = 0; i < bucket.size(); ++i) rewirer.redirect({{bucket[i]->dense, reduced[i]}});
     }
+    for (const GradientLink* l : bucket)
+      result.variables.push_back({l->variable, false, byteSize(l->dense), result.buckets, false, sharded});
     ++result.buckets;
     bucket.clear();
     openBytes[key] = 0;
   };
   for (const GradientLink* l : dense) {
     const bool onGpu = options.denseOnGpu && l->dense.node()->device.rfind("cuda", 0) == 0;
-    const BucketKey key{l->dense.dtype(), onGpu};
+    const BucketKey key{l->dense.dtype(), onGpu, sharding.covers(l->variable)};
     open[key].push_back(l);
     openBytes[key] += byteSize(l->dense);
     if (openBytes[key] >= options.bucketBytes) flush(key);
   }
   for (auto& [key, bucket] : open) flush(key);
+  sharding.sumNorms();
   return result;
 }
 

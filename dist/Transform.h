@@ -43,6 +43,10 @@ struct TransformOptions {
   /// Sparse variables whose gradients a dense AllReduce sums (chooseBySparsity picked it over
   /// the servers); other sparse gradients are gathered by AllGather.
   std::vector<const Node*> allReducedSparse;
+  /// ZeRO's sharded optimizer state (Config::sharding): this worker keeps its shard of every
+  /// dense variable's optimizer slots, and of its gradient (see shardOptimizerState).
+  bool shardOptimizer = false;
+  int rank = 0;  ///< this worker's rank on the host ring, whose shard it keeps
 };
 
 /// One synchronised variable.
@@ -50,8 +54,9 @@ struct SyncedVariable {
   Node* variable = nullptr;
   bool sparse = false;
   size_t bytes = 0;
-  int bucket = -1;  ///< dense: the AllReduce bucket it travels in
+  int bucket = -1;  ///< dense: the AllReduce (or reduce-scatter) bucket it travels in
   bool onServers = false;  ///< held and updated by the parameter servers
+  bool sharded = false;    ///< its gradient reduce-scattered, its slots sharded (ZeRO)
 };
 
 /// What the pass did, for reports and tests.
@@ -62,6 +67,16 @@ struct DistributedGraph {
 
 /// Inserts the collectives into `graph` (in place). Gradients whose links have no consumer
 /// outside the backward pass are left alone.
+///
+/// With `shardOptimizer` (ZeRO stages 1 and 2), a dense variable whose gradient only its update
+/// and clipping read is sharded instead: its bucket is reduce-scattered, so the worker receives
+/// its shard of the summed gradient alone (the full one never exists after the bucket is sent);
+/// its optimizer slots hold that shard of themselves (Graph::shardVariable); clipping's squared
+/// norm is the sum over workers of the shards' norms (one AllReduce of them all); the update
+/// writes the worker's shard of the variable ("shard_offset"), and an all-gather per bucket
+/// fills in the other workers' shards before the step ends. Every worker keeps the whole
+/// variable for its forward and backward passes. Rank r's shard of n elements is elements
+/// [n r / N, n (r + 1) / N) of the flattened tensor (shardOf).
 DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options);
 
 struct ServerPlan;

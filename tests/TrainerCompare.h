@@ -10,6 +10,18 @@
 #include <cmath>
 #include <string>
 
+/// Checks that the checkpoints in directories `a` and `b` hold the same variables, each within
+/// `tolerance` (relativeDifference), and nothing else.
+inline void checkSameCheckpoints(const std::string& a, const std::string& b, double tolerance) {
+  const weft::TensorFile expected = weft::readSafetensors(a + "/checkpoint.safetensors");
+  const weft::TensorFile got = weft::readSafetensors(b + "/checkpoint.safetensors");
+  REQUIRE(expected.tensors.size() == got.tensors.size());
+  for (const auto& [name, t] : expected.tensors) {
+    CAPTURE(name);
+    CHECK(relativeDifference(got.tensors.at(name), t) <= tolerance);
+  }
+}
+
 /// Trains `model` once with `flags` and `singleFlags` (such as its device) and once with `flags`
 /// and `distFlags` (workers or cluster, architecture, servers); checks every variable (optimizer
 /// slots and the step counter included) agrees within `tolerance`.
@@ -21,11 +33,5 @@ inline void checkSameVariablesAs(const std::string& model, const std::string& fl
   REQUIRE_MESSAGE(one.status == 0, one.output);
   const CliRun many = weftCli("train " + model + " " + flags + " " + distFlags + " --out " + parallel);
   REQUIRE_MESSAGE(many.status == 0, many.output);
-  const weft::TensorFile a = weft::readSafetensors(single + "/checkpoint.safetensors");
-  const weft::TensorFile b = weft::readSafetensors(parallel + "/checkpoint.safetensors");
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (const auto& [name, t] : a.tensors) {
-    CAPTURE(name);
-    CHECK(relativeDifference(b.tensors.at(name), t) <= tolerance);
-  }
+  checkSameCheckpoints(single, parallel, tolerance);
 }

@@ -120,6 +120,7 @@ TEST_CASE("every op the distribution layer registers has a shape function, a CPU
   registerCollectiveOps();
   registerServerOps();
   for (const char* op : {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows",
+                        "ReduceScatterStart", "ReduceScatterWait", "ShardGatherStart", "ShardGatherWait",
                          "PullRows", "PullVariable", "PushGradient", "ApplyRemote"}) {
     CHECK(OpRegistry::global().find(op) != nullptr);
   }
@@ -141,6 +142,7 @@ TEST_CASE(
   const OpRegistry& r = OpRegistry::global();
   // The collectives' Start/Wait pairs and TouchedRows; the servers' pulls, push and apply.
   for (const char* name : {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows",
+                          "ReduceScatterStart", "ReduceScatterWait", "ShardGatherStart", "ShardGatherWait",
                            "PullRows", "PullVariable", "PushGradient", "ApplyRemote"}) {
     CAPTURE(name);
     REQUIRE(r.find(name) != nullptr);
@@ -154,4 +156,104 @@ TEST_CASE(
     CHECK((d.kernelFor(DeviceType::CPU) != nullptr || d.sourceKind != SourceKind::None));
     CHECK((static_cast<bool>(d.gradFn) != d.noGrad));
   }
+}
+
+namespace {
+
+/// Two dense variables of 15 and 5 elements trained by Adam with clipping, beside a sparse
+/// embedding: what --shard optimizer rewrites on rank 1 of 3.
+struct ShardedModel {
+  Graph g;
+  Output emb, w, b;
+  optim::Adam adam{0.1};
+  Node* step = nullptr;
+  ShardedModel() {
+    const Output ids = g.placeholder("ids", i32, {4});
+    emb = g.variable("emb", f32, {10, 3}, Initializer::normal(0, 1));
+    w = g.variable("w", f32, {3, 5}, Initializer::normal(0, 1));
+    b = g.variable("b", f32, {5}, Initializer::zeros());
+    step = adam.minimize(sum(square(matmul(gather(emb, ids), w) + b)), {1.0, {}, std::nullopt});
+    TransformOptions o;
+    o.workers = 3;
+    o.rank = 1;
+    o.shardOptimizer = true;
+    distribution = distributeAllReduce(g, o);
+    g.verify();
+  }
+  std::vector<Node*> nodesOf(const std::string& op) const {
+    std::vector<Node*> out;
+    for (const auto& n : g.nodes())
+      if (n->op == op) out.push_back(n.get());
+    return out;
+  }
+  const Node* updateOf(const Output& variable) const {
+    for (const Node* n : nodesOf("ApplyAdam"))
+      if (n->inputs[0] == variable) return n;
+    return nullptr;
+  }
+  DistributedGraph distribution;
+};
+
+}  // namespace
+
+TEST_CASE("--shard optimizer: rank r keeps elements [n r / N, n (r + 1) / N) of each dense variable's slots") {
+  ShardedModel m;
+  // w: 15 elements, rank 1 of 3 keeps [5, 10); b: 5 elements, [1, 3).
+  for (const auto& [variable, offset, count, whole] :
+       {std::tuple{m.w, 5, 5, Shape{3, 5}}, std::tuple{m.b, 1, 2, Shape{5}}}) {
+    for (const char* slot : {"m", "v"}) {
+      const Node* v = m.adam.slot(variable, slot).node();
+      CAPTURE(v->name);
+      REQUIRE(Graph::isShard(*v));
+      CHECK(v->outputs[0].shape == Shape{count});
+      CHECK(Graph::wholeShapeOf(*v) == whole);
+      CHECK(Graph::shardOffsetOf(*v) == offset);
+    }
+    const Node* update = m.updateOf(variable);
+    REQUIRE(update != nullptr);
+    CHECK(update->attrs.getInt("shard_offset") == offset);
+    CHECK(update->inputs[3].shape() == Shape{count});  // its gradient: the shard
+  }
+  // The sparse embedding is not sharded: gathered, and updated whole.
+  CHECK(!Graph::isShard(*m.adam.slot(m.emb, "m").node()));
+  CHECK(m.nodesOf("AllGatherStart").size() == 1);
+  for (const SyncedVariable& v : m.distribution.variables) {
+    CAPTURE(v.variable->name);
+    CHECK(v.sharded == (v.variable != m.emb.node()));
+  }
+}
+
+TEST_CASE("--shard optimizer: one reduce-scatter and one all-gather per bucket, the norms summed in one AllReduce") {
+  ShardedModel m;
+  REQUIRE(m.nodesOf("ReduceScatterStart").size() == 1);
+  CHECK(m.nodesOf("ReduceScatterStart")[0]->inputs.size() == 2);
+  const Node* wait = m.nodesOf("ReduceScatterWait").at(0);
+  CHECK(wait->attrs.getFloat("scale") == doctest::Approx(1.0 / 3));
+  REQUIRE(m.nodesOf("ShardGatherStart").size() == 1);
+  CHECK(m.nodesOf("ShardGatherStart")[0]->inputs.size() == 2);
+  CHECK(m.nodesOf("ShardGatherStart")[0]->controlInputs.size() == 2);  // after both updates
+  // No dense gradient is all-reduced; clipping's squared norms of the shards are, together.
+  const std::vector<Node*> sums = m.nodesOf("AllReduceStart");
+  REQUIRE(sums.size() == 1);
+  CHECK(sums[0]->inputs.size() == 2);
+  for (const Output& in : sums[0]->inputs) {
+    CHECK(in.node()->op == "SquaredNorm");
+    CHECK(in.node()->inputs[0].node()->op == "ReduceScatterWait");
+  }
+  // The step ends once the gathered values are assigned.
+  int gathered = 0;
+  for (const Node* c : m.step->controlInputs) {
+    if (c->op != "NoOp") continue;
+    ++gathered;
+    for (const Node* a : c->controlInputs) CHECK(a->op == "Assign");
+  }
+  CHECK(gathered == 1);
+}
+
+TEST_CASE("sharding names: --shard gradients is what optimizer does; parameters is not implemented") {
+  CHECK(parseSharding("optimizer") == Sharding::Optimizer);
+  CHECK(std::string(shardingName(Sharding::None)) == "none");
+  CHECK(contains(errorOf([] { parseSharding("gradients"); }), "'optimizer' reduce-scatters the gradients already"));
+  CHECK(contains(errorOf([] { parseSharding("parameters"); }), "is not implemented"));
+  CHECK(errorOf([] { parseSharding("all"); }) == "unknown sharding 'all' (expected none or optimizer)");
 }

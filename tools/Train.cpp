@@ -81,6 +81,7 @@ struct TrainFlags {
   bool reportComm = false;
   bool encrypt = false;
   std::string wireDType = "f32";
+  std::string shard = "none";
   std::string trace;  // a Chrome trace of every process's ops and pipeline actions
   std::string tensorboard;  // a directory for TensorBoard event files
   std::string localAggregation = "on";
@@ -284,6 +285,7 @@ class Trainer {
     config.reportTraffic = flags_.reportComm;
     config.encrypt = flags_.encrypt;
     config.wireDType = parseDType(flags_.wireDType);
+    config.sharding = dist::parseSharding(flags_.shard);
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
     config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
@@ -375,6 +377,7 @@ class Trainer {
     const int64_t evalEvery = flags_.evalEvery > 0 ? flags_.evalEvery : std::max<int64_t>(1, steps_ / 10);
     const int64_t checkpointEvery = flags_.checkpointEvery > 0 ? flags_.checkpointEvery : evalEvery;
     if (leader_) announce(spec, setup.config, out);
+    if (const std::string sharded = runner_->shardingReport(); leader_ && !sharded.empty()) fmt::print("{}\n", sharded);
     if (leader_ && !runner_->sparsityChoices().empty()) reportSparsity(*report.metrics);
     Progress progress(steps_, step);
     // A sample of the partition search trains a stretch and times its second half.
@@ -509,7 +512,7 @@ class Trainer {
     metadata["model"] = name_;
     metadata["step"] = std::to_string(step);
     metadata["data_position"] = std::to_string(dataPosition);
-    saveCheckpoint(*session_, checkpointPath_, std::move(metadata));
+    saveCheckpoint(*session_, checkpointPath_, std::move(metadata), runner_->wholeShards());
   }
 
   /// The last evaluation, on the whole held-out set, and the run's summary line.
@@ -736,9 +739,10 @@ class Trainer {
   /// other hosts need no copy of --out.
   int64_t resume(data::Prefetcher& batches) {
     std::vector<int64_t> position{0, 0};  // the step (every step takes one batch), the session's step
+    WholeValues wholes;  // of the variables workers keep shards of
     if (leader_) {
       WEFT_CHECK(std::filesystem::exists(checkpointPath_), "--resume: no checkpoint at {}", checkpointPath_);
-      std::map<std::string, std::string> meta = restoreCheckpoint(*session_, checkpointPath_);
+      std::map<std::string, std::string> meta = restoreCheckpoint(*session_, checkpointPath_, &wholes);
       WEFT_CHECK(meta["model"] == name_, "--resume: {} holds a '{}' model, not '{}'", checkpointPath_, meta["model"],
                  name_);
       checkIdentity(meta);
@@ -751,7 +755,7 @@ class Trainer {
     }
     position = runner_->fromWorker0(position);
     session_->setStep(static_cast<uint64_t>(position[1]));
-    runner_->publishVariables();
+    runner_->publishVariables(wholes);
     batches.seek(position[0]);
     if (leader_) fmt::print("resumed from {} at step {}\n", checkpointPath_, position[0]);
     return position[0];
@@ -812,8 +816,18 @@ class Trainer {
                               {"isa", kernels.vectorIsa},
                               {"gemm_f32", kernels.f32Gemm},
                               {"gemm_bf16", kernels.bf16Gemm},
-                              {"peak_plan_bytes", session_->largestPlanPeakBytes()}};
+                              {"peak_plan_bytes", session_->largestPlanPeakBytes()},
+                              {"variable_bytes", heldVariableBytes()}};
     fmt::print("{}\n", line.dump());
+  }
+
+  /// Bytes of the variables (parameters, optimizer slots, shards of them) this process's session
+  /// has made: what it holds between steps.
+  size_t heldVariableBytes() {
+    size_t bytes = 0;
+    for (Node* v : graph_.variables())
+      if (session_->holdsVariable(v)) bytes += session_->variable(v).bytes();
+    return bytes;
   }
 
   std::string name_;
@@ -1007,6 +1021,11 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
                  "one process computes)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  cmd.add_option("--shard", f.shard,
+                 "what each data-parallel CPU worker keeps a shard of (ZeRO): none, or optimizer (1/N of every dense "
+                 "variable's optimizer slots and summed gradient; the gradients are reduce-scattered and the updated "
+                 "shards all-gathered; checkpoints stay whole)")
+      ->capture_default_str();
   cmd.add_flag("--encrypt", f.encrypt,
                "encrypt the data plane's payloads (AES-256-GCM) between the job's processes, not only authenticate "
                "them; the resource specification's \"encrypt\": true does the same");
