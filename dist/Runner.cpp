@@ -56,7 +56,6 @@ struct Runner::State {
   std::unique_ptr<RingCollectives> replicaSums;
   std::unique_ptr<LoopbackTransport> localTransport;  // one process's micro-batches
   std::unique_ptr<PipelineStage> pipeline;
-  WholeValues wholeShards;  // worker 0, after gatherModel: the sharded variables whole
   PipelineConfig pipelineConfig;
   bool staged = false;
   std::string pipelinePlan;
@@ -317,9 +316,9 @@ struct Runner::State {
   }
 
   /// Worker 0 takes every shard's whole value (every rank's shard, in rank order, is the whole
-  /// flattened); one variable at a time, so no worker holds more than one whole slot at once.
-  void gatherShards() {
-    wholeShards.clear();
+  /// flattened). The ring's gather reaches every worker: the others drop each whole at once.
+  WholeValues gatherShards() {
+    WholeValues wholes;
     for (Node* v : shards()) {
       const Tensor shard = session->variable(v).to(cpu());
       const std::vector<uint8_t> mine(static_cast<const uint8_t*>(shard.raw()),
@@ -330,8 +329,9 @@ struct Runner::State {
       WEFT_CHECK(all.size() == whole.bytes(), "gathering the shards of '{}': {} bytes arrived, the whole {} has {}",
                  v->name, all.size(), whole.shape().str(), whole.bytes());
       std::memcpy(whole.raw(), all.data(), all.size());
-      wholeShards.emplace(v->name, std::move(whole));
+      wholes.emplace(v->name, std::move(whole));
     }
+    return wholes;
   }
 
   /// Every worker takes its shard of worker 0's `wholes` (what worker 0 restored), when worker 0
@@ -470,11 +470,13 @@ void Runner::gatherModel() {
     state_->pipeline->gatherVariables(0);
     return;
   }
-  if (state_->communicator) state_->gatherShards();
   if (rank() == 0) pullVariables();
 }
 
-const WholeValues& Runner::wholeShards() const { return state_->wholeShards; }
+WholeValues Runner::gatherShards() {
+  if (!state_->communicator || state_->pipeline) return {};
+  return state_->gatherShards();
+}
 
 void Runner::publishVariables(const WholeValues& wholes) {
   if (state_->communicator) state_->publishVariables(wholes);

@@ -64,14 +64,13 @@ class Runner {
   void finish();
 
   /// Makes worker 0's session hold the whole model's current values, to evaluate or save it:
-  /// pulls the servers' variables into it, or gathers a pipeline's other stages' variables; the
-  /// variables each worker keeps a shard of (Config::sharding) it gathers whole into
-  /// wholeShards(). Every worker calls it at the same point; the other workers' sessions stay as
-  /// they are.
+  /// pulls the servers' variables into it, or gathers a pipeline's other stages' variables.
+  /// Every worker calls it at the same point; the other workers' sessions stay as they are.
   void gatherModel();
-  /// On worker 0 after gatherModel(): the whole values of the variables the workers keep shards
-  /// of, for saveCheckpoint (empty without sharding).
-  const WholeValues& wholeShards() const;
+  /// The whole values of the variables the workers keep shards of (Config::sharding), for
+  /// saveCheckpoint, on worker 0 (empty elsewhere, and without sharding). Every worker calls it
+  /// at the same point; each whole passes through every worker, one variable at a time.
+  WholeValues gatherShards();
   /// Copies the servers' current values of the variables they hold, with their optimizer slots,
   /// into this worker's session (before saving a checkpoint). Nothing to do without servers.
   void pullVariables();

@@ -87,8 +87,11 @@ class OptimizerSharding {
     if (!options.shardOptimizer) return;
     std::vector<GradientLink> links;
     for (const GradientLink* l : dense) links.push_back(*l);
+    std::map<const Node*, std::vector<const Node*>> readers;
+    for (const auto& n : graph.nodes())
+      for (const Output& in : n->inputs) readers[in.node()].push_back(n.get());
     for (ServedVariable& u : describeUpdates(graph, links, "sharded")) {
-      checkElementwise(u);
+      checkShardable(u, readers);
       updates_.emplace(u.variable, std::move(u));
     }
   }
@@ -129,22 +132,36 @@ class OptimizerSharding {
   }
 
  private:
-  /// The chain from the gradient to the update must work element by element (scaling by a
-  /// clipping factor, casts), for it to run on a shard of the gradient.
-  static void checkElementwise(const ServedVariable& u) {
-    for (const Node* n : u.chain) {
+  /// The chain from the gradient to the update must work element by element on what it computes
+  /// from the gradient, with scalars beside it (clipping's factor, casts), to run on a shard; and
+  /// nothing outside it may read what it computes, which exists only as shards (loss scaling's
+  /// check that every gradient is finite, a norm of the unscaled gradient).
+  static void checkShardable(const ServedVariable& u, const std::map<const Node*, std::vector<const Node*>>& readers) {
+    const std::set<const Node*> chain(u.chain.begin(), u.chain.end());
+    std::set<Output> fromGradient{u.gradient.dense};
+    const Shape& shape = u.variable->outputs[0].shape;
+    for (Node* n : u.chain) {
       if (n == u.update) continue;
       for (const Output& in : n->inputs) {
         const bool scalar = in.shape().isFullyDefined() && in.shape().numel() == 1;
-        const bool full = in.shape() == u.variable->outputs[0].shape;
-        WEFT_CHECK(scalar || full, "variable '{}' cannot be sharded: {} reads {} of shape {} on the way from its "
-                   "gradient to its update, neither a scalar nor the variable's shape {}",
-                   u.variable->name, n->describe(), in.name(), in.shape().str(), u.variable->outputs[0].shape.str());
+        WEFT_CHECK(scalar || fromGradient.count(in),
+                   "variable '{}' cannot be sharded: {} reads {} of shape {} on the way from its gradient to its "
+                   "update, neither a scalar nor computed from the gradient",
+                   u.variable->name, n->describe(), in.name(), in.shape().str());
       }
-      for (const TensorType& out : n->outputs)
-        WEFT_CHECK(out.shape == u.variable->outputs[0].shape, "variable '{}' cannot be sharded: {} turns its gradient "
-                   "into shape {}, not the variable's {}", u.variable->name, n->describe(), out.shape.str(),
-                   u.variable->outputs[0].shape.str());
+      for (size_t k = 0; k < n->outputs.size(); ++k) {
+        WEFT_CHECK(n->outputs[k].shape == shape,
+                   "variable '{}' cannot be sharded: {} turns its gradient into shape {}, not the variable's {}",
+                   u.variable->name, n->describe(), n->outputs[k].shape.str(), shape.str());
+        fromGradient.insert(n->output(static_cast<int>(k)));
+      }
+      const auto read = readers.find(n);
+      if (read == readers.end()) continue;
+      for (const Node* reader : read->second)
+        WEFT_CHECK(chain.count(reader),
+                   "variable '{}' cannot be sharded: {} reads {}, which exists only as shards on the way from its "
+                   "gradient to its update",
+                   u.variable->name, reader->describe(), n->describe());
     }
   }
 

@@ -68,8 +68,10 @@ struct DistributedGraph {
 /// Inserts the collectives into `graph` (in place). Gradients whose links have no consumer
 /// outside the backward pass are left alone.
 ///
-/// With `shardOptimizer` (ZeRO stages 1 and 2), a dense variable whose gradient only its update
-/// and clipping read is sharded instead: its bucket is reduce-scattered, so the worker receives
+/// With `shardOptimizer` (ZeRO stages 1 and 2), every dense variable an update op writes is
+/// sharded instead (throwing, naming it, where its gradient is read by more than its update and
+/// clipping, or on the way by anything but element-wise ops with scalars): its bucket is
+/// reduce-scattered, so the worker receives
 /// its shard of the summed gradient alone (the full one never exists after the bucket is sent);
 /// its optimizer slots hold that shard of themselves (Graph::shardVariable); clipping's squared
 /// norm is the sum over workers of the shards' norms (one AllReduce of them all); the update

@@ -457,6 +457,7 @@ TEST_CASE("--shard: what it cannot shard is refused before any process starts, n
                "sharding the replicas of a pipeline of 2 stages is not implemented");
   checkRefused("mlp --workers 2 --shard optimizer --wire-dtype bf16", "--wire-dtype bf16 narrows only the AllReduce");
   checkRefused("mlp --workers 2 --shard parameters", "--shard parameters (ZeRO stage 3, FSDP) is not implemented");
+  checkRefused("mlp --workers 2 --shard optimizer --precision f16", "loss scaling checks every whole gradient");
 }
 
 TEST_CASE("--partitions is refused where no parameter server runs, and takes auto or a positive count") {

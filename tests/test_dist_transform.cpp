@@ -257,3 +257,18 @@ TEST_CASE("sharding names: --shard gradients is what optimizer does; parameters 
   CHECK(contains(errorOf([] { parseSharding("parameters"); }), "is not implemented"));
   CHECK(errorOf([] { parseSharding("all"); }) == "unknown sharding 'all' (expected none or optimizer)");
 }
+
+TEST_CASE("--shard optimizer refuses a variable whose scaled gradient something besides its update reads") {
+  // Loss scaling checks every unscaled gradient for overflow before any update: those values
+  // would exist only as shards.
+  Graph g;
+  const Output w = g.variable("w", f32, {3, 5}, Initializer::normal(0, 1));
+  const Output x = g.placeholder("x", f32, {4, 3});
+  optim::Adam(0.1).minimize(sum(square(matmul(x, w))), {0.0, {}, optim::LossScaling{}});
+  TransformOptions o;
+  o.workers = 2;
+  o.shardOptimizer = true;
+  const std::string error = errorOf([&] { distributeAllReduce(g, o); });
+  CHECK(contains(error, "variable 'w' cannot be sharded: "));
+  CHECK(contains(error, "which exists only as shards"));
+}

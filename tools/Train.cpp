@@ -253,6 +253,9 @@ class Trainer {
     WEFT_CHECK(flags_.dtype == "f32" || precision == f32,
                "--dtype {} computes everything in {}; mixed precision (--precision {}) needs f32", flags_.dtype,
                flags_.dtype, flags_.precision);
+    WEFT_CHECK(flags_.shard == "none" || precision != f16,
+               "--shard {} with --precision f16: loss scaling checks every whole gradient for overflow, and a "
+               "sharded worker holds only its shard of each (not implemented)", flags_.shard);
     dist::Config config = jobConfig();
     const int workers = flags_.distributed() ? static_cast<int>(resources.workers().size()) : 1;
     dist::checkConfig(config, {workers, flags_.distributed() ? resources.serverCount() : 0});
@@ -406,8 +409,9 @@ class Trainer {
       if (logNow && setup.config.sync->synchronous()) report.lossSum = runner_->meanOverWorkers(report.lossSum);
       if (stopRequested(setup.config)) {
         runner_->gatherModel();
+        const WholeValues wholes = runner_->gatherShards();
         if (leader_) {
-          checkpoint(step, batches.position());
+          checkpoint(step, batches.position(), wholes);
           fmt::print("stopped on SIGTERM after step {}: checkpoint {} written (--resume auto continues from it)\n",
                      step, checkpointPath_);
         }
@@ -419,6 +423,7 @@ class Trainer {
       // Worker 0's session takes the whole model (the servers' variables, the other stages'),
       // for evaluation and the checkpoint.
       if (evaluateNow || checkpointNow) runner_->gatherModel();
+      const WholeValues wholes = checkpointNow ? runner_->gatherShards() : WholeValues{};
       if (!leader_) {
         if (logNow) report.lossSum = 0, report.lossCount = 0;
         continue;
@@ -427,7 +432,7 @@ class Trainer {
       progress.update(step, report.lossSum / static_cast<double>(report.lossCount), report.items, report.unit);
       if (logNow) logStep(report, progress, spec, step);
       if (evaluateNow) evaluate(report, progress, step);
-      if (checkpointNow) checkpoint(step, batches.position());
+      if (checkpointNow) checkpoint(step, batches.position(), wholes);
     }
     runner_->finish();  // every worker is done with its last step: the final evaluation is rank 0's alone
     if (flags_.reportComm) reportCommunication(step);
@@ -507,12 +512,13 @@ class Trainer {
     progress.report(step, result);
   }
 
-  void checkpoint(int64_t step, int64_t dataPosition) {
+  /// Writes the checkpoint; `wholes`: the sharded variables whole (Runner::gatherShards).
+  void checkpoint(int64_t step, int64_t dataPosition, const WholeValues& wholes) {
     std::map<std::string, std::string> metadata = identity_;
     metadata["model"] = name_;
     metadata["step"] = std::to_string(step);
     metadata["data_position"] = std::to_string(dataPosition);
-    saveCheckpoint(*session_, checkpointPath_, std::move(metadata), runner_->wholeShards());
+    saveCheckpoint(*session_, checkpointPath_, std::move(metadata), wholes);
   }
 
   /// The last evaluation, on the whole held-out set, and the run's summary line.
