@@ -116,7 +116,8 @@ void checkConfig(const Config& config, const JobShape& job) {
                "replicas of a pipeline of {} stages is not implemented", shardingName(config.sharding),
                pipeline.stages);
     WEFT_CHECK(config.architecture != Architecture::ParameterServer, "--shard {} shards the dense variables the "
-               "workers sum by AllReduce, and --arch ps puts every variable on the parameter servers",
+               "workers sum by AllReduce, and --arch ps (which the asynchronous --sync modes imply) puts every "
+               "variable on the parameter servers",
                shardingName(config.sharding));
     WEFT_CHECK(config.wireDType == DType::F32, "--shard {} reduce-scatters the gradients in full precision; "
                "--wire-dtype {} narrows only the AllReduce", shardingName(config.sharding),

@@ -452,7 +452,8 @@ TEST_CASE("--shard optimizer: a checkpoint is whole, and resumes on another numb
 }
 
 TEST_CASE("--shard: what it cannot shard is refused before any process starts, naming the setting") {
-  checkRefused("mlp --workers 2 --shard optimizer --arch ps", "--arch ps puts every variable on the parameter servers");
+  checkRefused("mlp --workers 2 --shard optimizer --arch ps", "puts every variable on the parameter servers");
+  checkRefused("mlp --workers 2 --shard optimizer --sync asp", "which the asynchronous --sync modes imply");
   checkRefused("mlp --stages 2 --shard optimizer",
                "sharding the replicas of a pipeline of 2 stages is not implemented");
   checkRefused("mlp --workers 2 --shard optimizer --wire-dtype bf16", "--wire-dtype bf16 narrows only the AllReduce");
