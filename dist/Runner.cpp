@@ -466,11 +466,8 @@ void Runner::pullVariables() {
 }
 
 void Runner::gatherModel() {
-  if (state_->pipeline) {
-    state_->pipeline->gatherVariables(0);
-    return;
-  }
-  if (rank() == 0) pullVariables();
+  if (state_->pipeline) state_->pipeline->gatherVariables(0);
+  else if (rank() == 0) pullVariables();
 }
 
 WholeValues Runner::gatherShards() {
