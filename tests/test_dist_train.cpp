@@ -166,18 +166,19 @@ TEST_CASE("--encrypt: 2 workers and a server train like one process with every p
   checkSameVariables("lm", lmFlags, 2, 1e-5, "--arch auto --encrypt");
 }
 
+const std::string resnetFlags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 4 "
+                                "--eval-every 4 --threads 1 --timeout 30";
+
 TEST_CASE("ResNet: 2 and 4 workers train like one process with the total batch (batch-norm statistics, momentum, "
           "weight decay)") {
   // Batch norm normalises with the statistics of the total batch on every worker, and its
   // moving averages follow them, so they match too.
-  const std::string flags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 4 "
-                            "--eval-every 4 --threads 1 --timeout 30";
   for (int workers : {2, 4}) {
     CAPTURE(workers);
-    checkSameVariables("resnet", flags, workers, 1e-5);
+    checkSameVariables("resnet", resnetFlags, workers, 1e-5);
   }
   SUBCASE("every variable on the parameter server") {
-    checkSameVariables("resnet", flags, 2, 1e-5, "--arch ps");
+    checkSameVariables("resnet", resnetFlags, 2, 1e-5, "--arch ps");
   }
 }
 
@@ -203,10 +204,8 @@ TEST_CASE("one process with --microbatches accumulates their gradients: the same
 
 TEST_CASE("ResNet pipelined over 2 stages trains like one process accumulating the same micro-batches (batch norm "
           "normalises, and updates its moving averages, per micro-batch)") {
-  const std::string flags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 4 "
-                            "--eval-every 4 --threads 1 --timeout 30";
-  checkSameVariablesAs("resnet", flags + " --microbatches 2", "--stages 2", 1e-5);
-  checkSameVariablesAs("resnet", flags + " --microbatches 4", "--stages 3 --schedule zb", 1e-5);
+  checkSameVariablesAs("resnet", resnetFlags + " --microbatches 2", "--stages 2", 1e-5);
+  checkSameVariablesAs("resnet", resnetFlags + " --microbatches 4", "--stages 3 --schedule zb", 1e-5);
 }
 
 TEST_CASE("--recompute: a pipelined ResNet whose cut splits a recompute segment trains like one process") {
@@ -427,11 +426,9 @@ TEST_CASE("--shard optimizer: the LM (clipping, Adam, a sparse embedding beside)
 
 TEST_CASE("--shard optimizer: ResNet (momentum, weight decay, batch norm) on 2 and 4 workers trains like one "
           "process") {
-  const std::string flags = "--depth 8 --width 4 --train-images 128 --test-images 16 --batch 16 --steps 4 "
-                            "--eval-every 4 --threads 1 --timeout 30";
   for (int workers : {2, 4}) {
     CAPTURE(workers);
-    checkSameVariables("resnet", flags, workers, 1e-5, "--shard optimizer");
+    checkSameVariables("resnet", resnetFlags, workers, 1e-5, "--shard optimizer");
   }
 }
 
