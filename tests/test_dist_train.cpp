@@ -855,6 +855,19 @@ TEST_CASE(
   CHECK(contains(readText(log), "lost its launcher (the coordinator closed the connection); stopping"));
 }
 
+TEST_CASE("a launch prefix naming no program stops the job before any member starts, naming the program") {
+  TempDir dir;
+  const fs::path spec = dir.path / "cluster.json";
+  std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 2,
+                            "launch_prefix": ["weft-no-such-launcher", "--"]}]})";
+  const CliRun run = weftCli("train mlp --steps 1 --cluster " + spec.string() + " --out " + (dir.path / "run").string());
+  CHECK(run.status != 0);
+  CHECK_MESSAGE(contains(run.output, "weft launch: cannot run weft-no-such-launcher for worker 0 of host 0: no "
+                                     "executable of that name on PATH"),
+                run.output);
+  CHECK_FALSE(fs::exists(dir.path / "run" / "checkpoint.safetensors"));
+}
+
 TEST_CASE("a paused launcher, a job stopped with Ctrl-Z and a job whose members all stopped blame no one") {
   // A member silent for 3 s while the others beat stops the job; each pause here lasts 6 s.
   TempDir dir;

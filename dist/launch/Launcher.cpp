@@ -84,15 +84,90 @@ struct Child {
 /// peers, failing on it at once, may be reaped before.
 constexpr std::chrono::milliseconds kRemoteDeathReport{2000};
 
-/// Starts one member of the job in a process group of its own, with the parent-death signal:
-/// locally (through the host's launch prefix, if any) with its identity in the environment and
-/// the secret's memory file inherited, or over ssh with the secret written to the remote shell's
-/// standard input.
+/// `program` as execvp would find it: itself when it names a path, else the first executable
+/// file of that name in a directory of PATH.
+std::string resolveProgram(const std::string& program, const MemberId& id) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  std::string directories = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t begin = 0;
+  for (;;) {
+    const size_t end = std::min(directories.find(':', begin), directories.size());
+    const std::string directory = end == begin ? "." : directories.substr(begin, end - begin);
+    const std::string candidate = directory + "/" + program;
+    struct stat info {};
+    if (::stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    if (end == directories.size()) break;
+    begin = end + 1;
+  }
+  WEFT_THROW("weft launch: cannot run {} for {}: no executable of that name on PATH ({})", program, describe(id),
+             directories);
+}
+
+/// What a member's process execs, made whole before the fork: the launcher has threads (the
+/// coordinator's among them), and one of them may hold a lock of the allocator at the fork, so
+/// the child calls nothing but async-signal-safe functions until exec.
+struct ChildImage {
+  std::string program;
+  std::vector<std::string> argv, environment;
+  std::vector<char*> argvPointers, environmentPointers;
+  std::string execFailure;  // written, with the error, when exec fails
+
+  void pointAtStrings() {
+    for (std::string& a : argv) argvPointers.push_back(a.data());
+    argvPointers.push_back(nullptr);
+    for (std::string& e : environment) environmentPointers.push_back(e.data());
+    environmentPointers.push_back(nullptr);
+  }
+};
+
+/// This process's environment, `overrides` replacing or adding variables and `removed` left out.
+std::vector<std::string> childEnvironment(const std::map<std::string, std::string>& overrides,
+                                          const std::vector<std::string>& removed) {
+  std::vector<std::string> out;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view variable(*entry);
+    const std::string name(variable.substr(0, variable.find('=')));
+    if (!overrides.contains(name) && std::find(removed.begin(), removed.end(), name) == removed.end())
+      out.emplace_back(variable);
+  }
+  for (const auto& [name, value] : overrides) out.push_back(name + "=" + value);
+  return out;
+}
+
+/// Locally (through the host's launch prefix, if any) the member gets its identity in the
+/// environment and inherits the secret's memory file; over ssh the remote shell reads the secret
+/// from its standard input.
+ChildImage childImage(const HostSpec& host, const MemberId& id, const std::vector<std::string>& command,
+                      std::map<std::string, std::string> environment, const SecretMemory& secretMemory, bool local) {
+  ChildImage image;
+  if (local) {
+    image.argv = host.launchPrefix;
+    image.argv.insert(image.argv.end(), command.begin(), command.end());
+    environment["WEFT_JOB_SECRET_FD"] = std::to_string(secretMemory.fd());
+    image.environment = childEnvironment(environment, {"WEFT_JOB_SECRET_FILE"});
+  } else {
+    std::string remote = fmt::format("cd {} && read -r WEFT_JOB_SECRET && export WEFT_JOB_SECRET && exec env",
+                                     shellQuote(std::filesystem::current_path().string()));
+    for (const auto& [k, v] : environment) remote += fmt::format(" {}={}", k, shellQuote(v));
+    for (const std::string& a : command) remote += fmt::format(" {}", shellQuote(a));
+    image.argv = sshCommand(host.address, remote);
+    image.environment = childEnvironment({}, {});
+  }
+  image.program = resolveProgram(image.argv.front(), id);
+  image.execFailure = fmt::format("weft launch: cannot run {} for {}: ", image.program, describe(id));
+  image.pointAtStrings();
+  return image;
+}
+
+/// Starts one member of the job in a process group of its own, with the parent-death signal.
 pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::string>& command,
             const std::map<std::string, std::string>& environment, const SecretMemory& secretMemory,
             const Secret& secret) {
-  int secretPipe[2] = {-1, -1};
   const bool local = isLocal(host.address) || !host.launchPrefix.empty();
+  ChildImage image = childImage(host, id, command, environment, secretMemory, local);
+  int secretPipe[2] = {-1, -1};
   if (!local) WEFT_CHECK(::pipe(secretPipe) == 0, "pipe: {}", std::strerror(errno));
   const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
@@ -100,30 +175,21 @@ pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::str
   if (pid == 0) {
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != launcher) std::_Exit(1);  // the launcher died before the line above
-    std::vector<std::string> argv = host.launchPrefix;
-    argv.insert(argv.end(), command.begin(), command.end());
+    if (::getppid() != launcher) ::_exit(1);  // the launcher died before the line above
     if (local) {
-      for (const auto& [k, v] : environment) ::setenv(k.c_str(), v.c_str(), 1);
       ::fcntl(secretMemory.fd(), F_SETFD, 0);  // inherited through exec, by this child alone
-      ::setenv("WEFT_JOB_SECRET_FD", std::to_string(secretMemory.fd()).c_str(), 1);
-      ::unsetenv("WEFT_JOB_SECRET_FILE");
     } else {
       ::dup2(secretPipe[0], STDIN_FILENO);
       ::close(secretPipe[0]);
       ::close(secretPipe[1]);
-      std::string remote = fmt::format("cd {} && read -r WEFT_JOB_SECRET && export WEFT_JOB_SECRET && exec env",
-                                       shellQuote(std::filesystem::current_path().string()));
-      for (const auto& [k, v] : environment) remote += fmt::format(" {}={}", k, shellQuote(v));
-      for (const std::string& a : command) remote += fmt::format(" {}", shellQuote(a));
-      argv = sshCommand(host.address, remote);
     }
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    std::cerr << fmt::format("weft launch: cannot run {} for {}: {}\n", argv[0], describe(id), std::strerror(errno));
-    std::_Exit(127);
+    ::execve(image.program.c_str(), image.argvPointers.data(), image.environmentPointers.data());
+    const char* error = ::strerrordesc_np(errno);  // a constant string: no locale, no allocation
+    if (error == nullptr) error = "unknown error";
+    [[maybe_unused]] ssize_t written = ::write(STDERR_FILENO, image.execFailure.data(), image.execFailure.size());
+    written = ::write(STDERR_FILENO, error, std::strlen(error));
+    written = ::write(STDERR_FILENO, "\n", 1);
+    ::_exit(127);
   }
   ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before any signal
   if (!local) {
