@@ -279,6 +279,18 @@ uint16_t freePort() {
   return ntohs(addr.sin_port);
 }
 
+/// A flooded job's output without the coordinator's lines about the flood, which would bury why it failed.
+std::string withoutRefusals(const std::string& output) {
+  std::istringstream in(output);
+  std::string out, line;
+  size_t dropped = 0;
+  while (std::getline(in, line)) {
+    if (contains(line, "weft coordinator: refused connection from")) ++dropped;
+    else out += line + "\n";
+  }
+  return out + fmt::format("({} lines about refused connections left out)\n", dropped);
+}
+
 }  // namespace
 
 TEST_CASE("under a flood of connections at their coordinator, ten jobs of ten start and end as an unattacked one") {
@@ -302,7 +314,7 @@ TEST_CASE("under a flood of connections at their coordinator, ten jobs of ten st
       run = weftCli(flags + out);
       opened = flood.opened();
     }
-    CHECK_MESSAGE(run.status == 0, run.output);
+    CHECK_MESSAGE(run.status == 0, withoutRefusals(run.output));
     CHECK(opened > 0);  // the flood reached the coordinator
     if (run.status == 0) checkSameCheckpoint(quiet, out);
   }
