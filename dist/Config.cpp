@@ -99,6 +99,8 @@ void checkConfig(const Config& config, const JobShape& job) {
                "the job has {} workers",
                pipeline.stages, job.workers);
   }
+  // A schedule file is checked against the job's stages and micro-batches before anything starts.
+  [[maybe_unused]] const PipelineOrders orders = pipeline.schedule.orders(pipeline.stages, pipeline.microbatches);
   WEFT_CHECK(config.partitioning.count == 0 ||
                  (job.servers > 0 && pipeline.stages == 1 && config.architecture != Architecture::AllReduce),
              "{} partitions (--partitions) split variables on parameter servers, which this job has none of (they need "

@@ -46,7 +46,7 @@ Sharding parseSharding(const std::string& name);
 struct PipelineConfig {
   int stages = 1;
   int microbatches = 1;  ///< each step's batch is cut into this many along its first axis
-  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  StepSchedule schedule = PipelineSchedule::OneFOneB;
   /// The link speed the automatic cut (without Graph::stage scopes) weighs boundary transfers by.
   double linkBytesPerSecond = 1.25e9;
   /// The most bytes a stage may hold (StageMemory::total): the automatic cut keeps within it,

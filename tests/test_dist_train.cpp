@@ -103,6 +103,16 @@ TEST_CASE("MLP pipelined over 2 and 3 stage processes trains like one process, u
   }
 }
 
+TEST_CASE("--schedule-file: a pipeline run by the orders a file lists trains like one process") {
+  TempDir dir;
+  const fs::path plan = dir.path / "plan.txt";
+  // Stage 0 holds every micro-batch, runs the backwards in reverse and the weight gradients last.
+  std::ofstream(plan) << "# 2 stages, 4 micro-batches\nF0 F1 F2 F3 B3 B2 B1 B0 W0 W1 W2 W3\n"
+                         "F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3\n";
+  checkSameVariablesAs("mlp", mlpF64Flags, "--stages 2 --microbatches 4 --schedule-file " + plan.string(),
+                       kMlpF64Tolerance);
+}
+
 TEST_CASE("--trace: one Chrome trace of a pipelined job, a process per stage, each micro-batch's actions and ops") {
   TempDir dir;
   const std::string trace = (dir.path / "trace.json").string();
@@ -860,10 +870,12 @@ TEST_CASE("a launch prefix naming no program stops the job before any member sta
   const fs::path spec = dir.path / "cluster.json";
   std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "cpu_workers": 2,
                             "launch_prefix": ["weft-no-such-launcher", "--"]}]})";
-  const CliRun run = weftCli("train mlp --steps 1 --cluster " + spec.string() + " --out " + (dir.path / "run").string());
+  const CliRun run =
+      weftCli("train mlp --steps 1 --cluster " + spec.string() + " --out " + (dir.path / "run").string());
   CHECK(run.status != 0);
-  CHECK_MESSAGE(contains(run.output, "weft launch: cannot run weft-no-such-launcher for worker 0 of host 0: no "
-                                     "executable of that name on PATH"),
+  CHECK_MESSAGE(contains(run.output,
+                         "weft launch: cannot run weft-no-such-launcher for worker 0 of host 0: no "
+                         "executable of that name on PATH"),
                 run.output);
   CHECK_FALSE(fs::exists(dir.path / "run" / "checkpoint.safetensors"));
 }

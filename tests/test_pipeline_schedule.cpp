@@ -4,6 +4,7 @@
 
 #include "dist/pipeline/Schedule.h"
 
+#include <fstream>
 #include <map>
 #include <set>
 #include <tuple>
@@ -257,4 +258,92 @@ TEST_CASE("simulate names an action a stage runs twice, and a negative cost") {
   CHECK_MESSAGE(contains(twice, "stage 0 runs F0 twice"), twice);
   const std::string cost = errorOf([] { simulate(PipelineSchedule::GPipe, 2, 2, 1, -2, 0); });
   CHECK_MESSAGE(contains(cost, "backward = -2"), cost);
+}
+
+// ---- schedule files (StepSchedule) ----
+
+TEST_CASE("a schedule file that lists a built-in schedule's orders is that schedule: same orders, same step") {
+  for (PipelineSchedule schedule : kSchedules) {
+    for (int stages : {1, 2, 4}) {
+      for (int microbatches : {1, 3, 8}) {
+        CAPTURE(scheduleName(schedule));
+        CAPTURE(stages);
+        CAPTURE(microbatches);
+        const StepSchedule builtIn(schedule);
+        const PipelineOrders orders = builtIn.orders(stages, microbatches);
+        for (int s = 0; s < stages; ++s)
+          CHECK(orders[static_cast<size_t>(s)] == stageSchedule(schedule, stages, microbatches, s));
+        const StepSchedule listed = StepSchedule::parse("# as listed\n" + formatOrders(orders), "listed");
+        CHECK(listed.orders(stages, microbatches) == orders);
+        CHECK(listed.splitsWeights() == (schedule == PipelineSchedule::ZeroBubble));
+        const ActionCosts costs{1, 2, 1};
+        CHECK(listed.simulate(stages, microbatches, costs).makespan ==
+              builtIn.simulate(stages, microbatches, costs).makespan);
+      }
+    }
+  }
+}
+
+TEST_CASE("a schedule file's lines are stages, its tokens actions; comments and blank lines say nothing") {
+  const StepSchedule schedule = StepSchedule::parse("\n  F0 F1   B0 B1 # stage 0\n# a note\n\nF0\tB0 F1 B1\n", "plan");
+  const PipelineOrders orders = schedule.orders(2, 2);
+  REQUIRE(orders.size() == 2);
+  CHECK(formatOrders(orders) == "F0 F1 B0 B1\nF0 B0 F1 B1\n");
+  CHECK(schedule.name() == "plan");
+  CHECK_FALSE(schedule.builtIn());
+}
+
+TEST_CASE("a schedule file's token that is not an action is refused naming the line and the token") {
+  for (const char* token : {"X1", "F", "f1", "F-1", "F1x", "B1234567", "W0,"}) {
+    CAPTURE(token);
+    const std::string message = errorOf([&] { StepSchedule::parse(fmt::format("F0 B0\nF0 {}\n", token), "plan"); });
+    CHECK_MESSAGE(contains(message, fmt::format("plan line 2: '{}' is not an action", token)), message);
+  }
+  const std::string empty = errorOf([] { StepSchedule::parse("# nothing\n\n", "plan"); });
+  CHECK_MESSAGE(contains(empty, "plan lists no stage's actions"), empty);
+}
+
+TEST_CASE("a schedule file for another number of stages is refused naming both") {
+  const std::string message = errorOf([] { StepSchedule::parse("F0 B0\nF0 B0\n", "plan").orders(3, 1); });
+  CHECK_MESSAGE(contains(message, "plan lists 2 stages' actions; the pipeline has 3 stages"), message);
+}
+
+TEST_CASE("a schedule file whose stage misses an action is refused naming the stage and the action") {
+  const std::string message = errorOf([] { StepSchedule::parse("F0 F1 B0 B1\nF0 B0 F1\n", "plan").orders(2, 2); });
+  CHECK_MESSAGE(contains(message, "plan: stage 1 never runs B1"), message);
+}
+
+TEST_CASE("a schedule file whose stage runs an action twice is refused naming it") {
+  const std::string message = errorOf([] { StepSchedule::parse("F0 B0 B0\n", "plan").orders(1, 1); });
+  CHECK_MESSAGE(contains(message, "plan: stage 0 runs B0 twice"), message);
+}
+
+TEST_CASE("a schedule file naming a micro-batch past the step's is refused naming it and the step's") {
+  const std::string message = errorOf([] { StepSchedule::parse("F0 B0 F2 B2\n", "plan").orders(1, 2); });
+  CHECK_MESSAGE(contains(message, "plan: stage 0 runs F2, but a step has 2 micro-batches (0 to 1)"), message);
+}
+
+TEST_CASE("a schedule file that splits some stages' backwards and not others is refused naming a stage without W") {
+  const std::string message = errorOf([] { StepSchedule::parse("F0 B0 W0\nF0 B0\n", "plan").orders(2, 1); });
+  CHECK_MESSAGE(contains(message, "plan: stage 1 runs no W while another stage does"), message);
+}
+
+TEST_CASE("a schedule file whose orders deadlock is refused naming each stage's stuck action") {
+  // Stage 0 waits for B0 of stage 1, which runs it after F1, which stage 0 sends after B0.
+  const std::string message = errorOf([] { StepSchedule::parse("F0 B0 F1 B1\nF1 F0 B0 B1\n", "plan").orders(2, 2); });
+  CHECK_MESSAGE(contains(message, "plan: the pipeline orders deadlock"), message);
+  CHECK_MESSAGE(contains(message, "stage 0 at B0"), message);
+  CHECK_MESSAGE(contains(message, "stage 1 at F1"), message);
+  // A stage's own backward before its forward can never run either.
+  const std::string backwards = errorOf([] { StepSchedule::parse("B0 F0\n", "plan").orders(1, 1); });
+  CHECK_MESSAGE(contains(backwards, "stage 0 at B0"), backwards);
+}
+
+TEST_CASE("a schedule file that cannot be read is refused naming the file and why") {
+  TempDir dir;
+  const std::string missing = errorOf([&] { StepSchedule::read((dir.path / "none.txt").string()); });
+  CHECK_MESSAGE(contains(missing, "cannot read schedule file '" + (dir.path / "none.txt").string() + "'"), missing);
+  std::ofstream(dir.path / "plan.txt") << "F0 B0\nF0 Q0\n";
+  const std::string bad = errorOf([&] { StepSchedule::read((dir.path / "plan.txt").string()); });
+  CHECK_MESSAGE(contains(bad, "schedule file " + (dir.path / "plan.txt").string() + " line 2: 'Q0'"), bad);
 }

@@ -546,6 +546,39 @@ TEST_CASE("weft graph MODEL --stages S prints each stage's memory, and --memory-
   CHECK(contains(unit.output, "'12XB' is not a number of bytes"));
 }
 
+TEST_CASE("--schedule-file: orders that deadlock or miss an action are refused before the job starts, naming it") {
+  TempDir dir;
+  const std::string deadlock = (dir.path / "deadlock.txt").string(), missing = (dir.path / "missing.txt").string();
+  std::ofstream(deadlock) << "F0 B0 F1 B1\nF1 F0 B0 B1\n";
+  std::ofstream(missing) << "F0 F1 B0 B1\nF0 B0 F1\n";
+  const std::string flags = "train mlp --steps 1 --stages 2 --microbatches 2 --out " + (dir.path / "run").string();
+  const CliRun stuck = weftCli(flags + " --schedule-file " + deadlock);
+  CHECK(stuck.status != 0);
+  CHECK_MESSAGE(
+      contains(stuck.output, "schedule file " + deadlock +
+                                 ": the pipeline orders deadlock: stage 0 at B0, stage 1 at F1 can never run"),
+      stuck.output);
+  CHECK_FALSE(contains(stuck.output, "training mlp"));
+  const CliRun incomplete = weftCli(flags + " --schedule-file " + missing);
+  CHECK(incomplete.status != 0);
+  CHECK_MESSAGE(contains(incomplete.output, "schedule file " + missing + ": stage 1 never runs B1"), incomplete.output);
+  CHECK(weftCli(flags + " --schedule zb --schedule-file " + missing).status != 0);  // one schedule or the other
+}
+
+TEST_CASE("weft graph --stages --schedule-file prints each stage's actions and the step they make") {
+  TempDir dir;
+  const std::string plan = (dir.path / "plan.txt").string();
+  std::ofstream(plan) << "F0 F1 B0 B1\nF0 B0 F1 B1\n";
+  const CliRun cut = weftCli("graph mlp --stages 2 --microbatches 2 --schedule-file " + plan);
+  REQUIRE_MESSAGE(cut.status == 0, cut.output);
+  // F = 1, B = 2: stage 1 runs F1 at 4 (after B0), B1 from 5 to 7; stage 0 runs B1 from 7 to 9.
+  CHECK_MESSAGE(contains(cut.output, "schedule file " + plan + ", 2 micro-batches: a step of 9 units when a forward "
+                                     "takes 1 and a backward 2 (B and W 1 each)"),
+                cut.output);
+  CHECK(contains(cut.output, "stage 0: idle 33%, holds the activations of at most 2 micro-batches: F0 F1 B0 B1\n"));
+  CHECK(contains(cut.output, "stage 1: idle 33%, holds the activations of at most 1 micro-batch: F0 B0 F1 B1\n"));
+}
+
 TEST_CASE("--amp reports an unknown model and bad data files by name") {
   CHECK(weftCli("train resnet --amp").status != 0);
   TempDir dir;

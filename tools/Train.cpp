@@ -60,6 +60,7 @@ struct TrainFlags {
   int stages = 1;
   int microbatches = 1;
   std::string schedule = "1f1b";
+  std::string scheduleFile;  // "": the built-in `schedule`
   double memoryPerStage = 0;  // bytes; 0: no limit
   int servers = 1;
   std::string cluster;
@@ -291,7 +292,8 @@ class Trainer {
     config.sharding = dist::parseSharding(flags_.shard);
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
-    config.pipeline.schedule = dist::parseSchedule(flags_.schedule);
+    config.pipeline.schedule = flags_.scheduleFile.empty() ? dist::StepSchedule(dist::parseSchedule(flags_.schedule))
+                                                           : dist::StepSchedule::read(flags_.scheduleFile);
     config.pipeline.memoryPerStage = flags_.memoryPerStage;
     return config;
   }
@@ -468,8 +470,9 @@ class Trainer {
   void announce(const models::OptimizerSpec& spec, const dist::Config& config, const std::string& out) const {
     fmt::print("training {} for {} steps ({} threads, optimizer {} lr {}{}); output in {}\n", name_, steps_,
                flags_.threads, spec.name, spec.lr,
-               runner_->stages() > 1 ? fmt::format(", {} pipeline stages, {} micro-batches, {} schedule, {} replicas",
-                                                   runner_->stages(), flags_.microbatches, flags_.schedule,
+               runner_->stages() > 1 ? fmt::format(", {} pipeline stages, {} micro-batches, schedule {}, {} replicas",
+                                                   runner_->stages(), flags_.microbatches,
+                                                   config.pipeline.schedule.name(),
                                                    runner_->replicas())
                : runner_->workers() > 1 ? fmt::format(", {} workers, {} architecture, {}", runner_->workers(),
                                                        dist::architectureName(config.architecture), config.sync->name())
@@ -987,13 +990,15 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
                  "each step's batch is cut into M micro-batches, whose gradients are summed before the update "
                  "(--batch is the total): a pipeline's, or one process's gradient accumulation")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option(
-         "--schedule", f.schedule,
-         "the pipeline's schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at "
-         "most S micro-batches held) or zb (zero bubble: weight gradients fill the bubbles)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
-      ->needs(stages);
+  CLI::Option* schedule =
+      cmd.add_option(
+             "--schedule", f.schedule,
+             "the pipeline's schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at "
+             "most S micro-batches held) or zb (zero bubble: weight gradients fill the bubbles)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
+          ->needs(stages);
+  addScheduleFileFlag(cmd, f.scheduleFile)->needs(stages)->excludes(schedule);
   addMemoryPerStageFlag(cmd, f.memoryPerStage)->needs(stages);
   cmd.add_option("--servers", f.servers, "parameter-server processes of a --workers job")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -1184,8 +1189,40 @@ CLI::Option* addMemoryPerStageFlag(CLI::App& cmd, double& bytes) {
       });
 }
 
+CLI::Option* addScheduleFileFlag(CLI::App& cmd, std::string& path) {
+  return cmd
+      .add_option("--schedule-file", path,
+                  "the pipeline's schedule as a file: one line per stage, stage 0 first, each that stage's actions in "
+                  "one step, such as 'F0 F1 B0 B1' (W's split the backward as zb does); checked before the job starts "
+                  "(every action once, no deadlock). Every process reads it at this path")
+      ->check(CLI::ExistingFile);
+}
+
+namespace {
+
+/// Each stage's actions of the schedule and how a step of it goes when a forward takes one unit of
+/// time, and a backward two (its input gradients one, its weight gradients one).
+std::string describeSchedule(const dist::StepSchedule& schedule, int stages, int microbatches) {
+  const dist::SimulatedStep step = schedule.simulate(stages, microbatches, {1, 1, 1});
+  std::string out = fmt::format(
+      "schedule {}, {} micro-batches: a step of {:g} units when a forward takes 1 and a backward 2 (B and W 1 each)\n",
+      schedule.name(), microbatches, step.makespan);
+  const dist::PipelineOrders orders = schedule.orders(stages, microbatches);
+  for (size_t s = 0; s < orders.size(); ++s) {
+    out += fmt::format("stage {}: idle {:.0f}%, holds the activations of at most {} micro-batch{}: {}", s,
+                       100 * step.idle[s] / step.makespan, step.peakInFlight[s], step.peakInFlight[s] == 1 ? "" : "es",
+                       dist::formatOrders({orders[s]}));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep,
                                 const PipelineCutOptions& options) {
+  const dist::StepSchedule schedule = options.scheduleFile.empty()
+                                          ? dist::StepSchedule(dist::parseSchedule(options.schedule))
+                                          : dist::StepSchedule::read(options.scheduleFile);
   Session session(graph, SessionOptions{options.threads, false});
   const data::Batch batch = model.trainData().next();
   const FeedMap feeds = models::feedsFor(graph, model.shard(batch, 0, options.microbatches));
@@ -1199,7 +1236,7 @@ std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* tra
       {.stages = options.stages,
        .valueBytes = dist::valueBytes(session.valueTypes(fetches, feeds, {trainStep})),
        .rows = rows, .microbatches = options.microbatches,
-       .schedule = dist::parseSchedule(options.schedule), .linkBytesPerSecond = options.linkGbps * 1e9 / 8,
+       .schedule = schedule, .linkBytesPerSecond = options.linkGbps * 1e9 / 8,
        .memoryPerStage = options.memoryPerStage});
   dist::applyStages(graph, fetches, trainStep, plan.firstOp);
   const dist::PipelineCut cut = dist::cutPipeline(graph, options.stages, fetches, trainStep, false);
@@ -1208,7 +1245,7 @@ std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* tra
     out += fmt::format("transfer {} ({}) from stage {} to stage {}, in its {}\n", t.value.name(), t.value.type().str(),
                        t.from, t.to, dist::phaseName(t.receivedIn));
   }
-  return out;
+  return out + describeSchedule(schedule, options.stages, options.microbatches);
 }
 
 }  // namespace weft::tools

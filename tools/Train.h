@@ -46,12 +46,16 @@ double parseByteSize(const std::string& text);
 
 /// --memory-per-stage BYTES (parseByteSize's units) into `bytes`, for `weft train` and `weft graph`.
 CLI::Option* addMemoryPerStageFlag(CLI::App& cmd, double& bytes);
+/// --schedule-file FILE (a pipeline schedule as each stage's list of actions, dist::StepSchedule)
+/// into `path`, for `weft train` and `weft graph`.
+CLI::Option* addScheduleFileFlag(CLI::App& cmd, std::string& path);
 
 /// `weft graph MODEL --stages S`: how the automatic cut would pipeline the model.
 struct PipelineCutOptions {
   int stages = 0;
   int microbatches = 1;
   std::string schedule = "1f1b";
+  std::string scheduleFile;  ///< "": the built-in `schedule`
   double linkGbps = 10;
   double memoryPerStage = 0;  ///< bytes; 0: no limit
   int threads = 2;

@@ -49,12 +49,14 @@ int main(int argc, char** argv) {
   graph->add_option("--link-gbps", cut.linkGbps, "the link speed the cut weighs boundary transfers by")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  graph
-      ->add_option("--schedule", cut.schedule,
-                   "the pipeline's schedule, which sets how many micro-batches' activations each stage holds")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
-      ->needs(stages);
+  CLI::Option* schedule =
+      graph
+          ->add_option("--schedule", cut.schedule,
+                       "the pipeline's schedule, which sets how many micro-batches' activations each stage holds")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
+          ->needs(stages);
+  weft::tools::addScheduleFileFlag(*graph, cut.scheduleFile)->needs(stages)->excludes(schedule);
   weft::tools::addMemoryPerStageFlag(*graph, cut.memoryPerStage)->needs(stages);
   graph->add_option("--threads", cut.threads, "intra-op threads of the profiled step")->capture_default_str();
   graph->callback([&] {

@@ -803,7 +803,7 @@ std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fe
   const ChainMemory memory =
       cutter.chainMemory(chain, ValueSize{options.valueBytes, options.rows}, options.microbatches);
   return sumByStage(memory, stageOf,
-                    simulate(options.schedule, options.stages, options.microbatches, 1, 1, 1).peakInFlight);
+                    options.schedule.simulate(options.stages, options.microbatches, {}).peakInFlight);
 }
 
 StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
@@ -856,7 +856,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
     statePrefix[i + 1] = statePrefix[i] + m.parameters + m.gradients + m.optimizerState;
   }
   const std::vector<int> inFlight =
-      simulate(options.schedule, stages, options.microbatches, 1, 1, 1).peakInFlight;
+      options.schedule.simulate(stages, options.microbatches, {}).peakInFlight;
   // best[s][j]: the slowest of stages 0..s when stage s ends at op j, each within the memory
   // limit; from[s][j]: where stage s starts. leanest[s][j]: the least memory the largest of
   // stages 0..s can hold when stage s ends at op j, limit or not (what a refusal reports).
@@ -884,9 +884,9 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   const double leastLargest = leanest[count - 1][n - 1];
   WEFT_CHECK(best[count - 1][n - 1] < inf,
              "no cut of the step into {} pipeline stages keeps every stage within {} ({:.0f} bytes; parameters, "
-             "gradients, optimizer state and the activations the {} schedule holds): the cut whose largest stage "
+             "gradients, optimizer state and the activations the schedule ({}) holds): the cut whose largest stage "
              "holds least needs {} ({:.0f} bytes) there, {:.0f} bytes more",
-             stages, humanBytes(options.memoryPerStage), options.memoryPerStage, scheduleName(options.schedule),
+             stages, humanBytes(options.memoryPerStage), options.memoryPerStage, options.schedule.name(),
              humanBytes(leastLargest), leastLargest, leastLargest - options.memoryPerStage);
   StagePlan plan;
   plan.firstOp.assign(count, 0);

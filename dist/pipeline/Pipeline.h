@@ -111,7 +111,7 @@ struct StagePlanOptions {
   std::map<Output, size_t> valueBytes{};
   int64_t rows = 1;  ///< a micro-batch's rows
   int microbatches = 1;
-  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  StepSchedule schedule = PipelineSchedule::OneFOneB;
   double linkBytesPerSecond = 1.25e9;
   double memoryPerStage = 0;  ///< the most bytes (StageMemory::total) a stage may hold; 0: no limit
 };

@@ -142,7 +142,7 @@ struct PipelineStage::State {
                options.stages, options.stages, peers.size());
     WEFT_CHECK(options.microbatches >= 1 && options.microbatches <= 0xffff,
                "a pipelined step needs 1 to 65535 micro-batches, got {}", options.microbatches);
-    actions = stageSchedule(options.schedule, options.stages, options.microbatches, stage);
+    actions = options.schedule.orders(options.stages, options.microbatches)[static_cast<size_t>(stage)];
     session = std::make_unique<Session>(graph, options.session);
     // A large send moves only while its sender progresses: between ops, not after the whole run.
     session->setAfterEachOp([this] { transport.progress(); });
@@ -155,7 +155,7 @@ struct PipelineStage::State {
                  "a pipelined step fetches scalars (their mean over the micro-batches); {} is {}", o.name(),
                  o.type().str());
     }
-    cut = cutPipeline(graph, options.stages, f, t, options.schedule == PipelineSchedule::ZeroBubble);
+    cut = cutPipeline(graph, options.stages, f, t, options.schedule.splitsWeights());
     WEFT_CHECK(cut->transfers.size() < 0xfffe && graph.variables().size() <= 0xffff,
                "a pipeline of {} transfers and {} variables is more than its message tags can number",
                cut->transfers.size(), graph.variables().size());

@@ -34,7 +34,7 @@ struct StageGradients {
 struct PipelineOptions {
   int stages = 1;
   int microbatches = 1;
-  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  StepSchedule schedule = PipelineSchedule::OneFOneB;
   std::chrono::milliseconds timeout{60000};
   SessionOptions session;
   /// With data-parallel replicas of the pipeline: makes each of this stage's gradients the mean

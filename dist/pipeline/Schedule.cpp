@@ -1,11 +1,18 @@
 #include "dist/pipeline/Schedule.h"
 
 #include "core/Error.h"
+#include "core/Escape.h"
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
+#include <string_view>
 
 namespace weft::dist {
 
@@ -247,12 +254,143 @@ SimulatedStep simulate(const std::vector<std::vector<PipelineAction>>& orders, c
 
 SimulatedStep simulate(PipelineSchedule schedule, int stages, int microbatches, double forward, double backward,
                        double weights) {
-  std::vector<std::vector<PipelineAction>> orders;
+  return StepSchedule(schedule).simulate(stages, microbatches, {forward, backward, weights});
+}
+
+namespace {
+
+// A schedule file larger than this is not a schedule (S = 64 stages of M = 4096 micro-batches
+// take about 5 MB).
+constexpr size_t kMaxScheduleFileBytes = size_t{64} << 20;
+
+// "F12" as an action, or nullopt.
+std::optional<PipelineAction> parseAction(std::string_view token) {
+  static constexpr std::string_view kLetters = "FBW";
+  const size_t kind = kLetters.find(token.empty() ? '?' : token.front());
+  if (kind == std::string_view::npos || token.size() < 2 || token.size() > 6) return std::nullopt;
+  int microbatch = 0;
+  for (const char c : token.substr(1)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    microbatch = microbatch * 10 + (c - '0');
+  }
+  return PipelineAction{static_cast<Kind>(kind), microbatch};
+}
+
+// Throws unless `order` runs F i and B i of each of `microbatches` once, and W i once each when
+// `split` (none otherwise).
+void checkStageOrder(const std::vector<PipelineAction>& order, size_t stage, int microbatches, bool split,
+                     const std::string& source) {
+  std::array<std::vector<char>, 3> seen;
+  for (auto& kind : seen) kind.assign(static_cast<size_t>(microbatches), 0);
+  for (const PipelineAction& a : order) {
+    WEFT_CHECK(a.microbatch < microbatches, "{}: stage {} runs {}, but a step has {} micro-batches (0 to {})", source,
+               stage, describe(a), microbatches, microbatches - 1);
+    char& ran = seen[static_cast<size_t>(a.kind)][static_cast<size_t>(a.microbatch)];
+    WEFT_CHECK(!ran, "{}: stage {} runs {} twice", source, stage, describe(a));
+    ran = 1;
+  }
+  const auto& weights = seen[static_cast<size_t>(Kind::Weights)];
+  WEFT_CHECK(!split || std::find(weights.begin(), weights.end(), 1) != weights.end(),
+             "{}: stage {} runs no W while another stage does: a schedule splits the backward of every stage or of "
+             "none",
+             source, stage);
+  for (const Kind kind : {Kind::Forward, Kind::Backward, Kind::Weights}) {
+    if (kind == Kind::Weights && !split) continue;
+    const auto& ran = seen[static_cast<size_t>(kind)];
+    const auto missing = std::find(ran.begin(), ran.end(), 0);
+    WEFT_CHECK(missing == ran.end(), "{}: stage {} never runs {}", source, stage,
+               describe({kind, static_cast<int>(missing - ran.begin())}));
+  }
+}
+
+}  // namespace
+
+StepSchedule::StepSchedule(PipelineSchedule builtIn) : builtIn_(builtIn) {}
+
+StepSchedule StepSchedule::read(const std::string& path) {
+  std::error_code error;
+  const uintmax_t bytes = std::filesystem::file_size(path, error);
+  WEFT_CHECK(!error, "cannot read schedule file '{}': {}", path, error.message());
+  WEFT_CHECK(bytes <= kMaxScheduleFileBytes, "schedule file '{}' has {} bytes, more than a schedule's {}", path, bytes,
+             kMaxScheduleFileBytes);
+  std::ifstream in(path, std::ios::binary);
+  WEFT_CHECK(in, "cannot read schedule file '{}': {}", path, std::strerror(errno));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  StepSchedule schedule = parse(text, fmt::format("schedule file {}", path));
+  schedule.name_ = "file " + path;
+  return schedule;
+}
+
+StepSchedule StepSchedule::parse(const std::string& text, const std::string& source) {
+  StepSchedule schedule;
+  schedule.builtIn_.reset();
+  schedule.source_ = schedule.name_ = source;
+  std::istringstream lines(text);
+  std::string line;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    std::istringstream tokens(line.substr(0, line.find('#')));
+    std::vector<PipelineAction> order;
+    for (std::string token; tokens >> token;) {
+      const std::optional<PipelineAction> action = parseAction(token);
+      WEFT_CHECK(action,
+                 "{} line {}: '{}' is not an action: an action is F (forward), B (backward) or W (weight gradients) "
+                 "and a micro-batch number, such as F0 or B12",
+                 source, number, escapeBytes(token, 32));
+      order.push_back(*action);
+    }
+    if (!order.empty()) schedule.listed_.push_back(std::move(order));
+  }
+  WEFT_CHECK(!schedule.listed_.empty(), "{} lists no stage's actions", source);
+  return schedule;
+}
+
+PipelineOrders StepSchedule::orders(int stages, int microbatches) const {
   checkShape(stages, microbatches);
-  for (int s = 0; s < stages; ++s) orders.push_back(stageSchedule(schedule, stages, microbatches, s));
+  PipelineOrders out;
+  if (builtIn_) {
+    for (int s = 0; s < stages; ++s) out.push_back(stageSchedule(*builtIn_, stages, microbatches, s));
+    return out;
+  }
+  WEFT_CHECK(listed_.size() == static_cast<size_t>(stages), "{} lists {} stages' actions; the pipeline has {} stages",
+             source_, listed_.size(), stages);
+  for (size_t s = 0; s < listed_.size(); ++s) checkStageOrder(listed_[s], s, microbatches, splitsWeights(), source_);
+  try {
+    dist::simulate(listed_, {});
+  } catch (const Error& e) {
+    WEFT_THROW("{}: {}", source_, e.what());
+  }
+  return listed_;
+}
+
+bool StepSchedule::splitsWeights() const {
+  if (builtIn_) return *builtIn_ == PipelineSchedule::ZeroBubble;
+  for (const auto& order : listed_)
+    for (const PipelineAction& a : order)
+      if (a.kind == Kind::Weights) return true;
+  return false;
+}
+
+SimulatedStep StepSchedule::simulate(int stages, int microbatches, const ActionCosts& costs) const {
+  const PipelineOrders all = orders(stages, microbatches);
+  checkCosts(costs);
   // Without a separate W the backward does the weight gradients too.
-  const bool splitBackward = schedule == PipelineSchedule::ZeroBubble;
-  return simulate(orders, {forward, splitBackward ? backward : backward + weights, weights});
+  ActionCosts run = costs;
+  if (!splitsWeights()) run.backward += costs.weights;
+  return dist::simulate(all, run);
+}
+
+std::string StepSchedule::name() const { return builtIn_ ? scheduleName(*builtIn_) : name_; }
+
+std::string formatOrders(const PipelineOrders& orders) {
+  std::string out;
+  for (const auto& order : orders) {
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (k > 0) out += ' ';
+      out += describe(order[k]);
+    }
+    out += '\n';
+  }
+  return out;
 }
 
 }  // namespace weft::dist

@@ -18,8 +18,13 @@
 //          stage 0's 1f1b bound, and stage 0 holds the most activations under both.
 //          With F = B = W the step takes 3M + S - 1 units for M >= S against 1f1b's 3(M + S - 1):
 //          a third of 1f1b's bubble.
+//
+// A schedule is data (StepSchedule): a built-in one generates each stage's list of actions, and
+// a schedule file lists them, one line per stage, stage 0 first ("F0 F1 B0 F2 B1 B2", '#' starts
+// a comment). The runtime runs whatever list the simulator accepts.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,5 +92,43 @@ SimulatedStep simulate(const std::vector<std::vector<PipelineAction>>& orders, c
 ///   simulate(PipelineSchedule::ZeroBubble, 4, 8, 1, 1, 1).makespan  // 27 = 3*8 + 4 - 1
 SimulatedStep simulate(PipelineSchedule schedule, int stages, int microbatches, double forward, double backward,
                        double weights);
+
+/// Every stage's actions in one step, stage 0 first.
+using PipelineOrders = std::vector<std::vector<PipelineAction>>;
+
+/// A pipeline's schedule: a built-in one, or the orders of a schedule file.
+class StepSchedule {
+ public:
+  StepSchedule(PipelineSchedule builtIn = PipelineSchedule::OneFOneB);  // NOLINT: a built-in is a schedule
+  /// The schedule a file lists: one line per stage, stage 0 first, each the stage's actions in
+  /// order, separated by spaces ("F0 F1 B0 B1"; W's split each backward as zb does); '#' starts
+  /// a comment. Throws naming the file, the line and the token that is not an action.
+  static StepSchedule read(const std::string& path);
+  /// As read, from the file's text; `source` names it in errors.
+  static StepSchedule parse(const std::string& text, const std::string& source);
+
+  /// Every stage's actions for a step of `microbatches` micro-batches over `stages` stages. A
+  /// file's orders are first checked to be such a step, throwing naming the file, the stage and
+  /// the action otherwise: every stage runs F i and B i of every micro-batch once, W i of every
+  /// micro-batch on every stage or on none, and no stage waits for what never comes.
+  PipelineOrders orders(int stages, int microbatches) const;
+  /// Whether each backward is split into B (input gradients) and W (weight gradients).
+  bool splitsWeights() const;
+  /// Simulates a step with these costs (a backward without W's costs backward + weights).
+  SimulatedStep simulate(int stages, int microbatches, const ActionCosts& costs) const;
+  /// "1f1b", or "file plan.txt".
+  std::string name() const;
+  /// The built-in it is, if it is one.
+  std::optional<PipelineSchedule> builtIn() const { return builtIn_; }
+
+ private:
+  std::optional<PipelineSchedule> builtIn_;
+  PipelineOrders listed_;  // a file's orders, as listed
+  std::string source_;     // what errors call it: "schedule file plan.txt"
+  std::string name_;
+};
+
+/// `orders` as a schedule file lists them.
+std::string formatOrders(const PipelineOrders& orders);
 
 }  // namespace weft::dist
