@@ -98,41 +98,47 @@ struct Runner::State {
 
   /// Every served variable's state on the host, indexed like plan.variables: the session's own
   /// tensors when they live there, else copies (`fill`: of their values; else uninitialised).
+  /// A served variable's value and slots on the host: the session's own tensors on a CPU worker;
+  /// on a GPU worker copies (of their values when `fill`).
+  std::vector<Tensor> hostState(const ServedVariable& v, bool fill) {
+    std::vector<Tensor> state;
+    for (Tensor* t : stateOf(v)) {
+      const bool onHost = t->device().type == DeviceType::CPU;
+      state.push_back(onHost || fill ? t->to(cpu()) : Tensor(t->dtype(), t->shape(), cpu()));
+    }
+    return state;
+  }
+
   std::vector<std::vector<Tensor>> hostStates(bool fill) {
     std::vector<std::vector<Tensor>> states;
-    for (const ServedVariable& v : plan.variables) {
-      std::vector<Tensor> state;
-      for (Tensor* t : stateOf(v)) {
-        const bool onHost = t->device().type == DeviceType::CPU;
-        state.push_back(onHost || fill ? t->to(cpu()) : Tensor(t->dtype(), t->shape(), cpu()));
-      }
-      states.push_back(std::move(state));
-    }
+    for (const ServedVariable& v : plan.variables) states.push_back(hostState(v, fill));
     return states;
   }
 
+  /// One variable at a time, so that the replies held at once are one variable's state, not the
+  /// whole served model's (an LM's softmax and embedding are gigabytes).
   void pullVariables() {
+    for (const ServedVariable& v : plan.variables) pullVariable(v);
+    client->setLocalCopyCurrent(true);
+  }
+
+  void pullVariable(const ServedVariable& v) {
     std::vector<ServerClient::Call> calls;
-    for (size_t p = 0; p < plan.partitions.size(); ++p) calls.push_back({static_cast<int>(p), RequestKind::Fetch, {}});
+    for (int p : v.partitions) calls.push_back({p, RequestKind::Fetch, {}});
     const std::vector<std::vector<uint8_t>> replies = client->request(std::move(calls), TrafficKind::Control);
     // The partitions of a variable cover all its rows: every byte of the host copies is written.
-    std::vector<std::vector<Tensor>> states = hostStates(false);
-    for (size_t p = 0; p < plan.partitions.size(); ++p) {
-      const Partition& part = plan.partitions[p];
-      std::vector<Tensor>& tensors = states[static_cast<size_t>(part.variable)];
-      WEFT_CHECK(replies[p].size() == part.bytes * tensors.size(),
-                 "FETCH of partition {} returned {} bytes, expected {}", p, replies[p].size(),
+    std::vector<Tensor> tensors = hostState(v, false);
+    for (size_t k = 0; k < replies.size(); ++k) {
+      const Partition& part = plan.partitions[static_cast<size_t>(v.partitions[k])];
+      WEFT_CHECK(replies[k].size() == part.bytes * tensors.size(),
+                 "FETCH of partition {} returned {} bytes, expected {}", v.partitions[k], replies[k].size(),
                  part.bytes * tensors.size());
-      const size_t rowBytes = plan.variables[static_cast<size_t>(part.variable)].rowBytes();
       for (size_t i = 0; i < tensors.size(); ++i)
-        unpackRows(part, rowBytes, replies[p].data() + i * part.bytes, static_cast<uint8_t*>(tensors[i].raw()));
+        unpackRows(part, v.rowBytes(), replies[k].data() + i * part.bytes, static_cast<uint8_t*>(tensors[i].raw()));
     }
-    for (size_t v = 0; v < plan.variables.size(); ++v) {
-      const std::vector<Tensor*> live = stateOf(plan.variables[v]);
-      for (size_t i = 0; i < live.size(); ++i)
-        if (live[i]->raw() != states[v][i].raw()) live[i]->copyFrom(states[v][i]);
-    }
-    client->setLocalCopyCurrent(true);
+    const std::vector<Tensor*> live = stateOf(v);
+    for (size_t i = 0; i < live.size(); ++i)
+      if (live[i]->raw() != tensors[i].raw()) live[i]->copyFrom(tensors[i]);
   }
 
   /// Makes this worker a stage of a pipeline: workers r·S .. r·S + S − 1 are replica r's stages.
@@ -381,12 +387,12 @@ struct Runner::State {
     barrier();  // no worker pulls before the servers hold worker 0's values
   }
 
-  /// Waits until every worker is done with its steps, takes the served variables' final values,
-  /// says goodbye to the servers, and closes.
-  void leave() {
+  /// Waits until every worker is done with its steps, takes the served variables' final values
+  /// (unless told not to, or its copy is current already), says goodbye to the servers, and closes.
+  void leave(ServedValues values = ServedValues::Pull) {
     barrier();
     if (client) {
-      if (!plan.empty()) pullVariables();
+      if (values == ServedValues::Pull && !plan.empty() && !client->localCopyCurrent()) pullVariables();
       client->goodbye();
     }
     gpuSums.reset();  // after the barrier: every GPU worker closes the communicator together
@@ -457,8 +463,8 @@ std::vector<int64_t> Runner::fromWorker0(std::vector<int64_t> values) {
   return values;
 }
 
-void Runner::finish() {
-  if (state_->communicator) state_->leave();
+void Runner::finish(ServedValues values) {
+  if (state_->communicator) state_->leave(values);
 }
 
 void Runner::pullVariables() {

@@ -28,6 +28,11 @@
 
 namespace weft::dist {
 
+/// Whether a worker leaving the job (Runner::finish) copies the servers' final values of the
+/// variables they hold into its session: a worker that reads no variable after its last step
+/// leaves them, sparing the memory and the transfer of the whole served model.
+enum class ServedValues { Pull, Leave };
+
 /// Runs one worker's replica of the distributed graph.
 class Runner {
  public:
@@ -58,10 +63,11 @@ class Runner {
   std::vector<int64_t> fromWorker0(std::vector<int64_t> values);
 
   /// Leaves the job: waits until every worker has finished its last step, copies the servers'
-  /// final values of the variables they hold into this worker's session, then says goodbye to
-  /// the servers. Later runs are local to this worker (collectives fail; lookups of served
-  /// variables read the local copy). Called by the destructor when not called before.
-  void finish();
+  /// final values of the variables they hold into this worker's session (unless `values` is
+  /// Leave, or the session holds them already), then says goodbye to the servers. Later runs are
+  /// local to this worker (collectives fail; lookups of served variables read the local copy).
+  /// Called by the destructor when not called before.
+  void finish(ServedValues values = ServedValues::Pull);
 
   /// Makes worker 0's session hold the whole model's current values, to evaluate or save it:
   /// pulls the servers' variables into it, or gathers a pipeline's other stages' variables.

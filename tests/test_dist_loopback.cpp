@@ -123,11 +123,11 @@ std::map<std::string, std::vector<double>> variablesOf(Session& s) {
   return out;
 }
 
-/// The variables one session reaches on the total batches.
-std::map<std::string, std::vector<double>> trainedAlone(bool averaged = false) {
+/// The variables one session reaches on the total batches, after `steps` steps.
+std::map<std::string, std::vector<double>> trainedAlone(bool averaged = false, int64_t steps = kSteps) {
   Model m(averaged);
   Session s(m.g, {1, false});
-  for (int64_t step = 0; step < kSteps; ++step) s.run({m.loss}, feedsOf(m, batchOf(step, kBatch)), {m.step});
+  for (int64_t step = 0; step < steps; ++step) s.run({m.loss}, feedsOf(m, batchOf(step, kBatch)), {m.step});
   return variablesOf(s);
 }
 
@@ -328,6 +328,35 @@ TEST_CASE("moving averages of served variables, kept on the servers, end as one 
   REQUIRE(alone.count("embedding/ExponentialMovingAverage") == 1);
   checkSame(trainedAsJob({2}, Architecture::Auto, true, false, true), alone);
   checkSame(trainedAsJob({2, 2}, Architecture::ParameterServer, true, false, true), alone);
+}
+
+TEST_CASE("a worker that finishes with ServedValues::Leave keeps its own copies; one that pulls takes the servers'") {
+  const std::map<std::string, std::vector<double>> alone = trainedAlone();
+  auto network = std::make_shared<LoopbackNetwork>();
+  const Config config = jobConfig(Architecture::ParameterServer);
+  std::vector<JobContext> members = loopbackJob(network, {2}, true, config);
+  std::vector<std::map<std::string, std::vector<double>>> workers(2);
+  const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
+    Model m;
+    if (members[i].isServer()) {
+      CHECK(serveJob(members[i], m.g, config) == 0);
+      return;
+    }
+    Runner runner = makeWorker(std::move(members[i]), m.g, config);
+    const int64_t part = kBatch / 2, rank = runner.rank();
+    for (int64_t step = 0; step < kSteps; ++step)
+      runner.run({m.loss}, feedsOf(m, batchOf(step, kBatch).part(rank * part, (rank + 1) * part)), {m.step});
+    runner.finish(rank == 0 ? ServedValues::Pull : ServedValues::Leave);
+    workers[static_cast<size_t>(rank)] = variablesOf(runner.session());
+  });
+  for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  checkSame(workers[0], alone);
+  // Worker 1 never took the servers' values: its copies are as it initialised them.
+  for (const char* served : {"embedding", "w"}) {
+    CAPTURE(served);
+    CHECK(workers[1].at(served) != alone.at(served));
+    CHECK(workers[1].at(served) == trainedAlone(false, 0).at(served));
+  }
 }
 
 TEST_CASE("two machines of two workers: each machine's pushes and pulls go through its aggregator") {

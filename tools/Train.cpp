@@ -417,7 +417,7 @@ class Trainer {
           fmt::print("stopped on SIGTERM after step {}: checkpoint {} written (--resume auto continues from it)\n",
                      step, checkpointPath_);
         }
-        runner_->finish();
+        runner_->finish(dist::ServedValues::Leave);  // the checkpoint is written; the process ends
         return dist::kExitPreempted;
       }
       const bool evaluateNow = step % evalEvery == 0 || step == steps_;
@@ -436,7 +436,9 @@ class Trainer {
       if (evaluateNow) evaluate(report, progress, step);
       if (checkpointNow) checkpoint(step, batches.position(), wholes);
     }
-    runner_->finish();  // every worker is done with its last step: the final evaluation is rank 0's alone
+    // Every worker is done with its last step; the final evaluation is rank 0's alone (which pulls
+    // nothing when its last gatherModel left it current, as under bsp).
+    runner_->finish(leader_ ? dist::ServedValues::Pull : dist::ServedValues::Leave);
     if (flags_.reportComm) reportCommunication(step);
     writeTrace();
     if (!leader_) return 0;
@@ -801,7 +803,7 @@ class Trainer {
       trainOn(f);
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
-    runner_->finish();
+    runner_->finish(dist::ServedValues::Leave);  // the report reads no variable's value
     writeTrace();
     if (runner_->stages() > 1) {
       // Every stage's own bubble: the share of its steps it waited rather than computed.
