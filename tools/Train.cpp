@@ -390,6 +390,7 @@ class Trainer {
     const int64_t stop = sample > 0 ? std::min(steps_, step + sample) : steps_;
     const int64_t timedFrom = step + (stop - step) / 2;
     double timedSeconds = 0;
+    bool evaluateAtEnd = false;
     while (step < stop) {
       const data::Prefetched batch = batches.nextPrefetched();
       const auto [what, count] = itemsIn(batch.source);
@@ -433,15 +434,18 @@ class Trainer {
       if (step == 1 && !runner_->pipelinePlan().empty()) fmt::print("pipeline cut:\n{}", runner_->pipelinePlan());
       progress.update(step, report.lossSum / static_cast<double>(report.lossCount), report.items, report.unit);
       if (logNow) logStep(report, progress, spec, step);
-      if (evaluateNow) evaluate(report, progress, step);
+      // The last step's evaluation waits until the job is left: no worker waits through it.
+      if (evaluateNow && step < stop) evaluate(report, progress, step);
+      evaluateAtEnd = evaluateNow && step == stop;
       if (checkpointNow) checkpoint(step, batches.position(), wholes);
     }
-    // Every worker is done with its last step; the final evaluation is rank 0's alone (which pulls
-    // nothing when its last gatherModel left it current, as under bsp).
+    // Every worker is done with its last step; the evaluations from here on are rank 0's alone
+    // (it pulls nothing when its last gatherModel left it current, as under bsp).
     runner_->finish(leader_ ? dist::ServedValues::Pull : dist::ServedValues::Leave);
     if (flags_.reportComm) reportCommunication(step);
     writeTrace();
     if (!leader_) return 0;
+    if (evaluateAtEnd) evaluate(report, progress, step);
     if (sample > 0) {
       reportSample(report,
                    {partitionCount(), runner_->serverPlan().largestPartitionCount(), 0, stop - timedFrom, step, steps_},
