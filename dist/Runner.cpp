@@ -26,6 +26,9 @@ namespace weft::dist {
 namespace {
 // The ring channel of a pipeline stage's replicas (the ring of all workers is channel 0).
 constexpr int kReplicaChannel = 1;
+// How long a wait for another worker lasts when no step bounds it: as long as the other lives.
+// A dead one fails the transport; a frozen one is stopped by the launcher's heartbeat watch.
+constexpr std::chrono::hours kAsLongAsTheyLive{24 * 365};
 }  // namespace
 
 namespace {
@@ -82,10 +85,8 @@ struct Runner::State {
 
   void barrier() {
     // Under the asynchronous modes the workers may finish far apart (ASP bounds nothing): the
-    // last barrier waits as long as the others live. A dead one fails the transport; a frozen
-    // one is stopped by the launcher's heartbeat watch.
-    const auto patience = synchronous ? timeout : std::chrono::hours(24 * 365);
-    communicator->barrier(patience);
+    // last barrier waits as long as the others live.
+    communicator->barrier(synchronous ? timeout : kAsLongAsTheyLive);
   }
 
   /// The served variable of partition `p`, its slots and moving averages: what LOAD carries and
@@ -461,6 +462,11 @@ std::vector<int64_t> Runner::fromWorker0(std::vector<int64_t> values) {
              bytes.size(), values.size());
   std::memcpy(values.data(), bytes.data(), bytes.size());
   return values;
+}
+
+void Runner::runOnWorker0(const std::function<void()>& work) {
+  if (rank() == 0) work();
+  if (state_->communicator && state_->synchronous) state_->communicator->barrier(kAsLongAsTheyLive);
 }
 
 void Runner::finish(ServedValues values) {

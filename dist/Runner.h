@@ -23,6 +23,7 @@
 #include "dist/transport/Traffic.h"
 #include "dist/Transform.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -61,6 +62,12 @@ class Runner {
   /// Worker 0's `values` on every worker (every worker must call it at the same point, with as
   /// many values): what worker 0 alone read, such as the position of the checkpoint it resumes.
   std::vector<int64_t> fromWorker0(std::vector<int64_t> values);
+
+  /// Runs `work` (its evaluation, say) on worker 0 alone while every other worker waits for it,
+  /// however long it takes (bounded by no --timeout: a worker 0 that dies fails the wait, one that
+  /// freezes is stopped by the launcher's heartbeat watch). Every worker calls it at the same
+  /// point. Under the asynchronous modes the others go on at once.
+  void runOnWorker0(const std::function<void()>& work);
 
   /// Leaves the job: waits until every worker has finished its last step, copies the servers'
   /// final values of the variables they hold into this worker's session (unless `values` is

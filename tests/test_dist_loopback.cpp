@@ -359,6 +359,23 @@ TEST_CASE("a worker that finishes with ServedValues::Leave keeps its own copies;
   }
 }
 
+TEST_CASE("the other workers wait for worker 0's work alone (its evaluation) past the timeout, then go on") {
+  auto network = std::make_shared<LoopbackNetwork>();
+  Config config = jobConfig(Architecture::AllReduce);
+  config.timeout = 3s;
+  std::vector<JobContext> members = loopbackJob(network, {3}, false, config);
+  std::vector<double> means(members.size(), 0);
+  const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
+    Model m;
+    Runner runner = makeWorker(std::move(members[i]), m.g, config);
+    runner.runOnWorker0([] { std::this_thread::sleep_for(7s); });  // more than twice the timeout
+    means[i] = runner.meanOverWorkers(static_cast<double>(runner.rank()));
+    runner.finish();
+  });
+  for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  for (double mean : means) CHECK(mean == 1.0);  // (0 + 1 + 2) / 3: every worker went on together
+}
+
 TEST_CASE("two machines of two workers: each machine's pushes and pulls go through its aggregator") {
   const auto alone = trainedAlone();
   checkSame(trainedAsJob({2, 2}, Architecture::Auto), alone);

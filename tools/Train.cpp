@@ -427,17 +427,23 @@ class Trainer {
       // for evaluation and the checkpoint.
       if (evaluateNow || checkpointNow) runner_->gatherModel();
       const WholeValues wholes = checkpointNow ? runner_->gatherShards() : WholeValues{};
-      if (!leader_) {
-        if (logNow) report.lossSum = 0, report.lossCount = 0;
-        continue;
+      if (leader_) {
+        if (step == 1 && !runner_->pipelinePlan().empty()) fmt::print("pipeline cut:\n{}", runner_->pipelinePlan());
+        progress.update(step, report.lossSum / static_cast<double>(report.lossCount), report.items, report.unit);
+        if (logNow) logStep(report, progress, spec, step);
+      } else if (logNow) {
+        report.lossSum = 0, report.lossCount = 0;
       }
-      if (step == 1 && !runner_->pipelinePlan().empty()) fmt::print("pipeline cut:\n{}", runner_->pipelinePlan());
-      progress.update(step, report.lossSum / static_cast<double>(report.lossCount), report.items, report.unit);
-      if (logNow) logStep(report, progress, spec, step);
-      // The last step's evaluation waits until the job is left: no worker waits through it.
-      if (evaluateNow && step < stop) evaluate(report, progress, step);
+      // The other workers wait through worker 0's evaluation and checkpoint, however long they
+      // take; the last step's evaluation follows the job's end, so that no one waits through it.
+      const bool evaluateHere = evaluateNow && step < stop;
       evaluateAtEnd = evaluateNow && step == stop;
-      if (checkpointNow) checkpoint(step, batches.position(), wholes);
+      if (evaluateHere || checkpointNow) {
+        runner_->runOnWorker0([&] {
+          if (evaluateHere) evaluate(report, progress, step);
+          if (checkpointNow) checkpoint(step, batches.position(), wholes);
+        });
+      }
     }
     // Every worker is done with its last step; the evaluations from here on are rank 0's alone
     // (it pulls nothing when its last gatherModel left it current, as under bsp).
