@@ -130,10 +130,12 @@ void TrainingLoop::checkpoint() {
   runner_->gatherModel();  // worker 0's session takes the servers' and the other stages' values
   const WholeValues wholes = runner_->gatherShards();
   lastCheckpoint_ = step_;
-  if (!leader_) return;
-  std::map<std::string, std::string> metadata = recordedSettings(options_.settings);
-  metadata["step"] = std::to_string(step_);
-  saveCheckpoint(runner_->session(), options_.checkpoint, std::move(metadata), wholes);
+  // The others wait for the save however long a large model's takes.
+  runner_->runOnWorker0([&] {
+    std::map<std::string, std::string> metadata = recordedSettings(options_.settings);
+    metadata["step"] = std::to_string(step_);
+    saveCheckpoint(runner_->session(), options_.checkpoint, std::move(metadata), wholes);
+  });
 }
 
 int TrainingLoop::finish() {
