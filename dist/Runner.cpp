@@ -97,10 +97,8 @@ struct Runner::State {
     return out;
   }
 
-  /// Every served variable's state on the host, indexed like plan.variables: the session's own
-  /// tensors when they live there, else copies (`fill`: of their values; else uninitialised).
   /// A served variable's value and slots on the host: the session's own tensors on a CPU worker;
-  /// on a GPU worker copies (of their values when `fill`).
+  /// on a GPU worker copies (of their values when `fill`; else uninitialised).
   std::vector<Tensor> hostState(const ServedVariable& v, bool fill) {
     std::vector<Tensor> state;
     for (Tensor* t : stateOf(v)) {
@@ -110,10 +108,19 @@ struct Runner::State {
     return state;
   }
 
-  std::vector<std::vector<Tensor>> hostStates(bool fill) {
-    std::vector<std::vector<Tensor>> states;
-    for (const ServedVariable& v : plan.variables) states.push_back(hostState(v, fill));
-    return states;
+  /// Loads this worker's value and slots of `v` into the servers. One variable at a time, as
+  /// pulls go: the payloads held at once are one variable's state.
+  void loadVariable(const ServedVariable& v) {
+    const std::vector<Tensor> tensors = hostState(v, true);
+    std::vector<ServerClient::Call> calls;
+    for (int p : v.partitions) {
+      const Partition& part = plan.partitions[static_cast<size_t>(p)];
+      std::vector<uint8_t> payload(part.bytes * tensors.size());
+      for (size_t i = 0; i < tensors.size(); ++i)
+        packRows(part, v.rowBytes(), static_cast<const uint8_t*>(tensors[i].raw()), payload.data() + i * part.bytes);
+      calls.push_back({p, RequestKind::Load, std::move(payload)});
+    }
+    client->request(std::move(calls), TrafficKind::Control);
   }
 
   /// One variable at a time, so that the replies held at once are one variable's state, not the
@@ -371,20 +378,8 @@ struct Runner::State {
     broadcastVariables(*session, *communicator, plan);  // those the workers hold
     scatterShards(wholes);
     if (plan.empty()) return;
-    if (rank() == 0) {
-      std::vector<ServerClient::Call> calls;
-      const std::vector<std::vector<Tensor>> states = hostStates(true);
-      for (size_t p = 0; p < plan.partitions.size(); ++p) {
-        const Partition& part = plan.partitions[p];
-        const ServedVariable& v = plan.variables[static_cast<size_t>(part.variable)];
-        const std::vector<Tensor>& tensors = states[static_cast<size_t>(part.variable)];
-        std::vector<uint8_t> payload(part.bytes * tensors.size());
-        for (size_t i = 0; i < tensors.size(); ++i)
-          packRows(part, v.rowBytes(), static_cast<const uint8_t*>(tensors[i].raw()), payload.data() + i * part.bytes);
-        calls.push_back({static_cast<int>(p), RequestKind::Load, std::move(payload)});
-      }
-      client->request(std::move(calls), TrafficKind::Control);
-    }
+    if (rank() == 0)
+      for (const ServedVariable& v : plan.variables) loadVariable(v);
     barrier();  // no worker pulls before the servers hold worker 0's values
   }
 
