@@ -134,6 +134,11 @@ void writeBytesPerStep(TensorBoardWriter& board, const dist::Traffic& now, const
   board.scalar("dist/bytes_per_step", total / static_cast<double>(steps), step);
 }
 
+/// The schedule --schedule-file lists, or else the built-in --schedule names.
+dist::StepSchedule chosenSchedule(const std::string& name, const std::string& file) {
+  return file.empty() ? dist::StepSchedule(dist::parseSchedule(name)) : dist::StepSchedule::read(file);
+}
+
 class Trainer {
  public:
   Trainer(std::string name, models::ZooModel& model, const TrainFlags& flags, std::vector<std::string> commandLine)
@@ -292,8 +297,7 @@ class Trainer {
     config.sharding = dist::parseSharding(flags_.shard);
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
-    config.pipeline.schedule = flags_.scheduleFile.empty() ? dist::StepSchedule(dist::parseSchedule(flags_.schedule))
-                                                           : dist::StepSchedule::read(flags_.scheduleFile);
+    config.pipeline.schedule = chosenSchedule(flags_.schedule, flags_.scheduleFile);
     config.pipeline.memoryPerStage = flags_.memoryPerStage;
     return config;
   }
@@ -1232,9 +1236,7 @@ std::string describeSchedule(const dist::StepSchedule& schedule, int stages, int
 
 std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep,
                                 const PipelineCutOptions& options) {
-  const dist::StepSchedule schedule = options.scheduleFile.empty()
-                                          ? dist::StepSchedule(dist::parseSchedule(options.schedule))
-                                          : dist::StepSchedule::read(options.scheduleFile);
+  const dist::StepSchedule schedule = chosenSchedule(options.schedule, options.scheduleFile);
   Session session(graph, SessionOptions{options.threads, false});
   const data::Batch batch = model.trainData().next();
   const FeedMap feeds = models::feedsFor(graph, model.shard(batch, 0, options.microbatches));
