@@ -117,6 +117,13 @@ constexpr int64_t kBatch = 16, kSteps = 5;
 
 FeedMap feedsOf(const Model& m, const Batch& b) { return {{m.ids, b.ids}, {m.x, b.x}, {m.y, b.y}}; }
 
+/// kSteps steps of `runner` on its rank's part of each total batch, cut into `workers` parts.
+void trainPart(Runner& runner, const Model& m, int64_t workers) {
+  const int64_t part = kBatch / workers, rank = runner.rank();
+  for (int64_t step = 0; step < kSteps; ++step)
+    runner.run({m.loss}, feedsOf(m, batchOf(step, kBatch).part(rank * part, (rank + 1) * part)), {m.step});
+}
+
 std::map<std::string, std::vector<double>> variablesOf(Session& s) {
   std::map<std::string, std::vector<double>> out;
   for (Node* v : s.graph().variables()) out[v->name] = s.variable(v).toDoubles();
@@ -163,11 +170,9 @@ std::map<std::string, std::vector<double>> trainedAsJob(const std::vector<int>& 
       return;
     }
     Runner runner = makeWorker(std::move(members[i]), m.g, config);
-    const int64_t part = kBatch / workers, rank = runner.rank();
-    for (int64_t step = 0; step < kSteps; ++step)
-      runner.run({m.loss}, feedsOf(m, batchOf(step, kBatch).part(rank * part, (rank + 1) * part)), {m.step});
+    trainPart(runner, m, workers);
     runner.finish();
-    if (rank == 0) result = variablesOf(runner.session());
+    if (runner.rank() == 0) result = variablesOf(runner.session());
   });
   for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
   for (int status : serverStatus) CHECK(status == 0);
@@ -343,11 +348,9 @@ TEST_CASE("a worker that finishes with ServedValues::Leave keeps its own copies;
       return;
     }
     Runner runner = makeWorker(std::move(members[i]), m.g, config);
-    const int64_t part = kBatch / 2, rank = runner.rank();
-    for (int64_t step = 0; step < kSteps; ++step)
-      runner.run({m.loss}, feedsOf(m, batchOf(step, kBatch).part(rank * part, (rank + 1) * part)), {m.step});
-    runner.finish(rank == 0 ? ServedValues::Pull : ServedValues::Leave);
-    workers[static_cast<size_t>(rank)] = variablesOf(runner.session());
+    trainPart(runner, m, 2);
+    runner.finish(runner.rank() == 0 ? ServedValues::Pull : ServedValues::Leave);
+    workers[static_cast<size_t>(runner.rank())] = variablesOf(runner.session());
   });
   for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
   checkSame(workers[0], alone);
