@@ -533,10 +533,6 @@ void Graph::shardVariable(Node* variable, int64_t offset, int64_t count) {
   WEFT_CHECK(offset >= 0 && count >= 0 && offset + count <= whole.numel(),
              "shardVariable: elements [{}, {}) are not within '{}' of shape {}", offset, offset + count,
              variable->name, whole.str());
-  const Initializer::Kind init = Initializer::parseKind(variable->attrs.get<std::string>("init"));
-  WEFT_CHECK(init == Initializer::Kind::Zeros || init == Initializer::Kind::Constant,
-             "'{}' cannot be sharded: it starts from a {} initializer, which draws over the whole variable",
-             variable->name, Initializer::kindName(init));
   variable->attrs.set("whole_shape", whole);
   variable->attrs.set("shard_offset", offset);
   variable->attrs.set("shape", Shape{count});

@@ -330,11 +330,10 @@ class Graph {
   void retype(Node* node, const std::vector<std::pair<int, Output>>& inputs,
               const std::function<Output(Output)>& convert);
   /// Makes `variable` hold one shard of itself: the elements [offset, offset + count) of its
-  /// value flattened, as a vector of `count` (ZeRO's sharded optimizer state, dist/Transform.h).
+  /// value flattened, as a vector of `count` (ZeRO's sharded training state, dist/Transform.h).
   /// Its attributes keep the whole: "whole_shape" and "shard_offset" (wholeShapeOf, shardOffsetOf).
-  /// Only a variable that starts as zeros or a constant can be sharded (a random initializer
-  /// draws over the whole). Its readers read a vector now: the caller rebuilds them before the
-  /// graph is verified.
+  /// It starts as those elements of what its initializer makes of the whole (initialValue). Its
+  /// readers read a vector now: the caller rebuilds them before the graph is verified.
   void shardVariable(Node* variable, int64_t offset, int64_t count);
   /// Makes `node` run after `before`.
   void addControlInput(Node* node, Node* before);

@@ -26,16 +26,22 @@ Architecture parseArchitecture(const std::string& name) {
   WEFT_THROW("unknown architecture '{}' (expected auto, ar or ps)", name);
 }
 
-const char* shardingName(Sharding s) { return s == Sharding::Optimizer ? "optimizer" : "none"; }
+const char* shardingName(Sharding s) {
+  switch (s) {
+    case Sharding::None: return "none";
+    case Sharding::Optimizer: return "optimizer";
+    case Sharding::Parameters: return "parameters";
+  }
+  return "?";
+}
 
 Sharding parseSharding(const std::string& name) {
   if (name == "none") return Sharding::None;
   if (name == "optimizer") return Sharding::Optimizer;
+  if (name == "parameters") return Sharding::Parameters;
   WEFT_CHECK(name != "gradients", "--shard gradients: 'optimizer' reduce-scatters the gradients already, so no worker "
              "holds a whole summed gradient (ZeRO stages 1 and 2 are one mode here)");
-  WEFT_CHECK(name != "parameters", "--shard parameters (ZeRO stage 3, FSDP) is not implemented: every worker keeps "
-             "the whole parameters; 'optimizer' shards the optimizer slots and summed gradients");
-  WEFT_THROW("unknown sharding '{}' (expected none or optimizer)", name);
+  WEFT_THROW("unknown sharding '{}' (expected none, optimizer or parameters)", name);
 }
 
 int64_t integerFromEnvironment(const char* name, int64_t otherwise) {

@@ -34,11 +34,12 @@ inline constexpr char kArchitectureVariable[] = "WEFT_ARCH";
 enum class Sharding {
   None,       ///< every worker holds everything
   Optimizer,  ///< each worker holds 1/N of each dense variable's optimizer slots and summed gradient
+  Parameters,  ///< and 1/N of the variable itself, gathered whole for its readers (ZeRO-3, FSDP)
 };
-/// "none", "optimizer".
+/// "none", "optimizer", "parameters".
 const char* shardingName(Sharding s);
-/// Parses "none", "optimizer" (the --shard flag); throws naming the value otherwise, and saying
-/// that "gradients" is what "optimizer" does already and "parameters" is not implemented.
+/// Parses "none", "optimizer", "parameters" (the --shard flag); throws naming the value
+/// otherwise, and saying that "gradients" is what "optimizer" does already.
 Sharding parseSharding(const std::string& name);
 
 /// Pipelined model parallelism (dist/pipeline/PipelineStage.h): with more than one stage, each worker of

@@ -53,6 +53,7 @@ struct Runner::State {
   DistributedGraph distribution;
   std::chrono::milliseconds timeout{0};
   bool synchronous = true;  // false under the asynchronous modes of the parameter servers
+  Sharding sharding = Sharding::None;
   // A pipeline's stage (instead of a session of a data-parallel replica), and its automatic cut;
   // with replicas of the pipeline, the ring of this stage's replicas.
   std::unique_ptr<Ring> replicaRing;
@@ -522,10 +523,13 @@ std::string Runner::shardingReport() {
     whole += wholeBytes;
   }
   if (sharded == 0) return "";
-  return fmt::format("sharded optimizer state (1/{} each): this worker holds {} of {} bytes of its {} sharded slots; "
+  return fmt::format("sharded {} (1/{} each): this worker holds {} of {} bytes of its {} sharded variables; "
                      "its variables take {} bytes, {} unsharded",
+                     state_->sharding == Sharding::Parameters ? "parameters and optimizer state" : "optimizer state",
                      workers(), held, whole, sharded, all, allWhole);
 }
+
+bool Runner::shardsParameters() const { return state_->sharding == Sharding::Parameters && workers() > 1; }
 const ServerPlan& Runner::serverPlan() const { return state_->plan; }
 const std::vector<SparsityChoice>& Runner::sparsityChoices() const { return state_->sparsityChoices; }
 Traffic Runner::traffic() const { return state_->traffic.snapshot(); }
@@ -603,6 +607,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   auto state = std::make_unique<Runner::State>();
   state->timeout = config.timeout;
   state->synchronous = synchronous;
+  state->sharding = config.sharding;
   state->job.emplace(std::move(job));
   JobContext& j = *state->job;
   limitPayloads(j, graph);
@@ -637,7 +642,8 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
              "--wire-dtype {}: GPU workers sum their dense gradients through NCCL, which this setting does not narrow",
              dtypeName(config.wireDType));
   options.synchronous = synchronous;
-  options.shardOptimizer = config.sharding == Sharding::Optimizer;
+  options.shardOptimizer = config.sharding != Sharding::None;
+  options.shardParameters = config.sharding == Sharding::Parameters;
   options.rank = state->communicator->rank();
   WEFT_CHECK(!options.denseOnGpu || !options.shardOptimizer,
              "--shard {}: GPU workers sum their dense gradients through NCCL, whose reduce-scatter weft does not use "

@@ -125,9 +125,13 @@ class Runner {
   const DistributedGraph& distribution() const;
   /// Under Config::sharding, what this worker holds of its sharded variables, measured on its
   /// session's tensors: "sharded optimizer state (1/N each): this worker holds A of B bytes of its
-  /// K sharded slots; its variables take C bytes, D unsharded" (those its session has made, and
-  /// its shards); "" without shards.
+  /// K sharded variables; its variables take C bytes, D unsharded" (those its session has made,
+  /// and its shards; "parameters and optimizer state" under Sharding::Parameters); "" without.
   std::string shardingReport();
+  /// Whether the workers hold shards of the parameters (Sharding::Parameters, several workers):
+  /// a run that reads them outside the training step (an evaluation) gathers them, so every
+  /// worker must take part in it.
+  bool shardsParameters() const;
   /// Which variables the parameter servers hold, in which partitions (empty without servers).
   const ServerPlan& serverPlan() const;
   /// Under Auto with Config::sparsity: how each measured sparse variable is synchronised, and why.

@@ -94,6 +94,7 @@ class OptimizerSharding {
       checkShardable(u, readers);
       updates_.emplace(u.variable, std::move(u));
     }
+    if (options.shardParameters) gatherBeforeReaders(links, dense, readers);
   }
 
   bool covers(const Node* variable) const { return updates_.count(variable) != 0; }
@@ -111,6 +112,8 @@ class OptimizerSharding {
       variables.push_back(u.variable->output());
       updates.push_back(u.update);
     }
+    // Sharded parameters stay sharded: their readers gather them (gatherBeforeReaders).
+    if (options_.shardParameters) return;
     // What ran after the updates runs once every shard is back in place.
     Node* gathered = graph_.group({}, bucket.front()->variable->name + "/shards_gathered");
     for (Node* u : updates) graph_.replaceControlInputs(u, gathered);
@@ -167,7 +170,7 @@ class OptimizerSharding {
 
   /// Copies the chain onto `gradientShard`, shards the slots and points the update at them.
   void shardUpdate(const ServedVariable& u, Output gradientShard) {
-    const ShardRange range = shardOf(u.variable->outputs[0].shape.numel(), options_.rank, options_.workers);
+    const ShardRange range = shardOf(Graph::wholeShapeOf(*u.variable).numel(), options_.rank, options_.workers);
     std::map<Output, Output> onShard{{u.gradient.dense, gradientShard}};
     auto mapped = [&](const Output& in) {
       auto it = onShard.find(in);
@@ -191,8 +194,117 @@ class OptimizerSharding {
     std::vector<Output> inputs;
     for (const Output& in : u.update->inputs) inputs.push_back(mapped(in));
     Attrs attrs = u.update->attrs;
-    attrs.set("shard_offset", range.offset);
+    // A sharded parameter is its shard: the update writes all of it.
+    if (!options_.shardParameters) attrs.set("shard_offset", range.offset);
     graph_.rebuild(u.update, u.update->op, inputs, attrs);
+  }
+
+  /// Who reads a sharded parameter's whole value. Each class has gathers of its own, so that the
+  /// forward's wholes are freed before the backward gathers them again, and a run outside the
+  /// training step (an evaluation) gathers without waiting for the step's ops.
+  enum class ReaderClass { Forward, Backward, Other };
+
+  /// ZeRO stage 3: each covered variable becomes its rank's shard, and every reader besides its
+  /// update reads a whole gathered for its class. The gathers of a class are chained in the order
+  /// their first readers run: the gather of the next variable starts as the first reader of the
+  /// one before it runs, so it overlaps that layer's compute and at most two layers' wholes of a
+  /// class exist at once. The backward's first gather waits for the forward's last reader.
+  void gatherBeforeReaders(const std::vector<GradientLink>& links, const std::vector<const GradientLink*>& dense,
+                           const std::map<const Node*, std::vector<const Node*>>& readers) {
+    const std::unordered_set<const Node*> step = backwardNodes(links);
+    std::map<const Node*, size_t> position;
+    std::unordered_set<const Node*> backward;  // autodiff's nodes and whatever reads what they compute
+    for (Node* n : graph_.topologicalOrder()) {
+      position.emplace(n, position.size());
+      bool fromGradient = n->gradientOf != nullptr;
+      for (const Output& in : n->inputs) fromGradient = fromGradient || backward.count(in.node());
+      if (fromGradient) backward.insert(n);
+    }
+    struct Reads {
+      Node* variable;
+      std::vector<Node*> readers;  // in graph order
+    };
+    std::map<ReaderClass, std::vector<Reads>> byClass;
+    for (const GradientLink* l : dense) {
+      const ServedVariable& u = updates_.at(l->variable);
+      std::set<const Node*> own(u.chain.begin(), u.chain.end());
+      own.insert(u.averages.begin(), u.averages.end());
+      std::map<ReaderClass, std::vector<Node*>> reads;
+      const auto found = readers.find(u.variable);
+      for (const Node* r : found == readers.end() ? std::vector<const Node*>{} : found->second) {
+        if (own.count(r)) continue;
+        Node* reader = graph_.node(r->id);
+        checkOnlyReads(u, *reader);
+        if (reduceWithoutGather(reader, u.variable->output())) continue;
+        const ReaderClass c = backward.count(r) ? ReaderClass::Backward
+                              : step.count(r)   ? ReaderClass::Forward
+                                                : ReaderClass::Other;
+        std::vector<Node*>& list = reads[c];
+        if (std::find(list.begin(), list.end(), reader) == list.end()) list.push_back(reader);
+      }
+      for (auto& [c, list] : reads) {
+        std::sort(list.begin(), list.end(), [&](Node* a, Node* b) { return position.at(a) < position.at(b); });
+        byClass[c].push_back({u.variable, std::move(list)});
+      }
+    }
+    Node* lastForwardReader = nullptr;
+    for (const Reads& r : byClass[ReaderClass::Forward])
+      if (lastForwardReader == nullptr || position.at(r.readers.back()) > position.at(lastForwardReader))
+        lastForwardReader = r.readers.back();
+    std::map<const Node*, std::vector<std::tuple<ReaderClass, Node*, const Reads*>>> gathers;  // class, after
+    for (auto& [c, reads] : byClass) {
+      std::stable_sort(reads.begin(), reads.end(), [&](const Reads& a, const Reads& b) {
+        return position.at(a.readers.front()) < position.at(b.readers.front());
+      });
+      // Variables with one first reader (a batch norm's scale and offset) start together.
+      Node* after = c == ReaderClass::Backward ? lastForwardReader : nullptr;
+      Node* previousFirst = after;
+      for (const Reads& r : reads) {
+        if (r.readers.front() != previousFirst) after = previousFirst;
+        gathers[r.variable].emplace_back(c, after, &r);
+        previousFirst = r.readers.front();
+      }
+    }
+    // One variable at a time, so that a reader of several (a batch norm's scale and offset) is
+    // re-inferred with each of its inputs whole or not yet sharded.
+    for (const GradientLink* l : dense) {
+      Node* v = updates_.at(l->variable).variable;
+      const ShardRange range = shardOf(v->outputs[0].shape.numel(), options_.rank, options_.workers);
+      graph_.shardVariable(v, range.offset, range.count);
+      for (const auto& [c, after, reads] : gathers[v]) {
+        auto scope = graph_.scope(v->name + (c == ReaderClass::Backward  ? "/gathered_for_backward"
+                                             : c == ReaderClass::Forward ? "/gathered_for_forward"
+                                                                         : "/gathered"));
+        const Output gathered = gatherWhole(v->output(), Graph::wholeShapeOf(*v), after, options_.hostRing,
+                                            options_.rank, options_.workers);
+        graph_.replaceUses(v->output(), gathered, reads->readers);
+      }
+    }
+  }
+
+  /// A reader that needs only the variable's shape (the gradient of an add that broadcast a bias
+  /// reduces to the bias's shape) reduces to that shape, known statically, gathering nothing.
+  bool reduceWithoutGather(Node* reader, const Output& variable) {
+    if (reader->op != "ReduceToLike" || reader->inputs[1] != variable || reader->inputs[0] == variable) return false;
+    const Shape& whole = variable.shape();
+    const Output x = reader->inputs[0];
+    std::vector<int64_t> axes;  // the leading axes, and those the variable broadcast from 1
+    const int lead = x.rank() - whole.rank();
+    for (int i = 0; i < x.rank(); ++i)
+      if (i < lead || whole[i - lead] == 1) axes.push_back(i);
+    auto placed = graph_.onDevice(reader->device);
+    auto scope = graph_.scope(reader->name + "/to_shape");
+    const Output reduced = axes.empty() ? x : sum(x, axes, true);
+    graph_.rebuild(reader, "Reshape", {reduced}, {{"shape", whole.dims()}});
+    return true;
+  }
+
+  /// A sharded parameter's readers read a gathered copy: one that wrote it would write the copy.
+  static void checkOnlyReads(const ServedVariable& u, const Node& reader) {
+    for (int i : reader.def->mutatedInputs)
+      WEFT_CHECK(reader.inputs.at(static_cast<size_t>(i)) != u.variable->output(),
+                 "variable '{}' cannot have its parameters sharded: {} writes it besides its optimizer update",
+                 u.variable->name, reader.describe());
   }
 
   Graph& graph_;

@@ -46,6 +46,9 @@ struct TransformOptions {
   /// ZeRO's sharded optimizer state (Config::sharding): this worker keeps its shard of every
   /// dense variable's optimizer slots, and of its gradient (see shardOptimizerState).
   bool shardOptimizer = false;
+  /// With shardOptimizer, ZeRO stage 3: each worker holds only its shard of those variables
+  /// too, and their readers read a whole gathered just before them (see distributeAllReduce).
+  bool shardParameters = false;
   int rank = 0;  ///< this worker's rank on the host ring, whose shard it keeps
 };
 
@@ -79,6 +82,15 @@ struct DistributedGraph {
 /// fills in the other workers' shards before the step ends. Every worker keeps the whole
 /// variable for its forward and backward passes. Rank r's shard of n elements is elements
 /// [n r / N, n (r + 1) / N) of the flattened tensor (shardOf).
+///
+/// With `shardParameters` as well (ZeRO stage 3, FSDP), those variables hold their shard alone
+/// and the update writes it whole, with no all-gather after it. Their readers read a whole
+/// gathered for them (gatherWhole): one gather per variable for the forward's readers, another
+/// for the backward's (autodiff's ops and what reads their values), and one for readers outside
+/// the training step, such as an evaluation (which every worker must run, the gather being a
+/// collective). Each gather is a value of the step, freed after its last reader; within each of
+/// the three, a variable's gather starts when the first reader of the variable gathered before
+/// it runs, overlapping that layer's compute. A reader that writes the variable is refused.
 DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options);
 
 struct ServerPlan;

@@ -397,75 +397,99 @@ TEST_CASE("--sync: combinations that cannot work and malformed values are refuse
   checkRefused("mlp --workers 2 --slow-worker 1:x", "--slow-worker 1:x: expected RANK:FACTOR");
 }
 
-TEST_CASE("--shard optimizer: the MLP (f64, Adam) on 2 and 4 workers trains like one process, slots included") {
-  for (int workers : {2, 4}) {
-    CAPTURE(workers);
-    checkSameVariables("mlp", mlpF64Flags, workers, kMlpF64Tolerance, "--arch ar --shard optimizer");
+// --shard optimizer (ZeRO 1 and 2) and --shard parameters (ZeRO 3) compute what one process does.
+const std::vector<std::string> kShardings{"optimizer", "parameters"};
+
+TEST_CASE("--shard: the MLP (f64, Adam) on 2 and 4 workers trains like one process, slots included") {
+  for (const std::string& sharding : kShardings) {
+    for (int workers : {2, 4}) {
+      CAPTURE(sharding);
+      CAPTURE(workers);
+      checkSameVariables("mlp", mlpF64Flags, workers, kMlpF64Tolerance, "--arch ar --shard " + sharding);
+    }
   }
 }
 
-TEST_CASE("--shard optimizer: each worker holds 1/N of the optimizer slots, measured on its tensors") {
-  for (int workers : {2, 4}) {
-    CAPTURE(workers);
-    TempDir dir;
-    const CliRun run = weftCli("train mlp --steps 2 --threads 1 --arch ar --shard optimizer --workers " +
-                               std::to_string(workers) + " --out " + dir.path.string());
-    REQUIRE_MESSAGE(run.status == 0, run.output);
-    const std::string marker = "this worker holds ";
-    const size_t at = run.output.find(marker);
-    REQUIRE_MESSAGE(at != std::string::npos, run.output);
-    size_t held = 0, whole = 0, slots = 0;
-    REQUIRE(std::sscanf(run.output.c_str() + at + marker.size(), "%zu of %zu bytes of its %zu sharded slots", &held,
-                        &whole, &slots) == 3);
-    CAPTURE(run.output);
-    CHECK(slots == 2 * 6);  // Adam's m and v of the MLP's three weights and three biases
-    // Worker 0 keeps floor(n / N) elements of each slot of n: at most N - 1 fewer than n / N.
-    CHECK(held * static_cast<size_t>(workers) <= whole);
-    CHECK(whole - held * static_cast<size_t>(workers) < slots * 4 * static_cast<size_t>(workers));
+TEST_CASE("--shard: each worker holds 1/N of the sharded variables, measured on its tensors") {
+  // Adam's m and v of the MLP's three weights and three biases; with parameters, those too.
+  for (const auto& [sharding, variables] : {std::pair{"optimizer", 12}, std::pair{"parameters", 18}}) {
+    for (int workers : {2, 4}) {
+      CAPTURE(sharding);
+      CAPTURE(workers);
+      TempDir dir;
+      const CliRun run =
+          weftCli(fmt::format("train mlp --steps 2 --threads 1 --arch ar --shard {} --workers {} --out {}", sharding,
+                              workers, dir.path.string()));
+      REQUIRE_MESSAGE(run.status == 0, run.output);
+      const std::string marker = "this worker holds ";
+      const size_t at = run.output.find(marker);
+      REQUIRE_MESSAGE(at != std::string::npos, run.output);
+      size_t held = 0, whole = 0, sharded = 0, all = 0, allWhole = 0;
+      REQUIRE(std::sscanf(run.output.c_str() + at + marker.size(),
+                          "%zu of %zu bytes of its %zu sharded variables; its variables take %zu bytes, %zu unsharded",
+                          &held, &whole, &sharded, &all, &allWhole) == 5);
+      CAPTURE(run.output);
+      CHECK(sharded == static_cast<size_t>(variables));
+      // Worker 0 keeps floor(n / N) elements of each variable of n: at most N - 1 fewer than n / N.
+      CHECK(held * static_cast<size_t>(workers) <= whole);
+      CHECK(whole - held * static_cast<size_t>(workers) < sharded * 4 * static_cast<size_t>(workers));
+      // What is not sharded: the step counter (and under optimizer, the parameters).
+      CHECK(all - held == allWhole - whole);
+    }
   }
 }
 
-TEST_CASE("--shard optimizer: the LM (clipping, Adam, a sparse embedding beside) on 2 and 4 workers trains like one "
-          "process") {
-  for (const auto& [arch, workers] : {std::pair{"auto", 2}, std::pair{"ar", 2}, std::pair{"auto", 4}}) {
-    CAPTURE(arch);
-    CAPTURE(workers);
-    checkSameVariables("lm", lmFlags, workers, 1e-5, std::string("--shard optimizer --arch ") + arch);
+TEST_CASE("--shard: the LM (clipping, Adam, a sparse embedding beside) on 2 and 4 workers trains like one process") {
+  for (const std::string& sharding : kShardings) {
+    for (const auto& [arch, workers] : {std::pair{"auto", 2}, std::pair{"ar", 2}, std::pair{"auto", 4}}) {
+      CAPTURE(sharding);
+      CAPTURE(arch);
+      CAPTURE(workers);
+      checkSameVariables("lm", lmFlags, workers, 1e-5, fmt::format("--shard {} --arch {}", sharding, arch));
+    }
   }
 }
 
-TEST_CASE("--shard optimizer: ResNet (momentum, weight decay, batch norm) on 2 and 4 workers trains like one "
-          "process") {
-  for (int workers : {2, 4}) {
-    CAPTURE(workers);
-    checkSameVariables("resnet", resnetFlags, workers, 1e-5, "--shard optimizer");
+TEST_CASE("--shard: ResNet (momentum, weight decay, batch norm) on 2 and 4 workers trains like one process") {
+  for (const std::string& sharding : kShardings) {
+    for (int workers : {2, 4}) {
+      CAPTURE(sharding);
+      CAPTURE(workers);
+      checkSameVariables("resnet", resnetFlags, workers, 1e-5, "--shard " + sharding);
+    }
   }
 }
 
-TEST_CASE("--shard optimizer: a checkpoint is whole, and resumes on another number of workers") {
+TEST_CASE("--shard: a checkpoint is whole, and resumes on another number of workers and another sharding") {
   TempDir dir;
   const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
   const std::string common = "train mlp --train-size 1024 --test-size 64 --batch 64 --threads 1 --timeout 30 "
                              "--dtype f64 --eval-every 6 --arch ar ";
-  REQUIRE(weftCli(common + "--steps 12 --out " + whole).status == 0);
+  REQUIRE(weftCli(common + "--steps 18 --out " + whole).status == 0);
   const CliRun first = weftCli(common + "--steps 6 --workers 2 --shard optimizer --out " + parts);
   REQUIRE_MESSAGE(first.status == 0, first.output);
   const weft::TensorFile saved = weft::readSafetensors(parts + "/checkpoint.safetensors");
   CHECK(saved.tensors.at("Adam/fc2/weight/m").shape() == saved.tensors.at("fc2/weight").shape());
-  const CliRun resumed = weftCli(common + "--steps 12 --workers 4 --shard optimizer --resume --out " + parts);
-  REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
-  CHECK(contains(resumed.output, "resumed from"));
+  const CliRun second = weftCli(common + "--steps 12 --workers 4 --shard parameters --resume --out " + parts);
+  REQUIRE_MESSAGE(second.status == 0, second.output);
+  CHECK(contains(second.output, "resumed from"));
+  const weft::TensorFile sharded = weft::readSafetensors(parts + "/checkpoint.safetensors");
+  CHECK(sharded.tensors.at("fc2/weight").shape() == saved.tensors.at("fc2/weight").shape());
+  const CliRun third = weftCli(common + "--steps 18 --workers 2 --shard optimizer --resume --out " + parts);
+  REQUIRE_MESSAGE(third.status == 0, third.output);
   checkSameCheckpoints(whole, parts, kMlpF64Tolerance);
 }
 
 TEST_CASE("--shard: what it cannot shard is refused before any process starts, naming the setting") {
-  checkRefused("mlp --workers 2 --shard optimizer --arch ps", "puts every variable on the parameter servers");
-  checkRefused("mlp --workers 2 --shard optimizer --sync asp", "which the asynchronous --sync modes imply");
-  checkRefused("mlp --stages 2 --shard optimizer",
-               "sharding the replicas of a pipeline of 2 stages is not implemented");
-  checkRefused("mlp --workers 2 --shard optimizer --wire-dtype bf16", "--wire-dtype bf16 narrows only the AllReduce");
-  checkRefused("mlp --workers 2 --shard parameters", "--shard parameters (ZeRO stage 3, FSDP) is not implemented");
-  checkRefused("mlp --workers 2 --shard optimizer --precision f16", "loss scaling checks every whole gradient");
+  for (const std::string& sharding : kShardings) {
+    CAPTURE(sharding);
+    const std::string shard = " --shard " + sharding;
+    checkRefused("mlp --workers 2 --arch ps" + shard, "puts every variable on the parameter servers");
+    checkRefused("mlp --workers 2 --sync asp" + shard, "which the asynchronous --sync modes imply");
+    checkRefused("mlp --stages 2" + shard, "sharding the replicas of a pipeline of 2 stages is not implemented");
+    checkRefused("mlp --workers 2 --wire-dtype bf16" + shard, "--wire-dtype bf16 narrows only the AllReduce");
+    checkRefused("mlp --workers 2 --precision f16" + shard, "loss scaling checks every whole gradient");
+  }
 }
 
 TEST_CASE("--partitions is refused where no parameter server runs, and takes auto or a positive count") {

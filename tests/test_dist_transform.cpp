@@ -161,22 +161,24 @@ TEST_CASE(
 namespace {
 
 /// Two dense variables of 15 and 5 elements trained by Adam with clipping, beside a sparse
-/// embedding: what --shard optimizer rewrites on rank 1 of 3.
+/// embedding: what --shard optimizer (or parameters) rewrites on rank 1 of 3.
 struct ShardedModel {
   Graph g;
-  Output emb, w, b;
+  Output emb, w, b, loss;
   optim::Adam adam{0.1};
   Node* step = nullptr;
-  ShardedModel() {
+  explicit ShardedModel(Sharding sharding = Sharding::Optimizer) {
     const Output ids = g.placeholder("ids", i32, {4});
     emb = g.variable("emb", f32, {10, 3}, Initializer::normal(0, 1));
     w = g.variable("w", f32, {3, 5}, Initializer::normal(0, 1));
     b = g.variable("b", f32, {5}, Initializer::zeros());
-    step = adam.minimize(sum(square(matmul(gather(emb, ids), w) + b)), {1.0, {}, std::nullopt});
+    loss = sum(square(matmul(gather(emb, ids), w) + b));
+    step = adam.minimize(loss, {1.0, {}, std::nullopt});
     TransformOptions o;
     o.workers = 3;
     o.rank = 1;
     o.shardOptimizer = true;
+    o.shardParameters = sharding == Sharding::Parameters;
     distribution = distributeAllReduce(g, o);
     g.verify();
   }
@@ -250,12 +252,106 @@ TEST_CASE("--shard optimizer: one reduce-scatter and one all-gather per bucket, 
   CHECK(gathered == 1);
 }
 
-TEST_CASE("sharding names: --shard gradients is what optimizer does; parameters is not implemented") {
+TEST_CASE("sharding names: --shard gradients is what optimizer does") {
   CHECK(parseSharding("optimizer") == Sharding::Optimizer);
+  CHECK(parseSharding("parameters") == Sharding::Parameters);
   CHECK(std::string(shardingName(Sharding::None)) == "none");
+  CHECK(std::string(shardingName(Sharding::Parameters)) == "parameters");
   CHECK(contains(errorOf([] { parseSharding("gradients"); }), "'optimizer' reduce-scatters the gradients already"));
-  CHECK(contains(errorOf([] { parseSharding("parameters"); }), "is not implemented"));
-  CHECK(errorOf([] { parseSharding("all"); }) == "unknown sharding 'all' (expected none or optimizer)");
+  CHECK(errorOf([] { parseSharding("all"); }) == "unknown sharding 'all' (expected none, optimizer or parameters)");
+}
+
+namespace {
+
+/// The GatherWholeWait a node reads `variable` through, or nullptr.
+const Node* gatherRead(const Node* reader, const Output& variable) {
+  for (const Output& in : reader->inputs) {
+    if (in.node()->op == "GatherWholeWait" && in.node()->inputs[1] == variable) return in.node();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("--shard parameters: each dense variable is its rank's shard, which its update writes whole") {
+  ShardedModel m(Sharding::Parameters);
+  for (const auto& [variable, offset, count, whole] :
+       {std::tuple{m.w, 5, 5, Shape{3, 5}}, std::tuple{m.b, 1, 2, Shape{5}}}) {
+    CAPTURE(variable.name());
+    REQUIRE(Graph::isShard(*variable.node()));
+    CHECK(variable.shape() == Shape{count});
+    CHECK(Graph::wholeShapeOf(*variable.node()) == whole);
+    CHECK(Graph::shardOffsetOf(*variable.node()) == offset);
+    CHECK(Graph::isShard(*m.adam.slot(variable, "m").node()));
+    const Node* update = m.updateOf(variable);
+    REQUIRE(update != nullptr);
+    CHECK(!update->attrs.has("shard_offset"));
+    CHECK(update->inputs[3].shape() == Shape{count});
+  }
+  // Nothing puts the whole back after the update; the embedding stays whole.
+  CHECK(m.nodesOf("ShardGatherStart").empty());
+  CHECK(!Graph::isShard(*m.emb.node()));
+}
+
+TEST_CASE("--shard parameters: the forward and the backward read wholes gathered for each, chained layer by layer") {
+  ShardedModel m(Sharding::Parameters);
+  const Node *forwardMatmul = nullptr, *forwardAdd = nullptr;
+  std::vector<const Node*> backwardReadersOfW;
+  for (const auto& n : m.g.nodes()) {
+    for (const Output& in : n->inputs) {
+      if (in.node()->op != "GatherWholeWait") continue;
+      const Output shard = in.node()->inputs[1];
+      CHECK(in.shape() == Graph::wholeShapeOf(*shard.node()));
+      const bool backward = in.node()->name.find("/gathered_for_backward") != std::string::npos;
+      CHECK(backward == (n->gradientOf != nullptr));
+      if (!backward && shard == m.w) forwardMatmul = n.get();
+      if (!backward && shard == m.b) forwardAdd = n.get();
+      if (backward) {
+        CHECK(shard == m.w);  // the bias's gradient reduces to its shape without gathering it
+        backwardReadersOfW.push_back(n.get());
+      }
+    }
+  }
+  REQUIRE(forwardMatmul != nullptr);
+  REQUIRE(forwardAdd != nullptr);
+  CHECK(m.g.find("gradients/Add/ReduceToLike")->op == "Reshape");
+  CHECK(!backwardReadersOfW.empty());
+  // Nothing reads a shard but its gather and its update.
+  for (const Output& shard : {m.w, m.b}) {
+    for (const auto& n : m.g.nodes()) {
+      const bool reads = std::find(n->inputs.begin(), n->inputs.end(), shard) != n->inputs.end();
+      CHECK((!reads || n->op == "GatherWholeStart" || n->op == "GatherWholeWait" || n->op == "ApplyAdam"));
+    }
+  }
+  const Node* forwardW = gatherRead(forwardMatmul, m.w);
+  const Node* forwardB = gatherRead(forwardAdd, m.b);
+  const Node* backwardW = gatherRead(backwardReadersOfW[0], m.w);
+  REQUIRE(forwardW != nullptr);
+  REQUIRE(forwardB != nullptr);
+  REQUIRE(backwardW != nullptr);
+  for (const Node* reader : backwardReadersOfW) CHECK(gatherRead(reader, m.w) == backwardW);
+  // The forward's first gather starts at once; the bias's as the matmul that reads w runs; the
+  // backward's first once the forward's last reader of a parameter (the add) ran.
+  const Node* startW = forwardW->inputs[0].node();
+  const Node* startB = forwardB->inputs[0].node();
+  const Node* startBackwardW = backwardW->inputs[0].node();
+  CHECK(startW->controlInputs.empty());
+  CHECK(startB->controlInputs == std::vector<Node*>{const_cast<Node*>(forwardMatmul)});
+  CHECK(startBackwardW->controlInputs == std::vector<Node*>{const_cast<Node*>(forwardAdd)});
+}
+
+TEST_CASE("--shard parameters: a reader that writes a sharded parameter is refused, naming it") {
+  Graph g;
+  const Output w = g.variable("w", f32, {3, 5}, Initializer::normal(0, 1));
+  const Output x = g.placeholder("x", f32, {4, 3});
+  optim::Adam(0.1).minimize(sum(square(matmul(x, w))));
+  assign(w, zerosLike(w));
+  TransformOptions o;
+  o.workers = 2;
+  o.shardOptimizer = true;
+  o.shardParameters = true;
+  CHECK(contains(errorOf([&] { distributeAllReduce(g, o); }),
+                 "variable 'w' cannot have its parameters sharded: op 'Assign'"));
 }
 
 TEST_CASE("--shard optimizer refuses a variable whose scaled gradient something besides its update reads") {

@@ -123,6 +123,29 @@ TEST_CASE("variables initialise deterministically from the graph seed and their 
   CHECK(initial(3, false) != initial(4, false));
 }
 
+TEST_CASE("a sharded variable starts as its elements of the whole value its initializer makes") {
+  const std::vector<Initializer> initializers{
+      Initializer::glorotUniform(), Initializer::heNormal(), Initializer::truncatedNormal(0.5),
+      Initializer::uniform(-1, 2), Initializer::fromTensor(Tensor::fromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3}))};
+  for (size_t k = 0; k < initializers.size(); ++k) {
+    CAPTURE(k);
+    Graph whole;
+    whole.variable("copy", f32, {2, 3}, Initializer::copyOf(whole.variable("w", f32, {2, 3}, initializers[k])));
+    Session wholeSession(whole);
+    for (const char* name : {"w", "copy"}) {
+      CAPTURE(name);
+      const std::vector<double> expected = wholeSession.variable(name).toDoubles();
+      Graph sharded;
+      sharded.variable("copy", f32, {2, 3}, Initializer::copyOf(sharded.variable("w", f32, {2, 3}, initializers[k])));
+      sharded.shardVariable(sharded.find("w"), 2, 3);
+      sharded.shardVariable(sharded.find("copy"), 2, 3);
+      Session shardSession(sharded);
+      // The glorot and He scales come from the whole's fans, not the shard's.
+      CHECK(shardSession.variable(name).toDoubles() == std::vector<double>(expected.begin() + 2, expected.begin() + 5));
+    }
+  }
+}
+
 TEST_CASE("initializers draw from the stated distributions") {
   Graph g;
   g.variable("u", f64, {20000}, Initializer::uniform(2, 4));

@@ -395,6 +395,9 @@ class Trainer {
     const int64_t timedFrom = step + (stop - step) / 2;
     double timedSeconds = 0;
     bool evaluateAtEnd = false;
+    // Sharded parameters are gathered for an evaluation, a collective: every worker evaluates,
+    // before the job ends; otherwise worker 0 alone does, and the last ones after the job.
+    const bool together = runner_->shardsParameters();
     while (step < stop) {
       const data::Prefetched batch = batches.nextPrefetched();
       const auto [what, count] = itemsIn(batch.source);
@@ -442,12 +445,17 @@ class Trainer {
       // take; the last step's evaluation follows the job's end, so that no one waits through it.
       const bool evaluateHere = evaluateNow && step < stop;
       evaluateAtEnd = evaluateNow && step == stop;
-      if (evaluateHere || checkpointNow) {
+      if (evaluateHere && together) evaluate(report, progress, step);
+      if ((evaluateHere && !together) || checkpointNow) {
         runner_->runOnWorker0([&] {
-          if (evaluateHere) evaluate(report, progress, step);
+          if (evaluateHere && !together) evaluate(report, progress, step);
           if (checkpointNow) checkpoint(step, batches.position(), wholes);
         });
       }
+    }
+    if (together) {
+      if (evaluateAtEnd) evaluate(report, progress, step);
+      if (sample == 0) finalEvaluation(report, progress, step);
     }
     // Every worker is done with its last step; the evaluations from here on are rank 0's alone
     // (it pulls nothing when its last gatherModel left it current, as under bsp).
@@ -455,14 +463,14 @@ class Trainer {
     if (flags_.reportComm) reportCommunication(step);
     writeTrace();
     if (!leader_) return 0;
-    if (evaluateAtEnd) evaluate(report, progress, step);
+    if (evaluateAtEnd && !together) evaluate(report, progress, step);
     if (sample > 0) {
       reportSample(report,
                    {partitionCount(), runner_->serverPlan().largestPartitionCount(), 0, stop - timedFrom, step, steps_},
                    timedSeconds);
       return 0;
     }
-    finalEvaluation(report, progress, step);
+    if (!together) finalEvaluation(report, progress, step);
     return 0;
   }
 
@@ -523,6 +531,7 @@ class Trainer {
     const auto started = std::chrono::steady_clock::now();
     const std::map<std::string, double> result = model_->evaluate(*session_, flags_.evalBatches);
     report.evaluationSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (!leader_) return;
     // The time so far without worker 0's evaluations, for time-to-accuracy curves.
     report.metrics->write(
         {{"step", step}, {"seconds", progress.elapsed() - report.evaluationSeconds}, {"eval", result}});
@@ -543,6 +552,7 @@ class Trainer {
   /// The last evaluation, on the whole held-out set, and the run's summary line.
   void finalEvaluation(Reporting& report, const Progress& progress, int64_t step) {
     const std::map<std::string, double> result = model_->evaluate(*session_, 0);
+    if (!leader_) return;
     nlohmann::json summary{{"model", name_}, {"steps", steps_}, {"seconds", progress.elapsed()}, {"eval", result}};
     if (runner_->workers() > 1) summary["workers"] = runner_->workers();
     report.metrics->write(summary);

@@ -142,6 +142,21 @@ std::vector<TensorType> shardGatherWaitInfer(const InferContext& c) {
   return std::vector<TensorType>(c.inputs.begin() + 1, c.inputs.end());
 }
 
+std::vector<TensorType> gatherWholeStartInfer(const InferContext& c) {
+  c.check(c.numInputs() == 1, "gathers one variable's shards, got {} inputs", c.numInputs());
+  const Shape whole = c.attrs().get<Shape>("whole_shape");
+  const ShardRange shard = shardOf(whole.numel(), static_cast<int>(c.attrs().getInt("rank")),
+                                   static_cast<int>(c.attrs().getInt("world_size")));
+  c.check(c.shape(0) == Shape{shard.count}, "input 0 has shape {}, not this rank's shard [{}] of the whole {}",
+          c.shape(0).str(), shard.count, whole.str());
+  return shardingStartInfer(c);
+}
+
+std::vector<TensorType> gatherWholeWaitInfer(const InferContext& c) {
+  c.check(c.dtype(0) == DType::I64, "input 0 must be the i64 ticket of a GatherWholeStart");
+  return {{c.dtype(1), c.attrs().get<Shape>("whole_shape")}};
+}
+
 void allGatherStartKernel(KernelContext& ctx) { communicatorOf(ctx).startGather(ctx); }
 void allGatherWaitKernel(KernelContext& ctx) { communicatorOf(ctx).finishGather(ctx, ctx.attrs().getFloat("scale")); }
 
@@ -169,8 +184,20 @@ void registerCollectiveOps() {
               })
               .noGradient());
     r.add(OpDef("ShardGatherStart").inputs(1, -1).infer(shardGatherStartInfer)
-              .cpu([](KernelContext& ctx) { communicatorOf(ctx).startShardGather(ctx); }).launchAsync().noGradient());
+              .cpu([](KernelContext& ctx) {
+                communicatorOf(ctx).startShardGather(ctx, Communicator::ShardSource::Wholes);
+              })
+              .launchAsync()
+              .noGradient());
     r.add(OpDef("ShardGatherWait").inputs(2, -1).infer(shardGatherWaitInfer)
+              .cpu([](KernelContext& ctx) { communicatorOf(ctx).finishShardGather(ctx); }).noGradient());
+    r.add(OpDef("GatherWholeStart").inputs(1).infer(gatherWholeStartInfer)
+              .cpu([](KernelContext& ctx) {
+                communicatorOf(ctx).startShardGather(ctx, Communicator::ShardSource::Shards);
+              })
+              .launchAsync()
+              .noGradient());
+    r.add(OpDef("GatherWholeWait").inputs(2).infer(gatherWholeWaitInfer)
               .cpu([](KernelContext& ctx) { communicatorOf(ctx).finishShardGather(ctx); }).noGradient());
     r.add(OpDef("TouchedRows").inputs(2).infer(touchedRowsInfer).cpu(touchedRowsKernel).noGradient());
   });
@@ -241,6 +268,17 @@ std::vector<Node*> gatherShards(const std::vector<Output>& variables, const std:
   for (size_t i = 0; i < variables.size(); ++i)
     assigns.push_back(assign(variables[i], wait->output(static_cast<int>(i))));
   return assigns;
+}
+
+Output gatherWhole(Output shard, const Shape& whole, Node* after, int64_t communicator, int rank, int ranks) {
+  registerCollectiveOps();
+  Graph& g = shard.graph();
+  auto placed = g.onDevice("");
+  Attrs where{{"communicator", communicator}, {"rank", int64_t{rank}}, {"world_size", int64_t{ranks}}};
+  where.set("whole_shape", whole);
+  Node* start = g.addNode("GatherWholeStart", {shard}, where);
+  if (after != nullptr) g.addControlInput(start, after);
+  return g.addNode("GatherWholeWait", {start->output(), shard}, where)->output();
 }
 
 std::pair<Output, Output> touchedRows(Output rows, Output counts, DType indexDType) {

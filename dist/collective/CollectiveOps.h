@@ -10,8 +10,10 @@
 //   ReduceScatterWait(ticket, g_1..g_k) -> this rank's shard of scale * sum_ranks g_i, each a vector
 //   ShardGatherStart(v_1..v_k) -> ticket     (this rank's shard of each variable)
 //   ShardGatherWait(ticket, v_1..v_k) -> v_1..v_k with every rank's shard of each (assigned to them)
+//   GatherWholeStart(s) -> ticket            (s: this rank's shard of a tensor of "whole_shape")
+//   GatherWholeWait(ticket, s) -> the whole tensor, every rank's shard in place
 //
-// The last two pairs are ZeRO's (dist/Transform.h): rank r's shard of a tensor of n elements is
+// The last three pairs are ZeRO's (dist/Transform.h): rank r's shard of a tensor of n elements is
 // its flattened elements [n r / N, n (r + 1) / N) (shardOf). They run on the host's ring, named by
 // "communicator", and are built for one rank ("rank", "world_size"), whose shard shapes they infer.
 //
@@ -63,6 +65,11 @@ std::vector<Output> reduceScatter(const std::vector<Output>& xs, int64_t communi
 std::vector<Node*> gatherShards(const std::vector<Output>& variables, const std::vector<Node*>& after,
                                 int64_t communicator, int rank, int ranks);
 
+/// The whole value of a tensor of shape `whole` from `shard`, this rank's shard of it, with
+/// every other rank's (ZeRO stage 3's gather of a sharded parameter before its readers): one
+/// all-gather on the host's ring, launched once `after` ran (when given). Its result is a value
+/// of the step, so the memory planner frees it after its last reader.
+Output gatherWhole(Output shard, const Shape& whole, Node* after, int64_t communicator, int rank, int ranks);
 /// Sparse rows from dense `rows` [R, ...] and a count per row [R]: ids (`indexDType`, R of
 /// them) and values like `rows`, where row r with a non-zero count is (r, rows[r]) and every
 /// other row is (the first counted row, zeros). A sparse update summing rows by id therefore

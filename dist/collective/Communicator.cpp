@@ -261,15 +261,20 @@ void Communicator::finishReduceScatter(KernelContext& ctx, double scale) {
   }
 }
 
-void Communicator::startShardGather(KernelContext& ctx) {
+void Communicator::startShardGather(KernelContext& ctx, ShardSource source) {
   checkRank(ctx, rank_, size_);
   const size_t element = dtypeSize(ctx.input(0).dtype());
-  const ShardLayout layout = shardLayout(numelsOf(ctx, 0), element, size_);
+  const bool fromShards = source == ShardSource::Shards;
+  const std::vector<int64_t> numels =
+      fromShards ? std::vector<int64_t>{ctx.attrs().get<Shape>("whole_shape").numel()} : numelsOf(ctx, 0);
+  const ShardLayout layout = shardLayout(numels, element, size_);
   std::vector<uint8_t> buffer(layout.total);
   for (int t = 0; t < ctx.numInputs(); ++t) {
     const ShardRange& shard = layout.shards[static_cast<size_t>(rank_)][static_cast<size_t>(t)];
-    copyShard(shard, element, ctx.input(t).raw(), static_cast<size_t>(shard.offset) * element, buffer.data(),
-              layout.placed[static_cast<size_t>(rank_)][static_cast<size_t>(t)]);
+    WEFT_CHECK(!fromShards || ctx.input(t).numel() == shard.count, "{}: input {} holds {} elements, rank {}'s shard {}",
+               ctx.node->describe(), t, ctx.input(t).numel(), rank_, shard.count);
+    copyShard(shard, element, ctx.input(t).raw(), fromShards ? 0 : static_cast<size_t>(shard.offset) * element,
+              buffer.data(), layout.placed[static_cast<size_t>(rank_)][static_cast<size_t>(t)]);
   }
   const std::vector<size_t> sizes = layout.chunkBytes;
   const uint64_t ticket = submit(
@@ -281,11 +286,13 @@ void Communicator::startShardGather(KernelContext& ctx) {
 void Communicator::finishShardGather(KernelContext& ctx) {
   const std::vector<uint8_t> buffer = wait(readTicket(ctx));
   const size_t element = dtypeSize(ctx.input(1).dtype());
-  const ShardLayout layout = shardLayout(numelsOf(ctx, 1), element, size_);
+  std::vector<int64_t> numels;
+  for (int t = 0; t < static_cast<int>(ctx.outputs.size()); ++t) numels.push_back(ctx.output(t).numel());
+  const ShardLayout layout = shardLayout(numels, element, size_);
   WEFT_CHECK(buffer.size() == layout.total, "{}: the gathered buffer has {} bytes, the variables {}",
              ctx.node->describe(), buffer.size(), layout.total);
   for (int r = 0; r < size_; ++r) {
-    for (int t = 0; t + 1 < ctx.numInputs(); ++t) {
+    for (int t = 0; t < static_cast<int>(ctx.outputs.size()); ++t) {
       const ShardRange& shard = layout.shards[static_cast<size_t>(r)][static_cast<size_t>(t)];
       copyShard(shard, element, buffer.data(), layout.placed[static_cast<size_t>(r)][static_cast<size_t>(t)],
                 ctx.output(t).raw(), static_cast<size_t>(shard.offset) * element);

@@ -67,8 +67,10 @@ class Communicator final : public CollectiveBackend, public HostCollectives {
   /// shard of each input's sum over the ranks, times `scale`.
   void startReduceScatter(KernelContext& ctx);
   void finishReduceScatter(KernelContext& ctx, double scale);
-  /// ShardGatherStart and ShardGatherWait: each variable with every rank's shard of it.
-  void startShardGather(KernelContext& ctx);
+  /// ShardGatherStart and ShardGatherWait: each variable with every rank's shard of it; and
+  /// GatherWholeStart and GatherWholeWait, whose input is this rank's shard, their output the whole.
+  enum class ShardSource { Wholes, Shards };
+  void startShardGather(KernelContext& ctx, ShardSource source);
   void finishShardGather(KernelContext& ctx);
   void abort(const std::string& why) override;
 
