@@ -119,9 +119,10 @@ TEST_CASE("every op the distribution layer registers has a shape function, a CPU
   registerAllOps();
   registerCollectiveOps();
   registerServerOps();
-  for (const char* op : {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows",
-                        "ReduceScatterStart", "ReduceScatterWait", "ShardGatherStart", "ShardGatherWait",
-                         "PullRows", "PullVariable", "PushGradient", "ApplyRemote"}) {
+  for (const char* op :
+       {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows", "ReduceScatterStart",
+        "ReduceScatterWait", "ShardGatherStart", "ShardGatherWait", "GatherWholeStart", "GatherWholeWait", "PullRows",
+        "PullVariable", "PushGradient", "ApplyRemote"}) {
     CHECK(OpRegistry::global().find(op) != nullptr);
   }
   for (const std::string& name : OpRegistry::global().names()) {
@@ -141,9 +142,10 @@ TEST_CASE(
   registerServerOps();
   const OpRegistry& r = OpRegistry::global();
   // The collectives' Start/Wait pairs and TouchedRows; the servers' pulls, push and apply.
-  for (const char* name : {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows",
-                          "ReduceScatterStart", "ReduceScatterWait", "ShardGatherStart", "ShardGatherWait",
-                           "PullRows", "PullVariable", "PushGradient", "ApplyRemote"}) {
+  for (const char* name :
+       {"AllReduceStart", "AllReduceWait", "AllGatherStart", "AllGatherWait", "TouchedRows", "ReduceScatterStart",
+        "ReduceScatterWait", "ShardGatherStart", "ShardGatherWait", "GatherWholeStart", "GatherWholeWait", "PullRows",
+        "PullVariable", "PushGradient", "ApplyRemote"}) {
     CAPTURE(name);
     REQUIRE(r.find(name) != nullptr);
     // They run after the backward pass (or are its sums): no gradient flows through them.

@@ -125,9 +125,11 @@ std::vector<TensorType> reduceScatterWaitInfer(const InferContext& c) {
   c.check(c.dtype(0) == DType::I64, "input 0 must be the i64 ticket of a ReduceScatterStart");
   const auto rank = static_cast<int>(c.attrs().getInt("rank"));
   const auto ranks = static_cast<int>(c.attrs().getInt("world_size"));
+  const DType dtype = c.attrs().get<DType>("dtype");
   std::vector<TensorType> shards;
-  for (int i = 1; i < c.numInputs(); ++i)
-    shards.push_back({c.dtype(i), Shape{shardOf(c.shape(i).numel(), rank, ranks).count}});
+  for (int64_t numel : c.attrs().get<std::vector<int64_t>>("numels"))
+    shards.push_back({dtype, Shape{shardOf(numel, rank, ranks).count}});
+  c.check(!shards.empty(), "\"numels\" names no tensor");
   return shards;
 }
 
@@ -177,7 +179,7 @@ void registerCollectiveOps() {
     r.add(OpDef("ReduceScatterStart").inputs(1, -1).infer(reduceScatterStartInfer)
               .cpu([](KernelContext& ctx) { communicatorOf(ctx).startReduceScatter(ctx); }).launchAsync().noGradient());
     r.add(OpDef("ReduceScatterWait")
-              .inputs(2, -1)
+              .inputs(1)
               .infer(reduceScatterWaitInfer)
               .cpu([](KernelContext& ctx) {
                 communicatorOf(ctx).finishReduceScatter(ctx, ctx.attrs().getFloat("scale"));
@@ -243,11 +245,14 @@ std::vector<Output> reduceScatter(const std::vector<Output>& xs, int64_t communi
   auto placed = g.onDevice("");
   const Attrs where{{"communicator", communicator}, {"rank", int64_t{rank}}, {"world_size", int64_t{ranks}}};
   Node* start = g.addNode("ReduceScatterStart", xs, where);
-  std::vector<Output> waitInputs{start->output()};
-  waitInputs.insert(waitInputs.end(), xs.begin(), xs.end());
+  // The wait reads only the ticket, so the whole gradients are freed once the start packed them.
+  std::vector<int64_t> numels;
+  for (const Output& x : xs) numels.push_back(x.shape().numel());
   Attrs waitAttrs = where;
   waitAttrs.set("scale", scale);
-  Node* wait = g.addNode("ReduceScatterWait", waitInputs, waitAttrs);
+  waitAttrs.set("numels", numels);
+  waitAttrs.set("dtype", xs[0].dtype());
+  Node* wait = g.addNode("ReduceScatterWait", {start->output()}, waitAttrs);
   std::vector<Output> out;
   for (size_t i = 0; i < xs.size(); ++i) out.push_back(wait->output(static_cast<int>(i)));
   return out;

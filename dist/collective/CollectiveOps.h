@@ -7,7 +7,8 @@
 //   AllGatherStart(indices, values) -> ticket
 //   AllGatherWait(ticket, indices, values) -> (every rank's indices, scale * every rank's values)
 //   ReduceScatterStart(g_1..g_k) -> ticket
-//   ReduceScatterWait(ticket, g_1..g_k) -> this rank's shard of scale * sum_ranks g_i, each a vector
+//   ReduceScatterWait(ticket) -> this rank's shard of scale * sum_ranks g_i, each a vector (the
+//                                g_i's sizes and dtype in attributes: the start packed them)
 //   ShardGatherStart(v_1..v_k) -> ticket     (this rank's shard of each variable)
 //   ShardGatherWait(ticket, v_1..v_k) -> v_1..v_k with every rank's shard of each (assigned to them)
 //   GatherWholeStart(s) -> ticket            (s: this rank's shard of a tensor of "whole_shape")

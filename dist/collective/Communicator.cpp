@@ -207,10 +207,10 @@ void copyShard(const ShardRange& shard, size_t element, const void* from, size_t
               static_cast<size_t>(shard.count) * element);
 }
 
-/// The tensors of a sharding collective's inputs from `first` on, their element count each.
-std::vector<int64_t> numelsOf(const KernelContext& ctx, int first) {
+/// The element count of each of a sharding collective's inputs.
+std::vector<int64_t> numelsOf(const KernelContext& ctx) {
   std::vector<int64_t> numels;
-  for (int i = first; i < ctx.numInputs(); ++i) numels.push_back(ctx.input(i).numel());
+  for (int i = 0; i < ctx.numInputs(); ++i) numels.push_back(ctx.input(i).numel());
   return numels;
 }
 
@@ -228,7 +228,7 @@ void Communicator::startReduceScatter(KernelContext& ctx) {
   checkRank(ctx, rank_, size_);
   const DType dtype = ctx.input(0).dtype();
   const size_t element = dtypeSize(dtype);
-  const ShardLayout layout = shardLayout(numelsOf(ctx, 0), element, size_);
+  const ShardLayout layout = shardLayout(numelsOf(ctx), element, size_);
   std::vector<uint8_t> buffer(layout.total);
   for (int r = 0; r < size_; ++r) {
     for (int t = 0; t < ctx.numInputs(); ++t) {
@@ -248,11 +248,11 @@ void Communicator::startReduceScatter(KernelContext& ctx) {
 
 void Communicator::finishReduceScatter(KernelContext& ctx, double scale) {
   const std::vector<uint8_t> buffer = wait(readTicket(ctx));
-  const size_t element = dtypeSize(ctx.input(1).dtype());
-  const ShardLayout layout = shardLayout(numelsOf(ctx, 1), element, size_);
+  const size_t element = dtypeSize(ctx.attrs().get<DType>("dtype"));
+  const ShardLayout layout = shardLayout(ctx.attrs().get<std::vector<int64_t>>("numels"), element, size_);
   WEFT_CHECK(buffer.size() == layout.total, "{}: the reduced buffer has {} bytes, the inputs {}",
              ctx.node->describe(), buffer.size(), layout.total);
-  for (int t = 0; t + 1 < ctx.numInputs(); ++t) {
+  for (int t = 0; t < static_cast<int>(ctx.outputs.size()); ++t) {
     Tensor& out = ctx.output(t);
     const ShardRange& shard = layout.shards[static_cast<size_t>(rank_)][static_cast<size_t>(t)];
     copyShard(shard, element, buffer.data(), layout.placed[static_cast<size_t>(rank_)][static_cast<size_t>(t)],
@@ -266,7 +266,7 @@ void Communicator::startShardGather(KernelContext& ctx, ShardSource source) {
   const size_t element = dtypeSize(ctx.input(0).dtype());
   const bool fromShards = source == ShardSource::Shards;
   const std::vector<int64_t> numels =
-      fromShards ? std::vector<int64_t>{ctx.attrs().get<Shape>("whole_shape").numel()} : numelsOf(ctx, 0);
+      fromShards ? std::vector<int64_t>{ctx.attrs().get<Shape>("whole_shape").numel()} : numelsOf(ctx);
   const ShardLayout layout = shardLayout(numels, element, size_);
   std::vector<uint8_t> buffer(layout.total);
   for (int t = 0; t < ctx.numInputs(); ++t) {
