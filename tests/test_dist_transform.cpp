@@ -342,6 +342,34 @@ TEST_CASE("--shard parameters: the forward and the backward read wholes gathered
   CHECK(startBackwardW->controlInputs == std::vector<Node*>{const_cast<Node*>(forwardAdd)});
 }
 
+TEST_CASE("--shard parameters: a step's plan holds a few layers' gathered wholes, not the model") {
+  // Eight layers of 1 MiB weights on a batch of 2: the plan's values are almost all wholes.
+  constexpr int kLayers = 8;
+  constexpr int64_t kWidth = 512;
+  constexpr size_t kLayerBytes = kWidth * kWidth * 4;
+  Graph g;
+  const Output x = g.placeholder("x", f32, {2, kWidth});
+  Output h = x;
+  for (int l = 0; l < kLayers; ++l)
+    h = tanh(matmul(h, g.variable(fmt::format("w{}", l), f32, {kWidth, kWidth}, Initializer::glorotUniform())));
+  const Output loss = sum(square(h));
+  Node* step = optim::Momentum(0.1, 0.9).minimize(loss);
+  TransformOptions o;
+  o.workers = 2;
+  o.shardOptimizer = true;
+  o.shardParameters = true;
+  o.bucketBytes = kLayerBytes;  // a bucket's gradients wait whole until it is full
+  distributeAllReduce(g, o);
+  g.verify();
+  Session session(g);
+  const PlanStats stats = session.planStats({loss}, {{x, Tensor::zeros(f32, {2, kWidth})}}, {step});
+  CAPTURE(stats.arenaBytes);
+  // A layer's backward holds its weights whole beside their whole gradient: two layers' worth
+  // and the small activations, where a forward whole kept for the backward would hold all eight.
+  CHECK(stats.arenaBytes >= 2 * kLayerBytes);
+  CHECK(stats.arenaBytes <= 3 * kLayerBytes);
+}
+
 TEST_CASE("--shard parameters: a reader that writes a sharded parameter is refused, naming it") {
   Graph g;
   const Output w = g.variable("w", f32, {3, 5}, Initializer::normal(0, 1));
