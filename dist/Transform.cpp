@@ -204,27 +204,57 @@ class OptimizerSharding {
   /// training step (an evaluation) gathers without waiting for the step's ops.
   enum class ReaderClass { Forward, Backward, Other };
 
+  /// A variable's readers of one class, in graph order.
+  struct Reads {
+    Node* variable = nullptr;
+    std::vector<Node*> readers;
+  };
+  using ReadsByClass = std::map<ReaderClass, std::vector<Reads>>;
+  /// Where each variable's gather of a class waits: (class, the node it runs after, its readers).
+  using Gathers = std::map<const Node*, std::vector<std::tuple<ReaderClass, Node*, const Reads*>>>;
+
   /// ZeRO stage 3: each covered variable becomes its rank's shard, and every reader besides its
-  /// update reads a whole gathered for its class. The gathers of a class are chained in the order
-  /// their first readers run: the gather of the next variable starts as the first reader of the
-  /// one before it runs, so it overlaps that layer's compute and at most two layers' wholes of a
-  /// class exist at once. The backward's first gather waits for the forward's last reader.
+  /// update reads a whole gathered for its class (chainGathers says when each starts).
   void gatherBeforeReaders(const std::vector<GradientLink>& links, const std::vector<const GradientLink*>& dense,
                            const std::map<const Node*, std::vector<const Node*>>& readers) {
-    const std::unordered_set<const Node*> step = backwardNodes(links);
+    const std::vector<Node*> order = graph_.topologicalOrder();
     std::map<const Node*, size_t> position;
-    std::unordered_set<const Node*> backward;  // autodiff's nodes and whatever reads what they compute
-    for (Node* n : graph_.topologicalOrder()) {
-      position.emplace(n, position.size());
+    for (Node* n : order) position.emplace(n, position.size());
+    ReadsByClass byClass = classifyReaders(links, dense, readers, order, position);
+    const Gathers gathers = chainGathers(byClass, position);
+    // One variable at a time, so that a reader of several (a batch norm's scale and offset) is
+    // re-inferred with each of its inputs whole or not yet sharded.
+    for (const GradientLink* l : dense) {
+      Node* v = updates_.at(l->variable).variable;
+      const ShardRange range = shardOf(v->outputs[0].shape.numel(), options_.rank, options_.workers);
+      graph_.shardVariable(v, range.offset, range.count);
+      const auto found = gathers.find(v);
+      if (found == gathers.end()) continue;
+      for (const auto& [c, after, reads] : found->second) {
+        auto scope = graph_.scope(v->name + (c == ReaderClass::Backward  ? "/gathered_for_backward"
+                                             : c == ReaderClass::Forward ? "/gathered_for_forward"
+                                                                         : "/gathered"));
+        const Output gathered = gatherWhole(v->output(), Graph::wholeShapeOf(*v), after, options_.hostRing,
+                                            options_.rank, options_.workers);
+        graph_.replaceUses(v->output(), gathered, reads->readers);
+      }
+    }
+  }
+
+  /// Sorts each covered variable's readers (but its update chain) into the three classes: the
+  /// backward (autodiff's nodes and whatever reads what they compute), the forward (whatever else
+  /// the gradients depend on), the rest.
+  ReadsByClass classifyReaders(const std::vector<GradientLink>& links, const std::vector<const GradientLink*>& dense,
+                               const std::map<const Node*, std::vector<const Node*>>& readers,
+                               const std::vector<Node*>& order, const std::map<const Node*, size_t>& position) {
+    const std::unordered_set<const Node*> step = backwardNodes(links);
+    std::unordered_set<const Node*> backward;
+    for (const Node* n : order) {
       bool fromGradient = n->gradientOf != nullptr;
       for (const Output& in : n->inputs) fromGradient = fromGradient || backward.count(in.node());
       if (fromGradient) backward.insert(n);
     }
-    struct Reads {
-      Node* variable;
-      std::vector<Node*> readers;  // in graph order
-    };
-    std::map<ReaderClass, std::vector<Reads>> byClass;
+    ReadsByClass byClass;
     for (const GradientLink* l : dense) {
       const ServedVariable& u = updates_.at(l->variable);
       std::set<const Node*> own(u.chain.begin(), u.chain.end());
@@ -247,16 +277,24 @@ class OptimizerSharding {
         byClass[c].push_back({u.variable, std::move(list)});
       }
     }
+    return byClass;
+  }
+
+  /// Chains the gathers of each class in the order their first readers take: a variable's
+  /// gather starts as the first reader of the variable before it runs, so it overlaps that
+  /// layer's compute and about two layers' wholes of a class exist at once. Variables with one
+  /// first reader (a batch norm's scale and offset) start together; the backward's first gather
+  /// waits for the forward's last reader.
+  static Gathers chainGathers(ReadsByClass& byClass, const std::map<const Node*, size_t>& position) {
     Node* lastForwardReader = nullptr;
     for (const Reads& r : byClass[ReaderClass::Forward])
       if (lastForwardReader == nullptr || position.at(r.readers.back()) > position.at(lastForwardReader))
         lastForwardReader = r.readers.back();
-    std::map<const Node*, std::vector<std::tuple<ReaderClass, Node*, const Reads*>>> gathers;  // class, after
+    Gathers gathers;
     for (auto& [c, reads] : byClass) {
       std::stable_sort(reads.begin(), reads.end(), [&](const Reads& a, const Reads& b) {
         return position.at(a.readers.front()) < position.at(b.readers.front());
       });
-      // Variables with one first reader (a batch norm's scale and offset) start together.
       Node* after = c == ReaderClass::Backward ? lastForwardReader : nullptr;
       Node* previousFirst = after;
       for (const Reads& r : reads) {
@@ -265,21 +303,7 @@ class OptimizerSharding {
         previousFirst = r.readers.front();
       }
     }
-    // One variable at a time, so that a reader of several (a batch norm's scale and offset) is
-    // re-inferred with each of its inputs whole or not yet sharded.
-    for (const GradientLink* l : dense) {
-      Node* v = updates_.at(l->variable).variable;
-      const ShardRange range = shardOf(v->outputs[0].shape.numel(), options_.rank, options_.workers);
-      graph_.shardVariable(v, range.offset, range.count);
-      for (const auto& [c, after, reads] : gathers[v]) {
-        auto scope = graph_.scope(v->name + (c == ReaderClass::Backward  ? "/gathered_for_backward"
-                                             : c == ReaderClass::Forward ? "/gathered_for_forward"
-                                                                         : "/gathered"));
-        const Output gathered = gatherWhole(v->output(), Graph::wholeShapeOf(*v), after, options_.hostRing,
-                                            options_.rank, options_.workers);
-        graph_.replaceUses(v->output(), gathered, reads->readers);
-      }
-    }
+    return gathers;
   }
 
   /// A reader that needs only the variable's shape (the gradient of an add that broadcast a bias
