@@ -460,6 +460,12 @@ TEST_CASE("--shard: ResNet (momentum, weight decay, batch norm) on 2 and 4 worke
   }
 }
 
+TEST_CASE("--shard parameters: NMT (attention, an evaluation that decodes) and the GNN on 2 workers train like one "
+          "process") {
+  checkSameVariables("nmt", nmtFlags, 2, 1e-5, "--shard parameters");
+  checkSameVariables("gnn", gnnFlags, 2, 1e-5, "--shard parameters");
+}
+
 TEST_CASE("--shard: a checkpoint is whole, and resumes on another number of workers and another sharding") {
   TempDir dir;
   const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
