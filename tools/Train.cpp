@@ -1059,9 +1059,10 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   cmd.add_option("--shard", f.shard,
-                 "what each data-parallel CPU worker keeps a shard of (ZeRO): none, or optimizer (1/N of every dense "
+                 "what each data-parallel CPU worker keeps a shard of (ZeRO): none; optimizer (1/N of every dense "
                  "variable's optimizer slots and summed gradient; the gradients are reduce-scattered and the updated "
-                 "shards all-gathered; checkpoints stay whole)")
+                 "shards all-gathered); or parameters (1/N of the variables too, gathered whole layer by layer for "
+                 "the forward and again for the backward; evaluations run on every worker). Checkpoints stay whole")
       ->capture_default_str();
   cmd.add_flag("--encrypt", f.encrypt,
                "encrypt the data plane's payloads (AES-256-GCM) between the job's processes, not only authenticate "
