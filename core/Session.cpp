@@ -450,7 +450,10 @@ void buildSteps(detail::Plan& plan, const std::vector<Item>& items, const Graph&
     for (int in : item.in) step.ctx.inputs.push_back(&plan.slots[static_cast<size_t>(in)]);
     for (int out : item.out) step.ctx.outputs.push_back(&plan.slots[static_cast<size_t>(out)]);
     if (item.condition >= 0) step.condition = &plan.slots[static_cast<size_t>(item.condition)];
-    step.checkFinite = options.checkNumerics && !numericsLeftToLossScaling.count(item.node);
+    // An op that launches work in the background (a gather into its output) has not written its
+    // outputs when it returns; what waits for the work is checked instead.
+    step.checkFinite = options.checkNumerics && !numericsLeftToLossScaling.count(item.node) &&
+                       !item.node->def->launchesAsync;
     plan.drawsRandom = plan.drawsRandom || (!item.copy && item.node->def->drawsRandom);
     plan.steps.push_back(std::move(step));
   }

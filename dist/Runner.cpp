@@ -66,6 +66,7 @@ struct Runner::State {
 
   ~State() {
     if (!communicator) return;
+    communicator->settle();  // before the session's values, which a gather may be writing, go
     try {
       leave();
     } catch (const std::exception& e) {
@@ -430,6 +431,8 @@ std::vector<Tensor> Runner::run(const std::vector<Output>& fetches, const FeedMa
     // (a feed refused) leaves the backends as they were.
     for (CollectiveBackend* b : backends)
       if (b->sumsInFlight()) b->abort(fmt::format("a step failed on this worker ({})", e.what()));
+    // A gather may still be writing into the failed step's values (GatherWholeStart).
+    if (state_->communicator) state_->communicator->settle();
     throw;
   }
 }

@@ -151,12 +151,16 @@ std::vector<TensorType> gatherWholeStartInfer(const InferContext& c) {
                                    static_cast<int>(c.attrs().getInt("world_size")));
   c.check(c.shape(0) == Shape{shard.count}, "input 0 has shape {}, not this rank's shard [{}] of the whole {}",
           c.shape(0).str(), shard.count, whole.str());
-  return shardingStartInfer(c);
+  std::vector<TensorType> out = shardingStartInfer(c);
+  out.push_back({c.dtype(0), whole});
+  return out;
 }
 
 std::vector<TensorType> gatherWholeWaitInfer(const InferContext& c) {
   c.check(c.dtype(0) == DType::I64, "input 0 must be the i64 ticket of a GatherWholeStart");
-  return {{c.dtype(1), c.attrs().get<Shape>("whole_shape")}};
+  c.check(c.shape(1) == c.attrs().get<Shape>("whole_shape"), "input 1 has shape {}, the whole {}", c.shape(1).str(),
+          c.attrs().get<Shape>("whole_shape").str());
+  return {c.inputs[1]};
 }
 
 void allGatherStartKernel(KernelContext& ctx) { communicatorOf(ctx).startGather(ctx); }
@@ -186,21 +190,13 @@ void registerCollectiveOps() {
               })
               .noGradient());
     r.add(OpDef("ShardGatherStart").inputs(1, -1).infer(shardGatherStartInfer)
-              .cpu([](KernelContext& ctx) {
-                communicatorOf(ctx).startShardGather(ctx, Communicator::ShardSource::Wholes);
-              })
-              .launchAsync()
-              .noGradient());
+              .cpu([](KernelContext& ctx) { communicatorOf(ctx).startShardGather(ctx); }).launchAsync().noGradient());
     r.add(OpDef("ShardGatherWait").inputs(2, -1).infer(shardGatherWaitInfer)
               .cpu([](KernelContext& ctx) { communicatorOf(ctx).finishShardGather(ctx); }).noGradient());
     r.add(OpDef("GatherWholeStart").inputs(1).infer(gatherWholeStartInfer)
-              .cpu([](KernelContext& ctx) {
-                communicatorOf(ctx).startShardGather(ctx, Communicator::ShardSource::Shards);
-              })
-              .launchAsync()
-              .noGradient());
+              .cpu([](KernelContext& ctx) { communicatorOf(ctx).startGatherWhole(ctx); }).launchAsync().noGradient());
     r.add(OpDef("GatherWholeWait").inputs(2).infer(gatherWholeWaitInfer)
-              .cpu([](KernelContext& ctx) { communicatorOf(ctx).finishShardGather(ctx); }).noGradient());
+              .cpu([](KernelContext& ctx) { communicatorOf(ctx).finishGatherWhole(ctx); }).inplace(1).noGradient());
     r.add(OpDef("TouchedRows").inputs(2).infer(touchedRowsInfer).cpu(touchedRowsKernel).noGradient());
   });
 }
@@ -283,7 +279,7 @@ Output gatherWhole(Output shard, const Shape& whole, Node* after, int64_t commun
   where.set("whole_shape", whole);
   Node* start = g.addNode("GatherWholeStart", {shard}, where);
   if (after != nullptr) g.addControlInput(start, after);
-  return g.addNode("GatherWholeWait", {start->output(), shard}, where)->output();
+  return g.addNode("GatherWholeWait", {start->output(0), start->output(1)}, where)->output();
 }
 
 std::pair<Output, Output> touchedRows(Output rows, Output counts, DType indexDType) {

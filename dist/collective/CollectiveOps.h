@@ -11,8 +11,9 @@
 //                                g_i's sizes and dtype in attributes: the start packed them)
 //   ShardGatherStart(v_1..v_k) -> ticket     (this rank's shard of each variable)
 //   ShardGatherWait(ticket, v_1..v_k) -> v_1..v_k with every rank's shard of each (assigned to them)
-//   GatherWholeStart(s) -> ticket            (s: this rank's shard of a tensor of "whole_shape")
-//   GatherWholeWait(ticket, s) -> the whole tensor, every rank's shard in place
+//   GatherWholeStart(s) -> ticket, whole     (s: this rank's shard of a tensor of "whole_shape";
+//                                             the ring fills `whole` in the background)
+//   GatherWholeWait(ticket, whole) -> whole, once every rank's shard is in it (in place)
 //
 // The last three pairs are ZeRO's (dist/Transform.h): rank r's shard of a tensor of n elements is
 // its flattened elements [n r / N, n (r + 1) / N) (shardOf). They run on the host's ring, named by

@@ -261,20 +261,15 @@ void Communicator::finishReduceScatter(KernelContext& ctx, double scale) {
   }
 }
 
-void Communicator::startShardGather(KernelContext& ctx, ShardSource source) {
+void Communicator::startShardGather(KernelContext& ctx) {
   checkRank(ctx, rank_, size_);
   const size_t element = dtypeSize(ctx.input(0).dtype());
-  const bool fromShards = source == ShardSource::Shards;
-  const std::vector<int64_t> numels =
-      fromShards ? std::vector<int64_t>{ctx.attrs().get<Shape>("whole_shape").numel()} : numelsOf(ctx);
-  const ShardLayout layout = shardLayout(numels, element, size_);
+  const ShardLayout layout = shardLayout(numelsOf(ctx), element, size_);
   std::vector<uint8_t> buffer(layout.total);
   for (int t = 0; t < ctx.numInputs(); ++t) {
     const ShardRange& shard = layout.shards[static_cast<size_t>(rank_)][static_cast<size_t>(t)];
-    WEFT_CHECK(!fromShards || ctx.input(t).numel() == shard.count, "{}: input {} holds {} elements, rank {}'s shard {}",
-               ctx.node->describe(), t, ctx.input(t).numel(), rank_, shard.count);
-    copyShard(shard, element, ctx.input(t).raw(), fromShards ? 0 : static_cast<size_t>(shard.offset) * element,
-              buffer.data(), layout.placed[static_cast<size_t>(rank_)][static_cast<size_t>(t)]);
+    copyShard(shard, element, ctx.input(t).raw(), static_cast<size_t>(shard.offset) * element, buffer.data(),
+              layout.placed[static_cast<size_t>(rank_)][static_cast<size_t>(t)]);
   }
   const std::vector<size_t> sizes = layout.chunkBytes;
   const uint64_t ticket = submit(
@@ -298,6 +293,38 @@ void Communicator::finishShardGather(KernelContext& ctx) {
                 ctx.output(t).raw(), static_cast<size_t>(shard.offset) * element);
     }
   }
+}
+
+// One tensor's shards laid out rank by rank are the tensor itself: the ring gathers straight into
+// the start's second output, a value of the step's plan that lives until the wait hands it on.
+void Communicator::startGatherWhole(KernelContext& ctx) {
+  checkRank(ctx, rank_, size_);
+  Tensor& whole = ctx.output(1);
+  const size_t element = dtypeSize(whole.dtype());
+  const ShardLayout layout = shardLayout({whole.numel()}, element, size_);
+  const ShardRange& mine = layout.shards[static_cast<size_t>(rank_)][0];
+  WEFT_CHECK(ctx.input(0).numel() == mine.count, "{}: the shard holds {} elements, rank {}'s part of {} is {}",
+             ctx.node->describe(), ctx.input(0).numel(), rank_, whole.numel(), mine.count);
+  copyShard(mine, element, ctx.input(0).raw(), 0, whole.raw(), layout.placed[static_cast<size_t>(rank_)][0]);
+  auto* data = static_cast<uint8_t*>(whole.raw());
+  const std::vector<size_t> sizes = layout.chunkBytes;
+  const uint64_t ticket = submit(
+      {}, [data, sizes](Ring& ring, std::vector<uint8_t>&) { ring.allGatherChunks(data, sizes); }, TrafficKind::Dense);
+  writeTicket(ctx, ticket);
+}
+
+void Communicator::finishGatherWhole(KernelContext& ctx) {
+  wait(readTicket(ctx));
+  const Tensor& gathered = ctx.input(1);
+  Tensor& whole = ctx.output(0);
+  if (whole.raw() != gathered.raw()) std::memcpy(whole.raw(), gathered.raw(), whole.bytes());
+}
+
+void Communicator::settle() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] {
+    return std::all_of(jobs_.begin(), jobs_.end(), [](const auto& job) { return job.second.done; });
+  });
 }
 
 void Communicator::throwIfFailed() const {

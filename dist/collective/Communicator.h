@@ -67,11 +67,16 @@ class Communicator final : public CollectiveBackend, public HostCollectives {
   /// shard of each input's sum over the ranks, times `scale`.
   void startReduceScatter(KernelContext& ctx);
   void finishReduceScatter(KernelContext& ctx, double scale);
-  /// ShardGatherStart and ShardGatherWait: each variable with every rank's shard of it; and
-  /// GatherWholeStart and GatherWholeWait, whose input is this rank's shard, their output the whole.
-  enum class ShardSource { Wholes, Shards };
-  void startShardGather(KernelContext& ctx, ShardSource source);
+  /// ShardGatherStart and ShardGatherWait: each variable with every rank's shard of it.
+  void startShardGather(KernelContext& ctx);
   void finishShardGather(KernelContext& ctx);
+  /// GatherWholeStart and GatherWholeWait: the whole of a tensor from this rank's shard of it,
+  /// gathered into the start's second output while the step goes on.
+  void startGatherWhole(KernelContext& ctx);
+  void finishGatherWhole(KernelContext& ctx);
+  /// Waits until no collective runs or waits to run (after abort, those queued are dropped), so
+  /// that none still writes into a step's values once the step has failed.
+  void settle();
   void abort(const std::string& why) override;
 
   TrafficLog& traffic() const { return traffic_; }
