@@ -532,7 +532,7 @@ std::string Runner::shardingReport() {
                      workers(), held, whole, sharded, all, allWhole);
 }
 
-bool Runner::shardsParameters() const { return state_->sharding == Sharding::Parameters && workers() > 1; }
+bool Runner::shardsParameters() const { return state_->sharding == Sharding::Parameters; }
 const ServerPlan& Runner::serverPlan() const { return state_->plan; }
 const std::vector<SparsityChoice>& Runner::sparsityChoices() const { return state_->sparsityChoices; }
 Traffic Runner::traffic() const { return state_->traffic.snapshot(); }

@@ -128,9 +128,9 @@ class Runner {
   /// K sharded variables; its variables take C bytes, D unsharded" (those its session has made,
   /// and its shards; "parameters and optimizer state" under Sharding::Parameters); "" without.
   std::string shardingReport();
-  /// Whether the workers hold shards of the parameters (Sharding::Parameters, several workers):
-  /// a run that reads them outside the training step (an evaluation) gathers them, so every
-  /// worker must take part in it.
+  /// Whether the workers hold shards of the parameters (Sharding::Parameters in a job the
+  /// launcher started, even of one worker): a run that reads them outside the training step (an
+  /// evaluation) gathers them, so every worker must take part in it, before the job ends.
   bool shardsParameters() const;
   /// Which variables the parameter servers hold, in which partitions (empty without servers).
   const ServerPlan& serverPlan() const;

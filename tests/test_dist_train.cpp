@@ -411,9 +411,10 @@ TEST_CASE("--shard: the MLP (f64, Adam) on 2 and 4 workers trains like one proce
 }
 
 TEST_CASE("--shard: each worker holds 1/N of the sharded variables, measured on its tensors") {
-  // Adam's m and v of the MLP's three weights and three biases; with parameters, those too.
+  // Adam's m and v of the MLP's three weights and three biases; with parameters, those too. One
+  // worker holds everything, and evaluates before its job ends, as several do.
   for (const auto& [sharding, variables] : {std::pair{"optimizer", 12}, std::pair{"parameters", 18}}) {
-    for (int workers : {2, 4}) {
+    for (int workers : {1, 2, 4}) {
       CAPTURE(sharding);
       CAPTURE(workers);
       TempDir dir;
