@@ -53,13 +53,13 @@ Split shapeSplit(int64_t m, int64_t n) {
   return makeSplit(rows, extent, std::max<int64_t>(128, (extent / 4 + 15) / 16 * 16));
 }
 
-/// For weft's own kernel, whose bits no cut changes: one block per thread, none under 16 rows
-/// or 64 columns, columns in whole tiles. Blocks of rows each pack all of B unless it is packed
-/// already; blocks of columns each pack all of A.
-Split threadSplit(const KernelContext& ctx, int64_t m, int64_t n, bool bPacked) {
+/// For weft's own kernels, whose bits no cut changes: one block per thread, none under 16 rows
+/// or 64 columns, columns in whole tiles of `tileCols`. Blocks of rows each pack all of B unless
+/// it is packed already; blocks of columns each pack all of A.
+Split threadSplit(const KernelContext& ctx, int64_t m, int64_t n, bool bPacked, int64_t tileCols) {
   const int64_t threads = ctx.pool ? ctx.pool->numThreads() : 1;
   const bool rows = bPacked ? m >= 16 * threads : m >= n;
-  const int64_t extent = rows ? m : n, unit = rows ? 8 : detail::ownSgemm().tileCols, least = rows ? 16 : 64;
+  const int64_t extent = rows ? m : n, unit = rows ? 8 : tileCols, least = rows ? 16 : 64;
   const int64_t blocks = std::clamp<int64_t>(extent / least, 1, threads);
   const int64_t per = ((extent + blocks - 1) / blocks + unit - 1) / unit * unit;
   return makeSplit(rows, extent, per);
@@ -93,13 +93,22 @@ void forEachSubproduct(const KernelContext& ctx, const Split& split, bool ta, bo
 
 constexpr bool ownKernel(bool isFloat) { return isFloat && detail::kHaveOwnSgemm; }
 
+/// The bf16 kernel; throws where there is none.
+const detail::Bf16Kernel& bf16Kernel() {
+  const detail::Bf16Kernel* kernel = detail::ownBf16Gemm();
+  WEFT_CHECK(kernel != nullptr,
+             "blas: this CPU or build has no bf16 matrix product (it needs AMX-BF16, or a build for AVX512_BF16)");
+  return *kernel;
+}
+
 }  // namespace
 
 template <class T>
 void parallelGemm(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                   const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const Split split = ownKernel(std::is_same_v<T, float>) ? threadSplit(ctx, m, n, false) : shapeSplit(m, n);
+  const Split split = ownKernel(std::is_same_v<T, float>) ? threadSplit(ctx, m, n, false, detail::ownSgemm().tileCols)
+                                                          : shapeSplit(m, n);
   forEachSubproduct(ctx, split, ta, tb, m, n, k, lda, ldb, ldc,
                     [&](int64_t rows, int64_t cols, int64_t atA, int64_t atB, int64_t atC) {
                       gemm(ta, tb, rows, cols, k, a + atA, lda, b + atB, ldb, beta, c + atC, ldc);
@@ -111,24 +120,27 @@ PackedOperand<T>::PackedOperand(const KernelContext& ctx, bool tb, int64_t k, in
                                 bool roundToBf16)
     : tb(tb), k(k), n(n), b(b), ldb(ldb) {
   WEFT_CHECK(!roundToBf16 || (std::is_same_v<T, float> && haveBf16Gemm()),
-             "PackedOperand: rounding to bf16 needs f32 operands and a bf16 matrix product (AVX512_BF16)");
-  // Disjoint ranges of whole slivers, packed across the pool.
-  auto packAcross = [&](auto packRange) {
-    const int64_t sliverCols = detail::ownSgemm().tileCols, slivers = (n + sliverCols - 1) / sliverCols;
+             "PackedOperand: rounding to bf16 needs f32 operands and a bf16 matrix product (AMX-BF16 or AVX512_BF16)");
+  // Disjoint ranges of whole slivers of `sliverCols`, packed across the pool.
+  auto packAcross = [&](int64_t sliverCols, auto packRange) {
+    const int64_t slivers = (n + sliverCols - 1) / sliverCols;
     ctx.parallelFor(slivers, k * sliverCols,
                     [&](int64_t lo, int64_t hi) { packRange(lo * sliverCols, std::min(n, hi * sliverCols)); });
   };
-  if constexpr (std::is_same_v<T, float> && detail::kHaveBf16GemmAvx512) {
+  if constexpr (std::is_same_v<T, float>) {
     if (roundToBf16) {
-      packedBf16 = std::make_unique_for_overwrite<uint32_t[]>(static_cast<size_t>(detail::packedBf16Size(k, n)));
-      packAcross([&](int64_t c0, int64_t c1) { detail::packBf16Operand(tb, k, n, b, ldb, c0, c1, packedBf16.get()); });
+      const detail::Bf16Kernel& kernel = bf16Kernel();
+      packedBf16 = std::make_unique_for_overwrite<uint32_t[]>(static_cast<size_t>(kernel.packedSize(k, n)));
+      packAcross(kernel.tileCols,
+                 [&](int64_t c0, int64_t c1) { kernel.packOperand(tb, k, n, b, ldb, c0, c1, packedBf16.get()); });
       return;
     }
   }
   if constexpr (ownKernel(std::is_same_v<T, float>)) {
     const detail::SgemmKernel& kernel = detail::ownSgemm();
     packed = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(kernel.packedSize(k, n)));
-    packAcross([&](int64_t c0, int64_t c1) { kernel.packOperand(tb, k, n, b, ldb, c0, c1, packed.get()); });
+    packAcross(kernel.tileCols,
+               [&](int64_t c0, int64_t c1) { kernel.packOperand(tb, k, n, b, ldb, c0, c1, packed.get()); });
   }
 }
 
@@ -140,20 +152,18 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
     parallelGemm(ctx, ta, b.tb, m, b.n, b.k, a, lda, b.b, b.ldb, beta, c, ldc);
     return;
   }
-  if constexpr (ownKernel(std::is_same_v<T, float>)) {
+  if constexpr (std::is_same_v<T, float>) {
+    const detail::Bf16Kernel* bf16 = b.packedBf16 ? &bf16Kernel() : nullptr;
     // Columns [c0, c1) of rows [i0, i0 + rows) of C.
     auto product = [&](int64_t i0, int64_t rows, int64_t c0, int64_t c1) {
       const float* at = ta ? a + i0 : a + i0 * lda;
-      if (b.packedBf16) {
-        if constexpr (detail::kHaveBf16GemmAvx512) {
-          detail::bf16GemmAvx512Packed(ta, rows, b.n, b.k, at, lda, b.packedBf16.get(), c0, c1, beta, c + i0 * ldc,
-                                       ldc);
-        }
-      } else {
+      if (bf16) {
+        bf16->gemmPacked(ta, rows, b.n, b.k, at, lda, b.packedBf16.get(), c0, c1, beta, c + i0 * ldc, ldc);
+      } else if constexpr (ownKernel(true)) {
         detail::ownSgemm().gemmPacked(ta, rows, b.n, b.k, at, lda, b.packed.get(), c0, c1, beta, c + i0 * ldc, ldc);
       }
     };
-    const Split split = threadSplit(ctx, m, b.n, true);
+    const Split split = threadSplit(ctx, m, b.n, true, bf16 ? bf16->tileCols : detail::ownSgemm().tileCols);
     forEachBlock(ctx, split, m, b.n, b.k, [&](int64_t begin, int64_t len) {
       if (split.rows) {
         product(begin, len, 0, b.n);
@@ -164,7 +174,7 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
   }
 }
 
-bool haveBf16Gemm() { return detail::kHaveBf16GemmAvx512; }
+bool haveBf16Gemm() { return detail::ownBf16Gemm() != nullptr; }
 
 KernelReport kernelReport() {
 #if defined(__AVX512F__)
@@ -179,27 +189,25 @@ KernelReport kernelReport() {
   constexpr const char* isa = "SSE";
 #endif
   const char* f32 = detail::kHaveSgemmAvx512 ? "weft AVX-512" : detail::kHaveSgemmAvx2 ? "weft AVX2" : "OpenBLAS";
-  return {isa, f32, haveBf16Gemm() ? "weft AVX512_BF16" : "none"};
+  return {isa, f32, haveBf16Gemm() ? detail::ownBf16Gemm()->name : "none"};
 }
 
 template <class T>
 void parallelGemmBf16(const KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
                       int64_t lda, const T* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if constexpr (detail::kHaveBf16GemmAvx512) {
-    if (m == 0 || n == 0) return;
-    // The kernel takes bf16 operands as their bit patterns.
-    using Element = std::conditional_t<std::is_same_v<T, BFloat16>, uint16_t, float>;
-    static_assert(sizeof(Element) == sizeof(T));
-    const auto* pa = reinterpret_cast<const Element*>(a);
-    const auto* pb = reinterpret_cast<const Element*>(b);
-    const Split split = threadSplit(ctx, m, n, false);
-    forEachSubproduct(ctx, split, ta, tb, m, n, k, lda, ldb, ldc,
-                      [&](int64_t rows, int64_t cols, int64_t atA, int64_t atB, int64_t atC) {
-                        detail::bf16GemmAvx512(ta, tb, rows, cols, k, pa + atA, lda, pb + atB, ldb, beta, c + atC, ldc);
-                      });
-  } else {
-    WEFT_THROW("parallelGemmBf16: this build has no bf16 matrix product (it needs AVX512_BF16)");
-  }
+  const detail::Bf16Kernel& kernel = bf16Kernel();
+  if (m == 0 || n == 0) return;
+  const Split split = threadSplit(ctx, m, n, false, kernel.tileCols);
+  forEachSubproduct(ctx, split, ta, tb, m, n, k, lda, ldb, ldc,
+                    [&](int64_t rows, int64_t cols, int64_t atA, int64_t atB, int64_t atC) {
+                      if constexpr (std::is_same_v<T, BFloat16>) {
+                        // The kernel takes bf16 operands as their bit patterns.
+                        kernel.gemm(ta, tb, rows, cols, k, reinterpret_cast<const uint16_t*>(a) + atA, lda,
+                                    reinterpret_cast<const uint16_t*>(b) + atB, ldb, beta, c + atC, ldc);
+                      } else {
+                        kernel.gemmRounding(ta, tb, rows, cols, k, a + atA, lda, b + atB, ldb, beta, c + atC, ldc);
+                      }
+                    });
 }
 
 template void parallelGemmBf16<BFloat16>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t, const BFloat16*,

@@ -53,8 +53,8 @@ void parallelGemm(const KernelContext& ctx, bool ta, int64_t m, const T* a, int6
 
 /// What runs this build's CPU products, for reports such as `weft train --bench`: the widest
 /// vector instruction set the build targets ("AVX-512", "AVX2", ...), the f32 kernel ("weft
-/// AVX-512", "weft AVX2" or "OpenBLAS") and the bf16 one ("weft AVX512_BF16", or "none" where bf16
-/// products widen to f32).
+/// AVX-512", "weft AVX2" or "OpenBLAS") and the bf16 one ("weft AMX-BF16", "weft AVX512_BF16", or
+/// "none" where bf16 products widen to f32).
 struct KernelReport {
   const char* vectorIsa;
   const char* f32Gemm;
@@ -62,7 +62,9 @@ struct KernelReport {
 };
 KernelReport kernelReport();
 
-/// Whether parallelGemmBf16 is built: weft's bf16 kernel, for CPUs with AVX512_BF16.
+/// Whether parallelGemmBf16 runs here: weft's bf16 kernel on AMX tiles where the CPU has AMX-BF16
+/// (chosen at run time in every x86-64 build; WEFT_AMX=0 declines it), else its AVX512_BF16
+/// kernel where the build targets AVX512_BF16.
 bool haveBf16Gemm();
 
 /// C (m x n, f32) = op(A) op(B) + beta C for A and B in bfloat16 (T = BFloat16), or in f32

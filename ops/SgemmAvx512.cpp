@@ -10,6 +10,8 @@
 
 #if defined(__AVX512F__)
 
+#include "ops/Avx512Pairs.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -28,43 +30,12 @@ constexpr int64_t kBlockRows = 120;  // ten tiles of rows
 constexpr int64_t kPanelCols = 1024;
 constexpr int64_t kDirectACols = 2 * kTileCols;  // B no wider than this: A is read in place
 
-/// The lanes of a vector that hold its first `count` elements.
-__mmask16 lanes(int64_t count) {
-  return count <= 0 ? __mmask16(0) : count >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
-}
-
 /// The lanes of a sliver's two vectors that hold its first `live` columns.
 struct ColumnMasks {
   __mmask16 low, high;
 };
 
 ColumnMasks columnMasks(int64_t live) { return {lanes(live), lanes(live - 16)}; }
-
-/// Transposes 16 vectors in registers: on exit r[j] holds lane j of each input, in order.
-void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
-  }
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < 4; ++j) {
-      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
-      t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
-    }
-  }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
-    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
-  }
-}
 
 /// Calls store(q, column) for the first `cols` columns of the block of `rows` rows (row i at
 /// src + i * ld) and 16 columns, rows past `rows` read as zero: the block transposed.
@@ -142,21 +113,8 @@ void packB(bool tb, const float* b, int64_t ldb, int64_t j0, int64_t cols, int64
 template <int Rows>
 void storeTile(const __m512 left[Rows], const __m512 right[Rows], float* c, int64_t ldc, __mmask16 low, __mmask16 high,
                float beta, bool accumulate) {
-  const __m512 scale = _mm512_set1_ps(beta);
 #pragma GCC unroll 12
-  for (int r = 0; r < Rows; ++r) {
-    float* row = c + r * ldc;
-    __m512 l = left[r], h = right[r];
-    if (accumulate) {
-      l = _mm512_add_ps(_mm512_maskz_loadu_ps(low, row), l);
-      h = _mm512_add_ps(_mm512_maskz_loadu_ps(high, row + 16), h);
-    } else if (beta != 0.0f) {
-      l = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(low, row), l);
-      h = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(high, row + 16), h);
-    }
-    _mm512_mask_storeu_ps(row, low, l);
-    _mm512_mask_storeu_ps(row + 16, high, h);
-  }
+  for (int r = 0; r < Rows; ++r) storeRow(left[r], right[r], c + r * ldc, low, high, beta, accumulate);
 }
 
 /// One register tile: C[Rows x 32] (its first `live` columns, stored through masks) = beta C + A B
@@ -231,47 +189,6 @@ struct Bf16PackBuffers {
 Bf16PackBuffers& bf16PackBuffers() {
   thread_local Bf16PackBuffers buffers;
   return buffers;
-}
-
-/// The lanes of a 32-element vector of 16-bit values that hold its first `count` elements.
-__mmask32 lanes32(int64_t count) {
-  return count <= 0 ? __mmask32(0) : count >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << count) - 1);
-}
-
-/// 16 bf16 values of f32 or bf16 elements in the 32-bit lanes' low halves, lanes outside `live`
-/// zero. f32 rounds to nearest even, with f32 subnormals (below 2^-126) taken as zero, as the
-/// instruction does.
-__m512i widened(const float* x, __mmask16 live) {
-  return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, x)));
-}
-__m512i widened(const uint16_t* x, __mmask16 live) { return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, x)); }
-
-/// Pairs of two runs of 16 elements: lane i holds low[i] in its low half and high[i] (zero where
-/// high is null, an odd depth's padding) in its high half.
-template <class Src>
-__m512i pairsAcross(const Src* low, const Src* high, __mmask16 live) {
-  const __m512i l = widened(low, live);
-  return high == nullptr ? l : _mm512_or_si512(l, _mm512_slli_epi32(widened(high, live), 16));
-}
-
-/// The 16 pairs of the first `count` (at most 32) consecutive elements of x, zero past count.
-__m512i pairsAlong(const float* x, int64_t count) {
-  // The second operand fills the low 16 values.
-  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(lanes(count - 16), x + 16),
-                                      _mm512_maskz_loadu_ps(lanes(count), x));
-}
-__m512i pairsAlong(const uint16_t* x, int64_t count) { return _mm512_maskz_loadu_epi16(lanes32(count), x); }
-
-/// Calls store(q, pairs) for q < count of the pairs along `rows` rows (row i at x + i * ld, at
-/// most 16 rows; the others zero) over 2 count depths: lane i of `pairs` is row i's pair q.
-template <class Src, class Store>
-void transposedPairs(const Src* x, int64_t ld, int64_t rows, int64_t depths, Store store) {
-  __m512 r[16];
-  for (int64_t i = 0; i < 16; ++i) {
-    r[i] = i < rows ? _mm512_castsi512_ps(pairsAlong(x + i * ld, depths)) : _mm512_setzero_ps();
-  }
-  transpose16(r);
-  for (int64_t q = 0; q < (depths + 1) / 2; ++q) store(q, _mm512_castps_si512(r[q]));
 }
 
 /// Rows [i0, i0 + rows) of op(A) over depths [p0, p0 + depth), as one sliver of pairs per register
@@ -395,17 +312,6 @@ void bf16Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Src* a, i
     }
   }
 }
-}  // namespace
-
-void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
-                    const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  bf16Gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-}
-
-void bf16GemmAvx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                    int64_t ldb, float beta, float* c, int64_t ldc) {
-  bf16Gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-}
 
 // Packed whole, depth block after depth block, as for f32: a block of full depth holds
 // kDepthBf16 / 2 pairs of every column, so block p0 begins p0 / 2 pairs of padded rows in.
@@ -419,14 +325,21 @@ void packBf16Operand(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb,
   }
 }
 
-void bf16GemmAvx512Packed(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint32_t* packed,
-                          int64_t c0, int64_t c1, float beta, float* c, int64_t ldc) {
+void bf16GemmPacked(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint32_t* packed,
+                    int64_t c0, int64_t c1, float beta, float* c, int64_t ldc) {
   for (int64_t p0 = 0; p0 < k; p0 += kDepthBf16) {
     const int64_t depth = std::min(kDepthBf16, k - p0);
     multiplyDepthBlockBf16(ta, m, k, a, lda, p0, depth,
                            packed + p0 / 2 * Blocked::paddedCols(n) + c0 * ((depth + 1) / 2), c1 - c0, beta, c + c0,
                            ldc);
   }
+}
+}  // namespace
+
+const Bf16Kernel& bf16Avx512() {
+  static constexpr Bf16Kernel kernel{"weft AVX512_BF16", kTileCols,       &bf16Gemm<uint16_t>, &bf16Gemm<float>,
+                                     &packedBf16Size,    &packBf16Operand, &bf16GemmPacked};
+  return kernel;
 }
 #endif  // __AVX512BF16__ && __AVX512BW__ && __AVX512VL__
 

@@ -66,6 +66,33 @@ struct SgemmKernel {
                      int64_t c0, int64_t c1, float beta, float* c, int64_t ldc);
 };
 
+/// A kernel's bf16 products with f32 accumulation, with the conventions of SgemmKernel: A and B
+/// in bfloat16 (their bit patterns), or in f32 rounded to bfloat16 as they are packed (to nearest
+/// even, f32 subnormals, below 2^-126, as zero: the product of the rounded operands, with no
+/// rounded copy of either); C in f32.
+struct Bf16Kernel {
+  const char* name;  ///< for reports: "weft AMX-BF16", "weft AVX512_BF16"
+  /// Products with a packed operand are split at multiples of these columns.
+  int64_t tileCols;
+  /// C (m x n) = op(A) op(B) + beta C; k may be 0.
+  void (*gemm)(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
+               int64_t ldb, float beta, float* c, int64_t ldc);
+  /// The same for f32 operands, each element rounded to bf16 as it is packed.
+  void (*gemmRounding)(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                       int64_t ldb, float beta, float* c, int64_t ldc);
+  /// The 32-bit words (pairs of bf16 values) op(B) (k x n) takes packed whole by packOperand.
+  int64_t (*packedSize)(int64_t k, int64_t n);
+  /// Columns [c0, c1) of the f32 op(B) (k x n; B stored n x k when tb), rounded to bf16 and laid
+  /// out as the kernel reads them, in their place in `packed`; c0 is a multiple of tileCols, so
+  /// that disjoint ranges can be packed at once.
+  void (*packOperand)(bool tb, int64_t k, int64_t n, const float* b, int64_t ldb, int64_t c0, int64_t c1,
+                      uint32_t* packed);
+  /// Columns [c0, c1) of C (m x n) = op(A) B + beta C with B packed by packOperand and the f32 A
+  /// rounded as it is packed; c0 is a multiple of tileCols. Gives the bits gemmRounding gives.
+  void (*gemmPacked)(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint32_t* packed,
+                     int64_t c0, int64_t c1, float beta, float* c, int64_t ldc);
+};
+
 /// The blocked product for a kernel K, which supplies:
 ///   kTileRows, kTileCols, kDepth, kBlockRows, kPanelCols, kDirectACols: the register tile, the
 ///     depth block, the rows of a packed block of A, the columns of a packed panel of B, and the

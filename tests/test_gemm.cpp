@@ -1,14 +1,20 @@
 // Tests of the CPU matrix product under every op (ops/Blas.h): f32 and f64 against a naive double
 // reference across the register tile's and the cache blocks' edges, every transpose, beta, and
-// stored rows longer than the operands; and the same bits however the pool cuts the product.
+// stored rows longer than the operands; and the same bits however the pool cuts the product. The
+// bf16 products (AMX tiles or AVX512_BF16, whichever runs here) against the double product of
+// their rounded operands.
 #include "core/ThreadPool.h"
 #include "ops/Blas.h"
 #include "ops/OwnSgemm.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 using namespace weft;
@@ -356,4 +362,95 @@ TEST_CASE("a packed operand is rounded to bf16 only for f32 on a CPU with a bf16
   const std::vector<double> b(12, 1.0);
   CHECK_THROWS_WITH_AS(blas::PackedOperand<double>(ctx, false, 3, 4, b.data(), 4, true),
                        doctest::Contains("rounding to bf16 needs f32 operands"), Error);
+}
+
+namespace {
+
+/// Whether /proc/cpuinfo lists the flag (Linux's name for a CPU feature), read independently of
+/// the kernel's own detection.
+bool cpuinfoHasFlag(const std::string& flag) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    for (std::string word; words >> word;)
+      if (word == flag) return true;
+    return false;
+  }
+  return false;
+}
+
+bool amxDeclined() {
+  const char* choice = std::getenv("WEFT_AMX");
+  return choice != nullptr && std::string(choice) == "0";
+}
+
+}  // namespace
+
+TEST_CASE("the bf16 product runs on AMX tiles where the CPU has AMX-BF16, unless WEFT_AMX=0 declines them") {
+  const bool amxCpu = cpuinfoHasFlag("amx_bf16") && cpuinfoHasFlag("amx_tile") && cpuinfoHasFlag("avx512_bf16");
+  CAPTURE(amxCpu);
+  CHECK(blas::detail::amxBf16Usable() == (blas::detail::kAmxBuilt && amxCpu && !amxDeclined()));
+  const std::string kernel = blas::kernelReport().bf16Gemm;
+  if (blas::detail::amxBf16Usable()) {
+    CHECK(kernel == "weft AMX-BF16");
+  } else {
+    CHECK(kernel == (blas::detail::kHaveBf16GemmAvx512 ? "weft AVX512_BF16" : "none"));
+  }
+}
+
+TEST_CASE("the AMX and AVX512_BF16 kernels each match the double product across AMX's tiles and blocks") {
+  std::vector<const blas::detail::Bf16Kernel*> kernels;
+  if (blas::detail::amxBf16Usable()) kernels.push_back(&blas::detail::bf16Amx());
+  if constexpr (blas::detail::kHaveBf16GemmAvx512) kernels.push_back(&blas::detail::bf16Avx512());
+  // AMX: tiles of 16 rows, 16 columns and 32 depths, blocks of C of 32 x 32, 128 rows of A and
+  // 512 columns of B packed at once, depth blocks of 512.
+  for (const Product& p : {Product{false, false, 32, 32, 32}, Product{false, true, 16, 16, 64},
+                           Product{true, false, 129, 513, 1025}, Product{true, true, 33, 47, 31, 3},
+                           Product{false, false, 1, 530, 1}, Product{false, true, 140, 1, 600}}) {
+    CAPTURE(p.ta);
+    CAPTURE(p.tb);
+    CAPTURE(p.m);
+    CAPTURE(p.n);
+    CAPTURE(p.k);
+    const Bf16Product r = bf16Product(p);
+    for (const blas::detail::Bf16Kernel* kernel : kernels) {
+      CAPTURE(kernel->name);
+      for (const float beta : {0.0f, 1.0f}) {
+        std::vector<float> c = r.c0, fromWide = r.c0;
+        kernel->gemm(p.ta, p.tb, p.m, p.n, p.k, reinterpret_cast<const uint16_t*>(r.a.data()), r.lda,
+                     reinterpret_cast<const uint16_t*>(r.b.data()), r.ldb, beta, c.data(), r.ldc);
+        kernel->gemmRounding(p.ta, p.tb, p.m, p.n, p.k, r.wideA.data(), r.lda, r.wideB.data(), r.ldb, beta,
+                             fromWide.data(), r.ldc);
+        checkBf16Product(p, r, beta, c);
+        CHECK(fromWide == c);
+      }
+    }
+  }
+}
+
+TEST_CASE("an infinity in B reaches only its own column of the bf16 product: padding multiplies nothing") {
+  if (!blas::haveBf16Gemm()) return;
+  ThreadPool pool(2);
+  KernelContext ctx;
+  ctx.pool = &pool;
+  for (const Product& p : {Product{false, false, 20, 40, 7}, Product{false, true, 20, 40, 33}}) {
+    CAPTURE(p.tb);
+    Bf16Product r = bf16Product(p);
+    const int64_t column = 17, depth = p.k - 1;  // the last depth: the padding begins after it
+    r.b[static_cast<size_t>(p.tb ? column * r.ldb + depth : depth * r.ldb + column)] =
+        BFloat16(std::numeric_limits<float>::infinity());
+    std::vector<float> c(static_cast<size_t>(p.m * r.ldc), 0.0f);
+    blas::parallelGemmBf16(ctx, p.ta, p.tb, p.m, p.n, p.k, r.a.data(), r.lda, r.b.data(), r.ldb, 0.0f, c.data(),
+                           r.ldc);
+    for (int64_t i = 0; i < p.m; ++i) {
+      for (int64_t j = 0; j < p.n; ++j) {
+        const float got = c[static_cast<size_t>(i * r.ldc + j)];
+        if (j == column ? std::isfinite(got) : !std::isfinite(got)) {
+          FAIL_CHECK("C[" << i << ", " << j << "] = " << got);
+          return;
+        }
+      }
+    }
+  }
 }

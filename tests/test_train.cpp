@@ -5,6 +5,7 @@
 
 #include "core/Checkpoint.h"
 #include "data/Graphs.h"
+#include "ops/Bf16GemmAmx.h"
 
 #include <nlohmann/json.hpp>
 
@@ -170,11 +171,16 @@ TEST_CASE("bench names the vector instruction set and the matrix product kernel 
 #else
   CHECK(contains(r.output, "\"gemm_f32\":\"OpenBLAS\""));
 #endif
+  // AMX is chosen at run time (test_gemm checks the choice against /proc/cpuinfo).
+  if (weft::blas::detail::amxBf16Usable()) {
+    CHECK(contains(r.output, "\"gemm_bf16\":\"weft AMX-BF16\""));
+  } else {
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-  CHECK(contains(r.output, "\"gemm_bf16\":\"weft AVX512_BF16\""));
+    CHECK(contains(r.output, "\"gemm_bf16\":\"weft AVX512_BF16\""));
 #else
-  CHECK(contains(r.output, "\"gemm_bf16\":\"none\""));
+    CHECK(contains(r.output, "\"gemm_bf16\":\"none\""));
 #endif
+  }
 }
 
 TEST_CASE("--epochs trains for whole passes over the training data") {
