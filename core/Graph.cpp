@@ -184,6 +184,12 @@ Graph::StageScope::StageScope(Graph& g, int stage) : graph_(g) {
 }
 Graph::StageScope::~StageScope() { graph_.stages_.pop_back(); }
 
+void Graph::tieAcrossStages(Output variable) {
+  WEFT_CHECK(variable.valid() && variable.node()->op == "Variable", "tieAcrossStages takes a variable, got {}",
+             variable.valid() ? variable.node()->describe() : std::string("an empty output"));
+  variable.node()->attrs.set("tied", true);
+}
+
 Graph::RecomputeScope::RecomputeScope(Graph& g, Recompute mode) : graph_(g) {
   g.recomputeSegments_.push_back({mode, g.nextRecomputeSegment_++});
 }

@@ -213,6 +213,13 @@ class Graph {
   StageScope stage(int stage) { return StageScope(*this, stage); }
   /// The stage nodes created now belong to (-1 outside every stage scope).
   int currentStage() const { return stages_.empty() ? -1 : stages_.back(); }
+  /// Declares `variable` tied: read at distant places of the model, as an LM's input embedding
+  /// and output softmax share one table. A pipeline's automatic cut (dist::planStages) may then
+  /// put its readers in different stages, each of which holds a copy; the lowest of them sums the
+  /// stages' gradients, updates it and sends the update to the others. Otherwise an automatic cut
+  /// keeps a variable's readers in one stage (a recurrent layer's steps). Stage scopes may part
+  /// any variable's readers, tied or not.
+  void tieAcrossStages(Output variable);
 
   /// RAII recompute scope (activation checkpointing): the values of the forward ops created
   /// while it lives are not kept for the backward pass. autodiff's gradients() has the backward

@@ -125,6 +125,9 @@ std::vector<ModelOption> LmModel::options() {
       {"hidden", "LSTM hidden size", &c.hidden},
       {"projection", "projection size before the softmax (0: none)", &c.projection},
       {"sampled", "sampled-softmax candidates per step (0: full softmax)", &c.sampled},
+      {"tie-embeddings", "the softmax's weight is the embedding table (--embed must equal --projection, or --hidden "
+                         "without a projection); pipelines may put its two readers in different stages",
+       &c.tieEmbeddings},
       {"eval-batch", "sentences per evaluation batch", &c.evalBatch},
       {"vocab", "built-in language: words (specials excluded)", &c.vocab},
       {"classes", "built-in language: word classes", &c.classes},
@@ -253,8 +256,18 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
     hidden = nn::Linear(g, "projection", width, config_.projection, false, dt)(hidden);
     width = config_.projection;
   }
-  const Output outW = g.variable("softmax/weight", dt, {vocabSize_, width},
-                                 Initializer::normal(0, 1.0 / std::sqrt(static_cast<double>(width))));
+  Output outW;
+  if (config_.tieEmbeddings) {
+    WEFT_CHECK(config_.embed == width,
+               "lm: --tie-embeddings makes the embedding table the softmax's weight, so --embed ({}) must equal the "
+               "width before the softmax ({}, {})",
+               config_.embed, width, config_.projection > 0 ? "--projection" : "--hidden");
+    outW = embedding.table;
+    g.tieAcrossStages(outW);
+  } else {
+    outW = g.variable("softmax/weight", dt, {vocabSize_, width},
+                      Initializer::normal(0, 1.0 / std::sqrt(static_cast<double>(width))));
+  }
   const Output outB = g.variable("softmax/bias", dt, {vocabSize_}, Initializer::fromTensor(logPrior(*sampler_, dt)));
   const Output targets = reshape(targets_, {-1});
   const Output mask = cast(reshape(targetsMask_, {-1}), dt);

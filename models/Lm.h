@@ -1,8 +1,9 @@
 // The LSTM language model of the zoo ("lm"): embedding -> LSTM -> optional projection ->
-// softmax over the vocabulary, trained with the full softmax or a sampled softmax (log-uniform
-// candidates shared across the batch, with the logQ correction) and evaluated by full-softmax
-// perplexity. Built-in data come from data::SyntheticLanguage, whose true perplexity is reported
-// beside the model's; with CommonOptions::data it reads a one-sentence-per-line text corpus.
+// softmax over the vocabulary (its weight optionally the embedding table), trained with the
+// full softmax or a sampled softmax (log-uniform candidates shared across the batch, with the
+// logQ correction) and evaluated by full-softmax perplexity. Built-in data come from
+// data::SyntheticLanguage, whose true perplexity is reported beside the model's; with
+// CommonOptions::data it reads a one-sentence-per-line text corpus.
 #pragma once
 
 #include "data/SyntheticLanguage.h"
@@ -41,6 +42,7 @@ struct LmConfig {
   int64_t hidden = 256;
   int64_t projection = 0;       // size of a projection before the softmax; 0: none
   int64_t sampled = 1024;       // sampled-softmax candidates per step; 0: full softmax
+  bool tieEmbeddings = false;   // the softmax's weight is the embedding table (embed = projection or hidden)
   int64_t batchSize = 64;
   int64_t evalBatch = 16;
   // Built-in data.

@@ -242,6 +242,20 @@ TEST_CASE("LM, NMT and GGSNN pipelined over 2 stage processes train like one pro
   checkSameVariablesAs("gnn", gnnFlags, "--stages 2 --microbatches 2 --schedule gpipe", 1e-5);
 }
 
+TEST_CASE(
+    "LM with tied embeddings (one table for the input and the sampled softmax): pipelined over 2 and 3 stage "
+    "processes, and on 2 workers with a server, it trains like one process") {
+  // The automatic cut puts the table's readers in the first and last stages, which sum its
+  // gradient's parts and share its updates.
+  const std::string tied =
+      "--vocab 500 --classes 10 --embed 32 --hidden 32 --tie-embeddings --sampled 64 "
+      "--train-sentences 400 --heldout-sentences 20 --batch 16 --steps 10 --clip 1 --eval-every 10 "
+      "--threads 1 --timeout 30";
+  checkSameVariablesAs("lm", tied, "--stages 2 --microbatches 2", 1e-5);
+  checkSameVariablesAs("lm", tied, "--stages 3 --microbatches 4 --schedule zb", 1e-5);
+  checkSameVariables("lm", tied, 2, 1e-5, "--arch auto --servers 1");
+}
+
 TEST_CASE("LM: embeddings split into row partitions over 2 servers train like one process") {
   // 4 KiB makes the 500 x 16 embedding and the softmax weights two partitions each.
   checkSameVariables("lm", lmFlags, 2, 1e-5, "--servers 2 --partition-bytes 4096");

@@ -10,6 +10,10 @@
 #include "optim/Optimizer.h"
 #include "testing/OpTest.h"
 
+#include <algorithm>
+#include <mutex>
+#include <set>
+
 
 using namespace weft;
 using namespace weft::dist;
@@ -18,29 +22,42 @@ using weft::testing::randomTensor;
 
 namespace {
 
+/// How the model's output layer uses the embedding table.
+enum class Tie {
+  None,    ///< an output layer of its own
+  Dense,   ///< logits = h table^T (GPT's tied softmax): the table's gradient sums a sparse and a dense part
+  Sparse,  ///< logits = h table[candidates]^T (the LM's sampled softmax): both parts sparse
+};
+
 /// Embedding (a sparse gradient) and four dense layers in float64, the layers spread over
-/// `stages` stages in order; the embedding is in stage 0.
+/// `stages` stages in order; the embedding is in stage 0. Tied, the last layer's 5 outputs are
+/// scored against rows of the embedding table, in the last stage.
 struct Model {
   Graph g;
-  Output ids, x, y, loss;
+  Output ids, x, y, candidates, loss;
   Node* step = nullptr;
 
-  explicit Model(int stages, double clip = 0) {
+  explicit Model(int stages, double clip = 0, Tie tie = Tie::None) {
     g.setSeed(11);
     ids = g.placeholder("ids", i64, {-1});
     x = g.placeholder("x", f64, {-1, 5});
     y = g.placeholder("y", i64, {-1});
-    Output h;
+    Output h, table;
     {
       auto first = g.stage(0);
-      const Output table = g.variable("embedding", f64, {30, 5}, Initializer::normal(0, 0.5));
+      table = g.variable("embedding", f64, {30, 5}, Initializer::normal(0, 0.5));
       h = gather(table, ids) + x;
     }
-    const std::vector<int64_t> widths{5, 8, 8, 8, 3};
+    const std::vector<int64_t> widths{5, 8, 8, 8, tie == Tie::None ? 3 : 5};
     for (size_t l = 0; l + 1 < widths.size(); ++l) {
       auto staged = g.stage(static_cast<int>(l) * stages / 4);
       nn::Linear layer(g, fmt::format("fc{}", l), widths[l], widths[l + 1], true, f64);
       h = l + 2 < widths.size() ? tanh(layer(h)) : layer(h);
+    }
+    if (tie != Tie::None) {
+      auto last = g.stage(stages - 1);
+      candidates = g.placeholder("candidates", i64, {6});
+      h = matmul(h, tie == Tie::Dense ? table : gather(table, candidates), false, true);
     }
     loss = nn::meanSparseCrossEntropy(h, y);
     optim::MinimizeOptions options;
@@ -54,7 +71,12 @@ struct Model {
       idValues.data<int64_t>()[i] = (i * 7 + step * 3) % 17;  // repeated ids: rows summed
       labels.data<int64_t>()[i] = (i + step) % 3;
     }
-    return {{ids, idValues}, {x, randomTensor(f64, {rows, 5}, 300 + static_cast<uint64_t>(step))}, {y, labels}};
+    FeedMap feeds{{ids, idValues}, {x, randomTensor(f64, {rows, 5}, 300 + static_cast<uint64_t>(step))}, {y, labels}};
+    if (candidates.valid()) {
+      // Rows the input looks up too (2, 9) and rows it never does (29).
+      feeds.emplace_back(candidates, Tensor::fromVector(std::vector<int64_t>{(step + 2) % 3, 2, 29, 9, 20, 2}, {6}));
+    }
+    return feeds;
   }
 };
 
@@ -65,11 +87,12 @@ struct Trained {
   std::vector<double> losses;
   std::vector<std::string> errors;
   std::vector<size_t> peakKept;  // per stage: PipelineStage::peakKeptBytes
+  std::map<int, Tensor> embeddingCopies;  // per stage that holds the embedding table: its own copy
 };
 
 /// kSteps single-device steps on the whole batch.
-Trained singleDevice(double clip) {
-  Model m(1, clip);
+Trained singleDevice(double clip, Tie tie = Tie::None) {
+  Model m(1, clip, tie);
   Session session(m.g);
   Trained out;
   for (int64_t s = 0; s < kSteps; ++s)
@@ -80,7 +103,8 @@ Trained singleDevice(double clip) {
 
 /// kSteps pipelined steps, each stage on a thread; stage 0's variables after gathering them.
 /// `dies` (a stage) fails before its first step, as a killed process would.
-Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, double clip, int dies = -1) {
+Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, double clip, int dies = -1,
+                  Tie tie = Tie::None) {
   auto network = std::make_shared<LoopbackNetwork>();
   std::vector<std::unique_ptr<LoopbackTransport>> transports;
   for (int s = 0; s < stages; ++s) transports.push_back(std::make_unique<LoopbackTransport>(network));
@@ -93,7 +117,8 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
   Trained result;
   result.peakKept.resize(static_cast<size_t>(stages));
   std::vector<std::unique_ptr<Model>> models;
-  for (int s = 0; s < stages; ++s) models.push_back(std::make_unique<Model>(stages, clip));
+  for (int s = 0; s < stages; ++s) models.push_back(std::make_unique<Model>(stages, clip, tie));
+  std::mutex copies;
   result.errors = onThreads(static_cast<size_t>(stages), [&](size_t s) {
     Model& m = *models[s];
     PipelineOptions options;
@@ -109,6 +134,12 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
         if (s == 0) result.losses.push_back(loss);
       }
       result.peakKept[s] = stage.peakKeptBytes();
+      Node* table = m.g.find("embedding");
+      const std::vector<Node*>& held = stage.cut().variables[s];
+      if (std::find(held.begin(), held.end(), table) != held.end()) {
+        const std::lock_guard<std::mutex> lock(copies);
+        result.embeddingCopies[static_cast<int>(s)] = stage.session().variable(table).clone();
+      }
       stage.gatherVariables(0);
     } catch (const std::exception& e) {
       network->fail(transports[s]->endpoint(), e.what());  // the others stop waiting on this stage
@@ -121,12 +152,13 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
 }
 
 /// Checks the pipelined run against single-device training and returns it.
-Trained checkEquivalent(int stages, int microbatches, const StepSchedule& schedule, double clip) {
+Trained checkEquivalent(int stages, int microbatches, const StepSchedule& schedule, double clip,
+                        Tie tie = Tie::None) {
   CAPTURE(stages);
   CAPTURE(microbatches);
   CAPTURE(schedule.name());
-  const Trained expected = singleDevice(clip);
-  const Trained run = pipelined(stages, microbatches, schedule, clip);
+  const Trained expected = singleDevice(clip, tie);
+  const Trained run = pipelined(stages, microbatches, schedule, clip, -1, tie);
   for (const std::string& e : run.errors) REQUIRE_MESSAGE(e.empty(), e);
   REQUIRE(run.variables.size() == expected.variables.size());
   for (const auto& [name, value] : expected.variables) {
@@ -146,6 +178,33 @@ TEST_CASE("a pipelined step equals single-device training on the whole batch, un
   for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
     for (int stages : {2, 3})
       for (int microbatches : {1, 4}) checkEquivalent(stages, microbatches, schedule, 0);
+}
+
+TEST_CASE("tied weights: stages that read one table sum its gradient's parts, and their copies stay equal") {
+  for (Tie tie : {Tie::Dense, Tie::Sparse}) {
+    CAPTURE(static_cast<int>(tie));
+    for (PipelineSchedule schedule :
+         {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
+      for (int stages : {2, 3}) {
+        const Trained run = checkEquivalent(stages, 4, schedule, 0, tie);
+        // The first and last stages read the table; a middle stage holds no copy.
+        REQUIRE(run.embeddingCopies.size() == 2);
+        CHECK(run.embeddingCopies.count(stages - 1) == 1);
+        for (const auto& [stage, copy] : run.embeddingCopies) {
+          CAPTURE(stage);
+          CHECK(relativeDifference(copy, run.variables.at("embedding")) == 0);
+        }
+      }
+    }
+    // The global norm counts the tied gradient once, summed.
+    checkEquivalent(3, 4, PipelineSchedule::OneFOneB, 0.05, tie);
+    // Sparse updates (Adam's of sparse rows) change only the rows looked up: only those go to the
+    // copy. A dense gradient's update changes every row: the whole table goes.
+    Model m(2, 0, tie);
+    const PipelineCut cut = cutPipeline(m.g, 2, {m.loss}, m.step, false);
+    REQUIRE(cut.tied.size() == 1);
+    CHECK(cut.tied[0].rows.valid() == (tie == Tie::Sparse));
+  }
 }
 
 TEST_CASE("global-norm clipping over all stages' gradients: the norm is computed across stages") {
@@ -299,15 +358,47 @@ TEST_CASE("zero bubble: a stage's weight gradients run apart from what the previ
   CHECK(cut.backward[0].fetches.empty());
 }
 
-TEST_CASE("the cut refuses a trainable variable two stages read, naming it") {
-  Chain c(2);
+TEST_CASE("the cut: a tied variable's gradient parts are their stages' gradients, their sum the owner's") {
+  Chain c(3);
   {
-    auto last = c.g.stage(1);
-    c.loss = c.loss + mean(c.g.find("w0")->output());  // w0 tied into stage 1
+    auto last = c.g.stage(2);
+    c.loss = c.loss + mean(c.g.find("w0")->output());  // w0 tied into stage 2
   }
   c.train();
-  CHECK(c.cutError(2) == "variable 'w0' is read by pipeline stages 0 and 1 (tied weights): each trainable variable "
-                         "must live in one stage; give its readers one stage, or untie it");
+  const PipelineCut cut = cutPipeline(c.g, 3, {c.loss}, c.step, false);
+  REQUIRE(cut.tied.size() == 1);
+  CHECK(cut.tied[0].variable == c.g.find("w0"));
+  CHECK(cut.tied[0].owner == 0);
+  CHECK(cut.tied[0].copies == std::vector<int>{2});
+  CHECK_FALSE(cut.tied[0].rows.valid());  // a dense update: the copy gets all of w0
+  CHECK(cut.variables[0] == std::vector<Node*>{c.g.find("w0"), c.g.find("global_step")});
+  CHECK(cut.variables[2] == std::vector<Node*>{c.g.find("w0"), c.g.find("w2"), c.g.find("global_step")});
+  const GradientLink* w0 = nullptr;
+  for (const GradientLink& link : c.g.gradientLinks())
+    if (link.variable->name == "w0") w0 = &link;
+  REQUIRE(w0 != nullptr);
+  // The sum of w0's parts runs in no run: stage 0's runtime adds them and feeds its update.
+  CHECK(cut.phaseOf[static_cast<size_t>(w0->dense.node()->id)] == Phase::Static);
+  REQUIRE(cut.tied[0].gradient >= 0);
+  const StageGradient& whole = cut.gradients[static_cast<size_t>(cut.tied[0].gradient)];
+  CHECK(whole.stage == 0);
+  CHECK(whole.link.dense == w0->dense);
+  bool fed = false;
+  for (const StageRun& wave : cut.update[0])
+    fed = fed || std::find(wave.inputs.begin(), wave.inputs.end(), w0->dense) != wave.inputs.end();
+  CHECK(fed);
+  // Its parts: the matmul's gradient in stage 0, the mean's in stage 2, each fetched by its
+  // stage's backward run; they reach stage 0 once per step, summed, not as transfers.
+  REQUIRE(cut.tied[0].parts.size() == 2);
+  std::set<int> partStages;
+  for (int g : cut.tied[0].parts) {
+    const StageGradient& part = cut.gradients[static_cast<size_t>(g)];
+    partStages.insert(part.stage);
+    const std::vector<int>& fetched = cut.backward[static_cast<size_t>(part.stage)].gradients;
+    CHECK(std::find(fetched.begin(), fetched.end(), g) != fetched.end());
+    for (const Transfer& t : cut.transfers) CHECK(t.value != part.link.dense);
+  }
+  CHECK(partStages == std::set<int>{0, 2});
 }
 
 TEST_CASE("the cut refuses a stage number beyond the pipeline, and a stage without forward work") {
@@ -447,6 +538,31 @@ TEST_CASE("planStages never parts the readers of one variable (a recurrent layer
   // 10 forward ops, but no cut inside the shared block's 4 ops + 3 tanh between its readers.
   CHECK_THROWS_WITH(planStages(g, {loss}, train, seconds, {.stages = 7, .rows = 8, .linkBytesPerSecond = 1e9}),
                     doctest::Contains("can be cut in 5 places without parting a variable's readers"));
+}
+
+TEST_CASE("planStages parts the readers of a tied variable, holding a copy in each of their stages") {
+  Graph g;
+  Output h = g.placeholder("x", f64, {-1, 4});
+  const Output table = g.variable("table", f64, {4, 4}, Initializer::glorotUniform());
+  h = tanh(matmul(h, table));
+  for (const char* name : {"a", "b"}) h = tanh(matmul(h, g.variable(name, f64, {4, 4}, Initializer::glorotUniform())));
+  h = tanh(matmul(h, table, false, true));  // the first layer's weights again, transposed, as a tied softmax
+  const Output loss = mean(square(h));
+  Node* train = optim::SGD(0.1).minimize(loss);
+  std::unordered_map<const Node*, double> seconds;
+  for (const auto& n : g.nodes())
+    if (n->op == "MatMul" && n->gradientOf == nullptr) seconds[n.get()] = 1;
+  const StagePlanOptions options{.stages = 2, .rows = 8, .linkBytesPerSecond = 1e9};
+  // Untied, the cut can only fall after the last product: all four in stage 0.
+  CHECK(planStages(g, {loss}, train, seconds, options).seconds == std::vector<double>{4, 0});
+  g.tieAcrossStages(table);
+  const StagePlan plan = planStages(g, {loss}, train, seconds, options);
+  CHECK(plan.seconds == std::vector<double>{2, 2});
+  // Each stage holds the table's 128 bytes and its gradient's; the second no optimizer state (SGD has none anyway).
+  REQUIRE(plan.memory.size() == 2);
+  CHECK(plan.memory[0].parameters == 2 * 128);
+  CHECK(plan.memory[1].parameters == 2 * 128);
+  CHECK(plan.memory[1].gradients == 2 * 128);
 }
 
 // Unstaged's values: every matmul's gradient reads its input (x or the tanh before it), every

@@ -1270,6 +1270,11 @@ std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* tra
     out += fmt::format("transfer {} ({}) from stage {} to stage {}, in its {}\n", t.value.name(), t.value.type().str(),
                        t.from, t.to, dist::phaseName(t.receivedIn));
   }
+  for (const dist::TiedVariable& t : cut.tied) {
+    out += fmt::format("tied variable {} ({}): updated by stage {}, copied to stage{} {} after each update\n",
+                       t.variable->name, t.variable->output().type().str(), t.owner, t.copies.size() == 1 ? "" : "s",
+                       fmt::join(t.copies, ", "));
+  }
   return out + describeSchedule(schedule, options.stages, options.microbatches);
 }
 

@@ -33,6 +33,7 @@ bool isSource(const Node* n) { return n->inputs.empty() && n->controlInputs.empt
 bool isPlaceholder(const Node* n) { return n->op == "Placeholder"; }
 bool isGroup(const Node* n) { return n->op == "NoOp"; }
 bool mutates(const Node* n) { return !n->def->mutatedInputs.empty(); }
+bool isTied(const Node* variable) { return variable->attrs.get<bool>("tied", false); }
 
 /// The bytes of a value: as a run of the step made it where one did (StagePlanOptions::valueBytes),
 /// else from its static shape with `rows` for each unknown dimension.
@@ -70,11 +71,7 @@ class Cutter {
     dynamic_.assign(n, 0);
     wave_.assign(n, 0);
     for (Node* b : graph.collection(kBackwardCollection)) backward_.insert(b);
-    for (size_t i = 0; i < graph.gradientLinks().size(); ++i) {
-      const GradientLink& link = graph.gradientLinks()[i];
-      for (const Output& o : {link.dense, link.indices, link.values})
-        if (o.valid()) gradientOutput_[o] = static_cast<int>(i);
-    }
+    for (const GradientLink& link : graph.gradientLinks()) addGradient(link);
   }
 
   PipelineCut run() {
@@ -90,6 +87,7 @@ class Cutter {
     if (cut_.splitWeights) splitWeights();
     assignWaves();
     buildRuns();
+    numberTiedGradients();
     return std::move(cut_);
   }
 
@@ -110,19 +108,27 @@ class Cutter {
   ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, int microbatches) {
     ChainMemory memory;
     memory.state.resize(chain.size());
-    std::map<const Node*, size_t> position, firstReader;
+    std::map<const Node*, size_t> position, firstReader, lastReader;
     for (size_t i = 0; i < chain.size(); ++i) {
       position[chain[i]] = i;
-      for (Node* v : variablesRead(chain[i]))
+      for (Node* v : variablesRead(chain[i])) {
         if (firstReader.try_emplace(v, i).second) memory.state[i].parameters += bytesOf(v->output());
+        lastReader[v] = i;
+      }
     }
     for (const GradientLink& link : g_.gradientLinks()) {
       auto reader = firstReader.find(link.variable);
       if (reader == firstReader.end()) continue;
       // A sparse gradient's rows are gathered from every micro-batch, a dense one summed in place.
-      memory.state[reader->second].gradients +=
-          link.sparse ? microbatches * (bytesOf(link.indices) + bytesOf(link.values))
-                      : bytesOf(link.variable->output());
+      const double gradientBytes = link.sparse ? microbatches * (bytesOf(link.indices) + bytesOf(link.values))
+                                               : bytesOf(link.variable->output());
+      memory.state[reader->second].gradients += gradientBytes;
+      // A tied variable's last reader may be in another stage, with a copy and its part of the
+      // gradient (reckoned at most as large as the whole).
+      const size_t last = lastReader.at(link.variable);
+      if (!isTied(link.variable) || last == reader->second) continue;
+      memory.state[last].parameters += bytesOf(link.variable->output());
+      memory.state[last].gradients += gradientBytes;
     }
     for (Node* n : order_) {
       if (!mutates(n) || phase(n) != Phase::Update) continue;
@@ -426,22 +432,127 @@ class Cutter {
     return variablesRead_[n] = std::move(vars);
   }
 
-  /// Which stages read each variable in the forward and backward passes.
+  /// Which stages read each variable in the forward and backward passes; a trainable variable
+  /// several read is tied.
   void stageVariables() {
     for (Node* n : order_) {
       if (phase(n) != Phase::Forward && phase(n) != Phase::Backward) continue;
       for (Node* v : variablesRead(n)) readers_[v].insert(stage(n));
     }
-    for (const auto& [v, stages] : readers_) {
-      if (stages.size() < 2 || !v->attrs.get<bool>("trainable")) continue;
-      WEFT_THROW("variable '{}' is read by pipeline stages {} (tied weights): each trainable variable must live in "
-                 "one stage; give its readers one stage, or untie it",
-                 v->name, fmt::join(stages, " and "));
+    for (const auto& [v, stages] : readers_)
+      if (stages.size() > 1 && v->attrs.get<bool>("trainable")) tie(v, stages);
+  }
+
+  /// Tied weights: the lowest stage that reads `v` owns it (the last to finish its backward pass,
+  /// it waits least for the others' parts of the gradient), the others hold copies.
+  void tie(Node* v, const std::set<int>& stages) {
+    const int owner = *stages.begin();
+    cut_.tied.push_back({v, owner, std::vector<int>(std::next(stages.begin()), stages.end()), -1, {}});
+    tiedLinks_.emplace_back();
+    for (size_t i = 0, count = links_.size(); i < count; ++i)
+      if (links_[i].variable == v) splitGradientSum(i, owner);
+  }
+
+  /// A tied variable's gradient that sums parts of several stages: each part becomes a gradient
+  /// of its own stage, and the owner's update reads their sum, which the runtime makes (a
+  /// sparse part's rows, summed over the micro-batches, are as many as those have: no graph
+  /// node's static shape could hold them). The sum's nodes run nowhere.
+  void splitGradientSum(size_t index, int owner) {
+    const GradientLink link = links_[index];
+    const std::vector<Node*> sums = link.sparse ? std::vector<Node*>{link.indices.node(), link.values.node()}
+                                                : std::vector<Node*>{link.dense.node()};
+    std::vector<std::vector<Output>> parts;
+    std::set<int> partStages;
+    for (Node* sum : sums) {
+      std::vector<Output>& mine = parts.emplace_back();
+      for (const Output& in : sum->inputs) {
+        if (!isDynamicValue(in)) continue;
+        mine.push_back(in);
+        partStages.insert(stage(in.node()));
+      }
+    }
+    if (partStages.size() < 2) return;  // one stage computes it all: the owner's update receives it as it is
+    const bool splittable = link.sparse ? sums[0]->op == "Concat" && sums[1]->op == "Concat" &&
+                                              parts[0].size() == parts[1].size()
+                                        : sums[0]->op == "AddN";
+    WEFT_CHECK(splittable,
+               "the gradient of variable '{}', which pipeline stages {} read (tied weights), is {}, not autodiff's "
+               "sum of their parts: the cut cannot split it among the stages",
+               link.variable->name, fmt::join(partStages, " and "), sums[0]->describe());
+    for (Node* sum : sums) {
+      phase(sum) = Phase::Static;
+      stage(sum) = owner;  // where the owner's update reads it, and whence it goes to another stage's update
+    }
+    for (const Output& o : {link.dense, link.indices, link.values})
+      if (o.valid()) gradientOutput_.erase(o);
+    auto& [whole, partLinks] = tiedLinks_.back();
+    whole = static_cast<int>(index);
+    for (size_t p = 0; p < parts[0].size(); ++p) {
+      GradientLink part = link;
+      if (link.sparse) {
+        part.indices = parts[0][p];
+        part.values = parts[1][p];
+      } else {
+        part.dense = parts[0][p];
+      }
+      addGradient(part);
+      partLinks.push_back(static_cast<int>(links_.size()) - 1);
     }
   }
 
-  /// The stage that updates a variable: the one stage that reads it, kNone for none.
+  /// Each tied variable's gradient and parts, as indices into cut_.gradients, and the rows its
+  /// updates change.
+  void numberTiedGradients() {
+    for (size_t t = 0; t < cut_.tied.size(); ++t) {
+      TiedVariable& tied = cut_.tied[t];
+      tied.rows = sparselyUpdatedRows(tied.variable);
+      const auto& [whole, parts] = tiedLinks_[t];
+      if (whole < 0) continue;
+      tied.gradient = gradientIndex(whole, tied.owner);
+      for (int part : parts) {
+        auto it = gradientOfLink_.find(part);
+        WEFT_CHECK(it != gradientOfLink_.end(),
+                   "the part of tied variable '{}''s gradient in {} is computed by no stage", tied.variable->name,
+                   links_[static_cast<size_t>(part)].dense.valid() ? links_[static_cast<size_t>(part)].dense.name()
+                                                                   : links_[static_cast<size_t>(part)].values.name());
+        tied.parts.push_back(it->second);
+      }
+    }
+  }
+
+  /// The indices of `v`'s sparse gradient when every update that writes `v` is a sparse apply of
+  /// it (SparseApplySGD, SparseApplyAdam, ...: they change the rows named and no other);
+  /// otherwise none.
+  Output sparselyUpdatedRows(Node* v) {
+    const GradientLink* link = nullptr;
+    for (const GradientLink& l : g_.gradientLinks())
+      if (l.variable == v && l.sparse) link = &l;
+    if (link == nullptr) return {};
+    bool updated = false;
+    for (Node* n : order_) {
+      if (!mutates(n)) continue;
+      bool writesV = false;
+      for (int m : n->def->mutatedInputs) writesV = writesV || n->inputs[static_cast<size_t>(m)].node() == v;
+      if (!writesV) continue;
+      const bool sparseApply = n->op.rfind("SparseApply", 0) == 0 &&
+                               std::find(n->inputs.begin(), n->inputs.end(), link->indices) != n->inputs.end();
+      if (!sparseApply) return {};
+      updated = true;
+    }
+    return updated ? link->indices : Output{};
+  }
+
+  void addGradient(const GradientLink& link) {
+    links_.push_back(link);
+    for (const Output& o : {link.dense, link.indices, link.values})
+      if (o.valid()) gradientOutput_[o] = static_cast<int>(links_.size()) - 1;
+  }
+
+  /// The stage that updates a variable: the one stage that reads it, the owner of a tied one,
+  /// kNone for none.
   int ownerOf(Node* v) const {
+    for (const TiedVariable& t : cut_.tied)
+      if (t.variable == v) return t.owner;
     auto it = readers_.find(v);
     return it == readers_.end() || it->second.size() != 1 ? kNone : *it->second.begin();
   }
@@ -504,7 +615,7 @@ class Cutter {
   void findTransfers() {
     std::map<std::pair<Output, int>, int> index;
     for (Node* n : order_) {
-      if (stage(n) == kNone) continue;
+      if (stage(n) == kNone || phase(n) == Phase::Static) continue;  // a tied gradient's sum: the runtime's
       for (const Output& in : n->inputs) {
         if (!isDynamicValue(in) || stage(in.node()) == kNone || stage(in.node()) == stage(n)) continue;
         if (index.count({in, stage(n)})) continue;
@@ -609,7 +720,7 @@ class Cutter {
       for (const Node* c : consumers(n)) {
         for (size_t i = 0; i < c->inputs.size(); ++i) {
           const Output& in = c->inputs[i];
-          if (in.node() != n || stage(c) == kNone) continue;
+          if (in.node() != n || stage(c) == kNone || phase(c) == Phase::Static) continue;
           if (stage(c) == stage(n) && runOf(c) == runOf(n)) continue;
           StageRun& from = runAt(stage(n), runOf(n));
           addUnique(from.fetches, in);
@@ -665,10 +776,9 @@ class Cutter {
   }
 
   int gradientIndex(int link, int s) {
-    for (size_t i = 0; i < cut_.gradients.size(); ++i)
-      if (cut_.gradients[i].link == &g_.gradientLinks()[static_cast<size_t>(link)]) return static_cast<int>(i);
-    cut_.gradients.push_back({&g_.gradientLinks()[static_cast<size_t>(link)], s});
-    return static_cast<int>(cut_.gradients.size()) - 1;
+    auto [it, added] = gradientOfLink_.try_emplace(link, static_cast<int>(cut_.gradients.size()));
+    if (added) cut_.gradients.push_back({links_[static_cast<size_t>(link)], s});
+    return it->second;
   }
 
   std::vector<int> allStages() const {
@@ -686,7 +796,11 @@ class Cutter {
   int lastWave_ = 0;
   std::vector<Node*> order_;
   std::set<Node*> backward_;
-  std::map<Output, int> gradientOutput_;
+  std::vector<GradientLink> links_;  // the graph's, then the stages' parts of tied variables' gradients
+  std::map<Output, int> gradientOutput_;  // into links_
+  std::map<int, int> gradientOfLink_;     // links_ index -> cut_.gradients index
+  // Per tied variable: its gradient's links_ index (-1 when one stage computes it), and its parts'.
+  std::vector<std::pair<int, std::vector<int>>> tiedLinks_;
   std::vector<std::vector<Node*>> consumers_;
   std::map<Node*, std::set<Node*>> variablesRead_;
   std::map<Node*, std::set<int>> readers_;
@@ -812,10 +926,12 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   Cutter cutter(graph, stages, fetches, trainStep, false);
   const std::vector<Node*> chain = cutter.forwardChain();
   const std::map<Node*, std::pair<size_t, size_t>> spans = cutter.readerSpans(chain);
-  // A cut never parts a variable's readers (a recurrent layer's steps share its weights).
+  // A cut never parts a variable's readers (a recurrent layer's steps share its weights) unless
+  // the model ties them.
   std::vector<char> cuttable(chain.size(), 1);
   for (const auto& [v, readers] : spans)
-    for (size_t k = readers.first; k < readers.second; ++k) cuttable[k] = 0;
+    if (!isTied(v))
+      for (size_t k = readers.first; k < readers.second; ++k) cuttable[k] = 0;
   const size_t n = chain.size(), count = static_cast<size_t>(stages);
   WEFT_CHECK(n >= count, "the step has {} forward ops, too few for {} pipeline stages", n, stages);
   const size_t cuts = static_cast<size_t>(std::count(cuttable.begin(), cuttable.end() - 1, 1));

@@ -12,6 +12,11 @@
 //     (zero bubble); otherwise all Backward.
 //   - Update: the optimizer, in the stage of the variable it updates; a computation several stages
 //     read (global-norm clipping's norm) in the latest stage among its inputs.
+//     A trainable variable several stages read (tied weights, Graph::tieAcrossStages) has a copy
+//     in each; the lowest of them updates it and sends the update to the others after the update
+//     (PipelineCut::tied). Where its gradient is a sum of parts of several stages, each stage
+//     sums its own part over the micro-batches as a gradient, and the lowest stage adds the
+//     parts for its update (Megatron's embedding group, with the optimizer state held once).
 //   - Static: what depends on variables and constants alone (a weight's transpose, the learning
 //     rate): computed by whichever run of a stage reads it; the step counter's increment is
 //     replicated in every stage, which each keep their copy of it.
@@ -27,9 +32,9 @@
 // arrived, so a cross-stage computation (the global norm) costs one round trip, not a deadlock.
 //
 // Refused, with an error naming the nodes: a forward value flowing to an earlier stage or a
-// backward value to a later one, a stage number outside 0..S-1, a trainable variable read by two
-// stages (tied weights), an optimizer's update reading a per-micro-batch forward value, a
-// conditional node, and a cut that leaves a stage without forward work.
+// backward value to a later one, a stage number outside 0..S-1, an optimizer's update reading a
+// per-micro-batch forward value, a conditional node, and a cut that leaves a stage without
+// forward work.
 #pragma once
 
 #include "core/Graph.h"
@@ -68,10 +73,26 @@ struct StageRun {
   bool empty() const { return fetches.empty() && targets.empty() && receives.empty(); }
 };
 
-/// A variable's gradient: summed over the micro-batches by its stage and fed to the update.
+/// A variable's gradient, or a stage's part of a tied variable's: summed over the micro-batches
+/// by its stage and fed to the update.
 struct StageGradient {
-  const GradientLink* link = nullptr;
+  GradientLink link;
   int stage = 0;
+};
+
+/// A trainable variable several stages read: each holds a copy, `owner` updates it and sends
+/// the updated value to `copies` at the end of each step's update: only the rows `rows` names
+/// where its updates are sparse (they change no other row), else all of it. Where its gradient sums
+/// parts that several stages compute, each stage sums its parts over the micro-batches, and the
+/// owner feeds its update their sum: dense parts added, sparse parts' rows concatenated, in
+/// the order of `parts`.
+struct TiedVariable {
+  Node* variable = nullptr;
+  int owner = 0;
+  std::vector<int> copies;
+  int gradient = -1;       ///< the whole gradient, the owner's (index into PipelineCut::gradients); -1: not split
+  std::vector<int> parts;  ///< its parts (indices into PipelineCut::gradients, each with its stage)
+  Output rows;             ///< the row ids its sparse updates read (the gradient's indices); none: dense updates
 };
 
 struct PipelineCut {
@@ -81,7 +102,8 @@ struct PipelineCut {
   std::vector<Phase> phaseOf;   ///< by node id
   std::vector<Transfer> transfers;
   std::vector<StageGradient> gradients;
-  /// Per stage: the variables it holds (its own and the replicated ones).
+  std::vector<TiedVariable> tied;
+  /// Per stage: the variables it holds (its own, the replicated ones and copies of tied ones).
   std::vector<std::vector<Node*>> variables;
   /// Per stage: the Forward, Backward and Weights runs of a micro-batch, and the update's waves.
   std::vector<StageRun> forward, backward, weights;
@@ -136,8 +158,9 @@ struct StagePlan {
 /// order) that minimise the slowest stage's time per micro-batch (its ops' and their gradients'
 /// measured `seconds` of one micro-batch's step, from Session::profile, and its variables'
 /// updates over the micro-batches) plus its boundary transfers both ways at the link's speed: a
-/// dynamic program over the chain, as PipeDream's planner. No cut parts one variable's readers,
-/// and with a memory limit no stage holds more than it (StageMemory::total, with the activations
+/// dynamic program over the chain, as PipeDream's planner. No cut parts one variable's readers
+/// unless it is tied (Graph::tieAcrossStages; then its copies count in every stage that reads
+/// it), and with a memory limit no stage holds more than it (StageMemory::total, with the activations
 /// of as many micro-batches as the schedule holds on that stage at once). Throws when there are
 /// fewer places to cut than stages need, and when no cut fits the limit, saying by how much the
 /// cut closest to fitting misses it.

@@ -4,9 +4,11 @@
 #include "core/Error.h"
 #include "core/Trace.h"
 #include "dist/launch/Liveness.h"
+#include "ops/RowIds.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <deque>
@@ -26,7 +28,7 @@ uint64_t tagOf(TagKind kind, uint64_t step, size_t index, int microbatch) {
 }
 
 // The index field of the tags that move variables rather than transfers.
-constexpr size_t kGatherIndex = 0xffff, kScatterIndex = 0xfffe;
+constexpr size_t kGatherIndex = 0xffff, kScatterIndex = 0xfffe, kTiedIndex = 0xfffd, kTiedPartIndex = 0xfffc;
 
 constexpr int kMaxRank = 8;
 struct TensorHeader {
@@ -49,15 +51,19 @@ std::array<uint8_t, kHeaderBytes> encode(const Tensor& t) {
   return bytes;
 }
 
-/// The tensor a header announces, checked against the value's static type.
-Tensor allocateFor(const std::array<uint8_t, kHeaderBytes>& bytes, const Output& value, int from) {
+/// The tensor a header announces, checked against the value's static type; `anyRows`: a sum of
+/// sparse rows over micro-batches, whose first dimension is theirs summed.
+Tensor allocateFor(const std::array<uint8_t, kHeaderBytes>& bytes, const Output& value, int from,
+                   bool anyRows = false) {
   const int rank = bytes[1];
   std::vector<int64_t> dims(static_cast<size_t>(std::min(rank, kMaxRank)));
   for (size_t axis = 0; axis < dims.size(); ++axis)
     std::memcpy(&dims[axis], bytes.data() + 8 + sizeof(int64_t) * axis, sizeof(int64_t));
   const Shape shape(dims);
+  Shape expected = value.shape();
+  if (anyRows && expected.rank() >= 1) expected[0] = -1;
   bool valid =
-      rank <= kMaxRank && bytes[0] == static_cast<uint8_t>(value.dtype()) && shape.compatibleWith(value.shape());
+      rank <= kMaxRank && bytes[0] == static_cast<uint8_t>(value.dtype()) && shape.compatibleWith(expected);
   for (int64_t d : dims) valid = valid && d >= 0;
   WEFT_CHECK(valid, "stage {} sent {} as dtype #{} shape {}: expected {}", from, value.name(), bytes[0], shape.str(),
              value.type().str());
@@ -128,6 +134,7 @@ struct PipelineStage::State {
   // the gradient sums and each fetch's sum.
   std::vector<std::map<Output, Tensor>> kept;
   std::map<Output, Tensor> updateValues;
+  std::vector<Tensor> tiedRowIds;  // per tied variable owned with sparse updates: the rows this step changed
   std::vector<GradientSum> sums;
   std::vector<double> fetchSums;
   // What the step's started sends read until finishSends (a deque keeps the headers in place).
@@ -156,9 +163,10 @@ struct PipelineStage::State {
                  o.type().str());
     }
     cut = cutPipeline(graph, options.stages, f, t, options.schedule.splitsWeights());
-    WEFT_CHECK(cut->transfers.size() < 0xfffe && graph.variables().size() <= 0xffff,
-               "a pipeline of {} transfers and {} variables is more than its message tags can number",
-               cut->transfers.size(), graph.variables().size());
+    WEFT_CHECK(cut->transfers.size() < kTiedPartIndex && graph.variables().size() <= 0xffff &&
+                   2 * cut->gradients.size() <= 0xffff && 2 * cut->tied.size() <= 0xffff,
+               "a pipeline of {} transfers, {} variables and {} gradients is more than its message tags can number",
+               cut->transfers.size(), graph.variables().size(), cut->gradients.size());
     fetches = f;
     trainStep = t;
     sums.assign(cut->gradients.size(), {});
@@ -205,10 +213,10 @@ struct PipelineStage::State {
     tensorsInFlight.clear();
   }
 
-  Tensor receiveTensor(int from, uint64_t headerTag, uint64_t payloadTag, const Output& value) {
+  Tensor receiveTensor(int from, uint64_t headerTag, uint64_t payloadTag, const Output& value, bool anyRows = false) {
     std::array<uint8_t, kHeaderBytes> header{};
     transport.receive(headerTag, header, deadline(), peerOf(from));
-    Tensor t = allocateFor(header, value, from);
+    Tensor t = allocateFor(header, value, from, anyRows);
     transport.receive(payloadTag, std::span<uint8_t>(static_cast<uint8_t*>(t.raw()), t.bytes()), deadline(),
                       peerOf(from));
     return t;
@@ -278,7 +286,7 @@ struct PipelineStage::State {
 
   void accumulate(const StageRun& run, const std::map<Output, Tensor>& values) {
     for (int g : run.gradients) {
-      const GradientLink& link = *cut->gradients[static_cast<size_t>(g)].link;
+      const GradientLink& link = cut->gradients[static_cast<size_t>(g)].link;
       GradientSum& sum = sums[static_cast<size_t>(g)];
       if (link.sparse) {
         sum.indices.push_back(values.at(link.indices));
@@ -332,14 +340,96 @@ struct PipelineStage::State {
     return cut->splitWeights ? PipelineAction::Kind::Weights : PipelineAction::Kind::Backward;
   }
 
+  /// Tags of a tied gradient's part `g`: its dense sum or indices (0), or its rows (1).
+  uint64_t partTag(TagKind kind, int g, int which) const {
+    return tagOf(kind, step, kTiedPartIndex, 2 * g + which);
+  }
+
+  void sendPart(int to, int g, int which, const Tensor& t) {
+    startSendingTensor(to, partTag(TagKind::Header, g, which), partTag(TagKind::Payload, g, which), t);
+  }
+
+  /// This stage's parts of tied variables' gradients, summed over the micro-batches, to their owners.
+  void sendTiedParts() {
+    for (const TiedVariable& tied : cut->tied) {
+      if (tied.owner == stage) continue;
+      for (int g : tied.parts) {
+        const StageGradient& part = cut->gradients[static_cast<size_t>(g)];
+        if (part.stage != stage) continue;
+        GradientSum& sum = sums[static_cast<size_t>(g)];
+        try {
+          if (part.link.sparse) {
+            sendPart(tied.owner, g, 0, concatRows(sum.indices));
+            sendPart(tied.owner, g, 1, concatRows(sum.values));
+          } else {
+            sendPart(tied.owner, g, 0, sum.dense);
+          }
+        } catch (const Error& e) {
+          WEFT_THROW("pipeline stage {} sending its part of tied variable '{}''s gradient to stage {} (step {}): {}",
+                     stage, tied.variable->name, tied.owner, step + 1, e.what());
+        }
+        sum.clear();
+      }
+    }
+  }
+
+  /// Part `g` of a tied gradient from the stage that summed it.
+  GradientSum receivePart(const TiedVariable& tied, int g) {
+    const StageGradient& part = cut->gradients[static_cast<size_t>(g)];
+    GradientSum sum;
+    waitFor("wait for stage " + std::to_string(part.stage) + "'s part of the gradient of tied " + tied.variable->name,
+            [&] {
+              auto receive = [&](int which, const Output& value) {
+                return receiveTensor(part.stage, partTag(TagKind::Header, g, which),
+                                     partTag(TagKind::Payload, g, which), value, part.link.sparse);
+              };
+              try {
+                if (part.link.sparse) {
+                  sum.indices.push_back(receive(0, part.link.indices));
+                  sum.values.push_back(receive(1, part.link.values));
+                } else {
+                  sum.dense = receive(0, part.link.dense);
+                }
+              } catch (const Error& e) {
+                WEFT_THROW(
+                    "pipeline stage {} waiting for stage {}'s part of tied variable '{}''s gradient (step {}): {}",
+                    stage, part.stage, tied.variable->name, step + 1, e.what());
+              }
+            });
+    return sum;
+  }
+
+  /// A tied variable's gradient on its owner: the parts' sums added (dense) or their rows joined
+  /// (sparse), in the order of the parts.
+  GradientSum sumOfParts(const TiedVariable& tied) {
+    GradientSum whole;
+    for (int g : tied.parts) {
+      GradientSum& own = sums[static_cast<size_t>(g)];
+      const GradientSum part = cut->gradients[static_cast<size_t>(g)].stage == stage ? own : receivePart(tied, g);
+      own.clear();
+      whole.indices.insert(whole.indices.end(), part.indices.begin(), part.indices.end());
+      whole.values.insert(whole.values.end(), part.values.begin(), part.values.end());
+      if (!part.dense.defined()) continue;
+      if (!whole.dense.defined()) whole.dense = part.dense;
+      else addInto(whole.dense, part.dense);
+    }
+    return whole;
+  }
+
   /// The mean gradients, as the update reads them (over the replicas too, with replicas).
   void feedGradients(std::map<Output, Tensor>& into) {
     const double inverse = 1.0 / options.microbatches;
     StageGradients mine;
     std::vector<const GradientLink*> links;
+    sendTiedParts();
+    std::vector<char> isPart(sums.size(), 0);
+    for (const TiedVariable& tied : cut->tied) {
+      for (int g : tied.parts) isPart[static_cast<size_t>(g)] = 1;
+      if (tied.owner == stage && tied.gradient >= 0) sums[static_cast<size_t>(tied.gradient)] = sumOfParts(tied);
+    }
     for (size_t g = 0; g < sums.size(); ++g) {
-      if (cut->gradients[g].stage != stage) continue;
-      const GradientLink& link = *cut->gradients[g].link;
+      if (cut->gradients[g].stage != stage || isPart[g]) continue;
+      const GradientLink& link = cut->gradients[g].link;
       links.push_back(&link);
       GradientSum& sum = sums[g];
       if (link.sparse) {
@@ -375,7 +465,97 @@ struct PipelineStage::State {
       for (const auto& [out, value] : values) updateValues[out] = value;
       send(waves[w], 0, updateValues);
     }
+    keepTiedRowIds();
     updateValues.clear();
+    shareTiedVariables();
+  }
+
+  /// Per tied variable this stage owns with sparse updates: the row ids its update read.
+  void keepTiedRowIds() {
+    tiedRowIds.assign(cut->tied.size(), Tensor());
+    for (size_t i = 0; i < cut->tied.size(); ++i) {
+      const TiedVariable& tied = cut->tied[i];
+      if (tied.owner != stage || !tied.rows.valid()) continue;
+      auto it = updateValues.find(tied.rows);
+      WEFT_CHECK(it != updateValues.end(),
+                 "pipeline stage {}: the row ids {} of tied variable '{}''s update are missing", stage,
+                 tied.rows.name(), tied.variable->name);
+      tiedRowIds[i] = it->second;
+    }
+  }
+
+  uint64_t tiedTag(TagKind kind, size_t i, int which) const {
+    return tagOf(kind, step, kTiedIndex, static_cast<int>(2 * i) + which);
+  }
+
+  /// Each tied variable's update, from the stage that made it to the stages holding copies: the
+  /// rows it changed where its updates are sparse, else all of it.
+  void shareTiedVariables() {
+    for (size_t i = 0; i < cut->tied.size(); ++i) {
+      const TiedVariable& tied = cut->tied[i];
+      if (tied.owner == stage) {
+        sendTiedUpdate(i);
+      } else if (std::find(tied.copies.begin(), tied.copies.end(), stage) != tied.copies.end()) {
+        waitFor("wait for the update of tied " + tied.variable->name, [&] {
+          try {
+            receiveTiedUpdate(i);
+          } catch (const Error& e) {
+            WEFT_THROW("pipeline stage {} waiting for the update of tied variable '{}' from stage {} (step {}): {}",
+                       stage, tied.variable->name, tied.owner, step + 1, e.what());
+          }
+        });
+      }
+    }
+  }
+
+  void sendTiedUpdate(size_t i) {
+    const TiedVariable& tied = cut->tied[i];
+    const Tensor& variable = session->variable(tied.variable);
+    std::vector<Tensor> message{variable};
+    if (tied.rows.valid()) {
+      std::vector<int64_t> ids = rowIds(tiedRowIds[i]);
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      const auto count = static_cast<int64_t>(ids.size());
+      Shape shape = variable.shape();
+      shape[0] = count;
+      Tensor rows(variable.dtype(), shape);
+      const size_t rowBytes = rowBytesOf(variable);
+      for (size_t r = 0; r < ids.size(); ++r)
+        std::memcpy(static_cast<char*>(rows.raw()) + r * rowBytes,
+                    static_cast<const char*>(variable.raw()) + static_cast<size_t>(ids[r]) * rowBytes, rowBytes);
+      message = {Tensor::fromVector(ids, {count}).cast(tied.rows.dtype()), rows};
+    }
+    for (int to : tied.copies)
+      for (size_t m = 0; m < message.size(); ++m)
+        startSendingTensor(to, tiedTag(TagKind::Header, i, static_cast<int>(m)),
+                           tiedTag(TagKind::Payload, i, static_cast<int>(m)), message[m]);
+  }
+
+  void receiveTiedUpdate(size_t i) {
+    const TiedVariable& tied = cut->tied[i];
+    Tensor& variable = session->variable(tied.variable);
+    auto receive = [&](int which, const Output& value, bool anyRows) {
+      return receiveTensor(tied.owner, tiedTag(TagKind::Header, i, which), tiedTag(TagKind::Payload, i, which), value,
+                           anyRows);
+    };
+    if (!tied.rows.valid()) {
+      variable.copyFrom(receive(0, tied.variable->output(), false));
+      return;
+    }
+    const Tensor idsTensor = receive(0, tied.rows, true);
+    const Tensor rows = receive(1, tied.variable->output(), true);
+    const std::vector<int64_t> ids = checkedRowIds(idsTensor, variable.shape()[0], "row id");
+    WEFT_CHECK(rows.shape()[0] == static_cast<int64_t>(ids.size()), "stage {} sent {} rows for {} row ids", tied.owner,
+               rows.shape()[0], ids.size());
+    const size_t rowBytes = rowBytesOf(variable);
+    for (size_t r = 0; r < ids.size(); ++r)
+      std::memcpy(static_cast<char*>(variable.raw()) + static_cast<size_t>(ids[r]) * rowBytes,
+                  static_cast<const char*>(rows.raw()) + r * rowBytes, rowBytes);
+  }
+
+  static size_t rowBytesOf(const Tensor& t) {
+    return t.shape()[0] == 0 ? 0 : t.bytes() / static_cast<size_t>(t.shape()[0]);
   }
 
   /// Each fetch's mean, from the stage that computed it to every other.
