@@ -218,6 +218,45 @@ Batch collate(const std::vector<const Example*>& examples, const BatchOptions& o
   return collateOf(examples, options, nullptr);
 }
 
+Batch trimPadding(Batch batch, const std::string& mask, const std::vector<std::string>& fields) {
+  WEFT_CHECK(batch.count(mask), "trimPadding: the batch has no mask field '{}'", mask);
+  const Tensor& real = batch.at(mask);
+  WEFT_CHECK(real.rank() == 2 && real.dtype() == f32, "trimPadding: mask '{}' must be f32 (batch, width), got {}{}",
+             mask, dtypeName(real.dtype()), real.shape().str());
+  const int64_t rows = real.shape()[0], width = real.shape()[1];
+  for (const std::string& field : fields) {
+    auto it = batch.find(field);
+    WEFT_CHECK(it != batch.end(), "trimPadding: the batch has no field '{}'", field);
+    const Shape& shape = it->second.shape();
+    WEFT_CHECK(shape.rank() >= 2 && shape[0] == rows && shape[1] == width,
+               "trimPadding: field '{}' is {}, not ({}, {}, ...) as its mask '{}'", field, shape.str(), rows, width,
+               mask);
+  }
+  int64_t longest = 0;
+  const float* m = real.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = width; t > longest; --t)
+      if (m[r * width + t - 1] != 0) {
+        longest = t;
+        break;
+      }
+  if (longest == width || rows == 0) return batch;
+  for (const std::string& field : fields) {
+    Tensor& value = batch.at(field);
+    const Tensor full = value;
+    Shape shape = full.shape();
+    shape[1] = longest;
+    Tensor cut(full.dtype(), shape);
+    const size_t inner = full.bytes() / static_cast<size_t>(rows * width), kept = inner * static_cast<size_t>(longest);
+    for (int64_t r = 0; r < rows; ++r)
+      if (kept > 0)
+        std::memcpy(static_cast<char*>(cut.raw()) + static_cast<size_t>(r) * kept,
+                    static_cast<const char*>(full.raw()) + static_cast<size_t>(r * width) * inner, kept);
+    value = cut;
+  }
+  return batch;
+}
+
 std::vector<const Example*> pointersTo(const std::vector<Example>& examples) {
   std::vector<const Example*> pointers;
   pointers.reserve(examples.size());

@@ -144,6 +144,13 @@ uint64_t augmentKey(uint64_t seed, int64_t epoch, size_t index);
 /// rows do not divide evenly.
 Batch sliceBatch(const Batch& batch, int64_t index, int64_t count, const std::vector<std::string>& shared = {});
 
+/// The batch with `fields` cut along their second axis to the longest real row, as `mask` (one
+/// of them: (batch, width), 1 at real positions, 0 at the padding after them) says: the
+/// trailing positions that are padding in every row are dropped. A pipeline's micro-batch then
+/// runs its own sequences' length, not the whole batch's. Throws naming a field that is not
+/// (batch, width, ...) with the mask's batch and width.
+Batch trimPadding(Batch batch, const std::string& mask, const std::vector<std::string>& fields);
+
 /// Stacks examples into a batch: fixed-shape fields gain a leading batch axis; padded fields
 /// are padded and masked. Throws naming the field when shapes or dtypes disagree.
 Batch collate(const std::vector<const Example*>& examples, const BatchOptions& options);

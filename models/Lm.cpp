@@ -330,6 +330,12 @@ data::Batch LmModel::shard(const data::Batch& batch, int64_t index, int64_t coun
   return part;
 }
 
+data::Batch LmModel::trimmed(data::Batch part) const {
+  std::vector<std::string> positions{"tokens", "tokens_mask", "targets", "targets_mask"};
+  if (part.count("targets_logq")) positions.push_back("targets_logq");
+  return data::trimPadding(std::move(part), "targets_mask", positions);
+}
+
 std::unique_ptr<ZooModel> makeLmModel() { return std::make_unique<LmModel>(); }
 
 }  // namespace weft::models

@@ -75,6 +75,8 @@ class LmModel : public ZooModel {
   std::pair<std::string, double> itemsIn(const data::Batch& batch) const override;
   /// Every worker keeps the step's sampled candidates whole and normalises by the step's words.
   data::Batch shard(const data::Batch& batch, int64_t index, int64_t count) const override;
+  /// Padding changes nothing: the LSTM runs left to right and the loss masks it.
+  data::Batch trimmed(data::Batch part) const override;
 
   LmConfig& config() { return config_; }
   int64_t vocabSize() const { return vocabSize_; }

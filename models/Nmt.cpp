@@ -436,6 +436,12 @@ data::Batch NmtModel::shard(const data::Batch& batch, int64_t index, int64_t cou
   return part;
 }
 
+data::Batch NmtModel::trimmed(data::Batch part) const {
+  part = data::trimPadding(std::move(part), "source_mask", {"source", "source_mask"});
+  return data::trimPadding(std::move(part), "target_out_mask",
+                           {"target_in", "target_in_mask", "target_out", "target_out_mask"});
+}
+
 std::unique_ptr<ZooModel> makeNmtModel() { return std::make_unique<NmtModel>(); }
 
 }  // namespace weft::models

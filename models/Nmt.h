@@ -79,6 +79,9 @@ class NmtModel : public ZooModel {
   bool higherIsBetter() const override { return true; }
   std::pair<std::string, double> itemsIn(const data::Batch& batch) const override;
   data::Batch shard(const data::Batch& batch, int64_t index, int64_t count) const override;
+  /// Padding changes nothing: the encoder reverses each source within its length, attention and
+  /// the loss mask it.
+  data::Batch trimmed(data::Batch part) const override;
 
   const NmtNet& net() const { return net_; }
   const NmtConfig& config() const { return config_; }

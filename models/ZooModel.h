@@ -75,6 +75,9 @@ class ZooModel {
   virtual data::Batch shard(const data::Batch& batch, int64_t index, int64_t count) const {
     return data::sliceBatch(batch, index, count);
   }
+  /// A micro-batch (a part `shard` cut) without the padding that every one of its sequences has
+  /// (data::trimPadding), for a model whose result padding does not change: by default as it is.
+  virtual data::Batch trimmed(data::Batch part) const { return part; }
 };
 
 /// Feeds for a batch: each field goes to the graph's placeholder of the same name; a field with

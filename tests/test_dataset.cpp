@@ -215,6 +215,22 @@ TEST_CASE("variable-length fields are padded and masked") {
   CHECK(batch.at("id").shape() == Shape{3});
 }
 
+TEST_CASE("trimPadding drops the positions that are padding in every row, and nothing else") {
+  const Dataset d = numbered(5);  // sequences of 1 to 5 values
+  const Batch whole = data::collate(d, 0, 5, {5, false, 0, {"seq"}, -1, 0, {}});
+  // The first three rows of the batch 5 wide: their longest is 3.
+  Batch part = data::sliceBatch(data::collate(d, 0, 4, {4, false, 0, {"seq"}, -1, 0, {}}), 0, 2);
+  part = data::trimPadding(std::move(part), "seq_mask", {"seq", "seq_mask"});
+  CHECK(part.at("seq").shape() == Shape{2, 2});
+  CHECK(part.at("seq").toDoubles() == std::vector<double>{0, -1, 1, 1});
+  CHECK(part.at("seq_mask").toDoubles() == std::vector<double>{1, 0, 1, 1});
+  CHECK(part.at("id").toDoubles() == std::vector<double>{0, 1});
+  // A row as long as the batch leaves it as it is.
+  checkSameBatch(data::trimPadding(whole, "seq_mask", {"seq", "seq_mask"}), whole);
+  CHECK(contains(errorOf([&] { data::trimPadding(whole, "seq_mask", {"seq", "id"}); }), "field 'id' is [5]"));
+  CHECK(contains(errorOf([&] { data::trimPadding(whole, "mask", {"seq"}); }), "no mask field 'mask'"));
+}
+
 TEST_CASE("bucketing groups similar lengths into a batch") {
   auto padding = [](int64_t window) {
     data::Batcher b(numbered(200), {10, true, 5, {"seq"}, 0, window, {}});

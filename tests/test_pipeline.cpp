@@ -101,19 +101,32 @@ Trained singleDevice(double clip, Tie tie = Tie::None) {
   return out;
 }
 
+/// One in-process transport per stage, each connected to every other: peers[r][q] is stage r's
+/// peer id of stage q.
+struct LoopbackStages {
+  std::shared_ptr<LoopbackNetwork> network = std::make_shared<LoopbackNetwork>();
+  std::vector<std::unique_ptr<LoopbackTransport>> transports;
+  std::vector<std::vector<int>> peers;
+
+  explicit LoopbackStages(int stages)
+      : peers(static_cast<size_t>(stages), std::vector<int>(static_cast<size_t>(stages), -1)) {
+    for (int s = 0; s < stages; ++s) transports.push_back(std::make_unique<LoopbackTransport>(network));
+    for (int r = 0; r < stages; ++r)
+      for (int q = 0; q < stages; ++q)
+        if (q != r)
+          peers[static_cast<size_t>(r)][static_cast<size_t>(q)] = transports[static_cast<size_t>(r)]->connect(
+              transports[static_cast<size_t>(q)]->address(), static_cast<EndpointName>(q));
+  }
+};
+
 /// kSteps pipelined steps, each stage on a thread; stage 0's variables after gathering them.
 /// `dies` (a stage) fails before its first step, as a killed process would.
 Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, double clip, int dies = -1,
                   Tie tie = Tie::None) {
-  auto network = std::make_shared<LoopbackNetwork>();
-  std::vector<std::unique_ptr<LoopbackTransport>> transports;
-  for (int s = 0; s < stages; ++s) transports.push_back(std::make_unique<LoopbackTransport>(network));
-  std::vector<std::vector<int>> peers(static_cast<size_t>(stages), std::vector<int>(static_cast<size_t>(stages), -1));
-  for (int r = 0; r < stages; ++r)
-    for (int q = 0; q < stages; ++q)
-      if (q != r)
-        peers[static_cast<size_t>(r)][static_cast<size_t>(q)] = transports[static_cast<size_t>(r)]->connect(
-            transports[static_cast<size_t>(q)]->address(), static_cast<EndpointName>(q));
+  LoopbackStages links(stages);
+  auto& network = links.network;
+  auto& transports = links.transports;
+  auto& peers = links.peers;
   Trained result;
   result.peakKept.resize(static_cast<size_t>(stages));
   std::vector<std::unique_ptr<Model>> models;
@@ -227,6 +240,113 @@ TEST_CASE("a pipelined step run by a schedule file's orders equals single-device
                   StepSchedule::parse("F0 F1 F2 F3 B0 B1 B2 B3 W3 W2 W1 W0\nF0 B0 W0 F1 B1 F2 B2 F3 B3 W3 W1 W2\n",
                                       "late weights"),
                   0.05);
+}
+
+namespace {
+
+/// Token sequences through an embedding and an LSTM (stage 0) to a softmax over 7 words (the
+/// last stage), the loss summed over real positions (mask 1) and divided by a count fed with the
+/// step, as the zoo's LM does: micro-batches of any lengths add up to the whole batch's gradient.
+struct SequenceModel {
+  Graph g;
+  Output tokens, targets, mask, count, loss;
+  Node* step = nullptr;
+
+  explicit SequenceModel(int stages) {
+    g.setSeed(5);
+    tokens = g.placeholder("tokens", i32, {-1, -1});
+    targets = g.placeholder("targets", i32, {-1, -1});
+    mask = g.placeholder("mask", f64, {-1, -1});
+    count = g.placeholder("count", f64, {});
+    Output states;
+    {
+      auto first = g.stage(0);
+      nn::Embedding embedding(g, "embedding", 7, 4, f64);
+      nn::LSTM lstm(g, "lstm", 4, 6, f64, {.batchFirst = true});
+      states = lstm(embedding(tokens)).y;
+    }
+    auto last = g.stage(stages - 1);
+    nn::Linear out(g, "out", 6, 7, true, f64);
+    const Output logits = out(reshape(states, {-1, 6}));
+    loss = sum(sparseSoftmaxCrossEntropy(logits, reshape(targets, {-1})) * reshape(mask, {-1})) / count;
+    step = optim::Adam(0.05).minimize(loss);
+  }
+
+  /// Rows `firstRow`, ... of step `seed`'s batch, of the given lengths, padded to the longest;
+  /// `stepCount`: the step's real positions over the parts it is cut into.
+  FeedMap feeds(const std::vector<int64_t>& lengths, int64_t firstRow, uint64_t seed, double stepCount) const {
+    const auto rows = static_cast<int64_t>(lengths.size());
+    const int64_t width = *std::max_element(lengths.begin(), lengths.end());
+    Tensor ids = Tensor::zeros(i32, {rows, width}), labels = Tensor::zeros(i32, {rows, width});
+    Tensor real = Tensor::zeros(f64, {rows, width});
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t t = 0; t < lengths[static_cast<size_t>(r)]; ++t) {
+        const auto row = static_cast<uint64_t>(firstRow + r), at = static_cast<uint64_t>(t);
+        ids.data<int32_t>()[r * width + t] = static_cast<int32_t>((seed * 3 + row * 5 + at * 2) % 7);
+        labels.data<int32_t>()[r * width + t] = static_cast<int32_t>((seed + row + at * 3) % 7);
+        real.data<double>()[r * width + t] = 1;
+      }
+    return {{tokens, ids}, {targets, labels}, {mask, real}, {count, Tensor::scalar(f64, stepCount)}};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("micro-batches of different lengths: each flows at its own shape and the step equals the padded batch's") {
+  // Three micro-batches of two sequences each, 2, 3 and 5 long; one process runs them as one
+  // batch padded to 5.
+  const std::vector<std::vector<int64_t>> lengths{{2, 1}, {3, 3}, {5, 4}};
+  std::vector<int64_t> all;
+  for (const auto& part : lengths) all.insert(all.end(), part.begin(), part.end());
+  double positions = 0;
+  for (int64_t n : all) positions += static_cast<double>(n);
+  const auto parts = static_cast<double>(lengths.size());
+
+  SequenceModel one(1);
+  Session session(one.g);
+  std::vector<double> expectedLosses;
+  for (uint64_t step = 0; step < 3; ++step)
+    expectedLosses.push_back(session.run({one.loss}, one.feeds(all, 0, step, positions), {one.step})[0].item());
+
+  const int stages = 2;
+  LoopbackStages links(stages);
+  std::vector<std::unique_ptr<SequenceModel>> models;
+  for (int s = 0; s < stages; ++s) models.push_back(std::make_unique<SequenceModel>(stages));
+  std::vector<double> losses;
+  std::map<std::string, Tensor> variables;
+  const std::vector<std::string> errors = onThreads(stages, [&](size_t s) {
+    SequenceModel& m = *models[s];
+    PipelineOptions options;
+    options.stages = stages;
+    options.microbatches = static_cast<int>(lengths.size());
+    options.timeout = 60s;
+    PipelineStage stage(m.g, static_cast<int>(s), options, *links.transports[s], links.peers[s]);
+    try {
+      for (uint64_t step = 0; step < 3; ++step) {
+        std::vector<FeedMap> microbatches;
+        int64_t firstRow = 0;
+        for (const auto& part : lengths) {
+          microbatches.push_back(m.feeds(part, firstRow, step, positions / parts));
+          firstRow += static_cast<int64_t>(part.size());
+        }
+        const double loss = stage.step({m.loss}, m.step, microbatches)[0];
+        if (s == 0) losses.push_back(loss);
+      }
+      stage.gatherVariables(0);
+    } catch (const std::exception& e) {
+      links.network->fail(links.transports[s]->endpoint(), e.what());
+      throw;
+    }
+    if (s == 0)
+      for (Node* v : m.g.variables()) variables[v->name] = stage.session().variable(v).clone();
+  });
+  for (const std::string& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+  for (Node* v : one.g.variables()) {
+    CAPTURE(v->name);
+    CHECK(relativeDifference(variables.at(v->name), session.variable(v)) < 1e-11);
+  }
+  REQUIRE(losses.size() == expectedLosses.size());
+  for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == doctest::Approx(expectedLosses[i]).epsilon(1e-12));
 }
 
 TEST_CASE("a stage that dies stops the others with an error naming it") {

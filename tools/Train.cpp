@@ -699,12 +699,13 @@ class Trainer {
   }
 
   /// A step's feeds: the batch's, or a pipeline's micro-batches, cut as the model cuts a batch
-  /// among data-parallel workers (so their mean gradient is the batch's).
+  /// among data-parallel workers (so their mean gradient is the batch's), each without the
+  /// padding all its sequences have.
   std::vector<FeedMap> stepFeeds(const data::Batch& batch) {
     if (flags_.microbatches == 1) return {models::feedsFor(graph_, batch)};
     std::vector<FeedMap> parts;
     for (int i = 0; i < flags_.microbatches; ++i)
-      parts.push_back(models::feedsFor(graph_, model_->shard(batch, i, flags_.microbatches)));
+      parts.push_back(models::feedsFor(graph_, model_->trimmed(model_->shard(batch, i, flags_.microbatches))));
     return parts;
   }
 
