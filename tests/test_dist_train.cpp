@@ -244,7 +244,7 @@ TEST_CASE("LM, NMT and GGSNN pipelined over 2 stage processes train like one pro
 
 TEST_CASE(
     "LM with tied embeddings (one table for the input and the sampled softmax): pipelined over 2 and 3 stage "
-    "processes, and on 2 workers with a server, it trains like one process") {
+    "processes, with 2 replicas, and on 2 workers with a server, it trains like one process") {
   // The automatic cut puts the table's readers in the first and last stages, which sum its
   // gradient's parts and share its updates.
   const std::string tied =
@@ -253,6 +253,8 @@ TEST_CASE(
       "--threads 1 --timeout 30";
   checkSameVariablesAs("lm", tied, "--stages 2 --microbatches 2", 1e-5);
   checkSameVariablesAs("lm", tied, "--stages 3 --microbatches 4 --schedule zb", 1e-5);
+  // 2 replicas: each stage 0 updates the table with both replicas' rows, and sends them all.
+  checkSameVariablesAs("lm", tied, "--stages 2 --workers 2 --microbatches 2", 1e-5);
   checkSameVariables("lm", tied, 2, 1e-5, "--arch auto --servers 1");
 }
 
