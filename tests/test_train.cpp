@@ -595,22 +595,32 @@ TEST_CASE("--amp reports an unknown model and bad data files by name") {
   CHECK(contains(r.output, trees + ":2"));
 }
 
-TEST_CASE("--amp --processes trains over worker processes exactly as one process does, synchronously") {
+TEST_CASE("--amp --processes trains over worker processes exactly as one process does, synchronously, its payloads "
+          "encrypted with --encrypt") {
   TempDir dir;
   const std::string common = "train list_reduction --amp --dtype f64 --minibatch 8 --max-active-keys 2 --epochs 2 "
                              "--target 0 --train-size 48 --eval-size 8 --hidden 16 ";
   const std::string one = (dir.path / "one.safetensors").string(), two = (dir.path / "two.safetensors").string();
   const CliRun a = weftCli(common + "--workers 2 --out " + (dir.path / "a").string() + " --save " + one);
   REQUIRE_MESSAGE(a.status == 0, a.output);
-  const CliRun b = weftCli(common + "--processes 2 --workers 1 --out " + (dir.path / "b").string() + " --save " + two);
-  REQUIRE_MESSAGE(b.status == 0, b.output);
-  CHECK(contains(b.output, "2 process(es) of 1 workers"));
-  const weft::TensorFile x = weft::readSafetensors(one), y = weft::readSafetensors(two);
-  REQUIRE(x.tensors.size() == y.tensors.size());
-  for (const auto& [name, t] : x.tensors) {
-    CAPTURE(name);
-    if (t.dtype() == weft::f64) CHECK(relativeDifference(y.tensors.at(name), t) < 1e-12);
+  for (const std::string encrypt : {"", "--encrypt "}) {
+    CAPTURE(encrypt);
+    const CliRun b = weftCli(common + encrypt + "--processes 2 --workers 1 --out " + (dir.path / "b").string() +
+                             " --save " + two);
+    REQUIRE_MESSAGE(b.status == 0, b.output);
+    CHECK(contains(b.output, "2 process(es) of 1 workers"));
+    CHECK(contains(b.output, "the payloads between the job's processes are encrypted") == !encrypt.empty());
+    const weft::TensorFile x = weft::readSafetensors(one), y = weft::readSafetensors(two);
+    REQUIRE(x.tensors.size() == y.tensors.size());
+    for (const auto& [name, t] : x.tensors) {
+      CAPTURE(name);
+      if (t.dtype() == weft::f64) CHECK(relativeDifference(y.tensors.at(name), t) < 1e-12);
+    }
   }
+  // One process has no one to encrypt for.
+  const CliRun alone = weftCli(common + "--encrypt --workers 2 --out " + (dir.path / "c").string());
+  CHECK(alone.status != 0);
+  CHECK(contains(alone.output, "--encrypt encrypts what a job's processes send each other: it needs --processes"));
 }
 
 TEST_CASE("--amp --resume continues after the checkpoint's last epoch and ends as the uninterrupted run") {

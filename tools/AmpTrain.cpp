@@ -60,6 +60,7 @@ struct AmpFlags {
   double rendezvousTimeout = 60;
   double termGrace = 25;
   double timeout = 120;
+  bool encrypt = false;
   bool dot = false;
 };
 
@@ -450,6 +451,9 @@ void addTrainingFlags(CLI::App& app, AmpFlags& f) {
                  "write each worker's forward, backward and update work as a trace-event JSON file");
   app.add_option("--timeout", f.timeout, "seconds without any message processed before the run stops with an error")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--encrypt", f.encrypt,
+               "encrypt the payloads between the job's processes (AES-256-GCM), not only authenticate them; the "
+               "--cluster specification's \"encrypt\": true does the same");
   app.add_option("--secret-file", f.secretFile,
                  "under a cluster engine: the job secret's file (weft secret PATH); "
                  "needed across hosts")
@@ -472,7 +476,11 @@ int trainInJob(models::AmpModel& model, const AmpFlags& f, int argc, char** argv
   // Under a cluster engine each of its processes is one of the job's (the controller is rank 0).
   std::unique_ptr<dist::Preemption> preemption;
   const std::unique_ptr<dist::EngineJob> engine = joinEngineJob(f, preemption);
-  if (!engine && f.processes == 1 && f.cluster.empty()) return train(model, f, {}, nullptr);
+  if (!engine && f.processes == 1 && f.cluster.empty()) {
+    WEFT_CHECK(!f.encrypt, "--encrypt encrypts what a job's processes send each other: it needs --processes, "
+                           "--cluster or a cluster engine");
+    return train(model, f, {}, nullptr);
+  }
   WEFT_CHECK(f.processes == 1 || f.cluster.empty(),
              "--processes {} and --cluster: the specification says the processes", f.processes);
   const dist::ResourceSpec resources = engine              ? engine->layout().resources
@@ -502,8 +510,11 @@ int trainInJob(models::AmpModel& model, const AmpFlags& f, int argc, char** argv
   }
   dist::Config config;
   config.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
+  config.encrypt = f.encrypt;
   std::optional<dist::JobContext> job = dist::joinJob(resources, config);
   WEFT_CHECK(job.has_value(), "--processes: this process was not started by the launcher");
+  if (job->rank() == 0 && (config.encrypt || resources.encrypt()))
+    fmt::print("the payloads between the job's processes are encrypted (AES-256-GCM)\n");
   const int status = train(model, f, {job->rank(), job->workers(), job->transport.get(), job->routes.workerPeers},
                            preemption.get());
   if (status == 0 || status == dist::kExitPreempted) job->leave();  // done, not failed: the job's watch lets it go
