@@ -149,6 +149,28 @@ std::vector<TensorType> lstmGradInfer(const InferContext& c) {
   return {c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4], {c.dtype(0), {c.shape(4)[1]}}};
 }
 
+// LSTMInputGrad: LSTMGrad's inputs; outputs dx, dh0, dc0, and dG (T, B, 4H), the gates'
+// gradients, from which LSTMWeightGrad (inputs x, h0, y, dG) makes dwx, dwh, db: LSTMGrad in two
+// ops, so that a pipeline's zero-bubble schedule can run the weight gradients apart.
+std::vector<TensorType> lstmInputGradInfer(const InferContext& c) {
+  std::vector<TensorType> out = lstmGradInfer(c);
+  const Shape& x = c.shape(0);
+  out.resize(3);
+  out.push_back({c.dtype(0), {x[0], x[1], c.shape(3)[1]}});
+  return out;
+}
+
+std::vector<TensorType> lstmWeightGradInfer(const InferContext& c) {
+  detail::checkProductRounding(c);
+  const Shape &x = c.shape(0), &h0 = c.shape(1), &y = c.shape(2), &dG = c.shape(3);
+  c.check(x.rank() == 3 && h0.rank() == 2 && y.rank() == 3 && dG.rank() == 3,
+          "x, h0, y and dG must be (T, B, I), (B, H), (T, B, H) and (T, B, 4H)");
+  c.check(y.compatibleWith(Shape{x[0], x[1], h0[1]}) && dG.compatibleWith(Shape{x[0], x[1], times(4, h0[1])}),
+          "y {} and dG {} do not fit x {} and h0 {}", y.str(), dG.str(), x.str(), h0.str());
+  const DType t = c.dtype(0);
+  return {{t, {x[2], dG[2]}}, {t, {h0[1], dG[2]}}, {t, {dG[2]}}};
+}
+
 // outputs: h' (B, H), gates (B, 3H) holding r, z, n after activation, hn = h wh_n + bh_n (B, H)
 std::vector<TensorType> gruCellInfer(const InferContext& c) {
   const RnnDims d = checkRnnInputs(c, kGruLayout);
@@ -333,6 +355,8 @@ struct CpuBackend {
   }
 WEFT_CPU_RNN_KERNEL(lstmKernel, lstmForward)
 WEFT_CPU_RNN_KERNEL(lstmGradKernel, lstmBackward)
+WEFT_CPU_RNN_KERNEL(lstmInputGradKernel, lstmInputBackward)
+WEFT_CPU_RNN_KERNEL(lstmWeightGradKernel, lstmWeightBackward)
 WEFT_CPU_RNN_KERNEL(gruCellKernel, gruForward)
 WEFT_CPU_RNN_KERNEL(gruCellGradKernel, gruBackward)
 #undef WEFT_CPU_RNN_KERNEL
@@ -385,6 +409,18 @@ void detail::registerRnnOps(OpRegistry& r) {
             .infer(lstmGradInfer)
             .cpu(lstmGradKernel)
             .cuda(WEFT_CUDA_KERNEL(lstmGrad))
+            .noGradient());
+  r.add(OpDef("LSTMInputGrad")
+            .inputs(11)
+            .infer(lstmInputGradInfer)
+            .cpu(lstmInputGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(lstmInputGrad))
+            .noGradient());
+  r.add(OpDef("LSTMWeightGrad")
+            .inputs(4)
+            .infer(lstmWeightGradInfer)
+            .cpu(lstmWeightGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(lstmWeightGrad))
             .noGradient());
   r.add(OpDef("GRUCell")
             .inputs(6)

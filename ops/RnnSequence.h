@@ -1,6 +1,6 @@
-// The order of work of the fused recurrent ops (LSTM, LSTMGrad, GRUCell, GRUCellGrad), shared by
-// their CPU kernels (ops/Rnn.cpp) and CUDA kernels (ops/cuda/Rnn.cpp), which differ only in how
-// they multiply matrices and run the gate math. Formulas and layouts are documented in
+// The order of work of the fused recurrent ops (LSTM, LSTMGrad and its two halves, GRUCell,
+// GRUCellGrad), shared by their CPU kernels (ops/Rnn.cpp) and CUDA kernels (ops/cuda/Rnn.cpp),
+// which differ only in how they multiply matrices and run the gate math. Formulas and layouts are documented in
 // ops/Rnn.cpp. A backend for element type T provides:
 //   gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc)  row-major C = op(A) op(B) + beta C
 //   pack(tb, k, n, b, ldb): op(B) prepared for many products (the recurrent weight, used at
@@ -39,22 +39,20 @@ void lstmForward(const KernelContext& ctx, Backend& be) {
   be.copy(steps == 0 ? c0 : cells + (steps - 1) * state, ctx.out<T>(2), state);
 }
 
-// Inputs x, h0, c0, wx, wh, gates, cells, y, dy, dhLast, dcLast; outputs dx, dh0, dc0, dwx, dwh,
-// db. With dG (T*B, 4H) the pre-activation gate gradients of every step and
-// dh_{t-1} = dG_t wh^T:  dx = dG wx^T;  dwx = x^T dG;  dwh = sum_t h_{t-1}^T dG_t;  db = rows of
-// dG summed.
+// Inputs x, h0, c0, wx, wh, gates, cells, y, dy, dhLast, dcLast (LSTMGrad's). The pass back
+// through time: dh0 and dc0 into outputs 1 and 2, dx into output 0, and dG (T*B, 4H), the
+// pre-activation gate gradients of every step, with dh_{t-1} = dG_t wh^T and dx = dG wx^T.
 template <class T, class Backend>
-void lstmBackward(const KernelContext& ctx, Backend& be) {
+void lstmGatesBackward(const KernelContext& ctx, Backend& be, T* dG) {
   const Shape& xs = ctx.input(0).shape();
   const int64_t steps = xs[0], batch = xs[1], input = xs[2], hidden = ctx.input(1).shape()[1];
   const int64_t g4 = 4 * hidden, state = batch * hidden, rows = steps * batch;
-  const T *x = ctx.in<T>(0), *h0 = ctx.in<T>(1), *c0 = ctx.in<T>(2), *wx = ctx.in<T>(3), *wh = ctx.in<T>(4),
-          *gates = ctx.in<T>(5), *cells = ctx.in<T>(6), *y = ctx.in<T>(7), *dy = ctx.in<T>(8);
+  const T *c0 = ctx.in<T>(2), *wx = ctx.in<T>(3), *wh = ctx.in<T>(4), *gates = ctx.in<T>(5), *cells = ctx.in<T>(6),
+          *dy = ctx.in<T>(8);
   // dh0 and dc0 carry the running gradients of h_t and c_t back through the steps.
-  T *dh = ctx.out<T>(1), *dc = ctx.out<T>(2), *dwh = ctx.out<T>(4);
+  T *dh = ctx.out<T>(1), *dc = ctx.out<T>(2);
   be.copy(ctx.in<T>(9), dh, state);
   be.copy(ctx.in<T>(10), dc, state);
-  T* dG = be.scratch(rows * g4);  // (T, B, 4H)
   const auto recurrentT = be.pack(true, g4, hidden, wh, g4);
   for (int64_t t = steps - 1; t >= 0; --t) {
     const T* cPrev = t == 0 ? c0 : cells + (t - 1) * state;
@@ -63,14 +61,48 @@ void lstmBackward(const KernelContext& ctx, Backend& be) {
     be.gemm(batch, dg, g4, recurrentT, T(0), dh, hidden);
   }
   be.gemm(false, true, rows, input, g4, dG, g4, wx, g4, T(0), ctx.out<T>(0), input);
-  be.gemm(true, false, input, g4, rows, x, input, dG, g4, T(0), ctx.out<T>(3), g4);
+}
+
+// The weight gradients from dG (steps of `batch` rows):  dwx = x^T dG;  dwh = sum_t h_{t-1}^T dG_t
+// (h_{-1} = h0, h_t = y_t);  db = rows of dG summed.
+template <class T, class Backend>
+void lstmWeightProducts(Backend& be, int64_t steps, int64_t batch, int64_t input, int64_t hidden, const T* x,
+                        const T* h0, const T* y, const T* dG, T* dwx, T* dwh, T* db) {
+  const int64_t g4 = 4 * hidden, rows = steps * batch;
+  be.gemm(true, false, input, g4, rows, x, input, dG, g4, T(0), dwx, g4);
   if (steps == 0) {
     be.zero(dwh, hidden * g4);
   } else {
     be.gemm(true, false, hidden, g4, batch, h0, hidden, dG, g4, T(0), dwh, g4);
     be.gemm(true, false, hidden, g4, rows - batch, y, hidden, dG + batch * g4, g4, T(1), dwh, g4);
   }
-  be.columnSums(rows, g4, dG, ctx.out<T>(5));
+  be.columnSums(rows, g4, dG, db);
+}
+
+// LSTMGrad: inputs as lstmGatesBackward's; outputs dx, dh0, dc0, dwx, dwh, db.
+template <class T, class Backend>
+void lstmBackward(const KernelContext& ctx, Backend& be) {
+  const Shape& xs = ctx.input(0).shape();
+  const int64_t steps = xs[0], batch = xs[1], input = xs[2], hidden = ctx.input(1).shape()[1];
+  T* dG = be.scratch(steps * batch * 4 * hidden);  // (T, B, 4H)
+  lstmGatesBackward<T>(ctx, be, dG);
+  lstmWeightProducts<T>(be, steps, batch, input, hidden, ctx.in<T>(0), ctx.in<T>(1), ctx.in<T>(7), dG,
+                        ctx.out<T>(3), ctx.out<T>(4), ctx.out<T>(5));
+}
+
+// LSTMInputGrad: LSTMGrad without the weight gradients, which a pipeline's zero-bubble schedule
+// runs apart (LSTMWeightGrad); outputs dx, dh0, dc0 and dG (T, B, 4H).
+template <class T, class Backend>
+void lstmInputBackward(const KernelContext& ctx, Backend& be) {
+  lstmGatesBackward<T>(ctx, be, ctx.out<T>(3));
+}
+
+// LSTMWeightGrad: inputs x (T, B, I), h0 (B, H), y (T, B, H), dG (T, B, 4H); outputs dwx, dwh, db.
+template <class T, class Backend>
+void lstmWeightBackward(const KernelContext& ctx, Backend& be) {
+  const Shape& xs = ctx.input(0).shape();
+  lstmWeightProducts<T>(be, xs[0], xs[1], xs[2], ctx.input(1).shape()[1], ctx.in<T>(0), ctx.in<T>(1),
+                        ctx.in<T>(2), ctx.in<T>(3), ctx.out<T>(0), ctx.out<T>(1), ctx.out<T>(2));
 }
 
 // Inputs x (B, I), h, wx, wh, bx, bh; outputs h', gates (B, 3H), hn (B, H).

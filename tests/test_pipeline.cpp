@@ -244,15 +244,16 @@ TEST_CASE("a pipelined step run by a schedule file's orders equals single-device
 
 namespace {
 
-/// Token sequences through an embedding and an LSTM (stage 0) to a softmax over 7 words (the
-/// last stage), the loss summed over real positions (mask 1) and divided by a count fed with the
-/// step, as the zoo's LM does: micro-batches of any lengths add up to the whole batch's gradient.
+/// Token sequences through an embedding (stage 0) and an LSTM (stage `lstmStage`) to a softmax
+/// over 7 words (the last stage), the loss summed over real positions (mask 1) and divided by a
+/// count fed with the step, as the zoo's LM does: micro-batches of any lengths add up to the
+/// whole batch's gradient.
 struct SequenceModel {
   Graph g;
   Output tokens, targets, mask, count, loss;
   Node* step = nullptr;
 
-  explicit SequenceModel(int stages) {
+  explicit SequenceModel(int stages, int lstmStage = 0) {
     g.setSeed(5);
     tokens = g.placeholder("tokens", i32, {-1, -1});
     targets = g.placeholder("targets", i32, {-1, -1});
@@ -261,9 +262,11 @@ struct SequenceModel {
     Output states;
     {
       auto first = g.stage(0);
-      nn::Embedding embedding(g, "embedding", 7, 4, f64);
-      nn::LSTM lstm(g, "lstm", 4, 6, f64, {.batchFirst = true});
-      states = lstm(embedding(tokens)).y;
+      states = nn::Embedding(g, "embedding", 7, 4, f64)(tokens);
+    }
+    {
+      auto recurrent = g.stage(lstmStage);
+      states = nn::LSTM(g, "lstm", 4, 6, f64, {.batchFirst = true})(states).y;
     }
     auto last = g.stage(stages - 1);
     nn::Linear out(g, "out", 6, 7, true, f64);
@@ -290,12 +293,12 @@ struct SequenceModel {
   }
 };
 
-}  // namespace
 
-TEST_CASE("micro-batches of different lengths: each flows at its own shape and the step equals the padded batch's") {
-  // Three micro-batches of two sequences each, 2, 3 and 5 long; one process runs them as one
-  // batch padded to 5.
-  const std::vector<std::vector<int64_t>> lengths{{2, 1}, {3, 3}, {5, 4}};
+/// Three steps of SequenceModel(2, lstmStage) on micro-batches of sequences of the given lengths
+/// (one micro-batch per list), pipelined under `schedule`, checked against one process on the
+/// batch they make, padded; returns the cut.
+PipelineCut checkSequencesEquivalent(int lstmStage, const StepSchedule& schedule,
+                                     const std::vector<std::vector<int64_t>>& lengths) {
   std::vector<int64_t> all;
   for (const auto& part : lengths) all.insert(all.end(), part.begin(), part.end());
   double positions = 0;
@@ -311,14 +314,16 @@ TEST_CASE("micro-batches of different lengths: each flows at its own shape and t
   const int stages = 2;
   LoopbackStages links(stages);
   std::vector<std::unique_ptr<SequenceModel>> models;
-  for (int s = 0; s < stages; ++s) models.push_back(std::make_unique<SequenceModel>(stages));
+  for (int s = 0; s < stages; ++s) models.push_back(std::make_unique<SequenceModel>(stages, lstmStage));
   std::vector<double> losses;
   std::map<std::string, Tensor> variables;
+  PipelineCut cut;
   const std::vector<std::string> errors = onThreads(stages, [&](size_t s) {
     SequenceModel& m = *models[s];
     PipelineOptions options;
     options.stages = stages;
     options.microbatches = static_cast<int>(lengths.size());
+    options.schedule = schedule;
     options.timeout = 60s;
     PipelineStage stage(m.g, static_cast<int>(s), options, *links.transports[s], links.peers[s]);
     try {
@@ -337,8 +342,9 @@ TEST_CASE("micro-batches of different lengths: each flows at its own shape and t
       links.network->fail(links.transports[s]->endpoint(), e.what());
       throw;
     }
-    if (s == 0)
-      for (Node* v : m.g.variables()) variables[v->name] = stage.session().variable(v).clone();
+    if (s != 0) return;
+    for (Node* v : m.g.variables()) variables[v->name] = stage.session().variable(v).clone();
+    cut = stage.cut();
   });
   for (const std::string& e : errors) REQUIRE_MESSAGE(e.empty(), e);
   for (Node* v : one.g.variables()) {
@@ -347,6 +353,43 @@ TEST_CASE("micro-batches of different lengths: each flows at its own shape and t
   }
   REQUIRE(losses.size() == expectedLosses.size());
   for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == doctest::Approx(expectedLosses[i]).epsilon(1e-12));
+  return cut;
+}
+
+/// The ops of the nodes `cut` puts in `phase` of `stage`.
+std::multiset<std::string> opsIn(const PipelineCut& cut, const Graph& g, int stage, Phase phase) {
+  std::multiset<std::string> ops;
+  for (const auto& n : g.nodes()) {
+    const auto id = static_cast<size_t>(n->id);
+    if (id < cut.stageOf.size() && cut.stageOf[id] == stage && cut.phaseOf[id] == phase) ops.insert(n->op);
+  }
+  return ops;
+}
+
+}  // namespace
+
+TEST_CASE("micro-batches of different lengths: each flows at its own shape and the step equals the padded batch's") {
+  // Three micro-batches of two sequences each, 2, 3 and 5 long; one process runs them as one
+  // batch padded to 5.
+  checkSequencesEquivalent(0, PipelineSchedule::OneFOneB, {{2, 1}, {3, 3}, {5, 4}});
+}
+
+TEST_CASE("zero bubble defers a recurrent layer's weight gradients: its fused gradient is split in two") {
+  // The LSTM in stage 1: its input gradient goes to stage 0 at once, its weight gradients wait.
+  const PipelineCut cut = checkSequencesEquivalent(1, PipelineSchedule::ZeroBubble, {{4, 4}, {4, 2}, {3, 4}});
+  SequenceModel m(2, 1);
+  const PipelineCut split = cutPipeline(m.g, 2, {m.loss}, m.step, true);
+  const std::multiset<std::string> backward = opsIn(split, m.g, 1, Phase::Backward);
+  const std::multiset<std::string> weights = opsIn(split, m.g, 1, Phase::Weights);
+  CHECK(backward.count("LSTMInputGrad") == 1);
+  CHECK(weights.count("LSTMWeightGrad") == 1);
+  CHECK(backward.count("LSTMGrad") + weights.count("LSTMGrad") == 0);  // the fused op runs nowhere
+  CHECK(cut.splitWeights);
+  // Without zero bubble the fused op stays.
+  SequenceModel fused(2, 1);
+  CHECK(
+      opsIn(cutPipeline(fused.g, 2, {fused.loss}, fused.step, false), fused.g, 1, Phase::Backward).count("LSTMGrad") ==
+      1);
 }
 
 TEST_CASE("a stage that dies stops the others with an error naming it") {

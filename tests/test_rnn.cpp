@@ -191,6 +191,46 @@ TEST_CASE("LSTM gradients with a single step and batch row") {
   CHECK_GRADIENTS(checkGradients(g, loss, {l.x, l.h0, l.c0, l.wx, l.wh, l.b}, l.feeds));
 }
 
+TEST_CASE("LSTMInputGrad and LSTMWeightGrad give LSTMGrad's six outputs, bit for bit") {
+  for (DType dt : {f32, f64}) {
+    for (const Dims d : std::vector<Dims>{{4, 3, 5, 6}, {1, 1, 1, 1}, {0, 2, 3, 4}, {6, 20, 24, 40}}) {
+      CAPTURE(dtypeName(dt));
+      CAPTURE(d.steps);
+      Graph g;
+      LstmGraph l = buildLstm(g, dt, d.steps, d.batch, d.in, d.hid);
+      const Output loss = sum(l.out.y * l.out.y) + sum(l.out.hLast * l.out.cLast);
+      gradients(loss, {l.x, l.h0, l.c0, l.wx, l.wh, l.b});
+      Node* fused = nullptr;
+      for (const auto& n : g.nodes())
+        if (n->op == "LSTMGrad") fused = n.get();
+      REQUIRE(fused != nullptr);
+      const std::vector<Output>& in = fused->inputs;
+      Node* input = g.addNode("LSTMInputGrad", in, fused->attrs);
+      Node* weights = g.addNode("LSTMWeightGrad", {in[0], in[1], in[7], input->output(3)}, fused->attrs);
+      CHECK(input->output(3).shape() == Shape{d.steps, d.batch, 4 * d.hid});
+      Session s(g, {.threads = 2});
+      const std::vector<Tensor> got =
+          s.run({input->output(0), input->output(1), input->output(2), weights->output(0), weights->output(1),
+                 weights->output(2), fused->output(0), fused->output(1), fused->output(2), fused->output(3),
+                 fused->output(4), fused->output(5)},
+                l.feeds);
+      for (size_t i = 0; i < 6; ++i) {
+        CAPTURE(i);
+        CHECK(got[i].shape() == got[6 + i].shape());
+        CHECK(got[i].toDoubles() == got[6 + i].toDoubles());
+      }
+    }
+  }
+}
+
+TEST_CASE("LSTMWeightGrad refuses gate gradients that do not fit its sequence") {
+  Graph g;
+  LstmGraph l = buildLstm(g, f32, 3, 2, 3, 4);
+  const Output badGates = g.placeholder("dG", f32, {3, 2, 12});
+  CHECK_THROWS_WITH_AS(g.addNode("LSTMWeightGrad", {l.x, l.h0, l.out.y, badGates}), doctest::Contains("do not fit"),
+                       weft::Error);
+}
+
 TEST_CASE("LSTM rejects mismatched shapes") {
   Graph g;
   auto ph = [&](const char* name, Shape s) { return g.placeholder(name, f32, std::move(s)); };

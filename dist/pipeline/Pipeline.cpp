@@ -35,6 +35,46 @@ bool isGroup(const Node* n) { return n->op == "NoOp"; }
 bool mutates(const Node* n) { return !n->def->mutatedInputs.empty(); }
 bool isTied(const Node* variable) { return variable->attrs.get<bool>("tied", false); }
 
+// On a fused LSTMGrad that splitRecurrentGradients replaced: the id of its weight half.
+constexpr const char* kWeightsApart = "weights_apart";
+
+/// Zero bubble defers a layer's weight gradients, but the fused LSTMGrad computes them with the
+/// input gradient. Each becomes LSTMInputGrad (dx, dh0, dc0 and the gates' gradients) and
+/// LSTMWeightGrad (dwx, dwh, db from those), which compute the same values in the same order;
+/// the fused node stays, read by no one, naming its weight half.
+void splitRecurrentGradients(Graph& g) {
+  for (size_t id = 0, count = g.size(); id < count; ++id) {
+    Node* fused = g.node(static_cast<int>(id));
+    if (fused->op != "LSTMGrad" || fused->attrs.has(kWeightsApart)) continue;
+    const std::vector<Output> in = fused->inputs;
+    auto staged = g.stage(fused->stage);
+    auto placed = g.onDevice(fused->device);
+    Node* input = g.addNode("LSTMInputGrad", in, fused->attrs, fused->name + "/input");
+    Node* weights = g.addNode("LSTMWeightGrad", {in[0], in[1], in[7], input->output(3)}, fused->attrs,
+                              fused->name + "/weights");
+    for (Node* half : {input, weights}) {
+      half->gradientOf = fused->gradientOf;
+      g.addToCollection(kBackwardCollection, half);
+    }
+    for (int i = 0; i < 3; ++i) {
+      g.replaceUses(fused->output(i), input->output(i));
+      g.replaceUses(fused->output(3 + i), weights->output(i));
+    }
+    fused->attrs.set(kWeightsApart, int64_t{weights->id});
+  }
+}
+
+/// Where splitRecurrentGradients moved a fused LSTMGrad's weight gradients.
+std::map<Output, Output> movedWeightGradients(const Graph& g) {
+  std::map<Output, Output> moved;
+  for (const auto& n : g.nodes()) {
+    if (n->op != "LSTMGrad" || !n->attrs.has(kWeightsApart)) continue;
+    Node* weights = g.node(static_cast<int>(n->attrs.getInt(kWeightsApart)));
+    for (int i = 0; i < 3; ++i) moved.emplace(n->output(3 + i), weights->output(i));
+  }
+  return moved;
+}
+
 /// The bytes of a value: as a run of the step made it where one did (StagePlanOptions::valueBytes),
 /// else from its static shape with `rows` for each unknown dimension.
 struct ValueSize {
@@ -71,7 +111,11 @@ class Cutter {
     dynamic_.assign(n, 0);
     wave_.assign(n, 0);
     for (Node* b : graph.collection(kBackwardCollection)) backward_.insert(b);
-    for (const GradientLink& link : graph.gradientLinks()) addGradient(link);
+    const std::map<Output, Output> moved = movedWeightGradients(graph);
+    for (GradientLink link : graph.gradientLinks()) {
+      if (auto it = moved.find(link.dense); link.dense.valid() && it != moved.end()) link.dense = it->second;
+      addGradient(link);
+    }
   }
 
   PipelineCut run() {
@@ -447,7 +491,10 @@ class Cutter {
   /// it waits least for the others' parts of the gradient), the others hold copies.
   void tie(Node* v, const std::set<int>& stages) {
     const int owner = *stages.begin();
-    cut_.tied.push_back({v, owner, std::vector<int>(std::next(stages.begin()), stages.end()), -1, {}});
+    TiedVariable& tied = cut_.tied.emplace_back();
+    tied.variable = v;
+    tied.owner = owner;
+    tied.copies.assign(std::next(stages.begin()), stages.end());
     tiedLinks_.emplace_back();
     for (size_t i = 0, count = links_.size(); i < count; ++i)
       if (links_[i].variable == v) splitGradientSum(i, owner);
@@ -1037,6 +1084,7 @@ void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainSt
 
 PipelineCut cutPipeline(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
                         bool splitWeights) {
+  if (splitWeights) splitRecurrentGradients(graph);
   return Cutter(graph, stages, fetches, trainStep, splitWeights).run();
 }
 

@@ -176,7 +176,9 @@ std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fe
 void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep, const std::vector<size_t>& firstOp);
 
 /// Cuts the step that computes `fetches` and runs `trainStep` into `stages` stages (see above).
-/// `splitWeights`: run the weight gradients apart from the input gradients (zero bubble).
+/// `splitWeights`: run the weight gradients apart from the input gradients (zero bubble); the
+/// graph's fused LSTM gradients are first split in two (LSTMInputGrad, LSTMWeightGrad), so that
+/// a recurrent layer's weight gradients can wait too.
 PipelineCut cutPipeline(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
                         bool splitWeights);
 

@@ -75,6 +75,8 @@ void segmentSum(KernelContext& ctx);
 // ops/cuda/Rnn.cpp
 void lstm(KernelContext& ctx);
 void lstmGrad(KernelContext& ctx);
+void lstmInputGrad(KernelContext& ctx);
+void lstmWeightGrad(KernelContext& ctx);
 void gruCell(KernelContext& ctx);
 void gruCellGrad(KernelContext& ctx);
 

@@ -99,6 +99,12 @@ void lstm(KernelContext& ctx) {
 void lstmGrad(KernelContext& ctx) {
   run(ctx, [&](auto z, auto& backend) { rnn::lstmBackward<decltype(z)>(ctx, backend); });
 }
+void lstmInputGrad(KernelContext& ctx) {
+  run(ctx, [&](auto z, auto& backend) { rnn::lstmInputBackward<decltype(z)>(ctx, backend); });
+}
+void lstmWeightGrad(KernelContext& ctx) {
+  run(ctx, [&](auto z, auto& backend) { rnn::lstmWeightBackward<decltype(z)>(ctx, backend); });
+}
 void gruCell(KernelContext& ctx) {
   run(ctx, [&](auto z, auto& backend) { rnn::gruForward<decltype(z)>(ctx, backend); });
 }
