@@ -188,6 +188,28 @@ std::vector<TensorType> gruCellGradInfer(const InferContext& c) {
   return {c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], bias, bias};
 }
 
+// GRUCellInputGrad: GRUCellGrad's inputs; outputs dx, dh, and dGx, dGh (B, 3H), the gradients of
+// x wx + bx and h wh + bh, from which GRUCellWeightGrad (inputs x, h, dGx, dGh) makes dwx, dwh,
+// dbx, dbh: GRUCellGrad in two ops, as LSTMGrad.
+std::vector<TensorType> gruCellInputGradInfer(const InferContext& c) {
+  std::vector<TensorType> out = gruCellGradInfer(c);
+  const TensorType gates{c.dtype(0), {c.shape(0)[0], c.shape(3)[1]}};
+  return {out[0], out[1], gates, gates};
+}
+
+std::vector<TensorType> gruCellWeightGradInfer(const InferContext& c) {
+  detail::checkProductRounding(c);
+  const Shape &x = c.shape(0), &h = c.shape(1), &dGx = c.shape(2), &dGh = c.shape(3);
+  c.check(x.rank() == 2 && h.rank() == 2 && dGx.rank() == 2 && dGh.rank() == 2,
+          "x, h, dGx and dGh must be (B, I), (B, H), (B, 3H) and (B, 3H)");
+  const Shape gates{x[0], times(3, h[1])};
+  c.check(h.compatibleWith(Shape{x[0], h[1]}) && dGx.compatibleWith(gates) && dGh.compatibleWith(gates),
+          "h {}, dGx {} and dGh {} do not fit x {}", h.str(), dGx.str(), dGh.str(), x.str());
+  const DType t = c.dtype(0);
+  const TensorType bias{t, {gates[1]}};
+  return {{t, {x[1], gates[1]}}, {t, {h[1], gates[1]}}, bias, bias};
+}
+
 // ---- LSTM kernels --------------------------------------------------------------------------
 
 /// One step's gate math. `gates` (B, 4H) holds x_t wx + h_{t-1} wh without the bias on entry
@@ -359,6 +381,8 @@ WEFT_CPU_RNN_KERNEL(lstmInputGradKernel, lstmInputBackward)
 WEFT_CPU_RNN_KERNEL(lstmWeightGradKernel, lstmWeightBackward)
 WEFT_CPU_RNN_KERNEL(gruCellKernel, gruForward)
 WEFT_CPU_RNN_KERNEL(gruCellGradKernel, gruBackward)
+WEFT_CPU_RNN_KERNEL(gruCellInputGradKernel, gruInputBackward)
+WEFT_CPU_RNN_KERNEL(gruCellWeightGradKernel, gruWeightBackward)
 #undef WEFT_CPU_RNN_KERNEL
 
 // ---- gradients -----------------------------------------------------------------------------
@@ -428,6 +452,18 @@ void detail::registerRnnOps(OpRegistry& r) {
             .cpu(gruCellKernel)
             .cuda(WEFT_CUDA_KERNEL(gruCell))
             .grad(gruCellGrad));
+  r.add(OpDef("GRUCellInputGrad")
+            .inputs(7)
+            .infer(gruCellInputGradInfer)
+            .cpu(gruCellInputGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(gruCellInputGrad))
+            .noGradient());
+  r.add(OpDef("GRUCellWeightGrad")
+            .inputs(4)
+            .infer(gruCellWeightGradInfer)
+            .cpu(gruCellWeightGradKernel)
+            .cuda(WEFT_CUDA_KERNEL(gruCellWeightGrad))
+            .noGradient());
   r.add(OpDef("GRUCellGrad")
             .inputs(7)
             .infer(gruCellGradInfer)

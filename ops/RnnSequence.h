@@ -123,20 +123,49 @@ void gruForward(const KernelContext& ctx, Backend& be) {
 // gradients of x wx + bx and h wh + bh:  dx = dGx wx^T;  dwx = x^T dGx;  dbx = rows of dGx
 // summed; likewise for h, wh, bh, plus h's direct path dh' z (written by the step).
 template <class T, class Backend>
+void gruGatesBackward(const KernelContext& ctx, Backend& be, T* dGx, T* dGh) {
+  const int64_t batch = ctx.input(0).shape()[0], input = ctx.input(0).shape()[1];
+  const int64_t hidden = ctx.input(1).shape()[1], g3 = 3 * hidden;
+  T* dh = ctx.out<T>(1);
+  be.gruStepGrad(batch, hidden, ctx.in<T>(4), ctx.in<T>(5), ctx.in<T>(1), ctx.in<T>(6), dGx, dGh, dh);
+  be.gemm(false, true, batch, input, g3, dGx, g3, ctx.in<T>(2), g3, T(0), ctx.out<T>(0), input);
+  be.gemm(false, true, batch, hidden, g3, dGh, g3, ctx.in<T>(3), g3, T(1), dh, hidden);
+}
+
+template <class T, class Backend>
+void gruWeightProducts(Backend& be, int64_t batch, int64_t input, int64_t hidden, const T* x, const T* h,
+                       const T* dGx, const T* dGh, T* dwx, T* dwh, T* dbx, T* dbh) {
+  const int64_t g3 = 3 * hidden;
+  be.gemm(true, false, input, g3, batch, x, input, dGx, g3, T(0), dwx, g3);
+  be.gemm(true, false, hidden, g3, batch, h, hidden, dGh, g3, T(0), dwh, g3);
+  be.columnSums(batch, g3, dGx, dbx);
+  be.columnSums(batch, g3, dGh, dbh);
+}
+
+template <class T, class Backend>
 void gruBackward(const KernelContext& ctx, Backend& be) {
   const int64_t batch = ctx.input(0).shape()[0], input = ctx.input(0).shape()[1];
   const int64_t hidden = ctx.input(1).shape()[1], g3 = 3 * hidden;
-  const T *x = ctx.in<T>(0), *h = ctx.in<T>(1), *wx = ctx.in<T>(2), *wh = ctx.in<T>(3);
-  T* dh = ctx.out<T>(1);
   T* dGx = be.scratch(2 * batch * g3);
   T* dGh = dGx + batch * g3;
-  be.gruStepGrad(batch, hidden, ctx.in<T>(4), ctx.in<T>(5), h, ctx.in<T>(6), dGx, dGh, dh);
-  be.gemm(false, true, batch, input, g3, dGx, g3, wx, g3, T(0), ctx.out<T>(0), input);
-  be.gemm(false, true, batch, hidden, g3, dGh, g3, wh, g3, T(1), dh, hidden);
-  be.gemm(true, false, input, g3, batch, x, input, dGx, g3, T(0), ctx.out<T>(2), g3);
-  be.gemm(true, false, hidden, g3, batch, h, hidden, dGh, g3, T(0), ctx.out<T>(3), g3);
-  be.columnSums(batch, g3, dGx, ctx.out<T>(4));
-  be.columnSums(batch, g3, dGh, ctx.out<T>(5));
+  gruGatesBackward<T>(ctx, be, dGx, dGh);
+  gruWeightProducts<T>(be, batch, input, hidden, ctx.in<T>(0), ctx.in<T>(1), dGx, dGh, ctx.out<T>(2),
+                       ctx.out<T>(3), ctx.out<T>(4), ctx.out<T>(5));
+}
+
+// GRUCellInputGrad: GRUCellGrad without the weight gradients (GRUCellWeightGrad); outputs dx,
+// dh, dGx and dGh (B, 3H).
+template <class T, class Backend>
+void gruInputBackward(const KernelContext& ctx, Backend& be) {
+  gruGatesBackward<T>(ctx, be, ctx.out<T>(2), ctx.out<T>(3));
+}
+
+// GRUCellWeightGrad: inputs x (B, I), h (B, H), dGx, dGh (B, 3H); outputs dwx, dwh, dbx, dbh.
+template <class T, class Backend>
+void gruWeightBackward(const KernelContext& ctx, Backend& be) {
+  gruWeightProducts<T>(be, ctx.input(0).shape()[0], ctx.input(0).shape()[1], ctx.input(1).shape()[1], ctx.in<T>(0),
+                       ctx.in<T>(1), ctx.in<T>(2), ctx.in<T>(3), ctx.out<T>(0), ctx.out<T>(1), ctx.out<T>(2),
+                       ctx.out<T>(3));
 }
 
 }  // namespace weft::rnn

@@ -391,6 +391,33 @@ TEST_CASE("zero bubble defers a recurrent layer's weight gradients: its fused gr
   CHECK(opsIn(unsplit, fused.g, 1, Phase::Backward).count("LSTMGrad") == 1);
 }
 
+TEST_CASE("zero bubble splits a GRU cell's fused gradient the same way") {
+  Graph g;
+  const Output x = g.placeholder("x", f64, {-1, 3}), h0 = g.placeholder("h0", f64, {-1, 5});
+  Output h;
+  {
+    auto first = g.stage(0);
+    h = tanh(nn::Linear(g, "in", 3, 4, true, f64)(x));
+  }
+  {
+    auto second = g.stage(1);
+    auto weight = [&](const char* name, Shape shape) {
+      return g.variable(name, f64, shape, Initializer::normal(0, 0.3));
+    };
+    h = gruCell(h, h0, weight("wx", {4, 15}), weight("wh", {5, 15}), weight("bx", {15}), weight("bh", {15}));
+  }
+  const Output loss = mean(square(h));
+  Node* step = optim::SGD(0.1).minimize(loss);
+  const PipelineCut cut = cutPipeline(g, 2, {loss}, step, true);
+  CHECK(opsIn(cut, g, 1, Phase::Backward).count("GRUCellInputGrad") == 1);
+  CHECK(opsIn(cut, g, 1, Phase::Weights).count("GRUCellWeightGrad") == 1);
+  // The variables' gradients are the weight half's outputs.
+  for (const StageGradient& gradient : cut.gradients) {
+    CAPTURE(gradient.link.variable->name);
+    if (gradient.stage == 1) CHECK(gradient.link.dense.node()->op == "GRUCellWeightGrad");
+  }
+}
+
 TEST_CASE("a stage that dies stops the others with an error naming it") {
   const Trained run = pipelined(3, 2, PipelineSchedule::OneFOneB, 0, 2);
   CHECK(contains(run.errors[2], "stage 2 dies"));

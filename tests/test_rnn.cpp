@@ -135,6 +135,21 @@ void checkLstmForward(DType dt, Dims d) {
   CHECK_CLOSE(got[2], ref.c, toleranceFor(dt));
 }
 
+/// `halves`, the outputs of a fused gradient's two halves in the fused op's order, equal the
+/// fused op's outputs bit for bit.
+void checkSameBits(Graph& g, const FeedMap& feeds, Node* fused, const std::vector<Output>& halves) {
+  std::vector<Output> fetches = halves;
+  for (size_t i = 0; i < fused->outputs.size(); ++i) fetches.push_back(fused->output(static_cast<int>(i)));
+  REQUIRE(fetches.size() == 2 * halves.size());
+  Session s(g, {.threads = 2});
+  const std::vector<Tensor> got = s.run(fetches, feeds);
+  for (size_t i = 0; i < halves.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i].shape() == got[halves.size() + i].shape());
+    CHECK(got[i].toDoubles() == got[halves.size() + i].toDoubles());
+  }
+}
+
 const std::vector<Dims> kForwardDims{{4, 3, 5, 6}, {1, 2, 3, 4}, {3, 1, 2, 5}, {1, 1, 1, 1}, {5, 20, 24, 40}};
 
 }  // namespace
@@ -208,17 +223,32 @@ TEST_CASE("LSTMInputGrad and LSTMWeightGrad give LSTMGrad's six outputs, bit for
       Node* input = g.addNode("LSTMInputGrad", in, fused->attrs);
       Node* weights = g.addNode("LSTMWeightGrad", {in[0], in[1], in[7], input->output(3)}, fused->attrs);
       CHECK(input->output(3).shape() == Shape{d.steps, d.batch, 4 * d.hid});
-      Session s(g, {.threads = 2});
-      const std::vector<Tensor> got =
-          s.run({input->output(0), input->output(1), input->output(2), weights->output(0), weights->output(1),
-                 weights->output(2), fused->output(0), fused->output(1), fused->output(2), fused->output(3),
-                 fused->output(4), fused->output(5)},
-                l.feeds);
-      for (size_t i = 0; i < 6; ++i) {
-        CAPTURE(i);
-        CHECK(got[i].shape() == got[6 + i].shape());
-        CHECK(got[i].toDoubles() == got[6 + i].toDoubles());
-      }
+      checkSameBits(g, l.feeds, fused,
+                    {input->output(0), input->output(1), input->output(2), weights->output(0), weights->output(1),
+                     weights->output(2)});
+    }
+  }
+}
+
+TEST_CASE("GRUCellInputGrad and GRUCellWeightGrad give GRUCellGrad's six outputs, bit for bit") {
+  for (DType dt : {f32, f64}) {
+    for (const Dims d : std::vector<Dims>{{1, 3, 5, 6}, {1, 1, 1, 1}, {1, 20, 24, 40}}) {
+      CAPTURE(dtypeName(dt));
+      CAPTURE(d.batch);
+      Graph g;
+      GruGraph r = buildGru(g, dt, d.batch, d.in, d.hid);
+      gradients(sum(r.y * r.y), r.inputs);
+      Node* fused = nullptr;
+      for (const auto& n : g.nodes())
+        if (n->op == "GRUCellGrad") fused = n.get();
+      REQUIRE(fused != nullptr);
+      const std::vector<Output>& in = fused->inputs;
+      Node* input = g.addNode("GRUCellInputGrad", in, fused->attrs);
+      Node* weights =
+          g.addNode("GRUCellWeightGrad", {in[0], in[1], input->output(2), input->output(3)}, fused->attrs);
+      checkSameBits(g, r.feeds, fused,
+                    {input->output(0), input->output(1), weights->output(0), weights->output(1), weights->output(2),
+                     weights->output(3)});
     }
   }
 }

@@ -35,42 +35,73 @@ bool isGroup(const Node* n) { return n->op == "NoOp"; }
 bool mutates(const Node* n) { return !n->def->mutatedInputs.empty(); }
 bool isTied(const Node* variable) { return variable->attrs.get<bool>("tied", false); }
 
-// On a fused LSTMGrad that splitRecurrentGradients replaced: the id of its weight half.
+// On a fused recurrent gradient that splitRecurrentGradients replaced: the id of its weight half.
 constexpr const char* kWeightsApart = "weights_apart";
 
-/// Zero bubble defers a layer's weight gradients, but the fused LSTMGrad computes them with the
-/// input gradient. Each becomes LSTMInputGrad (dx, dh0, dc0 and the gates' gradients) and
-/// LSTMWeightGrad (dwx, dwh, db from those), which compute the same values in the same order;
-/// the fused node stays, read by no one, naming its weight half.
+/// A fused recurrent gradient op and its two halves (ops/Rnn.cpp): the input half reads the fused
+/// op's inputs and makes its first `inputOutputs` outputs and then the gates' gradients; the
+/// weight half reads `weightInputs` (the fused op's inputs by index, then the gates' gradients)
+/// and makes the rest of the fused op's outputs.
+struct RecurrentSplit {
+  const char* fused;
+  const char* input;
+  const char* weights;
+  std::vector<int> weightInputs;
+  int inputOutputs;
+  int gateOutputs;
+};
+
+const std::vector<RecurrentSplit>& recurrentSplits() {
+  static const std::vector<RecurrentSplit> splits{
+      {"LSTMGrad", "LSTMInputGrad", "LSTMWeightGrad", {0, 1, 7}, 3, 1},           // x, h0, y; dG
+      {"GRUCellGrad", "GRUCellInputGrad", "GRUCellWeightGrad", {0, 1}, 2, 2},  // x, h; dGx, dGh
+  };
+  return splits;
+}
+
+const RecurrentSplit* splitOf(const Node* n) {
+  for (const RecurrentSplit& split : recurrentSplits())
+    if (n->op == split.fused) return &split;
+  return nullptr;
+}
+
+/// Zero bubble defers a layer's weight gradients, but a fused recurrent gradient (LSTMGrad,
+/// GRUCellGrad) computes them with the input gradient. Each becomes its input half and its
+/// weight half, which compute the same values in the same order; the fused node stays, read by
+/// no one, naming its weight half.
 void splitRecurrentGradients(Graph& g) {
   for (size_t id = 0, count = g.size(); id < count; ++id) {
     Node* fused = g.node(static_cast<int>(id));
-    if (fused->op != "LSTMGrad" || fused->attrs.has(kWeightsApart)) continue;
+    const RecurrentSplit* split = splitOf(fused);
+    if (split == nullptr || fused->attrs.has(kWeightsApart)) continue;
     const std::vector<Output> in = fused->inputs;
     auto staged = g.stage(fused->stage);
     auto placed = g.onDevice(fused->device);
-    Node* input = g.addNode("LSTMInputGrad", in, fused->attrs, fused->name + "/input");
-    Node* weights = g.addNode("LSTMWeightGrad", {in[0], in[1], in[7], input->output(3)}, fused->attrs,
-                              fused->name + "/weights");
+    Node* input = g.addNode(split->input, in, fused->attrs, fused->name + "/input");
+    std::vector<Output> weightInputs;
+    for (int i : split->weightInputs) weightInputs.push_back(in[static_cast<size_t>(i)]);
+    for (int k = 0; k < split->gateOutputs; ++k) weightInputs.push_back(input->output(split->inputOutputs + k));
+    Node* weights = g.addNode(split->weights, weightInputs, fused->attrs, fused->name + "/weights");
     for (Node* half : {input, weights}) {
       half->gradientOf = fused->gradientOf;
       g.addToCollection(kBackwardCollection, half);
     }
-    for (int i = 0; i < 3; ++i) {
-      g.replaceUses(fused->output(i), input->output(i));
-      g.replaceUses(fused->output(3 + i), weights->output(i));
-    }
+    for (int i = 0; i < static_cast<int>(fused->outputs.size()); ++i)
+      g.replaceUses(fused->output(i),
+                    i < split->inputOutputs ? input->output(i) : weights->output(i - split->inputOutputs));
     fused->attrs.set(kWeightsApart, int64_t{weights->id});
   }
 }
 
-/// Where splitRecurrentGradients moved a fused LSTMGrad's weight gradients.
+/// Where splitRecurrentGradients moved fused recurrent gradients' weight gradients.
 std::map<Output, Output> movedWeightGradients(const Graph& g) {
   std::map<Output, Output> moved;
   for (const auto& n : g.nodes()) {
-    if (n->op != "LSTMGrad" || !n->attrs.has(kWeightsApart)) continue;
+    const RecurrentSplit* split = splitOf(n.get());
+    if (split == nullptr || !n->attrs.has(kWeightsApart)) continue;
     Node* weights = g.node(static_cast<int>(n->attrs.getInt(kWeightsApart)));
-    for (int i = 0; i < 3; ++i) moved.emplace(n->output(3 + i), weights->output(i));
+    for (int i = split->inputOutputs; i < static_cast<int>(n->outputs.size()); ++i)
+      moved.emplace(n->output(i), weights->output(i - split->inputOutputs));
   }
   return moved;
 }

@@ -79,6 +79,8 @@ void lstmInputGrad(KernelContext& ctx);
 void lstmWeightGrad(KernelContext& ctx);
 void gruCell(KernelContext& ctx);
 void gruCellGrad(KernelContext& ctx);
+void gruCellInputGrad(KernelContext& ctx);
+void gruCellWeightGrad(KernelContext& ctx);
 
 // ops/cuda/Random.cpp and ops/cuda/Clip.cpp
 void dropout(KernelContext& ctx);

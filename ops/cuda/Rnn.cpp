@@ -111,5 +111,11 @@ void gruCell(KernelContext& ctx) {
 void gruCellGrad(KernelContext& ctx) {
   run(ctx, [&](auto z, auto& backend) { rnn::gruBackward<decltype(z)>(ctx, backend); });
 }
+void gruCellInputGrad(KernelContext& ctx) {
+  run(ctx, [&](auto z, auto& backend) { rnn::gruInputBackward<decltype(z)>(ctx, backend); });
+}
+void gruCellWeightGrad(KernelContext& ctx) {
+  run(ctx, [&](auto z, auto& backend) { rnn::gruWeightBackward<decltype(z)>(ctx, backend); });
+}
 
 }  // namespace weft::cudaops
