@@ -27,6 +27,7 @@ enum class Tie {
   None,    ///< an output layer of its own
   Dense,   ///< logits = h table^T (GPT's tied softmax): the table's gradient sums a sparse and a dense part
   Sparse,  ///< logits = h table[candidates]^T (the LM's sampled softmax): both parts sparse
+  Frozen,  ///< logits = h stopGradient(table)^T: two stages read the table, its gradient is the first's
 };
 
 /// Embedding (a sparse gradient) and four dense layers in float64, the layers spread over
@@ -57,7 +58,10 @@ struct Model {
     if (tie != Tie::None) {
       auto last = g.stage(stages - 1);
       candidates = g.placeholder("candidates", i64, {6});
-      h = matmul(h, tie == Tie::Dense ? table : gather(table, candidates), false, true);
+      const Output scored = tie == Tie::Dense    ? table
+                            : tie == Tie::Sparse ? gather(table, candidates)
+                                                 : stopGradient(table);
+      h = matmul(h, scored, false, true);
     }
     loss = nn::meanSparseCrossEntropy(h, y);
     optim::MinimizeOptions options;
@@ -194,7 +198,7 @@ TEST_CASE("a pipelined step equals single-device training on the whole batch, un
 }
 
 TEST_CASE("tied weights: stages that read one table sum its gradient's parts, and their copies stay equal") {
-  for (Tie tie : {Tie::Dense, Tie::Sparse}) {
+  for (Tie tie : {Tie::Dense, Tie::Sparse, Tie::Frozen}) {
     CAPTURE(static_cast<int>(tie));
     for (PipelineSchedule schedule :
          {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
@@ -216,7 +220,9 @@ TEST_CASE("tied weights: stages that read one table sum its gradient's parts, an
     Model m(2, 0, tie);
     const PipelineCut cut = cutPipeline(m.g, 2, {m.loss}, m.step, false);
     REQUIRE(cut.tied.size() == 1);
-    CHECK(cut.tied[0].rows.valid() == (tie == Tie::Sparse));
+    CHECK(cut.tied[0].rows.valid() == (tie != Tie::Dense));
+    // A gradient that one stage computes whole is that stage's, as any other.
+    CHECK((cut.tied[0].gradient < 0) == (tie == Tie::Frozen));
   }
 }
 

@@ -526,7 +526,7 @@ class Cutter {
     tied.variable = v;
     tied.owner = owner;
     tied.copies.assign(std::next(stages.begin()), stages.end());
-    tiedLinks_.emplace_back();
+    tiedLinks_.emplace_back(-1, std::vector<int>{});
     for (size_t i = 0, count = links_.size(); i < count; ++i)
       if (links_[i].variable == v) splitGradientSum(i, owner);
   }
