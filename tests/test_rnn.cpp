@@ -135,6 +135,15 @@ void checkLstmForward(DType dt, Dims d) {
   CHECK_CLOSE(got[2], ref.c, toleranceFor(dt));
 }
 
+/// The graph's one node of `op`.
+Node* onlyNode(const Graph& g, const std::string& op) {
+  std::vector<Node*> found;
+  for (const auto& n : g.nodes())
+    if (n->op == op) found.push_back(n.get());
+  REQUIRE(found.size() == 1);
+  return found.front();
+}
+
 /// `halves`, the outputs of a fused gradient's two halves in the fused op's order, equal the
 /// fused op's outputs bit for bit.
 void checkSameBits(Graph& g, const FeedMap& feeds, Node* fused, const std::vector<Output>& halves) {
@@ -215,10 +224,7 @@ TEST_CASE("LSTMInputGrad and LSTMWeightGrad give LSTMGrad's six outputs, bit for
       LstmGraph l = buildLstm(g, dt, d.steps, d.batch, d.in, d.hid);
       const Output loss = sum(l.out.y * l.out.y) + sum(l.out.hLast * l.out.cLast);
       gradients(loss, {l.x, l.h0, l.c0, l.wx, l.wh, l.b});
-      Node* fused = nullptr;
-      for (const auto& n : g.nodes())
-        if (n->op == "LSTMGrad") fused = n.get();
-      REQUIRE(fused != nullptr);
+      Node* fused = onlyNode(g, "LSTMGrad");
       const std::vector<Output>& in = fused->inputs;
       Node* input = g.addNode("LSTMInputGrad", in, fused->attrs);
       Node* weights = g.addNode("LSTMWeightGrad", {in[0], in[1], in[7], input->output(3)}, fused->attrs);
@@ -238,10 +244,7 @@ TEST_CASE("GRUCellInputGrad and GRUCellWeightGrad give GRUCellGrad's six outputs
       Graph g;
       GruGraph r = buildGru(g, dt, d.batch, d.in, d.hid);
       gradients(sum(r.y * r.y), r.inputs);
-      Node* fused = nullptr;
-      for (const auto& n : g.nodes())
-        if (n->op == "GRUCellGrad") fused = n.get();
-      REQUIRE(fused != nullptr);
+      Node* fused = onlyNode(g, "GRUCellGrad");
       const std::vector<Output>& in = fused->inputs;
       Node* input = g.addNode("GRUCellInputGrad", in, fused->attrs);
       Node* weights =
