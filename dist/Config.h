@@ -53,6 +53,9 @@ struct PipelineConfig {
   /// The most bytes a stage may hold (StageMemory::total): the automatic cut keeps within it,
   /// and the author's stage scopes are checked against it; 0: no limit.
   double memoryPerStage = 0;
+  /// Stages update at once on the last steps' clip scale and redo the rare step where it changed
+  /// (PipelineOptions::postValidation), holding a copy of their updated state meanwhile.
+  bool postValidation = true;
 };
 
 /// How the sparse variables on the parameter servers are split into row partitions (the

@@ -171,6 +171,7 @@ struct Runner::State {
     options.stages = stages.stages;
     options.microbatches = stages.microbatches;
     options.schedule = stages.schedule;
+    options.postValidation = stages.postValidation;
     options.timeout = config.timeout;
     options.session = config.session;
     if (replicas() > 1) {
@@ -234,7 +235,7 @@ struct Runner::State {
     Graph& graph = pipeline->session().graph();
     const bool authorStaged =
         std::any_of(graph.nodes().begin(), graph.nodes().end(), [](const auto& n) { return n->stage >= 0; });
-    const size_t stages = static_cast<size_t>(pipelineConfig.stages);
+    const size_t stages = static_cast<size_t>(pipelineConfig.schedule.modelStages(pipelineConfig.stages));
     // Worker 0's choice: a 0 byte and each stage's first op (none for the author's stages), or a
     // 1 byte and why there is none (no cut fits --memory-per-stage), so that every worker stops
     // with that error at once rather than waiting out the timeout for a plan.
@@ -501,6 +502,10 @@ bool Runner::synchronous() const { return state_->synchronous; }
 std::string Runner::pipelinePlan() const { return state_->pipelinePlan; }
 double Runner::pipelineIdleFraction() const { return state_->pipeline ? state_->pipeline->idleFraction() : 0; }
 size_t Runner::pipelinePeakKeptBytes() const { return state_->pipeline ? state_->pipeline->peakKeptBytes() : 0; }
+std::pair<size_t, size_t> Runner::pipelineGuesses() const {
+  if (!state_->pipeline) return {0, 0};
+  return {state_->pipeline->updatesGuessed(), state_->pipeline->updatesRedone()};
+}
 Session& Runner::session() {
   WEFT_CHECK(state_->session != nullptr || state_->pipeline != nullptr,
              "this process was a parameter server of the job: it has no session");

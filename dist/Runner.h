@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 
 namespace weft::dist {
 
@@ -120,6 +121,9 @@ class Runner {
   double pipelineIdleFraction() const;
   /// This pipeline stage's peak bytes kept for later runs (PipelineStage::peakKeptBytes).
   size_t pipelinePeakKeptBytes() const;
+  /// This pipeline stage's updates made on a guess so far and those of them redone
+  /// (post-validation, PipelineStage::updatesGuessed).
+  std::pair<size_t, size_t> pipelineGuesses() const;
   Session& session();
   /// What the distribution pass did.
   const DistributedGraph& distribution() const;

@@ -30,7 +30,7 @@ enum class Tie {
   Frozen,  ///< logits = h stopGradient(table)^T: two stages read the table, its gradient is the first's
 };
 
-/// Embedding (a sparse gradient) and four dense layers in float64, the layers spread over
+/// Embedding (a sparse gradient) and `layers` dense layers in float64, the layers spread over
 /// `stages` stages in order; the embedding is in stage 0. Tied, the last layer's 5 outputs are
 /// scored against rows of the embedding table, in the last stage.
 struct Model {
@@ -38,7 +38,7 @@ struct Model {
   Output ids, x, y, candidates, loss;
   Node* step = nullptr;
 
-  explicit Model(int stages, double clip = 0, Tie tie = Tie::None) {
+  explicit Model(int stages, double clip = 0, Tie tie = Tie::None, int layers = 4) {
     g.setSeed(11);
     ids = g.placeholder("ids", i64, {-1});
     x = g.placeholder("x", f64, {-1, 5});
@@ -49,9 +49,11 @@ struct Model {
       table = g.variable("embedding", f64, {30, 5}, Initializer::normal(0, 0.5));
       h = gather(table, ids) + x;
     }
-    const std::vector<int64_t> widths{5, 8, 8, 8, tie == Tie::None ? 3 : 5};
+    std::vector<int64_t> widths(static_cast<size_t>(layers) + 1, 8);
+    widths.front() = 5;
+    widths.back() = tie == Tie::None ? 3 : 5;
     for (size_t l = 0; l + 1 < widths.size(); ++l) {
-      auto staged = g.stage(static_cast<int>(l) * stages / 4);
+      auto staged = g.stage(static_cast<int>(l) * stages / layers);
       nn::Linear layer(g, fmt::format("fc{}", l), widths[l], widths[l + 1], true, f64);
       h = l + 2 < widths.size() ? tanh(layer(h)) : layer(h);
     }
@@ -69,13 +71,17 @@ struct Model {
     step = optim::Adam(0.05).minimize(loss, options);
   }
 
+  int64_t loudStep = -1;  ///< a step whose inputs are 1000 times larger: its gradients clip
+
   FeedMap feeds(int64_t step, int64_t rows) const {
     Tensor idValues(i64, {rows}), labels(i64, {rows});
     for (int64_t i = 0; i < rows; ++i) {
       idValues.data<int64_t>()[i] = (i * 7 + step * 3) % 17;  // repeated ids: rows summed
       labels.data<int64_t>()[i] = (i + step) % 3;
     }
-    FeedMap feeds{{ids, idValues}, {x, randomTensor(f64, {rows, 5}, 300 + static_cast<uint64_t>(step))}, {y, labels}};
+    Tensor inputs = randomTensor(f64, {rows, 5}, 300 + static_cast<uint64_t>(step));
+    if (step == loudStep) scaleGradient(inputs, 1000);
+    FeedMap feeds{{ids, idValues}, {x, inputs}, {y, labels}};
     if (candidates.valid()) {
       // Rows the input looks up too (2, 9) and rows it never does (29).
       feeds.emplace_back(candidates, Tensor::fromVector(std::vector<int64_t>{(step + 2) % 3, 2, 29, 9, 20, 2}, {6}));
@@ -86,20 +92,28 @@ struct Model {
 
 constexpr int64_t kRows = 8, kSteps = 3;
 
+/// How many steps to train, and which one has loud inputs (Model::loudStep).
+struct Steps {
+  int64_t count = kSteps;
+  int64_t loud = -1;
+};
+
 struct Trained {
   std::map<std::string, Tensor> variables;  // slots and the step counter included
   std::vector<double> losses;
   std::vector<std::string> errors;
   std::vector<size_t> peakKept;  // per stage: PipelineStage::peakKeptBytes
   std::map<int, Tensor> embeddingCopies;  // per stage that holds the embedding table: its own copy
+  std::vector<size_t> guessed, redone;    // per stage: PipelineStage::updatesGuessed, updatesRedone
 };
 
 /// kSteps single-device steps on the whole batch.
-Trained singleDevice(double clip, Tie tie = Tie::None) {
-  Model m(1, clip, tie);
+Trained singleDevice(double clip, Tie tie = Tie::None, int layers = 4, Steps steps = {}) {
+  Model m(1, clip, tie, layers);
+  m.loudStep = steps.loud;
   Session session(m.g);
   Trained out;
-  for (int64_t s = 0; s < kSteps; ++s)
+  for (int64_t s = 0; s < steps.count; ++s)
     out.losses.push_back(session.run({m.loss}, m.feeds(s, kRows), {m.step})[0].item());
   for (Node* v : m.g.variables()) out.variables[v->name] = session.variable(v).clone();
   return out;
@@ -123,21 +137,26 @@ struct LoopbackStages {
   }
 };
 
-/// kSteps pipelined steps, each stage on a thread; stage 0's variables after gathering them.
-/// `dies` (a stage) fails before its first step, as a killed process would.
+/// kSteps pipelined steps, each stage process on a thread; process 0's variables after gathering
+/// them. `dies` (a process) fails before its first step, as a killed process would.
 Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, double clip, int dies = -1,
-                  Tie tie = Tie::None) {
+                  Tie tie = Tie::None, int layers = 4, Steps steps = {}) {
   LoopbackStages links(stages);
   auto& network = links.network;
   auto& transports = links.transports;
   auto& peers = links.peers;
   Trained result;
   result.peakKept.resize(static_cast<size_t>(stages));
+  result.guessed.resize(static_cast<size_t>(stages));
+  result.redone.resize(static_cast<size_t>(stages));
   std::vector<std::unique_ptr<Model>> models;
-  for (int s = 0; s < stages; ++s) models.push_back(std::make_unique<Model>(stages, clip, tie));
+  for (int s = 0; s < stages; ++s)
+    models.push_back(std::make_unique<Model>(schedule.modelStages(stages), clip, tie, layers));
+  const std::vector<int> processOf = processOfStage(schedule.orders(stages, microbatches));
   std::mutex copies;
   result.errors = onThreads(static_cast<size_t>(stages), [&](size_t s) {
     Model& m = *models[s];
+    m.loudStep = steps.loud;
     PipelineOptions options;
     options.stages = stages;
     options.microbatches = microbatches;
@@ -146,14 +165,20 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
     PipelineStage stage(m.g, static_cast<int>(s), options, *transports[s], peers[s]);
     try {
       WEFT_CHECK(static_cast<int>(s) != dies, "stage {} dies", s);
-      for (int64_t step = 0; step < kSteps; ++step) {
+      for (int64_t step = 0; step < steps.count; ++step) {
         const double loss = stage.step({m.loss}, m.step, splitMicrobatches(m.feeds(step, kRows), microbatches))[0];
         if (s == 0) result.losses.push_back(loss);
       }
       result.peakKept[s] = stage.peakKeptBytes();
+      result.guessed[s] = stage.updatesGuessed();
+      result.redone[s] = stage.updatesRedone();
       Node* table = m.g.find("embedding");
-      const std::vector<Node*>& held = stage.cut().variables[s];
-      if (std::find(held.begin(), held.end(), table) != held.end()) {
+      bool holdsTable = false;
+      for (size_t c = 0; c < processOf.size(); ++c) {
+        const std::vector<Node*>& held = stage.cut().variables[c];
+        holdsTable |= processOf[c] == static_cast<int>(s) && std::find(held.begin(), held.end(), table) != held.end();
+      }
+      if (holdsTable) {
         const std::lock_guard<std::mutex> lock(copies);
         result.embeddingCopies[static_cast<int>(s)] = stage.session().variable(table).clone();
       }
@@ -170,12 +195,12 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
 
 /// Checks the pipelined run against single-device training and returns it.
 Trained checkEquivalent(int stages, int microbatches, const StepSchedule& schedule, double clip,
-                        Tie tie = Tie::None) {
+                        Tie tie = Tie::None, int layers = 4, Steps steps = {}) {
   CAPTURE(stages);
   CAPTURE(microbatches);
   CAPTURE(schedule.name());
-  const Trained expected = singleDevice(clip, tie);
-  const Trained run = pipelined(stages, microbatches, schedule, clip, -1, tie);
+  const Trained expected = singleDevice(clip, tie, layers, steps);
+  const Trained run = pipelined(stages, microbatches, schedule, clip, -1, tie, layers, steps);
   for (const std::string& e : run.errors) REQUIRE_MESSAGE(e.empty(), e);
   REQUIRE(run.variables.size() == expected.variables.size());
   for (const auto& [name, value] : expected.variables) {
@@ -226,9 +251,47 @@ TEST_CASE("tied weights: stages that read one table sum its gradient's parts, an
   }
 }
 
+// A process has no transport peer of its own (LoopbackStages gives it -1): what one of its
+// stages sends another must stay in memory for these to run at all.
+TEST_CASE("virtual stages: interleaved and zbv steps, each process running several stages, equal one device") {
+  const StepSchedule interleaved(PipelineSchedule::Interleaved, 2), zbv(PipelineSchedule::ZeroBubbleV);
+  for (int microbatches : {2, 4}) checkEquivalent(2, microbatches, interleaved, 0, Tie::None, 8);
+  checkEquivalent(4, 4, interleaved, 0.05, Tie::None, 8);
+  checkEquivalent(2, 4, StepSchedule(PipelineSchedule::Interleaved, 3), 0, Tie::None, 6);
+  for (int microbatches : {1, 4}) checkEquivalent(2, microbatches, zbv, 0, Tie::None, 8);
+  checkEquivalent(4, 4, zbv, 0.05, Tie::None, 8);
+}
+
+TEST_CASE("virtual stages hold tied weights: zbv's first and last stages share process 0 and one copy") {
+  for (Tie tie : {Tie::Dense, Tie::Sparse}) {
+    CAPTURE(static_cast<int>(tie));
+    // zbv: the table's two readers, stages 0 and 3, are both process 0's; interleaved: stage 3 is
+    // process 1's, which holds a copy.
+    const Trained v = checkEquivalent(2, 4, PipelineSchedule::ZeroBubbleV, 0.05, tie);
+    CHECK(v.embeddingCopies.size() == 1);
+    CHECK(v.embeddingCopies.count(0) == 1);
+    const Trained interleaved = checkEquivalent(2, 4, StepSchedule(PipelineSchedule::Interleaved, 2), 0, tie);
+    CHECK(interleaved.embeddingCopies.size() == 2);
+  }
+}
+
 TEST_CASE("global-norm clipping over all stages' gradients: the norm is computed across stages") {
   for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
     checkEquivalent(3, 4, schedule, 0.05);
+}
+
+TEST_CASE("post-validation: stages update on the last steps' clip scale, and redo the step that clips") {
+  // With clip 2 the ordinary steps do not clip (scale 1); step 4's inputs, 1000 times larger, do.
+  // Steps 0 and 1 update in waves; steps 2 to 4 on a guess (their last two scales were 1), of
+  // which step 4 is redone; steps 5 and 6 in waves again (the last two scales differ).
+  for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
+    const Trained run = checkEquivalent(3, 4, schedule, 2, Tie::None, 4, {.count = 7, .loud = 4});
+    CHECK(run.guessed == std::vector<size_t>{3, 3, 3});
+    CHECK(run.redone == std::vector<size_t>{1, 1, 1});
+  }
+  // Clipping every step: the scale differs each step, so no stage guesses.
+  const Trained clipped = checkEquivalent(3, 4, PipelineSchedule::OneFOneB, 0.05, Tie::None, 4, {.count = 5});
+  CHECK(clipped.guessed == std::vector<size_t>{0, 0, 0});
 }
 
 TEST_CASE("a pipelined step run by a schedule file's orders equals single-device training on the whole batch") {
@@ -699,6 +762,19 @@ TEST_CASE("planStages balances the measured time of the forward ops and their gr
     const int layer = link.variable->name[1] - '0';
     CHECK(cut.stageOf[static_cast<size_t>(link.dense.node()->id)] == layer / 2);
   }
+}
+
+TEST_CASE("planStages with virtual stages balances the processes, each running the sum of its stages") {
+  Unstaged m;
+  // zbv over 2 processes: process 0 runs stages 0 and 3, process 1 stages 1 and 2. Balancing the
+  // stages alone allows 1 1 | 1 | 1 1 | 3 (process 0 busy 5, process 1 3); balanced processes
+  // take 4 each: 1 | 1 1 | 1 1 | 3.
+  const StagePlan plan = planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 3}),
+                                    {.stages = 2, .rows = 8, .schedule = PipelineSchedule::ZeroBubbleV,
+                                     .linkBytesPerSecond = 1e9});
+  REQUIRE(plan.seconds.size() == 4);
+  CHECK(plan.seconds[0] + plan.seconds[3] == 4);
+  CHECK(plan.seconds[1] + plan.seconds[2] == 4);
 }
 
 TEST_CASE("planStages weighs the boundary's transfer against the compute it balances") {

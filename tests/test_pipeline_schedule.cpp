@@ -347,3 +347,168 @@ TEST_CASE("a schedule file that cannot be read is refused naming the file and wh
   const std::string bad = errorOf([&] { StepSchedule::read((dir.path / "plan.txt").string()); });
   CHECK_MESSAGE(contains(bad, "schedule file " + (dir.path / "plan.txt").string() + " line 2: 'Q0'"), bad);
 }
+
+// ---- virtual stages: interleaved 1F1B and ZB-V ----
+
+namespace {
+
+/// Runs `check(stages, virtualStages, microbatches)` for every count interleaved 1F1B takes
+/// (micro-batches a multiple of the stages) up to S = 8, V = 4, M = 16.
+template <class F>
+void forEveryInterleavedCount(F&& check) {
+  for (int stages : {1, 2, 3, 4, 8}) {
+    for (int virtualStages : {2, 3, 4}) {
+      for (int microbatches = stages; microbatches <= 16; microbatches += stages) {
+        CAPTURE(stages);
+        CAPTURE(virtualStages);
+        CAPTURE(microbatches);
+        check(stages, virtualStages, microbatches);
+      }
+    }
+  }
+}
+
+/// Each model stage's (kind, micro-batch) actions in `orders`, checking each appears once.
+std::map<int, std::map<std::pair<Kind, int>, size_t>> actionsByStage(const PipelineOrders& orders) {
+  std::map<int, std::map<std::pair<Kind, int>, size_t>> byStage;
+  for (const auto& order : orders) {
+    for (size_t k = 0; k < order.size(); ++k) {
+      const bool fresh = byStage[order[k].stage].emplace(std::pair{order[k].kind, order[k].microbatch}, k).second;
+      CHECK_MESSAGE(fresh, describe(order[k]), " appears twice");
+    }
+  }
+  return byStage;
+}
+
+}  // namespace
+
+TEST_CASE("describe and a schedule file write an action's model stage before it") {
+  CHECK(describe({Kind::Forward, 3, 5}) == "5F3");
+  CHECK(describe({Kind::Weights, 0, 12}) == "12W0");
+  const PipelineOrders orders = StepSchedule::parse("0F0 3F0 3B0 0B0\n1F0 2F0 2B0 1B0\n", "v").orders(2, 1);
+  CHECK(orders[0] == std::vector<PipelineAction>{{Kind::Forward, 0, 0}, {Kind::Forward, 0, 3},
+                                                 {Kind::Backward, 0, 3}, {Kind::Backward, 0, 0}});
+  CHECK(formatOrders(orders) == "0F0 3F0 3B0 0B0\n1F0 2F0 2B0 1B0\n");
+}
+
+TEST_CASE("interleaved: process s holds stages s, s + S, ...; every stage runs each F and B once, F before B") {
+  forEveryInterleavedCount([](int stages, int virtualStages, int microbatches) {
+    const PipelineOrders orders =
+        StepSchedule(PipelineSchedule::Interleaved, virtualStages).orders(stages, microbatches);
+    std::vector<int> expected;
+    for (int c = 0; c < stages * virtualStages; ++c) expected.push_back(c % stages);
+    CHECK(processOfStage(orders) == expected);
+    const auto byStage = actionsByStage(orders);
+    REQUIRE(byStage.size() == static_cast<size_t>(stages * virtualStages));
+    for (const auto& [stage, at] : byStage) {
+      CAPTURE(stage);
+      CHECK(at.size() == static_cast<size_t>(2 * microbatches));
+      for (int i = 0; i < microbatches; ++i) CHECK(at.at({Kind::Forward, i}) < at.at({Kind::Backward, i}));
+    }
+  });
+}
+
+// Megatron-LM's figure: with chunk actions 1/V of a whole stage's, the bubble is (S-1)(F+B) in
+// chunk units against M·V(F+B) of work: (S-1)/(V·M) of the ideal step, V times 1f1b's.
+TEST_CASE("interleaved with F = 1, B = 2 per stage takes 3MV + 3(S-1): a bubble of (S-1)/(V M) of the ideal") {
+  forEveryInterleavedCount([](int stages, int virtualStages, int microbatches) {
+    const SimulatedStep step =
+        StepSchedule(PipelineSchedule::Interleaved, virtualStages).simulate(stages, microbatches, {1, 2, 0});
+    const double ideal = 3.0 * microbatches * virtualStages;
+    CHECK(step.makespan == ideal + 3.0 * (stages - 1));
+    CHECK((step.makespan - ideal) / ideal ==
+          doctest::Approx(static_cast<double>(stages - 1) / (virtualStages * microbatches)));
+  });
+}
+
+TEST_CASE("interleaved process s holds at most 2(S-s-1) + (V-1)S + 1 stage micro-batches, and stage s of 1f1b's") {
+  forEveryInterleavedCount([](int stages, int virtualStages, int microbatches) {
+    const SimulatedStep step =
+        StepSchedule(PipelineSchedule::Interleaved, virtualStages).simulate(stages, microbatches, {1, 2, 0});
+    for (int s = 0; s < stages; ++s) {
+      CAPTURE(s);
+      const int warmup = 2 * (stages - s - 1) + (virtualStages - 1) * stages;
+      CHECK(step.peakInFlight[static_cast<size_t>(s)] == std::min(warmup + 1, microbatches * virtualStages));
+    }
+  });
+}
+
+TEST_CASE("interleaved names micro-batches that are not a multiple of the stages, and too few virtual stages") {
+  const std::string uneven = errorOf([] { StepSchedule(PipelineSchedule::Interleaved, 2).orders(4, 6); });
+  CHECK_MESSAGE(contains(uneven, "6 micro-batches do not divide among 4 stages"), uneven);
+  const std::string one = errorOf([] { StepSchedule(PipelineSchedule::Interleaved, 1); });
+  CHECK_MESSAGE(contains(one, "interleaved 1F1B needs 2 or more virtual stages per process, got 1"), one);
+  const std::string gpipe = errorOf([] { StepSchedule(PipelineSchedule::GPipe, 2); });
+  CHECK_MESSAGE(contains(gpipe, "the gpipe schedule runs one stage per process; 2 virtual stages"), gpipe);
+  const std::string zbv = errorOf([] { StepSchedule(PipelineSchedule::ZeroBubbleV, 3); });
+  CHECK_MESSAGE(contains(zbv, "zbv holds 2 stages per process (a V), not 3"), zbv);
+}
+
+TEST_CASE("zbv: process s holds stages s and 2S-1-s; every stage runs each F, B and W once, in order") {
+  forEveryCount([](int stages, int microbatches) {
+    const StepSchedule zbv(PipelineSchedule::ZeroBubbleV);
+    CHECK(zbv.virtualStages() == 2);
+    CHECK(zbv.splitsWeights());
+    const PipelineOrders orders = zbv.orders(stages, microbatches);
+    std::vector<int> expected;
+    for (int c = 0; c < 2 * stages; ++c) expected.push_back(c < stages ? c : 2 * stages - 1 - c);
+    CHECK(processOfStage(orders) == expected);
+    for (const auto& [stage, at] : actionsByStage(orders)) {
+      CAPTURE(stage);
+      CHECK(at.size() == static_cast<size_t>(3 * microbatches));
+      for (int i = 0; i < microbatches; ++i) {
+        CHECK(at.at({Kind::Forward, i}) < at.at({Kind::Backward, i}));
+        CHECK(at.at({Kind::Backward, i}) < at.at({Kind::Weights, i}));
+      }
+    }
+  });
+}
+
+// Process S-1 cannot start before S-1 forwards reached it, so no order idles less than S-1 of
+// 6M units of work per process; ZB-V reaches that once there are as many micro-batches as stages.
+TEST_CASE("zbv with F = B = W takes 6M + S - 1 for M >= S: each process idles S - 1, half of zb's bubble") {
+  forEveryCount([](int stages, int microbatches) {
+    if (microbatches < stages) return;
+    const SimulatedStep zbv = StepSchedule(PipelineSchedule::ZeroBubbleV).simulate(stages, microbatches, {1, 1, 1});
+    CHECK(zbv.makespan == 6.0 * microbatches + stages - 1);
+    for (double idle : zbv.idle) CHECK(idle == stages - 1);
+    // In whole-stage units (each of zbv's stages half of zb's), zb idles S - 1 per stage.
+    const SimulatedStep zb = simulate(PipelineSchedule::ZeroBubble, stages, microbatches, 2, 2, 2);
+    if (stages > 1) CHECK(zbv.makespan < zb.makespan);
+  });
+}
+
+TEST_CASE("zbv holds at most 2S half-size stage micro-batches on a process: 1f1b's stage 0") {
+  forEveryCount([](int stages, int microbatches) {
+    const SimulatedStep step = StepSchedule(PipelineSchedule::ZeroBubbleV).simulate(stages, microbatches, {1, 1, 1});
+    for (int peak : step.peakInFlight) CHECK(peak <= 2 * std::min(stages, microbatches));
+    CHECK(step.stagePeakInFlight.size() == static_cast<size_t>(2 * stages));
+  });
+}
+
+TEST_CASE("a schedule file with virtual stages that lists a built-in's orders is that schedule") {
+  for (const StepSchedule& builtIn :
+       {StepSchedule(PipelineSchedule::Interleaved, 2), StepSchedule(PipelineSchedule::ZeroBubbleV)}) {
+    CAPTURE(builtIn.name());
+    const PipelineOrders orders = builtIn.orders(4, 8);
+    const StepSchedule listed = StepSchedule::parse(formatOrders(orders), "listed");
+    CHECK(listed.orders(4, 8) == orders);
+    CHECK(listed.modelStages(4) == 8);
+    CHECK(listed.virtualStages() == 2);
+    CHECK(listed.splitsWeights() == builtIn.splitsWeights());
+    CHECK(listed.simulate(4, 8, {1, 2, 1}).makespan == builtIn.simulate(4, 8, {1, 2, 1}).makespan);
+  }
+}
+
+TEST_CASE("a schedule file that gives one stage to two processes, or skips a stage, is refused naming it") {
+  const std::string shared = errorOf([] { StepSchedule::parse("0F0 1F0 1B0 0B0\n1F0 1B0\n", "plan").orders(2, 1); });
+  CHECK_MESSAGE(contains(shared, "plan: stage 1 runs on process 0 (1F0) and process 1"), shared);
+  const std::string gap = errorOf([] { StepSchedule::parse("0F0 0B0\n2F0 2B0\n", "plan").orders(2, 1); });
+  CHECK_MESSAGE(contains(gap, "plan: no process runs stage 1"), gap);
+  const std::string missing =
+      errorOf([] { StepSchedule::parse("0F0 3F0 3B0 0B0\n1F0 2F0 2B0\n", "plan").orders(2, 1); });
+  CHECK_MESSAGE(contains(missing, "plan: stage 1 never runs 1B0"), missing);
+  const std::string deadlock =
+      errorOf([] { StepSchedule::parse("0F0 3F0 0B0 3B0\n1F0 2F0 2B0 1B0\n", "plan").orders(2, 1); });
+  CHECK_MESSAGE(contains(deadlock, "process 0 at 0B0"), deadlock);
+}

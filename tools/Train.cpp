@@ -61,6 +61,8 @@ struct TrainFlags {
   int microbatches = 1;
   std::string schedule = "1f1b";
   std::string scheduleFile;  // "": the built-in `schedule`
+  int virtualStages = 1;
+  bool postValidation = true;
   double memoryPerStage = 0;  // bytes; 0: no limit
   int servers = 1;
   std::string cluster;
@@ -134,9 +136,10 @@ void writeBytesPerStep(TensorBoardWriter& board, const dist::Traffic& now, const
   board.scalar("dist/bytes_per_step", total / static_cast<double>(steps), step);
 }
 
-/// The schedule --schedule-file lists, or else the built-in --schedule names.
-dist::StepSchedule chosenSchedule(const std::string& name, const std::string& file) {
-  return file.empty() ? dist::StepSchedule(dist::parseSchedule(name)) : dist::StepSchedule::read(file);
+/// The schedule --schedule-file lists, or else the built-in --schedule names with
+/// --virtual-stages.
+dist::StepSchedule chosenSchedule(const std::string& name, const std::string& file, int virtualStages) {
+  return file.empty() ? dist::StepSchedule(dist::parseSchedule(name), virtualStages) : dist::StepSchedule::read(file);
 }
 
 class Trainer {
@@ -297,7 +300,8 @@ class Trainer {
     config.sharding = dist::parseSharding(flags_.shard);
     config.pipeline.stages = flags_.stages;  // with one stage and micro-batches: gradient accumulation
     config.pipeline.microbatches = flags_.microbatches;
-    config.pipeline.schedule = chosenSchedule(flags_.schedule, flags_.scheduleFile);
+    config.pipeline.schedule = chosenSchedule(flags_.schedule, flags_.scheduleFile, flags_.virtualStages);
+    config.pipeline.postValidation = flags_.postValidation;
     config.pipeline.memoryPerStage = flags_.memoryPerStage;
     return config;
   }
@@ -832,8 +836,12 @@ class Trainer {
     writeTrace();
     if (runner_->stages() > 1) {
       // Every stage's own bubble: the share of its steps it waited rather than computed.
-      fmt::print(stderr, "pipeline stage {}: idle {:.1f}% of its steps, at most {} bytes of activations kept\n",
-                 runner_->rank(), 100 * runner_->pipelineIdleFraction(), runner_->pipelinePeakKeptBytes());
+      const auto [guessed, redone] = runner_->pipelineGuesses();
+      fmt::print(stderr,
+                 "pipeline stage {}: idle {:.1f}% of its steps, at most {} bytes of activations kept, {} updates made "
+                 "on a guess ({} redone)\n",
+                 runner_->rank(), 100 * runner_->pipelineIdleFraction(), runner_->pipelinePeakKeptBytes(), guessed,
+                 redone);
     }
     if (!leader_) return;
     std::vector<double> sorted = times;
@@ -1021,11 +1029,19 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
       cmd.add_option(
              "--schedule", f.schedule,
              "the pipeline's schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at "
-             "most S micro-batches held) or zb (zero bubble: weight gradients fill the bubbles)")
+             "most S micro-batches held), zb (zero bubble: weight gradients fill the bubbles), interleaved (1f1b "
+             "over --virtual-stages V stages per process: a V times smaller bubble) or zbv (zero bubble over two "
+             "stages per process in a V: half zb's bubble at 1f1b's memory)")
           ->capture_default_str()
-          ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
+          ->check(CLI::IsMember(kScheduleNames))
           ->needs(stages);
-  addScheduleFileFlag(cmd, f.scheduleFile)->needs(stages)->excludes(schedule);
+  CLI::Option* file = addScheduleFileFlag(cmd, f.scheduleFile)->needs(stages)->excludes(schedule);
+  addVirtualStagesFlag(cmd, f.virtualStages)->needs(schedule)->excludes(file);
+  cmd.add_flag("!--no-post-validation", f.postValidation,
+               "every pipeline stage waits for the others' last backward before its update, instead of updating at "
+               "once on the last steps' clip scale and redoing the rare step where it changed (which holds a copy "
+               "of each stage's parameters and optimizer state during the update)")
+      ->needs(stages);
   addMemoryPerStageFlag(cmd, f.memoryPerStage)->needs(stages);
   cmd.add_option("--servers", f.servers, "parameter-server processes of a --workers job")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -1220,26 +1236,43 @@ CLI::Option* addMemoryPerStageFlag(CLI::App& cmd, double& bytes) {
 CLI::Option* addScheduleFileFlag(CLI::App& cmd, std::string& path) {
   return cmd
       .add_option("--schedule-file", path,
-                  "the pipeline's schedule as a file: one line per stage, stage 0 first, each that stage's actions in "
-                  "one step, such as 'F0 F1 B0 B1' (W's split the backward as zb does); checked before the job starts "
-                  "(every action once, no deadlock). Every process reads it at this path")
+                  "the pipeline's schedule as a file: one line per stage process, process 0 first, each its actions in "
+                  "one step, such as 'F0 F1 B0 B1' (W's split the backward as zb does; with several stages per "
+                  "process each action names its stage first, such as '2F0'); checked before the job starts (every "
+                  "action once, no deadlock). Every process reads it at this path")
       ->check(CLI::ExistingFile);
+}
+
+CLI::Option* addVirtualStagesFlag(CLI::App& cmd, int& virtualStages) {
+  return cmd
+      .add_option("--virtual-stages", virtualStages,
+                  "model stages per process (interleaved: 2 or more; zbv: 2): the model is cut into S x V stages, "
+                  "process s holding stages s, s + S, ... (interleaved) or s and 2S - 1 - s (zbv)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 }
 
 namespace {
 
-/// Each stage's actions of the schedule and how a step of it goes when a forward takes one unit of
-/// time, and a backward two (its input gradients one, its weight gradients one).
+/// Each process's actions of the schedule and how a step of it goes when a stage's forward takes
+/// one unit of time, and its backward two (its input gradients one, its weight gradients one).
 std::string describeSchedule(const dist::StepSchedule& schedule, int stages, int microbatches) {
   const dist::SimulatedStep step = schedule.simulate(stages, microbatches, {1, 1, 1});
   std::string out = fmt::format(
-      "schedule {}, {} micro-batches: a step of {:g} units when a forward takes 1 and a backward 2 (B and W 1 each)\n",
+      "schedule {}, {} micro-batches: a step of {:g} units when a stage's forward takes 1 and its backward 2 (B and "
+      "W 1 each)\n",
       schedule.name(), microbatches, step.makespan);
   const dist::PipelineOrders orders = schedule.orders(stages, microbatches);
-  for (size_t s = 0; s < orders.size(); ++s) {
-    out += fmt::format("stage {}: idle {:.0f}%, holds the activations of at most {} micro-batch{}: {}", s,
-                       100 * step.idle[s] / step.makespan, step.peakInFlight[s], step.peakInFlight[s] == 1 ? "" : "es",
-                       dist::formatOrders({orders[s]}));
+  const std::vector<int> processOf = dist::processOfStage(orders);
+  for (size_t p = 0; p < orders.size(); ++p) {
+    std::vector<int> held;
+    for (size_t c = 0; c < processOf.size(); ++c)
+      if (processOf[c] == static_cast<int>(p)) held.push_back(static_cast<int>(c));
+    const std::string who = held.size() == 1 ? fmt::format("stage {}", p)
+                                             : fmt::format("process {} (stages {})", p, fmt::join(held, ", "));
+    out += fmt::format("{}: idle {:.0f}%, holds the activations of at most {} stage micro-batch{}: {}", who,
+                       100 * step.idle[p] / step.makespan, step.peakInFlight[p], step.peakInFlight[p] == 1 ? "" : "es",
+                       dist::formatOrders({orders[p]}));
   }
   return out;
 }
@@ -1248,7 +1281,7 @@ std::string describeSchedule(const dist::StepSchedule& schedule, int stages, int
 
 std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* trainStep,
                                 const PipelineCutOptions& options) {
-  const dist::StepSchedule schedule = chosenSchedule(options.schedule, options.scheduleFile);
+  const dist::StepSchedule schedule = chosenSchedule(options.schedule, options.scheduleFile, options.virtualStages);
   Session session(graph, SessionOptions{options.threads, false});
   const data::Batch batch = model.trainData().next();
   const FeedMap feeds = models::feedsFor(graph, model.shard(batch, 0, options.microbatches));
@@ -1265,7 +1298,8 @@ std::string describePipelineCut(Graph& graph, models::ZooModel& model, Node* tra
        .schedule = schedule, .linkBytesPerSecond = options.linkGbps * 1e9 / 8,
        .memoryPerStage = options.memoryPerStage});
   dist::applyStages(graph, fetches, trainStep, plan.firstOp);
-  const dist::PipelineCut cut = dist::cutPipeline(graph, options.stages, fetches, trainStep, false);
+  const dist::PipelineCut cut =
+      dist::cutPipeline(graph, schedule.modelStages(options.stages), fetches, trainStep, false);
   std::string out = plan.describe();
   for (const dist::Transfer& t : cut.transfers) {
     out += fmt::format("transfer {} ({}) from stage {} to stage {}, in its {}\n", t.value.name(), t.value.type().str(),

@@ -49,6 +49,11 @@ CLI::Option* addMemoryPerStageFlag(CLI::App& cmd, double& bytes);
 /// --schedule-file FILE (a pipeline schedule as each stage's list of actions, dist::StepSchedule)
 /// into `path`, for `weft train` and `weft graph`.
 CLI::Option* addScheduleFileFlag(CLI::App& cmd, std::string& path);
+/// --virtual-stages V (model stages per pipeline process) into `virtualStages`, for `weft train`
+/// and `weft graph`.
+CLI::Option* addVirtualStagesFlag(CLI::App& cmd, int& virtualStages);
+/// The values --schedule takes.
+inline const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b", "zb", "interleaved", "zbv"};
 
 /// `weft graph MODEL --stages S`: how the automatic cut would pipeline the model.
 struct PipelineCutOptions {
@@ -56,6 +61,7 @@ struct PipelineCutOptions {
   int microbatches = 1;
   std::string schedule = "1f1b";
   std::string scheduleFile;  ///< "": the built-in `schedule`
+  int virtualStages = 1;
   double linkGbps = 10;
   double memoryPerStage = 0;  ///< bytes; 0: no limit
   int threads = 2;

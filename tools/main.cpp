@@ -54,9 +54,10 @@ int main(int argc, char** argv) {
           ->add_option("--schedule", cut.schedule,
                        "the pipeline's schedule, which sets how many micro-batches' activations each stage holds")
           ->capture_default_str()
-          ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
+          ->check(CLI::IsMember(weft::tools::kScheduleNames))
           ->needs(stages);
-  weft::tools::addScheduleFileFlag(*graph, cut.scheduleFile)->needs(stages)->excludes(schedule);
+  CLI::Option* file = weft::tools::addScheduleFileFlag(*graph, cut.scheduleFile)->needs(stages)->excludes(schedule);
+  weft::tools::addVirtualStagesFlag(*graph, cut.virtualStages)->needs(schedule)->excludes(file);
   weft::tools::addMemoryPerStageFlag(*graph, cut.memoryPerStage)->needs(stages);
   graph->add_option("--threads", cut.threads, "intra-op threads of the profiled step")->capture_default_str();
   graph->callback([&] {

@@ -163,6 +163,7 @@ class Cutter {
     assignWaves();
     buildRuns();
     numberTiedGradients();
+    findGuesses();
     return std::move(cut_);
   }
 
@@ -826,6 +827,7 @@ class Cutter {
       runAt(transfer.from, sending).sends.push_back(static_cast<int>(t));
       runAt(transfer.to, receivingRun(transfer)).receives.push_back(static_cast<int>(t));
     }
+    cut_.replicated = replicated_;
     for (int s = 0; s < cut_.stages; ++s) {
       auto& mine = runs[static_cast<size_t>(s)];
       cut_.forward.push_back(std::move(mine[0]));
@@ -840,6 +842,88 @@ class Cutter {
       std::sort(held.begin(), held.end(), [](const Node* a, const Node* b) { return a->id < b->id; });
       cut_.variables.push_back(std::move(held));
     }
+  }
+
+  /// Each stage's UpdateGuess, or none anywhere when a stage that sends computed values would
+  /// wait for another's.
+  void findGuesses() {
+    std::set<int> remoteSent;
+    for (int s = 0; s < cut_.stages; ++s) {
+      cut_.guesses.push_back(guessOf(s));
+      for (int t : cut_.guesses.back().remoteSends) remoteSent.insert(t);
+    }
+    for (const UpdateGuess& guess : cut_.guesses) {
+      const bool waitsOnComputed = std::any_of(guess.receives.begin(), guess.receives.end(),
+                                               [&](int t) { return remoteSent.count(t) > 0; });
+      if (!guess.remoteSends.empty() && waitsOnComputed) {
+        cut_.guesses.assign(static_cast<size_t>(cut_.stages), {});
+        return;
+      }
+    }
+  }
+
+  /// What stage `s`'s update may guess (PipelineCut::guesses), or none: remote values are those
+  /// received in the update and the scalars computed from them; a remote value that a tensor op
+  /// or an update reads is a point. Nothing to guess where a remote value is a tensor, where a
+  /// scalar computed from remote values reads a variable the stage updates (it is computed after
+  /// the update), or where the stage sends a tensor computed from a guess.
+  UpdateGuess guessOf(int s) {
+    UpdateGuess guess;
+    std::set<Output> remote;
+    for (size_t t = 0; t < cut_.transfers.size(); ++t) {
+      const Transfer& transfer = cut_.transfers[t];
+      if (transfer.to != s || transfer.receivedIn != Phase::Update) continue;
+      remote.insert(transfer.value);
+      guess.receives.push_back(static_cast<int>(t));
+    }
+    if (remote.empty()) return {};
+    std::set<Node*> updated, tainted;
+    for (const StageRun& wave : cut_.update[static_cast<size_t>(s)])
+      for (Node* target : wave.targets)
+        for (int m : target->def->mutatedInputs) updated.insert(target->inputs[static_cast<size_t>(m)].node());
+    auto scalar = [](const Output& o) { return o.shape().numel() == 1; };
+    auto scalarType = [](const TensorType& t) { return t.shape.numel() == 1; };
+    auto addUnique = [](std::vector<Output>& list, const Output& o) {
+      if (std::find(list.begin(), list.end(), o) == list.end()) list.push_back(o);
+    };
+    for (Node* n : order_) {
+      if (stage(n) != s || phase(n) != Phase::Update) continue;
+      std::vector<Output> remoteInputs;
+      bool taintedInput = false;
+      for (const Output& in : n->inputs) {
+        if (remote.count(in)) remoteInputs.push_back(in);
+        taintedInput |= tainted.count(in.node()) > 0;
+      }
+      if (remoteInputs.empty()) {
+        if (taintedInput) tainted.insert(n);
+        continue;
+      }
+      tainted.insert(n);
+      const bool scalarStep = !mutates(n) && std::all_of(n->outputs.begin(), n->outputs.end(), scalarType);
+      if (!scalarStep) {
+        for (const Output& in : remoteInputs) {
+          if (!scalar(in)) return {};
+          addUnique(guess.points, in);
+        }
+        continue;
+      }
+      for (Node* v : variablesRead(n))
+        if (updated.count(v)) return {};
+      for (size_t o = 0; o < n->outputs.size(); ++o) remote.insert(Output(n, static_cast<int>(o)));
+      for (const Output& in : n->inputs) {
+        const Node* u = in.node();
+        if (!remote.count(in) && dynamic_[at(u)] && stage(u) == s && phase(u) == Phase::Update)
+          addUnique(guess.localInputs, in);
+      }
+    }
+    for (size_t t = 0; t < cut_.transfers.size(); ++t) {
+      const Transfer& transfer = cut_.transfers[t];
+      if (transfer.from != s || transfer.receivedIn != Phase::Update) continue;
+      if (remote.count(transfer.value)) guess.remoteSends.push_back(static_cast<int>(t));
+      else if (tainted.count(transfer.value.node())) return {};
+      else guess.localSends.push_back(static_cast<int>(t));
+    }
+    return guess;
   }
 
   /// The run that takes a transfer: the receiver's forward or backward action, or in the update
@@ -989,18 +1073,61 @@ std::string StagePlan::describe() const {
 
 std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
                                      const StagePlanOptions& options) {
-  Cutter cutter(graph, options.stages, fetches, trainStep, false);
+  Cutter cutter(graph, options.schedule.modelStages(options.stages), fetches, trainStep, false);
   const std::vector<Node*> chain = cutter.forwardChain();
   const std::vector<int> stageOf = cutter.chainStages(chain);
   const ChainMemory memory =
       cutter.chainMemory(chain, ValueSize{options.valueBytes, options.rows}, options.microbatches);
   return sumByStage(memory, stageOf,
-                    options.schedule.simulate(options.stages, options.microbatches, {}).peakInFlight);
+                    options.schedule.simulate(options.stages, options.microbatches, {}).stagePeakInFlight);
 }
+
+namespace {
+
+/// With virtual stages a process runs several stages of every micro-batch, so a step goes at the
+/// pace of the busiest process rather than of the slowest stage: moves the cuts `firstOp` (each
+/// between its neighbours, where `cuttable` allows) while that lowers the most time a process
+/// spends on a micro-batch, `stageTime(first, last)` being a stage's.
+template <typename StageTime>
+void balanceProcesses(std::vector<size_t>& firstOp, const std::vector<char>& cuttable,
+                      const std::vector<int>& processOf, size_t ops, StageTime&& stageTime) {
+  const size_t count = firstOp.size();
+  auto busiest = [&] {
+    std::vector<double> load(count, 0);
+    for (size_t s = 0; s < count; ++s)
+      load[static_cast<size_t>(processOf[s])] += stageTime(firstOp[s], s + 1 < count ? firstOp[s + 1] - 1 : ops - 1);
+    return *std::max_element(load.begin(), load.end());
+  };
+  double current = busiest();
+  for (bool improved = true; improved;) {
+    improved = false;
+    for (size_t s = 1; s < count; ++s) {
+      const size_t end = s + 1 < count ? firstOp[s + 1] : ops;
+      for (size_t i = firstOp[s - 1] + 1; i < end; ++i) {
+        if (!cuttable[i - 1] || i == firstOp[s]) continue;
+        const size_t was = firstOp[s];
+        firstOp[s] = i;
+        const double time = busiest();
+        if (time < current * (1 - 1e-9)) {
+          current = time;
+          improved = true;
+        } else {
+          firstOp[s] = was;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
 
 StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
                      const std::unordered_map<const Node*, double>& seconds, const StagePlanOptions& options) {
-  const int stages = options.stages;
+  const int stages = options.schedule.modelStages(options.stages);
+  WEFT_CHECK(options.memoryPerStage == 0 || stages == options.stages,
+             "a memory limit per pipeline stage is not applied to a cut into {} stages for {} processes: a process "
+             "holds several stages, which the limit would have to weigh together",
+             stages, options.stages);
   Cutter cutter(graph, stages, fetches, trainStep, false);
   const std::vector<Node*> chain = cutter.forwardChain();
   const std::map<Node*, std::pair<size_t, size_t>> spans = cutter.readerSpans(chain);
@@ -1050,7 +1177,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
     statePrefix[i + 1] = statePrefix[i] + m.parameters + m.gradients + m.optimizerState;
   }
   const std::vector<int> inFlight =
-      options.schedule.simulate(stages, options.microbatches, {}).peakInFlight;
+      options.schedule.simulate(options.stages, options.microbatches, {}).stagePeakInFlight;
   // best[s][j]: the slowest of stages 0..s when stage s ends at op j, each within the memory
   // limit; from[s][j]: where stage s starts. leanest[s][j]: the least memory the largest of
   // stages 0..s can hold when stage s ends at op j, limit or not (what a refusal reports).
@@ -1088,6 +1215,9 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
     plan.firstOp[s] = from[s][end];
     end = plan.firstOp[s] - 1;
   }
+  if (stages != options.stages)
+    balanceProcesses(plan.firstOp, cuttable,
+                     processOfStage(options.schedule.orders(options.stages, options.microbatches)), n, stageTime);
   for (size_t s = 0; s < count; ++s) {
     const size_t first = plan.firstOp[s], last = s + 1 < count ? plan.firstOp[s + 1] - 1 : n - 1;
     plan.ops.push_back(last - first + 1);

@@ -95,6 +95,20 @@ struct TiedVariable {
   Output rows;             ///< the row ids its sparse updates read (the gradient's indices); none: dense updates
 };
 
+/// What a stage's update may guess (post-validation, after the zero-bubble paper): the scalars
+/// its updates read that depend on what other stages send it in the update (global-norm
+/// clipping's scale). The stage sends what it computes from its own values, updates at once with
+/// the guessed scalars, then receives, computes the real ones and sends what depends on them; where
+/// a guess was wrong it restores its variables and updates again.
+struct UpdateGuess {
+  std::vector<Output> points;      ///< the guessed scalars (fed with the guess when updating)
+  std::vector<Output> localInputs; ///< its own update values that the real scalars are computed from
+  std::vector<int> localSends;     ///< update transfers it sends from its own values alone
+  std::vector<int> remoteSends;    ///< update transfers computed from what it receives
+  std::vector<int> receives;       ///< every transfer it receives in the update
+  bool possible() const { return !points.empty(); }
+};
+
 struct PipelineCut {
   int stages = 1;
   bool splitWeights = false;
@@ -103,6 +117,13 @@ struct PipelineCut {
   std::vector<Transfer> transfers;
   std::vector<StageGradient> gradients;
   std::vector<TiedVariable> tied;
+  /// The updates every stage runs for itself in its last update wave (the step counter's
+  /// increment): a process holding several stages in one session runs them once, last.
+  std::vector<Node*> replicated;
+  /// Per stage: what its update may guess; none anywhere when one stage's guessed values would
+  /// wait on another's (a stage that sends what it computed from received values receives only
+  /// values the others computed from their own).
+  std::vector<UpdateGuess> guesses;
   /// Per stage: the variables it holds (its own, the replicated ones and copies of tied ones).
   std::vector<std::vector<Node*>> variables;
   /// Per stage: the Forward, Backward and Weights runs of a micro-batch, and the update's waves.
@@ -127,7 +148,7 @@ struct StageMemory {
 
 /// What an automatic cut weighs besides the profile.
 struct StagePlanOptions {
-  int stages = 1;
+  int stages = 1;  ///< the pipeline's processes; the cut makes schedule.modelStages(stages) stages
   /// Each value's bytes in a run of one micro-batch's step (Session::valueTypes); a value
   /// missing here counts `rows` for each unknown dimension of its static shape.
   std::map<Output, size_t> valueBytes{};
@@ -135,7 +156,8 @@ struct StagePlanOptions {
   int microbatches = 1;
   StepSchedule schedule = PipelineSchedule::OneFOneB;
   double linkBytesPerSecond = 1.25e9;
-  double memoryPerStage = 0;  ///< the most bytes (StageMemory::total) a stage may hold; 0: no limit
+  /// The most bytes (StageMemory::total) a stage may hold; 0: no limit. Not with virtual stages.
+  double memoryPerStage = 0;
 };
 
 /// The bytes of each value of `types` (Session::valueTypes of one micro-batch's step), for
@@ -154,16 +176,15 @@ struct StagePlan {
   std::string describe() const;
 };
 
-/// Chooses `options.stages` contiguous stages of the forward ops of the step (in topological
-/// order) that minimise the slowest stage's time per micro-batch (its ops' and their gradients'
-/// measured `seconds` of one micro-batch's step, from Session::profile, and its variables'
-/// updates over the micro-batches) plus its boundary transfers both ways at the link's speed: a
-/// dynamic program over the chain, as PipeDream's planner. No cut parts one variable's readers
-/// unless it is tied (Graph::tieAcrossStages; then its copies count in every stage that reads
-/// it), and with a memory limit no stage holds more than it (StageMemory::total, with the activations
-/// of as many micro-batches as the schedule holds on that stage at once). Throws when there are
-/// fewer places to cut than stages need, and when no cut fits the limit, saying by how much the
-/// cut closest to fitting misses it.
+/// Chooses the schedule's model stages (`options.stages`, times the virtual stages each process
+/// holds) as contiguous runs of the forward ops of the step (in topological order) that minimise the slowest stage's
+/// time per micro-batch (its ops' and their gradients' measured `seconds` of one micro-batch's step, from
+/// Session::profile, and its variables' updates over the micro-batches) plus its boundary transfers both ways at the
+/// link's speed: a dynamic program over the chain, as PipeDream's planner. No cut parts one variable's readers unless
+/// it is tied (Graph::tieAcrossStages; then its copies count in every stage that reads it), and with a memory limit no
+/// stage holds more than it (StageMemory::total, with the activations of as many micro-batches as the schedule holds on
+/// that stage at once). Throws when there are fewer places to cut than stages need, and when no cut fits the limit,
+/// saying by how much the cut closest to fitting misses it.
 StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
                      const std::unordered_map<const Node*, double>& seconds, const StagePlanOptions& options);
 /// What each stage of the step holds as its ops are staged now (the author's Graph::stage scopes,

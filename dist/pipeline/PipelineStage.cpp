@@ -117,12 +117,15 @@ struct GradientSum {
 
 struct PipelineStage::State {
   Graph& graph;
-  int stage;
+  int process;  // this process's index among the pipeline's
   PipelineOptions options;
   Transport& transport;
   std::vector<int> peers;
   std::unique_ptr<Session> session;
-  // The step being run: its fetches, cut and this stage's actions (cut again when they change).
+  // The model stages: which process runs each, and the ones this process runs (ascending).
+  std::vector<int> processOf;
+  std::vector<int> held;
+  // The step being run: its fetches, cut and this process's actions (cut again when they change).
   std::vector<Output> fetches;
   Node* trainStep = nullptr;
   std::optional<PipelineCut> cut;
@@ -130,11 +133,17 @@ struct PipelineStage::State {
   uint64_t step = 0;
   double waitSeconds = 0, stepSeconds = 0;  // over every step so far
   size_t peakKept = 0;                        // the most bytes kept for later runs at once
-  // Per step: what each micro-batch's runs keep (by micro-batch), what the update's waves keep,
-  // the gradient sums and each fetch's sum.
-  std::vector<std::map<Output, Tensor>> kept;
+  // Per step: what each (model stage, micro-batch)'s runs keep, what one held stage sent another
+  // (by transfer and micro-batch), what the update's waves keep, the gradient sums and each
+  // fetch's sum.
+  std::map<std::pair<int, int>, std::map<Output, Tensor>> kept;
+  std::map<std::pair<int, int>, Tensor> local;
   std::map<Output, Tensor> updateValues;
   std::vector<Tensor> tiedRowIds;  // per tied variable owned with sparse updates: the rows this step changed
+  // Post-validation: the real values of the guessed scalars in the last two steps, and how many
+  // updates were made on a guess and how many of those redone.
+  std::vector<Tensor> lastPoints, pointsBefore;
+  size_t guessed_ = 0, redone_ = 0;
   std::vector<GradientSum> sums;
   std::vector<double> fetchSums;
   // What the step's started sends read until finishSends (a deque keeps the headers in place).
@@ -142,14 +151,18 @@ struct PipelineStage::State {
   std::vector<Tensor> tensorsInFlight;
 
   State(Graph& g, int s, const PipelineOptions& o, Transport& t, std::vector<int> p)
-      : graph(g), stage(s), options(o), transport(t), peers(std::move(p)) {
-    WEFT_CHECK(options.stages >= 1 && stage >= 0 && stage < options.stages, "pipeline stage {} of {} does not exist",
-               stage, options.stages);
+      : graph(g), process(s), options(o), transport(t), peers(std::move(p)) {
+    WEFT_CHECK(options.stages >= 1 && process >= 0 && process < options.stages,
+               "pipeline stage {} of {} does not exist", process, options.stages);
     WEFT_CHECK(static_cast<int>(peers.size()) == options.stages, "a pipeline of {} stages needs {} stage peers, got {}",
                options.stages, options.stages, peers.size());
     WEFT_CHECK(options.microbatches >= 1 && options.microbatches <= 0xffff,
                "a pipelined step needs 1 to 65535 micro-batches, got {}", options.microbatches);
-    actions = options.schedule.orders(options.stages, options.microbatches)[static_cast<size_t>(stage)];
+    const PipelineOrders orders = options.schedule.orders(options.stages, options.microbatches);
+    actions = orders[static_cast<size_t>(process)];
+    processOf = processOfStage(orders);
+    for (size_t c = 0; c < processOf.size(); ++c)
+      if (processOf[c] == process) held.push_back(static_cast<int>(c));
     session = std::make_unique<Session>(graph, options.session);
     // A large send moves only while its sender progresses: between ops, not after the whole run.
     session->setAfterEachOp([this] { transport.progress(); });
@@ -162,7 +175,7 @@ struct PipelineStage::State {
                  "a pipelined step fetches scalars (their mean over the micro-batches); {} is {}", o.name(),
                  o.type().str());
     }
-    cut = cutPipeline(graph, options.stages, f, t, options.schedule.splitsWeights());
+    cut = cutPipeline(graph, static_cast<int>(processOf.size()), f, t, options.schedule.splitsWeights());
     WEFT_CHECK(cut->transfers.size() < kTiedPartIndex && graph.variables().size() <= 0xffff &&
                    2 * cut->gradients.size() <= 0xffff && 2 * cut->tied.size() <= 0xffff,
                "a pipeline of {} transfers, {} variables and {} gradients is more than its message tags can number",
@@ -173,7 +186,11 @@ struct PipelineStage::State {
   }
 
   Deadline deadline() const { return Clock::now() + options.timeout; }
-  int peerOf(int s) const { return peers[static_cast<size_t>(s)]; }
+  /// The transport peer of the process running model stage `s`.
+  int peerOf(int s) const { return peers[static_cast<size_t>(processOf[static_cast<size_t>(s)])]; }
+  bool holds(int s) const { return processOf[static_cast<size_t>(s)] == process; }
+  /// The model stage `a` runs here.
+  int stageOf(const PipelineAction& a) const { return a.stage >= 0 ? a.stage : process; }
 
   void sendTensor(int to, uint64_t headerTag, uint64_t payloadTag, const Tensor& t) {
     const std::array<uint8_t, kHeaderBytes> header = encode(t);
@@ -207,7 +224,7 @@ struct PipelineStage::State {
     try {
       waitFor("finish the step's sends", [&] { transport.finishSends(deadline()); });
     } catch (const Error& e) {
-      WEFT_THROW("pipeline stage {} finishing the sends of step {}: {}", stage, step + 1, e.what());
+      WEFT_THROW("pipeline stage {} finishing the sends of step {}: {}", process, step + 1, e.what());
     }
     headersInFlight.clear();
     tensorsInFlight.clear();
@@ -225,12 +242,20 @@ struct PipelineStage::State {
   void receive(const StageRun& run, int microbatch, std::map<Output, Tensor>& into) {
     for (int t : run.receives) {
       const Transfer& transfer = cut->transfers[static_cast<size_t>(t)];
+      if (holds(transfer.from)) {
+        auto sent = local.find({t, microbatch});
+        WEFT_CHECK(sent != local.end(), "pipeline stage {} needs {} of micro-batch {}, which stage {} has not computed",
+                   transfer.to, transfer.value.name(), microbatch, transfer.from);
+        into[transfer.value] = std::move(sent->second);
+        local.erase(sent);
+        continue;
+      }
       try {
         into[transfer.value] =
             receiveTensor(transfer.from, tagOf(TagKind::Header, step, static_cast<size_t>(t), microbatch),
                           tagOf(TagKind::Payload, step, static_cast<size_t>(t), microbatch), transfer.value);
       } catch (const Error& e) {
-        WEFT_THROW("pipeline stage {} waiting for {} of micro-batch {} from stage {} (step {}): {}", stage,
+        WEFT_THROW("pipeline stage {} waiting for {} of micro-batch {} from stage {} (step {}): {}", transfer.to,
                    transfer.value.name(), microbatch, transfer.from, step + 1, e.what());
       }
     }
@@ -239,23 +264,42 @@ struct PipelineStage::State {
   void send(const StageRun& run, int microbatch, const std::map<Output, Tensor>& values) {
     for (int t : run.sends) {
       const Transfer& transfer = cut->transfers[static_cast<size_t>(t)];
+      if (holds(transfer.to)) {  // another of this process's stages: no copy, no transport
+        local[{t, microbatch}] = values.at(transfer.value);
+        continue;
+      }
       try {
         startSendingTensor(transfer.to, tagOf(TagKind::Header, step, static_cast<size_t>(t), microbatch),
                            tagOf(TagKind::Payload, step, static_cast<size_t>(t), microbatch),
                            values.at(transfer.value));
       } catch (const Error& e) {
-        WEFT_THROW("pipeline stage {} sending {} of micro-batch {} to stage {} (step {}): {}", stage,
+        WEFT_THROW("pipeline stage {} sending {} of micro-batch {} to stage {} (step {}): {}", transfer.from,
                    transfer.value.name(), microbatch, transfer.to, step + 1, e.what());
       }
     }
   }
 
-  /// Variable `v` (the `i`-th of a list every stage knows) from stage `from` to stage `to`.
+  /// Variable `v` (the `i`-th of a list every process knows) from process `from` to process `to`.
   void moveVariable(Node* v, size_t i, int from, int to, size_t kind) {
     const uint64_t headerTag = tagOf(TagKind::Header, step, kind, static_cast<int>(i));
     const uint64_t payloadTag = tagOf(TagKind::Payload, step, kind, static_cast<int>(i));
-    if (stage == from) sendTensor(to, headerTag, payloadTag, session->variable(v));
-    else session->variable(v).copyFrom(receiveTensor(from, headerTag, payloadTag, v->output()));
+    if (process == from) sendTensor(firstStageOf(to), headerTag, payloadTag, session->variable(v));
+    else session->variable(v).copyFrom(receiveTensor(firstStageOf(from), headerTag, payloadTag, v->output()));
+  }
+
+  /// A model stage process `p` runs, to address it.
+  int firstStageOf(int p) const {
+    return static_cast<int>(std::find(processOf.begin(), processOf.end(), p) - processOf.begin());
+  }
+
+  /// The variables process `p`'s stages hold, by node id.
+  std::vector<Node*> variablesOf(int p) const {
+    std::vector<Node*> all;
+    for (size_t c = 0; c < processOf.size(); ++c)
+      if (processOf[c] == p) all.insert(all.end(), cut->variables[c].begin(), cut->variables[c].end());
+    std::sort(all.begin(), all.end(), [](const Node* a, const Node* b) { return a->id < b->id; });
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    return all;
   }
 
   static const Tensor& fed(const FeedMap& feeds, const Output& placeholder) {
@@ -265,20 +309,26 @@ struct PipelineStage::State {
                placeholder.type().str());
   }
 
-  /// Runs `run` on the values it needs; returns every fetched value by output.
-  std::map<Output, Tensor> compute(const StageRun& run, const FeedMap& microbatch,
-                                   const std::map<Output, Tensor>& available) {
+  /// Runs `run` of model stage `s` on the values it needs; returns every fetched value by output.
+  /// `replicated`: whether to run the updates every stage runs for itself (once per process).
+  std::map<Output, Tensor> compute(int s, const StageRun& run, const FeedMap& microbatch,
+                                   const std::map<Output, Tensor>& available, bool replicated = true) {
     FeedMap feeds;
     for (const Output& p : run.placeholders) feeds.emplace_back(p, fed(microbatch, p));
     for (const Output& in : run.inputs) {
       auto it = available.find(in);
-      WEFT_CHECK(it != available.end(), "pipeline stage {}: {} is needed but was neither received nor kept", stage,
+      WEFT_CHECK(it != available.end(), "pipeline stage {}: {} is needed but was neither received nor kept", s,
                  in.name());
       feeds.emplace_back(in, it->second);
     }
+    std::vector<Node*> targets = run.targets;
+    if (!replicated)
+      std::erase_if(targets, [&](Node* n) {
+        return std::find(cut->replicated.begin(), cut->replicated.end(), n) != cut->replicated.end();
+      });
     std::map<Output, Tensor> out;
-    if (run.fetches.empty() && run.targets.empty()) return out;
-    std::vector<Tensor> values = session->run(run.fetches, feeds, run.targets);
+    if (run.fetches.empty() && targets.empty()) return out;
+    std::vector<Tensor> values = session->run(run.fetches, feeds, targets);
     noteProgress();
     for (size_t i = 0; i < values.size(); ++i) out[run.fetches[i]] = std::move(values[i]);
     return out;
@@ -299,17 +349,19 @@ struct PipelineStage::State {
     }
   }
 
-  /// Forward, backward or weights of one micro-batch.
+  /// Forward, backward or weights of one micro-batch on one of this process's stages.
   void act(const PipelineAction& a, const std::vector<FeedMap>& microbatches) {
-    const StageRun& run = a.kind == PipelineAction::Kind::Forward    ? cut->forward[static_cast<size_t>(stage)]
-                          : a.kind == PipelineAction::Kind::Backward ? cut->backward[static_cast<size_t>(stage)]
-                                                                     : cut->weights[static_cast<size_t>(stage)];
-    std::map<Output, Tensor>& mine = kept[static_cast<size_t>(a.microbatch)];
+    const int stage = stageOf(a);
+    const auto at = static_cast<size_t>(stage);
+    const StageRun& run = a.kind == PipelineAction::Kind::Forward    ? cut->forward[at]
+                          : a.kind == PipelineAction::Kind::Backward ? cut->backward[at]
+                                                                     : cut->weights[at];
+    std::map<Output, Tensor>& mine = kept[{stage, a.microbatch}];
     waitFor("wait for " + describe(a), [&] { receive(run, a.microbatch, mine); });
     std::map<Output, Tensor> values;
     {
       const TraceScope working(describe(a), "compute", "pipeline");
-      values = compute(run, microbatches[static_cast<size_t>(a.microbatch)], mine);
+      values = compute(stage, run, microbatches[static_cast<size_t>(a.microbatch)], mine);
     }
     {
       const TraceScope sending("send " + describe(a), "send", "pipeline");
@@ -325,14 +377,15 @@ struct PipelineStage::State {
         if (cut->fetchStage[f] == stage) fetchSums[f] += values.at(fetches[f]).item();
     }
     noteKeptBytes();
-    if (a.kind == lastKind()) mine.clear();  // the micro-batch is done on this stage
+    if (a.kind == lastKind()) kept.erase({stage, a.microbatch});  // the micro-batch is done on this stage
   }
 
   /// The activations (and received values) kept for later runs now, against the peak.
   void noteKeptBytes() {
     size_t bytes = 0;
-    for (const auto& microbatch : kept)
-      for (const auto& [output, value] : microbatch) bytes += value.bytes();
+    for (const auto& [key, values] : kept)
+      for (const auto& [output, value] : values) bytes += value.bytes();
+    for (const auto& [key, value] : local) bytes += value.bytes();
     peakKept = std::max(peakKept, bytes);
   }
 
@@ -352,10 +405,10 @@ struct PipelineStage::State {
   /// This stage's parts of tied variables' gradients, summed over the micro-batches, to their owners.
   void sendTiedParts() {
     for (const TiedVariable& tied : cut->tied) {
-      if (tied.owner == stage) continue;
+      if (holds(tied.owner)) continue;
       for (int g : tied.parts) {
         const StageGradient& part = cut->gradients[static_cast<size_t>(g)];
-        if (part.stage != stage) continue;
+        if (!holds(part.stage)) continue;
         GradientSum& sum = sums[static_cast<size_t>(g)];
         try {
           if (part.link.sparse) {
@@ -366,7 +419,7 @@ struct PipelineStage::State {
           }
         } catch (const Error& e) {
           WEFT_THROW("pipeline stage {} sending its part of tied variable '{}''s gradient to stage {} (step {}): {}",
-                     stage, tied.variable->name, tied.owner, step + 1, e.what());
+                     part.stage, tied.variable->name, tied.owner, step + 1, e.what());
         }
         sum.clear();
       }
@@ -393,7 +446,7 @@ struct PipelineStage::State {
               } catch (const Error& e) {
                 WEFT_THROW(
                     "pipeline stage {} waiting for stage {}'s part of tied variable '{}''s gradient (step {}): {}",
-                    stage, part.stage, tied.variable->name, step + 1, e.what());
+                    tied.owner, part.stage, tied.variable->name, step + 1, e.what());
               }
             });
     return sum;
@@ -405,7 +458,7 @@ struct PipelineStage::State {
     GradientSum whole;
     for (int g : tied.parts) {
       GradientSum& own = sums[static_cast<size_t>(g)];
-      const GradientSum part = cut->gradients[static_cast<size_t>(g)].stage == stage ? own : receivePart(tied, g);
+      const GradientSum part = holds(cut->gradients[static_cast<size_t>(g)].stage) ? own : receivePart(tied, g);
       own.clear();
       whole.indices.insert(whole.indices.end(), part.indices.begin(), part.indices.end());
       whole.values.insert(whole.values.end(), part.values.begin(), part.values.end());
@@ -425,10 +478,10 @@ struct PipelineStage::State {
     std::vector<char> isPart(sums.size(), 0);
     for (const TiedVariable& tied : cut->tied) {
       for (int g : tied.parts) isPart[static_cast<size_t>(g)] = 1;
-      if (tied.owner == stage && tied.gradient >= 0) sums[static_cast<size_t>(tied.gradient)] = sumOfParts(tied);
+      if (holds(tied.owner) && tied.gradient >= 0) sums[static_cast<size_t>(tied.gradient)] = sumOfParts(tied);
     }
     for (size_t g = 0; g < sums.size(); ++g) {
-      if (cut->gradients[g].stage != stage || isPart[g]) continue;
+      if (!holds(cut->gradients[g].stage) || isPart[g]) continue;
       const GradientLink& link = cut->gradients[g].link;
       links.push_back(&link);
       GradientSum& sum = sums[g];
@@ -451,23 +504,162 @@ struct PipelineStage::State {
     waitFor("average gradients over the replicas", [&] { options.averageOverReplicas(mine); });
   }
 
+  /// The update: on guessed scalars where the last two steps had the same ones (post-validation),
+  /// else in waves.
   void update(const FeedMap& firstMicrobatch) {
     updateValues.clear();
     feedGradients(updateValues);
-    const std::vector<StageRun>& waves = cut->update[static_cast<size_t>(stage)];
-    for (size_t w = 0; w < waves.size(); ++w) {
-      waitFor(fmt::format("wait for update wave {}", w), [&] { receive(waves[w], 0, updateValues); });
-      std::map<Output, Tensor> values;
-      {
-        const TraceScope working(fmt::format("update wave {}", w), "compute", "pipeline");
-        values = compute(waves[w], firstMicrobatch, updateValues);
-      }
-      for (const auto& [out, value] : values) updateValues[out] = value;
-      send(waves[w], 0, updateValues);
+    if (guessing()) {
+      updateOnGuess(firstMicrobatch);
+    } else {
+      updateInWaves(firstMicrobatch);
+      rememberPoints(firstMicrobatch);
     }
     keepTiedRowIds();
     updateValues.clear();
     shareTiedVariables();
+  }
+
+  /// What this process's update may guess, or null: post-validation needs one stage a process.
+  const UpdateGuess* guessable() const {
+    if (!options.postValidation || held.size() != 1) return nullptr;
+    const UpdateGuess& guess = cut->guesses[static_cast<size_t>(held.front())];
+    return guess.possible() ? &guess : nullptr;
+  }
+
+  /// Whether to guess this step: the guessed scalars were bit for bit the same in the last two.
+  bool guessing() const {
+    if (!guessable() || lastPoints.empty() || pointsBefore.empty()) return false;
+    for (size_t i = 0; i < lastPoints.size(); ++i)
+      if (!sameBits(lastPoints[i], pointsBefore[i])) return false;
+    return true;
+  }
+
+  static bool sameBits(const Tensor& a, const Tensor& b) {
+    return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
+  }
+
+  void notePoints(std::vector<Tensor> points) {
+    pointsBefore = std::move(lastPoints);
+    lastPoints = std::move(points);
+  }
+
+  /// The feeds of an update run beyond the gradients: the first micro-batch's placeholders that
+  /// the update's waves read.
+  FeedMap updateFeeds(const FeedMap& firstMicrobatch, const std::map<Output, Tensor>& values) const {
+    FeedMap feeds;
+    for (const StageRun& wave : cut->update[static_cast<size_t>(held.front())])
+      for (const Output& p : wave.placeholders) feeds.emplace_back(p, fed(firstMicrobatch, p));
+    for (const auto& [out, value] : values) feeds.emplace_back(out, value);
+    return feeds;
+  }
+
+  /// After an update in waves, the real values of the scalars a later step may guess.
+  void rememberPoints(const FeedMap& firstMicrobatch) {
+    const UpdateGuess* guess = guessable();
+    if (!guess) return;
+    const std::map<Output, Tensor> real = fetchUpdateValues(guess->points, firstMicrobatch, updateValues);
+    std::vector<Tensor> points;
+    for (const Output& p : guess->points) points.push_back(real.at(p));
+    notePoints(std::move(points));
+  }
+
+  /// Post-validation: sends what the others wait for from this stage's own values, updates on
+  /// last step's scalars, then receives, computes the real scalars and sends what depends on
+  /// them; a wrong guess restores the variables and updates again on the real scalars.
+  void updateOnGuess(const FeedMap& firstMicrobatch) {
+    const UpdateGuess& guess = *guessable();
+    const int stage = held.front();
+    const std::vector<Tensor> guessed = lastPoints;
+    StageRun local;
+    local.sends = guess.localSends;
+    for (int t : guess.localSends) local.fetches.push_back(cut->transfers[static_cast<size_t>(t)].value);
+    local.fetches.insert(local.fetches.end(), guess.localInputs.begin(), guess.localInputs.end());
+    std::map<Output, Tensor> own = fetchUpdateValues(local.fetches, firstMicrobatch, updateValues);
+    send(local, 0, own);
+    std::vector<std::pair<Node*, Tensor>> before = snapshotUpdated(stage);
+    runUpdates(stage, firstMicrobatch, guess.points, guessed);
+    StageRun received;
+    received.receives = guess.receives;
+    waitFor("wait for the update's values from other stages", [&] { receive(received, 0, updateValues); });
+    StageRun remote;
+    remote.sends = guess.remoteSends;
+    remote.fetches = guess.points;
+    for (int t : guess.remoteSends) remote.fetches.push_back(cut->transfers[static_cast<size_t>(t)].value);
+    for (const Output& in : guess.localInputs) updateValues[in] = own.at(in);
+    std::map<Output, Tensor> real = fetchUpdateValues(remote.fetches, firstMicrobatch, updateValues);
+    send(remote, 0, real);
+    std::vector<Tensor> points;
+    for (const Output& p : guess.points) points.push_back(real.at(p));
+    ++guessed_;
+    bool right = true;
+    for (size_t i = 0; i < points.size(); ++i) right = right && sameBits(points[i], guessed[i]);
+    if (!right) {
+      ++redone_;
+      const TraceScope redo("redo the update", "compute", "pipeline");
+      for (auto& [variable, value] : before) session->variable(variable).copyFrom(value);
+      runUpdates(stage, firstMicrobatch, guess.points, points);
+    }
+    notePoints(std::move(points));
+  }
+
+  /// `wanted` update values: those among `values` as they are, the others computed from them.
+  std::map<Output, Tensor> fetchUpdateValues(const std::vector<Output>& wanted, const FeedMap& firstMicrobatch,
+                                             const std::map<Output, Tensor>& values) {
+    std::map<Output, Tensor> out;
+    std::vector<Output> computed;
+    for (const Output& w : wanted) {
+      if (auto it = values.find(w); it != values.end()) out[w] = it->second;
+      else computed.push_back(w);
+    }
+    if (computed.empty()) return out;
+    std::vector<Tensor> got = session->run(computed, updateFeeds(firstMicrobatch, values), {});
+    for (size_t i = 0; i < computed.size(); ++i) out[computed[i]] = std::move(got[i]);
+    return out;
+  }
+
+  /// Copies of every variable stage `stage`'s update writes.
+  std::vector<std::pair<Node*, Tensor>> snapshotUpdated(int stage) {
+    std::vector<std::pair<Node*, Tensor>> copies;
+    for (const StageRun& wave : cut->update[static_cast<size_t>(stage)])
+      for (Node* target : wave.targets)
+        for (int m : target->def->mutatedInputs) {
+          Node* v = target->inputs[static_cast<size_t>(m)].node();
+          if (std::none_of(copies.begin(), copies.end(), [&](const auto& c) { return c.first == v; }))
+            copies.emplace_back(v, session->variable(v).clone());
+        }
+    return copies;
+  }
+
+  /// Every update of stage `stage` in one run, `points` fed with `values`.
+  void runUpdates(int stage, const FeedMap& firstMicrobatch, const std::vector<Output>& points,
+                  const std::vector<Tensor>& values) {
+    std::map<Output, Tensor> feeds = updateValues;
+    for (size_t i = 0; i < points.size(); ++i) feeds[points[i]] = values[i];
+    std::vector<Node*> targets;
+    for (const StageRun& wave : cut->update[static_cast<size_t>(stage)])
+      targets.insert(targets.end(), wave.targets.begin(), wave.targets.end());
+    const TraceScope working("update", "compute", "pipeline");
+    session->run({}, updateFeeds(firstMicrobatch, feeds), targets);
+  }
+
+  /// The update's waves, wave by wave over this process's stages (every stage has as many), the
+  /// updates every stage runs for itself once, with the last stage's last wave.
+  void updateInWaves(const FeedMap& firstMicrobatch) {
+    const size_t waves = cut->update[static_cast<size_t>(held.front())].size();
+    for (size_t w = 0; w < waves; ++w) {
+      for (int stage : held) {
+        const StageRun& wave = cut->update[static_cast<size_t>(stage)][w];
+        waitFor(fmt::format("wait for update wave {}", w), [&] { receive(wave, 0, updateValues); });
+        std::map<Output, Tensor> values;
+        {
+          const TraceScope working(fmt::format("update wave {}", w), "compute", "pipeline");
+          values = compute(stage, wave, firstMicrobatch, updateValues, stage == held.back());
+        }
+        for (const auto& [out, value] : values) updateValues[out] = value;
+        send(wave, 0, updateValues);
+      }
+    }
   }
 
   /// Per tied variable this stage owns with sparse updates: the row ids its update read.
@@ -475,10 +667,10 @@ struct PipelineStage::State {
     tiedRowIds.assign(cut->tied.size(), Tensor());
     for (size_t i = 0; i < cut->tied.size(); ++i) {
       const TiedVariable& tied = cut->tied[i];
-      if (tied.owner != stage || !tied.rows.valid()) continue;
+      if (!holds(tied.owner) || !tied.rows.valid()) continue;
       auto it = updateValues.find(tied.rows);
       WEFT_CHECK(it != updateValues.end(),
-                 "pipeline stage {}: the row ids {} of tied variable '{}''s update are missing", stage,
+                 "pipeline stage {}: the row ids {} of tied variable '{}''s update are missing", tied.owner,
                  tied.rows.name(), tied.variable->name);
       tiedRowIds[i] = it->second;
     }
@@ -488,24 +680,44 @@ struct PipelineStage::State {
     return tagOf(kind, step, kTiedIndex, static_cast<int>(2 * i) + which);
   }
 
-  /// Each tied variable's update, from the stage that made it to the stages holding copies: the
-  /// rows it changed where its updates are sparse, else all of it.
+  /// Each tied variable's update, from the process that made it to the processes holding copies:
+  /// the rows it changed where its updates are sparse, else all of it. A process's stages share
+  /// one copy.
   void shareTiedVariables() {
     for (size_t i = 0; i < cut->tied.size(); ++i) {
       const TiedVariable& tied = cut->tied[i];
-      if (tied.owner == stage) {
+      if (holds(tied.owner)) {
         sendTiedUpdate(i);
-      } else if (std::find(tied.copies.begin(), tied.copies.end(), stage) != tied.copies.end()) {
+      } else if (const int copy = localCopy(tied); copy >= 0) {
         waitFor("wait for the update of tied " + tied.variable->name, [&] {
           try {
             receiveTiedUpdate(i);
           } catch (const Error& e) {
             WEFT_THROW("pipeline stage {} waiting for the update of tied variable '{}' from stage {} (step {}): {}",
-                       stage, tied.variable->name, tied.owner, step + 1, e.what());
+                       copy, tied.variable->name, tied.owner, step + 1, e.what());
           }
         });
       }
     }
+  }
+
+  /// The first of this process's stages that holds a copy of `tied`, or -1.
+  int localCopy(const TiedVariable& tied) const {
+    for (int c : tied.copies)
+      if (holds(c)) return c;
+    return -1;
+  }
+
+  /// The stages of other processes holding copies of `tied`, one per process.
+  std::vector<int> remoteCopies(const TiedVariable& tied) const {
+    std::vector<int> copies, processes;
+    for (int c : tied.copies) {
+      const int p = processOf[static_cast<size_t>(c)];
+      if (p == process || std::find(processes.begin(), processes.end(), p) != processes.end()) continue;
+      processes.push_back(p);
+      copies.push_back(c);
+    }
+    return copies;
   }
 
   void sendTiedUpdate(size_t i) {
@@ -526,7 +738,7 @@ struct PipelineStage::State {
                     static_cast<const char*>(variable.raw()) + static_cast<size_t>(ids[r]) * rowBytes, rowBytes);
       message = {Tensor::fromVector(ids, {count}).cast(tied.rows.dtype()), rows};
     }
-    for (int to : tied.copies)
+    for (int to : remoteCopies(tied))
       for (size_t m = 0; m < message.size(); ++m)
         startSendingTensor(to, tiedTag(TagKind::Header, i, static_cast<int>(m)),
                            tiedTag(TagKind::Payload, i, static_cast<int>(m)), message[m]);
@@ -558,17 +770,17 @@ struct PipelineStage::State {
     return t.shape()[0] == 0 ? 0 : t.bytes() / static_cast<size_t>(t.shape()[0]);
   }
 
-  /// Each fetch's mean, from the stage that computed it to every other.
+  /// Each fetch's mean, from the process that computed it to every other.
   std::vector<double> shareFetches() {
     std::vector<double> means(fetches.size());
     for (size_t f = 0; f < fetches.size(); ++f) {
       const int owner = cut->fetchStage[f];
       const uint64_t tag = tagOf(TagKind::Fetches, step, f, 0);
-      if (owner == stage) {
+      if (holds(owner)) {
         means[f] = fetchSums[f] / options.microbatches;
         const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(&means[f]), sizeof(double));
-        for (int s = 0; s < options.stages; ++s)
-          if (s != stage) transport.startSend(peerOf(s), tag, bytes);
+        for (int p = 0; p < options.stages; ++p)
+          if (p != process) transport.startSend(peers[static_cast<size_t>(p)], tag, bytes);
       } else {
         waitFor("wait for the step's loss", [&] {
           transport.receive(tag, std::span<uint8_t>(reinterpret_cast<uint8_t*>(&means[f]), sizeof(double)), deadline(),
@@ -593,7 +805,8 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
   const auto started = TraceClock::now();
   WEFT_CHECK(static_cast<int>(microbatches.size()) == s.options.microbatches,
              "a pipelined step of {} micro-batches was given {}", s.options.microbatches, microbatches.size());
-  s.kept.assign(microbatches.size(), {});
+  s.kept.clear();
+  s.local.clear();
   s.fetchSums.assign(s.fetches.size(), 0.0);
   for (const PipelineAction& a : s.actions) s.act(a, microbatches);
   s.update(microbatches.front());
@@ -607,10 +820,10 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
 void PipelineStage::gatherVariables(int into) {
   State& s = *state_;
   if (!s.cut) return;  // no step yet: every stage still holds the initial values
-  // Each stage's own variables go to `into`, in the cut's order, which every stage knows.
+  // Each process's own variables go to `into`, in an order every process knows.
   for (int from = 0; from < s.options.stages; ++from) {
-    if (from == into || (s.stage != from && s.stage != into)) continue;
-    const std::vector<Node*>& held = s.cut->variables[static_cast<size_t>(from)];
+    if (from == into || (s.process != from && s.process != into)) continue;
+    const std::vector<Node*> held = s.variablesOf(from);
     for (size_t i = 0; i < held.size(); ++i) s.moveVariable(held[i], i, from, into, kGatherIndex);
   }
 }
@@ -620,22 +833,24 @@ void PipelineStage::scatterVariables(int from) {
   // Every variable to every stage: what a stage does not hold costs a copy, and no cut is needed.
   const std::vector<Node*> all = s.graph.variables();
   for (int to = 0; to < s.options.stages; ++to) {
-    if (to == from || (s.stage != from && s.stage != to)) continue;
+    if (to == from || (s.process != from && s.process != to)) continue;
     for (size_t i = 0; i < all.size(); ++i) s.moveVariable(all[i], i, from, to, kScatterIndex);
   }
 }
 
 const PipelineCut& PipelineStage::cut() const {
-  WEFT_CHECK(state_->cut.has_value(), "pipeline stage {} has not run a step: it has no cut yet", state_->stage);
+  WEFT_CHECK(state_->cut.has_value(), "pipeline stage {} has not run a step: it has no cut yet", state_->process);
   return *state_->cut;
 }
 
-int PipelineStage::stage() const { return state_->stage; }
+int PipelineStage::stage() const { return state_->process; }
 Session& PipelineStage::session() { return *state_->session; }
 double PipelineStage::idleFraction() const {
   return state_->stepSeconds > 0 ? state_->waitSeconds / state_->stepSeconds : 0;
 }
 size_t PipelineStage::peakKeptBytes() const { return state_->peakKept; }
+size_t PipelineStage::updatesGuessed() const { return state_->guessed_; }
+size_t PipelineStage::updatesRedone() const { return state_->redone_; }
 
 void scaleGradient(Tensor& t, double factor) {
   forFloating(t.dtype(), "the", [&](auto zero) {

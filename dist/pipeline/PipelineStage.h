@@ -1,7 +1,10 @@
 // One stage of a synchronous pipeline: a process (or, in tests, a thread) that holds the whole
 // training graph, computes only its stage's part of it (dist/pipeline/Pipeline.h), and exchanges
 // activations and their gradients with the other stages over a Transport, in the order its
-// schedule gives (dist/pipeline/Schedule.h).
+// schedule gives (dist/pipeline/Schedule.h). With virtual stages (interleaved, zbv, or a schedule
+// file that gives a process several stages) it runs each of its model stages' actions in its
+// list's order, in one session: what one of its stages sends another stays in memory, and the
+// updates every stage makes for itself (the step counter) run once.
 //
 //     PipelineStage stage(graph, myStage, options, transport, stagePeers);
 //     for (...) double loss = stage.step({loss}, trainStep, microbatchFeeds)[0];   // every stage alike
@@ -32,7 +35,7 @@ struct StageGradients {
 };
 
 struct PipelineOptions {
-  int stages = 1;
+  int stages = 1;  ///< the pipeline's processes (the model's stages are schedule.modelStages(stages))
   int microbatches = 1;
   StepSchedule schedule = PipelineSchedule::OneFOneB;
   std::chrono::milliseconds timeout{60000};
@@ -40,6 +43,12 @@ struct PipelineOptions {
   /// With data-parallel replicas of the pipeline: makes each of this stage's gradients the mean
   /// over the replicas' same stage (their rows gathered, for sparse ones), every replica alike.
   std::function<void(StageGradients&)> averageOverReplicas;
+  /// Post-validation (the zero-bubble paper's): where the last two steps' global-norm clipping
+  /// scale (or another scalar its update reads from other stages) was the same, a stage updates
+  /// at once on it, without waiting for the others' last backward, and redoes the update on the
+  /// real value in the step where it differs. The result is the same either way; a stage holds a
+  /// copy of what its update writes meanwhile. Stages of a process with virtual stages wait.
+  bool postValidation = true;
 };
 
 class PipelineStage {
@@ -66,6 +75,7 @@ class PipelineStage {
   /// Sets every variable of every stage to stage `from`'s value (after it restored a checkpoint).
   void scatterVariables(int from = 0);
 
+  /// This process's index among the pipeline's (its stage, without virtual stages).
   int stage() const;
   /// The cut of the last step (throws before the first).
   const PipelineCut& cut() const;
@@ -77,6 +87,9 @@ class PipelineStage {
   /// The most bytes this stage kept at once for its later runs (activations for the backward,
   /// what it received), over every step so far: what the schedule costs in memory.
   size_t peakKeptBytes() const;
+  /// Post-validation: the updates made on a guess so far, and how many of them were redone.
+  size_t updatesGuessed() const;
+  size_t updatesRedone() const;
 
  private:
   struct State;
