@@ -256,6 +256,8 @@ TEST_CASE("virtual stages: MLP, LM and NMT pipelined by interleaved 1F1B and ZB-
   checkSameVariablesAs("lm", lmFlags, "--stages 4 --microbatches 4 --schedule zbv", 1e-5);
   checkSameVariablesAs("nmt", nmtFlags, "--stages 2 --microbatches 2 --schedule zbv", 1e-5);
   checkSameVariablesAs("nmt", nmtFlags, "--stages 4 --microbatches 4 --schedule interleaved --virtual-stages 2", 1e-5);
+  // 2 replicas: each process averages both its stages' gradients with its replica's in one go.
+  checkSameVariablesAs("lm", lmFlags, "--stages 2 --workers 2 --microbatches 2 --schedule zbv", 1e-5);
 }
 
 TEST_CASE(

@@ -102,6 +102,43 @@ Tensor concatRows(const std::vector<Tensor>& parts) {
   return out;
 }
 
+size_t rowBytesOf(const Tensor& t) { return t.shape()[0] == 0 ? 0 : t.bytes() / static_cast<size_t>(t.shape()[0]); }
+
+/// Rows `ids` of `t` (along its first axis), in that order.
+Tensor takeRows(const Tensor& t, const std::vector<int64_t>& ids) {
+  Shape shape = t.shape();
+  shape[0] = static_cast<int64_t>(ids.size());
+  Tensor rows(t.dtype(), shape);
+  const size_t rowBytes = rowBytesOf(t);
+  for (size_t r = 0; r < ids.size(); ++r)
+    std::memcpy(static_cast<char*>(rows.raw()) + r * rowBytes,
+                static_cast<const char*>(t.raw()) + static_cast<size_t>(ids[r]) * rowBytes, rowBytes);
+  return rows;
+}
+
+/// Writes `rows` (one per id) into rows `ids` of `t`.
+void putRows(Tensor& t, const std::vector<int64_t>& ids, const Tensor& rows) {
+  const size_t rowBytes = rowBytesOf(t);
+  for (size_t r = 0; r < ids.size(); ++r)
+    std::memcpy(static_cast<char*>(t.raw()) + static_cast<size_t>(ids[r]) * rowBytes,
+                static_cast<const char*>(rows.raw()) + r * rowBytes, rowBytes);
+}
+
+/// Distinct ids, ascending.
+std::vector<int64_t> distinct(std::vector<int64_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+/// What an update overwrites, kept to restore it: a variable whole, or the rows its sparse
+/// update writes (`rows` ascending; `value` holds them in that order).
+struct SavedState {
+  Node* variable = nullptr;
+  std::optional<std::vector<int64_t>> rows;
+  Tensor value;
+};
+
 /// A variable's gradient over the micro-batches: a dense sum, or sparse rows gathered.
 struct GradientSum {
   Tensor dense;
@@ -577,7 +614,7 @@ struct PipelineStage::State {
     local.fetches.insert(local.fetches.end(), guess.localInputs.begin(), guess.localInputs.end());
     std::map<Output, Tensor> own = fetchUpdateValues(local.fetches, firstMicrobatch, updateValues);
     send(local, 0, own);
-    std::vector<std::pair<Node*, Tensor>> before = snapshotUpdated(stage);
+    const std::vector<SavedState> before = saveUpdated(stage);
     runUpdates(stage, firstMicrobatch, guess.points, guessed);
     StageRun received;
     received.receives = guess.receives;
@@ -597,7 +634,7 @@ struct PipelineStage::State {
     if (!right) {
       ++redone_;
       const TraceScope redo("redo the update", "compute", "pipeline");
-      for (auto& [variable, value] : before) session->variable(variable).copyFrom(value);
+      restore(before);
       runUpdates(stage, firstMicrobatch, guess.points, points);
     }
     notePoints(std::move(points));
@@ -618,17 +655,43 @@ struct PipelineStage::State {
     return out;
   }
 
-  /// Copies of every variable stage `stage`'s update writes.
-  std::vector<std::pair<Node*, Tensor>> snapshotUpdated(int stage) {
-    std::vector<std::pair<Node*, Tensor>> copies;
+  /// What stage `stage`'s update overwrites: each variable it writes whole, except where an
+  /// update is sparse (its variable's gradient is), which writes only the gradient's rows of the
+  /// variable and of its slots.
+  std::vector<SavedState> saveUpdated(int stage) {
+    std::map<Node*, const Tensor*> sparseRows;  // variable -> its gradient's row ids this step
+    for (const StageGradient& g : cut->gradients)
+      if (auto it = updateValues.find(g.link.indices); g.link.sparse && it != updateValues.end())
+        sparseRows[g.link.variable] = &it->second;
+    std::vector<SavedState> saved;
     for (const StageRun& wave : cut->update[static_cast<size_t>(stage)])
-      for (Node* target : wave.targets)
+      for (Node* target : wave.targets) {
+        // The rows of its sparse variable, and that variable's row count: its slots have as many.
+        std::optional<std::vector<int64_t>> rows;
+        int64_t rowCount = -1;
+        for (int m : target->def->mutatedInputs)
+          if (auto it = sparseRows.find(target->inputs[static_cast<size_t>(m)].node()); it != sparseRows.end()) {
+            rowCount = session->variable(it->first).shape()[0];
+            rows = distinct(checkedRowIds(*it->second, rowCount, "row id"));
+          }
         for (int m : target->def->mutatedInputs) {
           Node* v = target->inputs[static_cast<size_t>(m)].node();
-          if (std::none_of(copies.begin(), copies.end(), [&](const auto& c) { return c.first == v; }))
-            copies.emplace_back(v, session->variable(v).clone());
+          if (std::any_of(saved.begin(), saved.end(), [&](const SavedState& s) { return s.variable == v; })) continue;
+          const Tensor& value = session->variable(v);
+          const bool byRows = rows && value.shape().rank() >= 1 && value.shape()[0] == rowCount;
+          saved.push_back(byRows ? SavedState{v, rows, takeRows(value, *rows)}
+                                 : SavedState{v, std::nullopt, value.clone()});
         }
-    return copies;
+      }
+    return saved;
+  }
+
+  void restore(const std::vector<SavedState>& saved) {
+    for (const SavedState& s : saved) {
+      Tensor& variable = session->variable(s.variable);
+      if (s.rows) putRows(variable, *s.rows, s.value);
+      else variable.copyFrom(s.value);
+    }
   }
 
   /// Every update of stage `stage` in one run, `points` fed with `values`.
@@ -725,18 +788,9 @@ struct PipelineStage::State {
     const Tensor& variable = session->variable(tied.variable);
     std::vector<Tensor> message{variable};
     if (tied.rows.valid()) {
-      std::vector<int64_t> ids = rowIds(tiedRowIds[i]);
-      std::sort(ids.begin(), ids.end());
-      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-      const auto count = static_cast<int64_t>(ids.size());
-      Shape shape = variable.shape();
-      shape[0] = count;
-      Tensor rows(variable.dtype(), shape);
-      const size_t rowBytes = rowBytesOf(variable);
-      for (size_t r = 0; r < ids.size(); ++r)
-        std::memcpy(static_cast<char*>(rows.raw()) + r * rowBytes,
-                    static_cast<const char*>(variable.raw()) + static_cast<size_t>(ids[r]) * rowBytes, rowBytes);
-      message = {Tensor::fromVector(ids, {count}).cast(tied.rows.dtype()), rows};
+      const std::vector<int64_t> ids = distinct(rowIds(tiedRowIds[i]));
+      message = {Tensor::fromVector(ids, {static_cast<int64_t>(ids.size())}).cast(tied.rows.dtype()),
+                 takeRows(variable, ids)};
     }
     for (int to : remoteCopies(tied))
       for (size_t m = 0; m < message.size(); ++m)
@@ -760,14 +814,7 @@ struct PipelineStage::State {
     const std::vector<int64_t> ids = checkedRowIds(idsTensor, variable.shape()[0], "row id");
     WEFT_CHECK(rows.shape()[0] == static_cast<int64_t>(ids.size()), "stage {} sent {} rows for {} row ids", tied.owner,
                rows.shape()[0], ids.size());
-    const size_t rowBytes = rowBytesOf(variable);
-    for (size_t r = 0; r < ids.size(); ++r)
-      std::memcpy(static_cast<char*>(variable.raw()) + static_cast<size_t>(ids[r]) * rowBytes,
-                  static_cast<const char*>(rows.raw()) + r * rowBytes, rowBytes);
-  }
-
-  static size_t rowBytesOf(const Tensor& t) {
-    return t.shape()[0] == 0 ? 0 : t.bytes() / static_cast<size_t>(t.shape()[0]);
+    putRows(variable, ids, rows);
   }
 
   /// Each fetch's mean, from the process that computed it to every other.
