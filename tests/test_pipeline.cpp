@@ -289,6 +289,14 @@ TEST_CASE("post-validation: stages update on the last steps' clip scale, and red
     CHECK(run.guessed == std::vector<size_t>{3, 3, 3});
     CHECK(run.redone == std::vector<size_t>{1, 1, 1});
   }
+  // A process holding two stages guesses for both: under zbv process 0 holds the first stage and
+  // the last, which computes the norm from every stage's share, its own first stage's included.
+  for (const StepSchedule& schedule :
+       {StepSchedule(PipelineSchedule::ZeroBubbleV), StepSchedule(PipelineSchedule::Interleaved, 2)}) {
+    const Trained run = checkEquivalent(2, 4, schedule, 2, Tie::None, 4, {.count = 7, .loud = 4});
+    CHECK(run.guessed == std::vector<size_t>{3, 3});
+    CHECK(run.redone == std::vector<size_t>{1, 1});
+  }
   // Clipping every step: the scale differs each step, so no stage guesses.
   const Trained clipped = checkEquivalent(3, 4, PipelineSchedule::OneFOneB, 0.05, Tie::None, 4, {.count = 5});
   CHECK(clipped.guessed == std::vector<size_t>{0, 0, 0});

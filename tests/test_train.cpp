@@ -585,6 +585,16 @@ TEST_CASE("weft graph --stages --schedule-file prints each stage's actions and t
   CHECK(contains(cut.output, "stage 1: idle 33%, holds the activations of at most 1 micro-batch: F0 B0 F1 B1\n"));
 }
 
+TEST_CASE("weft graph --schedule zbv cuts 4 stages for 2 processes and prints each process's stages and actions") {
+  const CliRun cut = weftCli("graph mlp --stages 2 --microbatches 2 --schedule zbv");
+  REQUIRE_MESSAGE(cut.status == 0, cut.output);
+  CHECK_MESSAGE(contains(cut.output, "stage 3: "), cut.output);
+  // F = B = W = 1 per stage: 6M + S - 1 = 13 units, each process idle S - 1 = 1 of them.
+  CHECK_MESSAGE(contains(cut.output, "schedule zbv, 2 micro-batches: a step of 13 units"), cut.output);
+  CHECK(contains(cut.output, "process 0 (stages 0, 3): idle 8%"));
+  CHECK(contains(cut.output, "process 1 (stages 1, 2): idle 8%"));
+}
+
 TEST_CASE("--amp reports an unknown model and bad data files by name") {
   CHECK(weftCli("train resnet --amp").status != 0);
   TempDir dir;

@@ -1254,13 +1254,12 @@ CLI::Option* addVirtualStagesFlag(CLI::App& cmd, int& virtualStages) {
 
 namespace {
 
-/// Each process's actions of the schedule and how a step of it goes when a stage's forward takes
-/// one unit of time, and its backward two (its input gradients one, its weight gradients one).
+/// Each process's actions of the schedule and how a step of it goes when a (stage's) forward
+/// takes one unit of time, and its backward two (its input gradients one, its weight gradients one).
 std::string describeSchedule(const dist::StepSchedule& schedule, int stages, int microbatches) {
   const dist::SimulatedStep step = schedule.simulate(stages, microbatches, {1, 1, 1});
   std::string out = fmt::format(
-      "schedule {}, {} micro-batches: a step of {:g} units when a stage's forward takes 1 and its backward 2 (B and "
-      "W 1 each)\n",
+      "schedule {}, {} micro-batches: a step of {:g} units when a forward takes 1 and a backward 2 (B and W 1 each)\n",
       schedule.name(), microbatches, step.makespan);
   const dist::PipelineOrders orders = schedule.orders(stages, microbatches);
   const std::vector<int> processOf = dist::processOfStage(orders);
@@ -1270,9 +1269,9 @@ std::string describeSchedule(const dist::StepSchedule& schedule, int stages, int
       if (processOf[c] == static_cast<int>(p)) held.push_back(static_cast<int>(c));
     const std::string who = held.size() == 1 ? fmt::format("stage {}", p)
                                              : fmt::format("process {} (stages {})", p, fmt::join(held, ", "));
-    out += fmt::format("{}: idle {:.0f}%, holds the activations of at most {} stage micro-batch{}: {}", who,
-                       100 * step.idle[p] / step.makespan, step.peakInFlight[p], step.peakInFlight[p] == 1 ? "" : "es",
-                       dist::formatOrders({orders[p]}));
+    out += fmt::format("{}: idle {:.0f}%, holds the activations of at most {} {}micro-batch{}: {}", who,
+                       100 * step.idle[p] / step.makespan, step.peakInFlight[p], held.size() == 1 ? "" : "stage ",
+                       step.peakInFlight[p] == 1 ? "" : "es", dist::formatOrders({orders[p]}));
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 
 namespace weft::dist {
 
@@ -179,6 +180,7 @@ struct PipelineStage::State {
   std::vector<Tensor> tiedRowIds;  // per tied variable owned with sparse updates: the rows this step changed
   // Post-validation: the real values of the guessed scalars in the last two steps, and how many
   // updates were made on a guess and how many of those redone.
+  std::optional<UpdateGuess> processGuess;  // this process's stages' guesses, merged
   std::vector<Tensor> lastPoints, pointsBefore;
   size_t guessed_ = 0, redone_ = 0;
   std::vector<GradientSum> sums;
@@ -220,6 +222,9 @@ struct PipelineStage::State {
     fetches = f;
     trainStep = t;
     sums.assign(cut->gradients.size(), {});
+    processGuess = mergedGuess();
+    lastPoints.clear();
+    pointsBefore.clear();
   }
 
   Deadline deadline() const { return Clock::now() + options.timeout; }
@@ -558,10 +563,43 @@ struct PipelineStage::State {
   }
 
   /// What this process's update may guess, or null: post-validation needs one stage a process.
-  const UpdateGuess* guessable() const {
-    if (!options.postValidation || held.size() != 1) return nullptr;
-    const UpdateGuess& guess = cut->guesses[static_cast<size_t>(held.front())];
-    return guess.possible() ? &guess : nullptr;
+  const UpdateGuess* guessable() const { return processGuess ? &*processGuess : nullptr; }
+
+  /// This process's stages' guesses as one, or none: post-validation off, a stage that receives
+  /// in the update with nothing to guess, or a process that would both send what it computes
+  /// from received values to another process and wait for such values from one (which could
+  /// wait in a circle).
+  std::optional<UpdateGuess> mergedGuess() const {
+    if (!options.postValidation) return std::nullopt;
+    std::set<int> computedSends;
+    for (const UpdateGuess& g : cut->guesses) computedSends.insert(g.remoteSends.begin(), g.remoteSends.end());
+    UpdateGuess merged;
+    auto join = [](auto& into, const auto& more) {
+      for (const auto& x : more)
+        if (std::find(into.begin(), into.end(), x) == into.end()) into.push_back(x);
+    };
+    for (int stage : held) {
+      const UpdateGuess& g = cut->guesses[static_cast<size_t>(stage)];
+      const bool receives = std::any_of(cut->transfers.begin(), cut->transfers.end(), [&](const Transfer& t) {
+        return t.to == stage && t.receivedIn == Phase::Update;
+      });
+      if (!g.possible() && receives) return std::nullopt;
+      join(merged.points, g.points);
+      join(merged.localInputs, g.localInputs);
+      join(merged.localSends, g.localSends);
+      join(merged.remoteSends, g.remoteSends);
+      join(merged.receives, g.receives);
+    }
+    auto crosses = [&](int t) {
+      return !holds(cut->transfers[static_cast<size_t>(t)].from) || !holds(cut->transfers[static_cast<size_t>(t)].to);
+    };
+    const bool sendsComputed = std::any_of(merged.remoteSends.begin(), merged.remoteSends.end(), crosses);
+    const bool waitsComputed = std::any_of(merged.receives.begin(), merged.receives.end(),
+                                           [&](int t) { return computedSends.count(t) && crosses(t); });
+    if (!merged.possible() || (sendsComputed && waitsComputed)) return std::nullopt;
+    // What one of its stages computes from received values for another it computes itself.
+    std::erase_if(merged.receives, [&](int t) { return computedSends.count(t) && !crosses(t); });
+    return merged;
   }
 
   /// Whether to guess this step: the guessed scalars were bit for bit the same in the last two.
@@ -585,8 +623,11 @@ struct PipelineStage::State {
   /// the update's waves read.
   FeedMap updateFeeds(const FeedMap& firstMicrobatch, const std::map<Output, Tensor>& values) const {
     FeedMap feeds;
-    for (const StageRun& wave : cut->update[static_cast<size_t>(held.front())])
-      for (const Output& p : wave.placeholders) feeds.emplace_back(p, fed(firstMicrobatch, p));
+    for (int stage : held)
+      for (const StageRun& wave : cut->update[static_cast<size_t>(stage)])
+        for (const Output& p : wave.placeholders)
+          if (std::none_of(feeds.begin(), feeds.end(), [&](const auto& f) { return f.first == p; }))
+            feeds.emplace_back(p, fed(firstMicrobatch, p));
     for (const auto& [out, value] : values) feeds.emplace_back(out, value);
     return feeds;
   }
@@ -606,7 +647,6 @@ struct PipelineStage::State {
   /// them; a wrong guess restores the variables and updates again on the real scalars.
   void updateOnGuess(const FeedMap& firstMicrobatch) {
     const UpdateGuess& guess = *guessable();
-    const int stage = held.front();
     const std::vector<Tensor> guessed = lastPoints;
     StageRun local;
     local.sends = guess.localSends;
@@ -614,8 +654,8 @@ struct PipelineStage::State {
     local.fetches.insert(local.fetches.end(), guess.localInputs.begin(), guess.localInputs.end());
     std::map<Output, Tensor> own = fetchUpdateValues(local.fetches, firstMicrobatch, updateValues);
     send(local, 0, own);
-    const std::vector<SavedState> before = saveUpdated(stage);
-    runUpdates(stage, firstMicrobatch, guess.points, guessed);
+    const std::vector<SavedState> before = saveUpdated();
+    runUpdates(firstMicrobatch, guess.points, guessed);
     StageRun received;
     received.receives = guess.receives;
     waitFor("wait for the update's values from other stages", [&] { receive(received, 0, updateValues); });
@@ -635,7 +675,7 @@ struct PipelineStage::State {
       ++redone_;
       const TraceScope redo("redo the update", "compute", "pipeline");
       restore(before);
-      runUpdates(stage, firstMicrobatch, guess.points, points);
+      runUpdates(firstMicrobatch, guess.points, points);
     }
     notePoints(std::move(points));
   }
@@ -655,17 +695,27 @@ struct PipelineStage::State {
     return out;
   }
 
-  /// What stage `stage`'s update overwrites: each variable it writes whole, except where an
+  /// Every update of this process's stages, once each (the step counter's increment is every
+  /// stage's).
+  std::vector<Node*> updatesOfProcess() const {
+    std::vector<Node*> targets;
+    for (int stage : held)
+      for (const StageRun& wave : cut->update[static_cast<size_t>(stage)])
+        for (Node* target : wave.targets)
+          if (std::find(targets.begin(), targets.end(), target) == targets.end()) targets.push_back(target);
+    return targets;
+  }
+
+  /// What this process's updates overwrite: each variable they write whole, except where an
   /// update is sparse (its variable's gradient is), which writes only the gradient's rows of the
   /// variable and of its slots.
-  std::vector<SavedState> saveUpdated(int stage) {
+  std::vector<SavedState> saveUpdated() {
     std::map<Node*, const Tensor*> sparseRows;  // variable -> its gradient's row ids this step
     for (const StageGradient& g : cut->gradients)
       if (auto it = updateValues.find(g.link.indices); g.link.sparse && it != updateValues.end())
         sparseRows[g.link.variable] = &it->second;
     std::vector<SavedState> saved;
-    for (const StageRun& wave : cut->update[static_cast<size_t>(stage)])
-      for (Node* target : wave.targets) {
+    for (Node* target : updatesOfProcess()) {
         // The rows of its sparse variable, and that variable's row count: its slots have as many.
         std::optional<std::vector<int64_t>> rows;
         int64_t rowCount = -1;
@@ -682,7 +732,7 @@ struct PipelineStage::State {
           saved.push_back(byRows ? SavedState{v, rows, takeRows(value, *rows)}
                                  : SavedState{v, std::nullopt, value.clone()});
         }
-      }
+    }
     return saved;
   }
 
@@ -694,16 +744,13 @@ struct PipelineStage::State {
     }
   }
 
-  /// Every update of stage `stage` in one run, `points` fed with `values`.
-  void runUpdates(int stage, const FeedMap& firstMicrobatch, const std::vector<Output>& points,
+  /// Every update of this process in one run, `points` fed with `values`.
+  void runUpdates(const FeedMap& firstMicrobatch, const std::vector<Output>& points,
                   const std::vector<Tensor>& values) {
     std::map<Output, Tensor> feeds = updateValues;
     for (size_t i = 0; i < points.size(); ++i) feeds[points[i]] = values[i];
-    std::vector<Node*> targets;
-    for (const StageRun& wave : cut->update[static_cast<size_t>(stage)])
-      targets.insert(targets.end(), wave.targets.begin(), wave.targets.end());
     const TraceScope working("update", "compute", "pipeline");
-    session->run({}, updateFeeds(firstMicrobatch, feeds), targets);
+    session->run({}, updateFeeds(firstMicrobatch, feeds), updatesOfProcess());
   }
 
   /// The update's waves, wave by wave over this process's stages (every stage has as many), the

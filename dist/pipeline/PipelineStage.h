@@ -47,7 +47,8 @@ struct PipelineOptions {
   /// scale (or another scalar its update reads from other stages) was the same, a stage updates
   /// at once on it, without waiting for the others' last backward, and redoes the update on the
   /// real value in the step where it differs. The result is the same either way; a stage holds a
-  /// copy of what its update writes meanwhile. Stages of a process with virtual stages wait.
+  /// copy of what its update writes meanwhile. A process holding several stages guesses for all
+  /// of them at once.
   bool postValidation = true;
 };
 
