@@ -297,6 +297,13 @@ TEST_CASE("post-validation: stages update on the last steps' clip scale, and red
     CHECK(run.guessed == std::vector<size_t>{3, 3});
     CHECK(run.redone == std::vector<size_t>{1, 1});
   }
+  // A tied table (clip 1.2 for this model's norms): its owner restores the rows it had updated
+  // and sends the redone update.
+  const Trained tied = checkEquivalent(3, 4, PipelineSchedule::OneFOneB, 1.2, Tie::Sparse, 4, {.count = 7, .loud = 4});
+  CHECK(tied.guessed == std::vector<size_t>{3, 3, 3});
+  CHECK(tied.redone == std::vector<size_t>{1, 1, 1});
+  for (const auto& [stage, copy] : tied.embeddingCopies)
+    CHECK(relativeDifference(copy, tied.variables.at("embedding")) == 0);
   // Clipping every step: the scale differs each step, so no stage guesses.
   const Trained clipped = checkEquivalent(3, 4, PipelineSchedule::OneFOneB, 0.05, Tie::None, 4, {.count = 5});
   CHECK(clipped.guessed == std::vector<size_t>{0, 0, 0});
