@@ -300,14 +300,24 @@ struct Runner::State {
   std::string checkAuthorStages(const std::vector<Output>& fetches, Node* trainStep, const FeedMap& microbatch) {
     const StagePlanOptions options = planOptions(fetches, trainStep, microbatch);
     const std::vector<StageMemory> memory = stageMemory(pipeline->session().graph(), fetches, trainStep, options);
+    // With virtual stages the limit holds for each process's stages together.
+    const std::vector<int> processOf =
+        processOfStage(options.schedule.orders(options.stages, options.microbatches));
+    std::vector<double> processBytes(static_cast<size_t>(options.stages), 0);
     std::string described;
     for (size_t s = 0; s < memory.size(); ++s) {
+      processBytes[static_cast<size_t>(processOf[s])] += memory[s].total();
       WEFT_CHECK(options.memoryPerStage == 0 || memory[s].total() <= options.memoryPerStage,
                  "pipeline stage {} of the model's stage scopes {}: {:.0f} bytes more than the {:.0f} a stage may "
                  "hold (--memory-per-stage); move layers to another stage",
                  s, memory[s].describe(), memory[s].total() - options.memoryPerStage, options.memoryPerStage);
       described += fmt::format("stage {} (the model's stage scopes): {}\n", s, memory[s].describe());
     }
+    for (size_t p = 0; p < processBytes.size(); ++p)
+      WEFT_CHECK(options.memoryPerStage == 0 || processBytes[p] <= options.memoryPerStage,
+                 "pipeline process {} holds {:.0f} bytes with its stages of the model's stage scopes, {:.0f} more than "
+                 "the {:.0f} a process may hold (--memory-per-stage); move layers to another stage",
+                 p, processBytes[p], processBytes[p] - options.memoryPerStage, options.memoryPerStage);
     return described;
   }
 

@@ -420,8 +420,15 @@ TEST_CASE("--memory-per-stage: a cut that fits trains and says what each stage h
   CHECK(contains(none.output, "no cut of the step into 2 pipeline stages keeps every stage within 100.0 kB"));
   CHECK_FALSE(contains(none.output, "timed out"));
   checkRefused("mlp --memory-per-stage 1GB", "--memory-per-stage requires --stages");
-  checkRefused("mlp --stages 2 --microbatches 2 --schedule zbv --memory-per-stage 1GB",
-               "a memory limit per pipeline stage is not applied to a cut into 4 stages for 2 processes");
+  // With virtual stages the limit holds for the stages of each process together.
+  const CliRun v = weftCli(flags + " --schedule zbv --memory-per-stage 64MB");
+  REQUIRE_MESSAGE(v.status == 0, v.output);
+  CHECK(contains(v.output, "stage 3: "));
+  const CliRun vNone = weftCli(flags + " --schedule zbv --memory-per-stage 100kB --timeout 600");
+  CHECK(vNone.status != 0);
+  CHECK_MESSAGE(contains(vNone.output, "no cut of the step into 4 pipeline stages on 2 processes was found that keeps "
+                                       "every process within 100.0 kB"),
+                vNone.output);
 }
 
 TEST_CASE("--virtual-stages: counts a schedule cannot take are refused before any process starts") {

@@ -792,6 +792,51 @@ TEST_CASE("planStages with virtual stages balances the processes, each running t
   CHECK(plan.seconds[1] + plan.seconds[2] == 4);
 }
 
+TEST_CASE("planStages with virtual stages holds each process's stages together within the memory limit") {
+  Unstaged m;
+  const auto seconds = m.seconds({1, 1, 1, 1, 4, 4});
+  StagePlanOptions options{.stages = 2, .rows = 64, .microbatches = 4, .schedule = PipelineSchedule::ZeroBubbleV,
+                           .linkBytesPerSecond = 1e9};
+  const std::vector<int> processOf = processOfStage(options.schedule.orders(2, 4));
+  // The fullest process's bytes under a cut (its stages' StageMemory totals summed), and the
+  // largest stage's.
+  auto fullest = [&](const std::vector<StageMemory>& held) {
+    std::vector<double> bytes(2, 0);
+    for (size_t s = 0; s < held.size(); ++s) bytes[static_cast<size_t>(processOf[s])] += held[s].total();
+    return std::max(bytes[0], bytes[1]);
+  };
+  auto largest = [](const std::vector<StageMemory>& held) {
+    double most = 0;
+    for (const StageMemory& h : held) most = std::max(most, h.total());
+    return most;
+  };
+  const StagePlan fastest = planStages(m.g, {m.loss}, m.step, seconds, options);
+  REQUIRE(fastest.firstOp.size() == 4);
+  const size_t ops = fastest.firstOp[3] + fastest.ops[3];
+  // Every cut into 4 stages, reckoned independently through the author's path (applyStages).
+  double leanest = std::numeric_limits<double>::infinity(), leanestStage = leanest;
+  for (size_t a = 1; a < ops; ++a)
+    for (size_t b = a + 1; b < ops; ++b)
+      for (size_t c = b + 1; c < ops; ++c) {
+        applyStages(m.g, {m.loss}, m.step, {0, a, b, c});
+        const std::vector<StageMemory> held = stageMemory(m.g, {m.loss}, m.step, options);
+        leanest = std::min(leanest, fullest(held));
+        leanestStage = std::min(leanestStage, largest(held));
+      }
+  // A limit that some cut meets with each stage within half of it, and that the fastest cut
+  // exceeds: the plan keeps every process within it.
+  options.memoryPerStage = 2 * leanestStage;
+  REQUIRE(fullest(fastest.memory) > options.memoryPerStage);
+  const StagePlan lean = planStages(m.g, {m.loss}, m.step, seconds, options);
+  CHECK(fullest(lean.memory) <= options.memoryPerStage);
+  // Below every cut: refused, with what the closest cut found holds.
+  options.memoryPerStage = leanest - 1;
+  const std::string refusal = errorOf([&] { planStages(m.g, {m.loss}, m.step, seconds, options); });
+  CHECK_MESSAGE(contains(refusal, "no cut of the step into 4 pipeline stages on 2 processes was found that keeps every "
+                                  "process within"),
+                refusal);
+}
+
 TEST_CASE("planStages weighs the boundary's transfer against the compute it balances") {
   Unstaged m;
   // Every boundary carries 8 rows x 4 f64 = 256 bytes forward and as much back: at 512 bytes/s

@@ -1084,32 +1084,33 @@ std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fe
 
 namespace {
 
+/// A cut's cost when processes hold several stages: the bytes by which its fullest process
+/// exceeds the memory limit (0 within it or without one), then its busiest process's time per
+/// micro-batch.
+using ProcessCost = std::pair<double, double>;
+
 /// With virtual stages a process runs several stages of every micro-batch, so a step goes at the
-/// pace of the busiest process rather than of the slowest stage: moves the cuts `firstOp` (each
-/// between its neighbours, where `cuttable` allows) while that lowers the most time a process
-/// spends on a micro-batch, `stageTime(first, last)` being a stage's.
-template <typename StageTime>
-void balanceProcesses(std::vector<size_t>& firstOp, const std::vector<char>& cuttable,
-                      const std::vector<int>& processOf, size_t ops, StageTime&& stageTime) {
-  const size_t count = firstOp.size();
-  auto busiest = [&] {
-    std::vector<double> load(count, 0);
-    for (size_t s = 0; s < count; ++s)
-      load[static_cast<size_t>(processOf[s])] += stageTime(firstOp[s], s + 1 < count ? firstOp[s + 1] - 1 : ops - 1);
-    return *std::max_element(load.begin(), load.end());
+/// pace of the busiest process rather than of the slowest stage, and a memory limit holds for a
+/// process's stages together: moves the cuts `firstOp` (each between its neighbours, where
+/// `cuttable` allows) while that lowers `cost(firstOp)`, the excess first, then the time. A
+/// local search from the stage-balanced cut, not an exhaustive one.
+template <typename Cost>
+void balanceProcesses(std::vector<size_t>& firstOp, const std::vector<char>& cuttable, size_t ops, Cost&& cost) {
+  auto better = [](const ProcessCost& a, const ProcessCost& b) {
+    return a.first < b.first * (1 - 1e-9) || (a.first <= b.first && a.second < b.second * (1 - 1e-9));
   };
-  double current = busiest();
+  ProcessCost current = cost(firstOp);
   for (bool improved = true; improved;) {
     improved = false;
-    for (size_t s = 1; s < count; ++s) {
-      const size_t end = s + 1 < count ? firstOp[s + 1] : ops;
+    for (size_t s = 1; s < firstOp.size(); ++s) {
+      const size_t end = s + 1 < firstOp.size() ? firstOp[s + 1] : ops;
       for (size_t i = firstOp[s - 1] + 1; i < end; ++i) {
         if (!cuttable[i - 1] || i == firstOp[s]) continue;
         const size_t was = firstOp[s];
         firstOp[s] = i;
-        const double time = busiest();
-        if (time < current * (1 - 1e-9)) {
-          current = time;
+        const ProcessCost moved = cost(firstOp);
+        if (better(moved, current)) {
+          current = moved;
           improved = true;
         } else {
           firstOp[s] = was;
@@ -1119,15 +1120,22 @@ void balanceProcesses(std::vector<size_t>& firstOp, const std::vector<char>& cut
   }
 }
 
+/// Each op's stage in a chain of `ops` ops cut where `firstOp` says.
+std::vector<int> stagesOfChain(const std::vector<size_t>& firstOp, size_t ops) {
+  std::vector<int> stageOf(ops);
+  for (size_t s = 0; s < firstOp.size(); ++s)
+    std::fill(stageOf.begin() + static_cast<std::ptrdiff_t>(firstOp[s]), stageOf.end(), static_cast<int>(s));
+  return stageOf;
+}
+
 }  // namespace
 
 StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* trainStep,
                      const std::unordered_map<const Node*, double>& seconds, const StagePlanOptions& options) {
   const int stages = options.schedule.modelStages(options.stages);
-  WEFT_CHECK(options.memoryPerStage == 0 || stages == options.stages,
-             "a memory limit per pipeline stage is not applied to a cut into {} stages for {} processes: a process "
-             "holds several stages, which the limit would have to weigh together",
-             stages, options.stages);
+  // With virtual stages the limit holds for each process's stages together: the program keeps
+  // each stage within the limit's share, then balanceProcesses weighs the processes.
+  const bool virtualStages = stages != options.stages;
   Cutter cutter(graph, stages, fetches, trainStep, false);
   const std::vector<Node*> chain = cutter.forwardChain();
   const std::map<Node*, std::pair<size_t, size_t>> spans = cutter.readerSpans(chain);
@@ -1178,30 +1186,40 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   }
   const std::vector<int> inFlight =
       options.schedule.simulate(options.stages, options.microbatches, {}).stagePeakInFlight;
-  // best[s][j]: the slowest of stages 0..s when stage s ends at op j, each within the memory
-  // limit; from[s][j]: where stage s starts. leanest[s][j]: the least memory the largest of
-  // stages 0..s can hold when stage s ends at op j, limit or not (what a refusal reports).
+  // best[s][j]: the slowest of stages 0..s when stage s ends at op j, each within `stageLimit`;
+  // from[s][j]: where stage s starts. leanest[s][j]: the least memory the largest of stages 0..s
+  // can hold when stage s ends at op j, limit or not (what a refusal reports).
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(count, std::vector<double>(n, inf)), leanest = best;
-  std::vector<std::vector<size_t>> from(count, std::vector<size_t>(n, 0));
-  for (size_t i = 0; i < n; ++i) {  // a stage's first op
-    if (i > 0 && !cuttable[i - 1]) continue;
-    KeptBytes kept(byReader, i);
-    for (size_t j = i; j < n; ++j) {  // its last
-      const double activations = kept.through(j), time = stageTime(i, j);
-      for (size_t s = i == 0 ? 0 : 1; s < count && s <= i; ++s) {
-        const double bytes = statePrefix[j + 1] - statePrefix[i] + inFlight[s] * activations;
-        const double before = s == 0 ? 0 : best[s - 1][i - 1];
-        const double largestBefore = s == 0 ? 0 : leanest[s - 1][i - 1];
-        leanest[s][j] = std::min(leanest[s][j], std::max(largestBefore, bytes));
-        if (options.memoryPerStage > 0 && bytes > options.memoryPerStage) continue;
-        if (std::max(before, time) < best[s][j]) {
-          best[s][j] = std::max(before, time);
-          from[s][j] = i;
+  std::vector<std::vector<double>> best, leanest;
+  std::vector<std::vector<size_t>> from;
+  auto program = [&](double stageLimit) {
+    best.assign(count, std::vector<double>(n, inf));
+    leanest = best;
+    from.assign(count, std::vector<size_t>(n, 0));
+    for (size_t i = 0; i < n; ++i) {  // a stage's first op
+      if (i > 0 && !cuttable[i - 1]) continue;
+      KeptBytes kept(byReader, i);
+      for (size_t j = i; j < n; ++j) {  // its last
+        const double activations = kept.through(j), time = stageTime(i, j);
+        for (size_t s = i == 0 ? 0 : 1; s < count && s <= i; ++s) {
+          const double bytes = statePrefix[j + 1] - statePrefix[i] + inFlight[s] * activations;
+          const double before = s == 0 ? 0 : best[s - 1][i - 1];
+          const double largestBefore = s == 0 ? 0 : leanest[s - 1][i - 1];
+          leanest[s][j] = std::min(leanest[s][j], std::max(largestBefore, bytes));
+          if (stageLimit > 0 && bytes > stageLimit) continue;
+          if (std::max(before, time) < best[s][j]) {
+            best[s][j] = std::max(before, time);
+            from[s][j] = i;
+          }
         }
       }
     }
-  }
+    return best[count - 1][n - 1] < inf;
+  };
+  // With virtual stages: within the limit's share per stage if some cut is, else unlimited.
+  const double share = options.memoryPerStage / options.schedule.virtualStages();
+  if (!virtualStages) program(options.memoryPerStage);
+  else if (options.memoryPerStage == 0 || !program(share)) program(0);
   const double leastLargest = leanest[count - 1][n - 1];
   WEFT_CHECK(best[count - 1][n - 1] < inf,
              "no cut of the step into {} pipeline stages keeps every stage within {} ({:.0f} bytes; parameters, "
@@ -1215,19 +1233,38 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
     plan.firstOp[s] = from[s][end];
     end = plan.firstOp[s] - 1;
   }
-  if (stages != options.stages)
-    balanceProcesses(plan.firstOp, cuttable,
-                     processOfStage(options.schedule.orders(options.stages, options.microbatches)), n, stageTime);
+  if (virtualStages) {
+    const std::vector<int> processOf = processOfStage(options.schedule.orders(options.stages, options.microbatches));
+    auto cost = [&](const std::vector<size_t>& firsts) -> ProcessCost {
+      const auto processes = static_cast<size_t>(options.stages);
+      std::vector<double> time(processes, 0), bytes(processes, 0);
+      std::vector<StageMemory> held;
+      if (options.memoryPerStage > 0) held = sumByStage(memory, stagesOfChain(firsts, n), inFlight);
+      for (size_t s = 0; s < count; ++s) {
+        const auto p = static_cast<size_t>(processOf[s]);
+        time[p] += stageTime(firsts[s], s + 1 < count ? firsts[s + 1] - 1 : n - 1);
+        if (!held.empty()) bytes[p] += held[s].total();
+      }
+      const double fullest = *std::max_element(bytes.begin(), bytes.end());
+      return {options.memoryPerStage > 0 ? std::max(0.0, fullest - options.memoryPerStage) : 0.0,
+              *std::max_element(time.begin(), time.end())};
+    };
+    balanceProcesses(plan.firstOp, cuttable, n, cost);
+    const double excess = cost(plan.firstOp).first;
+    WEFT_CHECK(excess == 0,
+               "no cut of the step into {} pipeline stages on {} processes was found that keeps every process within "
+               "{} ({:.0f} bytes; the parameters, gradients, optimizer state and activations the schedule ({}) holds "
+               "of all its stages): the closest found holds {:.0f} bytes on its fullest process, {:.0f} bytes more",
+               stages, options.stages, humanBytes(options.memoryPerStage), options.memoryPerStage,
+               options.schedule.name(), options.memoryPerStage + excess, excess);
+  }
   for (size_t s = 0; s < count; ++s) {
     const size_t first = plan.firstOp[s], last = s + 1 < count ? plan.firstOp[s + 1] - 1 : n - 1;
     plan.ops.push_back(last - first + 1);
     plan.seconds.push_back(prefix[last + 1] - prefix[first]);
     plan.boundaryBytes.push_back(last + 1 < n ? boundary[last] : 0);
   }
-  std::vector<int> stageOf(n);
-  for (size_t s = 0; s < count; ++s)
-    std::fill(stageOf.begin() + static_cast<std::ptrdiff_t>(plan.firstOp[s]), stageOf.end(), static_cast<int>(s));
-  plan.memory = sumByStage(memory, stageOf, inFlight);
+  plan.memory = sumByStage(memory, stagesOfChain(plan.firstOp, n), inFlight);
   return plan;
 }
 

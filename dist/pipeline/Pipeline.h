@@ -156,7 +156,8 @@ struct StagePlanOptions {
   int microbatches = 1;
   StepSchedule schedule = PipelineSchedule::OneFOneB;
   double linkBytesPerSecond = 1.25e9;
-  /// The most bytes (StageMemory::total) a stage may hold; 0: no limit. Not with virtual stages.
+  /// The most bytes (StageMemory::total) a stage may hold, with virtual stages a process's
+  /// stages together; 0: no limit.
   double memoryPerStage = 0;
 };
 
