@@ -423,28 +423,28 @@ TEST_CASE("a worker that dies mid-job stops the other worker and the server with
 
 namespace {
 
-/// Two stages the author chose with Graph::stage scopes, trained pipelined by two workers over
-/// two micro-batches under a memory limit (0: none); rank 0's pipelinePlan() and each worker's
-/// error.
-std::pair<std::string, std::vector<std::string>> authorStagedJob(double memoryPerStage) {
+/// Stages the author chose with Graph::stage scopes (one 4 x 4 layer each, as many as the
+/// schedule has over two processes), trained pipelined by two workers over two micro-batches
+/// under a memory limit (0: none); rank 0's pipelinePlan() and each worker's error.
+std::pair<std::string, std::vector<std::string>> authorStagedJob(double memoryPerStage,
+                                                                  const StepSchedule& schedule = {}) {
   auto network = std::make_shared<LoopbackNetwork>();
   Config config = jobConfig(Architecture::AllReduce);
   config.pipeline.stages = 2;
   config.pipeline.microbatches = 2;
+  config.pipeline.schedule = schedule;
   config.pipeline.memoryPerStage = memoryPerStage;
   std::vector<JobContext> members = loopbackJob(network, {2}, false, config);
   std::string plan;
   const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
     Graph g;
     const Output x = g.placeholder("x", f64, {-1, 4});
-    Output h;
-    {
-      auto first = g.stage(0);
-      h = tanh(matmul(x, g.variable("w0", f64, {4, 4}, Initializer::glorotUniform())));
-    }
-    {
-      auto second = g.stage(1);
-      h = matmul(h, g.variable("w1", f64, {4, 4}, Initializer::glorotUniform()));
+    Output h = x;
+    const int stages = schedule.modelStages(2);
+    for (int s = 0; s < stages; ++s) {
+      auto staged = g.stage(s);
+      h = matmul(h, g.variable(fmt::format("w{}", s), f64, {4, 4}, Initializer::glorotUniform()));
+      if (s + 1 < stages) h = tanh(h);
     }
     const Output loss = mean(square(h));
     Node* step = optim::SGD(0.1).minimize(loss);
@@ -467,6 +467,17 @@ TEST_CASE("a pipeline the author cut: the job reckons what each stage holds and 
   const auto [none, refused] = authorStagedJob(100);
   for (const std::string& e : refused)
     CHECK(contains(e, "pipeline stage 0 of the model's stage scopes holds "));
+}
+
+TEST_CASE("a pipeline the author cut into 4 stages on 2 processes (zbv): the limit holds for each process's stages") {
+  const StepSchedule zbv(PipelineSchedule::ZeroBubbleV);
+  const auto [plan, errors] = authorStagedJob(0, zbv);
+  for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  CHECK(contains(plan, "stage 3 (the model's stage scopes): holds "));
+  // Every stage fits 1,100 bytes (768 each, the last 1,040), but no process's two stages do together:
+  // process 0 holds 768 + 1,040.
+  const auto [none, refused] = authorStagedJob(1100, zbv);
+  for (const std::string& e : refused) CHECK_MESSAGE(contains(e, "pipeline process 0 holds 1808 bytes"), e);
 }
 
 namespace {
