@@ -792,6 +792,19 @@ TEST_CASE("planStages with virtual stages balances the processes, each running t
   CHECK(plan.seconds[1] + plan.seconds[2] == 4);
 }
 
+TEST_CASE("planStages with virtual stages charges only the transfers that leave a process") {
+  Unstaged m;
+  // Each boundary moves 256 bytes each way: 1 s at 512 bytes/s. Under zbv stage 1 hands stage 2
+  // its values in memory (both are process 1's), so each process pays two boundaries and the
+  // six equal layers split 3 and 3. Charging stage 1 to 2 as well would leave process 1 two.
+  const StagePlan plan = planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
+                                    {.stages = 2, .rows = 8, .schedule = PipelineSchedule::ZeroBubbleV,
+                                     .linkBytesPerSecond = 512});
+  REQUIRE(plan.seconds.size() == 4);
+  CHECK(plan.seconds[0] + plan.seconds[3] == 3);
+  CHECK(plan.seconds[1] + plan.seconds[2] == 3);
+}
+
 TEST_CASE("planStages with virtual stages holds each process's stages together within the memory limit") {
   Unstaged m;
   const auto seconds = m.seconds({1, 1, 1, 1, 4, 4});

@@ -1242,7 +1242,12 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
       if (options.memoryPerStage > 0) held = sumByStage(memory, stagesOfChain(firsts, n), inFlight);
       for (size_t s = 0; s < count; ++s) {
         const auto p = static_cast<size_t>(processOf[s]);
-        time[p] += stageTime(firsts[s], s + 1 < count ? firsts[s + 1] - 1 : n - 1);
+        // Its compute, and the transfers at its ends that leave the process (what its
+        // neighbouring stage on the same process receives stays in memory).
+        const size_t first = firsts[s], last = s + 1 < count ? firsts[s + 1] - 1 : n - 1;
+        time[p] += prefix[last + 1] - prefix[first];
+        if (s > 0 && processOf[s - 1] != processOf[s]) time[p] += transfer(first - 1);
+        if (s + 1 < count && processOf[s + 1] != processOf[s]) time[p] += transfer(last);
         if (!held.empty()) bytes[p] += held[s].total();
       }
       const double fullest = *std::max_element(bytes.begin(), bytes.end());
