@@ -779,17 +779,26 @@ TEST_CASE("planStages balances the measured time of the forward ops and their gr
   }
 }
 
+namespace {
+
+/// The compute seconds of zbv's two processes (stages 0 and 3, stages 1 and 2) under the
+/// automatic cut of `m`'s six layers with these costs and link speed.
+std::pair<double, double> zbvProcessSeconds(Unstaged& m, const std::vector<double>& costs, double linkBytesPerSecond) {
+  const StagePlan plan = planStages(m.g, {m.loss}, m.step, m.seconds(costs),
+                                    {.stages = 2, .rows = 8, .schedule = PipelineSchedule::ZeroBubbleV,
+                                     .linkBytesPerSecond = linkBytesPerSecond});
+  REQUIRE(plan.seconds.size() == 4);
+  return {plan.seconds[0] + plan.seconds[3], plan.seconds[1] + plan.seconds[2]};
+}
+
+}  // namespace
+
 TEST_CASE("planStages with virtual stages balances the processes, each running the sum of its stages") {
   Unstaged m;
   // zbv over 2 processes: process 0 runs stages 0 and 3, process 1 stages 1 and 2. Balancing the
   // stages alone allows 1 1 | 1 | 1 1 | 3 (process 0 busy 5, process 1 3); balanced processes
   // take 4 each: 1 | 1 1 | 1 1 | 3.
-  const StagePlan plan = planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 3}),
-                                    {.stages = 2, .rows = 8, .schedule = PipelineSchedule::ZeroBubbleV,
-                                     .linkBytesPerSecond = 1e9});
-  REQUIRE(plan.seconds.size() == 4);
-  CHECK(plan.seconds[0] + plan.seconds[3] == 4);
-  CHECK(plan.seconds[1] + plan.seconds[2] == 4);
+  CHECK(zbvProcessSeconds(m, {1, 1, 1, 1, 1, 3}, 1e9) == std::pair{4.0, 4.0});
 }
 
 TEST_CASE("planStages with virtual stages charges only the transfers that leave a process") {
@@ -797,12 +806,7 @@ TEST_CASE("planStages with virtual stages charges only the transfers that leave 
   // Each boundary moves 256 bytes each way: 1 s at 512 bytes/s. Under zbv stage 1 hands stage 2
   // its values in memory (both are process 1's), so each process pays two boundaries and the
   // six equal layers split 3 and 3. Charging stage 1 to 2 as well would leave process 1 two.
-  const StagePlan plan = planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
-                                    {.stages = 2, .rows = 8, .schedule = PipelineSchedule::ZeroBubbleV,
-                                     .linkBytesPerSecond = 512});
-  REQUIRE(plan.seconds.size() == 4);
-  CHECK(plan.seconds[0] + plan.seconds[3] == 3);
-  CHECK(plan.seconds[1] + plan.seconds[2] == 3);
+  CHECK(zbvProcessSeconds(m, {1, 1, 1, 1, 1, 1}, 512) == std::pair{3.0, 3.0});
 }
 
 TEST_CASE("planStages with virtual stages holds each process's stages together within the memory limit") {
