@@ -1,8 +1,6 @@
 // fuseBatchNormRelu (see the header).
 #include "ops/Fusion.h"
 
-#include "core/Device.h"
-
 #include <vector>
 
 namespace weft {
@@ -66,19 +64,14 @@ bool fuseGradient(Graph& g, Node* grad, Node* fused) {
   return true;
 }
 
-/// Whether `n` runs on the CPU. On GPUs a fused ResNet step's stem diverged from the CPU's in
-/// one channel's gradient where the fused ops alone matched it, which is not understood yet, so
-/// GPU nodes stay unfused.
-bool onCpu(const Node* n) { return n->device.empty() || Device::parse(n->device).type == DeviceType::CPU; }
-
 }  // namespace
 
 int fuseBatchNormRelu(Graph& g) {
   int fused = 0;
   for (Node* bn : g.topologicalOrder()) {
-    if (bn->op != "BatchNormTrain" || !onCpu(bn)) continue;
+    if (bn->op != "BatchNormTrain") continue;
     Node* relu = onlyReader(g, bn->output(0), "Relu");
-    if (!relu || relu->stage != bn->stage || !onCpu(relu)) continue;
+    if (!relu || relu->stage != bn->stage || relu->device != bn->device) continue;
     g.rebuild(relu, "BatchNormReluTrain", bn->inputs, bn->attrs);
     for (int i = 1; i < 4; ++i) g.replaceUses(bn->output(i), relu->output(i));
     for (Node* reader : readersOf(g, relu->output(3))) {  // invstd: read by the gradient op

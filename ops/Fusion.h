@@ -16,8 +16,8 @@ namespace weft {
 /// statistics; and the BatchNormGrad of such a batch norm whose gradient only the ReLU's gradient
 /// (ReluGrad) gives into a BatchNormReluGrad, which masks the gradient itself. Forward, the ReLU's
 /// read and write of the activation go; backward, one of the gradient's passes. The values are
-/// the same bits. Only nodes on the CPU are fused for now (see the note in Fusion.cpp). Returns
-/// how many batch norms were fused.
+/// the same bits; a batch norm and a ReLU on different devices stay apart. Returns how many
+/// batch norms were fused.
 int fuseBatchNormRelu(Graph& g);
 
 }  // namespace weft

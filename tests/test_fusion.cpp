@@ -92,6 +92,26 @@ TEST_CASE("after fusing, the batch norm's own output still holds the values befo
   g.verify();
 }
 
+TEST_CASE("a batch norm and its ReLU fuse on a GPU, and stay apart when placed on different devices") {
+  // Only the graph is rewritten here, so no GPU is needed.
+  for (const bool apart : {false, true}) {
+    CAPTURE(apart);
+    Graph g;
+    Output activated;
+    {
+      auto placed = g.onDevice("cuda:0");
+      const Output x = g.constant(randomTensor(f32, {4, 3, 5, 5}, 22));
+      const Output gamma = g.variable("gamma", f32, {3}, Initializer::constant(1));
+      const Output beta = g.variable("beta", f32, {3}, Initializer::zeros());
+      const BatchNormOutputs bn = batchNormTrain(x, gamma, beta, 1e-5);
+      auto reluPlaced = g.onDevice(apart ? "cpu" : "cuda:0");
+      activated = relu(bn.y);
+    }
+    CHECK(fuseBatchNormRelu(g) == (apart ? 0 : 1));
+    CHECK(activated.node()->op == (apart ? "Relu" : "BatchNormReluTrain"));
+  }
+}
+
 TEST_CASE("a batch norm whose output another op reads too is left unfused") {
   Graph g;
   const Output x = g.constant(randomTensor(f32, {4, 3, 2, 2}, 22));
