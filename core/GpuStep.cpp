@@ -22,6 +22,7 @@ struct GpuTimeline::Impl {
     int gpu;
     cudaEvent_t start = nullptr, end = nullptr;
     TraceClock::time_point launched;
+    const Node* node = nullptr;
     std::string name, op;
     int64_t bytes = 0;
   };
@@ -67,15 +68,16 @@ void GpuTimeline::begin(int gpu) {
   impl_->ops.push_back(std::move(op));
 }
 
-void GpuTimeline::end(std::string name, std::string op, int64_t bytes) {
+void GpuTimeline::end(const Node* node, std::string name, std::string op, int64_t bytes) {
   Impl::Op& last = impl_->ops.back();
   last.end = impl_->recorded(last.gpu);
+  last.node = node;
   last.name = std::move(name);
   last.op = std::move(op);
   last.bytes = bytes;
 }
 
-void GpuTimeline::flush() {
+void GpuTimeline::flush(bool trace, std::unordered_map<const Node*, double>* seconds) {
   std::map<int, const Impl::Op*> first;  // each GPU's first op of the step: the anchor
   for (const Impl::Op& op : impl_->ops) {
     const Impl::Op*& anchor = first[op.gpu];
@@ -87,7 +89,8 @@ void GpuTimeline::flush() {
       return std::chrono::duration_cast<TraceClock::duration>(std::chrono::duration<double, std::milli>(ms));
     };
     const TraceClock::time_point start = anchor->launched + at(sinceAnchor);
-    traceEvent(op.name, op.op, "gpu", start, start + at(took), op.bytes);
+    if (trace) traceEvent(op.name, op.op, "gpu", start, start + at(took), op.bytes);
+    if (seconds) (*seconds)[op.node] += took / 1e3;
   }
   impl_->release();
 }
@@ -132,8 +135,8 @@ struct GpuTimeline::Impl {};
 GpuTimeline::GpuTimeline() = default;
 GpuTimeline::~GpuTimeline() = default;
 void GpuTimeline::begin(int) {}
-void GpuTimeline::end(std::string, std::string, int64_t) {}
-void GpuTimeline::flush() {}
+void GpuTimeline::end(const Node*, std::string, std::string, int64_t) {}
+void GpuTimeline::flush(bool, std::unordered_map<const Node*, double>*) {}
 void GpuTimeline::discard() {}
 
 #endif

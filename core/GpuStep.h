@@ -10,6 +10,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
+
+namespace weft {
+struct Node;
+}
 
 namespace weft::detail {
 
@@ -21,8 +26,9 @@ void makeGpuCurrent(int gpu);
 /// message naming the op (`describeStep` names plan step i), and clears the record; "" when none.
 std::string finishGpuStep(int gpu, const std::function<std::string(int)>& describeStep);
 
-/// The GPU's own times of the ops a plan launches, for the trace: an event on the compute stream
-/// before and after each op's launch, read once the step's GPU work has finished.
+/// The GPU's own times of the ops a plan launches, for the trace and for Session::profile: an
+/// event on the compute stream before and after each op's launch, read once the step's GPU work
+/// has finished.
 class GpuTimeline {
  public:
   GpuTimeline();
@@ -32,12 +38,13 @@ class GpuTimeline {
 
   /// Marks the start of an op's work on GPU `gpu` (the thread's current GPU), before its launch.
   void begin(int gpu);
-  /// Marks the end of the op begun last, after its launch.
-  void end(std::string name, std::string op, int64_t bytes);
-  /// Records each op marked since the last call as a trace event on the track "gpu", lasting
-  /// what it took on the GPU. Events start where the first op of the step was launched on the
-  /// host and keep the GPU's spacing from there. Call once the step's GPU work has finished.
-  void flush();
+  /// Marks the end of the op begun last (node `node`), after its launch.
+  void end(const Node* node, std::string name, std::string op, int64_t bytes);
+  /// Takes each op marked since the last call: with `trace`, as a trace event on the track "gpu"
+  /// lasting what it took on the GPU (events start where the first op of the step was launched
+  /// on the host and keep the GPU's spacing from there); with `seconds`, adding what it took
+  /// to its node's sum. Call once the step's GPU work has finished.
+  void flush(bool trace, std::unordered_map<const Node*, double>* seconds);
   /// Drops the marks of a step that failed.
   void discard();
 

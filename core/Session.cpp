@@ -550,6 +550,16 @@ void Session::bindArena(Plan& plan) {
 
 std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedMap& feeds,
                                  const std::vector<Node*>& targets) {
+  return runPlan(fetches, feeds, targets, true);
+}
+
+std::vector<Tensor> Session::runOnDevice(const std::vector<Output>& fetches, const FeedMap& feeds,
+                                         const std::vector<Node*>& targets) {
+  return runPlan(fetches, feeds, targets, false);
+}
+
+std::vector<Tensor> Session::runPlan(const std::vector<Output>& fetches, const FeedMap& feeds,
+                                     const std::vector<Node*>& targets, bool toHost) {
   Plan& plan = planFor(fetches, feeds, targets);
   const auto describeStep = [&plan](int step) {
     return static_cast<size_t>(step) < plan.steps.size() ? plan.steps[static_cast<size_t>(step)].ctx.node->describe()
@@ -593,7 +603,7 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
     if (gpuError.empty()) gpuError = m;
   }
   if (gpuTimeline_) {
-    if (gpuError.empty()) gpuTimeline_->flush();
+    if (gpuError.empty()) gpuTimeline_->flush(tracing(), opSeconds_);
     else gpuTimeline_->discard();
   }
   if (!gpuError.empty()) throw Error(gpuError);
@@ -602,7 +612,7 @@ std::vector<Tensor> Session::run(const std::vector<Output>& fetches, const FeedM
   out.reserve(plan.fetches.size());
   for (const Plan::FetchSlot& f : plan.fetches) {
     const Tensor& t = plan.slots[static_cast<size_t>(f.slot)];
-    if (t.device().type != DeviceType::CPU) out.push_back(t.to(cpu()));
+    if (toHost && t.device().type != DeviceType::CPU) out.push_back(t.to(cpu()));
     else out.push_back(f.cloneAfterRun ? t.clone() : t);
   }
   // Drop references to fed tensors so the caller's memory is not kept alive by the plan.
@@ -630,8 +640,9 @@ void Session::runSteps(Plan& plan) {
     if (s.ctx.device.type == DeviceType::CUDA) detail::makeGpuCurrent(s.ctx.device.index);
     const bool timed = opSeconds_ != nullptr || tracing();
     const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    // A traced GPU op also gets its kernels' own time, from events around its launch.
-    const bool gpuTimed = tracing() && s.ctx.device.type == DeviceType::CUDA;
+    // A traced or profiled GPU op also gets its kernels' own time, from events around its launch;
+    // profiling counts that time rather than the launch's.
+    const bool gpuTimed = timed && s.ctx.device.type == DeviceType::CUDA;
     if (gpuTimed) {
       if (!gpuTimeline_) gpuTimeline_ = std::make_unique<detail::GpuTimeline>();
       gpuTimeline_->begin(s.ctx.device.index);
@@ -648,10 +659,11 @@ void Session::runSteps(Plan& plan) {
     }
     if (timed) {
       const auto ended = std::chrono::steady_clock::now();
-      if (opSeconds_ != nullptr) (*opSeconds_)[s.ctx.node] += std::chrono::duration<double>(ended - started).count();
+      if (opSeconds_ != nullptr && !gpuTimed)
+        (*opSeconds_)[s.ctx.node] += std::chrono::duration<double>(ended - started).count();
       if (tracing()) traceEvent(traceName(s), traceCategory(s), "ops", started, ended, operandBytes(s.ctx));
     }
-    if (gpuTimed) gpuTimeline_->end(traceName(s), traceCategory(s), operandBytes(s.ctx));
+    if (gpuTimed) gpuTimeline_->end(s.ctx.node, traceName(s), traceCategory(s), operandBytes(s.ctx));
     if (s.checkFinite) {
       for (size_t i = 0; i < s.ctx.outputs.size(); ++i)
         checkFinite(*s.ctx.node, static_cast<int>(i), *s.ctx.outputs[i]);

@@ -68,10 +68,14 @@ class Session {
   std::vector<Tensor> run(const std::vector<Output>& fetches, const FeedMap& feeds = {},
                           const std::vector<Node*>& targets = {});
   void run(Node* target, const FeedMap& feeds = {}) { run({}, feeds, {target}); }
+  /// As run(), but each fetched value stays on the device that computed it: a GPU's is not copied
+  /// to the host (a pipeline stage feeds its activations back to its own later runs this way).
+  std::vector<Tensor> runOnDevice(const std::vector<Output>& fetches, const FeedMap& feeds = {},
+                                  const std::vector<Node*>& targets = {});
 
   /// Each op's mean time in seconds over `runs` runs of these fetches, targets and feeds, as run()
-  /// would run them (a GPU op: its launch). The variables and the random-op counter are restored
-  /// afterwards, so profiling a training step trains nothing.
+  /// would run them (a GPU op: its kernels' time on the GPU, not its launch's). The variables and
+  /// the random-op counter are restored afterwards, so profiling a training step trains nothing.
   std::unordered_map<const Node*, double> profile(const std::vector<Output>& fetches, const FeedMap& feeds = {},
                                                   const std::vector<Node*>& targets = {}, int runs = 3);
 
@@ -118,6 +122,8 @@ class Session {
                                 const std::vector<Node*>& targets);
   void initializeVariable(Node* variable);
   /// Runs the plan's kernels in order.
+  std::vector<Tensor> runPlan(const std::vector<Output>& fetches, const FeedMap& feeds,
+                              const std::vector<Node*>& targets, bool toHost);
   void runSteps(Plan& plan);
   /// Points the plan's intermediate values into the session's arena, growing it if needed.
   void bindArena(Plan& plan);
