@@ -97,6 +97,10 @@ void checkConfig(const Config& config, const JobShape& job) {
              "{} micro-batches (--microbatches) with {} data-parallel workers: data-parallel workers do not cut their "
              "parts into micro-batches (pipelines do: add --stages)",
              pipeline.microbatches, job.workers);
+  WEFT_CHECK(job.sharedGpu.empty() || pipeline.stages > 1,
+             "{}: data-parallel GPU workers sum their gradients through NCCL, which refuses two workers on one GPU; "
+             "list each GPU once (the stages of a pipeline, --stages, may share one)",
+             job.sharedGpu);
   if (pipeline.stages > 1) {
     WEFT_CHECK(job.servers == 0, "a pipeline's stages update their own variables: its job has no parameter servers, "
                "this one has {}", job.servers);

@@ -138,6 +138,7 @@ int64_t integerFromEnvironment(const char* name, int64_t otherwise);
 struct JobShape {
   int workers = 1;  ///< worker processes: data-parallel workers, or pipeline stages times replicas
   int servers = 0;  ///< parameter-server processes
+  std::string sharedGpu;  ///< where two workers share a GPU (ResourceSpec::sharedGpu), or ""
 };
 
 /// Throws, naming the settings (and the `weft train` flags that set them), where `config`
@@ -146,8 +147,9 @@ struct JobShape {
 /// pipeline stages wait for every worker at every step); sharding needs dense variables summed
 /// among data-parallel workers in full precision; data-parallel workers do not cut their
 /// parts into micro-batches; a pipeline has no parameter servers and a whole number of replicas;
-/// partitions need variables on servers. get_runner checks every process's configuration this
-/// way, and `weft train` checks its flags before it launches anything.
+/// partitions need variables on servers; only a pipeline's stages share a GPU. get_runner
+/// checks every process's configuration this way, and `weft train` checks its flags before it
+/// launches anything.
 void checkConfig(const Config& config, const JobShape& job);
 
 }  // namespace weft::dist

@@ -154,7 +154,6 @@ struct Runner::State {
   /// Makes this worker a stage of a pipeline: workers r·S .. r·S + S − 1 are replica r's stages.
   void joinPipeline(JobContext context, Graph& graph, const Config& config) {
     const PipelineConfig& stages = config.pipeline;  // checkConfig has checked it against the job
-    WEFT_CHECK(!context.gpuWorkers, "pipelines run on CPU workers (GPU stages are not supported yet)");
     timeout = config.timeout;
     job.emplace(std::move(context));
     limitPayloads(*job, graph);
@@ -615,7 +614,7 @@ void refuseConditionalServedUpdates(const Graph& graph, const ServerPlan& plan) 
 Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   WEFT_CHECK(!job.isServer(), "makeWorker: {} is a server of the job (serve it with serveJob)",
              describe(job.identity.id));
-  checkConfig(config, {job.workers(), job.servers()});
+  checkConfig(config, {job.workers(), job.servers(), ""});
   const bool synchronous = config.sync->synchronous();
   if (config.pipeline.stages > 1) {
     auto state = std::make_unique<Runner::State>();
@@ -688,6 +687,7 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
 }
 
 Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& config) {
+  checkConfig(config, {static_cast<int>(resources.workers().size()), resources.serverCount(), resources.sharedGpu()});
   std::optional<JobContext> job = joinJob(resources, config);
   if (!job) {
     const size_t workers = resources.workers().size();
@@ -706,7 +706,7 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
     return Runner(std::move(state));
   }
   if (job->isServer()) {
-    checkConfig(config, {job->workers(), job->servers()});
+    checkConfig(config, {job->workers(), job->servers(), ""});
     auto state = std::make_unique<Runner::State>();
     state->serverStatus = serveJob(*job, graph, config);
     if (state->serverStatus == 0) job->leave();

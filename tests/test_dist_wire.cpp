@@ -4,6 +4,7 @@
 #include "tests/TestUtil.h"
 
 #include "core/JsonLimits.h"
+#include "dist/Config.h"
 #include "dist/launch/ResourceSpec.h"
 #include "dist/transport/Wire.h"
 #include "tests/InputTest.h"
@@ -217,13 +218,29 @@ TEST_CASE("resource spec: every error names the file and the JSON path") {
         "cluster.json: hosts[1].gpus[0] is -1");
   CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [0, "1"]}]})") ==
         "cluster.json: hosts[0].gpus[1] must be an integer, got \"1\"");
-  CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [1, 0, 1]}]})") ==
-        "cluster.json: hosts[0].gpus[2] is 1, which hosts[0].gpus[0] already lists");
   CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [0]}], "bind": ""})") == "cluster.json: bind is empty");
   CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [0]}], "coordinator_port": 70000})") ==
         "cluster.json: coordinator_port is 70000; it must be in 0..65535 (0: any free port)");
   CHECK(specError(R"({"hosts": [{"address": "a", "gpus": [0]}], "coordinator_port": -1})") ==
         "cluster.json: coordinator_port is -1; it must be in 0..65535 (0: any free port)");
+}
+
+TEST_CASE("resource spec: a GPU listed twice is shared by a pipeline's stages and refused to data-parallel workers") {
+  const ResourceSpec spec = ResourceSpec::parse(R"({"hosts": [{"address": "a", "gpus": [1, 0, 1]}]})", "cluster.json");
+  CHECK(spec.workers().size() == 3);
+  CHECK(spec.workers()[2].device == "cuda:1");
+  CHECK(spec.sharedGpu() == "hosts[0].gpus[2] is 1, which hosts[0].gpus[0] lists too");
+  CHECK(ResourceSpec::parse(R"({"hosts": [{"address": "a", "gpus": [1, 0]}, {"address": "b", "gpus": [0]}]})",
+                            "cluster.json")
+            .sharedGpu() == "");  // the same index on two hosts is two GPUs
+  Config config;
+  const JobShape job{3, 1, spec.sharedGpu()};
+  CHECK(errorOf([&] { checkConfig(config, job); }) ==
+        "hosts[0].gpus[2] is 1, which hosts[0].gpus[0] lists too: data-parallel GPU workers sum their gradients "
+        "through NCCL, which refuses two workers on one GPU; list each GPU once (the stages of a pipeline, --stages, "
+        "may share one)");
+  config.pipeline.stages = 3;
+  checkConfig(config, {3, 0, spec.sharedGpu()});  // throws nothing
 }
 
 TEST_CASE("wire: every field type round-trips") {

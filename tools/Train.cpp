@@ -267,7 +267,8 @@ class Trainer {
                "sharded worker holds only its shard of each (not implemented)", flags_.shard);
     dist::Config config = jobConfig();
     const int workers = flags_.distributed() ? static_cast<int>(resources.workers().size()) : 1;
-    dist::checkConfig(config, {workers, flags_.distributed() ? resources.serverCount() : 0});
+    dist::checkConfig(config, {workers, flags_.distributed() ? resources.serverCount() : 0,
+                               flags_.distributed() ? resources.sharedGpu() : ""});
     const SlowWorker slow = parseSlowWorker(flags_.slowWorker);
     WEFT_CHECK(slow.rank < workers, "--slow-worker {}: the job has {} worker{} (rank 0{})", flags_.slowWorker, workers,
                workers == 1 ? "" : "s", workers == 1 ? "" : fmt::format(" to {}", workers - 1));
@@ -339,8 +340,10 @@ class Trainer {
     graph_.setSeed(flags_.seed);
     const Device device = Device::parse(flags_.distributed() ? dist::processDevice(setup.resources) : flags_.device);
     // One process on a GPU is fed from there; a distributed worker's feeds stay on the host, where
-    // its requests to the servers read the ids.
-    feedDevice_ = flags_.distributed() ? cpu() : device;
+    // its requests to the servers read the ids. Micro-batches are cut from a batch on the host,
+    // then each goes where the batch would have.
+    microbatchDevice_ = flags_.distributed() ? cpu() : device;
+    feedDevice_ = flags_.microbatches > 1 ? cpu() : microbatchDevice_;
     // The whole model, its gradients and its updates run on the device.
     auto placed = graph_.onDevice(device.type == DeviceType::CPU ? "" : device.str());
     {
@@ -709,7 +712,8 @@ class Trainer {
     if (flags_.microbatches == 1) return {models::feedsFor(graph_, batch)};
     std::vector<FeedMap> parts;
     for (int i = 0; i < flags_.microbatches; ++i)
-      parts.push_back(models::feedsFor(graph_, model_->trimmed(model_->shard(batch, i, flags_.microbatches))));
+      parts.push_back(models::feedsFor(
+          graph_, data::uploadBatch(model_->trimmed(model_->shard(batch, i, flags_.microbatches)), microbatchDevice_)));
     return parts;
   }
 
@@ -875,7 +879,8 @@ class Trainer {
   }
 
   std::string name_;
-  Device feedDevice_;  // where batches are fed from
+  Device feedDevice_;        // where batches are fed from
+  Device microbatchDevice_;  // where a pipeline's micro-batches are fed from
   models::ZooModel* model_;
   TrainFlags flags_;
   std::vector<std::string> commandLine_;

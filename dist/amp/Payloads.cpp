@@ -30,10 +30,13 @@ void addInto(Tensor& sum, const Tensor& x) {
 
 Tensor scaled(const Tensor& x, double factor) {
   Tensor out = x.clone();
+  const int64_t n = out.numel();  // Shape::numel() checks for overflow: once, not per element
   if (out.dtype() == f64) {
-    for (int64_t i = 0; i < out.numel(); ++i) out.data<double>()[i] *= factor;
+    double* p = out.data<double>();
+    for (int64_t i = 0; i < n; ++i) p[i] *= factor;
   } else {
-    for (int64_t i = 0; i < out.numel(); ++i) out.data<float>()[i] = static_cast<float>(out.data<float>()[i] * factor);
+    float* p = out.data<float>();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] * factor);
   }
   return out;
 }

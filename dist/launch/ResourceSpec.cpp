@@ -126,9 +126,6 @@ class SpecParser {
       const std::string at = fmt::format("{}[{}]", path, i);
       const int gpu = integer(value[i], at);
       if (gpu < 0) fail("{} is {}", at, gpu);
-      for (size_t j = 0; j < out.size(); ++j) {
-        if (out[j] == gpu) fail("{} is {}, which {}[{}] already lists", at, gpu, path, j);
-      }
       out.push_back(gpu);
     }
     return out;
@@ -235,6 +232,17 @@ std::vector<WorkerSlot> ResourceSpec::workers() const {
     }
   }
   return out;
+}
+
+std::string ResourceSpec::sharedGpu() const {
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    const std::vector<int>& gpus = hosts_[h].gpus;
+    for (size_t i = 0; i < gpus.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (gpus[j] == gpus[i]) return fmt::format("hosts[{}].gpus[{}] is {}, which hosts[{}].gpus[{}] lists too", h, i,
+                                                   gpus[i], h, j);
+  }
+  return "";
 }
 
 }  // namespace weft::dist

@@ -73,6 +73,10 @@ class ResourceSpec {
   std::vector<WorkerSlot> workers() const;
   /// Parameter servers over all hosts.
   int serverCount() const;
+  /// Where a host lists one GPU for two workers ("hosts[0].gpus[2] is 1, which hosts[0].gpus[0]
+  /// lists too"), or "": pipeline stages may share a GPU, data-parallel workers may not (NCCL
+  /// refuses two ranks on one device; checkConfig says so).
+  std::string sharedGpu() const;
 
  private:
   std::vector<HostSpec> hosts_;

@@ -1,6 +1,7 @@
 // One stage of a synchronous pipeline (see the header).
 #include "dist/pipeline/PipelineStage.h"
 
+#include "core/Device.h"
 #include "core/Error.h"
 #include "core/Trace.h"
 #include "dist/launch/Liveness.h"
@@ -84,7 +85,8 @@ void addInto(Tensor& sum, const Tensor& value) {
     using T = decltype(zero);
     T* s = sum.data<T>();
     const T* v = value.data<T>();
-    for (int64_t i = 0; i < sum.numel(); ++i) s[i] += v[i];
+    const int64_t n = sum.numel();  // Shape::numel() checks for overflow: once, not per element
+    for (int64_t i = 0; i < n; ++i) s[i] += v[i];
   });
 }
 
@@ -105,24 +107,36 @@ Tensor concatRows(const std::vector<Tensor>& parts) {
 
 size_t rowBytesOf(const Tensor& t) { return t.shape()[0] == 0 ? 0 : t.bytes() / static_cast<size_t>(t.shape()[0]); }
 
-/// Rows `ids` of `t` (along its first axis), in that order.
+/// Calls f(r, n) for each run ids[r .. r + n) of consecutive ids: one copy each, which on a GPU
+/// is one transfer rather than one per row.
+template <typename F>
+void forConsecutiveRuns(const std::vector<int64_t>& ids, F&& f) {
+  for (size_t r = 0, n = 1; r < ids.size(); r += n) {
+    for (n = 1; r + n < ids.size() && ids[r + n] == ids[r] + static_cast<int64_t>(n);) ++n;
+    f(r, n);
+  }
+}
+
+/// Rows `ids` of `t` (along its first axis), in that order, on t's device.
 Tensor takeRows(const Tensor& t, const std::vector<int64_t>& ids) {
   Shape shape = t.shape();
   shape[0] = static_cast<int64_t>(ids.size());
-  Tensor rows(t.dtype(), shape);
+  Tensor rows(t.dtype(), shape, t.device());
   const size_t rowBytes = rowBytesOf(t);
-  for (size_t r = 0; r < ids.size(); ++r)
-    std::memcpy(static_cast<char*>(rows.raw()) + r * rowBytes,
-                static_cast<const char*>(t.raw()) + static_cast<size_t>(ids[r]) * rowBytes, rowBytes);
+  forConsecutiveRuns(ids, [&](size_t r, size_t n) {
+    copyBytes(static_cast<char*>(rows.raw()) + r * rowBytes, rows.device(),
+              static_cast<const char*>(t.raw()) + static_cast<size_t>(ids[r]) * rowBytes, t.device(), n * rowBytes);
+  });
   return rows;
 }
 
-/// Writes `rows` (one per id) into rows `ids` of `t`.
+/// Writes `rows` (one per id, any device) into rows `ids` of `t`.
 void putRows(Tensor& t, const std::vector<int64_t>& ids, const Tensor& rows) {
   const size_t rowBytes = rowBytesOf(t);
-  for (size_t r = 0; r < ids.size(); ++r)
-    std::memcpy(static_cast<char*>(t.raw()) + static_cast<size_t>(ids[r]) * rowBytes,
-                static_cast<const char*>(rows.raw()) + r * rowBytes, rowBytes);
+  forConsecutiveRuns(ids, [&](size_t r, size_t n) {
+    copyBytes(static_cast<char*>(t.raw()) + static_cast<size_t>(ids[r]) * rowBytes, t.device(),
+              static_cast<const char*>(rows.raw()) + r * rowBytes, rows.device(), n * rowBytes);
+  });
 }
 
 /// Distinct ids, ascending.
@@ -234,7 +248,9 @@ struct PipelineStage::State {
   /// The model stage `a` runs here.
   int stageOf(const PipelineAction& a) const { return a.stage >= 0 ? a.stage : process; }
 
-  void sendTensor(int to, uint64_t headerTag, uint64_t payloadTag, const Tensor& t) {
+  /// Sends `t` (a GPU's through a host copy) and waits until it has gone.
+  void sendTensor(int to, uint64_t headerTag, uint64_t payloadTag, const Tensor& value) {
+    const Tensor t = value.to(cpu());
     const std::array<uint8_t, kHeaderBytes> header = encode(t);
     transport.send(peerOf(to), headerTag, header, deadline());
     const std::span<const uint8_t> payload(static_cast<const uint8_t*>(t.raw()), t.bytes());
@@ -243,7 +259,8 @@ struct PipelineStage::State {
 
   /// Starts sending `t` without waiting for the receiver (finishSends ends the step's sends):
   /// a stage that sends forward while the next sends back must not wait on it.
-  void startSendingTensor(int to, uint64_t headerTag, uint64_t payloadTag, const Tensor& t) {
+  void startSendingTensor(int to, uint64_t headerTag, uint64_t payloadTag, const Tensor& value) {
+    const Tensor t = value.to(cpu());  // kept in flight: a GPU's value goes through this host copy
     headersInFlight.push_back(encode(t));
     tensorsInFlight.push_back(t);
     transport.startSend(peerOf(to), headerTag, headersInFlight.back());
@@ -353,8 +370,10 @@ struct PipelineStage::State {
 
   /// Runs `run` of model stage `s` on the values it needs; returns every fetched value by output.
   /// `replicated`: whether to run the updates every stage runs for itself (once per process).
+  /// `onDevice`: whether fetched values stay where they were computed (on a GPU, a forward's
+  /// activations for the backward) rather than coming to the host.
   std::map<Output, Tensor> compute(int s, const StageRun& run, const FeedMap& microbatch,
-                                   const std::map<Output, Tensor>& available, bool replicated = true) {
+                                   const std::map<Output, Tensor>& available, bool replicated, bool onDevice) {
     FeedMap feeds;
     for (const Output& p : run.placeholders) feeds.emplace_back(p, fed(microbatch, p));
     for (const Output& in : run.inputs) {
@@ -370,7 +389,8 @@ struct PipelineStage::State {
       });
     std::map<Output, Tensor> out;
     if (run.fetches.empty() && targets.empty()) return out;
-    std::vector<Tensor> values = session->run(run.fetches, feeds, targets);
+    std::vector<Tensor> values =
+        onDevice ? session->runOnDevice(run.fetches, feeds, targets) : session->run(run.fetches, feeds, targets);
     noteProgress();
     for (size_t i = 0; i < values.size(); ++i) out[run.fetches[i]] = std::move(values[i]);
     return out;
@@ -380,13 +400,14 @@ struct PipelineStage::State {
     for (int g : run.gradients) {
       const GradientLink& link = cut->gradients[static_cast<size_t>(g)].link;
       GradientSum& sum = sums[static_cast<size_t>(g)];
+      // Gradients are summed on the host (a GPU's copied there).
       if (link.sparse) {
-        sum.indices.push_back(values.at(link.indices));
-        sum.values.push_back(values.at(link.values));
+        sum.indices.push_back(values.at(link.indices).to(cpu()));
+        sum.values.push_back(values.at(link.values).to(cpu()));
       } else if (!sum.dense.defined()) {
-        sum.dense = values.at(link.dense);  // a fetch is the caller's own tensor: summed into in place
+        sum.dense = values.at(link.dense).to(cpu());  // a fetch is the caller's own tensor: summed into in place
       } else {
-        addInto(sum.dense, values.at(link.dense));
+        addInto(sum.dense, values.at(link.dense).to(cpu()));
       }
     }
   }
@@ -403,7 +424,7 @@ struct PipelineStage::State {
     std::map<Output, Tensor> values;
     {
       const TraceScope working(describe(a), "compute", "pipeline");
-      values = compute(stage, run, microbatches[static_cast<size_t>(a.microbatch)], mine);
+      values = compute(stage, run, microbatches[static_cast<size_t>(a.microbatch)], mine, true, true);
     }
     {
       const TraceScope sending("send " + describe(a), "send", "pipeline");
@@ -764,7 +785,7 @@ struct PipelineStage::State {
         std::map<Output, Tensor> values;
         {
           const TraceScope working(fmt::format("update wave {}", w), "compute", "pipeline");
-          values = compute(stage, wave, firstMicrobatch, updateValues, stage == held.back());
+          values = compute(stage, wave, firstMicrobatch, updateValues, stage == held.back(), false);
         }
         for (const auto& [out, value] : values) updateValues[out] = value;
         send(wave, 0, updateValues);
@@ -950,7 +971,8 @@ void scaleGradient(Tensor& t, double factor) {
   forFloating(t.dtype(), "the", [&](auto zero) {
     using T = decltype(zero);
     T* p = t.data<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * factor);
+    const int64_t n = t.numel();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] * factor);
   });
 }
 
