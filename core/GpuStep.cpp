@@ -101,6 +101,17 @@ void* computeStream(const Device& device) { return cuda::device(device.index).co
 
 void makeGpuCurrent(int gpu) { cuda::setCurrent(gpu); }
 
+std::unique_lock<std::mutex> holdGpu(int gpu) {
+  static std::mutex guard;
+  static std::map<int, std::mutex> turns;  // a map's nodes stay where they are as it grows
+  std::mutex* turn = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(guard);
+    turn = &turns[gpu];
+  }
+  return std::unique_lock<std::mutex>(*turn);
+}
+
 std::string finishGpuStep(int gpu, const std::function<std::string(int)>& describeStep) {
   cuda::DeviceState& d = cuda::device(gpu);
   cuda::setCurrent(gpu);
@@ -127,6 +138,10 @@ void* computeStream(const Device& device) {
 }
 
 void makeGpuCurrent(int gpu) { WEFT_THROW("device cuda:{} is not available: {}", gpu, cudaUnavailableReason()); }
+
+std::unique_lock<std::mutex> holdGpu(int gpu) {
+  WEFT_THROW("device cuda:{} is not available: {}", gpu, cudaUnavailableReason());
+}
 
 std::string finishGpuStep(int, const std::function<std::string(int)>&) { return {}; }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -22,6 +23,10 @@ namespace weft::detail {
 void* computeStream(const Device& device);
 /// Makes GPU `gpu` the calling thread's current device (the CUDA runtime's is per thread).
 void makeGpuCurrent(int gpu);
+/// Holds GPU `gpu` for the calling thread's run: a GPU's stream, error record and library handles
+/// are shared by every session that uses it, so runs from several threads (the AMP runtime's
+/// workers) take turns. Without the CUDA backend no plan uses a GPU and this is never called.
+std::unique_lock<std::mutex> holdGpu(int gpu);
 /// Waits for GPU `gpu`'s work in this step and returns the data error a kernel recorded, as a
 /// message naming the op (`describeStep` names plan step i), and clears the record; "" when none.
 std::string finishGpuStep(int gpu, const std::function<std::string(int)>& describeStep);

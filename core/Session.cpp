@@ -561,6 +561,10 @@ std::vector<Tensor> Session::runOnDevice(const std::vector<Output>& fetches, con
 std::vector<Tensor> Session::runPlan(const std::vector<Output>& fetches, const FeedMap& feeds,
                                      const std::vector<Node*>& targets, bool toHost) {
   Plan& plan = planFor(fetches, feeds, targets);
+  std::vector<int> gpus = plan.gpus;
+  std::sort(gpus.begin(), gpus.end());  // every thread takes them in one order
+  std::vector<std::unique_lock<std::mutex>> turns;
+  for (int gpu : gpus) turns.push_back(detail::holdGpu(gpu));
   const auto describeStep = [&plan](int step) {
     return static_cast<size_t>(step) < plan.steps.size() ? plan.steps[static_cast<size_t>(step)].ctx.node->describe()
                                                         : fmt::format("plan step {}", step);

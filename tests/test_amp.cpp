@@ -4,6 +4,7 @@
 // obeyed, replicas synchronise, and bad graphs and failing nodes are refused by name.
 #include "tests/TestUtil.h"
 
+#include "core/Device.h"
 #include "dist/amp/AmpRuntime.h"
 #include "dist/amp/AmpWire.h"
 #include "nn/Layers.h"
@@ -586,6 +587,17 @@ TEST_CASE("a failing node stops the run with an error naming it, the worker and 
   CHECK(contains(error, "instance 5"));
   CHECK(contains(error, "worker"));
   CHECK(contains(errorOf([&] { runtime.train(1, pumpExamples(data, mlp.x)); }), "failed earlier"));
+}
+
+TEST_CASE("transforms placed on a GPU the machine lacks stop the run, naming the transform and the device" *
+          doctest::skip(cudaDeviceCount() > 0)) {
+  auto data = examples(4, 4, 3, 1);
+  Mlp mlp;
+  amp::Runtime runtime(mlp.g, {.workers = 2, .device = "cuda:0", .maxActiveKeys = 2,
+                               .optimizer = std::make_shared<optim::SGD>(0.1)});
+  const std::string error = errorOf([&] { runtime.train(4, pumpExamples(data, mlp.x)); });
+  CHECK(contains(error, "failed in transform"));
+  CHECK(contains(error, "cuda:0, which is not available"));
 }
 
 TEST_CASE("messages waiting for partners that never come are reported, not waited on forever") {

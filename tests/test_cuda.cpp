@@ -9,6 +9,8 @@
 #include "autodiff/Gradients.h"
 #include "core/Trace.h"
 #include "data/Dataset.h"
+#include "dist/amp/AmpRuntime.h"
+#include "models/AmpModels.h"
 #include "models/ResNet.h"
 #include "models/ZooModel.h"
 #include "nn/Layers.h"
@@ -603,6 +605,67 @@ TEST_CASE("runOnDevice leaves fetched values on the GPU, with the values run() b
   // A fetched variable is a copy: updating the variable later leaves it as it was.
   s.variable("w").fill(2.0);
   CHECK(onGpu[1].toDoubles()[0] == 0.5);
+}
+
+/// A small f64 AMP model, as tests/test_amp_models.cpp builds them.
+std::unique_ptr<models::AmpModel> smallAmpModel(const std::string& name, const std::map<std::string, int64_t>& settings,
+                                                int replicas = 1) {
+  auto model = models::makeAmpModel(name);
+  for (const models::ModelOption& o : model->options())
+    if (auto it = settings.find(o.name); it != settings.end()) *std::get<int64_t*>(o.target) = it->second;
+  model->build({3, "", f64, replicas});
+  return model;
+}
+
+TEST_CASE("AMP transforms on the GPU train as on the CPU: synchronous minibatches of each AMP model") {
+  const std::map<std::string, std::map<std::string, int64_t>> models{
+      {"mlp", {{"hidden", 6}, {"train-size", 8}, {"eval-size", 2}}},
+      {"list_reduction", {{"hidden", 5}, {"embedding", 3}, {"train-size", 8}, {"eval-size", 2}}},
+      {"tree_lstm", {{"hidden", 4}, {"embedding", 3}, {"train-size", 8}, {"eval-size", 2}, {"max-leaves", 5}}},
+      {"ggsnn",
+       {{"hidden", 4}, {"propagation-steps", 2}, {"train-size", 8}, {"eval-size", 2}, {"min-nodes", 4},
+        {"max-nodes", 6}}}};
+  for (const auto& [name, settings] : models) {
+    CAPTURE(name);
+    std::map<std::string, Tensor> trained[2];
+    double accuracy[2];
+    for (int onGpu = 0; onGpu < 2; ++onGpu) {
+      auto model = smallAmpModel(name, settings);
+      // Two workers take turns on the GPU; a minibatch's gradients are summed in arrival order.
+      amp::Runtime runtime(model->graph(), {.workers = 2, .device = onGpu ? "cuda:0" : "", .maxActiveKeys = 2,
+                                            .minibatch = 4, .optimizer = std::make_shared<optim::SGD>(0.1)});
+      runtime.train(8, [&](int64_t i) { return model->trainInstance(i); });
+      accuracy[onGpu] = runtime.evaluate(2, [&](int64_t i) { return model->evalInstance(i); }).accuracy;
+      trained[onGpu] = runtime.variables();
+    }
+    CHECK(accuracy[1] == accuracy[0]);
+    REQUIRE(trained[1].size() == trained[0].size());
+    for (const auto& [variable, value] : trained[0]) {
+      CAPTURE(variable);
+      CHECK(trained[1].at(variable).device().type == DeviceType::CPU);
+      CHECK(relativeDifference(trained[1].at(variable), value) < 1e-9);
+    }
+  }
+}
+
+TEST_CASE("AMP replicas of a layer on the GPU are averaged through the host: at each epoch's end, or every k updates") {
+  for (const int every : {0, 2}) {
+    CAPTURE(every);
+    auto model = smallAmpModel("list_reduction", {{"hidden", 8}, {"train-size", 40}, {"eval-size", 4}}, 3);
+    amp::Runtime runtime(model->graph(), {.workers = 3, .device = "cuda:0", .maxActiveKeys = 6,
+                                          .minUpdateFrequency = 4, .optimizer = std::make_shared<optim::SGD>(0.05),
+                                          .replicaSyncEvery = every});
+    const amp::EpochReport r = runtime.train(40, [&](int64_t i) { return model->trainInstance(i); });
+    const auto v = runtime.variables();
+    const Tensor& first = v.at("linear/replica0/linear/weight");
+    if (every == 0) {  // averaged at the end of the epoch
+      CHECK(relativeDifference(first, v.at("linear/replica1/linear/weight")) == 0);
+      CHECK(relativeDifference(first, v.at("linear/replica2/linear/weight")) == 0);
+    } else {
+      CHECK(r.replicaSyncs > 0);
+    }
+    for (double x : first.toDoubles()) CHECK(std::isfinite(x));
+  }
 }
 
 TEST_CASE("gradients computed on the GPU pass finite-difference checks") {

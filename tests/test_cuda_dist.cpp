@@ -65,6 +65,16 @@ TEST_CASE("MLP: one GPU worker under ar (dense sums through NCCL) trains like on
   checkSameVariablesAs("mlp", mlpFlags, "--cluster " + gpuCluster(dir.path, 1) + " --arch ar", 1e-6, onGpu);
 }
 
+TEST_CASE("MLP in mixed precision: one GPU worker under ar trains like one process on that GPU (bf16; f16 with its "
+          "loss scale)" * doctest::skip(noNccl)) {
+  for (const char* precision : {"bf16", "f16"}) {
+    CAPTURE(precision);
+    TempDir dir;
+    const std::string flags = mlpFlags + " --precision " + precision;
+    checkSameVariablesAs("mlp", flags, "--cluster " + gpuCluster(dir.path, 1) + " --arch ar", 1e-6, onGpu);
+  }
+}
+
 TEST_CASE("LM: one GPU worker trains like one process on that GPU under each architecture" * doctest::skip(noNccl)) {
   // auto and ps keep the embedding (and under ps everything) on a CPU server, whose Adam steps
   // round differently from the GPU's.

@@ -1,6 +1,7 @@
 #include "tools/AmpTrain.h"
 
 #include "core/Checkpoint.h"
+#include "core/Device.h"
 #include "core/Error.h"
 #include "core/JsonLimits.h"
 #include "core/Trace.h"
@@ -34,6 +35,7 @@ struct AmpFlags {
   std::string model;
   bool amp = true;
   int workers = 2;
+  std::string device = "cpu";
   int processes = 1;
   int maxActiveKeys = 4;
   int minUpdateFrequency = 8;
@@ -221,6 +223,7 @@ AmpTrainer::AmpTrainer(models::AmpModel& model, const AmpFlags& f, const amp::Am
 
 amp::AmpOptions AmpTrainer::runtimeOptions() const {
   return {.workers = f_.workers,
+          .device = Device::parse(f_.device).type == DeviceType::CPU ? "" : f_.device,
           .maxActiveKeys = f_.maxActiveKeys,
           .minUpdateFrequency = f_.minUpdateFrequency,
           .minibatch = f_.minibatch,
@@ -411,6 +414,10 @@ void addTrainingFlags(CLI::App& app, AmpFlags& f) {
   app.add_option("--workers", f.workers, "worker threads (of each process)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--device", f.device,
+                 "cpu or cuda:N: where the transforms compute (each process's workers take turns on the GPU; "
+                 "messages stay on the host)")
+      ->capture_default_str();
   app.add_option("--processes", f.processes,
                  "worker processes on this machine, messages between them over UCX (rank 0 pumps the instances)")
       ->capture_default_str()->check(CLI::PositiveNumber);

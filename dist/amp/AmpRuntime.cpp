@@ -87,7 +87,7 @@ Runtime::Runtime(Graph& graph, AmpOptions options, AmpProcesses processes) : opt
       std::vector<TensorType> inputs;
       for (const Port& p : n.inputs) inputs.push_back(graph.node(p.node).outputTypes.at(static_cast<size_t>(p.output)));
       optim::Optimizer* opt = n.transform.optimizer ? n.transform.optimizer.get() : options.optimizer.get();
-      rt.compiled = compileTransform(n, inputs, opt, true);
+      rt.compiled = compileTransform(n, inputs, opt, true, options.device);
       rt.minUpdateFrequency =
           n.transform.minUpdateFrequency > 0 ? n.transform.minUpdateFrequency : options.minUpdateFrequency;
     }
@@ -391,7 +391,7 @@ std::map<std::string, Tensor> Runtime::variables() const {
   for (NodeRt& n : impl_->nodes)
     if (n.compiled && n.spec->kind == NodeKind::Transform)
       for (weft::Node* v : n.compiled->graph->variables())
-        out[n.spec->name + "/" + v->name] = n.compiled->session->variable(v).clone();
+        out[n.spec->name + "/" + v->name] = hostCopy(n.compiled->session->variable(v));
   return out;
 }
 

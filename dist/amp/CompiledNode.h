@@ -34,8 +34,10 @@ struct Compiled {
 };
 
 /// The subgraph of a transform or loss node for inputs of `inputs`: the gradients of its
-/// payloads and (when `needsGradients`) of its variables, and `optimizer`'s update of them.
+/// payloads and (when `needsGradients`) of its variables, and `optimizer`'s update of them, all
+/// placed on `device` ("" or "cpu": the CPU; "cuda:N"), fed and fetched through the host.
 std::unique_ptr<Compiled> compileTransform(const amp::Node& node, const std::vector<TensorType>& inputs,
-                                           optim::Optimizer* optimizer, bool needsGradients);
+                                           optim::Optimizer* optimizer, bool needsGradients,
+                                           const std::string& device = "");
 
 }  // namespace weft::amp

@@ -7,12 +7,16 @@
 
 namespace weft::amp {
 
-void addInto(Tensor& sum, const Tensor& x) {
-  if (!x.defined()) return;
+Tensor hostCopy(const Tensor& t) { return t.device().type == DeviceType::CPU ? t.clone() : t.to(cpu()); }
+
+void addInto(Tensor& sum, const Tensor& value) {
+  if (!value.defined()) return;
   if (!sum.defined()) {
-    sum = x.clone();
+    sum = hostCopy(value);
     return;
   }
+  if (sum.device().type != DeviceType::CPU) sum = sum.to(cpu());
+  const Tensor x = value.to(cpu());
   WEFT_CHECK(sum.dtype() == x.dtype() && sum.shape() == x.shape(), "amp: adding gradients {}{} and {}{}",
              dtypeName(sum.dtype()), sum.shape().str(), dtypeName(x.dtype()), x.shape().str());
   int64_t n = sum.numel();
@@ -29,7 +33,7 @@ void addInto(Tensor& sum, const Tensor& x) {
 }
 
 Tensor scaled(const Tensor& x, double factor) {
-  Tensor out = x.clone();
+  Tensor out = hostCopy(x);
   const int64_t n = out.numel();  // Shape::numel() checks for overflow: once, not per element
   if (out.dtype() == f64) {
     double* p = out.data<double>();

@@ -1,5 +1,6 @@
 // Arithmetic on the host on the payloads of AMP messages (one instance's values, small): sums of
-// gradients, scaling, and the concatenations, splits and row stacks of the IR's routing nodes.
+// gradients, scaling, and the concatenations, splits and row stacks of the IR's routing nodes;
+// and on replicas' variables, which on a GPU are copied to the host for it.
 #pragma once
 
 #include "core/Tensor.h"
@@ -9,8 +10,12 @@
 
 namespace weft::amp {
 
-/// sum += x; an undefined sum becomes a copy of x, an undefined x (a zero gradient) adds nothing.
+/// A copy of `t` on the host (a GPU's variables are summed and averaged there).
+Tensor hostCopy(const Tensor& t);
+/// sum += x on the host (either may be a GPU's: the sum becomes a host tensor); an undefined sum
+/// becomes a copy of x, an undefined x (a zero gradient) adds nothing.
 void addInto(Tensor& sum, const Tensor& x);
+/// x * factor, on the host.
 Tensor scaled(const Tensor& x, double factor);
 /// The size of the last dimension (1 for a scalar).
 int64_t lastWidth(const Tensor& t);

@@ -3,6 +3,7 @@
 #include "dist/amp/AmpRuntime.h"
 
 #include "core/Error.h"
+#include "dist/amp/Payloads.h"
 #include "dist/amp/RuntimeState.h"
 
 #include <fmt/format.h>
@@ -56,7 +57,7 @@ ProcessReport Runtime::Impl::localReport() {
   for (NodeRt& n : nodes)
     if (n.compiled && n.spec->kind == NodeKind::Transform)
       for (weft::Node* v : n.compiled->graph->variables())
-        r.variables.push_back({n.spec->name + "/" + v->name, n.compiled->session->variable(v).clone()});
+        r.variables.push_back({n.spec->name + "/" + v->name, hostCopy(n.compiled->session->variable(v))});
   return r;
 }
 
