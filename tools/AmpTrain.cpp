@@ -375,7 +375,8 @@ int train(models::AmpModel& model, const AmpFlags& f, const amp::AmpProcesses& p
   return AmpTrainer(model, f, processes, preemption).run();
 }
 
-/// A resource specification for an AMP job: CPU workers only (no parameter servers, no GPUs).
+/// A resource specification for an AMP job: CPU workers only (no parameter servers, no GPUs:
+/// --device places the transforms).
 dist::ResourceSpec ampCluster(const std::string& path) {
   dist::ResourceSpec spec = dist::ResourceSpec::load(path);
   for (size_t h = 0; h < spec.hosts().size(); ++h) {
@@ -384,7 +385,9 @@ dist::ResourceSpec ampCluster(const std::string& path) {
                "--amp --cluster {}: host {} ({}) lists {} parameter server(s); AMP jobs run workers only "
                "(set \"servers\": 0)",
                path, h, host.address, host.servers);
-    WEFT_CHECK(host.gpus.empty(), "--amp --cluster {}: host {} ({}) lists GPUs; AMP transforms run on CPU workers",
+    WEFT_CHECK(host.gpus.empty(),
+               "--amp --cluster {}: host {} ({}) lists GPUs; an AMP job's processes are listed as cpu_workers, and "
+               "--device cuda:N puts every process's transforms on that GPU",
                path, h, host.address);
   }
   return spec;
