@@ -687,7 +687,6 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
 }
 
 Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& config) {
-  checkConfig(config, {static_cast<int>(resources.workers().size()), resources.serverCount(), resources.sharedGpu()});
   std::optional<JobContext> job = joinJob(resources, config);
   if (!job) {
     const size_t workers = resources.workers().size();
@@ -705,8 +704,8 @@ Runner get_runner(Graph& graph, const ResourceSpec& resources, const Config& con
     }
     return Runner(std::move(state));
   }
+  checkConfig(config, {job->workers(), job->servers(), resources.sharedGpu()});
   if (job->isServer()) {
-    checkConfig(config, {job->workers(), job->servers(), ""});
     auto state = std::make_unique<Runner::State>();
     state->serverStatus = serveJob(*job, graph, config);
     if (state->serverStatus == 0) job->leave();
