@@ -49,7 +49,7 @@ struct detail::Plan {
   std::vector<ArenaSlot> arenaSlots;
   std::vector<Device> arenaDevices;  // one arena per device the plan computes on...
   std::vector<size_t> arenaBytes;    // ...and its size
-  std::vector<int> gpus;             // GPUs the plan runs kernels on
+  std::vector<int> gpus;             // GPUs the plan runs kernels on, ascending
   bool drawsRandom = false;          // a step runs a random op: the run advances the session's step
   uint64_t boundArena = 0;           // generation of the arenas the slots view
   PlanStats stats;
@@ -443,9 +443,9 @@ void buildSteps(detail::Plan& plan, const std::vector<Item>& items, const Graph&
     step.ctx.planStep = static_cast<int>(plan.steps.size());
     if (item.device.type == DeviceType::CUDA) {
       step.ctx.stream = detail::computeStream(item.device);
-      if (std::find(plan.gpus.begin(), plan.gpus.end(), item.device.index) == plan.gpus.end()) {
-        plan.gpus.push_back(item.device.index);
-      }
+      // Kept ascending: a run holds its GPUs in this order, as every thread does (Session::runPlan).
+      const auto at = std::lower_bound(plan.gpus.begin(), plan.gpus.end(), item.device.index);
+      if (at == plan.gpus.end() || *at != item.device.index) plan.gpus.insert(at, item.device.index);
     }
     for (int in : item.in) step.ctx.inputs.push_back(&plan.slots[static_cast<size_t>(in)]);
     for (int out : item.out) step.ctx.outputs.push_back(&plan.slots[static_cast<size_t>(out)]);
@@ -561,10 +561,8 @@ std::vector<Tensor> Session::runOnDevice(const std::vector<Output>& fetches, con
 std::vector<Tensor> Session::runPlan(const std::vector<Output>& fetches, const FeedMap& feeds,
                                      const std::vector<Node*>& targets, bool toHost) {
   Plan& plan = planFor(fetches, feeds, targets);
-  std::vector<int> gpus = plan.gpus;
-  std::sort(gpus.begin(), gpus.end());  // every thread takes them in one order
-  std::vector<std::unique_lock<std::mutex>> turns;
-  for (int gpu : gpus) turns.push_back(detail::holdGpu(gpu));
+  std::vector<std::unique_lock<std::mutex>> turns;  // each GPU's, in ascending order
+  for (int gpu : plan.gpus) turns.push_back(detail::holdGpu(gpu));
   const auto describeStep = [&plan](int step) {
     return static_cast<size_t>(step) < plan.steps.size() ? plan.steps[static_cast<size_t>(step)].ctx.node->describe()
                                                         : fmt::format("plan step {}", step);
