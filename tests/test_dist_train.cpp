@@ -431,6 +431,17 @@ TEST_CASE("--memory-per-stage: a cut that fits trains and says what each stage h
                 vNone.output);
 }
 
+TEST_CASE("a GPU listed twice: data-parallel workers are refused before any process starts, naming both places") {
+  // Refused from the specification alone, so no GPU is needed; pipeline stages may share one
+  // (tests/test_cuda_dist.cpp trains them on a GPU).
+  TempDir dir;
+  const fs::path spec = dir.path / "shared.json";
+  std::ofstream(spec) << R"({"hosts": [{"address": "127.0.0.1", "gpus": [0, 0], "servers": 0}]})";
+  checkRefused("mlp --arch ar --cluster " + spec.string(),
+               "hosts[0].gpus[1] is 0, which hosts[0].gpus[0] lists too: data-parallel GPU workers sum their gradients "
+               "through NCCL, which refuses two workers on one GPU");
+}
+
 TEST_CASE("--virtual-stages: counts a schedule cannot take are refused before any process starts") {
   checkRefused("mlp --stages 2 --virtual-stages 2", "--virtual-stages requires --schedule");
   checkRefused("mlp --stages 2 --schedule 1f1b --virtual-stages 2",
