@@ -121,9 +121,10 @@ class Session {
   std::unique_ptr<Plan> compile(const std::vector<Output>& fetches, const FeedMap& feeds,
                                 const std::vector<Node*>& targets);
   void initializeVariable(Node* variable);
-  /// Runs the plan's kernels in order.
+  /// run() and runOnDevice(): `toHost` brings a GPU's fetched values to the host.
   std::vector<Tensor> runPlan(const std::vector<Output>& fetches, const FeedMap& feeds,
                               const std::vector<Node*>& targets, bool toHost);
+  /// Runs the plan's kernels in order.
   void runSteps(Plan& plan);
   /// Points the plan's intermediate values into the session's arena, growing it if needed.
   void bindArena(Plan& plan);

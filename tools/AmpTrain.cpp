@@ -1,7 +1,6 @@
 #include "tools/AmpTrain.h"
 
 #include "core/Checkpoint.h"
-#include "core/Device.h"
 #include "core/Error.h"
 #include "core/JsonLimits.h"
 #include "core/Trace.h"
@@ -223,7 +222,7 @@ AmpTrainer::AmpTrainer(models::AmpModel& model, const AmpFlags& f, const amp::Am
 
 amp::AmpOptions AmpTrainer::runtimeOptions() const {
   return {.workers = f_.workers,
-          .device = Device::parse(f_.device).type == DeviceType::CPU ? "" : f_.device,
+          .device = f_.device,
           .maxActiveKeys = f_.maxActiveKeys,
           .minUpdateFrequency = f_.minUpdateFrequency,
           .minibatch = f_.minibatch,

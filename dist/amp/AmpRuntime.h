@@ -34,8 +34,8 @@ namespace weft::amp {
 
 struct AmpOptions {
   int workers = 1;
-  /// Where the transforms and losses compute: "" (the CPU) or "cuda:N". Messages stay on the
-  /// host; the workers' runs take turns on the GPU.
+  /// Where the transforms and losses compute: "" or "cpu" (the CPU), or "cuda:N". Messages stay
+  /// on the host; the workers' runs take turns on the GPU.
   std::string device = "";
   int maxActiveKeys = 1;
   /// Gradient messages a transform gathers before it updates (a TransformSpec may override).

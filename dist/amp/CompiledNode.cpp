@@ -35,7 +35,7 @@ std::unique_ptr<Compiled> compileTransform(const amp::Node& node, const std::vec
   auto c = std::make_unique<Compiled>();
   c->graph = std::make_unique<weft::Graph>();
   weft::Graph& g = *c->graph;
-  const auto placed = g.onDevice(device == "cpu" ? "" : device);
+  const auto placed = g.onDevice(device);
   for (size_t i = 0; i < inputs.size(); ++i)
     c->payloads.push_back(g.placeholder(fmt::format("payload{}", i), inputs[i].dtype, inputs[i].shape));
   const auto& stateInputs = node.kind == NodeKind::Loss ? node.loss.stateInputs : node.transform.stateInputs;
