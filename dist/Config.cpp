@@ -102,8 +102,6 @@ void checkConfig(const Config& config, const JobShape& job) {
              "list each GPU once (the stages of a pipeline, --stages, may share one)",
              job.sharedGpu);
   if (pipeline.stages > 1) {
-    WEFT_CHECK(job.servers == 0, "a pipeline's stages update their own variables: its job has no parameter servers, "
-               "this one has {}", job.servers);
     WEFT_CHECK(job.workers % pipeline.stages == 0,
                "a pipeline of {} stages runs one stage per worker, and each data-parallel replica all of them, but "
                "the job has {} workers",
@@ -111,10 +109,9 @@ void checkConfig(const Config& config, const JobShape& job) {
   }
   // A schedule file is checked against the job's stages and micro-batches before anything starts.
   [[maybe_unused]] const PipelineOrders orders = pipeline.schedule.orders(pipeline.stages, pipeline.microbatches);
-  WEFT_CHECK(config.partitioning.count == 0 ||
-                 (job.servers > 0 && pipeline.stages == 1 && config.architecture != Architecture::AllReduce),
+  WEFT_CHECK(config.partitioning.count == 0 || (job.servers > 0 && config.architecture != Architecture::AllReduce),
              "{} partitions (--partitions) split variables on parameter servers, which this job has none of (they need "
-             "--workers or --cluster, one pipeline stage and --arch auto or ps)",
+             "--workers or --cluster with servers, and --arch auto or ps)",
              config.partitioning.count);
   WEFT_CHECK(config.wireDType == DType::F32 || config.wireDType == DType::BF16 || config.wireDType == DType::F16,
              "--wire-dtype {}: gradients travel as f32, bf16 or f16", dtypeName(config.wireDType));

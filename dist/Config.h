@@ -146,7 +146,7 @@ struct JobShape {
 /// parameter servers holding every trained variable and one pipeline stage (AllReduce and
 /// pipeline stages wait for every worker at every step); sharding needs dense variables summed
 /// among data-parallel workers in full precision; data-parallel workers do not cut their
-/// parts into micro-batches; a pipeline has no parameter servers and a whole number of replicas;
+/// parts into micro-batches; a pipeline has a whole number of replicas;
 /// partitions need variables on servers; only a pipeline's stages share a GPU. get_runner
 /// checks every process's configuration this way, and `weft train` checks its flags before it
 /// launches anything.

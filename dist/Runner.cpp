@@ -62,6 +62,7 @@ struct Runner::State {
   std::unique_ptr<PipelineStage> pipeline;
   PipelineConfig pipelineConfig;
   bool staged = false;
+  bool serversInGraph = false;  // a pipeline's graph reads the servers' variables from them
   std::string pipelinePlan;
 
   ~State() {
@@ -94,8 +95,9 @@ struct Runner::State {
   /// The served variable of partition `p`, its slots and moving averages: what LOAD carries and
   /// FETCH returns.
   std::vector<Tensor*> stateOf(const ServedVariable& v) {
-    std::vector<Tensor*> out{&session->variable(v.variable)};
-    for (Node* s : v.heldState()) out.push_back(&session->variable(s));
+    Session& mine = activeSession();
+    std::vector<Tensor*> out{&mine.variable(v.variable)};
+    for (Node* s : v.heldState()) out.push_back(&mine.variable(s));
     return out;
   }
 
@@ -179,6 +181,33 @@ struct Runner::State {
       options.averageOverReplicas = [this](StageGradients& g) { averageOverReplicas(g); };
     }
     pipeline = std::make_unique<PipelineStage>(graph, stage, options, *job->transport, stagePeers);
+    if (job->servers() == 0) return;
+    // Each stage process talks to the servers for the variables its stage holds, as a part of
+    // its replica. The graph reads them from the servers once the first step has cut it.
+    plan = planServersBySparsity(graph, config, job->servers(), job->routes.serverHosts, job->machines(),
+                                 sparsityChoices);
+    client = std::make_unique<ServerClient>(traffic, *job->clientTransport, job->rank(), job->routes.serverPeers, plan,
+                                            config.timeout, job->relay(), config.sync);
+    client->setReplica(replica);
+    loadServedVariables();
+  }
+
+  /// Worker 0 loads its values of the served variables into the servers; no worker pulls before.
+  void loadServedVariables() {
+    if (plan.empty()) return;
+    if (rank() == 0)
+      for (const ServedVariable& v : plan.variables) loadVariable(v);
+    barrier();
+  }
+
+  /// A pipeline's graph, cut into stages, reads and updates the served variables on the servers.
+  void distributeServedVariables() {
+    serversInGraph = true;
+    if (plan.empty()) return;
+    applyPasses(pipeline->session().graph(),
+                {{"parameter servers", [this](Graph& g, DistributedGraph&) {
+                    distributeParameterServers(g, plan, client->id());
+                  }}});
   }
 
   /// One process training on micro-batches: a pipeline of one stage, with nothing to send.
@@ -327,6 +356,12 @@ struct Runner::State {
     WEFT_CHECK(static_cast<int>(microbatches.size()) == pipelineConfig.microbatches,
                "a pipelined step of {} micro-batches was given {}", pipelineConfig.microbatches, microbatches.size());
     if (!staged && pipelineConfig.stages > 1) stageGraph(fetches, targets[0], microbatches.front());
+    if (client) {
+      // After the cut is chosen: choosing it profiles the step, which must not reach the servers.
+      if (!serversInGraph) distributeServedVariables();
+      // Stage 0's pulls to evaluate are of a step gone by.
+      client->setLocalCopyCurrent(false);
+    }
     const std::vector<double> means = pipeline->step(fetches, targets[0], microbatches);
     std::vector<Tensor> out;
     for (size_t f = 0; f < fetches.size(); ++f) out.push_back(Tensor::scalar(fetches[f].dtype(), means[f]));
@@ -385,6 +420,7 @@ struct Runner::State {
   void publishVariables(const WholeValues& wholes) {
     if (pipeline) {
       pipeline->scatterVariables(0);
+      loadServedVariables();
       return;
     }
     broadcastVariables(*session, *communicator, plan);  // those the workers hold
@@ -487,8 +523,10 @@ void Runner::pullVariables() {
 }
 
 void Runner::gatherModel() {
+  // A pipeline's stages send their variables to worker 0 once their steps (and the APPLYs of the
+  // served variables they hold) are done; worker 0 then fetches the served ones.
   if (state_->pipeline) state_->pipeline->gatherVariables(0);
-  else if (rank() == 0) pullVariables();
+  if (rank() == 0) pullVariables();
 }
 
 WholeValues Runner::gatherShards() {

@@ -680,3 +680,43 @@ TEST_CASE("a server counts a machine's workers as one sender: it takes their pus
   CHECK(server.hasLeft(2));
   CHECK(server.finished());
 }
+
+TEST_CASE("a pipelined job's server counts each replica as one sender: each of its stages sends for its own "
+          "variables, and the first replica's APPLY makes the version") {
+  Model model;
+  const ServerPlan plan = planServers(model.g, Architecture::ParameterServer, 1, {size_t{1} << 20});
+  const auto emb = static_cast<uint32_t>(plan.find(model.emb.node())->partitions.at(0));
+  const auto w = static_cast<uint32_t>(plan.find(model.w.node())->partitions.at(0));
+  // 2 replicas of 2 stages: workers 0 and 2 read the embedding (stage 0), 1 and 3 the weight.
+  ParameterServer server{plan, 0,
+                         {.workers = 4, .denseScale = 0.5, .sparseScale = 0.5, .session = {1, false},
+                          .groups = SenderGroups::pipelineReplicas(4, 2)}};
+  const std::vector<uint8_t> lr = bytesOf(std::vector<float>{kLearningRate});
+  CHECK(server.handle(request(RequestKind::Push, 0, 0, sparseRows({1}, {1, 1, 1}), emb)).empty());
+  CHECK(server.handle(request(RequestKind::Push, 1, 0, bytesOf(std::vector<float>(6, 1)), w)).empty());
+  // Replica 1's stages complete each variable's version: one push of each replica.
+  CHECK(server.handle(request(RequestKind::Push, 2, 0, sparseRows({}, {}), emb)).size() == 2);
+  CHECK(server.handle(request(RequestKind::Push, 3, 0, bytesOf(std::vector<float>(6, 3)), w)).size() == 2);
+  const auto refused = server.handle(request(RequestKind::Apply, 3, 0, lr, w));
+  REQUIRE(refused.size() == 1);
+  CHECK(contains(errorIn(refused[0]), "APPLY comes from worker 0 alone (in a pipeline, from its first replica), not "
+                                      "worker 3"));
+  for (auto [worker, partition] : {std::pair{0u, emb}, std::pair{1u, w}}) {
+    const auto applied = server.handle(request(RequestKind::Apply, worker, 0, lr, partition));
+    REQUIRE(applied.size() == 1);
+    CHECK(headerOf(applied[0]).status == 0);
+  }
+  // The weight (never loaded: zeros) moves by the replicas' mean gradient, (1 + 3) / 2, times the rate.
+  const auto weight = server.handle(request(RequestKind::PullAll, 1, 1, {}, w));
+  REQUIRE(weight.size() == 1);
+  CHECK(valuesOf<float>(weight[0].payload) == std::vector<float>(6, -kLearningRate * 2));
+  // A replica leaves when all its stages have: worker 0's goodbye leaves worker 1 free to speak.
+  server.handle(request(RequestKind::Goodbye, 0, 1));
+  CHECK(server.hasLeft(0));
+  CHECK_FALSE(server.hasLeft(1));
+  CHECK(server.handle(request(RequestKind::Push, 1, 1, bytesOf(std::vector<float>(6, 0)), w)).empty());
+  for (uint32_t worker : {1u, 2u}) server.handle(request(RequestKind::Goodbye, worker, 1));
+  CHECK_FALSE(server.finished());
+  server.handle(request(RequestKind::Goodbye, 3, 1));
+  CHECK(server.finished());
+}

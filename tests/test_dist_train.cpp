@@ -278,6 +278,66 @@ TEST_CASE(
   checkSameVariables("lm", tied, 2, 1e-5, "--arch auto --servers 1");
 }
 
+TEST_CASE("sparse variables on parameter servers inside pipelines: the LM's embedding and softmax served by "
+          "the stages that read them train like one process, with replicas, partitions and every schedule") {
+  checkSameVariablesAs("lm", lmFlags, "--stages 2 --microbatches 2 --servers 1", 1e-5);
+  checkSameVariablesAs("lm", lmFlags, "--stages 3 --microbatches 4 --servers 2 --partition-bytes 4096 --schedule zb",
+                       1e-5);
+  // Two replicas push each variable once each, from the stage holding it; the servers average them.
+  checkSameVariablesAs("lm", lmFlags, "--stages 2 --workers 2 --microbatches 2 --servers 1 --schedule zbv", 1e-5);
+  checkSameVariablesAs("nmt", nmtFlags, "--stages 2 --workers 2 --microbatches 2 --servers 1", 1e-5);
+  // Every variable on the servers (--arch ps), dense ones pulled whole by the stage reading them.
+  checkSameVariablesAs("mlp", mlpF64Flags, "--stages 2 --workers 2 --microbatches 2 --servers 1 --arch ps",
+                       kMlpF64Tolerance);
+}
+
+TEST_CASE("a pipelined LM with servers: each stage pushes the rows of the variables its stage holds, none else") {
+  TempDir dir;
+  const CliRun run = weftCli("train lm " + lmFlags + " --stages 2 --microbatches 2 --servers 1 --report-comm --out " +
+                             (dir.path / "out").string());
+  REQUIRE_MESSAGE(run.status == 0, run.output);
+  CHECK(run.output.find("sparse gradient of embedding/table on worker 0") != std::string::npos);
+  CHECK(run.output.find("sparse gradient of softmax/weight on worker 1") != std::string::npos);
+  CHECK(run.output.find("sparse gradient of embedding/table on worker 1") == std::string::npos);
+  CHECK(run.output.find("sparse gradient of softmax/weight on worker 0") == std::string::npos);
+}
+
+TEST_CASE("a pipelined LM with servers evaluates, saves and resumes with the servers' values and optimizer state") {
+  TempDir dir;
+  const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
+  const std::string common = "train lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 "
+                             "--train-sentences 400 --heldout-sentences 20 --batch 16 --clip 1 --eval-every 3 "
+                             "--threads 1 --timeout 30 ";
+  const std::string pipelined = "--stages 2 --microbatches 2 --servers 1 ";
+  const CliRun one = weftCli(common + "--steps 10 --out " + whole);
+  REQUIRE_MESSAGE(one.status == 0, one.output);
+  const CliRun first = weftCli(common + pipelined + "--steps 5 --out " + parts);
+  REQUIRE_MESSAGE(first.status == 0, first.output);
+  const CliRun second = weftCli(common + pipelined + "--steps 10 --resume --out " + parts);
+  REQUIRE_MESSAGE(second.status == 0, second.output);
+  CHECK(contains(second.output, "resumed from"));
+  // The evaluation at step 9 reads the servers' values of step 9, as one process's does.
+  const auto lossAt9 = [](const std::string& out) {
+    const size_t at = out.find("eval at step 9:  loss ");
+    REQUIRE_MESSAGE(at != std::string::npos, out);
+    return std::stod(out.substr(at + std::strlen("eval at step 9:  loss ")));
+  };
+  CHECK(lossAt9(second.output) == doctest::Approx(lossAt9(one.output)).epsilon(1e-4));
+  checkSameCheckpoints(whole, parts, 1e-5);
+}
+
+TEST_CASE("a pipeline refuses to serve a variable that two of its stages read (tied weights), naming it") {
+  TempDir dir;
+  const std::string tied = "--vocab 500 --classes 10 --embed 32 --hidden 32 --tie-embeddings --sampled 64 "
+                           "--train-sentences 400 --heldout-sentences 20 --batch 16 --steps 2 --threads 1 --timeout 30";
+  const CliRun run = weftCli("train lm " + tied + " --stages 2 --microbatches 2 --servers 1 --out " +
+                             (dir.path / "out").string());
+  CHECK(run.status != 0);
+  CHECK_MESSAGE(run.output.find("is held by the parameter servers and read by pipeline stages 0 and 1") !=
+                    std::string::npos,
+                run.output);
+}
+
 TEST_CASE("LM: embeddings split into row partitions over 2 servers train like one process") {
   // 4 KiB makes the 500 x 16 embedding and the softmax weights two partitions each.
   checkSameVariables("lm", lmFlags, 2, 1e-5, "--servers 2 --partition-bytes 4096");

@@ -5,6 +5,8 @@
 
 #include "dist/transport/LoopbackTransport.h"
 #include "dist/pipeline/PipelineStage.h"
+#include "dist/Placement.h"
+#include "dist/Transform.h"
 #include "nn/Layers.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -672,6 +674,49 @@ TEST_CASE("the cut: a tied variable's gradient parts are their stages' gradients
     for (const Transfer& t : cut.transfers) CHECK(t.value != part.link.dense);
   }
   CHECK(partStages == std::set<int>{0, 2});
+}
+
+TEST_CASE("the cut: a served variable's pulls, push and APPLY are its reading stage's; its gradient is left to the "
+          "servers to average, and that stage does not guess its update") {
+  Model m(2, 1.0);  // clipped: the push answers the embedding's squared norm to the global norm
+  Node* table = m.g.find("embedding");
+  const ServerPlan plan = planServers(m.g, Architecture::Auto, 1, {size_t{1} << 20});
+  REQUIRE(plan.variables.size() == 1);
+  REQUIRE(plan.variables[0].variable == table);
+  distributeParameterServers(m.g, plan, 777);
+  const PipelineCut cut = cutPipeline(m.g, 2, {m.loss}, m.step, false);
+  const auto nodeOf = [&](const std::string& op) {
+    for (const auto& n : m.g.nodes())
+      if (n->op == op && cut.stageOf[static_cast<size_t>(n->id)] >= 0) return n.get();
+    FAIL("no staged ", op);
+    return static_cast<Node*>(nullptr);
+  };
+  Node* pull = nodeOf("PullRows");
+  Node* push = nodeOf("PushGradient");
+  Node* apply = nodeOf("ApplyRemote");
+  CHECK(cut.stageOf[static_cast<size_t>(pull->id)] == 0);
+  CHECK(cut.phaseOf[static_cast<size_t>(pull->id)] == Phase::Forward);
+  const auto waveOf = [&](const Node* n) {
+    const auto& waves = cut.update[0];
+    for (size_t w = 0; w < waves.size(); ++w)
+      if (std::find(waves[w].targets.begin(), waves[w].targets.end(), n) != waves[w].targets.end()) return int(w);
+    return -1;
+  };
+  for (Node* n : {push, apply}) {
+    CHECK(cut.stageOf[static_cast<size_t>(n->id)] == 0);
+    CHECK(cut.phaseOf[static_cast<size_t>(n->id)] == Phase::Update);
+    CHECK(waveOf(n) >= 0);
+  }
+  // The push's squared norm goes to stage 1's global norm and the scale comes back: the APPLY
+  // runs in a later wave, which orders it after the push without the graph's control edge.
+  CHECK(waveOf(push) < waveOf(apply));
+  CHECK(std::find(apply->controlInputs.begin(), apply->controlInputs.end(), push) == apply->controlInputs.end());
+  for (const StageGradient& g : cut.gradients) {
+    CAPTURE(g.link.variable->name);
+    CHECK(g.served == (g.link.variable == table));
+  }
+  CHECK_FALSE(cut.guesses[0].possible());
+  CHECK(cut.guesses[1].possible());  // stage 1 holds no served variable: it still guesses the clip scale
 }
 
 TEST_CASE("the cut refuses a stage number beyond the pipeline, and a stage without forward work") {

@@ -24,7 +24,7 @@ namespace {
 
 struct LaunchFlags {
   int workers = 0;
-  int servers = 1;
+  int servers = -1;  // -1: one for data-parallel workers, none for a pipeline
   int stages = 1;
   int microbatches = 0;  // 0: the program's own
   std::string cluster;
@@ -59,8 +59,9 @@ std::string resolveProgram(const std::string& program) {
 void addLaunchFlags(CLI::App& app, LaunchFlags& f) {
   CLI::Option* workers =
       app.add_option("--workers", f.workers, "local CPU worker processes")->check(CLI::PositiveNumber);
-  app.add_option("--servers", f.servers, "local parameter-server processes (with --workers)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(workers);
+  app.add_option("--servers", f.servers,
+                 "local parameter-server processes (with --workers; default 1, with --stages 0: a pipeline's stages "
+                 "keep their variables unless told to serve them)")->check(CLI::NonNegativeNumber)->needs(workers);
   app.add_option("--cluster", f.cluster, "the hosts of this resource specification (JSON; see README)")
       ->check(CLI::ExistingFile)->excludes(workers);
   app.add_option("--arch", f.arch,
@@ -70,7 +71,7 @@ void addLaunchFlags(CLI::App& app, LaunchFlags& f) {
   app.add_option("--sync", f.sync, "bsp, asp, ssp:S or dssp:L:H, overriding the program's config (WEFT_SYNC)");
   app.add_option("--stages", f.stages,
                  "pipeline stages: --workers N runs N replicas of S stages, one process each, "
-                 "without parameter servers (WEFT_STAGES)")
+                 "with parameter servers only where --servers asks for them (WEFT_STAGES)")
       ->check(CLI::PositiveNumber)
       ->needs(workers);
   app.add_option("--microbatches", f.microbatches, "micro-batches per step of a pipeline (WEFT_MICROBATCHES)")
@@ -108,7 +109,7 @@ int runLaunch(int argc, char** argv) {
     own.erase(dashes, own.end());
   }
   CLI::App app(
-      "usage: weft launch [--workers N [--servers M | --stages S] | --cluster SPEC.json] [--arch auto|ar|ps] "
+      "usage: weft launch [--workers N [--servers M] [--stages S] | --cluster SPEC.json] [--arch auto|ar|ps] "
       "[--sync MODE] [--partitions N|auto] [--max-restarts N] -- PROGRAM [ARGS...]\n\nRuns PROGRAM as every "
       "worker and parameter server of a job; inside it, dist::get_runner(graph, config) joins the job, with "
       "these flags over its config, and dist::TrainingLoop checkpoints, resumes and samples for "
@@ -121,15 +122,14 @@ int runLaunch(int argc, char** argv) {
     app.parse(own);
     if (command.empty()) throw CLI::ValidationError("PROGRAM", "name the program to run after \"--\"");
     if (f.workers == 0 && f.cluster.empty()) throw CLI::ValidationError("--workers or --cluster", "one is required");
-    if (f.stages > 1 && app.count("--servers") > 0)
-      throw CLI::ValidationError("--servers", "a pipeline's stages hold their own variables: no parameter servers");
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
-    dist::ResourceSpec spec =
-        f.cluster.empty() ? dist::ResourceSpec::localCpu(f.workers * f.stages, f.stages > 1 ? 0 : f.servers)
-                          : dist::ResourceSpec::load(f.cluster);
+    // A pipeline's stages keep their variables unless servers are asked for.
+    const int servers = f.servers >= 0 ? f.servers : f.stages > 1 ? 0 : 1;
+    dist::ResourceSpec spec = f.cluster.empty() ? dist::ResourceSpec::localCpu(f.workers * f.stages, servers)
+                                                : dist::ResourceSpec::load(f.cluster);
     if (f.encrypt) spec.setEncrypt(true);
     command[0] = resolveProgram(command[0]);
     dist::LaunchOptions options;

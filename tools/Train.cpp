@@ -64,7 +64,7 @@ struct TrainFlags {
   int virtualStages = 1;
   bool postValidation = true;
   double memoryPerStage = 0;  // bytes; 0: no limit
-  int servers = 1;
+  int servers = -1;  // -1: one for data-parallel workers, none for a pipeline
   std::string cluster;
   std::string arch = "auto";
   int64_t partitionBytes = int64_t{1} << 20;
@@ -248,8 +248,8 @@ class Trainer {
   /// (the same for every process of the job and for programs of one's own); these are the
   /// trainer's own.
   Setup resolve() const {
-    // A pipeline's stages update their own variables: no parameter servers.
-    const int servers = flags_.stages > 1 ? 0 : flags_.servers;
+    // A pipeline's stages update their own variables unless servers are asked for.
+    const int servers = flags_.servers >= 0 ? flags_.servers : flags_.stages > 1 ? 0 : 1;
     dist::ResourceSpec resources = engine_ ? engine_->layout().resources
                                    : flags_.cluster.empty()
                                        ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
@@ -1048,7 +1048,9 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
                "of each stage's parameters and optimizer state during the update)")
       ->needs(stages);
   addMemoryPerStageFlag(cmd, f.memoryPerStage)->needs(stages);
-  cmd.add_option("--servers", f.servers, "parameter-server processes of a --workers job")->capture_default_str()
+  cmd.add_option("--servers", f.servers,
+                 "parameter-server processes of a --workers job (default 1; with --stages 0: a pipeline's stages "
+                 "keep their variables unless told to serve them)")
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--cluster", f.cluster, "train data-parallel on the hosts of this resource specification (JSON)")
       ->excludes(workers);

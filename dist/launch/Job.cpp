@@ -327,7 +327,9 @@ void limitPayloads(JobContext& job, const Graph& graph) {
 void connectJob(JobContext& job, const Config& config) {
   job.routes = connectPeers(job);
   // Under the asynchronous modes a machine's workers are at different clocks: none is summed.
-  job.groups = senderGroups(job.roster, config.localAggregation && config.sync->synchronous());
+  job.groups = config.pipeline.stages > 1
+                   ? SenderGroups::pipelineReplicas(job.workers(), config.pipeline.stages)
+                   : senderGroups(job.roster, config.localAggregation && config.sync->synchronous());
 }
 
 void JobContext::leave() {

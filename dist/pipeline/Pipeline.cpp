@@ -34,6 +34,13 @@ bool isPlaceholder(const Node* n) { return n->op == "Placeholder"; }
 bool isGroup(const Node* n) { return n->op == "NoOp"; }
 bool mutates(const Node* n) { return !n->def->mutatedInputs.empty(); }
 bool isTied(const Node* variable) { return variable->attrs.get<bool>("tied", false); }
+/// The parameter servers' side of a served variable's update (dist/server/ServerOps.h): its push
+/// and its APPLY run once a step, in the update of the stage that reads the variable.
+bool updatesServers(const Node* n) { return n->op == "PushGradient" || n->op == "ApplyRemote"; }
+/// A read of a served variable from the servers: input 0 is the worker's own copy of it.
+bool pullsFromServers(const Node* n) { return n->op == "PullRows" || n->op == "PullVariable"; }
+/// The served variable a server op names (its index in the client's plan).
+int64_t servedIndex(const Node* n) { return n->attrs.getInt("variable"); }
 
 // On a fused recurrent gradient that splitRecurrentGradients replaced: the id of its weight half.
 constexpr const char* kWeightsApart = "weights_apart";
@@ -142,6 +149,8 @@ class Cutter {
     dynamic_.assign(n, 0);
     wave_.assign(n, 0);
     for (Node* b : graph.collection(kBackwardCollection)) backward_.insert(b);
+    for (const auto& node : graph.nodes())
+      if (pullsFromServers(node.get())) servedCopies_.insert(node->inputs[0].node());
     const std::map<Output, Output> moved = movedWeightGradients(graph);
     for (GradientLink link : graph.gradientLinks()) {
       if (auto it = moved.find(link.dense); link.dense.valid() && it != moved.end()) link.dense = it->second;
@@ -322,7 +331,7 @@ class Cutter {
       if (isSource(n) || isGroup(n)) continue;
       if (backward_.count(n)) phase(n) = Phase::Backward;
       else if (forward[at(n)]) phase(n) = Phase::Forward;
-      else if (dynamic_[at(n)] || mutates(n)) phase(n) = Phase::Update;
+      else if (dynamic_[at(n)] || mutates(n) || updatesServers(n)) phase(n) = Phase::Update;
     }
     for (const Output& f : fetches_) {
       WEFT_CHECK(phase(f.node()) == Phase::Forward,
@@ -522,6 +531,10 @@ class Cutter {
   /// Tied weights: the lowest stage that reads `v` owns it (the last to finish its backward pass,
   /// it waits least for the others' parts of the gradient), the others hold copies.
   void tie(Node* v, const std::set<int>& stages) {
+    WEFT_CHECK(!servedCopies_.count(v),
+               "variable '{}' is held by the parameter servers and read by pipeline stages {}: a served variable is "
+               "read by one stage (tied weights across stages stay on the workers: --arch ar)",
+               v->name, fmt::join(stages, " and "));
     const int owner = *stages.begin();
     TiedVariable& tied = cut_.tied.emplace_back();
     tied.variable = v;
@@ -637,6 +650,7 @@ class Cutter {
   }
 
   void stageUpdates() {
+    stageServerUpdates();
     for (Node* n : order_) {
       if (phase(n) != Phase::Update) continue;
       for (const Output& in : n->inputs) {
@@ -675,6 +689,22 @@ class Cutter {
       if (phase(n) != Phase::Update || stage(n) == kNone) continue;
       for (Node* v : variablesRead(n)) readers_[v].insert(stage(n));
       for (int m : n->def->mutatedInputs) readers_[n->inputs[static_cast<size_t>(m)].node()].insert(stage(n));
+    }
+  }
+
+  /// A served variable's push and APPLY go to the one stage that reads the variable.
+  void stageServerUpdates() {
+    std::map<int64_t, Node*> copyOf;  // served variable index -> the worker's copy its pulls read
+    for (Node* n : order_)
+      if (pullsFromServers(n)) copyOf[servedIndex(n)] = n->inputs[0].node();
+    for (Node* n : order_) {
+      if (!updatesServers(n)) continue;
+      auto copy = copyOf.find(servedIndex(n));
+      WEFT_CHECK(copy != copyOf.end(), "{} updates a served variable that no op of the pipelined step reads",
+                 n->describe());
+      stage(n) = ownerOf(copy->second);
+      WEFT_CHECK(stage(n) != kNone, "{} updates served variable '{}', which no stage reads", n->describe(),
+                 copy->second->name);
     }
   }
 
@@ -742,6 +772,8 @@ class Cutter {
         if (stage(u) == kNone) continue;
         w = std::max(w, (phase(u) == Phase::Update ? wave_[at(u)] : 0) + (stage(u) != stage(n) ? 1 : 0));
       }
+      for (const Node* c : n->controlInputs)
+        if (phase(c) == Phase::Update && stage(c) == stage(n)) w = std::max(w, wave_[at(c)]);
       wave_[at(n)] = w;
     }
     std::vector<char> awaited(g_.size(), 0);
@@ -756,6 +788,20 @@ class Cutter {
       if (phase(n) != Phase::Update || stage(n) == kNone) continue;
       wave_[at(n)] = 2 * wave_[at(n)] + (awaited[at(n)] ? 0 : 1);
       lastWave_ = std::max(lastWave_, wave_[at(n)]);
+    }
+    dropControlEdgesBetweenWaves();
+  }
+
+  /// A control edge between two update waves of a stage (a push awaited by another stage, then
+  /// its APPLY) is kept by the waves' order; in the graph it would make the later wave's run
+  /// compute the earlier node again.
+  void dropControlEdgesBetweenWaves() {
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || stage(n) == kNone) continue;
+      const std::vector<Node*> waits = n->controlInputs;
+      for (Node* c : waits)
+        if (phase(c) == Phase::Update && stage(c) == stage(n) && wave_[at(c)] < wave_[at(n)])
+          g_.removeControlInput(n, c);
     }
   }
 
@@ -785,7 +831,7 @@ class Cutter {
       const std::vector<int> stages = stage(n) == kNone ? allStages() : std::vector<int>{stage(n)};
       for (int s : stages) {
         StageRun& run = runAt(s, runOf(n));
-        if (mutates(n)) run.targets.push_back(n);
+        if (mutates(n) || updatesServers(n)) run.targets.push_back(n);
         for (const Output& in : n->inputs) {
           const Node* u = in.node();
           if (isPlaceholder(u)) addUnique(run.placeholders, in);
@@ -877,6 +923,9 @@ class Cutter {
       guess.receives.push_back(static_cast<int>(t));
     }
     if (remote.empty()) return {};
+    // What a stage sends the servers in its update cannot be taken back.
+    for (Node* n : order_)
+      if (stage(n) == s && updatesServers(n)) return {};
     std::set<Node*> updated, tainted;
     for (const StageRun& wave : cut_.update[static_cast<size_t>(s)])
       for (Node* target : wave.targets)
@@ -939,7 +988,10 @@ class Cutter {
 
   int gradientIndex(int link, int s) {
     auto [it, added] = gradientOfLink_.try_emplace(link, static_cast<int>(cut_.gradients.size()));
-    if (added) cut_.gradients.push_back({links_[static_cast<size_t>(link)], s});
+    if (added) {
+      const GradientLink& l = links_[static_cast<size_t>(link)];
+      cut_.gradients.push_back({l, s, servedCopies_.count(l.variable) > 0});
+    }
     return it->second;
   }
 
@@ -967,6 +1019,7 @@ class Cutter {
   std::map<Node*, std::set<Node*>> variablesRead_;
   std::map<Node*, std::set<int>> readers_;
   std::vector<Node*> replicated_;
+  std::set<const Node*> servedCopies_;  // the workers' copies of the variables the servers hold
 };
 
 /// Per cut point k (between chain ops k and k + 1): the bytes of the values ops up to k make that

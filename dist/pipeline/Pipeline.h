@@ -31,10 +31,15 @@
 // The update runs in waves: a stage runs wave w once every transfer of earlier waves into it has
 // arrived, so a cross-stage computation (the global norm) costs one round trip, not a deadlock.
 //
+// With parameter servers (dist/server/ServerOps.h), a served variable's pulls are forward ops of
+// the stage that reads it, and its push and APPLY run in that stage's update: the servers hold,
+// update and average it over the pipeline's replicas, as they do over data-parallel workers.
+// Such a stage does not guess its update (what it sent cannot be taken back).
+//
 // Refused, with an error naming the nodes: a forward value flowing to an earlier stage or a
 // backward value to a later one, a stage number outside 0..S-1, an optimizer's update reading a
-// per-micro-batch forward value, a conditional node, and a cut that leaves a stage without
-// forward work.
+// per-micro-batch forward value, a conditional node, a served variable that several stages read,
+// and a cut that leaves a stage without forward work.
 #pragma once
 
 #include "core/Graph.h"
@@ -78,6 +83,9 @@ struct StageRun {
 struct StageGradient {
   GradientLink link;
   int stage = 0;
+  /// The variable is on the parameter servers, which average its gradient over the pipeline's
+  /// replicas: the stage pushes its own mean over the micro-batches.
+  bool served = false;
 };
 
 /// A trainable variable several stages read: each holds a copy, `owner` updates it and sends

@@ -546,7 +546,7 @@ struct PipelineStage::State {
     for (size_t g = 0; g < sums.size(); ++g) {
       if (!holds(cut->gradients[g].stage) || isPart[g]) continue;
       const GradientLink& link = cut->gradients[g].link;
-      links.push_back(&link);
+      if (!cut->gradients[g].served) links.push_back(&link);
       GradientSum& sum = sums[g];
       if (link.sparse) {
         Tensor values = concatRows(sum.values);

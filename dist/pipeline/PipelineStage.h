@@ -42,6 +42,7 @@ struct PipelineOptions {
   SessionOptions session;
   /// With data-parallel replicas of the pipeline: makes each of this stage's gradients the mean
   /// over the replicas' same stage (their rows gathered, for sparse ones), every replica alike.
+  /// The servers' variables are left out: the servers average what each replica pushes.
   std::function<void(StageGradients&)> averageOverReplicas;
   /// Post-validation (the zero-bubble paper's): where the last two steps' global-norm clipping
   /// scale (or another scalar its update reads from other stages) was the same, a stage updates

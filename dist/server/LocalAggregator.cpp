@@ -22,6 +22,22 @@ SenderGroups SenderGroups::separate(int workers) {
   return g;
 }
 
+SenderGroups SenderGroups::pipelineReplicas(int workers, int stages) {
+  WEFT_CHECK(stages >= 1 && workers % stages == 0, "{} workers are not replicas of a pipeline of {} stages", workers,
+             stages);
+  SenderGroups g;
+  g.everyMemberSends = true;
+  for (int w = 0; w < workers; ++w) {
+    g.groupOfWorker.push_back(w / stages);
+    if (w % stages == 0) {
+      g.members.emplace_back();
+      g.relay.push_back(-1);
+    }
+    g.members.back().push_back(w);
+  }
+  return g;
+}
+
 namespace {
 
 Message replyTo(const RequestHeader& h, std::vector<uint8_t> payload, uint32_t status = 0) {

@@ -37,15 +37,26 @@ namespace weft::dist {
 /// Which workers reach the servers together. A group is the workers of a machine whose first
 /// server aggregates them (`relay` is that server's index), or a single worker that talks to
 /// the servers itself (`relay` -1). A group's requests carry its first worker's rank.
+///
+/// In a pipelined job a group is one data-parallel replica of the pipeline, its stage processes
+/// (`everyMemberSends`): each sends its own requests, for the variables its stage holds, so
+/// every partition hears from one member of each group; the group is one sender of the step.
 struct SenderGroups {
   std::vector<int> groupOfWorker;
   std::vector<std::vector<int>> members;  ///< worker ranks, ascending, per group
   std::vector<int> relay;                 ///< per group
+  bool everyMemberSends = false;
 
   /// Every worker on its own.
   static SenderGroups separate(int workers);
+  /// The replicas of a pipeline of `stages` stages: workers r·S .. r·S + S − 1 are replica r.
+  static SenderGroups pipelineReplicas(int workers, int stages);
   int leader(int group) const { return members.at(static_cast<size_t>(group)).front(); }
   int groups() const { return static_cast<int>(members.size()); }
+  /// Whether worker `worker` sends requests itself (rather than its group's leader for it).
+  bool sends(int worker) const {
+    return everyMemberSends || leader(groupOfWorker.at(static_cast<size_t>(worker))) == worker;
+  }
 };
 
 class LocalAggregator {

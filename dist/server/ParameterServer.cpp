@@ -243,6 +243,7 @@ ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options opt
              "the sender groups cover {} workers, the job has {}", options_.groups.groupOfWorker.size(),
              options_.workers);
   leftJob_.assign(static_cast<size_t>(options_.groups.groups()), false);
+  saidGoodbye_.assign(static_cast<size_t>(options_.workers), false);
   states_.resize(plan.partitions.size());
   for (size_t i = 0; i < plan.partitions.size(); ++i) {
     if (plan.partitions[i].server != server) continue;
@@ -263,7 +264,9 @@ bool ParameterServer::finished() const {
 }
 
 bool ParameterServer::hasLeft(int worker) const {
-  return leftJob_.at(static_cast<size_t>(options_.groups.groupOfWorker.at(static_cast<size_t>(worker))));
+  const int sender = options_.groups.sends(worker) ? worker : options_.groups.leader(options_.groups.groupOfWorker.at(
+                                                                  static_cast<size_t>(worker)));
+  return saidGoodbye_.at(static_cast<size_t>(sender));
 }
 
 std::vector<int> ParameterServer::partitions() const {
@@ -285,19 +288,29 @@ void ParameterServer::admit(const RequestHeader& h) const {
   WEFT_CHECK(h.worker < static_cast<uint32_t>(options_.workers), "{} request from worker {}: the job has {} workers",
              requestKindName(h.kind), h.worker, options_.workers);
   const int group = options_.groups.groupOfWorker[h.worker];
-  WEFT_CHECK(options_.groups.leader(group) == static_cast<int>(h.worker),
+  WEFT_CHECK(options_.groups.sends(static_cast<int>(h.worker)),
              "{} request from worker {}, whose machine's local aggregator speaks for it as worker {}",
              requestKindName(h.kind), h.worker, options_.groups.leader(group));
-  WEFT_CHECK(!leftJob_[static_cast<size_t>(group)], "{} request from worker {}, which has said goodbye",
-             requestKindName(h.kind), h.worker);
+  WEFT_CHECK(!saidGoodbye_[h.worker], "{} request from worker {}, which has said goodbye", requestKindName(h.kind),
+             h.worker);
+}
+
+void ParameterServer::sayGoodbye(const RequestHeader& h, std::vector<Reply>& out) {
+  out.push_back(replyTo(h, {}));
+  saidGoodbye_[h.worker] = true;
+  // A group leaves once every member that sends has said goodbye (a pipeline replica's stages).
+  const int group = options_.groups.groupOfWorker[h.worker];
+  for (int member : options_.groups.members[static_cast<size_t>(group)])
+    if (options_.groups.sends(member) && !saidGoodbye_[static_cast<size_t>(member)]) return;
+  leave(group, out);
 }
 
 std::vector<ParameterServer::Reply> ParameterServer::handle(const Message& message) {
   const RequestHeader h = decodeRequest(message.header);
   admit(h);
   if (h.kind == RequestKind::Goodbye) {
-    std::vector<Reply> out{replyTo(h, {})};
-    leave(options_.groups.groupOfWorker[h.worker], out);
+    std::vector<Reply> out;
+    sayGoodbye(h, out);
     return out;
   }
   return serveOrRefuse(h, message.payload);
@@ -308,16 +321,15 @@ ParameterServer::Handled ParameterServer::handleAll(const std::vector<Message>& 
   // Each partition's requests in arrival order; goodbyes once every request before them is served.
   std::map<uint32_t, std::vector<std::pair<RequestHeader, const Payload*>>> byPartition;
   std::vector<RequestHeader> goodbyes;
-  std::vector<bool> leaving(leftJob_.size(), false);
+  std::vector<bool> leaving(saidGoodbye_.size(), false);
   for (const Message& m : messages) {
     try {
       const RequestHeader h = decodeRequest(m.header);
       admit(h);
-      const auto group = static_cast<size_t>(options_.groups.groupOfWorker[h.worker]);
-      WEFT_CHECK(!leaving[group], "{} request from worker {}, which has said goodbye", requestKindName(h.kind),
+      WEFT_CHECK(!leaving[h.worker], "{} request from worker {}, which has said goodbye", requestKindName(h.kind),
                  h.worker);
       if (h.kind == RequestKind::Goodbye) {
-        leaving[group] = true;
+        leaving[h.worker] = true;
         goodbyes.push_back(h);
       } else {
         byPartition[h.partition].emplace_back(h, &m.payload);
@@ -339,10 +351,7 @@ ParameterServer::Handled ParameterServer::handleAll(const std::vector<Message>& 
     }
   });
   for (std::vector<Reply>& r : replies) std::move(r.begin(), r.end(), std::back_inserter(out.replies));
-  for (const RequestHeader& h : goodbyes) {
-    out.replies.push_back(replyTo(h, {}));
-    leave(options_.groups.groupOfWorker[h.worker], out.replies);
-  }
+  for (const RequestHeader& h : goodbyes) sayGoodbye(h, out.replies);
   return out;
 }
 

@@ -74,7 +74,8 @@ class ParameterServer {
     std::vector<std::string> rejected;
   };
   Handled handleAll(const std::vector<Message>& messages);
-  /// Whether every sender has said goodbye, and whether the sender of worker `worker` has.
+  /// Whether every sender has said goodbye, and whether the sender of worker `worker` has (the
+  /// worker itself, or its machine's aggregator).
   bool finished() const;
   bool hasLeft(int worker) const;
   const SenderGroups& groups() const { return options_.groups; }
@@ -106,6 +107,8 @@ class ParameterServer {
                    Clock::time_point since);
   /// Replies to the pulls that the partition's version (and gate) now allows.
   void releaseWaiting(PartitionState& p, std::vector<Reply>& out);
+  /// Worker `h.worker` says goodbye; its group leaves with its last sending member.
+  void sayGoodbye(const RequestHeader& h, std::vector<Reply>& out);
   /// A sender group leaves: it holds no other sender's pulls back any more.
   void leave(int group, std::vector<Reply>& out);
 
@@ -114,6 +117,7 @@ class ParameterServer {
   Options options_;
   std::vector<std::unique_ptr<PartitionState>> states_;  // by plan partition index (null: another server's)
   std::vector<bool> leftJob_;  // by sender group
+  std::vector<bool> saidGoodbye_;  // by worker
   ThreadPool pool_;            // serves partitions in parallel
 };
 

@@ -25,7 +25,7 @@ Payload normBytes(double squaredNorm) {
   return out;
 }
 
-/// BSP: one push of every sender makes a version's gradient; worker 0's APPLY makes the version.
+/// BSP: one push of every sender makes a version's gradient; sender 0's APPLY makes the version.
 class SynchronousUpdates final : public PartitionUpdates {
  public:
   SynchronousUpdates(const SyncPolicy& policy, int senders) : policy_(policy), pushes_(static_cast<size_t>(senders)) {}
@@ -54,8 +54,10 @@ class SynchronousUpdates final : public PartitionUpdates {
     return out;
   }
 
-  std::vector<Released> apply(UpdateChain& chain, const RequestHeader& h, int, const Payload& extras) override {
-    WEFT_CHECK(h.worker == 0, "APPLY comes from worker 0 alone, not worker {}", h.worker);
+  std::vector<Released> apply(UpdateChain& chain, const RequestHeader& h, int sender, const Payload& extras) override {
+    // Sender 0: worker 0, or the stage of a pipeline's first replica that holds the variable.
+    WEFT_CHECK(sender == 0, "APPLY comes from worker 0 alone (in a pipeline, from its first replica), not worker {}",
+               h.worker);
     policy_.checkApply(h.clock, chain.version());
     WEFT_CHECK(!pendingApply_, "a second APPLY for version {}", chain.version());
     chain.checkExtras(extras);

@@ -54,6 +54,11 @@ class ServerClient {
   /// Whether this worker applies its own pushes (the asynchronous modes), rather than worker 0
   /// applying the step's aggregate for every worker (BSP).
   bool appliesOwnPushes() const { return !sync_->synchronous(); }
+  /// Whether this worker sends the step's APPLY for every worker under BSP: worker 0, or in a
+  /// pipelined job the first replica's stages, each for the variables its stage holds.
+  bool appliesForAll() const { return replica_ == 0; }
+  /// Makes this worker a stage process of data-parallel replica `replica` of a pipeline.
+  void setReplica(int replica) { replica_ = replica; }
   int rank() const { return rank_; }
   TrafficLog& traffic() const { return traffic_; }
   const ServerPlan& plan() const { return plan_; }
@@ -70,6 +75,7 @@ class ServerClient {
   TrafficLog& traffic_;
   Transport& transport_;
   int rank_;
+  int replica_ = rank_;
   std::vector<int> serverPeers_;
   const ServerPlan& plan_;
   std::chrono::milliseconds timeout_;

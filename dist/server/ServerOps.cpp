@@ -209,7 +209,7 @@ void applyRemoteKernel(KernelContext& ctx) {
   if (t.client == nullptr) ctx.fail("this worker has left the job: updates can no longer be applied");
   // Under BSP one worker speaks for all (every worker holds the same extras); otherwise each
   // worker's push is an update of its own, with its own learning rate, step and clipping scale.
-  if (t.client->rank() != 0 && !t.client->appliesOwnPushes()) return;
+  if (!t.client->appliesForAll() && !t.client->appliesOwnPushes()) return;
   std::vector<uint8_t> extras;
   for (int i = 0; i < ctx.numInputs(); ++i) {
     const auto* p = static_cast<const uint8_t*>(ctx.input(i).raw());

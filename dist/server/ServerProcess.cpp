@@ -252,11 +252,12 @@ int serveJob(JobContext& job, const Graph& graph, const Config& config) {
     const ServerPlan plan =
         planServersBySparsity(graph, config, job.servers(), job.routes.serverHosts, job.machines(), choices);
     limitPayloads(job, graph);
-    const int workers = job.workers();
+    // A pipeline's replica pushes each variable once, from the stage that holds it.
+    const int workers = job.workers(), replicas = workers / config.pipeline.stages;
     ParameterServer::Options options;
     options.workers = workers;
-    options.denseScale = config.averageDense ? 1.0 / workers : 1.0;
-    options.sparseScale = config.averageSparse ? 1.0 / workers : 1.0;
+    options.denseScale = config.averageDense ? 1.0 / replicas : 1.0;
+    options.sparseScale = config.averageSparse ? 1.0 / replicas : 1.0;
     options.session = config.session;
     options.groups = job.groups;
     options.sync = config.sync;
