@@ -189,6 +189,7 @@ struct Runner::State {
     client = std::make_unique<ServerClient>(traffic, *job->clientTransport, job->rank(), job->routes.serverPeers, plan,
                                             config.timeout, job->relay(), config.sync);
     client->setReplica(replica);
+    client->keepPulledRows();
     loadServedVariables();
   }
 

@@ -5,6 +5,7 @@
 
 #include "dist/Registry.h"
 
+#include <cstring>
 #include <set>
 
 
@@ -111,6 +112,60 @@ std::vector<std::vector<uint8_t>> ServerClient::request(std::vector<Call> calls,
   }
   traffic_.record(kind, transport_.bytesSent() - sentBefore, transport_.bytesReceived() - receivedBefore);
   return replies;
+}
+
+void ServerClient::keepPulledRows() {
+  WEFT_CHECK(sync_->synchronous(), "keeping pulled rows needs BSP, under which a clock's rows are fixed; {} moves "
+             "them between pulls", sync_->name());
+  keepRows_ = true;
+  kept_.assign(plan_.partitions.size(), {});
+}
+
+std::vector<std::vector<uint8_t>> ServerClient::pullRows(std::vector<Call> calls, TrafficKind kind) {
+  if (!keepRows_) return request(std::move(calls), kind);
+  const auto idsOf = [](const std::vector<uint8_t>& payload) {
+    std::vector<int64_t> ids(payload.size() / sizeof(int64_t));
+    if (!ids.empty()) std::memcpy(ids.data(), payload.data(), ids.size() * sizeof(int64_t));
+    return ids;
+  };
+  std::vector<Call> missing;
+  for (const Call& c : calls) {
+    WEFT_CHECK(c.kind == RequestKind::PullRows, "pullRows takes PULL_ROWS calls, not {}", describe(c));
+    KeptRows& kept = kept_.at(static_cast<size_t>(c.partition));
+    if (kept.clock != pushes_[static_cast<size_t>(c.partition)]) {
+      kept = KeptRows{};
+      kept.clock = pushes_[static_cast<size_t>(c.partition)];
+    }
+    std::vector<int64_t> absent;
+    for (int64_t id : idsOf(c.payload))
+      if (!kept.at.count(id)) absent.push_back(id);
+    if (absent.empty()) continue;
+    const auto* bytes = reinterpret_cast<const uint8_t*>(absent.data());
+    missing.push_back({c.partition, RequestKind::PullRows, {bytes, bytes + absent.size() * sizeof(int64_t)}});
+  }
+  const std::vector<std::vector<uint8_t>> replies = request(missing, kind);
+  for (size_t j = 0; j < missing.size(); ++j) {
+    KeptRows& kept = kept_[static_cast<size_t>(missing[j].partition)];
+    const std::vector<int64_t> ids = idsOf(missing[j].payload);
+    const size_t rowBytes = plan_.variables[static_cast<size_t>(plan_.partitions[static_cast<size_t>(
+                                                                     missing[j].partition)].variable)].rowBytes();
+    WEFT_CHECK(replies[j].size() == ids.size() * rowBytes, "worker {}: {} returned {} bytes for {} rows of {}", rank_,
+               describe(missing[j]), replies[j].size(), ids.size(), rowBytes);
+    for (size_t i = 0; i < ids.size(); ++i) kept.at.emplace(ids[i], kept.rows.size() + i * rowBytes);
+    kept.rows.insert(kept.rows.end(), replies[j].begin(), replies[j].end());
+  }
+  std::vector<std::vector<uint8_t>> out;
+  for (const Call& c : calls) {
+    const KeptRows& kept = kept_[static_cast<size_t>(c.partition)];
+    const size_t rowBytes =
+        plan_.variables[static_cast<size_t>(plan_.partitions[static_cast<size_t>(c.partition)].variable)].rowBytes();
+    std::vector<uint8_t>& rows = out.emplace_back();
+    for (int64_t id : idsOf(c.payload)) {
+      const auto from = kept.rows.begin() + static_cast<std::ptrdiff_t>(kept.at.at(id));
+      rows.insert(rows.end(), from, from + static_cast<std::ptrdiff_t>(rowBytes));
+    }
+  }
+  return out;
 }
 
 }  // namespace weft::dist

@@ -14,6 +14,7 @@
 #include "dist/transport/Transport.h"
 
 #include <atomic>
+#include <unordered_map>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -41,6 +42,14 @@ class ServerClient {
   /// Throws the server's error message, or names the request, the partition and its variable
   /// when its server fails or does not answer within the timeout.
   std::vector<std::vector<uint8_t>> request(std::vector<Call> calls, TrafficKind kind);
+  /// PULL_ROWS calls (each payload the partition's local row ids, int64, ascending, unique), as
+  /// request() makes them, except that with keepPulledRows() only the rows not kept from an
+  /// earlier pull at the same clock travel.
+  std::vector<std::vector<uint8_t>> pullRows(std::vector<Call> calls, TrafficKind kind);
+  /// Under BSP the value a pull at a clock reads is fixed (the version of that clock): from now
+  /// on the rows pulled at a clock are kept until this worker next pushes their partition, so a
+  /// pipeline stage's micro-batches fetch each row once a step.
+  void keepPulledRows();
   /// Tells every server (or the relay) that this worker leaves the job, and waits until each has
   /// heard it (so that closing the connections afterwards is not taken for a failure).
   void goodbye();
@@ -83,6 +92,14 @@ class ServerClient {
   std::shared_ptr<const SyncPolicy> sync_;
   int64_t id_;
   std::vector<uint64_t> pushes_;  // per partition
+  /// Rows pulled at a partition's clock (keepPulledRows): where each local id's row is in `rows`.
+  struct KeptRows {
+    uint64_t clock = 0;
+    std::unordered_map<int64_t, size_t> at;
+    std::vector<uint8_t> rows;
+  };
+  bool keepRows_ = false;
+  std::vector<KeptRows> kept_;  // per partition
   uint64_t nextRequest_ = 1;
   std::atomic<bool> localCopyCurrent_{false};
 };

@@ -95,7 +95,7 @@ void pullRowsKernel(KernelContext& ctx) {
     calls.push_back(
         {t.variable->partitions[k], RequestKind::PullRows, {ids, ids + wanted[k].size() * sizeof(int64_t)}});
   }
-  const std::vector<std::vector<uint8_t>> replies = t.client->request(std::move(calls), trafficOf(*t.variable));
+  const std::vector<std::vector<uint8_t>> replies = t.client->pullRows(std::move(calls), trafficOf(*t.variable));
   const size_t rowBytes = t.variable->rowBytes();
   for (size_t k = 0; k < parts; ++k)
     if (!wanted[k].empty()) checkReply(ctx, replies[callOf[k]], wanted[k].size() * rowBytes);
