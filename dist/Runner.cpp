@@ -360,8 +360,10 @@ struct Runner::State {
     if (client) {
       // After the cut is chosen: choosing it profiles the step, which must not reach the servers.
       if (!serversInGraph) distributeServedVariables();
-      // Stage 0's pulls to evaluate are of a step gone by.
+      // Stage 0's pulls to evaluate, and rows kept of partitions another stage pushes, are of a
+      // step gone by.
       client->setLocalCopyCurrent(false);
+      client->forgetPulledRows();
     }
     const std::vector<double> means = pipeline->step(fetches, targets[0], microbatches);
     std::vector<Tensor> out;
@@ -437,7 +439,10 @@ struct Runner::State {
   void leave(ServedValues values = ServedValues::Pull) {
     barrier();
     if (client) {
-      if (values == ServedValues::Pull && !plan.empty() && !client->localCopyCurrent()) pullVariables();
+      // A pipeline's whole model is worker 0's alone; its other stages hold their parts.
+      const bool wholeModel = !pipeline || rank() == 0;
+      if (values == ServedValues::Pull && wholeModel && !plan.empty() && !client->localCopyCurrent())
+        pullVariables();
       client->goodbye();
     }
     gpuSums.reset();  // after the barrier: every GPU worker closes the communicator together

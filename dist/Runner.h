@@ -78,7 +78,7 @@ class Runner {
   void finish(ServedValues values = ServedValues::Pull);
 
   /// Makes worker 0's session hold the whole model's current values, to evaluate or save it:
-  /// pulls the servers' variables into it, or gathers a pipeline's other stages' variables.
+  /// gathers a pipeline's other stages' variables into it, and pulls the servers' variables.
   /// Every worker calls it at the same point; the other workers' sessions stay as they are.
   void gatherModel();
   /// The whole values of the variables the workers keep shards of (Config::sharding), for

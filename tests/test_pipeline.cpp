@@ -715,6 +715,7 @@ TEST_CASE("the cut: a served variable's pulls, push and APPLY are its reading st
     CAPTURE(g.link.variable->name);
     CHECK(g.served == (g.link.variable == table));
   }
+  CHECK(cut.updatesServers == std::vector<char>{1, 0});
   CHECK_FALSE(cut.guesses[0].possible());
   CHECK(cut.guesses[1].possible());  // stage 1 holds no served variable: it still guesses the clip scale
 }

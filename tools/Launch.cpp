@@ -60,8 +60,10 @@ void addLaunchFlags(CLI::App& app, LaunchFlags& f) {
   CLI::Option* workers =
       app.add_option("--workers", f.workers, "local CPU worker processes")->check(CLI::PositiveNumber);
   app.add_option("--servers", f.servers,
-                 "local parameter-server processes (with --workers; default 1, with --stages 0: a pipeline's stages "
-                 "keep their variables unless told to serve them)")->check(CLI::NonNegativeNumber)->needs(workers);
+                 "local parameter-server processes (with --workers; default 1, or 0 with --stages: a pipeline's "
+                 "stages keep their variables unless told to serve them)")
+      ->check(CLI::NonNegativeNumber)
+      ->needs(workers);
   app.add_option("--cluster", f.cluster, "the hosts of this resource specification (JSON; see README)")
       ->check(CLI::ExistingFile)->excludes(workers);
   app.add_option("--arch", f.arch,

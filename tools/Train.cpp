@@ -1049,8 +1049,8 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
       ->needs(stages);
   addMemoryPerStageFlag(cmd, f.memoryPerStage)->needs(stages);
   cmd.add_option("--servers", f.servers,
-                 "parameter-server processes of a --workers job (default 1; with --stages 0: a pipeline's stages "
-                 "keep their variables unless told to serve them)")
+                 "parameter-server processes of a --workers job (default 1, or 0 with --stages: a pipeline's "
+                 "stages keep their variables unless told to serve them)")
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--cluster", f.cluster, "train data-parallel on the hosts of this resource specification (JSON)")
       ->excludes(workers);

@@ -676,7 +676,7 @@ class Cutter {
     // What one stage's updates alone read goes there; what several read, to the latest stage it reads from.
     for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
       Node* n = *it;
-      if (phase(n) != Phase::Update || mutates(n) || !dynamic_[at(n)]) continue;
+      if (phase(n) != Phase::Update || mutates(n) || !dynamic_[at(n)] || updatesServers(n)) continue;
       std::set<int> readers;
       for (Node* c : consumers(n)) readers.insert(stage(c));
       if (readers.size() == 1 && *readers.begin() != kNone) stage(n) = *readers.begin();
@@ -792,16 +792,17 @@ class Cutter {
     dropControlEdgesBetweenWaves();
   }
 
-  /// A control edge between two update waves of a stage (a push awaited by another stage, then
-  /// its APPLY) is kept by the waves' order; in the graph it would make the later wave's run
-  /// compute the earlier node again.
+  /// A served variable's APPLY waits for its push (a control edge). Where the push is awaited by
+  /// another stage (its squared norm, for clipping) and the APPLY reads what comes back, the two
+  /// run in different waves, whose order keeps the edge; in the graph it would make the APPLY's
+  /// run push again. The push's wave comes from its inputs (the gradients, wave 0) alone, so a
+  /// later cut of the same graph puts the two in the same waves without the edge.
   void dropControlEdgesBetweenWaves() {
     for (Node* n : order_) {
-      if (phase(n) != Phase::Update || stage(n) == kNone) continue;
+      if (!updatesServers(n) || stage(n) == kNone) continue;
       const std::vector<Node*> waits = n->controlInputs;
       for (Node* c : waits)
-        if (phase(c) == Phase::Update && stage(c) == stage(n) && wave_[at(c)] < wave_[at(n)])
-          g_.removeControlInput(n, c);
+        if (updatesServers(c) && stage(c) == stage(n) && wave_[at(c)] < wave_[at(n)]) g_.removeControlInput(n, c);
     }
   }
 
@@ -893,6 +894,9 @@ class Cutter {
   /// Each stage's UpdateGuess, or none anywhere when a stage that sends computed values would
   /// wait for another's.
   void findGuesses() {
+    cut_.updatesServers.assign(static_cast<size_t>(cut_.stages), 0);
+    for (Node* n : order_)
+      if (updatesServers(n)) cut_.updatesServers[static_cast<size_t>(stage(n))] = 1;
     std::set<int> remoteSent;
     for (int s = 0; s < cut_.stages; ++s) {
       cut_.guesses.push_back(guessOf(s));
@@ -923,9 +927,7 @@ class Cutter {
       guess.receives.push_back(static_cast<int>(t));
     }
     if (remote.empty()) return {};
-    // What a stage sends the servers in its update cannot be taken back.
-    for (Node* n : order_)
-      if (stage(n) == s && updatesServers(n)) return {};
+    if (cut_.updatesServers[static_cast<size_t>(s)]) return {};  // what it sends the servers stays sent
     std::set<Node*> updated, tainted;
     for (const StageRun& wave : cut_.update[static_cast<size_t>(s)])
       for (Node* target : wave.targets)

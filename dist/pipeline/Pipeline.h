@@ -132,6 +132,9 @@ struct PipelineCut {
   /// wait on another's (a stage that sends what it computed from received values receives only
   /// values the others computed from their own).
   std::vector<UpdateGuess> guesses;
+  /// Per stage: whether its update sends the parameter servers a push or an APPLY, which cannot
+  /// be taken back: a process holding such a stage never updates on a guess.
+  std::vector<char> updatesServers;
   /// Per stage: the variables it holds (its own, the replicated ones and copies of tied ones).
   std::vector<std::vector<Node*>> variables;
   /// Per stage: the Forward, Backward and Weights runs of a micro-batch, and the update's waves.

@@ -600,6 +600,7 @@ struct PipelineStage::State {
         if (std::find(into.begin(), into.end(), x) == into.end()) into.push_back(x);
     };
     for (int stage : held) {
+      if (cut->updatesServers[static_cast<size_t>(stage)]) return std::nullopt;
       const UpdateGuess& g = cut->guesses[static_cast<size_t>(stage)];
       const bool receives = std::any_of(cut->transfers.begin(), cut->transfers.end(), [&](const Transfer& t) {
         return t.to == stage && t.receivedIn == Phase::Update;

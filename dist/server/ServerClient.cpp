@@ -14,7 +14,8 @@ namespace weft::dist {
 ServerClient::ServerClient(TrafficLog& traffic, Transport& transport, int rank, std::vector<int> serverPeers,
                            const ServerPlan& plan, std::chrono::milliseconds timeout, int relay,
                            std::shared_ptr<const SyncPolicy> sync)
-    : traffic_(traffic), transport_(transport), rank_(rank), serverPeers_(std::move(serverPeers)), plan_(plan),
+    : traffic_(traffic), transport_(transport), rank_(rank), replica_(rank), serverPeers_(std::move(serverPeers)),
+      plan_(plan),
       timeout_(timeout), relay_(relay), sync_(std::move(sync)), pushes_(plan.partitions.size(), 0) {
   WEFT_CHECK(static_cast<int>(serverPeers_.size()) >= plan.servers,
              "the plan spreads variables over {} servers, the job has {}", plan.servers, serverPeers_.size());
@@ -119,6 +120,10 @@ void ServerClient::keepPulledRows() {
              "them between pulls", sync_->name());
   keepRows_ = true;
   kept_.assign(plan_.partitions.size(), {});
+}
+
+void ServerClient::forgetPulledRows() {
+  if (keepRows_) kept_.assign(plan_.partitions.size(), {});
 }
 
 std::vector<std::vector<uint8_t>> ServerClient::pullRows(std::vector<Call> calls, TrafficKind kind) {

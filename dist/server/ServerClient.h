@@ -46,10 +46,13 @@ class ServerClient {
   /// request() makes them, except that with keepPulledRows() only the rows not kept from an
   /// earlier pull at the same clock travel.
   std::vector<std::vector<uint8_t>> pullRows(std::vector<Call> calls, TrafficKind kind);
-  /// Under BSP the value a pull at a clock reads is fixed (the version of that clock): from now
-  /// on the rows pulled at a clock are kept until this worker next pushes their partition, so a
-  /// pipeline stage's micro-batches fetch each row once a step.
+  /// Under BSP the value a pull at a clock reads is fixed (the version of that clock) for a
+  /// partition this worker pushes: from now on the rows pulled at a clock are kept until this
+  /// worker next pushes their partition, so a pipeline stage's micro-batches fetch each row once
+  /// a step. A partition it does not push is read at whatever version the servers hold: the
+  /// caller forgets the kept rows (forgetPulledRows) before each step.
   void keepPulledRows();
+  void forgetPulledRows();
   /// Tells every server (or the relay) that this worker leaves the job, and waits until each has
   /// heard it (so that closing the connections afterwards is not taken for a failure).
   void goodbye();
@@ -84,7 +87,7 @@ class ServerClient {
   TrafficLog& traffic_;
   Transport& transport_;
   int rank_;
-  int replica_ = rank_;
+  int replica_;
   std::vector<int> serverPeers_;
   const ServerPlan& plan_;
   std::chrono::milliseconds timeout_;
