@@ -187,7 +187,7 @@ struct Runner::State {
     plan = planServersBySparsity(graph, config, job->servers(), job->routes.serverHosts, job->machines(),
                                  sparsityChoices);
     client = std::make_unique<ServerClient>(traffic, *job->clientTransport, job->rank(), job->routes.serverPeers, plan,
-                                            config.timeout, job->relay(), config.sync);
+                                            config.timeout, job->relay(), config.sync, config.wireDType);
     client->setReplica(replica);
     client->keepPulledRows();
     loadServedVariables();
@@ -688,7 +688,8 @@ Runner makeWorker(JobContext job, Graph& graph, const Config& config) {
   refuseConditionalServedUpdates(graph, state->plan);
   if (j.servers() > 0) {
     state->client = std::make_unique<ServerClient>(state->traffic, *j.clientTransport, j.rank(), j.routes.serverPeers,
-                                                   state->plan, config.timeout, j.relay(), config.sync);
+                                                   state->plan, config.timeout, j.relay(), config.sync,
+                                                   config.wireDType);
   }
   TransformOptions options;
   options.hostRing = state->communicator->id();

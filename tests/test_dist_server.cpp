@@ -5,6 +5,7 @@
 #include "tests/TestUtil.h"
 
 #include "dist/server/ParameterServer.h"
+#include "dist/server/WireRows.h"
 #include "dist/Placement.h"
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
@@ -719,4 +720,48 @@ TEST_CASE("a pipelined job's server counts each replica as one sender: each of i
   CHECK_FALSE(server.finished());
   server.handle(request(RequestKind::Goodbye, 3, 1));
   CHECK(server.finished());
+}
+
+TEST_CASE("--wire-dtype bf16: a server takes pushed rows in bf16, sums them in f32, and answers pulls in bf16; "
+          "LOAD and FETCH stay f32") {
+  Model model;
+  const ServerPlan plan = planServers(model.g, Architecture::Auto, 1, {size_t{1} << 20});
+  ParameterServer server{plan, 0,
+                         {.workers = 2, .denseScale = 0.5, .sparseScale = 0.5, .session = {1, false}, .groups = {},
+                          .sync = bspPolicy(), .wire = DType::BF16}};
+  const RowWire wire = RowWire::of(plan.variables.at(0), DType::BF16);
+  REQUIRE(wire.narrowed);
+  CHECK(wire.bytes() == kWidth * sizeof(uint16_t));
+  CHECK_FALSE(RowWire::of(plan.variables.at(0), DType::F16).narrowed);  // f16 would lose small gradients
+  // 1 + 2^-10 is not a bf16 value: it travels as 1, and 3.5 exactly.
+  const std::vector<float> initial(kRows * kWidth, 1.0f + std::ldexp(1.0f, -10));
+  REQUIRE(headerOf(server.handle(request(RequestKind::Load, 0, 0, bytesOf(initial))).at(0)).status == 0);
+  const auto bf16Rows = [&](const std::vector<float>& rows) { return wire.narrow(bytesOf(rows)); };
+  const auto sparseBf16 = [&](const std::vector<int64_t>& ids, const std::vector<float>& rows) {
+    std::vector<uint8_t> out = bytesOf(std::vector<uint64_t>{ids.size()});
+    for (const std::vector<uint8_t>& part : {bytesOf(ids), bf16Rows(rows)})
+      out.insert(out.end(), part.begin(), part.end());
+    return out;
+  };
+  const auto pulled = server.handle(request(RequestKind::PullRows, 1, 0, bytesOf(std::vector<int64_t>{4})));
+  REQUIRE(pulled.size() == 1);
+  CHECK(pulled[0].payload == bf16Rows({1, 1, 1}));
+  // A push of f32 rows (twice the bytes) is refused as malformed.
+  const auto wide = server.handle(request(RequestKind::Push, 1, 0, sparseRows({2}, {1, 1, 1})));
+  REQUIRE(wide.size() == 1);
+  CHECK(headerOf(wide[0]).status != 0);
+  CHECK(server.handle(request(RequestKind::Push, 1, 0, sparseBf16({2}, {3.5f, 0, -1}))).empty());
+  const auto summed = server.handle(request(RequestKind::Push, 0, 0, sparseBf16({2}, {0.5f, 1, 1})));
+  REQUIRE(summed.size() == 2);
+  // Averaged in f32: row 2's gradient (2, 0.5, 0), squared norm 4.25.
+  CHECK(valuesOf<double>(summed[0].payload).at(0) == doctest::Approx(4.25));
+  REQUIRE(server.handle(request(RequestKind::Apply, 0, 0, bytesOf(std::vector<float>{kLearningRate}))).size() == 1);
+  // FETCH returns the f32 values: row 2 moved by 0.5 x its gradient from the unrounded start.
+  const std::vector<float> fetched =
+      valuesOf<float>(server.handle(request(RequestKind::Fetch, 1, 1)).at(0).payload);
+  const float start = 1.0f + std::ldexp(1.0f, -10);
+  CHECK(fetched[2 * kWidth + 0] == start - kLearningRate * 2.0f);
+  CHECK(fetched[2 * kWidth + 1] == start - kLearningRate * 0.5f);
+  CHECK(fetched[2 * kWidth + 2] == start);
+  CHECK(fetched[0] == start);
 }

@@ -4,6 +4,7 @@
 #include "core/Error.h"
 #include "core/Tensor.h"
 #include "dist/server/RowSums.h"
+#include "dist/server/WireRows.h"
 
 #include <fmt/format.h>
 
@@ -59,8 +60,8 @@ void appendBytes(std::vector<uint8_t>& bytes, const T* values, size_t count) {
 }  // namespace
 
 LocalAggregator::LocalAggregator(const ServerPlan& plan, std::vector<int> members, int serverCount,
-                                 std::shared_ptr<const SyncPolicy> sync)
-    : plan_(plan), members_(std::move(members)), serverCount_(serverCount), sync_(std::move(sync)),
+                                 std::shared_ptr<const SyncPolicy> sync, DType wire)
+    : plan_(plan), members_(std::move(members)), serverCount_(serverCount), sync_(std::move(sync)), wire_(wire),
       left_(members_.size(), false),
       pushesForwarded_(plan.partitions.size(), 0) {
   WEFT_CHECK(!members_.empty() && std::is_sorted(members_.begin(), members_.end()),
@@ -100,10 +101,11 @@ void LocalAggregator::check(const RequestHeader& h, const std::vector<uint8_t>& 
       break;
     case RequestKind::Push:
       if (v.sparse) {
-        sparsePushRowIds(payload, rows, v.rowBytes());
+        sparsePushRowIds(payload, rows, RowWire::of(v, wire_).bytes());
       } else {
-        WEFT_CHECK(payload.size() == part.bytes, "a dense PUSH carries {} bytes, the partition takes {}",
-                   payload.size(), part.bytes);
+        const size_t expected = static_cast<size_t>(rows) * RowWire::of(v, wire_).bytes();
+        WEFT_CHECK(payload.size() == expected, "a dense PUSH carries {} bytes, the partition takes {}",
+                   payload.size(), expected);
       }
       break;
     case RequestKind::Apply:
@@ -177,7 +179,7 @@ LocalAggregator::Released LocalAggregator::pull(const Request& request) {
 LocalAggregator::Released LocalAggregator::servePulls(const Key& key) {
   Pulled& p = pulled_[key];
   const Partition& part = plan_.partitions[std::get<1>(key)];
-  const size_t rowBytes = plan_.variables[static_cast<size_t>(part.variable)].rowBytes();
+  const size_t rowBytes = RowWire::of(plan_.variables[static_cast<size_t>(part.variable)], wire_).bytes();
   Released out;
   std::vector<Request> unanswered;
   std::vector<int64_t> missing;
@@ -226,8 +228,9 @@ LocalAggregator::Released LocalAggregator::pulled(InFlight done, const ReplyHead
   Pulled& p = pulled_[done.pull];
   p.fetching = false;
   const Partition& part = plan_.partitions[std::get<1>(done.pull)];
-  const size_t rowBytes = plan_.variables[static_cast<size_t>(part.variable)].rowBytes();
-  const size_t expected = done.kind == RequestKind::PullAll ? part.bytes : done.rows.size() * rowBytes;
+  const size_t rowBytes = RowWire::of(plan_.variables[static_cast<size_t>(part.variable)], wire_).bytes();
+  const size_t expected = (done.kind == RequestKind::PullAll ? static_cast<size_t>(part.rows) : done.rows.size()) *
+                          rowBytes;
   std::string error = reply.status != 0 ? std::string(payload.begin(), payload.end()) : "";
   if (error.empty() && payload.size() != expected)
     error = fmt::format("server {} answered a {} with {} bytes, expected {}", done.server, requestKindName(done.kind),
@@ -268,35 +271,38 @@ std::vector<uint8_t> LocalAggregator::sumPushes(const std::vector<Request>& push
   const ServedVariable& v = plan_.variables[static_cast<size_t>(part.variable)];
   const DType dtype = v.variable->outputs[0].dtype;
   const size_t rowBytes = v.rowBytes();
+  const RowWire wire = RowWire::of(v, wire_);
   std::vector<uint8_t> out;
   if (!v.sparse) {
     dispatchFloat(dtype, [&](auto z) {
       using T = decltype(z);
-      std::vector<T> sum(part.bytes / sizeof(T), T(0));
+      std::vector<T> sum(part.bytes / sizeof(T), T(0)), in(sum.size());
       for (const Request& r : pushes) {
-        const T* in = reinterpret_cast<const T*>(r.payload.data());
+        wire.widen(r.payload, reinterpret_cast<uint8_t*>(in.data()));
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += in[i];
       }
-      appendBytes(out, sum.data(), sum.size());
+      out = wire.narrow({reinterpret_cast<const uint8_t*>(sum.data()), part.bytes});
     });
     return out;
   }
-  // Every member's rows, in member order; rows of one id are added up in that order.
+  // Every member's rows, in member order, as stored; rows of one id are added up in that order.
   std::vector<int64_t> ids;
-  std::vector<const uint8_t*> rowsAt;
+  std::vector<std::vector<uint8_t>> stored;
   for (const Request& r : pushes) {
-    const std::vector<int64_t> own = sparsePushRowIds(r.payload, part.rows, rowBytes);
-    const uint8_t* first = r.payload.data() + 8 + own.size() * 8;
-    for (size_t i = 0; i < own.size(); ++i) {
-      ids.push_back(own[i]);
-      rowsAt.push_back(first + i * rowBytes);
-    }
+    const std::vector<int64_t> own = sparsePushRowIds(r.payload, part.rows, wire.bytes());
+    ids.insert(ids.end(), own.begin(), own.end());
+    stored.emplace_back(own.size() * rowBytes);
+    wire.widen({r.payload.data() + 8 + own.size() * 8, own.size() * wire.bytes()}, stored.back().data());
   }
+  std::vector<const uint8_t*> rowsAt;
+  for (const std::vector<uint8_t>& rowsOfMember : stored)
+    for (size_t at = 0; at < rowsOfMember.size(); at += rowBytes) rowsAt.push_back(rowsOfMember.data() + at);
   const RowSums sums = sumRowsById(dtype, rowBytes, ids, rowsAt);
   const uint64_t count = sums.ids.size();
   appendBytes(out, &count, 1);
   appendBytes(out, sums.ids.data(), sums.ids.size());
-  out.insert(out.end(), sums.rows.begin(), sums.rows.end());
+  const std::vector<uint8_t> travelling = wire.narrow(sums.rows);
+  out.insert(out.end(), travelling.begin(), travelling.end());
   SparseRows& rows = sparseRows_[v.variable->name];
   if (static_cast<int>(partition) == v.partitions.front()) ++rows.steps;
   rows.lookups += static_cast<int64_t>(ids.size());

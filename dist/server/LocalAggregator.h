@@ -62,8 +62,10 @@ struct SenderGroups {
 class LocalAggregator {
  public:
   /// Aggregates for `members` (worker ranks, ascending; the first speaks for them all).
+  /// `wire`: how pulled and pushed rows of f32 variables travel (dist/server/WireRows.h); the
+  /// machine's pushes are summed in f32 and narrowed again.
   LocalAggregator(const ServerPlan& plan, std::vector<int> members, int serverCount,
-                  std::shared_ptr<const SyncPolicy> sync = bspPolicy());
+                  std::shared_ptr<const SyncPolicy> sync = bspPolicy(), DType wire = DType::F32);
 
   /// What a message releases: replies to members (by worker rank) and requests for servers (by
   /// server index).
@@ -128,6 +130,7 @@ class LocalAggregator {
   std::vector<int> members_;
   int serverCount_;
   std::shared_ptr<const SyncPolicy> sync_;
+  DType wire_;
   std::map<std::pair<uint32_t, uint64_t>, std::vector<std::optional<Request>>>
       pushes_;  // by (partition, clock), per member
   std::map<Key, Pulled> pulled_;

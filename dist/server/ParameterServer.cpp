@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "core/Tensor.h"
+#include "dist/server/WireRows.h"
 #include "ops/RowIds.h"
 
 #include <fmt/format.h>
@@ -46,6 +47,7 @@ struct ParameterServer::PartitionState final : UpdateChain {
   const ServedVariable* served = nullptr;
   int64_t rows = 0;
   size_t rowBytes = 0;
+  RowWire wire;  // how pulled and pushed rows travel
   size_t bytes() const { return static_cast<size_t>(rows) * rowBytes; }
 
   // The update chain on this partition: its own variable, slots, gradient feeds and extras.
@@ -68,7 +70,7 @@ struct ParameterServer::PartitionState final : UpdateChain {
   std::vector<WaitingPull> waiting;  // pulls for a later version, or held by the staleness gate
   std::unique_ptr<PartitionUpdates> updates;  // the synchronisation mode's pushes and APPLYs
 
-  void build(const ServerPlan& plan, int partition, const SessionOptions& options);
+  void build(const ServerPlan& plan, int partition, const SessionOptions& options, DType wireDType);
   Payload answer(const RequestHeader& h, const Payload& payload);
   void load(const Payload& payload);
   void checkGradient(const Payload& payload) const override;
@@ -78,13 +80,15 @@ struct ParameterServer::PartitionState final : UpdateChain {
   uint64_t version() const override { return applied; }
 };
 
-void ParameterServer::PartitionState::build(const ServerPlan& plan, int partition, const SessionOptions& options) {
+void ParameterServer::PartitionState::build(const ServerPlan& plan, int partition, const SessionOptions& options,
+                                            DType wireDType) {
   index = partition;
   const Partition& part = plan.partitions[static_cast<size_t>(partition)];
   served = &plan.variables[static_cast<size_t>(part.variable)];
   const ServedVariable& v = *served;
   rows = part.rows;
   rowBytes = v.rowBytes();
+  wire = RowWire::of(v, wireDType);
   const Shape shape = withRows(v.variable->outputs[0].shape, rows);
   std::map<Output, Output> mapped;
   std::map<const Node*, Node*> copies;
@@ -136,9 +140,9 @@ Payload ParameterServer::PartitionState::answer(const RequestHeader& h, const Pa
       Payload out(ids.size() * rowBytes);
       for (size_t i = 0; i < ids.size(); ++i)
         std::memcpy(out.data() + i * rowBytes, base + static_cast<size_t>(ids[i]) * rowBytes, rowBytes);
-      return out;
+      return wire.narrow(out);
     }
-    case RequestKind::PullAll: return Payload(base, base + bytes());
+    case RequestKind::PullAll: return wire.narrow({base, bytes()});
     case RequestKind::Fetch: {
       Payload out(base, base + bytes());
       for (Node* s : held) {
@@ -172,10 +176,10 @@ UpdateChain::Gradient ParameterServer::PartitionState::aggregate(const std::vect
     std::vector<int64_t> allIds;
     size_t at = 0;
     for (const Payload* p : from) {
-      const std::vector<int64_t> local = sparsePushRowIds(*p, rows, rowBytes);
+      const std::vector<int64_t> local = sparsePushRowIds(*p, rows, wire.bytes());
       const size_t n = local.size();
       allIds.insert(allIds.end(), local.begin(), local.end());
-      copyBytes(static_cast<uint8_t*>(rowsOut.raw()) + at * rowBytes, p->data() + 8 + n * 8, n * rowBytes);
+      wire.widen({p->data() + 8 + n * 8, n * wire.bytes()}, static_cast<uint8_t*>(rowsOut.raw()) + at * rowBytes);
       at += n;
     }
     dispatchIndex(ids.dtype(), [&](auto z) {
@@ -208,8 +212,13 @@ UpdateChain::Gradient ParameterServer::PartitionState::aggregate(const std::vect
       using T = decltype(z);
       T* out = sum.data<T>();
       const size_t n = bytes() / sizeof(T);
+      std::vector<T> widened(wire.narrowed ? n : 0);
       for (const Payload* p : from) {
         const T* in = reinterpret_cast<const T*>(p->data());
+        if (wire.narrowed) {
+          wire.widen(*p, reinterpret_cast<uint8_t*>(widened.data()));
+          in = widened.data();
+        }
         for (size_t i = 0; i < n; ++i) out[i] += in[i];
       }
       for (size_t i = 0; i < n; ++i) {
@@ -249,7 +258,7 @@ ParameterServer::ParameterServer(const ServerPlan& plan, int server, Options opt
     if (plan.partitions[i].server != server) continue;
     auto state = std::make_unique<PartitionState>();
     // Partitions are served in parallel with one another, each on one thread.
-    state->build(plan, static_cast<int>(i), SessionOptions{1, options_.session.checkNumerics});
+    state->build(plan, static_cast<int>(i), SessionOptions{1, options_.session.checkNumerics}, options_.wire);
     state->denseScale = options_.denseScale;
     state->sparseScale = options_.sparseScale;
     state->updates = options_.sync->makeUpdates(options_.groups.groups());
@@ -408,10 +417,11 @@ std::vector<ParameterServer::Reply> ParameterServer::serve(PartitionState& p, co
 
 void ParameterServer::PartitionState::checkGradient(const Payload& payload) const {
   if (served->sparse) {
-    sparsePushRowIds(payload, rows, rowBytes);
+    sparsePushRowIds(payload, rows, wire.bytes());
   } else {
-    WEFT_CHECK(payload.size() == bytes(), "a dense PUSH carries {} bytes, the partition takes {}", payload.size(),
-               bytes());
+    const size_t expected = static_cast<size_t>(rows) * wire.bytes();
+    WEFT_CHECK(payload.size() == expected, "a dense PUSH carries {} bytes, the partition takes {}{}", payload.size(),
+               expected, wire.narrowed ? fmt::format(" as {}", dtypeName(wire.wire)) : "");
   }
 }
 

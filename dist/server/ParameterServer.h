@@ -45,6 +45,8 @@ class ParameterServer {
     /// Who sends: empty means every worker on its own.
     SenderGroups groups;
     std::shared_ptr<const SyncPolicy> sync = bspPolicy();
+    /// How pulled and pushed rows of f32 variables travel (dist/server/WireRows.h).
+    DType wire = DType::F32;
   };
   /// The partitions of `plan` assigned to server `server`.
   ParameterServer(const ServerPlan& plan, int server, Options options);

@@ -13,10 +13,10 @@ namespace weft::dist {
 
 ServerClient::ServerClient(TrafficLog& traffic, Transport& transport, int rank, std::vector<int> serverPeers,
                            const ServerPlan& plan, std::chrono::milliseconds timeout, int relay,
-                           std::shared_ptr<const SyncPolicy> sync)
+                           std::shared_ptr<const SyncPolicy> sync, DType wire)
     : traffic_(traffic), transport_(transport), rank_(rank), replica_(rank), serverPeers_(std::move(serverPeers)),
-      plan_(plan),
-      timeout_(timeout), relay_(relay), sync_(std::move(sync)), pushes_(plan.partitions.size(), 0) {
+      plan_(plan), timeout_(timeout), relay_(relay), sync_(std::move(sync)), wire_(wire),
+      pushes_(plan.partitions.size(), 0) {
   WEFT_CHECK(static_cast<int>(serverPeers_.size()) >= plan.servers,
              "the plan spreads variables over {} servers, the job has {}", plan.servers, serverPeers_.size());
   id_ = Registry<ServerClient>::instance().add(this);  // only once nothing can throw
@@ -152,8 +152,8 @@ std::vector<std::vector<uint8_t>> ServerClient::pullRows(std::vector<Call> calls
   for (size_t j = 0; j < missing.size(); ++j) {
     KeptRows& kept = kept_[static_cast<size_t>(missing[j].partition)];
     const std::vector<int64_t> ids = idsOf(missing[j].payload);
-    const size_t rowBytes = plan_.variables[static_cast<size_t>(plan_.partitions[static_cast<size_t>(
-                                                                     missing[j].partition)].variable)].rowBytes();
+    const Partition& part = plan_.partitions[static_cast<size_t>(missing[j].partition)];
+    const size_t rowBytes = wireOf(plan_.variables[static_cast<size_t>(part.variable)]).bytes();
     WEFT_CHECK(replies[j].size() == ids.size() * rowBytes, "worker {}: {} returned {} bytes for {} rows of {}", rank_,
                describe(missing[j]), replies[j].size(), ids.size(), rowBytes);
     for (size_t i = 0; i < ids.size(); ++i) kept.at.emplace(ids[i], kept.rows.size() + i * rowBytes);
@@ -162,8 +162,8 @@ std::vector<std::vector<uint8_t>> ServerClient::pullRows(std::vector<Call> calls
   std::vector<std::vector<uint8_t>> out;
   for (const Call& c : calls) {
     const KeptRows& kept = kept_[static_cast<size_t>(c.partition)];
-    const size_t rowBytes =
-        plan_.variables[static_cast<size_t>(plan_.partitions[static_cast<size_t>(c.partition)].variable)].rowBytes();
+    const Partition& part = plan_.partitions[static_cast<size_t>(c.partition)];
+    const size_t rowBytes = wireOf(plan_.variables[static_cast<size_t>(part.variable)]).bytes();
     std::vector<uint8_t>& rows = out.emplace_back();
     for (int64_t id : idsOf(c.payload)) {
       const auto from = kept.rows.begin() + static_cast<std::ptrdiff_t>(kept.at.at(id));

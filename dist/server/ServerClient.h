@@ -10,6 +10,7 @@
 #include "dist/Placement.h"
 #include "dist/server/ServerProtocol.h"
 #include "dist/server/SyncPolicy.h"
+#include "dist/server/WireRows.h"
 #include "dist/transport/Traffic.h"
 #include "dist/transport/Transport.h"
 
@@ -26,9 +27,10 @@ class ServerClient {
   /// `serverPeers[s]` is the transport's peer index of server s. With `relay` (a server index,
   /// or -1) every request goes to that server, the local aggregator of this worker's machine.
   /// `transport` is used by this client alone; its bytes count in `traffic`.
+  /// `wire`: how pulled and pushed rows of f32 variables travel (dist/server/WireRows.h).
   ServerClient(TrafficLog& traffic, Transport& transport, int rank, std::vector<int> serverPeers,
                const ServerPlan& plan, std::chrono::milliseconds timeout, int relay = -1,
-               std::shared_ptr<const SyncPolicy> sync = bspPolicy());
+               std::shared_ptr<const SyncPolicy> sync = bspPolicy(), DType wire = DType::F32);
   ~ServerClient();
   ServerClient(const ServerClient&) = delete;
   ServerClient& operator=(const ServerClient&) = delete;
@@ -72,6 +74,8 @@ class ServerClient {
   /// Makes this worker a stage process of data-parallel replica `replica` of a pipeline.
   void setReplica(int replica) { replica_ = replica; }
   int rank() const { return rank_; }
+  /// How the rows of `v` travel to and from the servers.
+  RowWire wireOf(const ServedVariable& v) const { return RowWire::of(v, wire_); }
   TrafficLog& traffic() const { return traffic_; }
   const ServerPlan& plan() const { return plan_; }
   int64_t id() const { return id_; }
@@ -93,6 +97,7 @@ class ServerClient {
   std::chrono::milliseconds timeout_;
   int relay_;
   std::shared_ptr<const SyncPolicy> sync_;
+  DType wire_;
   int64_t id_;
   std::vector<uint64_t> pushes_;  // per partition
   /// Rows pulled at a partition's clock (keepPulledRows): where each local id's row is in `rows`.

@@ -97,15 +97,16 @@ void pullRowsKernel(KernelContext& ctx) {
   }
   const std::vector<std::vector<uint8_t>> replies = t.client->pullRows(std::move(calls), trafficOf(*t.variable));
   const size_t rowBytes = t.variable->rowBytes();
+  const RowWire wire = t.client->wireOf(*t.variable);
   for (size_t k = 0; k < parts; ++k)
-    if (!wanted[k].empty()) checkReply(ctx, replies[callOf[k]], wanted[k].size() * rowBytes);
+    if (!wanted[k].empty()) checkReply(ctx, replies[callOf[k]], wanted[k].size() * wire.bytes());
   auto* out = static_cast<uint8_t*>(ctx.output(0).raw());
   for (size_t i = 0; i < rows.size(); ++i) {
     const size_t k = t.variable->partitionOfRow(rows[i]);
     const int64_t local = t.variable->localRow(rows[i]);
     const auto at =
         static_cast<size_t>(std::lower_bound(wanted[k].begin(), wanted[k].end(), local) - wanted[k].begin());
-    std::memcpy(out + i * rowBytes, replies[callOf[k]].data() + at * rowBytes, rowBytes);
+    wire.widen({replies[callOf[k]].data() + at * wire.bytes(), wire.bytes()}, out + i * rowBytes);
   }
 }
 
@@ -119,10 +120,14 @@ void pullVariableKernel(KernelContext& ctx) {
   std::vector<ServerClient::Call> calls;
   for (int p : t.variable->partitions) calls.push_back({p, RequestKind::PullAll, {}});
   const std::vector<std::vector<uint8_t>> replies = t.client->request(std::move(calls), trafficOf(*t.variable));
+  const RowWire wire = t.client->wireOf(*t.variable);
   auto* out = static_cast<uint8_t*>(ctx.output(0).raw());
   for (size_t k = 0; k < replies.size(); ++k) {
-    checkReply(ctx, replies[k], partitionAt(t, k).bytes);
-    unpackRows(partitionAt(t, k), t.variable->rowBytes(), replies[k].data(), out);
+    const Partition& part = partitionAt(t, k);
+    checkReply(ctx, replies[k], static_cast<size_t>(part.rows) * wire.bytes());
+    std::vector<uint8_t> rows(part.bytes);
+    wire.widen(replies[k], rows.data());
+    unpackRows(part, t.variable->rowBytes(), rows.data(), out);
   }
 }
 
@@ -143,7 +148,7 @@ std::vector<ServerClient::Call> denseShares(const Target& t, const Tensor& gradi
     const Partition& p = partitionAt(t, k);
     std::vector<uint8_t> share(p.bytes);
     packRows(p, rowBytes, base, share.data());
-    calls.push_back({t.variable->partitions[k], RequestKind::Push, std::move(share)});
+    calls.push_back({t.variable->partitions[k], RequestKind::Push, t.client->wireOf(*t.variable).narrow(share)});
   }
   return calls;
 }
@@ -167,15 +172,20 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
                                             static_cast<int64_t>(unique.size()), t.variable->rows());
   std::vector<std::vector<size_t>> ofPartition(parts);  // positions in `unique`, ascending
   for (size_t i = 0; i < unique.size(); ++i) ofPartition[t.variable->partitionOfRow(unique[i])].push_back(i);
+  const RowWire wire = t.client->wireOf(*t.variable);
   std::vector<ServerClient::Call> calls;
   for (size_t k = 0; k < parts; ++k) {
     const std::vector<size_t>& mine = ofPartition[k];
-    std::vector<uint8_t> payload;
-    payload.reserve(8 + mine.size() * (8 + rowBytes));
+    std::vector<uint8_t> payload, rowsOfPartition;
+    payload.reserve(8 + mine.size() * (8 + wire.bytes()));
+    rowsOfPartition.reserve(mine.size() * rowBytes);
     append(payload, static_cast<uint64_t>(mine.size()));
     for (size_t i : mine) append(payload, t.variable->localRow(unique[i]));
-    for (size_t i : mine) payload.insert(payload.end(), summed.begin() + static_cast<std::ptrdiff_t>(i * rowBytes),
-                                         summed.begin() + static_cast<std::ptrdiff_t>((i + 1) * rowBytes));
+    for (size_t i : mine)
+      rowsOfPartition.insert(rowsOfPartition.end(), summed.begin() + static_cast<std::ptrdiff_t>(i * rowBytes),
+                             summed.begin() + static_cast<std::ptrdiff_t>((i + 1) * rowBytes));
+    const std::vector<uint8_t> travelling = wire.narrow(rowsOfPartition);
+    payload.insert(payload.end(), travelling.begin(), travelling.end());
     calls.push_back({t.variable->partitions[k], RequestKind::Push, std::move(payload)});
   }
   return calls;

@@ -261,12 +261,13 @@ int serveJob(JobContext& job, const Graph& graph, const Config& config) {
     options.session = config.session;
     options.groups = job.groups;
     options.sync = config.sync;
+    options.wire = config.wireDType;
     ParameterServer server(plan, job.routes.self, options);
     std::unique_ptr<LocalAggregator> aggregator;
     for (int g = 0; g < job.groups.groups(); ++g) {
       if (job.groups.relay[static_cast<size_t>(g)] == job.routes.self)
         aggregator = std::make_unique<LocalAggregator>(plan, job.groups.members[static_cast<size_t>(g)], job.servers(),
-                                                       config.sync);
+                                                       config.sync, config.wireDType);
     }
     const ServerTraffic traffic = serve(server, aggregator.get(), *job.transport, job.routes, who, config.timeout);
     if (config.reportTraffic) printServerTraffic(who, traffic);

@@ -13,7 +13,8 @@
 //   Fetch     payload: none                                       reply: as Load's payload
 //   Goodbye   payload: none (the worker leaves the job)           reply: ack
 // A reply echoes the request id; status 0 is success, otherwise the payload is the server's
-// error message.
+// error message. With Config::wireDType bf16 or f16, the rows of f32 variables in PullRows,
+// PullAll and Push travel in 16 bits (dist/server/WireRows.h).
 #pragma once
 
 #include <cstdint>
