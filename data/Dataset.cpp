@@ -278,6 +278,9 @@ uint64_t augmentKey(uint64_t seed, int64_t epoch, size_t index) {
 
 Batcher::Batcher(Dataset dataset, BatchOptions options) : dataset_(std::move(dataset)), options_(std::move(options)) {
   WEFT_CHECK(options_.batchSize > 0, "batch size must be positive, got {}", options_.batchSize);
+  WEFT_CHECK(options_.threads >= 1 && options_.threads <= 1024, "a batch is made by 1 to 1024 threads, not {}",
+             options_.threads);
+  if (options_.threads > 1) pool_ = std::make_shared<ThreadPool>(options_.threads);
   perEpoch_ = static_cast<int64_t>(dataset_.size()) / options_.batchSize;
   WEFT_CHECK(perEpoch_ > 0, "a dataset of {} examples holds no batch of {}", dataset_.size(), options_.batchSize);
   const Example first = dataset_.example(0);  // made once, however many fields are padded
@@ -328,7 +331,7 @@ void Batcher::prepareEpoch(int64_t epoch) {
 
 Example Batcher::exampleAt(size_t i) {
   if (!options_.keepGenerated || !dataset_.isGenerated() || parts_ > 1) return dataset_.example(i);
-  if (kept_.empty()) kept_.resize(dataset_.size());
+  // Sized before a batch's examples are made (on several threads, each its own entry).
   if (kept_[i].empty()) kept_[i] = dataset_.example(i);
   return kept_[i];
 }
@@ -349,14 +352,20 @@ Batch Batcher::next() {
   const int64_t epoch = position_ / perEpoch_;
   if (epoch != epoch_) prepareEpoch(epoch);
   const std::vector<size_t>& ids = batches_[static_cast<size_t>(position_ % perEpoch_)];
-  const size_t per = ids.size() / static_cast<size_t>(parts_);
-  std::vector<Example> examples;
-  examples.reserve(per);
-  for (size_t k = static_cast<size_t>(part_) * per; k < static_cast<size_t>(part_ + 1) * per; ++k) {
-    Example example = exampleAt(ids[k]);
-    if (options_.augment) example = options_.augment(std::move(example), augmentKey(options_.seed, epoch, ids[k]));
-    examples.push_back(std::move(example));
-  }
+  const size_t per = ids.size() / static_cast<size_t>(parts_), first = static_cast<size_t>(part_) * per;
+  if (kept_.empty() && options_.keepGenerated && dataset_.isGenerated() && parts_ == 1) kept_.resize(dataset_.size());
+  std::vector<Example> examples(per);
+  const auto make = [&](int64_t begin, int64_t end) {
+    for (auto j = static_cast<size_t>(begin); j < static_cast<size_t>(end); ++j) {
+      const size_t i = ids[first + j];
+      Example example = exampleAt(i);
+      if (options_.augment) example = options_.augment(std::move(example), augmentKey(options_.seed, epoch, i));
+      examples[j] = std::move(example);
+    }
+  };
+  // An example (a decoded, cropped image) costs a millisecond or more: one each is worth a hand-off.
+  if (pool_) pool_->parallelFor(static_cast<int64_t>(per), 1 << 20, make);
+  else make(0, static_cast<int64_t>(per));
   const std::vector<const Example*> pointers = pointersTo(examples);
   ++position_;
   if (parts_ == 1) return collate(pointers, options_);

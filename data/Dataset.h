@@ -9,6 +9,7 @@
 #pragma once
 
 #include "core/Tensor.h"
+#include "core/ThreadPool.h"
 
 #include <condition_variable>
 #include <deque>
@@ -133,6 +134,11 @@ struct BatchOptions {
   ///
   ///     options.augment = imageFolderAugment({.size = 224});   // data/ImageFolder.h
   std::function<Example(Example, uint64_t key)> augment = {};
+  /// Threads that make a batch's examples (read or generate, then augment), each example whole on
+  /// one of them, for data dearer to make than to train on (an image folder's decoding). The
+  /// batch is the same bytes at any count; the dataset's generator and `augment` must be safe to
+  /// call from several threads at once (weft's are: each depends on its index or key alone).
+  int threads = 1;
 };
 
 /// The key BatchOptions::augment receives for example `index` of the dataset in epoch `epoch`.
@@ -193,6 +199,7 @@ class Batcher : public BatchSource {
   int64_t epoch_ = -1;
   std::vector<std::vector<size_t>> batches_;  // example indices of each batch of the epoch
   std::vector<Example> kept_;                  // see BatchOptions::keepGenerated; empty: not made yet
+  std::shared_ptr<ThreadPool> pool_;           // BatchOptions::threads > 1
 };
 
 /// Every field of `batch` on `device` (see uploadTo: through pinned buffers, on the GPU's upload

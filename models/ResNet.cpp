@@ -180,6 +180,7 @@ void ResNetModel::build(Graph& g, const CommonOptions& common) {
   batching.batchSize = batchSize_;
   batching.seed = common.seed;
   batching.keepGenerated = true;  // an image costs more to draw than to keep
+  batching.threads = common.inputThreads;
   data::Dataset train = common.data.empty() ? syntheticData(common, size)
                         : folder            ? imageFolderData(common.data, size, batching)
                                             : cifarData(common.data, size);

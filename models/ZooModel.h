@@ -31,6 +31,9 @@ struct CommonOptions {
   /// How the model's layers keep their activations for the backward pass: each layer (or block)
   /// is a Graph::recompute scope of this mode.
   Recompute recompute = Recompute::None;
+  /// Threads that make each training batch's examples (data::BatchOptions::threads), for models
+  /// whose examples are dear to make (ResNet reading an image folder decodes every image).
+  int inputThreads = 1;
 };
 
 /// How a model trains unless the command line says otherwise.

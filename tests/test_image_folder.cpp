@@ -4,6 +4,7 @@
 #include "tests/TestUtil.h"
 
 #include "data/ImageFolder.h"
+#include "data/Images.h"
 #include "models/ResNet.h"
 
 #include <cmath>
@@ -344,6 +345,15 @@ data::ImageFolder trainingFolder(const TempDir& dir, int n, int64_t size) {
   return data::loadImageFolder(dir.path.string(), {.size = size, .training = true});
 }
 
+/// Batches of `batch` random crops of `size` pixels, drawn from `seed`.
+data::BatchOptions croppedBatches(int64_t batch, uint64_t seed, int64_t size) {
+  data::BatchOptions options;
+  options.batchSize = batch;
+  options.seed = seed;
+  options.augment = data::imageFolderAugment({.size = size});
+  return options;
+}
+
 }  // namespace
 
 TEST_CASE("training crops are a function of (seed, epoch, example): other epochs differ, seek replays them") {
@@ -369,13 +379,43 @@ TEST_CASE("training crops are a function of (seed, epoch, example): other epochs
   CHECK(again.next().at("images").toDoubles() == first.at("images").toDoubles());
 }
 
+TEST_CASE("batches made by several input threads are the same bytes as one thread's, each part's and resumed too") {
+  TempDir dir;
+  const data::ImageFolder folder = trainingFolder(dir, 12, 16);
+  const data::BatchOptions options = croppedBatches(6, 7, 16);
+  data::BatchOptions threaded = options;
+  threaded.threads = 4;
+  data::Batcher one(folder.examples, options), four(folder.examples, threaded), part(folder.examples, threaded);
+  part.readPart(1, 2);
+  for (int step = 0; step < 5; ++step) {  // past an epoch of 2 batches
+    CAPTURE(step);
+    const data::Batch expected = one.next(), got = four.next(), half = part.next();
+    for (const char* field : {"images", "labels"}) {
+      CHECK(got.at(field).toDoubles() == expected.at(field).toDoubles());
+      CHECK(half.at(field).toDoubles() == data::sliceBatch(expected, 1, 2).at(field).toDoubles());
+    }
+  }
+  // Generated examples kept for later epochs (synthetic images), made on several threads.
+  data::BatchOptions kept;
+  kept.batchSize = 8;
+  kept.keepGenerated = true;
+  data::BatchOptions keptThreaded = kept;
+  keptThreaded.threads = 3;
+  const data::Dataset synthetic = data::syntheticImages({.size = 8}, 16, 1);
+  data::Batcher plain(synthetic, kept), threadedKept(synthetic, keptThreaded);
+  for (int step = 0; step < 4; ++step)
+    CHECK(threadedKept.next().at("images").toDoubles() == plain.next().at("images").toDoubles());
+  CHECK(errorOf([&] {
+          data::BatchOptions none = options;
+          none.threads = 0;
+          data::Batcher(folder.examples, none);
+        }) == "a batch is made by 1 to 1024 threads, not 0");
+}
+
 TEST_CASE("each worker's part of an augmented batch is exactly that part of the whole batch") {
   TempDir dir;
   const data::ImageFolder folder = trainingFolder(dir, 8, 16);
-  data::BatchOptions options;
-  options.batchSize = 4;
-  options.seed = 5;
-  options.augment = data::imageFolderAugment({.size = 16});
+  const data::BatchOptions options = croppedBatches(4, 5, 16);
   data::Batcher whole(folder.examples, options), part0(folder.examples, options), part1(folder.examples, options);
   part0.readPart(0, 2);
   part1.readPart(1, 2);
@@ -500,6 +540,27 @@ TEST_CASE("the resnet zoo model trains on train/ and evaluates on val/ of an ima
   CHECK(metrics.at("accuracy") >= 0);
   CHECK(metrics.at("accuracy") <= 1);
   CHECK(std::isfinite(metrics.at("loss")));
+}
+
+TEST_CASE("the resnet zoo model's training batches are the same made by 3 input threads as by one") {
+  TempDir dir;
+  writeImageNet(dir, {"cat", "dog", "eel"}, {"cat", "dog", "eel"});
+  const auto batches = [&](int threads) {
+    std::unique_ptr<models::ZooModel> model = smallResNet();
+    Graph g;
+    models::CommonOptions common;
+    common.batchSize = 4;
+    common.data = dir.path.string();
+    common.inputThreads = threads;
+    model->build(g, common);
+    std::vector<double> images;
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<double> more = model->trainData().next().at("images").toDoubles();
+      images.insert(images.end(), more.begin(), more.end());
+    }
+    return images;
+  };
+  CHECK(batches(3) == batches(1));
 }
 
 TEST_CASE("the resnet zoo model refuses a val/ whose classes are not train/'s, naming both") {

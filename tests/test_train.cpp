@@ -728,3 +728,10 @@ TEST_CASE("--amp --cluster runs the worker processes of a specification's hosts,
   CHECK(refused.status != 0);
   CHECK(contains(refused.output, "lists 1 parameter server(s); AMP jobs run workers only"));
 }
+
+TEST_CASE("--input-threads is for resnet's image folders; a model whose examples are cheap refuses it, naming it") {
+  const CliRun refused = weftCli("train mlp --input-threads 2 --steps 1");
+  CHECK(refused.status != 0);
+  CHECK_MESSAGE(contains(refused.output, "--input-threads 2: mlp makes its examples cheaply"), refused.output);
+  CHECK(weftCli("train resnet --input-threads 0 --steps 1").status != 0);
+}

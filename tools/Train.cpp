@@ -44,6 +44,7 @@ struct TrainFlags {
   std::string deterministic = "on";
   std::string dtype = "f32";
   std::string recompute = "none";
+  int inputThreads = 1;
   uint64_t seed = 1;
   std::string data;
   std::string out;
@@ -337,6 +338,11 @@ class Trainer {
     common.data = flags_.data;
     common.dtype = flags_.dtype;
     common.recompute = parseRecompute(flags_.recompute);
+    WEFT_CHECK(flags_.inputThreads == 1 || name_ == "resnet",
+               "--input-threads {}: {} makes its examples cheaply on the prefetch thread; the option is for resnet, "
+               "whose image folders are decoded as batches are made",
+               flags_.inputThreads, name_);
+    common.inputThreads = flags_.inputThreads;
     graph_.setSeed(flags_.seed);
     const Device device = Device::parse(flags_.distributed() ? dist::processDevice(setup.resources) : flags_.device);
     // One process on a GPU is fed from there; a distributed worker's feeds stay on the host, where
@@ -977,6 +983,11 @@ void addTrainingFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "f64"}));
   cmd.add_option("--seed", f.seed, "seed of weights, data order and dropout")->capture_default_str();
+  cmd.add_option("--input-threads", f.inputThreads,
+                 "threads that make each training batch's examples (resnet: reading and decoding an image folder's "
+                 "files, cropping and flipping them); the batches are the same at any count")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   cmd.add_option("--recompute", f.recompute,
                  "activations recomputed in the backward pass instead of kept: none, selective (each layer's "
                  "element-wise and normalisation values) or full (everything but each layer's input)")
