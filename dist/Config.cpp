@@ -115,14 +115,14 @@ void checkConfig(const Config& config, const JobShape& job) {
              config.partitioning.count);
   WEFT_CHECK(config.wireDType == DType::F32 || config.wireDType == DType::BF16 || config.wireDType == DType::F16,
              "--wire-dtype {}: gradients travel as f32, bf16 or f16", dtypeName(config.wireDType));
-  const bool ringAllReduce =
-      job.workers > 1 && pipeline.stages == 1 && config.architecture != Architecture::ParameterServer;
+  // Data-parallel workers, or a pipeline's replicas, sum dense gradients over a ring.
+  const bool ringAllReduce = job.workers > pipeline.stages && config.architecture != Architecture::ParameterServer;
   const bool servedRows =
       job.servers > 0 && config.architecture != Architecture::AllReduce && config.wireDType == DType::BF16;
   WEFT_CHECK(config.wireDType == DType::F32 || ringAllReduce || servedRows,
              "--wire-dtype {} narrows the ring AllReduce of dense gradients among data-parallel workers, and (bf16 "
              "only) the rows pulled from and pushed to parameter servers, which this job has none of (it needs several "
-             "workers, one pipeline stage and --arch auto or ar, or servers and --arch auto or ps)",
+             "workers or pipeline replicas and --arch auto or ar, or servers and --arch auto or ps)",
              dtypeName(config.wireDType));
   if (config.sharding != Sharding::None) {
     WEFT_CHECK(pipeline.stages == 1, "--shard {} shards the dense state of data-parallel workers; sharding the "

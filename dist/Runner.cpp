@@ -58,6 +58,7 @@ struct Runner::State {
   // with replicas of the pipeline, the ring of this stage's replicas.
   std::unique_ptr<Ring> replicaRing;
   std::unique_ptr<RingCollectives> replicaSums;
+  DType wireDType = DType::F32;  // how the replicas' dense f32 sums travel
   std::unique_ptr<LoopbackTransport> localTransport;  // one process's micro-batches
   std::unique_ptr<PipelineStage> pipeline;
   PipelineConfig pipelineConfig;
@@ -177,7 +178,12 @@ struct Runner::State {
     options.session = config.session;
     if (replicas() > 1) {
       replicaRing = std::make_unique<Ring>(*job->transport, replica, replicaPeers, config.timeout, kReplicaChannel);
+      std::vector<int> replicaHosts;  // to count the bytes that cross to other machines
+      for (int r = 0; r < replicas(); ++r)
+        replicaHosts.push_back(job->routes.workerHosts[static_cast<size_t>(r * stages.stages + stage)]);
+      replicaRing->setMachines(replicaHosts, false);
       replicaSums = std::make_unique<RingCollectives>(*replicaRing);
+      wireDType = config.wireDType;
       options.averageOverReplicas = [this](StageGradients& g) { averageOverReplicas(g); };
     }
     pipeline = std::make_unique<PipelineStage>(graph, stage, options, *job->transport, stagePeers);
@@ -227,18 +233,35 @@ struct Runner::State {
   int replicas() const { return workers() / pipelineConfig.stages; }
 
   /// Each gradient's mean over the replicas of this stage: dense ones summed by the replicas'
-  /// ring, sparse ones' rows gathered from every replica (in replica order), then divided.
+  /// ring (f32 ones travelling as --wire-dtype), sparse ones' rows gathered from every replica
+  /// (in replica order), then divided. The ring's bytes count in the worker's traffic.
   void averageOverReplicas(StageGradients& g) {
     const double inverse = 1.0 / replicas();
-    for (Tensor* dense : g.dense) {
-      replicaSums->sum(dense->dtype(), dense->raw(), dense->numel());
-      scaleGradient(*dense, inverse);
-    }
-    for (auto& [indices, values] : g.sparse) {
-      *indices = gatheredRows(*indices);
-      *values = gatheredRows(*values);
-      scaleGradient(*values, inverse);
-    }
+    countReplicaBytes(TrafficKind::Dense, [&] {
+      for (Tensor* dense : g.dense) {
+        const DType dtype = dense->dtype();
+        replicaRing->allReduceSum(dtype, dense->raw(), dense->numel(), dtype == DType::F32 ? wireDType : dtype);
+        scaleGradient(*dense, inverse);
+      }
+    });
+    countReplicaBytes(TrafficKind::Sparse, [&] {
+      for (auto& [indices, values] : g.sparse) {
+        *indices = gatheredRows(*indices);
+        *values = gatheredRows(*values);
+        scaleGradient(*values, inverse);
+      }
+    });
+  }
+
+  /// Runs `collectives` on the replicas' ring and records their bytes as `kind`.
+  template <class Collectives>
+  void countReplicaBytes(TrafficKind kind, Collectives collectives) {
+    const Transport& t = replicaRing->transport();
+    const uint64_t sent = t.bytesSent(), received = t.bytesReceived();
+    const uint64_t sentAcross = replicaRing->bytesSentAcross(), receivedAcross = replicaRing->bytesReceivedAcross();
+    collectives();
+    traffic.record(kind, t.bytesSent() - sent, t.bytesReceived() - received,
+                   replicaRing->bytesSentAcross() - sentAcross, replicaRing->bytesReceivedAcross() - receivedAcross);
   }
 
   /// Every replica's rows of `t`, concatenated in replica order.

@@ -1337,6 +1337,17 @@ TEST_CASE("--wire-dtype bf16 and f16: the dense AllReduce moves half the bytes, 
   }
 }
 
+TEST_CASE("--wire-dtype: a pipeline's replicas sum their dense gradients in 16 bits too, in half the bytes, "
+          "which --report-comm counts") {
+  // As for data-parallel workers: each summed gradient within 4 bf16 roundings (2 replicas).
+  const std::string flags = "--steps 10 --threads 1 --optimizer sgd --stages 2 --microbatches 2";
+  checkSameVariablesAs("mlp", flags, "--workers 2 --wire-dtype bf16", 4 * std::ldexp(1.0, -8));
+  TempDir dir;
+  const auto [full, narrow] = denseBytesF32AndBf16(flags, dir.path);
+  CHECK(full.first > 0);
+  CHECK(narrow.first + narrow.second == doctest::Approx((full.first + full.second) / 2).epsilon(0.02));
+}
+
 TEST_CASE("--wire-dtype bf16 with parameter servers: the rows pulled and pushed move in half the bytes, the servers "
           "keep f32, and the job trains close to one process") {
   // The forward reads weights rounded to bf16 (2^-8 relative) and the servers sum gradients
