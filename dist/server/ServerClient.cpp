@@ -126,6 +126,30 @@ void ServerClient::forgetPulledRows() {
   if (keepRows_) kept_.assign(plan_.partitions.size(), {});
 }
 
+ServerClient::KeptRows& ServerClient::keptAt(int partition) {
+  KeptRows& kept = kept_.at(static_cast<size_t>(partition));
+  if (kept.clock != pushes_[static_cast<size_t>(partition)]) {
+    kept = KeptRows{};
+    kept.clock = pushes_[static_cast<size_t>(partition)];
+  }
+  return kept;
+}
+
+std::vector<std::vector<uint8_t>> ServerClient::pullWhole(std::vector<Call> calls, TrafficKind kind) {
+  if (!keepRows_) return request(std::move(calls), kind);
+  std::vector<Call> missing;
+  for (const Call& c : calls) {
+    WEFT_CHECK(c.kind == RequestKind::PullAll, "pullWhole takes PULL_ALL calls, not {}", describe(c));
+    if (!keptAt(c.partition).whole) missing.push_back(c);
+  }
+  std::vector<std::vector<uint8_t>> replies = request(missing, kind);
+  for (size_t j = 0; j < missing.size(); ++j)
+    kept_[static_cast<size_t>(missing[j].partition)].whole = std::move(replies[j]);
+  std::vector<std::vector<uint8_t>> out;
+  for (const Call& c : calls) out.push_back(*kept_[static_cast<size_t>(c.partition)].whole);
+  return out;
+}
+
 std::vector<std::vector<uint8_t>> ServerClient::pullRows(std::vector<Call> calls, TrafficKind kind) {
   if (!keepRows_) return request(std::move(calls), kind);
   const auto idsOf = [](const std::vector<uint8_t>& payload) {
@@ -136,11 +160,7 @@ std::vector<std::vector<uint8_t>> ServerClient::pullRows(std::vector<Call> calls
   std::vector<Call> missing;
   for (const Call& c : calls) {
     WEFT_CHECK(c.kind == RequestKind::PullRows, "pullRows takes PULL_ROWS calls, not {}", describe(c));
-    KeptRows& kept = kept_.at(static_cast<size_t>(c.partition));
-    if (kept.clock != pushes_[static_cast<size_t>(c.partition)]) {
-      kept = KeptRows{};
-      kept.clock = pushes_[static_cast<size_t>(c.partition)];
-    }
+    const KeptRows& kept = keptAt(c.partition);
     std::vector<int64_t> absent;
     for (int64_t id : idsOf(c.payload))
       if (!kept.at.count(id)) absent.push_back(id);

@@ -15,6 +15,7 @@
 #include "dist/transport/Transport.h"
 
 #include <atomic>
+#include <optional>
 #include <unordered_map>
 #include <chrono>
 #include <cstdint>
@@ -48,11 +49,15 @@ class ServerClient {
   /// request() makes them, except that with keepPulledRows() only the rows not kept from an
   /// earlier pull at the same clock travel.
   std::vector<std::vector<uint8_t>> pullRows(std::vector<Call> calls, TrafficKind kind);
+  /// PULL_ALL calls, as request() makes them, except that with keepPulledRows() a partition
+  /// pulled whole at the same clock is not pulled again.
+  std::vector<std::vector<uint8_t>> pullWhole(std::vector<Call> calls, TrafficKind kind);
   /// Under BSP the value a pull at a clock reads is fixed (the version of that clock) for a
-  /// partition this worker pushes: from now on the rows pulled at a clock are kept until this
-  /// worker next pushes their partition, so a pipeline stage's micro-batches fetch each row once
-  /// a step. A partition it does not push is read at whatever version the servers hold: the
-  /// caller forgets the kept rows (forgetPulledRows) before each step.
+  /// partition this worker pushes: from now on the rows (and whole partitions) pulled at a clock
+  /// are kept until this worker next pushes their partition, so a pipeline stage's micro-batches
+  /// and their backward runs fetch each row once a step. A partition it does not push is read at
+  /// whatever version the servers hold: the caller forgets what is kept (forgetPulledRows)
+  /// before each step.
   void keepPulledRows();
   void forgetPulledRows();
   /// Tells every server (or the relay) that this worker leaves the job, and waits until each has
@@ -100,12 +105,16 @@ class ServerClient {
   DType wire_;
   int64_t id_;
   std::vector<uint64_t> pushes_;  // per partition
-  /// Rows pulled at a partition's clock (keepPulledRows): where each local id's row is in `rows`.
+  /// Rows pulled at a partition's clock (keepPulledRows): where each local id's row is in `rows`,
+  /// and the whole partition once a PULL_ALL has brought it.
   struct KeptRows {
     uint64_t clock = 0;
     std::unordered_map<int64_t, size_t> at;
     std::vector<uint8_t> rows;
+    std::optional<std::vector<uint8_t>> whole;
   };
+  /// What is kept of `partition` at this worker's clock for it (emptied when the clock moved).
+  KeptRows& keptAt(int partition);
   bool keepRows_ = false;
   std::vector<KeptRows> kept_;  // per partition
   uint64_t nextRequest_ = 1;

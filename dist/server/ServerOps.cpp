@@ -119,7 +119,7 @@ void pullVariableKernel(KernelContext& ctx) {
   if (t.client == nullptr) return ctx.output(0).copyFrom(ctx.input(0));
   std::vector<ServerClient::Call> calls;
   for (int p : t.variable->partitions) calls.push_back({p, RequestKind::PullAll, {}});
-  const std::vector<std::vector<uint8_t>> replies = t.client->request(std::move(calls), trafficOf(*t.variable));
+  const std::vector<std::vector<uint8_t>> replies = t.client->pullWhole(std::move(calls), trafficOf(*t.variable));
   const RowWire wire = t.client->wireOf(*t.variable);
   auto* out = static_cast<uint8_t*>(ctx.output(0).raw());
   for (size_t k = 0; k < replies.size(); ++k) {
