@@ -338,7 +338,15 @@ struct Runner::State {
             .microbatches = pipelineConfig.microbatches,
             .schedule = pipelineConfig.schedule,
             .linkBytesPerSecond = pipelineConfig.linkBytesPerSecond,
-            .memoryPerStage = pipelineConfig.memoryPerStage};
+            .memoryPerStage = pipelineConfig.memoryPerStage,
+            .served = servedVariables()};
+  }
+
+  /// The variables the servers hold (none without servers).
+  std::vector<const Node*> servedVariables() const {
+    std::vector<const Node*> out;
+    for (const ServedVariable& v : plan.variables) out.push_back(v.variable);
+    return out;
   }
 
   /// Profiles one micro-batch's step and chooses the stages (worker 0's part of stageGraph).

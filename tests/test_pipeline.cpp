@@ -720,6 +720,20 @@ TEST_CASE("the cut: a served variable's pulls, push and APPLY are its reading st
   CHECK(cut.guesses[1].possible());  // stage 1 holds no served variable: it still guesses the clip scale
 }
 
+TEST_CASE("what a stage holds leaves out the optimizer state of the variables the servers hold") {
+  Model m(2);  // the 30 x 5 f64 embedding in stage 0, trained by Adam (two slots)
+  const StagePlanOptions own{.stages = 2, .rows = 8};
+  StagePlanOptions served = own;
+  served.served = {m.g.find("embedding")};
+  const std::vector<StageMemory> kept = stageMemory(m.g, {m.loss}, m.step, own);
+  const std::vector<StageMemory> onServers = stageMemory(m.g, {m.loss}, m.step, served);
+  CHECK(kept[0].optimizerState - onServers[0].optimizerState == 2 * 30 * 5 * sizeof(double));
+  // The stage still holds its copy of the table and sums its gradient.
+  CHECK(onServers[0].parameters == kept[0].parameters);
+  CHECK(onServers[0].gradients == kept[0].gradients);
+  CHECK(onServers[1].total() == kept[1].total());
+}
+
 TEST_CASE("the cut refuses a stage number beyond the pipeline, and a stage without forward work") {
   Chain c(3);
   c.train();

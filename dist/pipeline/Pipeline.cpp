@@ -190,7 +190,8 @@ class Cutter {
   }
 
   /// What the ops of `chain` (forwardChain's) hold, each value sized by `bytesOf`.
-  ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, int microbatches) {
+  ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, int microbatches,
+                          const std::vector<const Node*>& served) {
     ChainMemory memory;
     memory.state.resize(chain.size());
     std::map<const Node*, size_t> position, firstReader, lastReader;
@@ -218,8 +219,9 @@ class Cutter {
     for (Node* n : order_) {
       if (!mutates(n) || phase(n) != Phase::Update) continue;
       const std::vector<int>& written = n->def->mutatedInputs;
-      auto reader = firstReader.find(n->inputs[static_cast<size_t>(written.front())].node());
-      if (reader == firstReader.end()) continue;
+      const Node* variable = n->inputs[static_cast<size_t>(written.front())].node();
+      auto reader = firstReader.find(variable);
+      if (reader == firstReader.end() || std::find(served.begin(), served.end(), variable) != served.end()) continue;
       for (size_t m = 1; m < written.size(); ++m)
         memory.state[reader->second].optimizerState += bytesOf(n->inputs[static_cast<size_t>(written[m])]);
     }
@@ -1132,7 +1134,7 @@ std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fe
   const std::vector<Node*> chain = cutter.forwardChain();
   const std::vector<int> stageOf = cutter.chainStages(chain);
   const ChainMemory memory =
-      cutter.chainMemory(chain, ValueSize{options.valueBytes, options.rows}, options.microbatches);
+      cutter.chainMemory(chain, ValueSize{options.valueBytes, options.rows}, options.microbatches, options.served);
   return sumByStage(memory, stageOf,
                     options.schedule.simulate(options.stages, options.microbatches, {}).stagePeakInFlight);
 }
@@ -1232,7 +1234,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
     return prefix[last + 1] - prefix[first] + (first > 0 ? transfer(first - 1) : 0) +
            (last + 1 < n ? transfer(last) : 0);
   };
-  const ChainMemory memory = cutter.chainMemory(chain, bytesOf, options.microbatches);
+  const ChainMemory memory = cutter.chainMemory(chain, bytesOf, options.microbatches, options.served);
   const KeptByReader byReader = keptByReader(memory);
   std::vector<double> statePrefix(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {

@@ -170,6 +170,9 @@ struct StagePlanOptions {
   /// The most bytes (StageMemory::total) a stage may hold, with virtual stages a process's
   /// stages together; 0: no limit.
   double memoryPerStage = 0;
+  /// Variables the parameter servers hold: their optimizer state lives there, not in a stage
+  /// (the stage keeps its copy of the variable and sums its gradient).
+  std::vector<const Node*> served{};
 };
 
 /// The bytes of each value of `types` (Session::valueTypes of one micro-batch's step), for
