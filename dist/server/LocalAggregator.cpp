@@ -276,12 +276,16 @@ std::vector<uint8_t> LocalAggregator::sumPushes(const std::vector<Request>& push
   if (!v.sparse) {
     dispatchFloat(dtype, [&](auto z) {
       using T = decltype(z);
-      std::vector<T> sum(part.bytes / sizeof(T), T(0)), in(sum.size());
+      std::vector<T> sum(part.bytes / sizeof(T), T(0)), widened(wire.narrowed ? sum.size() : 0);
       for (const Request& r : pushes) {
-        wire.widen(r.payload, reinterpret_cast<uint8_t*>(in.data()));
+        const T* in = reinterpret_cast<const T*>(r.payload.data());
+        if (wire.narrowed) {
+          wire.widen(r.payload, reinterpret_cast<uint8_t*>(widened.data()));
+          in = widened.data();
+        }
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += in[i];
       }
-      out = wire.narrow({reinterpret_cast<const uint8_t*>(sum.data()), part.bytes});
+      wire.appendTravelling({reinterpret_cast<const uint8_t*>(sum.data()), part.bytes}, out);
     });
     return out;
   }
@@ -301,8 +305,7 @@ std::vector<uint8_t> LocalAggregator::sumPushes(const std::vector<Request>& push
   const uint64_t count = sums.ids.size();
   appendBytes(out, &count, 1);
   appendBytes(out, sums.ids.data(), sums.ids.size());
-  const std::vector<uint8_t> travelling = wire.narrow(sums.rows);
-  out.insert(out.end(), travelling.begin(), travelling.end());
+  wire.appendTravelling(sums.rows, out);
   SparseRows& rows = sparseRows_[v.variable->name];
   if (static_cast<int>(partition) == v.partitions.front()) ++rows.steps;
   rows.lookups += static_cast<int64_t>(ids.size());

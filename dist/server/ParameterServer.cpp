@@ -140,9 +140,9 @@ Payload ParameterServer::PartitionState::answer(const RequestHeader& h, const Pa
       Payload out(ids.size() * rowBytes);
       for (size_t i = 0; i < ids.size(); ++i)
         std::memcpy(out.data() + i * rowBytes, base + static_cast<size_t>(ids[i]) * rowBytes, rowBytes);
-      return wire.narrow(out);
+      return wire.narrow(std::move(out));
     }
-    case RequestKind::PullAll: return wire.narrow({base, bytes()});
+    case RequestKind::PullAll: return wire.narrow(Payload(base, base + bytes()));
     case RequestKind::Fetch: {
       Payload out(base, base + bytes());
       for (Node* s : held) {

@@ -125,9 +125,9 @@ void pullVariableKernel(KernelContext& ctx) {
   for (size_t k = 0; k < replies.size(); ++k) {
     const Partition& part = partitionAt(t, k);
     checkReply(ctx, replies[k], static_cast<size_t>(part.rows) * wire.bytes());
-    std::vector<uint8_t> rows(part.bytes);
-    wire.widen(replies[k], rows.data());
-    unpackRows(part, t.variable->rowBytes(), rows.data(), out);
+    std::vector<uint8_t> widened(wire.narrowed ? part.bytes : 0);
+    if (wire.narrowed) wire.widen(replies[k], widened.data());
+    unpackRows(part, t.variable->rowBytes(), wire.narrowed ? widened.data() : replies[k].data(), out);
   }
 }
 
@@ -148,7 +148,8 @@ std::vector<ServerClient::Call> denseShares(const Target& t, const Tensor& gradi
     const Partition& p = partitionAt(t, k);
     std::vector<uint8_t> share(p.bytes);
     packRows(p, rowBytes, base, share.data());
-    calls.push_back({t.variable->partitions[k], RequestKind::Push, t.client->wireOf(*t.variable).narrow(share)});
+    std::vector<uint8_t> travelling = t.client->wireOf(*t.variable).narrow(std::move(share));
+    calls.push_back({t.variable->partitions[k], RequestKind::Push, std::move(travelling)});
   }
   return calls;
 }
@@ -176,16 +177,12 @@ std::vector<ServerClient::Call> sparseShares(const KernelContext& ctx, const Tar
   std::vector<ServerClient::Call> calls;
   for (size_t k = 0; k < parts; ++k) {
     const std::vector<size_t>& mine = ofPartition[k];
-    std::vector<uint8_t> payload, rowsOfPartition;
-    payload.reserve(8 + mine.size() * (8 + wire.bytes()));
-    rowsOfPartition.reserve(mine.size() * rowBytes);
-    append(payload, static_cast<uint64_t>(mine.size()));
+    std::vector<uint8_t> payload(sizeof(uint64_t));
+    const uint64_t count = mine.size();
+    std::memcpy(payload.data(), &count, sizeof count);
+    payload.reserve(sizeof count + mine.size() * (sizeof(int64_t) + wire.bytes()));
     for (size_t i : mine) append(payload, t.variable->localRow(unique[i]));
-    for (size_t i : mine)
-      rowsOfPartition.insert(rowsOfPartition.end(), summed.begin() + static_cast<std::ptrdiff_t>(i * rowBytes),
-                             summed.begin() + static_cast<std::ptrdiff_t>((i + 1) * rowBytes));
-    const std::vector<uint8_t> travelling = wire.narrow(rowsOfPartition);
-    payload.insert(payload.end(), travelling.begin(), travelling.end());
+    for (size_t i : mine) wire.appendTravelling({summed.data() + i * rowBytes, rowBytes}, payload);
     calls.push_back({t.variable->partitions[k], RequestKind::Push, std::move(payload)});
   }
   return calls;

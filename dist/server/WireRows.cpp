@@ -18,17 +18,26 @@ RowWire RowWire::of(const ServedVariable& v, DType wire) {
   return w;
 }
 
-std::vector<uint8_t> RowWire::narrow(std::span<const uint8_t> rows) const {
-  if (!narrowed) return {rows.begin(), rows.end()};
-  const size_t count = rows.size() / sizeof(float);
-  std::vector<uint8_t> out(count * sizeof(uint16_t));
+std::vector<uint8_t> RowWire::narrow(std::vector<uint8_t> rows) const {
+  if (!narrowed) return rows;
+  std::vector<uint8_t> out;
+  appendTravelling(rows, out);
+  return out;
+}
+
+void RowWire::appendTravelling(std::span<const uint8_t> rows, std::vector<uint8_t>& out) const {
+  if (!narrowed) {
+    out.insert(out.end(), rows.begin(), rows.end());
+    return;
+  }
+  const size_t count = rows.size() / sizeof(float), at = out.size();
+  out.resize(at + count * sizeof(uint16_t));
   for (size_t i = 0; i < count; ++i) {
     float value = 0;
     std::memcpy(&value, rows.data() + i * sizeof(float), sizeof value);
     const uint16_t bits = half_bits::bfloat16FromFloat(value);
-    std::memcpy(out.data() + i * sizeof bits, &bits, sizeof bits);
+    std::memcpy(out.data() + at + i * sizeof bits, &bits, sizeof bits);
   }
-  return out;
 }
 
 void RowWire::widen(std::span<const uint8_t> rows, uint8_t* out) const {

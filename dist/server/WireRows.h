@@ -25,8 +25,10 @@ struct RowWire {
   static RowWire of(const ServedVariable& v, DType wire);
   /// A travelling row's bytes.
   size_t bytes() const { return narrowed ? rowBytes / 2 : rowBytes; }
-  /// Stored rows as they travel (a copy either way).
-  std::vector<uint8_t> narrow(std::span<const uint8_t> rows) const;
+  /// Stored rows as they travel (the same bytes when not narrowed).
+  std::vector<uint8_t> narrow(std::vector<uint8_t> rows) const;
+  /// Appends stored rows to `out` as they travel.
+  void appendTravelling(std::span<const uint8_t> rows, std::vector<uint8_t>& out) const;
   /// Travelling rows into stored ones at `out`.
   void widen(std::span<const uint8_t> rows, uint8_t* out) const;
 };
