@@ -14,7 +14,9 @@ using simd::store;
 using V = simd::Vec<float>;
 
 constexpr int64_t kLanes = simd::kLanes<float>;
-constexpr int kPoints = 16;  // positions of a transformed 4x4 tile
+constexpr int kTile = 4;                  // outputs per side of a tile
+constexpr int kAlpha = kTile + 2;         // inputs per side of a tile
+constexpr int kPoints = kAlpha * kAlpha;  // positions of a transformed 6x6 tile
 
 /// One sweep of a 3x3 window at stride 1 over images of `inC` (h, w) planes padded by (ph, pw),
 /// to `outC` planes of (h + 2 ph - 2, w + 2 pw - 2). Images are laid out channels-last so that the
@@ -22,8 +24,8 @@ constexpr int kPoints = 16;  // positions of a transformed 4x4 tile
 /// the matrix products' rows.
 struct Sweep {
   int64_t inC, outC, h, w, ph, pw;
-  int64_t outH, outW, tilesH, tilesW, tiles;  // tiles per image: (tilesH, tilesW) of 2x2 outputs
-  int64_t paddedH, paddedW;                   // the channels-last copy: 4x4 inputs for every tile
+  int64_t outH, outW, tilesH, tilesW, tiles;  // tiles per image: (tilesH, tilesW) of 4x4 outputs
+  int64_t paddedH, paddedW;                   // the channels-last copy: 6x6 inputs for every tile
   int64_t groupSize;                          // images per group
   int64_t bandRows;                           // tiles transformed and multiplied at a time
 
@@ -31,28 +33,39 @@ struct Sweep {
       : inC(inC_), outC(outC_), h(h_), w(w_), ph(ph_), pw(pw_) {
     outH = h + 2 * ph - 2;
     outW = w + 2 * pw - 2;
-    tilesH = (outH + 1) / 2;
-    tilesW = (outW + 1) / 2;
+    tilesH = (outH + kTile - 1) / kTile;
+    tilesW = (outW + kTile - 1) / kTile;
     tiles = tilesH * tilesW;
-    paddedH = 2 * tilesH + 2;
-    paddedW = 2 * tilesW + 2;
-    // Small planes (8x8 has 16 tiles) are grouped so a product has at least 64 rows.
+    paddedH = kTile * tilesH + 2;
+    paddedW = kTile * tilesW + 2;
+    // Small planes are grouped so a product has more rows: 8x8 has 4 tiles, grouped by 8 images.
+    // More would leave a batch too few groups to share among threads.
     groupSize = std::clamp<int64_t>((64 + tiles - 1) / tiles, 1, 8);
-    // Large planes (56x56 has 784 tiles) are cut into bands of tiles whose transformed inputs
-    // and products (16 x rows x (inC + outC) floats) take about 512 KiB of cache. A band keeps at
-    // least 64 rows, so that each filter value read is used 64 times: with 128 channels in and
-    // out, 64 rows take 1 MiB.
-    const int64_t cached = (512 << 10) / (kPoints * (inC + outC) * int64_t(sizeof(float)));
-    bandRows = std::min(groupSize * tiles, std::max<int64_t>(64, cached / 16 * 16));
+    // Large planes (56x56 has 196 tiles) are cut into bands of tiles whose transformed inputs
+    // and products (36 x rows x (inC + outC) floats) take about 256 KiB, half a second-level
+    // cache of the smallest CPUs measured. A band keeps at least 32 rows, so that each filter
+    // value read is used 32 times: with 128 channels in and out, 32 rows take 1.1 MiB.
+    const int64_t cached = (256 << 10) / (kPoints * (inC + outC) * int64_t(sizeof(float)));
+    bandRows = std::min(groupSize * tiles, std::max<int64_t>(32, cached / 8 * 8));
   }
 };
 
-// ---- transforms (Lavin and Gray's F(2x2, 3x3)) -------------------------------------------------
+// ---- transforms: F(4x4, 3x3) -------------------------------------------------------------------
+//
+// Lavin and Gray's construction at the interpolation points 0, 1, -1, 1/2, -2 (and infinity).
+// With the usual points 0, 1, -1, 2, -2, tiles of random values summed over 64 channels in float
+// erred 3x as much at worst (1.6e-4 against 5e-5 absolute, outputs of about 10), for as many
+// operations.
 
-constexpr double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+constexpr double G[kAlpha][3] = {{1, 0, 0},
+                                 {1.0 / 3, 1.0 / 3, 1.0 / 3},
+                                 {-1.0 / 3, 1.0 / 3, -1.0 / 3},
+                                 {-16.0 / 15, -8.0 / 15, -4.0 / 15},
+                                 {1.0 / 15, -2.0 / 15, 4.0 / 15},
+                                 {0, 0, 1}};
 
 /// U[point][in][out] = (G g G^T)[point] of the 3x3 filter g = tap(out, in, .), in double, split
-/// across the session's threads by input channel: a filter of 512 x 512 channels is 4M values of
+/// across the session's threads by input channel: a filter of 128 x 128 channels is 590k values of
 /// U, which would otherwise cost as much as a small batch's products.
 template <class Tap>
 std::vector<float> transformFilter(const KernelContext& ctx, int64_t inC, int64_t outC, Tap tap) {
@@ -60,18 +73,18 @@ std::vector<float> transformFilter(const KernelContext& ctx, int64_t inC, int64_
   ctx.parallelFor(inC, outC * kPoints * 12, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       for (int64_t o = 0; o < outC; ++o) {  // innermost, so the writes run along U's rows
-        double gg[4][3];                    // G g
-        for (int a = 0; a < 4; ++a) {
+        double gg[kAlpha][3];               // G g
+        for (int a = 0; a < kAlpha; ++a) {
           for (int j = 0; j < 3; ++j) {
             gg[a][j] = 0;
             for (int i = 0; i < 3; ++i) gg[a][j] += G[a][i] * tap(o, c, i * 3 + j);
           }
         }
-        for (int a = 0; a < 4; ++a) {
-          for (int b = 0; b < 4; ++b) {
+        for (int a = 0; a < kAlpha; ++a) {
+          for (int b = 0; b < kAlpha; ++b) {
             double v = 0;
             for (int j = 0; j < 3; ++j) v += gg[a][j] * G[b][j];
-            u[static_cast<size_t>(((a * 4 + b) * inC + c) * outC + o)] = static_cast<float>(v);
+            u[static_cast<size_t>(((a * kAlpha + b) * inC + c) * outC + o)] = static_cast<float>(v);
           }
         }
       }
@@ -80,16 +93,23 @@ std::vector<float> transformFilter(const KernelContext& ctx, int64_t inC, int64_
   return u;
 }
 
-/// The filter gradient from the gradient of U: dg = G^T dU G, in double, split across the
-/// session's threads by input channel.
+/// The filter gradient from the gradient of U: dg = G^T dU G, in double (the columns of dU, then
+/// its rows), split across the session's threads by input channel.
 void untransformFilterGradient(const KernelContext& ctx, const float* du, int64_t inC, int64_t outC, float* dfilter) {
-  ctx.parallelFor(inC, outC * kPoints * 10, [&](int64_t lo, int64_t hi) {
+  ctx.parallelFor(inC, outC * kPoints * 5, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       for (int64_t o = 0; o < outC; ++o) {  // innermost, so the reads run along dU's rows
+        double gd[3][kAlpha] = {};          // G^T dU
+        for (int a = 0; a < kAlpha; ++a) {
+          for (int b = 0; b < kAlpha; ++b) {
+            const double value = du[((a * kAlpha + b) * inC + c) * outC + o];
+            for (int i = 0; i < 3; ++i) gd[i][b] += G[a][i] * value;
+          }
+        }
         for (int i = 0; i < 3; ++i) {
           for (int j = 0; j < 3; ++j) {
             double v = 0;
-            for (int p = 0; p < kPoints; ++p) v += G[p / 4][i] * du[(p * inC + c) * outC + o] * G[p % 4][j];
+            for (int b = 0; b < kAlpha; ++b) v += gd[i][b] * G[b][j];
             dfilter[(o * inC + c) * 9 + i * 3 + j] = static_cast<float>(v);
           }
         }
@@ -98,53 +118,77 @@ void untransformFilterGradient(const KernelContext& ctx, const float* du, int64_
   });
 }
 
-/// v[point] = (B^T d B)[point] for the 4x4 input block d, with
-/// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]: rows of d first, then columns.
-void transformInput(const V d[4][4], V v[kPoints]) {
-  V t[4][4];
-  for (int b = 0; b < 4; ++b) {
-    t[0][b] = d[0][b] - d[2][b];
-    t[1][b] = d[1][b] + d[2][b];
-    t[2][b] = d[2][b] - d[1][b];
-    t[3][b] = d[1][b] - d[3][b];
+// The transforms of a tile are two passes of a one-dimensional transform (transform2d below); each
+// computes the sums that several of its outputs share once.
+
+/// v = B^T d for B^T = [1 -3/2 -2 3/2 1 0; 0 -1 1/2 5/2 1 0; 0 1 -5/2 1/2 1 0;
+///                      0 -2 -1 2 1 0; 0 1/2 -1 -1/2 1 0; 0 1 -3/2 -2 3/2 1].
+[[gnu::always_inline]] inline void inputTransform(const V (&d)[kAlpha], V (&v)[kAlpha]) {
+  const V d31 = d[3] - d[1], d42 = d[4] - d[2];
+  v[0] = d[0] + d[4] - d[2] * 2.0f + d31 * 1.5f;
+  v[1] = d[4] - d[1] + d[2] * 0.5f + d[3] * 2.5f;
+  v[2] = d[4] + d[1] - d[2] * 2.5f + d[3] * 0.5f;
+  v[3] = d42 + d31 * 2.0f;
+  v[4] = d42 - d31 * 0.5f;
+  v[5] = d[5] + d[1] - d[3] * 2.0f + d42 * 1.5f;
+}
+
+/// y = A^T m for A^T = [1 1 1 1 1 0; 0 1 -1 1/2 -2 0; 0 1 1 1/4 4 0; 0 1 -1 1/8 -8 1].
+[[gnu::always_inline]] inline void outputTransform(const V (&m)[kAlpha], V (&y)[kTile]) {
+  const V sum12 = m[1] + m[2], diff12 = m[1] - m[2];
+  y[0] = m[0] + sum12 + m[3] + m[4];
+  y[1] = diff12 + m[3] * 0.5f - m[4] * 2.0f;
+  y[2] = sum12 + m[3] * 0.25f + m[4] * 4.0f;
+  y[3] = diff12 + m[3] * 0.125f - m[4] * 8.0f + m[5];
+}
+
+/// z = A g, the transpose of outputTransform: the gradient of m from the gradient g of y.
+[[gnu::always_inline]] inline void gradientTransform(const V (&g)[kTile], V (&z)[kAlpha]) {
+  const V even = g[0] + g[2], odd = g[1] + g[3];
+  z[0] = g[0];
+  z[1] = even + odd;
+  z[2] = even - odd;
+  z[3] = g[0] + g[1] * 0.5f + g[2] * 0.25f + g[3] * 0.125f;
+  z[4] = g[0] - g[1] * 2.0f + g[2] * 4.0f - g[3] * 8.0f;
+  z[5] = g[3];
+}
+
+/// The 2-D transform T x T^T of a tile: `transform1d` (kIn values to kOut) down the columns of the
+/// kIn x kIn block whose element (a, b) is get(a, b), then along the rows of the result; calls
+/// put(a, b, value) for each element of the kOut x kOut result.
+template <int kIn, int kOut, class Get, class Transform1d, class Put>
+void transform2d(Get get, Transform1d transform1d, Put put) {
+  V columns[kIn][kOut];  // (T x)[a][b], stored by b
+  for (int b = 0; b < kIn; ++b) {
+    V column[kIn];
+    for (int a = 0; a < kIn; ++a) column[a] = get(a, b);
+    transform1d(column, columns[b]);
   }
-  for (int a = 0; a < 4; ++a) {
-    v[a * 4 + 0] = t[a][0] - t[a][2];
-    v[a * 4 + 1] = t[a][1] + t[a][2];
-    v[a * 4 + 2] = t[a][2] - t[a][1];
-    v[a * 4 + 3] = t[a][1] - t[a][3];
+  for (int a = 0; a < kOut; ++a) {
+    V row[kIn], out[kOut];
+    for (int b = 0; b < kIn; ++b) row[b] = columns[b][a];
+    transform1d(row, out);
+    for (int b = 0; b < kOut; ++b) put(a, b, out[b]);
   }
 }
 
-/// y = A^T m A, the 2x2 outputs of a tile from its 16 products, with A^T = [1 1 1 0; 0 1 -1 -1].
-void transformOutput(const V m[kPoints], V y[2][2]) {
-  V s[2][4];
-  for (int b = 0; b < 4; ++b) {
-    s[0][b] = m[b] + m[4 + b] + m[8 + b];
-    s[1][b] = m[4 + b] - m[8 + b] - m[12 + b];
-  }
-  for (int a = 0; a < 2; ++a) {
-    y[a][0] = s[a][0] + s[a][1] + s[a][2];
-    y[a][1] = s[a][1] - s[a][2] - s[a][3];
-  }
+/// v[point] = (B^T d B)[point] for the 6x6 block whose element (a, b) is load(at(a, b)).
+template <class At>
+void transformInput(At at, V v[kPoints]) {
+  transform2d<kAlpha, kAlpha>([&](int a, int b) { return load(at(a, b)); }, inputTransform,
+                              [&](int a, int b, V value) { v[a * kAlpha + b] = value; });
 }
 
-/// z = A dy A^T, the gradient of a tile's 16 products from the gradient of its 2x2 outputs
-/// (the transpose of transformOutput), with A = [1 0; 1 1; 1 -1; 0 -1].
-void transformGradient(const V dy[2][2], V z[kPoints]) {
-  V t[4][2];
-  for (int b = 0; b < 2; ++b) {
-    t[0][b] = dy[0][b];
-    t[1][b] = dy[0][b] + dy[1][b];
-    t[2][b] = dy[0][b] - dy[1][b];
-    t[3][b] = -dy[1][b];
-  }
-  for (int a = 0; a < 4; ++a) {
-    z[a * 4 + 0] = t[a][0];
-    z[a * 4 + 1] = t[a][0] + t[a][1];
-    z[a * 4 + 2] = t[a][0] - t[a][1];
-    z[a * 4 + 3] = -t[a][1];
-  }
+/// y = A^T m A, the 4x4 outputs of a tile from its 36 products.
+void transformOutput(const V m[kPoints], V y[kTile][kTile]) {
+  transform2d<kAlpha, kTile>([&](int a, int b) { return m[a * kAlpha + b]; }, outputTransform,
+                             [&](int a, int b, V value) { y[a][b] = value; });
+}
+
+/// z = A dy A^T, the gradient of a tile's 36 products from the gradient of its 4x4 outputs.
+void transformGradient(const V dy[kTile][kTile], V z[kPoints]) {
+  transform2d<kTile, kAlpha>([&](int a, int b) { return dy[a][b]; }, gradientTransform,
+                             [&](int a, int b, V value) { z[a * kAlpha + b] = value; });
 }
 
 // ---- layouts ---------------------------------------------------------------------------------
@@ -204,12 +248,13 @@ void transposeChannels(Planes* planes, int64_t channels, int64_t positions, Last
 
 // ---- the products ----------------------------------------------------------------------------
 
-// A group's transformed inputs and products keep a tile's 16 points side by side, so that the
-// transforms read and write them as contiguous runs of vectors:
-//   transformed: chunk q of kLanes input channels, row k (a tile), point p, at
-//                ((q rows + k) 16 + p) kLanes
-//   products:    row k, point p, output channel o, at (k 16 + p) outC + o
-constexpr int64_t kRowStride = kPoints * kLanes;  // between rows of one point in `transformed`
+// A band's transformed inputs are laid out point after point, so that a point's product reads
+// its rows as one contiguous run; its products keep a tile's 36 points side by side, so that the
+// output transform reads them as contiguous runs of vectors:
+//   transformed: point p, chunk q of kLanes input channels, row k (a tile), at
+//                ((p chunks + q) rows + k) kLanes, where chunks = inC / kLanes
+//   products:    row k, point p, output channel o, at (k 36 + p) outC + o
+constexpr int64_t kRowStride = kLanes;  // between rows of one point's chunk in `transformed`
 
 /// acc[r][j] += sum over `steps` steps s of a[r kRowStep + s kStep] b[s bStep + kLanes j ..]: R rows
 /// by NV vectors, accumulated in registers; each value of a is splat across a vector of b. The
@@ -244,20 +289,22 @@ void productTile(const float* v, int64_t chunks, int64_t chunkStride, const floa
   }
 }
 
+/// Rows [r0, rows) of one point's product for NV vectors of outputs from o0: tiles of R rows,
+/// then the rest of a band in tiles of R / 2, R / 4, ... rows.
+template <int R, int NV>
+void productRows(const float* v, int64_t r0, int64_t rows, int64_t inC, const float* u, int64_t outC, float* m) {
+  const int64_t chunks = inC / kLanes, chunkStride = rows * kRowStride, mRowStride = kPoints * outC;
+  for (; r0 + R <= rows; r0 += R) {
+    productTile<R, NV>(v + r0 * kRowStride, chunks, chunkStride, u, outC, m + r0 * mRowStride, mRowStride);
+  }
+  if constexpr (R > 1) productRows<R / 2, NV>(v, r0, rows, inC, u, outC, m);
+}
+
 /// One point's product: m (rows, outC) = v (rows, inC) x u (inC, outC), from the point's first
 /// values in `transformed` and `products`, in tiles of R rows x NV vectors of outputs.
 template <int R, int NV>
 void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t outC, float* m) {
-  const int64_t chunks = inC / kLanes, chunkStride = rows * kRowStride, mRowStride = kPoints * outC;
-  for (int64_t o0 = 0; o0 < outC; o0 += NV * kLanes) {
-    int64_t r0 = 0;
-    for (; r0 + R <= rows; r0 += R) {
-      productTile<R, NV>(v + r0 * kRowStride, chunks, chunkStride, u + o0, outC, m + r0 * mRowStride + o0, mRowStride);
-    }
-    for (; r0 < rows; ++r0) {
-      productTile<1, NV>(v + r0 * kRowStride, chunks, chunkStride, u + o0, outC, m + r0 * mRowStride + o0, mRowStride);
-    }
-  }
+  for (int64_t o0 = 0; o0 < outC; o0 += NV * kLanes) productRows<R, NV>(v, 0, rows, inC, u + o0, outC, m + o0);
 }
 
 /// Accumulators of a register tile: as many as hide the multiply-add latency while the tile,
@@ -266,9 +313,8 @@ void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t 
 constexpr int kAccumulators = simd::kVectorRegisters >= 32 ? 16 : 8;
 
 /// Calls f.template operator()<R, NV>() with the widest tile of outputs that divides outC, NV
-/// vectors (4, 2 or 1), and R = kAccumulators / NV rows. The row counts of even planes (tiles
-/// in 16s) leave no rest, and R divides a chunk's channels, so a tile of channels stays within a
-/// chunk.
+/// vectors (4, 2 or 1), and R = kAccumulators / NV rows. R divides a chunk's channels, so a tile
+/// of channels of the filter gradient's product stays within a chunk.
 template <int NV = 4, class F>
 void withOutputTile(int64_t outC, F f) {
   constexpr int R = static_cast<int>(std::min<int64_t>(kAccumulators / NV, kLanes));
@@ -327,7 +373,7 @@ struct Workspace {
   explicit Workspace(const Sweep& s) {
     const int64_t paddedSize = s.groupSize * s.paddedH * s.paddedW * s.inC;
     const int64_t sizes[4] = {paddedSize, kPoints * s.bandRows * s.inC, kPoints * s.bandRows * s.outC,
-                              s.groupSize * 4 * s.tiles * s.outC};
+                              s.groupSize * kTile * kTile * s.tiles * s.outC};
     constexpr int64_t kLine = 64 / sizeof(float);  // floats per 64 bytes, whatever the vector width
     const auto lines = [](int64_t size) { return (size + kLine - 1) / kLine * kLine; };
     thread_local std::vector<float> storage;
@@ -377,45 +423,44 @@ struct TilePosition {
 };
 TilePosition tileAt(const Sweep& s, int64_t row) { return {row / s.tiles, row % s.tiles / s.tilesW, row % s.tilesW}; }
 
-/// transformed (a band's rows, 16 points, inC; in chunks of kLanes channels) from the padded images.
+/// transformed (36 points, a band's rows, inC; in chunks of kLanes channels) from the padded
+/// images.
 void transformInputs(const Sweep& s, const float* padded, const Band& band, float* transformed) {
+  const int64_t pointStride = band.rows * s.inC, rowStep = s.paddedW * s.inC;
   for (int64_t k = 0; k < band.rows; ++k) {
     const TilePosition t = tileAt(s, band.first + k);
-    const float* corner = padded + ((t.img * s.paddedH + 2 * t.ty) * s.paddedW + 2 * t.tx) * s.inC;
+    const float* corner = padded + ((t.img * s.paddedH + kTile * t.ty) * s.paddedW + kTile * t.tx) * s.inC;
     for (int64_t c = 0; c < s.inC; c += kLanes) {
-      V d[4][4], v[kPoints];
-      for (int a = 0; a < 4; ++a) {
-        for (int b = 0; b < 4; ++b) d[a][b] = load(corner + (a * s.paddedW + b) * s.inC + c);
-      }
-      transformInput(d, v);
+      V v[kPoints];
+      transformInput([&](int a, int b) { return corner + a * rowStep + b * s.inC + c; }, v);
       float* tile = transformed + (c / kLanes * band.rows + k) * kRowStride;
-      for (int p = 0; p < kPoints; ++p) store(tile + p * kLanes, v[p]);
+      for (int p = 0; p < kPoints; ++p) store(tile + p * pointStride, v[p]);
     }
   }
 }
 
-/// A band's outputs, channels-last in whole tiles, (2 tilesH, 2 tilesW, outC) per image, from its
+/// A band's outputs, channels-last in whole tiles, (4 tilesH, 4 tilesW, outC) per image, from its
 /// products.
 void transformOutputs(const Sweep& s, const float* products, const Band& band, float* outputs) {
-  const int64_t outRow = 2 * s.tilesW;
+  const int64_t outRow = kTile * s.tilesW;
   for (int64_t k = 0; k < band.rows; ++k) {
     const TilePosition t = tileAt(s, band.first + k);
-    float* corner = outputs + ((t.img * 2 * s.tilesH + 2 * t.ty) * outRow + 2 * t.tx) * s.outC;
+    float* corner = outputs + ((t.img * kTile * s.tilesH + kTile * t.ty) * outRow + kTile * t.tx) * s.outC;
     for (int64_t o = 0; o < s.outC; o += kLanes) {
-      V m[kPoints], y[2][2];
+      V m[kPoints], y[kTile][kTile];
       for (int p = 0; p < kPoints; ++p) m[p] = load(products + (k * kPoints + p) * s.outC + o);
       transformOutput(m, y);
-      for (int a = 0; a < 2; ++a) {
-        for (int b = 0; b < 2; ++b) store(corner + (a * outRow + b) * s.outC + o, y[a][b]);
+      for (int a = 0; a < kTile; ++a) {
+        for (int b = 0; b < kTile; ++b) store(corner + (a * outRow + b) * s.outC + o, y[a][b]);
       }
     }
   }
 }
 
 /// out (count, outC, outH, outW) from the channels-last outputs; rows and columns past (outH,
-/// outW), the rest of half tiles, are dropped.
+/// outW), the rest of partial tiles, are dropped.
 void storeImages(const Sweep& s, const float* outputs, int64_t count, float* out) {
-  const int64_t outRow = 2 * s.tilesW, outImage = 4 * s.tiles * s.outC;
+  const int64_t outRow = kTile * s.tilesW, outImage = kTile * kTile * s.tiles * s.outC;
   for (int64_t img = 0; img < count; ++img) {
     const PixelLayout at{s.outW, outRow, s.outC, img * outImage};
     transposeChannels<false>(out + img * s.outC * s.outH * s.outW, s.outC, s.outH * s.outW, outputs, at);
@@ -423,15 +468,15 @@ void storeImages(const Sweep& s, const float* outputs, int64_t count, float* out
 }
 
 /// A group's output gradient channels-last in whole tiles, as transformOutputs lays out outputs,
-/// with zeros past (outH, outW), where half tiles have no outputs.
+/// with zeros past (outH, outW), where partial tiles have no outputs.
 void loadGradients(const Sweep& s, const float* dy, int64_t count, float* last) {
-  const int64_t outRow = 2 * s.tilesW, outImage = 4 * s.tiles * s.outC;
+  const int64_t outRow = kTile * s.tilesW, outImage = kTile * kTile * s.tiles * s.outC;
   for (int64_t img = 0; img < count; ++img) {
     float* image = last + img * outImage;
-    if (s.outH % 2) std::fill(image + (2 * s.tilesH - 1) * outRow * s.outC, image + outImage, 0.0f);
-    if (s.outW % 2) {
+    std::fill(image + s.outH * outRow * s.outC, image + outImage, 0.0f);
+    if (s.outW < outRow) {
       for (int64_t y = 0; y < s.outH; ++y) {
-        std::fill(image + ((y + 1) * outRow - 1) * s.outC, image + (y + 1) * outRow * s.outC, 0.0f);
+        std::fill(image + (y * outRow + s.outW) * s.outC, image + (y + 1) * outRow * s.outC, 0.0f);
       }
     }
     const PixelLayout at{s.outW, outRow, s.outC, img * outImage};
@@ -439,17 +484,17 @@ void loadGradients(const Sweep& s, const float* dy, int64_t count, float* last) 
   }
 }
 
-/// z (a band's rows, 16 points, outC; laid out as products) from the channels-last output
+/// z (a band's rows, 36 points, outC; laid out as products) from the channels-last output
 /// gradient.
 void transformGradients(const Sweep& s, const float* last, const Band& band, float* z) {
-  const int64_t outRow = 2 * s.tilesW;
+  const int64_t outRow = kTile * s.tilesW;
   for (int64_t k = 0; k < band.rows; ++k) {
     const TilePosition t = tileAt(s, band.first + k);
-    const float* corner = last + ((t.img * 2 * s.tilesH + 2 * t.ty) * outRow + 2 * t.tx) * s.outC;
+    const float* corner = last + ((t.img * kTile * s.tilesH + kTile * t.ty) * outRow + kTile * t.tx) * s.outC;
     for (int64_t o = 0; o < s.outC; o += kLanes) {
-      V dy[2][2], g[kPoints];
-      for (int a = 0; a < 2; ++a) {
-        for (int b = 0; b < 2; ++b) dy[a][b] = load(corner + (a * outRow + b) * s.outC + o);
+      V dy[kTile][kTile], g[kPoints];
+      for (int a = 0; a < kTile; ++a) {
+        for (int b = 0; b < kTile; ++b) dy[a][b] = load(corner + (a * outRow + b) * s.outC + o);
       }
       transformGradient(dy, g);
       for (int p = 0; p < kPoints; ++p) store(z + (k * kPoints + p) * s.outC + o, g[p]);
@@ -471,7 +516,7 @@ void sweepGroup(const Sweep& s, const std::vector<float>& u, const float* in, in
   forEachBand(s, count, [&](const Band& band) {
     transformInputs(s, ws.padded, band, ws.transformed);
     for (int p = 0; p < kPoints; ++p) {
-      product(ws.transformed + p * kLanes, band.rows, s.inC, u.data() + p * s.inC * s.outC, s.outC,
+      product(ws.transformed + p * band.rows * s.inC, band.rows, s.inC, u.data() + p * s.inC * s.outC, s.outC,
               ws.products + p * s.outC);
     }
     transformOutputs(s, ws.products, band, ws.outputs);
@@ -495,7 +540,7 @@ void sweep(const KernelContext& ctx, int64_t n, const Sweep& s, const std::vecto
   });
 }
 
-/// Adds the gradient of U from images [first, end) to acc (16, c, o), group by group, band by band.
+/// Adds the gradient of U from images [first, end) to acc (36, c, o), group by group, band by band.
 void accumulateImages(const Sweep& s, const float* x, const float* dy, int64_t first, int64_t end, Workspace& ws,
                       float* acc) {
   const int64_t inSize = s.inC * s.h * s.w, dySize = s.outC * s.outH * s.outW;
@@ -507,7 +552,7 @@ void accumulateImages(const Sweep& s, const float* x, const float* dy, int64_t f
       transformInputs(s, ws.padded, band, ws.transformed);
       transformGradients(s, ws.outputs, band, ws.products);
       for (int p = 0; p < kPoints; ++p) {
-        accumulate(ws.transformed + p * kLanes, band.rows, s.inC, ws.products + p * s.outC, s.outC,
+        accumulate(ws.transformed + p * band.rows * s.inC, band.rows, s.inC, ws.products + p * s.outC, s.outC,
                    acc + p * s.inC * s.outC);
       }
     });
@@ -528,9 +573,9 @@ void sumBlocks(const KernelContext& ctx, float* partials, int64_t blocks, int64_
 
 }  // namespace
 
-// Above 128 channels in or out the transformed filter (16 c o floats, 1 MiB at 128 x 128) no longer
-// stays in the second-level cache across a band's products, and the kernels measured no faster
-// than the direct ones (docs/benchmarks.md). Channels come in 16s on every target (a whole number
+// Above 128 channels in or out the transformed filter (36 c o floats, 2.3 MiB at 128 x 128) no
+// longer stays in the second-level cache across a band's products, and the kernels measured no
+// faster than the direct ones (docs/benchmarks.md). Channels come in 16s on every target (a whole number
 // of vectors of any width), so which convolutions run here does not depend on the build's CPU.
 bool winogradConvApplies(const DirectConv& s) {
   constexpr int64_t kChannelMultiple = 16;

@@ -1,8 +1,8 @@
-// Winograd F(2x2, 3x3) kernels for float 3x3 convolutions at stride 1 whose channel counts are
-// multiples of 16, up to 128: the bulk of a ResNet-20 after its first layer. Each 2x2 block of
-// outputs is computed from the 4x4 block of inputs under it through transforms that turn the 36
-// multiplies of 9 taps x 4 outputs into 16, so the work left is 16 small matrix products (one per
-// transform position, over channels) with 2.25x fewer multiply-adds than the direct sweep.
+// Winograd F(4x4, 3x3) kernels for float 3x3 convolutions at stride 1 whose channel counts are
+// multiples of 16, up to 128: the bulk of a ResNet-20 after its first layer. Each 4x4 block of
+// outputs is computed from the 6x6 block of inputs under it through transforms that turn the 144
+// multiplies of 9 taps x 16 outputs into 36, so the work left is 36 small matrix products (one per
+// transform position, over channels) with 4x fewer multiply-adds than the direct sweep.
 // Conv.cpp prefers them over the direct kernels where they apply.
 #pragma once
 

@@ -106,13 +106,14 @@ const std::vector<ConvCase>& convCases() {
       {{1, 3, 6, 5}, {19, 3, 3, 3}, {{1, 1}, {2, 0}, {1, 1}}},  // uneven padding, 2 and 0
       {{2, 5, 9, 10}, {11, 5, 3, 3}, {{2, 2}, {1, 1}, {1, 1}}},  // stride 2: odd and even sizes
       {{1, 2, 8, 7}, {3, 2, 3, 3}, {{2, 2}, {0, 2}, {1, 1}}},
-      // Winograd (float, channels in 16s): odd output sizes end in half tiles; 32 and 64 filters
-      // take the wider product tiles; a batch of 8x8 planes fills groups of images and a rest.
+      // Winograd (float, channels in 16s): output sizes that are not multiples of 4 end in partial
+      // tiles; 32 and 64 filters take the wider product tiles; a batch of 8x8 planes fills a group
+      // of 8 images and a rest.
       {{2, 16, 9, 7}, {32, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},
       {{3, 32, 6, 6}, {64, 32, 3, 3}, {{1, 1}, {0, 2}, {1, 1}}},
       {{1, 16, 5, 4}, {16, 16, 3, 3}, {{1, 1}, {2, 1}, {1, 1}}},
-      {{6, 16, 8, 8}, {16, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},
-      {{2, 64, 17, 19}, {64, 64, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},  // 90 tiles: bands of 64 and 26
+      {{10, 16, 8, 8}, {16, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},
+      {{2, 64, 17, 19}, {64, 64, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}},  // 2 x 25 tiles: bands of 32 and 18
   };
   return cases;
 }
@@ -386,10 +387,10 @@ TEST_CASE("conv2d float gradients match the double computation") {
   // The direct kernels transpose float gradients in 16 x 16 register blocks: 19 filters and 63
   // positions per plane leave both a full block and ragged edges. Float convolutions with
   // channels in 16s run on the Winograd kernels, double ones on the direct kernels.
-  // The Winograd cases: 25 images of 20 tiles run in groups of 4 (the last group alone), each
-  // group in bands of 64 and 16 tiles that cross images, with padding (0, 2), which the input
-  // gradient sweeps with (2, 0); one image of 90 tiles in bands of 64 and 26; uneven padding with
-  // half tiles.
+  // The Winograd cases: 25 images of 6 tiles run in groups of 8 (the last image alone), each
+  // group in bands of 32 and 16 tiles that cross images, with padding (0, 2), which the input
+  // gradient sweeps with (2, 0); two images of 25 tiles in bands of 32 and 18; uneven padding with
+  // partial tiles.
   struct Case {
     const char* name;
     Shape x, filter;
