@@ -839,6 +839,25 @@ TEST_CASE("planStages balances the measured time of the forward ops and their gr
   }
 }
 
+TEST_CASE("planStages charges no stage for the update of a variable the servers hold") {
+  Unstaged m;
+  const Node* first = m.g.find("w0");
+  const Node* update = nullptr;  // w0's SGD update
+  for (const auto& node : m.g.nodes())
+    if (!node->def->mutatedInputs.empty() &&
+        node->inputs[static_cast<size_t>(node->def->mutatedInputs.front())].node() == first)
+      update = node.get();
+  REQUIRE(update != nullptr);
+  std::unordered_map<const Node*, double> seconds = m.seconds({1, 1, 1, 1, 1, 1});
+  seconds[update] = 6;
+  const StagePlanOptions own{.stages = 2, .rows = 8, .linkBytesPerSecond = 1e9};
+  StagePlanOptions served = own;
+  served.served = {first};
+  // Updated on its stage, w0's layer costs 7: 7 | 5. Updated on the servers it costs 1: 3 | 3.
+  CHECK(planStages(m.g, {m.loss}, m.step, seconds, own).seconds == std::vector<double>{7, 5});
+  CHECK(planStages(m.g, {m.loss}, m.step, seconds, served).seconds == std::vector<double>{3, 3});
+}
+
 namespace {
 
 /// The compute seconds of zbv's two processes (stages 0 and 3, stages 1 and 2) under the

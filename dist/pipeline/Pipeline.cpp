@@ -1214,11 +1214,14 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   WEFT_CHECK(options.memoryPerStage >= 0, "the memory per pipeline stage must be positive (or 0: no limit), got {}",
              options.memoryPerStage);
   // Each forward op costs its own time and its gradient ops', and its variables' updates (once
-  // per step: a micro-batch's share).
+  // per step: a micro-batch's share) but those of the variables the servers hold, which the
+  // servers run: the profile timed them on the stage before the servers' pass took them away.
   std::map<const Node*, double> cost;
   for (const auto& [node, t] : seconds) {
     if (!node->def->mutatedInputs.empty()) {
-      auto span = spans.find(node->inputs[static_cast<size_t>(node->def->mutatedInputs.front())].node());
+      Node* variable = node->inputs[static_cast<size_t>(node->def->mutatedInputs.front())].node();
+      if (std::find(options.served.begin(), options.served.end(), variable) != options.served.end()) continue;
+      auto span = spans.find(variable);
       if (span != spans.end()) cost[chain[span->second.first]] += t / options.microbatches;
       continue;
     }

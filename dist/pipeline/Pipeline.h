@@ -171,7 +171,8 @@ struct StagePlanOptions {
   /// stages together; 0: no limit.
   double memoryPerStage = 0;
   /// Variables the parameter servers hold: their optimizer state lives there, not in a stage
-  /// (the stage keeps its copy of the variable and sums its gradient).
+  /// (the stage keeps its copy of the variable and sums its gradient), and the servers run their
+  /// updates, whose profiled time no stage is charged.
   std::vector<const Node*> served{};
 };
 
