@@ -211,25 +211,40 @@ struct PixelLayout {
 
 /// Copies `channels` (a multiple of kLanes) planes of `positions` values from channels-first
 /// `planes` to a channels-last array (kToChannelsLast), or back, in kLanes x kLanes blocks
-/// transposed in registers; a ragged end of the positions goes value by value.
+/// transposed in registers; a ragged end of the positions goes value by value. The blocks of a
+/// cache line of positions (16 floats, two blocks of AVX2's 8) run one after the other for each
+/// chunk of channels, so that each line of a plane is read or written whole before the next
+/// chunk's: planes of 1024 floats lie 4 KiB apart and share sets of the first-level cache. On
+/// Zen 3 this made 16-channel convolutions on 32x32 planes 4-5% faster.
 template <bool kToChannelsLast, class Planes, class Last>
 void transposeChannels(Planes* planes, int64_t channels, int64_t positions, Last* last, const PixelLayout& at) {
+  constexpr int64_t kLine = std::max<int64_t>(kLanes, 64 / sizeof(float));  // positions a step
+  // The kLanes x kLanes block of channels [c0, c0 + kLanes) at positions [p, p + kLanes), the
+  // positions' indices in `last` at `index`.
+  auto block = [&](int64_t p, const int64_t* index, int64_t c0) {
+    V v[kLanes];
+    if constexpr (kToChannelsLast) {
+      for (int r = 0; r < kLanes; ++r) v[r] = load(planes + (c0 + r) * positions + p);
+      simd::transpose(v);
+      for (int l = 0; l < kLanes; ++l) store(last + index[l] + c0, v[l]);
+    } else {
+      for (int l = 0; l < kLanes; ++l) v[l] = load(last + index[l] + c0);
+      simd::transpose(v);
+      for (int r = 0; r < kLanes; ++r) store(planes + (c0 + r) * positions + p, v[r]);
+    }
+  };
   int64_t p0 = 0;
+  for (; p0 + kLine <= positions; p0 += kLine) {
+    int64_t index[kLine];
+    at.indices<kLine>(p0, index);
+    for (int64_t c0 = 0; c0 < channels; c0 += kLanes) {
+      for (int64_t sub = 0; sub < kLine; sub += kLanes) block(p0 + sub, index + sub, c0);
+    }
+  }
   for (; p0 + kLanes <= positions; p0 += kLanes) {
     int64_t index[kLanes];
     at.indices<kLanes>(p0, index);
-    for (int64_t c0 = 0; c0 < channels; c0 += kLanes) {
-      V v[kLanes];
-      if constexpr (kToChannelsLast) {
-        for (int r = 0; r < kLanes; ++r) v[r] = load(planes + (c0 + r) * positions + p0);
-        simd::transpose(v);
-        for (int l = 0; l < kLanes; ++l) store(last + index[l] + c0, v[l]);
-      } else {
-        for (int l = 0; l < kLanes; ++l) v[l] = load(last + index[l] + c0);
-        simd::transpose(v);
-        for (int r = 0; r < kLanes; ++r) store(planes + (c0 + r) * positions + p0, v[r]);
-      }
-    }
+    for (int64_t c0 = 0; c0 < channels; c0 += kLanes) block(p0, index, c0);
   }
   for (int64_t p = p0; p < positions; ++p) {
     int64_t index[1];
