@@ -43,10 +43,10 @@ cmp -s "$work/mpi-lm/checkpoint.safetensors" "$work/own-lm/checkpoint.safetensor
   fail "the lm job mpirun started (1 server, 2 workers) ended otherwise than the one weft started"
 echo "ok: mpirun's jobs end bit for bit as weft's own"
 
-# An AMP job: mpirun's ranks are the processes of `--amp --processes 2`, rank 0 the controller.
-# Gradients summed across processes arrive in any order: the variables agree to rounding.
+# same_variables A B MESSAGE [F32_TOLERANCE]: two checkpoints hold the same variables, f64 ones
+# within 1e-12 of each tensor's largest value, f32 ones bit for bit or within F32_TOLERANCE of it.
 same_variables() {
-  python3 - "$1" "$2" <<'PY' || fail "$3"
+  python3 - "$1" "$2" "${4:-}" <<'PY' || fail "$3"
 import json, struct, sys
 def tensors(path):
     data = open(path, "rb").read()
@@ -59,18 +59,45 @@ def tensors(path):
             continue
         begin, end = entry["data_offsets"]
         raw = body[begin:end]
-        out[name] = struct.unpack("<%dd" % (len(raw) // 8), raw) if entry["dtype"] == "F64" else raw
+        if entry["dtype"] == "F64":
+            out[name] = (struct.unpack("<%dd" % (len(raw) // 8), raw), 1e-12)
+        elif entry["dtype"] == "F32" and f32_tolerance:
+            out[name] = (struct.unpack("<%df" % (len(raw) // 4), raw), f32_tolerance)
+        else:
+            out[name] = raw
     return out
+f32_tolerance = float(sys.argv[3]) if sys.argv[3] else None
 a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
 assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
 for name in a:
     if isinstance(a[name], bytes):
         assert a[name] == b[name], name
         continue
-    scale = max([abs(v) for v in a[name]] + [1e-300])
-    assert max(abs(x - y) for x, y in zip(a[name], b[name])) <= 1e-12 * scale, name
+    (x, tolerance), (y, _) = a[name], b[name]
+    scale = max([abs(v) for v in x] + [1e-300])
+    assert max(abs(p - q) for p, q in zip(x, y)) <= tolerance * scale, name
 PY
 }
+
+# A pipeline with a parameter server: mpirun's 3 ranks are the server (--servers-per-host 1) and
+# the 2 stage processes. Each process profiles its own step to choose the cut, so the two jobs may
+# cut differently, and the stages' squared norms behind the LM's clipping then add up in another
+# order: the variables agree to rounding. The stages hold the LSTM's Adam slots alone (50 kB): the
+# embedding's and the softmax's (about 200 kB) are on the server.
+mpi 3 "$weft" train "${lm[@]}" --steps 30 --stages 2 --servers-per-host 1 --out "$work/mpi-pipe" \
+  > "$work/mpi-pipe.log" 2>&1 || fail "mpirun -np 3 weft train lm --stages 2 failed"
+grep -q "2 pipeline stages" "$work/mpi-pipe.log" || fail "the mpirun lm job did not run pipelined"
+slots=$(sed -n 's/^stage [01]: .*optimizer state \([0-9.]*\) \(B\|kB\),.*/\1 \2/p' "$work/mpi-pipe.log" |
+  awk '{ total += $2 == "kB" ? $1 * 1000 : $1 } END { print int(total) }')
+[[ -n "$slots" && $slots -lt 100000 ]] || fail "the mpirun pipeline's stages hold $slots bytes of optimizer state: not served"
+"$weft" train "${lm[@]}" --steps 30 --stages 2 --servers 1 --out "$work/own-pipe" > "$work/own-pipe.log" 2>&1 ||
+  fail "weft train lm --stages 2 --servers 1 failed"
+same_variables "$work/mpi-pipe/checkpoint.safetensors" "$work/own-pipe/checkpoint.safetensors" \
+  "the pipelined lm job mpirun started (1 server, 2 stages) ended otherwise than the one weft started" 1e-5
+echo "ok: mpirun's pipelined job with a server trains as weft's own"
+
+# An AMP job: mpirun's ranks are the processes of `--amp --processes 2`, rank 0 the controller.
+# Gradients summed across processes arrive in any order: the variables agree to rounding.
 amp=(list_reduction --amp --dtype f64 --minibatch 8 --max-active-keys 2 --target 0 --train-size 48 --eval-size 8
      --hidden 16 --workers 1)
 mpi 2 "$weft" train "${amp[@]}" --epochs 3 --out "$work/mpi-amp" --save "$work/mpi-amp.safetensors" \
