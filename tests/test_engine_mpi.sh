@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Jobs that Open MPI's mpirun starts: `mpirun -np N weft train ...` forms the job with no
 # --workers, and ends bit for bit as `weft train --workers` does (an AllReduce job and a job with
-# a parameter server); an AMP job trains as `--amp --processes` does, and SIGTERM stops it with a
+# a parameter server), and a pipeline with a server as `weft train --stages` does; an AMP job trains as `--amp --processes` does, and SIGTERM stops it with a
 # checkpoint that --resume auto continues from; a rank killed mid-run stops the job, every member
 # naming it. Without
 # mpirun (Debian package openmpi-bin) it reports why and exits 77 (ctest: skipped).
@@ -43,41 +43,9 @@ cmp -s "$work/mpi-lm/checkpoint.safetensors" "$work/own-lm/checkpoint.safetensor
   fail "the lm job mpirun started (1 server, 2 workers) ended otherwise than the one weft started"
 echo "ok: mpirun's jobs end bit for bit as weft's own"
 
-# same_variables A B MESSAGE [F32_TOLERANCE]: two checkpoints hold the same variables, f64 ones
-# within 1e-12 of each tensor's largest value, f32 ones bit for bit or within F32_TOLERANCE of it.
-same_variables() {
-  python3 - "$1" "$2" "${4:-}" <<'PY' || fail "$3"
-import json, struct, sys
-def tensors(path):
-    data = open(path, "rb").read()
-    size = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + size])
-    body = data[8 + size:]
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        raw = body[begin:end]
-        if entry["dtype"] == "F64":
-            out[name] = (struct.unpack("<%dd" % (len(raw) // 8), raw), 1e-12)
-        elif entry["dtype"] == "F32" and f32_tolerance:
-            out[name] = (struct.unpack("<%df" % (len(raw) // 4), raw), f32_tolerance)
-        else:
-            out[name] = raw
-    return out
-f32_tolerance = float(sys.argv[3]) if sys.argv[3] else None
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-for name in a:
-    if isinstance(a[name], bytes):
-        assert a[name] == b[name], name
-        continue
-    (x, tolerance), (y, _) = a[name], b[name]
-    scale = max([abs(v) for v in x] + [1e-300])
-    assert max(abs(p - q) for p, q in zip(x, y)) <= tolerance * scale, name
-PY
-}
+# same_variables A B MESSAGE [F32_TOLERANCE]: fails with MESSAGE unless the checkpoints hold the
+# same variables (tests/same_variables.py).
+same_variables() { python3 "$(dirname "$0")/same_variables.py" "$1" "$2" "${4:-}" || fail "$3"; }
 
 # A pipeline with a parameter server: mpirun's 3 ranks are the server (--servers-per-host 1) and
 # the 2 stage processes. Each process profiles its own step to choose the cut, so the two jobs may

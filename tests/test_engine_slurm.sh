@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Jobs that Slurm starts: a one-node Slurm cluster of this machine (munged, slurmctld and slurmd
 # from Debian's packages, on loopback, with a slurm.conf and a munge key made here) runs
-# `srun -n 3 weft train lm ...` and an sbatch script's `srun weft train mlp ...`; each ends bit
-# for bit as `weft train --workers` does. A task killed mid-run fails the step, every member
-# naming it. Every daemon is stopped by its pid at the end. Needs root (the daemons run as root
+# `srun -n 3 weft train lm ...`, data-parallel and pipelined with a server, and an sbatch script's
+# `srun weft train mlp ...`; each ends as `weft train --workers` (or `--stages`) does. A task
+# killed mid-run fails the step, every member naming it. Every daemon is stopped by its pid at the end. Needs root (the daemons run as root
 # here) and the packages slurmctld, slurmd, slurm-client and munge; without them it reports why
 # and exits 77 (ctest: skipped).
 #
@@ -109,6 +109,20 @@ srun -n 3 "$weft" train "${lm[@]}" --steps 30 --out "$work/out/srun-lm" > "$work
 cmp -s "$work/out/srun-lm/checkpoint.safetensors" "$work/out/own-lm/checkpoint.safetensors" ||
   fail "the lm job srun started ended otherwise than the one weft started"
 echo "ok: srun's job ends bit for bit as weft's own"
+
+# srun: a pipeline with a parameter server, the server on local rank 0 (--servers-per-host 1) and
+# the 2 stage processes on the rest. The two jobs may cut differently (each profiles its own
+# step), and the LM clipping's stage sums then add up in another order: the variables agree to
+# rounding.
+srun -n 3 "$weft" train "${lm[@]}" --steps 30 --stages 2 --servers-per-host 1 --out "$work/out/srun-pipe" \
+  > "$work/srun-pipe.log" 2>&1 || fail "srun -n 3 weft train lm --stages 2 failed"
+grep -q "2 pipeline stages" "$work/srun-pipe.log" || fail "the srun lm job did not run pipelined"
+"$weft" train "${lm[@]}" --steps 30 --stages 2 --servers 1 --out "$work/out/own-pipe" > "$work/own-pipe.log" 2>&1 ||
+  fail "weft train lm --stages 2 --servers 1 failed"
+python3 "$(dirname "$0")/same_variables.py" "$work/out/srun-pipe/checkpoint.safetensors" \
+  "$work/out/own-pipe/checkpoint.safetensors" 1e-5 ||
+  fail "the pipelined lm job srun started (1 server, 2 stages) ended otherwise than the one weft started"
+echo "ok: srun's pipelined job with a server trains as weft's own"
 
 # sbatch: the script's srun line, as a user writes it.
 cat > "$work/job.sh" <<EOF
