@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Jobs that torchrun starts (`torchrun --no-python weft train ...`): the job ends bit for bit as
-# `weft train --workers` does; a worker killed mid-run stops the job, named; and with torchrun's
+# `weft train --workers` does, and a pipeline with a server as `weft train --stages` does; a worker killed mid-run stops the job, named; and with torchrun's
 # --max-restarts the restarted workers (TORCHELASTIC_RESTART_COUNT=1) continue from the last
 # checkpoint with --resume auto, to end as an uninterrupted run. torchrun comes with PyPI's torch,
 # which `./weft test` installs into .venv/: the test runs the torchrun TORCHRUN names, else that
@@ -39,6 +39,19 @@ run --no-python "$weft" train "${lm[@]}" --steps 30 --out "$work/torchrun" > "$w
 cmp -s "$work/torchrun/checkpoint.safetensors" "$work/own/checkpoint.safetensors" ||
   fail "the job torchrun started ended otherwise than the one weft started"
 echo "ok: torchrun's job ends bit for bit as weft's own"
+
+# A pipeline with a parameter server: the server on RANK 0 (--servers-per-host 1), the 2 stage
+# processes on the rest. The two jobs may cut differently (each profiles its own step), and the LM
+# clipping's stage sums then add up in another order: the variables agree to rounding.
+run --no-python "$weft" train "${lm[@]}" --steps 30 --stages 2 --servers-per-host 1 --out "$work/pipe" \
+  > "$work/pipe.log" 2>&1 || fail "torchrun --nproc-per-node 3 weft train lm --stages 2 failed"
+grep -q "2 pipeline stages" "$work/pipe.log" || fail "the torchrun lm job did not run pipelined"
+"$weft" train "${lm[@]}" --steps 30 --stages 2 --servers 1 --out "$work/own-pipe" > "$work/own-pipe.log" 2>&1 ||
+  fail "weft train lm --stages 2 --servers 1 failed"
+python3 "$(dirname "${BASH_SOURCE[0]}")/same_variables.py" "$work/pipe/checkpoint.safetensors" \
+  "$work/own-pipe/checkpoint.safetensors" 1e-5 ||
+  fail "the pipelined job torchrun started (1 server, 2 stages) ended otherwise than the one weft started"
+echo "ok: torchrun's pipelined job with a server trains as weft's own"
 
 # A killed worker (RANK 2: worker 1 of host 0) stops the job, named.
 run --no-python "$weft" train "${lm[@]}" --steps 1000000 --log-every 1 --out "$work/killed" > "$work/killed.log" 2>&1 &
