@@ -26,6 +26,7 @@ struct Sweep {
   int64_t inC, outC, h, w, ph, pw;
   int64_t outH, outW, tilesH, tilesW, tiles;  // tiles per image: (tilesH, tilesW) of 4x4 outputs
   int64_t paddedH, paddedW;                   // the channels-last copy: 6x6 inputs for every tile
+  int64_t wholeH, wholeW;                     // the channels-last outputs: 4x4 for every tile
   int64_t groupSize;                          // images per group
   int64_t bandRows;                           // tiles transformed and multiplied at a time
 
@@ -36,8 +37,10 @@ struct Sweep {
     tilesH = (outH + kTile - 1) / kTile;
     tilesW = (outW + kTile - 1) / kTile;
     tiles = tilesH * tilesW;
-    paddedH = kTile * tilesH + 2;
-    paddedW = kTile * tilesW + 2;
+    wholeH = kTile * tilesH;
+    wholeW = kTile * tilesW;
+    paddedH = wholeH + 2;
+    paddedW = wholeW + 2;
     // Small planes are grouped so a product has more rows: 8x8 has 4 tiles, grouped by 8 images.
     // More would leave a batch too few groups to share among threads.
     groupSize = std::clamp<int64_t>((64 + tiles - 1) / tiles, 1, 8);
@@ -48,6 +51,9 @@ struct Sweep {
     const int64_t cached = (256 << 10) / (kPoints * (inC + outC) * int64_t(sizeof(float)));
     bandRows = std::min(groupSize * tiles, std::max<int64_t>(32, cached / 8 * 8));
   }
+
+  /// Values of one image's channels-last outputs (or output gradients).
+  int64_t wholeImage() const { return wholeH * wholeW * outC; }
 };
 
 // ---- transforms: F(4x4, 3x3) -------------------------------------------------------------------
@@ -388,7 +394,7 @@ struct Workspace {
   explicit Workspace(const Sweep& s) {
     const int64_t paddedSize = s.groupSize * s.paddedH * s.paddedW * s.inC;
     const int64_t sizes[4] = {paddedSize, kPoints * s.bandRows * s.inC, kPoints * s.bandRows * s.outC,
-                              s.groupSize * kTile * kTile * s.tiles * s.outC};
+                              s.groupSize * s.wholeImage()};
     constexpr int64_t kLine = 64 / sizeof(float);  // floats per 64 bytes, whatever the vector width
     const auto lines = [](int64_t size) { return (size + kLine - 1) / kLine * kLine; };
     thread_local std::vector<float> storage;
@@ -438,6 +444,11 @@ struct TilePosition {
 };
 TilePosition tileAt(const Sweep& s, int64_t row) { return {row / s.tiles, row % s.tiles / s.tilesW, row % s.tilesW}; }
 
+/// Where a tile's first output lies in the channels-last outputs (or output gradients).
+int64_t outputCorner(const Sweep& s, const TilePosition& t) {
+  return ((t.img * s.wholeH + kTile * t.ty) * s.wholeW + kTile * t.tx) * s.outC;
+}
+
 /// transformed (36 points, a band's rows, inC; in chunks of kLanes channels) from the padded
 /// images.
 void transformInputs(const Sweep& s, const float* padded, const Band& band, float* transformed) {
@@ -457,16 +468,14 @@ void transformInputs(const Sweep& s, const float* padded, const Band& band, floa
 /// A band's outputs, channels-last in whole tiles, (4 tilesH, 4 tilesW, outC) per image, from its
 /// products.
 void transformOutputs(const Sweep& s, const float* products, const Band& band, float* outputs) {
-  const int64_t outRow = kTile * s.tilesW;
   for (int64_t k = 0; k < band.rows; ++k) {
-    const TilePosition t = tileAt(s, band.first + k);
-    float* corner = outputs + ((t.img * kTile * s.tilesH + kTile * t.ty) * outRow + kTile * t.tx) * s.outC;
+    float* corner = outputs + outputCorner(s, tileAt(s, band.first + k));
     for (int64_t o = 0; o < s.outC; o += kLanes) {
       V m[kPoints], y[kTile][kTile];
       for (int p = 0; p < kPoints; ++p) m[p] = load(products + (k * kPoints + p) * s.outC + o);
       transformOutput(m, y);
       for (int a = 0; a < kTile; ++a) {
-        for (int b = 0; b < kTile; ++b) store(corner + (a * outRow + b) * s.outC + o, y[a][b]);
+        for (int b = 0; b < kTile; ++b) store(corner + (a * s.wholeW + b) * s.outC + o, y[a][b]);
       }
     }
   }
@@ -475,9 +484,8 @@ void transformOutputs(const Sweep& s, const float* products, const Band& band, f
 /// out (count, outC, outH, outW) from the channels-last outputs; rows and columns past (outH,
 /// outW), the rest of partial tiles, are dropped.
 void storeImages(const Sweep& s, const float* outputs, int64_t count, float* out) {
-  const int64_t outRow = kTile * s.tilesW, outImage = kTile * kTile * s.tiles * s.outC;
   for (int64_t img = 0; img < count; ++img) {
-    const PixelLayout at{s.outW, outRow, s.outC, img * outImage};
+    const PixelLayout at{s.outW, s.wholeW, s.outC, img * s.wholeImage()};
     transposeChannels<false>(out + img * s.outC * s.outH * s.outW, s.outC, s.outH * s.outW, outputs, at);
   }
 }
@@ -485,16 +493,14 @@ void storeImages(const Sweep& s, const float* outputs, int64_t count, float* out
 /// A group's output gradient channels-last in whole tiles, as transformOutputs lays out outputs,
 /// with zeros past (outH, outW), where partial tiles have no outputs.
 void loadGradients(const Sweep& s, const float* dy, int64_t count, float* last) {
-  const int64_t outRow = kTile * s.tilesW, outImage = kTile * kTile * s.tiles * s.outC;
+  const int64_t row = s.wholeW * s.outC;
   for (int64_t img = 0; img < count; ++img) {
-    float* image = last + img * outImage;
-    std::fill(image + s.outH * outRow * s.outC, image + outImage, 0.0f);
-    if (s.outW < outRow) {
-      for (int64_t y = 0; y < s.outH; ++y) {
-        std::fill(image + (y * outRow + s.outW) * s.outC, image + (y + 1) * outRow * s.outC, 0.0f);
-      }
+    float* image = last + img * s.wholeImage();
+    std::fill(image + s.outH * row, image + s.wholeImage(), 0.0f);
+    if (s.outW < s.wholeW) {
+      for (int64_t y = 0; y < s.outH; ++y) std::fill(image + y * row + s.outW * s.outC, image + (y + 1) * row, 0.0f);
     }
-    const PixelLayout at{s.outW, outRow, s.outC, img * outImage};
+    const PixelLayout at{s.outW, s.wholeW, s.outC, img * s.wholeImage()};
     transposeChannels<true>(dy + img * s.outC * s.outH * s.outW, s.outC, s.outH * s.outW, last, at);
   }
 }
@@ -502,14 +508,12 @@ void loadGradients(const Sweep& s, const float* dy, int64_t count, float* last) 
 /// z (a band's rows, 36 points, outC; laid out as products) from the channels-last output
 /// gradient.
 void transformGradients(const Sweep& s, const float* last, const Band& band, float* z) {
-  const int64_t outRow = kTile * s.tilesW;
   for (int64_t k = 0; k < band.rows; ++k) {
-    const TilePosition t = tileAt(s, band.first + k);
-    const float* corner = last + ((t.img * kTile * s.tilesH + kTile * t.ty) * outRow + kTile * t.tx) * s.outC;
+    const float* corner = last + outputCorner(s, tileAt(s, band.first + k));
     for (int64_t o = 0; o < s.outC; o += kLanes) {
       V dy[kTile][kTile], g[kPoints];
       for (int a = 0; a < kTile; ++a) {
-        for (int b = 0; b < kTile; ++b) dy[a][b] = load(corner + (a * outRow + b) * s.outC + o);
+        for (int b = 0; b < kTile; ++b) dy[a][b] = load(corner + (a * s.wholeW + b) * s.outC + o);
       }
       transformGradient(dy, g);
       for (int p = 0; p < kPoints; ++p) store(z + (k * kPoints + p) * s.outC + o, g[p]);
