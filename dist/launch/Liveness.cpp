@@ -63,6 +63,7 @@ class WatchedTransport final : public Transport {
   void closeAll(Deadline deadline) override {
     waited([&] { inner_->closeAll(deadline); });
   }
+  void closeNow() override { inner_->closeNow(); }
   void limitPayloads(uint64_t bytes) override { inner_->limitPayloads(bytes); }
   uint64_t rejected() const override { return inner_->rejected(); }
   void acceptOnly(std::vector<EndpointName> members) override { inner_->acceptOnly(std::move(members)); }

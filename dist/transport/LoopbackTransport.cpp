@@ -178,4 +178,6 @@ std::string LoopbackTransport::failureOf(int peer) const {
 
 void LoopbackTransport::closeAll(Deadline) { network_->fail(self_, "the endpoint was closed"); }
 
+void LoopbackTransport::closeNow() { network_->fail(self_, "the endpoint was closed"); }
+
 }  // namespace weft::dist

@@ -70,6 +70,7 @@ class LoopbackTransport final : public Transport {
   bool hasFailed(int peer) const override;
   std::string failureOf(int peer) const override;
   void closeAll(Deadline deadline) override;
+  void closeNow() override;
   void limitPayloads(uint64_t bytes) override { payloadLimit_ = bytes; }
   uint64_t rejected() const override { return rejected_; }
 

@@ -71,6 +71,10 @@ class Transport {
   virtual std::string failureOf(int peer) const = 0;
   /// Closes every connection after flushing what is in flight (the clean way to leave a job).
   virtual void closeAll(Deadline deadline) = 0;
+  /// Closes every connection at once, without flushing: for a transport on which nothing can be
+  /// in flight any more (its peers received every message, as a barrier after its last use
+  /// shows), whose peers need not progress it for the close to end.
+  virtual void closeNow() = 0;
 
   /// Drops arriving requests and replies whose payload declares more than `bytes` (the most the
   /// job's plan produces), before anything is allocated for them. (Tagged data is fetched only

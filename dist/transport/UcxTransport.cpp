@@ -675,15 +675,16 @@ void UcxTransport::closeAll(Deadline deadline) {
     if (statusOf(request) == UCS_INPROGRESS) {
       while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline)
         ucp_worker_progress(worker_);
-      if (ucp_request_check_status(request) == UCS_INPROGRESS) {
-        ucp_request_cancel(worker_, request);
-        completeAndFree(request);
-      } else {
-        ucp_request_free(request);
-      }
+      // Past the deadline (a peer that no longer progresses its end) the close is left to UCX,
+      // which releases the request if it ever completes: a close cannot be cancelled.
+      ucp_request_free(request);
     }
     p->endpoint = nullptr;
   }
+}
+
+void UcxTransport::closeNow() {
+  for (const std::unique_ptr<Peer>& p : peers_) closeEndpoint(*p);
 }
 
 }  // namespace weft::dist

@@ -82,6 +82,7 @@ class UcxTransport final : public Transport {
                 std::span<uint8_t> into, Deadline deadline) override;
   /// Flushes what is in flight to each endpoint, force-closing what is not flushed by the deadline.
   void closeAll(Deadline deadline) override;
+  void closeNow() override;
 
   /// Meanwhile fetches large messages that arrive, so two processes may send each other one at once.
   void sendMessage(int peer, std::span<const uint8_t> header, std::span<const uint8_t> payload,
