@@ -24,8 +24,10 @@
 namespace weft::dist {
 
 namespace {
-// The ring channel of a pipeline stage's replicas (the ring of all workers is channel 0).
+// The ring channel of a pipeline stage's replicas (the ring of all workers is channel 0), and
+// the transport channel of their own transport (JobContext::openTransport).
 constexpr int kReplicaChannel = 1;
+constexpr uint8_t kReplicaTransportChannel = 2;
 // How long a wait for another worker lasts when no step bounds it: as long as the other lives.
 // A dead one fails the transport; a frozen one is stopped by the launcher's heartbeat watch.
 constexpr std::chrono::hours kAsLongAsTheyLive{24 * 365};
@@ -55,9 +57,11 @@ struct Runner::State {
   bool synchronous = true;  // false under the asynchronous modes of the parameter servers
   Sharding sharding = Sharding::None;
   // A pipeline's stage (instead of a session of a data-parallel replica), and its automatic cut;
-  // with replicas of the pipeline, the ring of this stage's replicas.
+  // with replicas of the pipeline, the ring of this stage's replicas on a transport and a
+  // thread of its own, so that their sums overlap the stage's work.
+  std::unique_ptr<Transport> replicaTransport;
   std::unique_ptr<Ring> replicaRing;
-  std::unique_ptr<RingCollectives> replicaSums;
+  std::unique_ptr<Communicator> replicaSums;
   DType wireDType = DType::F32;  // how the replicas' dense f32 sums travel
   std::unique_ptr<LoopbackTransport> localTransport;  // one process's micro-batches
   std::unique_ptr<PipelineStage> pipeline;
@@ -164,11 +168,9 @@ struct Runner::State {
     communicator = std::make_unique<Communicator>(*ring, traffic);
     pipelineConfig = stages;
     const int stage = job->rank() % stages.stages, replica = job->rank() / stages.stages;
-    std::vector<int> stagePeers, replicaPeers;
+    std::vector<int> stagePeers;
     for (int s = 0; s < stages.stages; ++s)
       stagePeers.push_back(job->routes.workerPeers[static_cast<size_t>(replica * stages.stages + s)]);
-    for (int r = 0; r < replicas(); ++r)
-      replicaPeers.push_back(job->routes.workerPeers[static_cast<size_t>(r * stages.stages + stage)]);
     PipelineOptions options;
     options.stages = stages.stages;
     options.microbatches = stages.microbatches;
@@ -177,14 +179,9 @@ struct Runner::State {
     options.timeout = config.timeout;
     options.session = config.session;
     if (replicas() > 1) {
-      replicaRing = std::make_unique<Ring>(*job->transport, replica, replicaPeers, config.timeout, kReplicaChannel);
-      std::vector<int> replicaHosts;  // to count the bytes that cross to other machines
-      for (int r = 0; r < replicas(); ++r)
-        replicaHosts.push_back(job->routes.workerHosts[static_cast<size_t>(r * stages.stages + stage)]);
-      replicaRing->setMachines(replicaHosts, false);
-      replicaSums = std::make_unique<RingCollectives>(*replicaRing);
+      connectReplicas(graph, stage, config);
       wireDType = config.wireDType;
-      options.averageOverReplicas = [this](StageGradients& g) { averageOverReplicas(g); };
+      options.startAveragingOverReplicas = [this](StageGradients g) { return startAveragingOverReplicas(g); };
     }
     pipeline = std::make_unique<PipelineStage>(graph, stage, options, *job->transport, stagePeers);
     if (job->servers() == 0) return;
@@ -232,48 +229,125 @@ struct Runner::State {
   /// Data-parallel replicas: of the model, or of a pipeline (each of its stages' workers).
   int replicas() const { return workers() / pipelineConfig.stages; }
 
-  /// Each gradient's mean over the replicas of this stage: dense ones summed by the replicas'
-  /// ring (f32 ones travelling as --wire-dtype), sparse ones' rows gathered from every replica
-  /// (in replica order), then divided. The ring's bytes count in the worker's traffic.
-  void averageOverReplicas(StageGradients& g) {
+  /// The ring of this stage's replicas (workers r·S + stage), on a transport of its own whose
+  /// addresses travel over the workers' ring (sealed), and the thread that runs its sums.
+  void connectReplicas(const Graph& graph, int stage, const Config& config) {
+    WEFT_CHECK(job->openTransport != nullptr,
+               "the replicas of a pipeline's stages sum on a transport of their own, which this job cannot open");
+    replicaTransport = job->openTransport(kReplicaTransportChannel);
+    replicaTransport->limitPayloads(payloadLimit(graph));
+    const std::vector<std::vector<uint8_t>> addresses = everyWorkers(replicaTransport->address());
+    const int stages = pipelineConfig.stages, replica = job->rank() / stages;
+    std::vector<int> peers, hosts;  // hosts: to count the bytes that cross to other machines
+    for (int r = 0; r < replicas(); ++r) {
+      const int rank = r * stages + stage;
+      peers.push_back(r == replica ? -1
+                                   : replicaTransport->connect(addresses[static_cast<size_t>(rank)],
+                                                               job->workerEndpoint(rank, kReplicaTransportChannel)));
+      hosts.push_back(job->routes.workerHosts[static_cast<size_t>(rank)]);
+    }
+    replicaRing = std::make_unique<Ring>(*replicaTransport, replica, peers, config.timeout, kReplicaChannel);
+    replicaRing->setMachines(hosts, false);
+    replicaSums = std::make_unique<Communicator>(*replicaRing, traffic);
+  }
+
+  /// Every worker's `block`, in rank order (through the workers' ring, each behind its size).
+  std::vector<std::vector<uint8_t>> everyWorkers(const std::vector<uint8_t>& block) {
+    std::vector<uint8_t> sized(sizeof(uint64_t));
+    const uint64_t size = block.size();
+    std::memcpy(sized.data(), &size, sizeof size);
+    sized.insert(sized.end(), block.begin(), block.end());
+    const std::vector<uint8_t> all = communicator->gather(std::move(sized));
+    std::vector<std::vector<uint8_t>> out;
+    for (size_t at = 0; at < all.size();) {
+      uint64_t next = 0;
+      WEFT_CHECK(at + sizeof next <= all.size(), "the workers' blocks end inside a size, at byte {} of {}", at,
+                 all.size());
+      std::memcpy(&next, all.data() + at, sizeof next);
+      at += sizeof next;
+      WEFT_CHECK(next <= all.size() - at, "worker {}'s block of {} bytes runs past the {} gathered", out.size(), next,
+                 all.size());
+      out.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at),
+                       all.begin() + static_cast<std::ptrdiff_t>(at + next));
+      at += next;
+    }
+    WEFT_CHECK(static_cast<int>(out.size()) == workers(), "{} blocks came from {} workers", out.size(), workers());
+    return out;
+  }
+
+  /// Starts making each of `g`'s gradients its mean over the replicas of this stage, on the
+  /// replicas' thread: dense ones summed by the replicas' ring in one bucket per dtype (f32 ones
+  /// travelling as --wire-dtype), sparse ones' rows gathered from every replica (in replica
+  /// order), then divided. Returns what waits for them and puts the means in place. The ring's
+  /// bytes count in the worker's traffic.
+  std::function<void()> startAveragingOverReplicas(const StageGradients& g) {
     const double inverse = 1.0 / replicas();
-    countReplicaBytes(TrafficKind::Dense, [&] {
-      for (Tensor* dense : g.dense) {
-        const DType dtype = dense->dtype();
-        replicaRing->allReduceSum(dtype, dense->raw(), dense->numel(), dtype == DType::F32 ? wireDType : dtype);
-        scaleGradient(*dense, inverse);
+    std::vector<std::pair<uint64_t, Tensor*>> rowTickets;
+    std::vector<uint64_t> sumTickets;
+    for (const Tensor* t : g.dense) {
+      WEFT_CHECK(t->dtype() == DType::F32 || t->dtype() == DType::F64,
+                 "a pipeline's replicas average f32 and f64 gradients, not {}", dtypeName(t->dtype()));
+    }
+    for (DType dtype : {DType::F32, DType::F64}) {
+      std::vector<Tensor> bucket;  // sharing the gradients' buffers: summed into in place
+      for (Tensor* t : g.dense)
+        if (t->dtype() == dtype) bucket.push_back(*t);
+      if (bucket.empty()) continue;
+      const DType wire = dtype == DType::F32 ? wireDType : dtype;
+      auto average = [bucket, dtype, wire, inverse](Ring& r, std::vector<uint8_t>&) {
+        averageBucket(r, bucket, dtype, wire, inverse);
+      };
+      sumTickets.push_back(replicaSums->submit({}, average, TrafficKind::Dense));
+    }
+    const auto gatherRows = [](Ring& r, std::vector<uint8_t>& rows) { rows = r.allGather(rows); };
+    for (const auto& [indices, values] : g.sparse) {
+      for (Tensor* t : {indices, values}) {
+        const auto* raw = static_cast<const uint8_t*>(t->raw());
+        rowTickets.emplace_back(replicaSums->submit({raw, raw + t->bytes()}, gatherRows, TrafficKind::Sparse), t);
       }
-    });
-    countReplicaBytes(TrafficKind::Sparse, [&] {
-      for (auto& [indices, values] : g.sparse) {
-        *indices = gatheredRows(*indices);
-        *values = gatheredRows(*values);
-        scaleGradient(*values, inverse);
+    }
+    return [this, sumTickets, rowTickets, values = g.sparse, inverse] {
+      const WaitingOnPeer waiting;
+      try {
+        for (uint64_t ticket : sumTickets) replicaSums->wait(ticket);
+        for (const auto& [ticket, t] : rowTickets) *t = rowsOf(*t, replicaSums->wait(ticket));
+      } catch (const Error& e) {
+        WEFT_THROW("pipeline stage {} averaging its gradients with the same stage of the other {} replicas: {}",
+                   pipeline->stage(), replicas() - 1, e.what());
       }
-    });
+      for (const auto& [indices, rows] : values) scaleGradient(*rows, inverse);
+      noteProgress();
+    };
   }
 
-  /// Runs `collectives` on the replicas' ring and records their bytes as `kind`.
-  template <class Collectives>
-  void countReplicaBytes(TrafficKind kind, Collectives collectives) {
-    const Transport& t = replicaRing->transport();
-    const uint64_t sent = t.bytesSent(), received = t.bytesReceived();
-    const uint64_t sentAcross = replicaRing->bytesSentAcross(), receivedAcross = replicaRing->bytesReceivedAcross();
-    collectives();
-    traffic.record(kind, t.bytesSent() - sent, t.bytesReceived() - received,
-                   replicaRing->bytesSentAcross() - sentAcross, replicaRing->bytesReceivedAcross() - receivedAcross);
+  /// Replaces `bucket`'s tensors by their mean over the ring's ranks, summed as one buffer.
+  static void averageBucket(Ring& ring, const std::vector<Tensor>& bucket, DType dtype, DType wire, double inverse) {
+    size_t bytes = 0;
+    for (const Tensor& t : bucket) bytes += t.bytes();
+    std::vector<uint8_t> flat(bytes);
+    size_t at = 0;
+    for (const Tensor& t : bucket) {
+      if (t.bytes() > 0) std::memcpy(flat.data() + at, t.raw(), t.bytes());
+      at += t.bytes();
+    }
+    ring.allReduceSum(dtype, flat.data(), static_cast<int64_t>(bytes / dtypeSize(dtype)), wire);
+    at = 0;
+    for (const Tensor& t : bucket) {
+      Tensor mean = t;  // the same buffer
+      if (t.bytes() > 0) std::memcpy(mean.raw(), flat.data() + at, t.bytes());
+      scaleGradient(mean, inverse);
+      at += t.bytes();
+    }
   }
 
-  /// Every replica's rows of `t`, concatenated in replica order.
-  Tensor gatheredRows(const Tensor& t) {
-    const auto* raw = static_cast<const uint8_t*>(t.raw());
-    const std::vector<uint8_t> all = replicaSums->gather({raw, raw + t.bytes()});
-    size_t rowBytes = dtypeSize(t.dtype());
-    for (int axis = 1; axis < t.shape().rank(); ++axis) rowBytes *= static_cast<size_t>(t.shape()[axis]);
-    Shape shape = t.shape();
-    shape[0] = static_cast<int64_t>(all.size() / rowBytes);
-    Tensor out(t.dtype(), shape);
-    if (!all.empty()) std::memcpy(out.raw(), all.data(), all.size());
+  /// Rows shaped as `like`'s, from `bytes` (every replica's rows of it, concatenated).
+  static Tensor rowsOf(const Tensor& like, const std::vector<uint8_t>& bytes) {
+    size_t rowBytes = dtypeSize(like.dtype());
+    for (int axis = 1; axis < like.shape().rank(); ++axis) rowBytes *= static_cast<size_t>(like.shape()[axis]);
+    Shape shape = like.shape();
+    shape[0] = static_cast<int64_t>(bytes.size() / rowBytes);
+    Tensor out(like.dtype(), shape);
+    if (!bytes.empty()) std::memcpy(out.raw(), bytes.data(), bytes.size());
     return out;
   }
 
@@ -396,7 +470,16 @@ struct Runner::State {
       client->setLocalCopyCurrent(false);
       client->forgetPulledRows();
     }
-    const std::vector<double> means = pipeline->step(fetches, targets[0], microbatches);
+    std::vector<double> means;
+    try {
+      means = pipeline->step(fetches, targets[0], microbatches);
+    } catch (const std::exception& e) {
+      // Sums started among the replicas and never waited for leave this stage's out of step
+      // with its replicas': no later sum could match theirs.
+      if (replicaSums && replicaSums->sumsInFlight())
+        replicaSums->abort(fmt::format("a step failed on this worker ({})", e.what()));
+      throw;
+    }
     std::vector<Tensor> out;
     for (size_t f = 0; f < fetches.size(); ++f) out.push_back(Tensor::scalar(fetches[f].dtype(), means[f]));
     return out;
@@ -480,6 +563,11 @@ struct Runner::State {
     // Reset first: whatever happens below, this worker is no longer in the job.
     client.reset();
     communicator.reset();
+    replicaSums.reset();
+    // The replicas' ring received its last sum before the barrier. Closed with a flush, after
+    // or before the other transports, it would wait for replicas that wait in turn for this
+    // process to progress another transport's close.
+    if (replicaTransport) replicaTransport->closeNow();
     const Deadline deadline = Clock::now() + timeout;
     job->transport->closeAll(deadline);
     if (job->clientTransport) job->clientTransport->closeAll(deadline);

@@ -49,6 +49,7 @@ std::vector<JobContext> loopbackJob(const std::shared_ptr<LoopbackNetwork>& netw
         m.device = cpu();
         m.transport = std::make_unique<LoopbackTransport>(network);
         if (role == Role::Worker && servers) m.clientTransport = std::make_unique<LoopbackTransport>(network);
+        m.openTransport = [network](uint8_t) { return std::make_unique<LoopbackTransport>(network); };
         members.push_back(std::move(m));
       }
     }

@@ -923,6 +923,14 @@ TEST_CASE("a pipeline stage killed mid-run stops the whole pipeline, naming it")
                       "was killed by signal 9");
 }
 
+TEST_CASE("a replica of a pipeline stage killed, or frozen, mid-run stops the whole job, naming it") {
+  // Worker 2 is replica 1's stage 0: replica 0's stage 0 sums its gradients with it on a thread
+  // and a transport of their own, while its main thread waits for that sum before each update.
+  const std::string pipeline = "mlp --stages 2 --workers 2 --microbatches 2 --schedule zbv --timeout 18";
+  checkMemberStopsJob(pipeline, "worker", 2, SIGKILL, "worker 2 of host 0", "was killed by signal 9", 0, 4);
+  checkMemberStopsJob(pipeline, "worker", 2, SIGSTOP, "worker 2 of host 0", "sent no heartbeat for", 0, 4);
+}
+
 TEST_CASE("an AMP worker process killed mid-run stops the whole job, naming it") {
   checkMemberStopsJob("tree_lstm --amp --processes 2 --workers 1", "worker", 1, SIGKILL, "worker 1 of host 0",
                       "was killed by signal 9", 0, 2, "--epochs 1000000 --target 0", "--amp: ");

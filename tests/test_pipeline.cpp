@@ -3,6 +3,7 @@
 // which must give the variables of single-device training on the whole batch.
 #include "tests/TestUtil.h"
 
+#include "core/Trace.h"
 #include "dist/transport/LoopbackTransport.h"
 #include "dist/pipeline/PipelineStage.h"
 #include "dist/Placement.h"
@@ -11,6 +12,8 @@
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
 #include "testing/OpTest.h"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <mutex>
@@ -139,10 +142,14 @@ struct LoopbackStages {
   }
 };
 
+/// Stands in for the replicas' averaging of process `process`'s gradients (PipelineOptions::
+/// startAveragingOverReplicas).
+using Averager = std::function<std::function<void()>(size_t process, StageGradients)>;
+
 /// kSteps pipelined steps, each stage process on a thread; process 0's variables after gathering
 /// them. `dies` (a process) fails before its first step, as a killed process would.
 Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, double clip, int dies = -1,
-                  Tie tie = Tie::None, int layers = 4, Steps steps = {}) {
+                  Tie tie = Tie::None, int layers = 4, Steps steps = {}, const Averager& average = {}) {
   LoopbackStages links(stages);
   auto& network = links.network;
   auto& transports = links.transports;
@@ -164,6 +171,7 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
     options.microbatches = microbatches;
     options.schedule = schedule;
     options.timeout = 60s;
+    if (average) options.startAveragingOverReplicas = [&average, s](StageGradients g) { return average(s, g); };
     PipelineStage stage(m.g, static_cast<int>(s), options, *transports[s], peers[s]);
     try {
       WEFT_CHECK(static_cast<int>(s) != dies, "stage {} dies", s);
@@ -262,6 +270,50 @@ TEST_CASE("virtual stages: interleaved and zbv steps, each process running sever
   checkEquivalent(2, 4, StepSchedule(PipelineSchedule::Interleaved, 3), 0, Tie::None, 6);
   for (int microbatches : {1, 4}) checkEquivalent(2, microbatches, zbv, 0, Tie::None, 8);
   checkEquivalent(4, 4, zbv, 0.05, Tie::None, 8);
+}
+
+TEST_CASE("with replicas, a stage's gradients go to be averaged once its last run has summed them: under zbv, "
+          "process 0's last stage's while its first stage's backward is still to run") {
+  // Process 0 holds stages 0 and 3; stage 3's backward ends first. One replica stands in: its
+  // mean is the gradient itself, so the step still equals one device's.
+  const StepSchedule zbv(PipelineSchedule::ZeroBubbleV);
+  const std::vector<PipelineAction> order = zbv.orders(2, 4)[0];
+  std::vector<std::set<std::string>> endedAtCall;  // process 0's runs ended when each of its calls came
+  std::vector<size_t> sparseAtCall;
+  std::vector<size_t> waited;
+  startTracing();
+  const Trained run = pipelined(2, 4, zbv, 0, -1, Tie::None, 4, {.count = 1},
+                                [&](size_t process, const StageGradients& g) -> std::function<void()> {
+                                  if (process != 0) return [] {};
+                                  std::set<std::string> ended;
+                                  const auto trace = nlohmann::json::parse(traceEventsJson(0, "stages"));
+                                  for (const auto& e : trace["traceEvents"])
+                                    if (e.value("cat", "") == "compute") ended.insert(e["name"].get<std::string>());
+                                  endedAtCall.push_back(ended);
+                                  sparseAtCall.push_back(g.sparse.size());
+                                  return [&waited, call = endedAtCall.size() - 1] { waited.push_back(call); };
+                                });
+  stopTracing();
+  for (const std::string& e : run.errors) REQUIRE_MESSAGE(e.empty(), e);
+  const auto lastRunOf = [&](int stage) {
+    size_t last = 0;
+    for (size_t i = 0; i < order.size(); ++i)
+      if (order[i].stage == stage && order[i].kind != PipelineAction::Kind::Forward) last = i;
+    return last;
+  };
+  const size_t lastOfStage3 = lastRunOf(3), lastOfStage0 = lastRunOf(0);
+  REQUIRE(lastOfStage3 < lastOfStage0);
+  REQUIRE(endedAtCall.size() == 2);
+  CHECK(endedAtCall[0].count(describe(order[lastOfStage3])) == 1);
+  for (size_t i = lastOfStage3 + 1; i < order.size(); ++i) CHECK(endedAtCall[0].count(describe(order[i])) == 0);
+  CHECK(endedAtCall[1].count(describe(order[lastOfStage0])) == 1);
+  CHECK(sparseAtCall == std::vector<size_t>{0, 1});  // the embedding's gradient is stage 0's
+  CHECK(waited == std::vector<size_t>{0, 1});        // both before the update
+  const Trained expected = singleDevice(0, Tie::None, 4, {.count = 1});
+  for (const auto& [name, value] : expected.variables) {
+    CAPTURE(name);
+    CHECK(relativeDifference(run.variables.at(name), value) < 1e-11);
+  }
 }
 
 TEST_CASE("virtual stages hold tied weights: zbv's first and last stages share process 0 and one copy") {

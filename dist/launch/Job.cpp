@@ -257,6 +257,12 @@ int JobContext::relay() const {
   return groups.relay[static_cast<size_t>(groups.groupOfWorker[static_cast<size_t>(rank())])];
 }
 
+EndpointName JobContext::workerEndpoint(int rank, uint8_t channel) const {
+  for (const Member& m : roster.members)
+    if (m.id.role == Role::Worker && m.rank == rank) return nameOf(m.id, channel);
+  WEFT_THROW("the roster of {} members lists no worker of rank {}", roster.members.size(), rank);
+}
+
 std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& config) {
   std::optional<LaunchIdentity> identity = launchIdentityFromEnvironment();
   if (!identity) return std::nullopt;
@@ -314,6 +320,18 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
     for (const uint8_t channel : {kPeersChannel, kClientChannel}) members.push_back(nameOf(m.id, channel));
   job.transport->acceptOnly(members);
   if (job.clientTransport) job.clientTransport->acceptOnly(members);
+  job.openTransport = [ucx, id = job.identity.id, roster = job.roster.members](uint8_t channel) {
+    WEFT_CHECK(channel > kClientChannel, "transport channel {} is taken: 0 and 1 are every member's own", channel);
+    UcxIdentity identity = ucx;
+    identity.self = nameOf(id, channel);
+    // Not watchWaits: its waits are another thread's, not the main thread's.
+    std::unique_ptr<Transport> transport = std::make_unique<UcxTransport>(identity);
+    std::vector<EndpointName> members;
+    for (const Member& m : roster) members.push_back(nameOf(m.id, channel));
+    transport->acceptOnly(members);
+    publishAddress(id, channel, transport->address());
+    return transport;
+  };
   connectJob(job, config);
   return job;
 }

@@ -18,6 +18,7 @@
 #include "dist/launch/ResourceSpec.h"
 #include "dist/transport/Transport.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,12 @@ struct JobContext {
   std::unique_ptr<Transport> clientTransport;
   PeerRoutes routes;  ///< peer indices (on the transport that reaches them) and machines
   SenderGroups groups;  ///< who reaches the servers together (local aggregation)
+  /// Opens another transport of this process on `channel` (2 and above: 0 and 1 are those of
+  /// `transport` and `clientTransport`), which hears only the roster's members' transports on
+  /// that channel: for a thread of the process's own (the sums among a pipeline stage's
+  /// replicas) while its main thread talks through `transport`. The caller hands its address to
+  /// the peers (over `transport`, which is sealed) and connects to theirs with workerEndpoint.
+  std::function<std::unique_ptr<Transport>(uint8_t channel)> openTransport;
 
   bool isServer() const { return identity.id.role == Role::Server; }
   /// A worker's rank among the workers (0 .. workers() - 1).
@@ -72,6 +79,8 @@ struct JobContext {
   int machines() const;
   /// The relay (a server index, or -1) through which this worker reaches the servers.
   int relay() const;
+  /// The name in the job of worker `rank`'s transport on `channel`.
+  EndpointName workerEndpoint(int rank, uint8_t channel) const;
   /// Tells the coordinator that this process finished its part of the job: its exit is then no
   /// failure (a job started by a cluster engine tells the two apart only so).
   void leave();

@@ -198,6 +198,12 @@ struct PipelineStage::State {
   std::vector<Tensor> lastPoints, pointsBefore;
   size_t guessed_ = 0, redone_ = 0;
   std::vector<GradientSum> sums;
+  // With replicas: per gradient, whether its mean over the replicas starts as soon as its last
+  // micro-batch is summed (a tied variable's and the servers' do not), the runs of this process
+  // that sum it in a step and how many have in this one; the waits for the means started.
+  std::vector<char> averagedEarly;
+  std::vector<int> runsOfGradient, runsDone;
+  std::vector<std::function<void()>> averaging;
   std::vector<double> fetchSums;
   // What the step's started sends read until finishSends (a deque keeps the headers in place).
   std::deque<std::array<uint8_t, kHeaderBytes>> headersInFlight;
@@ -236,9 +242,28 @@ struct PipelineStage::State {
     fetches = f;
     trainStep = t;
     sums.assign(cut->gradients.size(), {});
+    planAveraging();
     processGuess = mergedGuess();
     lastPoints.clear();
     pointsBefore.clear();
+  }
+
+  /// Which gradients' means over the replicas start as soon as they are summed, and how many of
+  /// this process's runs sum each.
+  void planAveraging() {
+    const size_t count = cut->gradients.size();
+    runsOfGradient.assign(count, 0);
+    for (const PipelineAction& a : actions)
+      for (int g : runOf(a).gradients) ++runsOfGradient[static_cast<size_t>(g)];
+    averagedEarly.assign(count, 0);
+    if (!options.startAveragingOverReplicas) return;
+    for (size_t g = 0; g < count; ++g)
+      averagedEarly[g] = holds(cut->gradients[g].stage) && !cut->gradients[g].served && runsOfGradient[g] > 0;
+    // A tied variable's parts go to its owner first, who averages their sum.
+    for (const TiedVariable& tied : cut->tied) {
+      for (int g : tied.parts) averagedEarly[static_cast<size_t>(g)] = 0;
+      if (tied.gradient >= 0) averagedEarly[static_cast<size_t>(tied.gradient)] = 0;
+    }
   }
 
   Deadline deadline() const { return Clock::now() + options.timeout; }
@@ -412,13 +437,18 @@ struct PipelineStage::State {
     }
   }
 
+  /// What action `a` runs on its model stage.
+  const StageRun& runOf(const PipelineAction& a) const {
+    const auto at = static_cast<size_t>(stageOf(a));
+    return a.kind == PipelineAction::Kind::Forward    ? cut->forward[at]
+           : a.kind == PipelineAction::Kind::Backward ? cut->backward[at]
+                                                      : cut->weights[at];
+  }
+
   /// Forward, backward or weights of one micro-batch on one of this process's stages.
   void act(const PipelineAction& a, const std::vector<FeedMap>& microbatches) {
     const int stage = stageOf(a);
-    const auto at = static_cast<size_t>(stage);
-    const StageRun& run = a.kind == PipelineAction::Kind::Forward    ? cut->forward[at]
-                          : a.kind == PipelineAction::Kind::Backward ? cut->backward[at]
-                                                                     : cut->weights[at];
+    const StageRun& run = runOf(a);
     std::map<Output, Tensor>& mine = kept[{stage, a.microbatch}];
     waitFor("wait for " + describe(a), [&] { receive(run, a.microbatch, mine); });
     std::map<Output, Tensor> values;
@@ -434,6 +464,7 @@ struct PipelineStage::State {
       const TraceScope summing("sum gradients of " + describe(a), "sum", "pipeline");
       accumulate(run, values);
     }
+    startAveragingCompleted(run);
     for (const Output& k : run.kept) mine[k] = values.at(k);
     if (a.kind == PipelineAction::Kind::Forward) {
       for (size_t f = 0; f < fetches.size(); ++f)
@@ -532,39 +563,78 @@ struct PipelineStage::State {
     return whole;
   }
 
+  /// Gradient `g`'s sum over the micro-batches becomes their mean (a sparse one's rows joined).
+  void meanOverMicrobatches(size_t g) {
+    GradientSum& sum = sums[g];
+    if (cut->gradients[g].link.sparse) {
+      sum.indices = {concatRows(sum.indices)};
+      sum.values = {concatRows(sum.values)};
+      scaleGradient(sum.values.front(), 1.0 / options.microbatches);
+    } else {
+      scaleGradient(sum.dense, 1.0 / options.microbatches);
+    }
+  }
+
+  /// Starts the means over the replicas of gradients `bucket`, each a mean over the micro-batches.
+  void startAveragingOverReplicas(const std::vector<size_t>& bucket) {
+    StageGradients gradients;
+    for (size_t g : bucket) {
+      GradientSum& sum = sums[g];
+      if (cut->gradients[g].link.sparse) gradients.sparse.emplace_back(&sum.indices.front(), &sum.values.front());
+      else gradients.dense.push_back(&sum.dense);
+    }
+    averaging.push_back(options.startAveragingOverReplicas(std::move(gradients)));
+  }
+
+  /// With replicas: starts the means over the replicas of the gradients `run` has just summed for
+  /// the last time this step, while this process goes on with its other runs.
+  void startAveragingCompleted(const StageRun& run) {
+    std::vector<size_t> completed;
+    for (int g : run.gradients) {
+      const auto i = static_cast<size_t>(g);
+      if (averagedEarly[i] && ++runsDone[i] == runsOfGradient[i]) completed.push_back(i);
+    }
+    if (completed.empty()) return;
+    for (size_t g : completed) meanOverMicrobatches(g);
+    const TraceScope starting("start averaging gradients over the replicas", "send", "pipeline");
+    startAveragingOverReplicas(completed);
+  }
+
   /// The mean gradients, as the update reads them (over the replicas too, with replicas).
   void feedGradients(std::map<Output, Tensor>& into) {
-    const double inverse = 1.0 / options.microbatches;
-    StageGradients mine;
-    std::vector<const GradientLink*> links;
     sendTiedParts();
     std::vector<char> isPart(sums.size(), 0);
     for (const TiedVariable& tied : cut->tied) {
       for (int g : tied.parts) isPart[static_cast<size_t>(g)] = 1;
       if (holds(tied.owner) && tied.gradient >= 0) sums[static_cast<size_t>(tied.gradient)] = sumOfParts(tied);
     }
+    auto ownWhole = [&](size_t g) { return holds(cut->gradients[g].stage) && !isPart[g]; };
+    // What was not averaged as soon as it was summed (tied variables', with replicas) is now.
+    std::vector<size_t> late;
     for (size_t g = 0; g < sums.size(); ++g) {
-      if (!holds(cut->gradients[g].stage) || isPart[g]) continue;
+      if (!ownWhole(g) || averagedEarly[g]) continue;
+      meanOverMicrobatches(g);
+      if (options.startAveragingOverReplicas && !cut->gradients[g].served) late.push_back(g);
+    }
+    if (!late.empty()) startAveragingOverReplicas(late);
+    if (!averaging.empty()) {
+      waitFor("average gradients over the replicas", [&] {
+        for (const std::function<void()>& wait : averaging) wait();
+      });
+    }
+    averaging.clear();
+    for (size_t g = 0; g < sums.size(); ++g) {
+      if (!ownWhole(g)) continue;
       const GradientLink& link = cut->gradients[g].link;
-      if (!cut->gradients[g].served) links.push_back(&link);
       GradientSum& sum = sums[g];
       if (link.sparse) {
-        Tensor values = concatRows(sum.values);
-        scaleGradient(values, inverse);
-        into[link.indices] = concatRows(sum.indices);
-        into[link.values] = values;
+        into[link.indices] = sum.indices.front();
+        into[link.values] = sum.values.front();
       } else {
-        scaleGradient(sum.dense, inverse);
         into[link.dense] = sum.dense;
       }
       sum.clear();
     }
-    if (!options.averageOverReplicas) return;
-    for (const GradientLink* link : links) {
-      if (link->sparse) mine.sparse.emplace_back(&into.at(link->indices), &into.at(link->values));
-      else mine.dense.push_back(&into.at(link->dense));
-    }
-    waitFor("average gradients over the replicas", [&] { options.averageOverReplicas(mine); });
   }
 
   /// The update: on guessed scalars where the last two steps had the same ones (post-validation),
@@ -924,6 +994,8 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
   s.kept.clear();
   s.local.clear();
   s.fetchSums.assign(s.fetches.size(), 0.0);
+  s.runsDone.assign(s.runsOfGradient.size(), 0);
+  s.averaging.clear();
   for (const PipelineAction& a : s.actions) s.act(a, microbatches);
   s.update(microbatches.front());
   std::vector<double> means = s.shareFetches();

@@ -11,8 +11,9 @@
 //
 // Each micro-batch's forward keeps what its backward reads (by micro-batch), so 1F1B holds at
 // most S micro-batches on stage 0; the variables' gradients are summed over the micro-batches and
-// the optimizer runs once per step on their mean. Every receive waits at most the timeout; a
-// stage that died or stalled fails the step with an error naming it.
+// the optimizer runs once per step on their mean (averaged with the pipeline's data-parallel
+// replicas from as soon as the last micro-batch has summed them). Every receive waits at most
+// the timeout; a stage that died or stalled fails the step with an error naming it.
 #pragma once
 
 #include "core/Session.h"
@@ -27,8 +28,9 @@
 
 namespace weft::dist {
 
-/// A stage's mean gradients of one step, before its update: what data-parallel replicas of the
-/// pipeline average among themselves (each dense one in place; each sparse one's rows replaced).
+/// Some of a stage's gradients of one step, each its mean over the micro-batches: what
+/// data-parallel replicas of the pipeline average among themselves (each dense one in place;
+/// each sparse one's rows replaced).
 struct StageGradients {
   std::vector<Tensor*> dense;
   std::vector<std::pair<Tensor*, Tensor*>> sparse;  ///< indices and rows
@@ -40,10 +42,14 @@ struct PipelineOptions {
   StepSchedule schedule = PipelineSchedule::OneFOneB;
   std::chrono::milliseconds timeout{60000};
   SessionOptions session;
-  /// With data-parallel replicas of the pipeline: makes each of this stage's gradients the mean
-  /// over the replicas' same stage (their rows gathered, for sparse ones), every replica alike.
-  /// The servers' variables are left out: the servers average what each replica pushes.
-  std::function<void(StageGradients&)> averageOverReplicas;
+  /// With data-parallel replicas of the pipeline: starts making each of the gradients given the
+  /// mean over the replicas' same stage (their rows gathered, for sparse ones), every replica
+  /// alike, and returns what waits until it has. A stage starts it for the gradients its last
+  /// micro-batch's backward has just completed (in buckets: each action's completed ones
+  /// together), so that the sums overlap its remaining backward work, and waits for all of them
+  /// before its update. Every replica starts the same buckets in the same order. The servers'
+  /// variables are left out: the servers average what each replica pushes.
+  std::function<std::function<void()>(StageGradients)> startAveragingOverReplicas;
   /// Post-validation (the zero-bubble paper's): where the last two steps' global-norm clipping
   /// scale (or another scalar its update reads from other stages) was the same, a stage updates
   /// at once on it, without waiting for the others' last backward, and redoes the update on the
