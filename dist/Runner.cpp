@@ -476,8 +476,10 @@ struct Runner::State {
     } catch (const std::exception& e) {
       // Sums started among the replicas and never waited for leave this stage's out of step
       // with its replicas': no later sum could match theirs.
-      if (replicaSums && replicaSums->sumsInFlight())
+      if (replicaSums && replicaSums->sumsInFlight()) {
         replicaSums->abort(fmt::format("a step failed on this worker ({})", e.what()));
+        replicaSums->settle();  // a sum that was running may still write into the step's gradients
+      }
       throw;
     }
     std::vector<Tensor> out;

@@ -308,7 +308,7 @@ TEST_CASE("with replicas, a stage's gradients go to be averaged once its last ru
   for (size_t i = lastOfStage3 + 1; i < order.size(); ++i) CHECK(endedAtCall[0].count(describe(order[i])) == 0);
   CHECK(endedAtCall[1].count(describe(order[lastOfStage0])) == 1);
   CHECK(sparseAtCall == std::vector<size_t>{0, 1});  // the embedding's gradient is stage 0's
-  CHECK(waited == std::vector<size_t>{0, 1});        // both before the update
+  CHECK(waited == std::vector<size_t>{0, 1});        // both waited for, in the order started
   const Trained expected = singleDevice(0, Tie::None, 4, {.count = 1});
   for (const auto& [name, value] : expected.variables) {
     CAPTURE(name);

@@ -994,6 +994,7 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
   s.kept.clear();
   s.local.clear();
   s.fetchSums.assign(s.fetches.size(), 0.0);
+  for (GradientSum& sum : s.sums) sum.clear();  // a failed step's, were it retried
   s.runsDone.assign(s.runsOfGradient.size(), 0);
   s.averaging.clear();
   for (const PipelineAction& a : s.actions) s.act(a, microbatches);

@@ -684,7 +684,7 @@ void UcxTransport::closeAll(Deadline deadline) {
 }
 
 void UcxTransport::closeNow() {
-  for (const std::unique_ptr<Peer>& p : peers_) closeEndpoint(*p);
+  for (size_t i = 0; i < peers_.size(); ++i) closeEndpoint(*peers_[i]);  // by index: progress may add a peer
 }
 
 }  // namespace weft::dist

@@ -80,8 +80,10 @@ class UcxTransport final : public Transport {
   /// The receive is posted first, so two peers may exchange with each other at once.
   void exchange(int sendPeer, uint64_t sendTag, std::span<const uint8_t> bytes, int receivePeer, uint64_t receiveTag,
                 std::span<uint8_t> into, Deadline deadline) override;
-  /// Flushes what is in flight to each endpoint, force-closing what is not flushed by the deadline.
+  /// Flushes what is in flight to each endpoint; a close not done by the deadline is left to UCX
+  /// (a peer that no longer progresses its end would never let it finish).
   void closeAll(Deadline deadline) override;
+  /// Force-closes each endpoint: nothing is flushed and no peer is waited for.
   void closeNow() override;
 
   /// Meanwhile fetches large messages that arrive, so two processes may send each other one at once.
