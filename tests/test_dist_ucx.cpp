@@ -330,6 +330,30 @@ TEST_CASE("UcxTransport: a peer killed with SIGKILL fails the pending receive in
   CHECK((WIFSIGNALED(results[1].status) && WTERMSIG(results[1].status) == SIGKILL));
 }
 
+TEST_CASE("UcxTransport: closeAll ends by its deadline while the peer progresses nothing") {
+  // A peer that never progresses its end (it waits on another transport's close, or is stuck)
+  // never acknowledges the close: the close is left to UCX at the deadline, not waited for.
+  const auto results = runPair([](UcxTransport& t, int rank, int peer) {
+    std::vector<uint8_t> buffer(64);
+    if (rank == 1) {  // connected both ways, then deaf for longer than rank 0 may take
+      t.receive(0x41, buffer, Clock::now() + 5s);
+      t.send(peer, 0x42, buffer, Clock::now() + 5s);
+      std::this_thread::sleep_for(6s);
+      return std::string("ok");
+    }
+    t.send(peer, 0x41, pattern(64, 5), Clock::now() + 5s);
+    t.receive(0x42, buffer, Clock::now() + 5s);
+    const auto start = Clock::now();
+    t.closeAll(Clock::now() + 300ms);
+    const auto took = Clock::now() - start;
+    return took < 5s ? std::string("ok") : fmt::format("closeAll took {} ms", took / 1ms);
+  });
+  for (const SideResult& r : results) {
+    CHECK(r.report == "ok");
+    CHECK(exitedCleanly(r.status));
+  }
+}
+
 /// Progresses `t` until it has rejected `count` messages or 5 s passed; returns how many it has.
 uint64_t awaitRejections(UcxTransport& t, uint64_t count) {
   const Deadline deadline = Clock::now() + 5s;
