@@ -81,6 +81,15 @@ bool InputFile::fill() {
   }
 }
 
+void InputFile::seek(uint64_t offset, int64_t line) {
+  WEFT_CHECK(offset <= size_, "{} {}: cannot read from byte {} of its {} bytes", kind_, name_, offset, size_);
+  WEFT_CHECK(::lseek(fd_, static_cast<off_t>(offset), SEEK_SET) == static_cast<off_t>(offset),
+             "{} {}: cannot seek to byte {}: {}", kind_, name_, offset, std::strerror(errno));
+  begin_ = end_ = 0;
+  consumed_ = received_ = offset;
+  line_ = line;
+}
+
 bool InputFile::readLine(std::string& line, size_t maxLineBytes) {
   line.clear();
   bool any = false;

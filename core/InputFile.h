@@ -45,6 +45,10 @@ class InputFile {
   std::string readAll();
   /// Bytes consumed so far (the offset of the next byte).
   uint64_t offset() const { return consumed_; }
+  /// Continues reading at byte `offset`, which an earlier reading of this file found to start
+  /// line `line` + 1 (messages count lines from there). Throws naming the file when the offset
+  /// lies past its end.
+  void seek(uint64_t offset, int64_t line);
   /// The file's size when it was opened.
   uint64_t size() const { return size_; }
   /// The file's permission bits (st_mode & 07777) when it was opened.

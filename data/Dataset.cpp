@@ -276,33 +276,49 @@ uint64_t augmentKey(uint64_t seed, int64_t epoch, size_t index) {
   return stepKey(stepKey(streamKey(seed, "augment"), static_cast<uint64_t>(epoch)), index);
 }
 
+std::pair<size_t, size_t> streamRange(int64_t stream, int64_t streams, size_t size) {
+  WEFT_CHECK(streams >= 1 && stream >= 0 && stream < streams, "stream {} of {} is not a stream", stream, streams);
+  const auto bound = [&](int64_t j) {
+    return static_cast<size_t>(static_cast<unsigned __int128>(size) * static_cast<uint64_t>(j) /
+                               static_cast<uint64_t>(streams));
+  };
+  return {bound(stream), bound(stream + 1)};
+}
+
 Batcher::Batcher(Dataset dataset, BatchOptions options) : dataset_(std::move(dataset)), options_(std::move(options)) {
   WEFT_CHECK(options_.batchSize > 0, "batch size must be positive, got {}", options_.batchSize);
   WEFT_CHECK(options_.threads >= 1 && options_.threads <= 1024, "a batch is made by 1 to 1024 threads, not {}",
              options_.threads);
+  WEFT_CHECK(options_.streams >= 1 && options_.batchSize % options_.streams == 0,
+             "a batch of {} examples cannot take an equal share of each of {} streams", options_.batchSize,
+             options_.streams);
   if (options_.threads > 1) pool_ = std::make_shared<ThreadPool>(options_.threads);
-  perEpoch_ = static_cast<int64_t>(dataset_.size()) / options_.batchSize;
-  WEFT_CHECK(perEpoch_ > 0, "a dataset of {} examples holds no batch of {}", dataset_.size(), options_.batchSize);
-  const Example first = dataset_.example(0);  // made once, however many fields are padded
-  for (const std::string& field : options_.padded) {
-    WEFT_CHECK(first.count(field), "padded field '{}' is not a field of the examples", field);
+  const int64_t perStream = options_.batchSize / options_.streams;
+  perEpoch_ = std::numeric_limits<int64_t>::max();
+  for (int64_t j = 0; j < options_.streams; ++j) {
+    const auto [first, last] = streamRange(j, options_.streams, dataset_.size());
+    perEpoch_ = std::min(perEpoch_, static_cast<int64_t>(last - first) / perStream);
   }
+  WEFT_CHECK(perEpoch_ > 0, "a dataset of {} examples holds no batch of {}{}", dataset_.size(), options_.batchSize,
+             options_.streams > 1 ? fmt::format(" ({} from each of {} streams)", perStream, options_.streams) : "");
 }
 
-void Batcher::prepareEpoch(int64_t epoch) {
-  std::vector<size_t> order(dataset_.size());
-  std::iota(order.begin(), order.end(), 0);
+std::vector<std::vector<size_t>> Batcher::streamBatches(int64_t stream, int64_t epoch) const {
+  const auto [first, last] = streamRange(stream, options_.streams, dataset_.size());
+  std::vector<size_t> order(last - first);
+  std::iota(order.begin(), order.end(), first);
   if (options_.shuffle) {
-    const uint64_t key = streamKey(options_.seed, "epoch" + std::to_string(epoch));
+    const uint64_t epochKey = streamKey(options_.seed, "epoch" + std::to_string(epoch));
+    const uint64_t key = options_.streams == 1 ? epochKey : stepKey(epochKey, static_cast<uint64_t>(stream));
     for (size_t k = order.size(); k > 1; --k) {
       std::swap(order[k - 1], order[static_cast<size_t>(uniformAt(key, k) * static_cast<double>(k))]);
     }
   }
-  const auto batch = static_cast<size_t>(options_.batchSize);
+  const auto batch = static_cast<size_t>(options_.batchSize / options_.streams);
   order.resize(static_cast<size_t>(perEpoch_) * batch);
   if (options_.bucketWindow > 1 && !options_.padded.empty()) {
-    // Sort each window of batches by length so that batches hold similar lengths, then shuffle
-    // the batches of the window so long and short ones alternate.
+    // Sort each window of batches by length so that batches hold similar lengths; the batches are
+    // shuffled afterwards so that long and short ones alternate.
     const size_t window = batch * static_cast<size_t>(options_.bucketWindow);
     const std::string& field = options_.padded.front();
     for (size_t w = 0; w < order.size(); w += window) {
@@ -315,15 +331,30 @@ void Batcher::prepareEpoch(int64_t epoch) {
       for (auto it = begin; it != end; ++it) *it = byLength[static_cast<size_t>(it - begin)].second;
     }
   }
-  batches_.assign(static_cast<size_t>(perEpoch_), {});
-  for (size_t b = 0; b < batches_.size(); ++b) {
-    batches_[b].assign(order.begin() + static_cast<std::ptrdiff_t>(b * batch),
-                       order.begin() + static_cast<std::ptrdiff_t>((b + 1) * batch));
+  std::vector<std::vector<size_t>> batches(static_cast<size_t>(perEpoch_));
+  for (size_t b = 0; b < batches.size(); ++b) {
+    batches[b].assign(order.begin() + static_cast<std::ptrdiff_t>(b * batch),
+                      order.begin() + static_cast<std::ptrdiff_t>((b + 1) * batch));
   }
+  return batches;
+}
+
+void Batcher::prepareEpoch(int64_t epoch) {
+  // Every stream's batches are shuffled alike, so the k-th shortest of each window meet in a batch.
+  std::vector<size_t> shuffled(static_cast<size_t>(perEpoch_));
+  std::iota(shuffled.begin(), shuffled.end(), 0);
   if (options_.bucketWindow > 1 && options_.shuffle) {
     const uint64_t key = streamKey(options_.seed, "buckets" + std::to_string(epoch));
-    for (size_t k = batches_.size(); k > 1; --k) {
-      std::swap(batches_[k - 1], batches_[static_cast<size_t>(uniformAt(key, k) * static_cast<double>(k))]);
+    for (size_t k = shuffled.size(); k > 1; --k) {
+      std::swap(shuffled[k - 1], shuffled[static_cast<size_t>(uniformAt(key, k) * static_cast<double>(k))]);
+    }
+  }
+  batches_.assign(static_cast<size_t>(perEpoch_), {});
+  for (int64_t j = 0; j < options_.streams; ++j) {
+    const std::vector<std::vector<size_t>> ofStream = streamBatches(j, epoch);
+    for (size_t b = 0; b < batches_.size(); ++b) {
+      const std::vector<size_t>& part = ofStream[shuffled[b]];
+      batches_[b].insert(batches_[b].end(), part.begin(), part.end());
     }
   }
   epoch_ = epoch;
@@ -366,6 +397,10 @@ Batch Batcher::next() {
   // An example (a decoded, cropped image) costs a millisecond or more: one each is worth a hand-off.
   if (pool_) pool_->parallelFor(static_cast<int64_t>(per), 1 << 20, make);
   else make(0, static_cast<int64_t>(per));
+  for (const std::string& field : options_.padded) {
+    WEFT_CHECK(examples.empty() || examples.front().count(field), "padded field '{}' is not a field of the examples",
+               field);
+  }
   const std::vector<const Example*> pointers = pointersTo(examples);
   ++position_;
   if (parts_ == 1) return collate(pointers, options_);

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace weft::data {
@@ -134,12 +135,24 @@ struct BatchOptions {
   ///
   ///     options.augment = imageFolderAugment({.size = 224});   // data/ImageFolder.h
   std::function<Example(Example, uint64_t key)> augment = {};
+  /// When > 1: the dataset is this many streams of consecutive examples (streamRange), and each
+  /// batch is batchSize / streams examples of every stream, stream after stream. Each stream is
+  /// shuffled (and bucketed) within itself, so a part of the batch that readPart gives a worker
+  /// holds examples of its streams only: a worker of N reading streams / N streams makes (and a
+  /// lazily read dataset reads) only those. The order depends on the stream count, not on who
+  /// reads it, so one process reading S streams sees the batches S workers see together. An
+  /// epoch ends when its shortest stream does. 1: one stream, the order of a plain shuffle.
+  int64_t streams = 1;
   /// Threads that make a batch's examples (read or generate, then augment), each example whole on
   /// one of them, for data dearer to make than to train on (an image folder's decoding). The
   /// batch is the same bytes at any count; the dataset's generator and `augment` must be safe to
   /// call from several threads at once (weft's are: each depends on its index or key alone).
   int threads = 1;
 };
+
+/// Examples [first, last) of stream `stream` of `streams` over `size` examples: consecutive,
+/// as even as whole examples allow.
+std::pair<size_t, size_t> streamRange(int64_t stream, int64_t streams, size_t size);
 
 /// The key BatchOptions::augment receives for example `index` of the dataset in epoch `epoch`.
 uint64_t augmentKey(uint64_t seed, int64_t epoch, size_t index);
@@ -187,6 +200,9 @@ class Batcher : public BatchSource {
 
  private:
   void prepareEpoch(int64_t epoch);
+  /// The example indices of each batch's share of stream `stream` in epoch `epoch`, before the
+  /// batches are shuffled.
+  std::vector<std::vector<size_t>> streamBatches(int64_t stream, int64_t epoch) const;
   /// Example i, made or kept as options_.keepGenerated says.
   Example exampleAt(size_t i);
 

@@ -8,47 +8,60 @@
 #include "core/InputFile.h"
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <filesystem>
 #include <functional>
+#include <limits>
+#include <mutex>
+#include <numeric>
+#include <string_view>
+#include <unordered_map>
 
 namespace weft::data {
 namespace {
 
+/// std::isspace in the "C" locale, inlined: the tokenizer asks it of every byte of a corpus.
+bool isSpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+/// Reads the next line of `in` into `line` and its whitespace-separated words into `tokens` (views
+/// of `line`); false at the end of the file. Checks UTF-8, naming the file and line.
+bool readTokens(InputFile& in, std::string& line, std::vector<std::string_view>& tokens) {
+  if (!in.readLine(line)) return false;
+  const int64_t bad = invalidUtf8Offset(line);
+  if (bad >= 0) in.fail("invalid UTF-8 at byte {} of the line", bad);
+  tokens.clear();
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && isSpace(line[i])) ++i;
+    const size_t begin = i;
+    while (i < line.size() && !isSpace(line[i])) ++i;
+    if (i > begin) tokens.emplace_back(line.data() + begin, i - begin);
+  }
+  return true;
+}
+
 /// Calls fn(tokens, in) for every line; checks UTF-8 and names the file and line.
-void forEachLine(const std::string& path, const std::function<void(const std::vector<std::string>&, InputFile&)>& fn) {
+void forEachLine(const std::string& path,
+                 const std::function<void(const std::vector<std::string_view>&, InputFile&)>& fn) {
   InputFile in(path, "text corpus", kMaxTextFileBytes);
   std::string line;
-  std::vector<std::string> tokens;
-  while (in.readLine(line)) {
-    const int64_t bad = invalidUtf8Offset(line);
-    if (bad >= 0) in.fail("invalid UTF-8 at byte {} of the line", bad);
-    tokens.clear();
-    size_t i = 0;
-    while (i < line.size()) {
-      while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
-      const size_t begin = i;
-      while (i < line.size() && !std::isspace(static_cast<unsigned char>(line[i]))) ++i;
-      if (i > begin) tokens.emplace_back(line, begin, i - begin);
-    }
-    fn(tokens, in);
-  }
+  std::vector<std::string_view> tokens;
+  while (readTokens(in, line, tokens)) fn(tokens, in);
 }
 
 }  // namespace
 
 std::map<std::string, int64_t> countTokens(const std::string& path) {
   std::map<std::string, int64_t> counts;
-  forEachLine(path, [&](const std::vector<std::string>& tokens, InputFile&) {
-    for (const auto& t : tokens) ++counts[t];
+  forEachLine(path, [&](const std::vector<std::string_view>& tokens, InputFile&) {
+    for (const auto& t : tokens) ++counts[std::string(t)];
   });
   return counts;
 }
 
 std::vector<std::vector<int32_t>> readSentences(const std::string& path, const Vocab& vocab) {
   std::vector<std::vector<int32_t>> sentences;
-  forEachLine(path, [&](const std::vector<std::string>& tokens, InputFile&) {
+  forEachLine(path, [&](const std::vector<std::string_view>& tokens, InputFile&) {
     if (tokens.empty()) return;
     std::vector<int32_t> ids;
     ids.reserve(tokens.size());
@@ -67,7 +80,7 @@ TextCorpus loadTextCorpus(const std::string& path, int64_t minCount, int64_t max
 
 std::vector<std::vector<int32_t>> readIdFile(const std::string& path, int32_t vocabSize) {
   std::vector<std::vector<int32_t>> sentences;
-  forEachLine(path, [&](const std::vector<std::string>& tokens, InputFile& in) {
+  forEachLine(path, [&](const std::vector<std::string_view>& tokens, InputFile& in) {
     if (tokens.empty()) return;
     std::vector<int32_t> ids;
     for (const auto& t : tokens) {
@@ -118,24 +131,14 @@ std::vector<std::string> corpusFiles(const std::string& path) {
   return files;
 }
 
+void PackedSentences::reserve(size_t sentences, size_t words) {
+  ids_.reserve(ids_.size() + words);
+  offsets_.reserve(offsets_.size() + sentences);
+}
+
 void PackedSentences::add(std::span<const int32_t> words) {
   ids_.insert(ids_.end(), words.begin(), words.end());
   offsets_.push_back(static_cast<int64_t>(ids_.size()));
-}
-
-uint64_t PackedSentences::hash() const {
-  return xxh64(offsets_.data(), offsets_.size() * sizeof(int64_t),
-               xxh64(ids_.data(), ids_.size() * sizeof(int32_t), 0));
-}
-
-std::map<std::string, int64_t> countTokens(const std::vector<std::string>& files) {
-  std::map<std::string, int64_t> counts;
-  for (const std::string& file : files) {
-    forEachLine(file, [&](const std::vector<std::string>& tokens, InputFile&) {
-      for (const auto& t : tokens) ++counts[t];
-    });
-  }
-  return counts;
 }
 
 PackedSentences readPackedSentences(const std::vector<std::string>& files, const Vocab& vocab, int64_t maxLength) {
@@ -143,7 +146,7 @@ PackedSentences readPackedSentences(const std::vector<std::string>& files, const
   PackedSentences sentences;
   std::vector<int32_t> ids;
   for (const std::string& file : files) {
-    forEachLine(file, [&](const std::vector<std::string>& tokens, InputFile&) {
+    forEachLine(file, [&](const std::vector<std::string_view>& tokens, InputFile&) {
       if (tokens.empty()) return;
       ids.clear();
       for (size_t i = 0; i < tokens.size() && static_cast<int64_t>(i) < maxLength; ++i)
@@ -154,18 +157,127 @@ PackedSentences readPackedSentences(const std::vector<std::string>& files, const
   return sentences;
 }
 
-Dataset lmDataset(std::shared_ptr<const PackedSentences> sentences, size_t first, size_t count) {
-  WEFT_CHECK(first + count <= sentences->size(), "lmDataset: sentences [{}, {}) of {}", first, first + count,
-             sentences->size());
-  const uint64_t range[] = {first, count};
+CorpusScan scanCorpus(const std::vector<std::string>& files, int64_t maxLength,
+                      std::map<std::string, int64_t>* counts) {
+  WEFT_CHECK(maxLength >= 1 && maxLength <= std::numeric_limits<uint16_t>::max(),
+             "a text corpus's sentences are cut to 1 to 65535 words, not {}", maxLength);
+  CorpusScan scan;
+  scan.files = files;
+  scan.maxLength = maxLength;
+  // Hashed while scanning (a token at a time), ordered once at the end.
+  std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> counted;
+  std::string line;
+  std::vector<std::string_view> tokens;
+  for (size_t f = 0; f < files.size(); ++f) {
+    InputFile in(files[f], "text corpus", kMaxTextFileBytes);
+    for (uint64_t start = 0; readTokens(in, line, tokens); start = in.offset()) {
+      scan.textHash = xxh64(line.data(), line.size(), scan.textHash);
+      if (counts)
+        for (const std::string_view t : tokens) {
+          const auto it = counted.find(t);
+          if (it != counted.end())
+            ++it->second;
+          else
+            counted.emplace(t, 1);
+        }
+      if (tokens.empty()) continue;
+      if (scan.lengths.size() % CorpusScan::kMarkEvery == 0) scan.marks.push_back({f, start, in.line() - 1});
+      scan.lengths.push_back(static_cast<uint16_t>(std::min<int64_t>(maxLength, static_cast<int64_t>(tokens.size()))));
+    }
+  }
+  if (counts)
+    for (auto& [word, count] : counted) (*counts)[word] += count;
+  return scan;
+}
+
+PackedSentences readSentenceRange(const CorpusScan& scan, const Vocab& vocab, size_t begin, size_t end) {
+  WEFT_CHECK(begin <= end && end <= scan.lengths.size(), "sentences [{}, {}) of a text corpus of {}", begin, end,
+             scan.lengths.size());
+  PackedSentences sentences;
+  if (begin == end) return sentences;
+  sentences.reserve(end - begin, std::accumulate(scan.lengths.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                 scan.lengths.begin() + static_cast<std::ptrdiff_t>(end), size_t{0}));
+  const CorpusScan::Mark& mark = scan.marks[begin / CorpusScan::kMarkEvery];
+  size_t next = begin / CorpusScan::kMarkEvery * CorpusScan::kMarkEvery;  // the sentence the mark starts
+  std::string line;
+  std::vector<std::string_view> tokens;
+  std::vector<int32_t> ids;
+  size_t f = mark.file;
+  for (; f < scan.files.size() && next < end; ++f) {
+    InputFile in(scan.files[f], "text corpus", kMaxTextFileBytes);
+    if (f == mark.file) in.seek(mark.offset, mark.line);
+    while (next < end && readTokens(in, line, tokens)) {
+      if (tokens.empty()) continue;
+      const auto words = std::min<size_t>(tokens.size(), static_cast<size_t>(scan.maxLength));
+      // A file rewritten since the scan would shift every later sentence of the stream.
+      if (words != scan.lengths[next])
+        in.fail(
+            "the line has {} words where the corpus's first reading found {}; the file changed while the job "
+            "ran",
+            words, scan.lengths[next]);
+      if (next++ < begin) continue;
+      ids.clear();
+      for (size_t i = 0; i < words; ++i) ids.push_back(vocab.id(tokens[i]));
+      sentences.add(ids);
+    }
+  }
+  WEFT_CHECK(next == end,
+             "text corpus {} ended {} sentences before the corpus's first reading did; it changed while "
+             "the job ran",
+             escapeBytes(scan.files[f - 1]), end - next);
+  return sentences;
+}
+
+namespace {
+
+/// The streams of an lmStreams dataset, each read when first needed.
+class StreamedSentences {
+ public:
+  StreamedSentences(std::shared_ptr<const CorpusScan> scan, const Vocab& vocab, size_t count, int64_t streams)
+      : scan_(std::move(scan)),
+        vocab_(vocab),
+        count_(count),
+        loaded_(static_cast<size_t>(streams)),
+        held_(static_cast<size_t>(streams)) {}
+
+  std::span<const int32_t> sentence(size_t i) {
+    const auto streams = static_cast<int64_t>(held_.size());
+    // streamRange cuts [0, count) evenly: the stream holding i is found from its estimate.
+    auto stream = static_cast<int64_t>(i * held_.size() / count_);
+    while (streamRange(stream, streams, count_).first > i) --stream;
+    while (streamRange(stream, streams, count_).second <= i) ++stream;
+    const auto [first, last] = streamRange(stream, streams, count_);
+    const auto s = static_cast<size_t>(stream);
+    std::call_once(loaded_[s],
+                   [&, first = first, last = last] { held_[s] = readSentenceRange(*scan_, vocab_, first, last); });
+    return held_[s][i - first];
+  }
+
+ private:
+  std::shared_ptr<const CorpusScan> scan_;
+  Vocab vocab_;
+  size_t count_;
+  std::vector<std::once_flag> loaded_;
+  std::vector<PackedSentences> held_;
+};
+
+}  // namespace
+
+Dataset lmStreams(std::shared_ptr<const CorpusScan> scan, const Vocab& vocab, size_t count, int64_t streams) {
+  WEFT_CHECK(count >= 1 && count <= scan->lengths.size(), "lmStreams: {} sentences of a text corpus of {}", count,
+             scan->lengths.size());
+  WEFT_CHECK(streams >= 1 && static_cast<size_t>(streams) <= count, "lmStreams: {} sentences cannot make {} streams",
+             count, streams);
+  uint64_t identity = scan->textHash;
+  for (int32_t id = 0; id < vocab.size(); ++id)
+    identity = xxh64(vocab.word(id).data(), vocab.word(id).size(), identity);
+  const uint64_t layout[] = {count, static_cast<uint64_t>(scan->maxLength)};
   Generator g;
   g.size = count;
-  g.identity = xxh64(range, sizeof range, sentences->hash());
-  g.make = [sentences, first](size_t i) { return lmExample((*sentences)[first + i]); };
-  // tokens (<s> and the words) and targets (the words and </s>) are one longer than the sentence.
-  g.length = [sentences, first](size_t i, const std::string&) {
-    return static_cast<int64_t>((*sentences)[first + i].size()) + 1;
-  };
+  g.identity = xxh64(layout, sizeof layout, identity);
+  auto held = std::make_shared<StreamedSentences>(scan, vocab, count, streams);
+  g.make = [held](size_t i) { return lmExample(held->sentence(i)); };
+  g.length = [scan](size_t i, const std::string&) { return static_cast<int64_t>(scan->lengths[i]) + 1; };
   return Dataset::generated(std::move(g));
 }
 

@@ -1,10 +1,14 @@
 // Plain-text corpora with one sentence per line (1B-Word / PTB style), tokenised on whitespace:
 // token counts, vocabulary construction, lines as id sequences (packed for corpora of billions of
-// words, read from one file or a directory of shards), pre-tokenised id files, and the examples
-// a language model trains on.
+// words, read from one file or a directory of shards, whole or a range of sentences at a time),
+// pre-tokenised id files, and the examples a language model trains on.
 //
 //     TextCorpus c = loadTextCorpus("train.txt", /*minCount=*/3, /*maxVocab=*/100000);
 //     Dataset lm = lmDataset(c.sentences);   // Batcher with .padded = {"tokens", "targets"}
+//
+//     std::map<std::string, int64_t> counts;   // a corpus larger than one worker's memory
+//     auto scan = std::make_shared<const CorpusScan>(scanCorpus(corpusFiles(dir), 100, &counts));
+//     Dataset streams = lmStreams(scan, Vocab::build(counts, 3, 100000), scan->lengths.size(), 8);
 #pragma once
 
 #include "data/Dataset.h"
@@ -49,6 +53,8 @@ std::vector<std::string> corpusFiles(const std::string& path);
 /// more on a vector per sentence (its header and allocation) than on its words.
 class PackedSentences {
  public:
+  /// Room for `sentences` more sentences of `words` words in all, so a large read grows no array.
+  void reserve(size_t sentences, size_t words);
   void add(std::span<const int32_t> words);
   size_t size() const { return offsets_.size() - 1; }
   std::span<const int32_t> operator[](size_t i) const {
@@ -56,19 +62,51 @@ class PackedSentences {
   }
   /// Words in all sentences.
   size_t words() const { return ids_.size(); }
-  /// XXH64 of the ids and the sentence boundaries.
-  uint64_t hash() const;
 
  private:
   std::vector<int32_t> ids_;
   std::vector<int64_t> offsets_{0};
 };
 
-/// Token counts over every file.
-std::map<std::string, int64_t> countTokens(const std::vector<std::string>& files);
 /// The non-empty lines of the files, in order, as ids of `vocab` (unknown words become kUnk),
 /// each cut to its first maxLength words.
 PackedSentences readPackedSentences(const std::vector<std::string>& files, const Vocab& vocab, int64_t maxLength);
+
+/// What one reading of a corpus's files learns without holding its words: the length of every
+/// non-empty line and where every kMarkEvery-th of them starts. A process that reads and holds
+/// only some of the sentences (readSentenceRange) still knows every sentence's length, which a
+/// batch's padding widths and word count need (a sentence costs 2 bytes here, 4 a word held).
+struct CorpusScan {
+  static constexpr size_t kMarkEvery = 1024;
+  /// Where sentence i * kMarkEvery's line starts: file, byte offset, lines before it in the file.
+  struct Mark {
+    size_t file = 0;
+    uint64_t offset = 0;
+    int64_t line = 0;
+  };
+  std::vector<std::string> files;
+  int64_t maxLength = 0;
+  std::vector<uint16_t> lengths;  // words of each non-empty line, cut to maxLength
+  std::vector<Mark> marks;
+  uint64_t textHash = 0;  // XXH64 of the lines in order
+};
+
+/// Reads every file once (UTF-8 checked, errors naming file and line) and adds each token's count
+/// to `counts` when it is not null. maxLength is 1 to 65535.
+CorpusScan scanCorpus(const std::vector<std::string>& files, int64_t maxLength,
+                      std::map<std::string, int64_t>* counts = nullptr);
+
+/// Sentences [begin, end) of a scanned corpus as ids of `vocab` (unknown words become kUnk), each
+/// cut to maxLength words: only the files they lie in are read, from the mark before `begin`.
+/// Throws naming the file when its lines are no longer those the scan found.
+PackedSentences readSentenceRange(const CorpusScan& scan, const Vocab& vocab, size_t begin, size_t end);
+
+/// Language-model examples of sentences [0, count) of a scanned corpus, in `streams` streams of
+/// consecutive sentences as BatchOptions::streams cuts them (streamRange). A stream's sentences
+/// are read from the files, and held, when the first of its examples is made: a process that
+/// makes the examples of some streams only (a data-parallel worker reading its part of each
+/// batch) reads and holds those streams only. Lengths come from the scan.
+Dataset lmStreams(std::shared_ptr<const CorpusScan> scan, const Vocab& vocab, size_t count, int64_t streams);
 
 /// <s> w1 .. wn </s>.
 std::vector<int32_t> withBoundaries(const std::vector<int32_t>& words);
@@ -77,8 +115,5 @@ std::vector<int32_t> withBoundaries(const std::vector<int32_t>& words);
 /// "targets" i32 [n+1] (w1..wn </s>).
 Example lmExample(std::span<const int32_t> words);
 Dataset lmDataset(const std::vector<std::vector<int32_t>>& sentences);
-/// Sentences [first, first + count) of `sentences` as language-model examples, made when read
-/// (Dataset::generated): nothing but the packed ids is held.
-Dataset lmDataset(std::shared_ptr<const PackedSentences> sentences, size_t first, size_t count);
 
 }  // namespace weft::data

@@ -74,7 +74,7 @@ int32_t Vocab::add(const std::string& word) {
   return it->second;
 }
 
-int32_t Vocab::id(const std::string& word) const {
+int32_t Vocab::id(std::string_view word) const {
   const auto it = ids_.find(word);
   return it == ids_.end() ? kUnk : it->second;
 }

@@ -2,9 +2,13 @@
 // sentence start and end) and a one-word-per-line file format.
 #pragma once
 
+#include "core/Hash.h"
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -28,7 +32,7 @@ class Vocab {
   /// The id of `word`, adding it if new.
   int32_t add(const std::string& word);
   /// The id of `word`, or kUnk when unknown.
-  int32_t id(const std::string& word) const;
+  int32_t id(std::string_view word) const;
   /// The word of `id`; throws naming the id when out of range.
   const std::string& word(int32_t id) const;
   int32_t size() const { return static_cast<int32_t>(words_.size()); }
@@ -53,7 +57,7 @@ class Vocab {
 
  private:
   std::vector<std::string> words_;
-  std::unordered_map<std::string, int32_t> ids_;
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ids_;
 };
 
 /// Byte offset of the first invalid UTF-8 sequence in `text`, or -1 when it is valid.

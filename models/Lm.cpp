@@ -125,8 +125,9 @@ std::vector<ModelOption> LmModel::options() {
       {"hidden", "LSTM hidden size", &c.hidden},
       {"projection", "projection size before the softmax (0: none)", &c.projection},
       {"sampled", "sampled-softmax candidates per step (0: full softmax)", &c.sampled},
-      {"tie-embeddings", "the softmax's weight is the embedding table (--embed must equal --projection, or --hidden "
-                         "without a projection); pipelines may put its two readers in different stages",
+      {"tie-embeddings",
+       "the softmax's weight is the embedding table (--embed must equal --projection, or --hidden "
+       "without a projection); pipelines may put its two readers in different stages",
        &c.tieEmbeddings},
       {"eval-batch", "sentences per evaluation batch", &c.evalBatch},
       {"vocab", "built-in language: words (specials excluded)", &c.vocab},
@@ -137,11 +138,20 @@ std::vector<ModelOption> LmModel::options() {
       {"min-count", "text corpus: minimum count of a vocabulary word", &c.minCount},
       {"max-vocab", "text corpus: most ids in the vocabulary (specials included)", &c.maxVocab},
       {"max-length", "text corpus: longer sentences are truncated", &c.maxLength},
-      {"vocab-file", "text corpus: the vocabulary, one word per line (optionally with its count), most frequent "
-                     "first, as 1B-Word ships it; the first --max-vocab ids are used (default: built from the "
-                     "corpus with --min-count)", &c.vocabFile},
-      {"heldout-data", "text corpus: held-out sentences, a file or a directory of files (default: the corpus's "
-                       "last 5%)", &c.heldoutData},
+      {"vocab-file",
+       "text corpus: the vocabulary, one word per line (optionally with its count), most frequent "
+       "first, as 1B-Word ships it; the first --max-vocab ids are used (default: built from the "
+       "corpus with --min-count)",
+       &c.vocabFile},
+      {"heldout-data",
+       "text corpus: held-out sentences, a file or a directory of files (default: the corpus's "
+       "last 5%)",
+       &c.heldoutData},
+      {"streams",
+       "text corpus: read as this many streams of consecutive sentences, each batch taking an equal "
+       "share of each; a data-parallel worker reads and holds only its part's streams, so with a "
+       "multiple of --workers each holds 1/N of the corpus. The order depends on this count alone",
+       &c.streams},
   };
 }
 
@@ -171,26 +181,28 @@ void LmModel::addCandidates(data::Batch& batch, uint64_t counter) const {
 
 data::Dataset LmModel::loadCorpus(const std::string& path) {
   const std::vector<std::string> files = data::corpusFiles(path);
-  const data::Vocab vocab = config_.vocabFile.empty()
-                                ? data::Vocab::build(data::countTokens(files), config_.minCount, config_.maxVocab)
-                                : data::Vocab::loadWordList(config_.vocabFile, config_.maxVocab);
+  std::map<std::string, int64_t> counts;
+  auto scan = std::make_shared<const data::CorpusScan>(
+      data::scanCorpus(files, config_.maxLength, config_.vocabFile.empty() ? &counts : nullptr));
+  const data::Vocab vocab = config_.vocabFile.empty() ? data::Vocab::build(counts, config_.minCount, config_.maxVocab)
+                                                      : data::Vocab::loadWordList(config_.vocabFile, config_.maxVocab);
   vocabSize_ = vocab.size();
-  auto sentences =
-      std::make_shared<const data::PackedSentences>(data::readPackedSentences(files, vocab, config_.maxLength));
-  size_t trainCount = sentences->size();
+  const size_t sentences = scan->lengths.size();
+  size_t trainCount = sentences;
   if (config_.heldoutData.empty()) {
-    WEFT_CHECK(sentences->size() >= 2, "lm: text corpus '{}' has {} non-empty lines; at least 2 are needed", path,
-               sentences->size());
-    trainCount -= std::max<size_t>(1, sentences->size() / 20);
-    for (size_t i = trainCount; i < sentences->size(); ++i)
-      heldout_.emplace_back((*sentences)[i].begin(), (*sentences)[i].end());
+    WEFT_CHECK(sentences >= 2, "lm: text corpus '{}' has {} non-empty lines; at least 2 are needed", path, sentences);
+    trainCount -= std::max<size_t>(1, sentences / 20);
+    const data::PackedSentences heldout = data::readSentenceRange(*scan, vocab, trainCount, sentences);
+    for (size_t i = 0; i < heldout.size(); ++i) heldout_.emplace_back(heldout[i].begin(), heldout[i].end());
   } else {
     const data::PackedSentences heldout =
         data::readPackedSentences(data::corpusFiles(config_.heldoutData), vocab, config_.maxLength);
     WEFT_CHECK(heldout.size() >= 1, "lm: held-out corpus '{}' has no non-empty lines", config_.heldoutData);
     for (size_t i = 0; i < heldout.size(); ++i) heldout_.emplace_back(heldout[i].begin(), heldout[i].end());
   }
-  return data::lmDataset(std::move(sentences), 0, trainCount);
+  WEFT_CHECK(config_.streams >= 1 && static_cast<size_t>(config_.streams) <= trainCount,
+             "lm: --streams {} must be 1 to the corpus's {} training sentences", config_.streams, trainCount);
+  return data::lmStreams(std::move(scan), vocab, trainCount, config_.streams);
 }
 
 void LmModel::build(Graph& g, const CommonOptions& common) {
@@ -203,6 +215,10 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   heldout_.clear();
   heldoutLogProb_.clear();
   if (common.data.empty()) {
+    WEFT_CHECK(config_.streams == 1,
+               "lm: --streams {} reads a text corpus in streams; the built-in language (no "
+               "--data) has none",
+               config_.streams);
     data::LanguageSpec spec;
     spec.vocab = config_.vocab;
     spec.classes = config_.classes;
@@ -230,6 +246,10 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   // with a part of the batch, together compute the gradient of the total batch.
   batching.counted = {"targets"};
   batching.bucketWindow = 32;  // similar lengths per batch: less padding
+  batching.streams = config_.streams;
+  WEFT_CHECK(batching.batchSize % config_.streams == 0,
+             "lm: --streams {} must divide the batch of {}: each batch takes an equal share of every stream",
+             config_.streams, batching.batchSize);
   WEFT_CHECK(static_cast<int64_t>(train.size()) >= batching.batchSize,
              "lm: {} training sentences do not fill one batch of {}", train.size(), batching.batchSize);
   train_ = std::make_unique<Batches>(*this, std::move(train), batching);

@@ -57,6 +57,7 @@ struct LmConfig {
   int64_t maxLength = 100;      // longer sentences are truncated
   std::string vocabFile;        // a word list, most frequent first (1B-Word's); empty: built from the counts
   std::string heldoutData;      // held-out file or directory; empty: the corpus's last 5%
+  int64_t streams = 1;          // the corpus read as streams of consecutive sentences (BatchOptions::streams)
   double lr = 2e-3;
 };
 

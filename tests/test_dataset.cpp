@@ -158,7 +158,6 @@ TEST_CASE("keepGenerated makes each example once over epochs of whole batches, a
   BatchOptions options{4, true, 3, {"seq"}, 0, 0, {}};
   options.keepGenerated = true;
   data::Batcher whole(numberedGenerated(16, made), options), reference(numbered(16), options);
-  std::fill(made->begin(), made->end(), 0);  // the constructor looked at example 0
   for (int step = 0; step < 12; ++step) checkSameBatch(whole.next(), reference.next());  // three epochs
   CHECK(std::count(made->begin(), made->end(), 1) == 16);
   data::Batcher part(numberedGenerated(16, made), options);
@@ -176,6 +175,96 @@ TEST_CASE("a part resumed at a position continues exactly") {
   for (int i = 0; i < 9; ++i) running.next();
   resumed.seek(9);
   for (int i = 0; i < 8; ++i) checkSameBatch(resumed.next(), running.next());
+}
+
+TEST_CASE("streams are consecutive ranges as even as whole examples allow, covering the dataset") {
+  for (const size_t size : {size_t{0}, size_t{7}, size_t{100}, size_t{1} << 40}) {
+    for (const int64_t streams : {1, 3, 8}) {
+      size_t next = 0, smallest = size, largest = 0;
+      for (int64_t j = 0; j < streams; ++j) {
+        const auto [first, last] = data::streamRange(j, streams, size);
+        CHECK(first == next);
+        smallest = std::min(smallest, last - first);
+        largest = std::max(largest, last - first);
+        next = last;
+      }
+      CHECK(next == size);
+      CHECK(largest - smallest <= 1);
+    }
+  }
+  CHECK(contains(errorOf([] { data::streamRange(3, 3, 10); }), "stream 3 of 3 is not a stream"));
+}
+
+TEST_CASE("with streams, each batch takes an equal share of every stream, stream after stream") {
+  BatchOptions options{8, true, 4, {"seq"}, 0, 2, {"seq"}};
+  options.streams = 4;  // streams of 25: [0, 25), [25, 50), [50, 75), [75, 100)
+  data::Batcher b(numbered(100), options);
+  CHECK(b.batchesPerEpoch() == 12);  // 24 of each stream's 25 examples
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::set<double>> seen(4);
+    for (int64_t step = 0; step < b.batchesPerEpoch(); ++step) {
+      const std::vector<double> batch = ids(b.next());
+      for (size_t row = 0; row < batch.size(); ++row) {
+        const size_t stream = row / 2;
+        CHECK(batch[row] >= 25.0 * static_cast<double>(stream));
+        CHECK(batch[row] < 25.0 * static_cast<double>(stream + 1));
+        seen[stream].insert(batch[row]);
+      }
+    }
+    for (const auto& ofStream : seen) CHECK(ofStream.size() == 24);  // none twice in an epoch
+  }
+  options.streams = 3;
+  CHECK(contains(errorOf([&] { data::Batcher(numbered(100), options); }),
+                 "a batch of 8 examples cannot take an equal share of each of 3 streams"));
+  options.streams = 4;
+  CHECK(contains(errorOf([&] { data::Batcher(numbered(7), options); }),
+                 "a dataset of 7 examples holds no batch of 8 (2 from each of 4 streams)"));
+}
+
+TEST_CASE("with streams, a part makes only its streams' examples and is the whole batch's slice") {
+  BatchOptions options{16, true, 9, {"seq"}, 0, 3, {"seq"}};  // shuffled, padded, counted, bucketed
+  options.streams = 4;
+  auto made = std::make_shared<std::vector<int>>();
+  data::Batcher whole(numbered(96), options);
+  // 2 parts of 2 streams each, 4 of one each, and 8 parts two to a stream.
+  for (const int64_t parts : {2, 4, 8}) {
+    CAPTURE(parts);
+    whole.seek(0);
+    std::vector<data::Batcher> part;
+    for (int64_t r = 0; r < parts; ++r) {
+      part.emplace_back(numberedGenerated(96, made), options);
+      part.back().readPart(r, parts);
+    }
+    for (int64_t step = 0; step < whole.batchesPerEpoch() + 2; ++step) {
+      const Batch batch = whole.next();
+      for (int64_t r = 0; r < parts; ++r) {
+        std::fill(made->begin(), made->end(), 0);
+        checkSameBatch(part[static_cast<size_t>(r)].next(), slicedPart(batch, r, parts));
+        const int64_t firstStream = r * 4 / parts, lastStream = (r * 4 + 3) / parts;  // the streams its rows span
+        for (size_t i = 0; i < made->size(); ++i)
+          if ((*made)[i] > 0)
+            CHECK((static_cast<int64_t>(i / 24) >= firstStream && static_cast<int64_t>(i / 24) <= lastStream));
+      }
+    }
+  }
+}
+
+TEST_CASE("with streams, the order is a function of the stream count, and seek replays it") {
+  BatchOptions options{8, true, 5, {"seq"}, 0, 2, {"seq"}};
+  options.streams = 2;
+  data::Batcher a(numbered(64), options), b(numbered(64), options);
+  std::vector<std::vector<double>> first;
+  for (int i = 0; i < 10; ++i) first.push_back(ids(a.next()));
+  for (int i = 0; i < 10; ++i) CHECK(ids(b.next()) == first[static_cast<size_t>(i)]);
+  b.seek(6);
+  CHECK(ids(b.next()) == first[6]);
+  options.streams = 4;
+  data::Batcher four(numbered(64), options);
+  options.streams = 1;
+  data::Batcher one(numbered(64), options);
+  const std::vector<double> ofFour = ids(four.next()), ofOne = ids(one.next());
+  CHECK(ofFour != first[0]);
+  CHECK(ofOne != first[0]);
 }
 
 TEST_CASE("a batch that does not divide among the parts is refused") {

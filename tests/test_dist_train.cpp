@@ -172,6 +172,29 @@ TEST_CASE("LM: 2 workers train like one process under each architecture (sparse 
   }
 }
 
+TEST_CASE(
+    "--streams: 2 and 4 workers, each reading and holding only its streams of a corpus directory, train like one "
+    "process reading them all") {
+  TempDir dir;
+  fs::create_directories(dir.path / "corpus");
+  for (int shard = 0; shard < 5; ++shard) {  // shards of unequal length: the streams cross their ends
+    std::string lines;
+    for (int i = 0; i < 60 + 17 * shard; ++i) {
+      const int words = 1 + (i * 7 + shard) % 9;
+      for (int w = 0; w < words; ++w) lines += fmt::format("{}w{}", w ? " " : "", (i * 13 + w * 5 + shard) % 61);
+      lines += "\n";
+    }
+    dir.write("corpus/part-" + std::to_string(shard), lines);
+  }
+  const std::string flags = "--data " + dir.file("corpus") +
+                            " --streams 4 --embed 16 --hidden 16 --sampled 24 "
+                            "--batch 16 --steps 8 --clip 1 --eval-every 8 --eval-batches 2 --threads 1 --timeout 30";
+  for (int workers : {2, 4}) {
+    CAPTURE(workers);
+    checkSameVariables("lm", flags, workers, 1e-5);
+  }
+}
+
 TEST_CASE("--encrypt: 2 workers and a server train like one process with every payload encrypted") {
   checkSameVariables("lm", lmFlags, 2, 1e-5, "--arch auto --encrypt");
 }

@@ -290,6 +290,41 @@ TEST_CASE("the LM trains on a directory of shards with a word list and a held-ou
   CHECK(contains(errorOf([&] { missing.build(g, common); }), "news.en-00000-missing"));
 }
 
+TEST_CASE("--streams: a corpus's batches take an equal share of every stream; what cannot be cut is refused") {
+  TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 42; ++i) {  // sentence i: 3 + 1 + i / 10 words
+    lines += "the cat sat";
+    for (int w = 0; w <= i / 10; ++w) lines += " x";
+    lines += "\n";
+  }
+  const std::string corpus = dir.write("corpus.txt", lines);  // 40 training sentences, 2 held out
+  const auto refusal = [&](LmConfig config, const std::string& data) {
+    return errorOf([&] { TinyLm lm(config, "f32", data); });
+  };
+  LmConfig config = tinyConfig();
+  config.streams = 4;
+  TinyLm lm(config, "f32", corpus);
+  for (int step = 0; step < 6; ++step) {
+    // Row j holds a sentence of stream j, sentences [10 j, 10 j + 10) of j + 4 words and </s>.
+    const data::Batch b = lm.model.trainData().next();
+    const std::vector<double> mask = b.at("targets_mask").toDoubles();
+    const int64_t width = b.at("targets_mask").shape()[1];
+    for (int64_t row = 0; row < 4; ++row) {
+      double words = 0;
+      for (int64_t t = 0; t < width; ++t) words += mask[static_cast<size_t>(row * width + t)];
+      CHECK(words == static_cast<double>(row + 5));
+    }
+  }
+  CHECK(lm.model.trainData().batchesPerEpoch() == 10);
+  config.streams = 3;
+  CHECK(contains(refusal(config, corpus), "lm: --streams 3 must divide the batch of 4"));
+  config.streams = 41;
+  CHECK(contains(refusal(config, corpus), "lm: --streams 41 must be 1 to the corpus's 40 training sentences"));
+  config.streams = 2;
+  CHECK(contains(refusal(config, ""), "lm: --streams 2 reads a text corpus in streams; the built-in language"));
+}
+
 TEST_CASE("the LM's options and defaults") {
   LmModel m;
   std::vector<std::string> names;

@@ -154,27 +154,126 @@ TEST_CASE("packed sentences: every file's non-empty lines in order, unknown word
   CHECK(words(1) == std::vector<int32_t>{b, kUnk});
   CHECK(words(2) == std::vector<int32_t>{c, c, c, c});
   CHECK(packed.words() == 9);
-  const auto counts = countTokens(std::vector<std::string>{first, second});
-  CHECK(counts.at("c") == 6);
-  CHECK(counts.at("q") == 1);
 }
 
-TEST_CASE("the packed LM dataset makes sentence first + i as lmExample would, holding nothing else") {
-  auto packed = std::make_shared<PackedSentences>();
-  const std::vector<std::vector<int32_t>> sentences{{5, 6}, {7}, {8, 9, 10}, {11}};
-  for (const auto& s : sentences) packed->add(s);
-  const Dataset d = lmDataset(packed, 1, 3);
-  REQUIRE(d.size() == 3);
-  CHECK(d.isGenerated());
-  for (size_t i = 0; i < 3; ++i) {
+namespace {
+
+/// Three shard files of 700 lines each, every seventh line empty and the others 1 to 12 words of
+/// w0..w39 (a few over maxLength 10): 1,800 sentences, so the scan's marks fall inside files.
+std::vector<std::string> writeShards(TempDir& dir) {
+  std::filesystem::create_directories(dir.path / "shards");
+  std::vector<std::string> files;
+  uint64_t state = 11;
+  for (int f = 0; f < 3; ++f) {
+    std::string text;
+    for (int line = 0; line < 700; ++line) {
+      state = state * 6364136223846793005u + 1442695040888963407u;
+      const int words = line % 7 == 6 ? 0 : 1 + static_cast<int>((state >> 33) % 12);
+      for (int w = 0; w < words; ++w) text += (w ? " w" : "w") + std::to_string((state >> (w + 7)) % 40);
+      text += line % 7 == 6 && line % 2 ? "  \n" : "\n";
+    }
+    files.push_back(dir.write("shards/part-" + std::to_string(f), text));
+  }
+  return files;
+}
+
+Vocab wordsUpTo(int n) {
+  Vocab v;
+  for (int i = 0; i < n; ++i) v.add("w" + std::to_string(i));
+  return v;
+}
+
+std::vector<int32_t> wordsOf(std::span<const int32_t> s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+TEST_CASE("a corpus scan knows every sentence's length and the counts, holding no words") {
+  TempDir dir;
+  const std::vector<std::string> files = writeShards(dir);
+  std::map<std::string, int64_t> counts;
+  const CorpusScan scan = scanCorpus(files, 10, &counts);
+  const PackedSentences whole = readPackedSentences(files, wordsUpTo(40), 10);
+  REQUIRE(scan.lengths.size() == whole.size());
+  CHECK(scan.lengths.size() == 1800);
+  for (size_t i = 0; i < whole.size(); ++i) CHECK(scan.lengths[i] == whole[i].size());
+  int64_t tokens = 0;
+  for (const auto& [word, count] : counts) tokens += count;
+  CHECK(tokens >= static_cast<int64_t>(whole.words()));  // the words past maxLength are counted too
+  CHECK(scan.marks.size() == 2);                         // sentences 0 and 1024
+  CHECK(scan.marks[1].file == 1);
+  CHECK(scanCorpus(files, 10).textHash == scan.textHash);
+  dir.write("shards/part-1", "w1 w2\n");
+  CHECK(scanCorpus(files, 10).textHash != scan.textHash);
+  CHECK(contains(errorOf([&] { scanCorpus(files, 0); }), "cut to 1 to 65535 words, not 0"));
+  CHECK(contains(errorOf([&] { scanCorpus(files, 70000); }), "not 70000"));
+}
+
+TEST_CASE("a range of sentences read alone equals that range of the whole corpus") {
+  TempDir dir;
+  const std::vector<std::string> files = writeShards(dir);
+  const Vocab vocab = wordsUpTo(30);  // w30..w39 become <unk>
+  const CorpusScan scan = scanCorpus(files, 10);
+  const PackedSentences whole = readPackedSentences(files, vocab, 10);
+  // Within a file, across a file's end, from a mark, ending at the corpus's end, and empty.
+  for (const auto& [begin, end] :
+       std::vector<std::pair<size_t, size_t>>{{0, 5}, {590, 610}, {1024, 1030}, {1020, 1800}, {1799, 1800}, {7, 7}}) {
+    CAPTURE(begin);
+    const PackedSentences range = readSentenceRange(scan, vocab, begin, end);
+    REQUIRE(range.size() == end - begin);
+    for (size_t i = begin; i < end; ++i) CHECK(wordsOf(range[i - begin]) == wordsOf(whole[i]));
+  }
+  CHECK(contains(errorOf([&] { readSentenceRange(scan, vocab, 10, 1801); }),
+                 "sentences [10, 1801) of a text "
+                 "corpus of 1800"));
+}
+
+TEST_CASE("a corpus file changed after its scan is named when its sentences are read") {
+  TempDir dir;
+  const std::vector<std::string> files = writeShards(dir);
+  const CorpusScan scan = scanCorpus(files, 10);
+  dir.write("shards/part-2", "w1\nw1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13\n");
+  const std::string changed = errorOf([&] { readSentenceRange(scan, wordsUpTo(40), 1700, 1800); });
+  CHECK_MESSAGE(contains(changed, files[2] + ":"), changed);
+  CHECK(contains(changed, "the file changed while the job ran"));
+  const CorpusScan short_ = scanCorpus(files, 10);
+  dir.write("shards/part-2", "w1\n");
+  CHECK(contains(errorOf([&] { readSentenceRange(short_, wordsUpTo(40), 1200, 1202); }),
+                 files[2] + " ended 1 sentences before the corpus's first reading did"));
+}
+
+TEST_CASE("an LM dataset of streams reads a stream's sentences when its first example is made, no other") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path / "shards");
+  std::vector<std::string> files;
+  for (int f = 0; f < 4; ++f) {  // a file a stream: 5 sentences each
+    std::string text;
+    for (int line = 0; line < 5; ++line) text += "w" + std::to_string(f) + std::string(line % 3 + 1, 'x') + " w9\n";
+    files.push_back(dir.write("shards/" + std::to_string(f), text));
+  }
+  Vocab vocab = wordsUpTo(10);
+  for (int f = 0; f < 4; ++f)
+    for (int n = 1; n <= 3; ++n) vocab.add("w" + std::to_string(f) + std::string(n, 'x'));
+  auto scan = std::make_shared<const CorpusScan>(scanCorpus(files, 10));
+  const Dataset streams = lmStreams(scan, vocab, 20, 4);
+  const PackedSentences whole = readPackedSentences(files, vocab, 10);
+  // Streams 2 and 3 are never read: their files may go.
+  std::filesystem::remove(files[2]);
+  std::filesystem::remove(files[3]);
+  for (size_t i = 0; i < 10; ++i) {
     CAPTURE(i);
-    const Example made = d.example(i), expected = lmExample(sentences[1 + i]);
+    const Example made = streams.example(i), expected = lmExample(whole[i]);
     CHECK(made.at("tokens").toDoubles() == expected.at("tokens").toDoubles());
     CHECK(made.at("targets").toDoubles() == expected.at("targets").toDoubles());
-    CHECK(d.length(i, "tokens") == static_cast<int64_t>(sentences[1 + i].size()) + 1);
   }
-  CHECK(d.hash() != lmDataset(packed, 0, 3).hash());
-  CHECK(contains(errorOf([&] { lmDataset(packed, 2, 3); }), "sentences [2, 5) of 4"));
+  for (size_t i = 0; i < 20; ++i) CHECK(streams.length(i, "tokens") == 3);  // told by the scan
+  CHECK(contains(errorOf([&] { streams.example(10); }), files[2] + " does not exist"));
+  // The data's identity is its text and vocabulary.
+  CHECK(streams.hash() == lmStreams(scan, vocab, 20, 2).hash());
+  CHECK(streams.hash() != lmStreams(scan, vocab, 19, 4).hash());
+  Vocab other = vocab;
+  other.add("w10");
+  CHECK(streams.hash() != lmStreams(scan, other, 20, 4).hash());
+  CHECK(contains(errorOf([&] { lmStreams(scan, vocab, 3, 4); }), "3 sentences cannot make 4 streams"));
 }
 
 TEST_CASE("invalidUtf8Offset finds the first bad sequence") {

@@ -5,6 +5,15 @@
 // (model, workers, way): setup seconds, bytes of data held, seconds to order an epoch (paid at
 // its first batch), and input milliseconds per step after it.
 //
+// With --corpus DIR (a text corpus: a file or a directory of shards) or --write-corpus MB (a
+// corpus of about MB megabytes in --corpus-files files, 100 by default, written into a temporary
+// folder first: sentences of 5 to 45 words drawn from a Zipfian 100,000-word vocabulary, as
+// 1B-Word's), it measures instead what one LM worker of N pays for the corpus as `weft train lm`
+// reads it, with the corpus read as 1 stream (every worker holds it whole) and as N streams
+// (each holds its own): each in a process of its own, its peak resident memory, the seconds to
+// scan the corpus (counts and lengths), to read the worker's streams (at its first batch), and
+// the input milliseconds per step after it.
+//
 // With --image-folder DIR (an ImageNet-style class folder, such as its train/) or --write-images
 // N (N JPEGs of 500 x 375 written into a temporary folder first), it measures instead the ResNet
 // training stream of an image folder (batch 32, random 224 crops and flips) made by 1, 2, 4 ...
@@ -13,10 +22,12 @@
 //
 //     bench_input [--steps 200] [--lm-sentences 400000] [--resnet-images 40000]
 //     bench_input --write-images 640 [--steps 20]
+//     bench_input --write-corpus 4000 [--corpus-files 100] [--steps 200]
 #include "data/Dataset.h"
 #include "data/ImageFolder.h"
 #include "data/Images.h"
 #include "data/SyntheticLanguage.h"
+#include "data/TextCorpus.h"
 #ifdef WEFT_HAVE_IMAGE_FILES
 #include "tests/ImageFiles.h"
 #endif
@@ -31,6 +42,8 @@
 #include <string>
 #include <thread>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace weft;
@@ -150,6 +163,94 @@ void measureImageFolder(const std::string& root, int64_t steps) {
   }
 }
 
+/// About `megabytes` MB of text in `files` files of `root`: sentences of 5 to 45 words (25 on
+/// average, as 1B-Word's), words drawn from a Zipfian (s = 1) vocabulary of 100,000.
+void writeCorpus(const std::filesystem::path& root, int64_t megabytes, int64_t files) {
+  constexpr int kVocab = 100000, kTable = 1 << 20;
+  std::vector<std::string> words(kVocab);
+  for (int w = 0; w < kVocab; ++w) words[w] = fmt::format("w{}", w);
+  // Word by quantised inverse CDF: entry k is the word at cumulative probability (k + 0.5) / kTable.
+  std::vector<double> cdf(kVocab);
+  double total = 0;
+  for (int w = 0; w < kVocab; ++w) cdf[w] = total += 1.0 / (w + 1);
+  std::vector<int32_t> table(kTable);
+  for (int k = 0, w = 0; k < kTable; ++k) {
+    while (cdf[w] / total < (k + 0.5) / kTable) ++w;
+    table[k] = w;
+  }
+  std::filesystem::create_directories(root);
+  uint64_t state = 0x9E3779B97F4A7C15u;
+  const auto draw = [&] { return (state = state * 6364136223846793005u + 1442695040888963407u) >> 33; };
+  const auto perFile = static_cast<size_t>(megabytes * 1000000 / files);
+  for (int64_t f = 0; f < files; ++f) {
+    std::string text;
+    text.reserve(perFile + 1024);
+    while (text.size() < perFile) {
+      const uint64_t length = 5 + draw() % 41;
+      for (uint64_t i = 0; i < length; ++i) {
+        text += words[static_cast<size_t>(table[draw() % kTable])];
+        text += i + 1 < length ? ' ' : '\n';
+      }
+    }
+    std::ofstream(root / fmt::format("news.en-{:05d}-of-{:05d}", f + 1, files), std::ios::binary) << text;
+  }
+}
+
+double seconds(double since) { return now() - since; }
+
+/// In this process: worker 0 of `workers` reading the corpus at `path` as `streams` streams, as
+/// `weft train lm` does (the vocabulary built from the counts, the last 5% held out).
+void measureCorpusWorker(const std::string& path, int64_t workers, int64_t streams, int64_t steps) {
+  double start = now();
+  std::map<std::string, int64_t> counts;
+  auto scan = std::make_shared<const data::CorpusScan>(data::scanCorpus(data::corpusFiles(path), 100, &counts));
+  const data::Vocab vocab = data::Vocab::build(counts, 1, 100000);
+  counts.clear();
+  const double scanned = seconds(start);
+  const size_t sentences = scan->lengths.size(), trainCount = sentences - std::max<size_t>(1, sentences / 20);
+  const data::PackedSentences heldout = data::readSentenceRange(*scan, vocab, trainCount, sentences);
+  data::BatchOptions options;
+  options.batchSize = 128;
+  options.padded = {"tokens", "targets"};
+  options.counted = {"targets"};
+  options.bucketWindow = 32;
+  options.streams = streams;
+  data::Batcher batcher(data::lmStreams(scan, vocab, trainCount, streams), options);
+  if (workers > 1) batcher.readPart(0, workers);
+  const Cost cost = inputCost(batcher, steps, [](const data::Batch& b) { return b; });
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  double bytes = 0;
+  for (const std::string& file : scan->files) bytes += static_cast<double>(std::filesystem::file_size(file));
+  std::printf(
+      "{\"corpus_mb\": %.0f, \"sentences\": %zu, \"workers\": %lld, \"streams\": %lld, \"scan_s\": %.1f, "
+      "\"first_batch_s\": %.1f, \"input_ms_per_step\": %.3f, \"peak_rss_mb\": %.0f}\n",
+      bytes / 1e6, sentences, static_cast<long long>(workers), static_cast<long long>(streams), scanned,
+      cost.epochSeconds, cost.perStepMs, static_cast<double>(usage.ru_maxrss) / 1024.0);
+  std::fflush(stdout);
+}
+
+/// Worker 0 of 1, 2 and 4 reading the corpus whole and in as many streams as workers, each in a
+/// child process so that its peak memory is its own.
+int measureCorpus(const std::string& path, int64_t steps) {
+  for (const auto& [workers, streams] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 1}, {2, 2}, {4, 1}, {4, 4}}) {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      try {
+        measureCorpusWorker(path, workers, streams, steps);
+        std::_Exit(0);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_input: %s\n", e.what());
+        std::_Exit(1);
+      }
+    }
+    int status = 0;
+    if (child < 0 || ::waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,6 +271,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_input: this build reads no image files (no libjpeg)\n");
     return 2;
 #endif
+  }
+  if (const char* corpus = option(argc, argv, "--corpus")) return measureCorpus(corpus, steps);
+  if (const int64_t megabytes = flag(argc, argv, "--write-corpus", 0); megabytes > 0) {
+    const std::filesystem::path root =
+        std::filesystem::temp_directory_path() / ("bench_input_corpus_" + std::to_string(::getpid()));
+    writeCorpus(root, megabytes, std::max<int64_t>(1, flag(argc, argv, "--corpus-files", 100)));
+    const int status = measureCorpus(root.string(), steps);
+    std::filesystem::remove_all(root);
+    return status;
   }
   // The zoo's defaults (models/Lm.h, models/ResNet.h) and their batching.
   Stream lm{"lm", data::lmDataset(std::make_shared<const data::SyntheticLanguage>(data::LanguageSpec{}),
