@@ -7,9 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
-#include <string_view>
 
 namespace weft {
 
@@ -18,14 +16,5 @@ uint64_t xxh64(const void* data, size_t bytes, uint64_t seed = 0);
 
 /// Sixteen lower-case hex digits.
 std::string hex64(uint64_t value);
-
-/// A hash of strings that finds std::string keys by a std::string_view too (with
-/// std::equal_to<>), so that looking a token up does not build a string of it.
-///
-///     std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> counts;
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
 
 }  // namespace weft

@@ -15,7 +15,6 @@
 #include <mutex>
 #include <numeric>
 #include <string_view>
-#include <unordered_map>
 
 namespace weft::data {
 namespace {
@@ -148,9 +147,7 @@ PackedSentences readPackedSentences(const std::vector<std::string>& files, const
   for (const std::string& file : files) {
     forEachLine(file, [&](const std::vector<std::string_view>& tokens, InputFile&) {
       if (tokens.empty()) return;
-      ids.clear();
-      for (size_t i = 0; i < tokens.size() && static_cast<int64_t>(i) < maxLength; ++i)
-        ids.push_back(vocab.id(tokens[i]));
+      vocab.ids(std::span(tokens).first(std::min(tokens.size(), static_cast<size_t>(maxLength))), ids);
       sentences.add(ids);
     });
   }
@@ -164,29 +161,28 @@ CorpusScan scanCorpus(const std::vector<std::string>& files, int64_t maxLength,
   CorpusScan scan;
   scan.files = files;
   scan.maxLength = maxLength;
-  // Hashed while scanning (a token at a time), ordered once at the end.
-  std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> counted;
+  // Each token is interned while scanning (its count kept by its interned id), ordered at the end.
+  Vocab interned;
+  std::vector<int64_t> tally(static_cast<size_t>(interned.size()), 0);
+  std::vector<int32_t> ids;
   std::string line;
   std::vector<std::string_view> tokens;
   for (size_t f = 0; f < files.size(); ++f) {
     InputFile in(files[f], "text corpus", kMaxTextFileBytes);
     for (uint64_t start = 0; readTokens(in, line, tokens); start = in.offset()) {
       scan.textHash = xxh64(line.data(), line.size(), scan.textHash);
-      if (counts)
-        for (const std::string_view t : tokens) {
-          const auto it = counted.find(t);
-          if (it != counted.end())
-            ++it->second;
-          else
-            counted.emplace(t, 1);
-        }
+      if (counts) {
+        interned.addAll(tokens, ids);
+        tally.resize(static_cast<size_t>(interned.size()), 0);
+        for (const int32_t id : ids) ++tally[static_cast<size_t>(id)];
+      }
       if (tokens.empty()) continue;
       if (scan.lengths.size() % CorpusScan::kMarkEvery == 0) scan.marks.push_back({f, start, in.line() - 1});
       scan.lengths.push_back(static_cast<uint16_t>(std::min<int64_t>(maxLength, static_cast<int64_t>(tokens.size()))));
     }
   }
-  if (counts)
-    for (auto& [word, count] : counted) (*counts)[word] += count;
+  for (size_t id = 0; id < tally.size(); ++id)
+    if (tally[id] > 0) (*counts)[interned.word(static_cast<int32_t>(id))] += tally[id];
   return scan;
 }
 
@@ -216,8 +212,7 @@ PackedSentences readSentenceRange(const CorpusScan& scan, const Vocab& vocab, si
             "ran",
             words, scan.lengths[next]);
       if (next++ < begin) continue;
-      ids.clear();
-      for (size_t i = 0; i < words; ++i) ids.push_back(vocab.id(tokens[i]));
+      vocab.ids(std::span(tokens).first(words), ids);
       sentences.add(ids);
     }
   }

@@ -10,7 +10,9 @@
 #include <charconv>
 #include <climits>
 #include <fstream>
+#include <functional>
 #include <string_view>
+#include <unordered_map>
 
 namespace weft::data {
 namespace {
@@ -68,15 +70,86 @@ Vocab::Vocab() {
   for (const auto& w : specialWords()) add(w);
 }
 
-int32_t Vocab::add(const std::string& word) {
-  const auto [it, inserted] = ids_.emplace(word, size());
-  if (inserted) words_.push_back(word);
-  return it->second;
+int32_t Vocab::add(std::string_view word) { return add(word, std::hash<std::string_view>{}(word)); }
+
+int32_t Vocab::add(std::string_view word, uint64_t hash) {
+  uint64_t& slot = slots_[slotOf(word, hash)];
+  if (slot != 0) return static_cast<int32_t>((slot & 0xffffffffu) - 1);
+  const int32_t id = size();
+  slot = (hash >> 32 << 32) | (static_cast<uint64_t>(id) + 1);
+  words_.emplace_back(word);
+  if (words_.size() * 2 > slots_.size()) grow();
+  return id;
 }
 
 int32_t Vocab::id(std::string_view word) const {
-  const auto it = ids_.find(word);
-  return it == ids_.end() ? kUnk : it->second;
+  const int32_t found = find(word);
+  return found < 0 ? kUnk : found;
+}
+
+void Vocab::fetch(std::span<const std::string_view> words, uint64_t* hashes) const {
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = 0; i < words.size(); ++i) {
+    hashes[i] = std::hash<std::string_view>{}(words[i]);
+    __builtin_prefetch(&slots_[hashes[i] & mask]);
+  }
+  for (size_t i = 0; i < words.size(); ++i) {
+    const uint64_t slot = slots_[hashes[i] & mask];
+    if (slot != 0) __builtin_prefetch(&words_[(slot & 0xffffffffu) - 1]);
+  }
+}
+
+void Vocab::ids(std::span<const std::string_view> words, std::vector<int32_t>& ids) const {
+  constexpr size_t kAhead = 64;  // words whose entries are fetched at once
+  uint64_t hashes[kAhead];
+  ids.resize(words.size());
+  for (size_t begin = 0; begin < words.size(); begin += kAhead) {
+    const std::span<const std::string_view> chunk = words.subspan(begin, std::min(kAhead, words.size() - begin));
+    fetch(chunk, hashes);
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      const int32_t found = static_cast<int32_t>(slots_[slotOf(chunk[i], hashes[i])] & 0xffffffffu) - 1;
+      ids[begin + i] = found < 0 ? kUnk : found;
+    }
+  }
+}
+
+void Vocab::addAll(std::span<const std::string_view> words, std::vector<int32_t>& ids) {
+  constexpr size_t kAhead = 64;
+  uint64_t hashes[kAhead];
+  ids.resize(words.size());
+  for (size_t begin = 0; begin < words.size(); begin += kAhead) {
+    const std::span<const std::string_view> chunk = words.subspan(begin, std::min(kAhead, words.size() - begin));
+    fetch(chunk, hashes);
+    for (size_t i = 0; i < chunk.size(); ++i) ids[begin + i] = add(chunk[i], hashes[i]);
+  }
+}
+
+int32_t Vocab::find(std::string_view word) const {
+  const uint64_t slot = slots_[slotOf(word, std::hash<std::string_view>{}(word))];
+  return static_cast<int32_t>((slot & 0xffffffffu)) - 1;
+}
+
+size_t Vocab::slotOf(std::string_view word, uint64_t hash) const {
+  const size_t mask = slots_.size() - 1;
+  const uint64_t tag = hash >> 32 << 32;
+  for (size_t i = hash & mask;; i = (i + 1) & mask) {
+    const uint64_t slot = slots_[i];
+    if (slot == 0) return i;
+    if ((slot & ~uint64_t{0xffffffffu}) == tag && words_[(slot & 0xffffffffu) - 1] == word) return i;
+  }
+}
+
+void Vocab::grow() {
+  std::vector<uint64_t> old(slots_.size() * 2, 0);
+  old.swap(slots_);
+  const size_t mask = slots_.size() - 1;
+  for (const uint64_t slot : old) {
+    if (slot == 0) continue;
+    // The lower bits of the hash are not in the slot: hash the word again.
+    size_t i = std::hash<std::string_view>{}(words_[(slot & 0xffffffffu) - 1]) & mask;
+    while (slots_[i] != 0) i = (i + 1) & mask;
+    slots_[i] = slot;
+  }
 }
 
 const std::string& Vocab::word(int32_t id) const {
@@ -123,7 +196,7 @@ Vocab Vocab::load(const std::string& path) {
       if (line != expected) in.fail("expected the special word '{}', found '{}'", expected, escapeBytes(line));
       continue;
     }
-    if (v.ids_.count(line) > 0) in.fail("duplicate word '{}' (first on line {})", escapeBytes(line), v.id(line) + 1);
+    if (v.find(line) >= 0) in.fail("duplicate word '{}' (first on line {})", escapeBytes(line), v.id(line) + 1);
     WEFT_CHECK(v.size() < INT32_MAX, "{}:{}: more than {} words", in.name(), in.line(), INT32_MAX);
     v.add(line);
   }

@@ -46,6 +46,25 @@ TEST_CASE("Vocab starts with the four specials and adds words after them") {
   CHECK(contains(errorOf([&] { v.word(-1); }), "id -1"));
 }
 
+TEST_CASE("Vocab's lookups of many words at once give what one word at a time gives") {
+  Vocab one, many;
+  std::vector<std::string> words;
+  for (int i = 0; i < 3000; ++i) words.push_back("w" + std::to_string(i * 7919 % 2000));  // repeats within
+  const std::vector<std::string_view> views(words.begin(), words.end());
+  std::vector<int32_t> added, looked;
+  many.addAll(views, added);  // the table grows within the call
+  for (size_t i = 0; i < words.size(); ++i) CHECK(added[i] == one.add(words[i]));
+  CHECK(many.size() == one.size());
+  std::vector<std::string> queries{"w1", "absent", "<s>", "w1999", ""};
+  for (int i = 0; i < 200; ++i) queries.push_back("w" + std::to_string(i * 37));
+  const std::vector<std::string_view> queryViews(queries.begin(), queries.end());
+  many.ids(queryViews, looked);
+  REQUIRE(looked.size() == queries.size());
+  for (size_t i = 0; i < queries.size(); ++i) CHECK(looked[i] == one.id(queries[i]));
+  CHECK(looked[1] == kUnk);
+  CHECK(looked[2] == kBos);
+}
+
 TEST_CASE("Vocab::build orders by count then word, and applies minCount and maxSize") {
   const std::map<std::string, int64_t> counts{{"b", 5}, {"a", 5}, {"c", 9}, {"rare", 1}, {"d", 2}, {"<s>", 100}};
   const Vocab all = Vocab::build(counts, 2, 100);
