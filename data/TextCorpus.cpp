@@ -170,7 +170,8 @@ CorpusScan scanCorpus(const std::vector<std::string>& files, int64_t maxLength,
   for (size_t f = 0; f < files.size(); ++f) {
     InputFile in(files[f], "text corpus", kMaxTextFileBytes);
     for (uint64_t start = 0; readTokens(in, line, tokens); start = in.offset()) {
-      scan.textHash = xxh64(line.data(), line.size(), scan.textHash);
+      const uint64_t bytes = line.size();  // so that lines cut elsewhere hash otherwise
+      scan.textHash = xxh64(&bytes, sizeof bytes, xxh64(line.data(), line.size(), scan.textHash));
       if (counts) {
         interned.addAll(tokens, ids);
         tally.resize(static_cast<size_t>(interned.size()), 0);
@@ -208,9 +209,9 @@ PackedSentences readSentenceRange(const CorpusScan& scan, const Vocab& vocab, si
       // A file rewritten since the scan would shift every later sentence of the stream.
       if (words != scan.lengths[next])
         in.fail(
-            "the line has {} words where the corpus's first reading found {}; the file changed while the job "
-            "ran",
-            words, scan.lengths[next]);
+            "the line has {} words (cut to --max-length {}: {}) where the corpus's first reading found {} "
+            "for sentence {}; this file, or one before it, changed while the job ran",
+            tokens.size(), scan.maxLength, words, scan.lengths[next], next);
       if (next++ < begin) continue;
       vocab.ids(std::span(tokens).first(words), ids);
       sentences.add(ids);
@@ -264,8 +265,11 @@ Dataset lmStreams(std::shared_ptr<const CorpusScan> scan, const Vocab& vocab, si
   WEFT_CHECK(streams >= 1 && static_cast<size_t>(streams) <= count, "lmStreams: {} sentences cannot make {} streams",
              count, streams);
   uint64_t identity = scan->textHash;
-  for (int32_t id = 0; id < vocab.size(); ++id)
-    identity = xxh64(vocab.word(id).data(), vocab.word(id).size(), identity);
+  for (int32_t id = 0; id < vocab.size(); ++id) {
+    const std::string& word = vocab.word(id);
+    const uint64_t bytes = word.size();
+    identity = xxh64(&bytes, sizeof bytes, xxh64(word.data(), word.size(), identity));
+  }
   const uint64_t layout[] = {count, static_cast<uint64_t>(scan->maxLength)};
   Generator g;
   g.size = count;

@@ -11,6 +11,7 @@
 #include <climits>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string_view>
 #include <unordered_map>
 
@@ -75,6 +76,8 @@ int32_t Vocab::add(std::string_view word) { return add(word, std::hash<std::stri
 int32_t Vocab::add(std::string_view word, uint64_t hash) {
   uint64_t& slot = slots_[slotOf(word, hash)];
   if (slot != 0) return static_cast<int32_t>((slot & 0xffffffffu) - 1);
+  WEFT_CHECK(words_.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+             "Vocab: cannot add '{}': it holds {} words, as many as int32 ids number", escapeBytes(word), size());
   const int32_t id = size();
   slot = (hash >> 32 << 32) | (static_cast<uint64_t>(id) + 1);
   words_.emplace_back(word);

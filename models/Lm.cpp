@@ -200,7 +200,7 @@ data::Dataset LmModel::loadCorpus(const std::string& path) {
     WEFT_CHECK(heldout.size() >= 1, "lm: held-out corpus '{}' has no non-empty lines", config_.heldoutData);
     for (size_t i = 0; i < heldout.size(); ++i) heldout_.emplace_back(heldout[i].begin(), heldout[i].end());
   }
-  WEFT_CHECK(config_.streams >= 1 && static_cast<size_t>(config_.streams) <= trainCount,
+  WEFT_CHECK(static_cast<size_t>(config_.streams) <= trainCount,
              "lm: --streams {} must be 1 to the corpus's {} training sentences", config_.streams, trainCount);
   return data::lmStreams(std::move(scan), vocab, trainCount, config_.streams);
 }
@@ -211,14 +211,20 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   WEFT_CHECK(config_.embed > 0 && config_.hidden > 0 && config_.projection >= 0 && config_.sampled >= 0,
              "lm: embed {}, hidden {} must be positive and projection {}, sampled {} non-negative", config_.embed,
              config_.hidden, config_.projection, config_.sampled);
+  // Flags are checked before a corpus is read (a large one takes minutes).
+  const int64_t batchSize = common.batchSize > 0 ? common.batchSize : config_.batchSize;
+  WEFT_CHECK(config_.streams >= 1 && batchSize % config_.streams == 0,
+             "lm: --streams {} must divide the batch of {}: each batch takes an equal share of every stream",
+             config_.streams, batchSize);
+  WEFT_CHECK(config_.streams == 1 || !common.data.empty(),
+             "lm: --streams {} reads a text corpus in streams; the built-in language (no --data) has none",
+             config_.streams);
+  WEFT_CHECK(common.data.empty() || (config_.maxLength >= 1 && config_.maxLength <= 65535),
+             "lm: --max-length {} must be 1 to 65535 for a text corpus", config_.maxLength);
   data::Dataset train;
   heldout_.clear();
   heldoutLogProb_.clear();
   if (common.data.empty()) {
-    WEFT_CHECK(config_.streams == 1,
-               "lm: --streams {} reads a text corpus in streams; the built-in language (no "
-               "--data) has none",
-               config_.streams);
     data::LanguageSpec spec;
     spec.vocab = config_.vocab;
     spec.classes = config_.classes;
@@ -239,7 +245,7 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   sampler_ = std::make_unique<LogUniformSampler>(vocabSize_);
 
   data::BatchOptions batching;
-  batching.batchSize = common.batchSize > 0 ? common.batchSize : config_.batchSize;
+  batching.batchSize = batchSize;
   batching.seed = common.seed;
   batching.padded = {"tokens", "targets"};
   // The loss is normalised by the words of the whole step, so that data-parallel workers, each
@@ -247,9 +253,6 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   batching.counted = {"targets"};
   batching.bucketWindow = 32;  // similar lengths per batch: less padding
   batching.streams = config_.streams;
-  WEFT_CHECK(batching.batchSize % config_.streams == 0,
-             "lm: --streams {} must divide the batch of {}: each batch takes an equal share of every stream",
-             config_.streams, batching.batchSize);
   WEFT_CHECK(static_cast<int64_t>(train.size()) >= batching.batchSize,
              "lm: {} training sentences do not fill one batch of {}", train.size(), batching.batchSize);
   train_ = std::make_unique<Batches>(*this, std::move(train), batching);

@@ -2,6 +2,7 @@
 // seeking, and the prefetch thread.
 #include "tests/TestUtil.h"
 
+#include "core/Random.h"
 #include "data/Dataset.h"
 
 #include <numeric>
@@ -249,7 +250,7 @@ TEST_CASE("with streams, a part makes only its streams' examples and is the whol
   }
 }
 
-TEST_CASE("with streams, the order is a function of the stream count, and seek replays it") {
+TEST_CASE("with streams, the order is a function of the seed, and seek replays it") {
   BatchOptions options{8, true, 5, {"seq"}, 0, 2, {"seq"}};
   options.streams = 2;
   data::Batcher a(numbered(64), options), b(numbered(64), options);
@@ -258,13 +259,28 @@ TEST_CASE("with streams, the order is a function of the stream count, and seek r
   for (int i = 0; i < 10; ++i) CHECK(ids(b.next()) == first[static_cast<size_t>(i)]);
   b.seek(6);
   CHECK(ids(b.next()) == first[6]);
-  options.streams = 4;
-  data::Batcher four(numbered(64), options);
-  options.streams = 1;
-  data::Batcher one(numbered(64), options);
-  const std::vector<double> ofFour = ids(four.next()), ofOne = ids(one.next());
-  CHECK(ofFour != first[0]);
-  CHECK(ofOne != first[0]);
+}
+
+TEST_CASE("one stream is the plain shuffle: a Fisher-Yates pass keyed by the seed and epoch, cut into batches") {
+  const BatchOptions options{8, true, 5, {"seq"}, 0, 0, {}};
+  data::Batcher b(numbered(60), options);
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<double> order(60);
+    std::iota(order.begin(), order.end(), 0.0);
+    const uint64_t key = streamKey(5, "epoch" + std::to_string(epoch));
+    for (size_t k = order.size(); k > 1; --k)
+      std::swap(order[k - 1], order[static_cast<size_t>(uniformAt(key, k) * static_cast<double>(k))]);
+    for (size_t batch = 0; batch < 7; ++batch) {  // 7 of 8 examples; the last 4 examples are dropped
+      const std::vector<double> expected(order.begin() + static_cast<std::ptrdiff_t>(batch * 8),
+                                         order.begin() + static_cast<std::ptrdiff_t>(batch * 8 + 8));
+      CHECK(ids(b.next()) == expected);
+    }
+  }
+}
+
+TEST_CASE("a padded field the examples lack is named when the first batch is made") {
+  data::Batcher b(numbered(16), {4, true, 1, {"tokens"}, 0, 0, {}});
+  CHECK(contains(errorOf([&] { b.next(); }), "padded field 'tokens' is not a field of the examples"));
 }
 
 TEST_CASE("a batch that does not divide among the parts is refused") {

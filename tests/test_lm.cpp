@@ -320,9 +320,14 @@ TEST_CASE("--streams: a corpus's batches take an equal share of every stream; wh
   config.streams = 3;
   CHECK(contains(refusal(config, corpus), "lm: --streams 3 must divide the batch of 4"));
   config.streams = 41;
+  config.batchSize = 82;
   CHECK(contains(refusal(config, corpus), "lm: --streams 41 must be 1 to the corpus's 40 training sentences"));
+  config.batchSize = 4;
   config.streams = 2;
   CHECK(contains(refusal(config, ""), "lm: --streams 2 reads a text corpus in streams; the built-in language"));
+  config.streams = 1;
+  config.maxLength = 70000;
+  CHECK(contains(refusal(config, corpus), "lm: --max-length 70000 must be 1 to 65535 for a text corpus"));
 }
 
 TEST_CASE("the LM's options and defaults") {

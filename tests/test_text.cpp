@@ -215,12 +215,15 @@ TEST_CASE("a corpus scan knows every sentence's length and the counts, holding n
   REQUIRE(scan.lengths.size() == whole.size());
   CHECK(scan.lengths.size() == 1800);
   for (size_t i = 0; i < whole.size(); ++i) CHECK(scan.lengths[i] == whole[i].size());
-  int64_t tokens = 0;
-  for (const auto& [word, count] : counts) tokens += count;
-  CHECK(tokens >= static_cast<int64_t>(whole.words()));  // the words past maxLength are counted too
-  CHECK(scan.marks.size() == 2);                         // sentences 0 and 1024
+  std::map<std::string, int64_t> expected;  // every token, those past maxLength too
+  for (const std::string& file : files)
+    for (const auto& [word, count] : countTokens(file)) expected[word] += count;
+  CHECK(counts == expected);
+  CHECK(scan.marks.size() == 2);  // sentences 0 and 1024
   CHECK(scan.marks[1].file == 1);
   CHECK(scanCorpus(files, 10).textHash == scan.textHash);
+  const std::string one = dir.write("one.txt", "a b\nc\n"), cutElsewhere = dir.write("other.txt", "a\nb c\n");
+  CHECK(scanCorpus({one}, 10).textHash != scanCorpus({cutElsewhere}, 10).textHash);
   dir.write("shards/part-1", "w1 w2\n");
   CHECK(scanCorpus(files, 10).textHash != scan.textHash);
   CHECK(contains(errorOf([&] { scanCorpus(files, 0); }), "cut to 1 to 65535 words, not 0"));
@@ -250,10 +253,27 @@ TEST_CASE("a corpus file changed after its scan is named when its sentences are 
   TempDir dir;
   const std::vector<std::string> files = writeShards(dir);
   const CorpusScan scan = scanCorpus(files, 10);
+  {
+    // The line of sentence 1024, where the read seeks to, gets another length: named by its line.
+    std::vector<std::string> lines;
+    std::ifstream in(files[1]);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    const auto changed = static_cast<size_t>(scan.marks[1].line);
+    lines[changed] = scan.lengths[1024] == 1 ? "w1 w2" : "w1";
+    std::string text;
+    for (const std::string& line : lines) text += line + "\n";
+    const std::string original = dir.write("original", "");
+    std::filesystem::copy_file(files[1], original, std::filesystem::copy_options::overwrite_existing);
+    dir.write("shards/part-1", text);
+    const std::string error = errorOf([&] { readSentenceRange(scan, wordsUpTo(40), 1030, 1040); });
+    CHECK_MESSAGE(contains(error, files[1] + ":" + std::to_string(changed + 1) + ": the line has"), error);
+    CHECK(contains(error, "for sentence 1024"));
+    std::filesystem::copy_file(original, files[1], std::filesystem::copy_options::overwrite_existing);
+  }
   dir.write("shards/part-2", "w1\nw1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13\n");
   const std::string changed = errorOf([&] { readSentenceRange(scan, wordsUpTo(40), 1700, 1800); });
   CHECK_MESSAGE(contains(changed, files[2] + ":"), changed);
-  CHECK(contains(changed, "the file changed while the job ran"));
+  CHECK(contains(changed, "this file, or one before it, changed while the job ran"));
   const CorpusScan short_ = scanCorpus(files, 10);
   dir.write("shards/part-2", "w1\n");
   CHECK(contains(errorOf([&] { readSentenceRange(short_, wordsUpTo(40), 1200, 1202); }),
