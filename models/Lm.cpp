@@ -137,7 +137,7 @@ std::vector<ModelOption> LmModel::options() {
       {"heldout-sentences", "built-in language: held-out sentences", &c.heldoutSentences},
       {"min-count", "text corpus: minimum count of a vocabulary word", &c.minCount},
       {"max-vocab", "text corpus: most ids in the vocabulary (specials included)", &c.maxVocab},
-      {"max-length", "text corpus: longer sentences are truncated", &c.maxLength},
+      {"max-length", "text corpus: longer sentences are truncated (1 to 65535)", &c.maxLength},
       {"vocab-file",
        "text corpus: the vocabulary, one word per line (optionally with its count), most frequent "
        "first, as 1B-Word ships it; the first --max-vocab ids are used (default: built from the "
