@@ -93,7 +93,7 @@ Batch collateOf(const std::vector<const Example*>& examples, const BatchOptions&
       } else {
         for (const float m : mask.toVector<float>()) real += m;
       }
-      batch[field + "_count"] = Tensor::scalar(f32, real);
+      batch[field + "_count"] = Tensor::scalar(f64, real);
     }
     batch[field] = values;
     batch[field + "_mask"] = mask;

@@ -116,7 +116,7 @@ struct BatchOptions {
   /// When > 1 and `padded` is not empty: each window of this many batches is sorted by the first
   /// padded field's length before it is cut into batches, so batches hold similar lengths.
   int64_t bucketWindow = 0;
-  /// Padded fields whose real positions are also counted into a scalar f32 field
+  /// Padded fields whose real positions are also counted into a scalar f64 field
   /// "<field>_count": a batch's real tokens, to normalise a loss by the tokens of the whole batch
   /// when workers each take a part of it.
   std::vector<std::string> counted;

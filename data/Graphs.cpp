@@ -518,7 +518,7 @@ Batch GraphBatcher::next() {
       nodes += static_cast<double>(graphs_.isGenerated() ? graphs_.example(g).at("features").shape()[0]
                                                          : graphs_[g].at("features").shape()[0]);
     }
-    batch["node_count"] = Tensor::scalar(f32, nodes / static_cast<double>(parts_));
+    batch["node_count"] = Tensor::scalar(f64, nodes / static_cast<double>(parts_));
   }
   return batch;
 }

@@ -92,7 +92,7 @@ Batch sliceGraphs(const Batch& batch, int64_t index, int64_t count);
 
 /// Batches of `batchSize` graphs through collateGraphs, epoch after epoch, in an order that is a
 /// function of (seed, epoch); the last partial batch of an epoch is dropped. With countNodes,
-/// each batch also holds "node_count", f32 []: its nodes, to normalise a per-node loss by the
+/// each batch also holds "node_count", f64 []: its nodes, to normalise a per-node loss by the
 /// nodes of the whole batch when workers each take a part of it.
 class GraphBatcher : public BatchSource {
  public:

@@ -124,7 +124,7 @@ class GnnZooModel : public ZooModel {
     train_ = std::make_unique<data::GraphBatcher>(trainSet_, batch_, common.seed, true, true);
     // The training loss is over the nodes of the whole step (the batch's "node_count"), so that
     // workers with a part of the batch each divide by the same count.
-    const Output stepNodes = cast(g.placeholder("node_count", f32, {}), config_.dtype);
+    const Output stepNodes = cast(g.placeholder("node_count", f64, {}), config_.dtype);
     trainLoss_ = sum(sparseSoftmaxCrossEntropy(model_.logits, model_.labels)) /
                  maximum(stepNodes, scalarLike(stepNodes, 1.0));
   }
@@ -153,7 +153,7 @@ class GnnZooModel : public ZooModel {
     data::Batch part = data::sliceGraphs(batch, index, count);
     // Each worker divides its part's loss sum by the step's nodes per worker: the workers'
     // average gradient is then exactly the total batch's.
-    part["node_count"] = Tensor::scalar(f32, batch.at("node_count").item() / static_cast<double>(count));
+    part["node_count"] = Tensor::scalar(f64, batch.at("node_count").item() / static_cast<double>(count));
     return part;
   }
   std::pair<std::string, double> itemsIn(const data::Batch& b) const override {

@@ -295,7 +295,7 @@ void LmModel::build(Graph& g, const CommonOptions& common) {
   const Output targets = reshape(targets_, {-1});
   const Output mask = cast(reshape(targetsMask_, {-1}), dt);
   evalLossSum_ = fullSoftmaxLossSum(hidden, outW, outB, targets, mask);
-  const Output words = maximum(cast(g.placeholder("targets_count", f32, {}), dt), g.scalar(1.0, dt));
+  const Output words = maximum(cast(g.placeholder("targets_count", f64, {}), dt), g.scalar(1.0, dt));
   if (config_.sampled == 0) {
     loss_ = evalLossSum_ / words;
     return;
@@ -349,7 +349,7 @@ data::Batch LmModel::shard(const data::Batch& batch, int64_t index, int64_t coun
   data::Batch part = data::sliceBatch(batch, index, count, {"candidates", "candidates_logq", "targets_count"});
   // Each worker's loss is its part's sum over the step's words per worker: the workers' average
   // gradient is then exactly the total batch's.
-  part["targets_count"] = Tensor::scalar(f32, batch.at("targets_count").item() / static_cast<double>(count));
+  part["targets_count"] = Tensor::scalar(f64, batch.at("targets_count").item() / static_cast<double>(count));
   return part;
 }
 

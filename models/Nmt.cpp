@@ -384,7 +384,7 @@ void NmtModel::build(Graph& g, const CommonOptions& common) {
   if (common.batchSize > 0) batchSize_ = common.batchSize;
   loadData(common);
   net_ = buildNmt(g, config_);
-  const Output stepTokens = cast(g.placeholder("target_out_count", f32, {}), config_.dtype);
+  const Output stepTokens = cast(g.placeholder("target_out_count", f64, {}), config_.dtype);
   trainLoss_ = net_.tokenLossSum / maximum(stepTokens, scalarLike(stepTokens, 1.0));
   data::BatchOptions options;
   options.batchSize = batchSize_;
@@ -432,7 +432,7 @@ data::Batch NmtModel::shard(const data::Batch& batch, int64_t index, int64_t cou
   data::Batch part = data::sliceBatch(batch, index, count, {"target_out_count"});
   // Each worker divides its part's loss sum by the step's tokens per worker: the workers'
   // average gradient is then exactly the total batch's.
-  part["target_out_count"] = Tensor::scalar(f32, batch.at("target_out_count").item() / static_cast<double>(count));
+  part["target_out_count"] = Tensor::scalar(f64, batch.at("target_out_count").item() / static_cast<double>(count));
   return part;
 }
 

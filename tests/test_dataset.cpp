@@ -60,7 +60,7 @@ void checkSameBatch(const Batch& got, const Batch& expected) {
 /// slice, with the counted field's count divided among the parts.
 Batch slicedPart(const Batch& whole, int64_t index, int64_t count) {
   Batch part = data::sliceBatch(whole, index, count, {"seq_count"});
-  part["seq_count"] = Tensor::scalar(f32, whole.at("seq_count").item() / static_cast<double>(count));
+  part["seq_count"] = Tensor::scalar(f64, whole.at("seq_count").item() / static_cast<double>(count));
   return part;
 }
 

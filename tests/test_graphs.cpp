@@ -253,7 +253,7 @@ TEST_CASE("collateGraphs joins graphs into one disjoint graph") {
 TEST_CASE("sliceGraphs gives each part whole graphs, renumbered, as collating them alone would") {
   const Example a = tinyGraph(1, 2), b = tinyGraph(2, 3), c = tinyGraph(3, 1), d = tinyGraph(4, 4);
   Batch batch = collateGraphs({&a, &b, &c, &d});
-  batch["node_count"] = Tensor::scalar(f32, 10);
+  batch["node_count"] = Tensor::scalar(f64, 10);
   const Example* halves[2][2] = {{&a, &b}, {&c, &d}};
   for (int h = 0; h < 2; ++h) {
     CAPTURE(h);
