@@ -121,6 +121,12 @@ inline constexpr char kPartitionsVariable[] = "WEFT_PARTITIONS";      ///< Confi
 inline constexpr char kResumeVariable[] = "WEFT_RESUME";
 /// How many times the launcher restarted the job after a failure (0 at its first start).
 inline constexpr char kRestartCountVariable[] = "WEFT_RESTART_COUNT";
+/// Why the launcher started the job again and at what size, for worker 0's metrics (unset at
+/// the first start).
+inline constexpr char kRestartCauseVariable[] = "WEFT_RESTART_CAUSE";
+/// "1" in every process of an elastic job (`weft launch --min-workers`): the launcher may ask
+/// it to stop at a checkpoint, to start it again on more hosts (dist/launch/Preemption.h).
+inline constexpr char kElasticVariable[] = "WEFT_ELASTIC";
 /// A sample of `--partitions auto`: the steps it trains, and the file worker 0 reports to
 /// (dist/launch/PartitionSearch.h).
 inline constexpr char kPartitionSampleVariable[] = "WEFT_PARTITION_SAMPLE";

@@ -722,7 +722,9 @@ bool Runner::handleStopRequests() {
   return true;
 }
 
-bool Runner::stopRequested() const { return state_->preemption && state_->preemption->requested(); }
+bool Runner::stopRequested() const {
+  return (state_->preemption && state_->preemption->requested()) || checkpointRequested();
+}
 
 namespace {
 

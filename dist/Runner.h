@@ -148,7 +148,8 @@ class Runner {
   /// program said, by this call, that it stops at a step of its own and checkpoints
   /// (dist::TrainingLoop does); from then on it is stopRequested(). Returns false where no
   /// engine started the job (nothing is caught). A server serves on until its workers stopped,
-  /// then serverStatus() is kExitPreempted.
+  /// then serverStatus() is kExitPreempted. In an elastic job (`weft launch --min-workers`)
+  /// stopRequested() is also the launcher's request for a checkpoint (dist/launch/Preemption.h).
   bool handleStopRequests();
   bool stopRequested() const;
 

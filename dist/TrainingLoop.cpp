@@ -30,6 +30,9 @@ Resume resumeFor(Resume asked) {
   return asked;
 }
 
+/// "on SIGTERM", or "for the launcher: host 2 (10.0.0.3) answers again ...".
+std::string stopCause() { return checkpointRequested() ? "for the launcher: " + checkpointReason() : "on SIGTERM"; }
+
 std::map<std::string, std::string> recordedSettings(const std::map<std::string, std::string>& settings) {
   std::map<std::string, std::string> recorded;
   for (const auto& [name, value] : settings) recorded["run." + name] = value;
@@ -55,7 +58,8 @@ TrainingLoop::TrainingLoop(Runner& runner, int64_t steps, TrainingLoopOptions op
     // SIGTERM from an engine asks for a checkpoint (get_runner caught it from the start, for the
     // servers' sake), as it does to a process alone; from weft's launcher it stops a job whose
     // member failed, which has nothing to agree on.
-    watchesTerm_ = runner.handleStopRequests();
+    // An elastic job's launcher asks for the same stop when it grows the job.
+    watchesTerm_ = runner.handleStopRequests() || elasticJob();
     if (!watchesTerm_ && !launchIdentityFromEnvironment()) {
       preemption_ = std::make_unique<Preemption>(options_.termGrace);
       watchesTerm_ = true;
@@ -110,7 +114,8 @@ void TrainingLoop::stepDone() {
   if (stopRequested()) {
     stopped_ = true;
     checkpoint();
-    if (leader_) fmt::print("stopped on SIGTERM after step {}: checkpoint {} written\n", step_, options_.checkpoint);
+    if (leader_)
+      fmt::print("stopped {} after step {}: checkpoint {} written\n", stopCause(), step_, options_.checkpoint);
   } else if (!options_.checkpoint.empty() && options_.checkpointEvery > 0 && step_ % options_.checkpointEvery == 0) {
     checkpoint();
   }

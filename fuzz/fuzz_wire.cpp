@@ -121,9 +121,15 @@ void frameMode(std::span<const uint8_t> bytes) {
         break;
       }
       case MessageType::Abort:
+      case MessageType::Checkpoint:
         r.getString("reason");
         break;
       case MessageType::Heartbeat:
+        r.getU64("progress");
+        r.getU8("waiting");
+        r.getU8("main_thread");
+        break;
+      case MessageType::Leave:
         break;
     }
     r.finish();
@@ -161,7 +167,9 @@ std::vector<std::string> weftFuzzSeeds() {
   frameSeed(MessageType::Roster, littleEndian(0, 4) + littleEndian(2, 4) + littleEndian(1, 4) + littleEndian(1, 1) +
                                      littleEndian(0, 8) + littleEndian(12, 4) + address);
   frameSeed(MessageType::Abort, littleEndian(4, 4) + "stop");
-  frameSeed(MessageType::Heartbeat, "");
+  frameSeed(MessageType::Heartbeat, littleEndian(7, 8) + littleEndian(0, 1) + "R");
+  frameSeed(MessageType::Leave, "");
+  frameSeed(MessageType::Checkpoint, littleEndian(21, 4) + "host 2 answers again");
   // Programs: u32, string, shape, count over payloads that hold them.
   WireWriter fields;
   fields.putU32(42);

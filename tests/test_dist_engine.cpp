@@ -279,13 +279,30 @@ TEST_CASE("a Kubeflow pod: one process per pod, torchrun's job when the pod runs
         }).starts_with("PET_NPROC_PER_NODE='4' asks for several processes in each pod, which torchrun starts"));
   CHECK(errorOf([&] {
           detectEngine(with(pod, {{"PET_NNODES", "1:4"}}));
-        }) == "PET_NNODES='1:4' is an elastic range of hosts: weft's jobs have a fixed size (give one number)");
+        })
+            .starts_with("PET_NNODES='1:4' is an elastic range of hosts, which torchrun resolves: run `torchrun "
+                         "--no-python weft ...` in the pod"));
   // torchrun in the pod: its workers' variables decide, and must match the pod's.
   const Environment torchPod = with(with(pod, {{"PET_NNODES", "2"}, {"PET_NPROC_PER_NODE", "3"}}), torchrunWorker(4));
   CHECK(detectEngine(torchPod)->engine == "torchrun");
   CHECK(errorOf([&] {
           detectEngine(with(torchPod, {{"PET_NODE_RANK", "0"}}));
         }) == "torchrun's GROUP_RANK=1 of 2 hosts disagrees with Kubeflow's PET_NODE_RANK=0 of PET_NNODES=2");
+}
+
+TEST_CASE("torchrun --nnodes MIN:MAX in a Kubeflow pod: the hosts of torchrun's round decide, not the pod's index") {
+  // Its rendezvous ranked this pod (PET_NODE_RANK 2) host 1 of the 2 hosts that came this round.
+  const Environment pod{{"PET_NNODES", "2:4"},
+                        {"PET_NODE_RANK", "2"},
+                        {"PET_NPROC_PER_NODE", "3"},
+                        {"PET_MASTER_ADDR", "train-node-0-0.train"},
+                        {"PET_MASTER_PORT", "29400"}};
+  const EngineView v = detectEngine(with(pod, torchrunWorker(4))).value();
+  CHECK(v.engine == "torchrun");
+  CHECK(v.rank == 4);
+  CHECK(v.size == 6);
+  CHECK(v.node == 1);
+  CHECK(v.nodes() == 2);
 }
 
 TEST_CASE("an indexed Job or JobSet pod: its completion index, with the size and pod 0's name from the manifest") {

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <deque>
@@ -488,28 +489,72 @@ TEST_CASE("a member of an engine's job waits for a coordinator that starts after
   CHECK(member.get().worldSize == 1);
 }
 
-TEST_CASE("a coordinator that stops the job tells each member why") {
-  const ResourceSpec spec = ResourceSpec::localCpu(2, 0);
-  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 10s);
-  std::promise<std::string> lost[2];
+namespace {
+
+/// Two workers of a job on this machine joined by `coordinator`, each beating every 100 ms with
+/// the handlers `handlers(slot, beats)` sets; their rosters once both joined.
+std::vector<Roster> joinTwo(Coordinator& coordinator, const std::function<void(int, HeartbeatOptions&)>& handlers) {
   std::vector<Roster> rosters(2);
   std::vector<std::thread> members;
   for (int slot = 0; slot < 2; ++slot)
     members.emplace_back([&, slot] {
       HeartbeatOptions beats;
       beats.interval = 100ms;
-      beats.onLost = [&lost, slot](const std::string& reason) { lost[slot].set_value(reason); };
+      handlers(slot, beats);
       rosters[static_cast<size_t>(slot)] =
           rendezvous("127.0.0.1", coordinator.port(), kSecret, kJob, request(Role::Worker, 0, slot), 10s, beats);
     });
   for (std::thread& t : members) t.join();
   coordinator.wait();
+  return rosters;
+}
+
+}  // namespace
+
+TEST_CASE("a coordinator that stops the job tells each member why") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2, 0);
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 10s);
+  std::promise<std::string> lost[2];
+  const std::vector<Roster> rosters = joinTwo(coordinator, [&lost](int slot, HeartbeatOptions& beats) {
+    beats.onLost = [&lost, slot](const std::string& reason) { lost[slot].set_value(reason); };
+  });
   coordinator.stopJob("worker 1 of host 0 ended without finishing");
   for (std::promise<std::string>& p : lost) {
     std::future<std::string> reason = p.get_future();
     REQUIRE(reason.wait_for(30s) == std::future_status::ready);
     CHECK(reason.get() == "the job stopped: worker 1 of host 0 ended without finishing");
   }
+}
+
+TEST_CASE("a coordinator's request for a checkpoint reaches each member's handler, and the beats go on") {
+  const ResourceSpec spec = ResourceSpec::localCpu(2, 0);
+  Coordinator coordinator(spec, kSecret, kJob, expectedMembers(spec), 10s);
+  std::promise<std::string> asked[2];
+  std::atomic<bool> lost{false};
+  const std::vector<Roster> rosters = joinTwo(coordinator, [&](int slot, HeartbeatOptions& beats) {
+    beats.onLost = [&lost](const std::string&) { lost = true; };
+    beats.onCheckpoint = [&asked, slot](const std::string& reason) { asked[slot].set_value(reason); };
+  });
+  coordinator.requestCheckpoint("host 2 (10.0.0.3) answers: the job can grow to 3 workers on 3 hosts");
+  for (std::promise<std::string>& p : asked) {
+    std::future<std::string> reason = p.get_future();
+    REQUIRE(reason.wait_for(30s) == std::future_status::ready);
+    CHECK(reason.get() == "host 2 (10.0.0.3) answers: the job can grow to 3 workers on 3 hosts");
+  }
+  // Still beating: a member that stopped at the request would be silent for good by now.
+  const auto heard = [&] {
+    const auto liveness = coordinator.liveness();
+    return std::all_of(liveness.begin(), liveness.end(), [](const auto& m) { return m.second.silence < 1000ms; });
+  };
+  std::this_thread::sleep_for(1500ms);
+  bool beating = false;
+  for (int i = 0; i < 3000 && !beating; ++i) {
+    beating = heard();
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(beating);
+  CHECK_FALSE(lost);
+  for (const Roster& r : rosters) CHECK_FALSE(r.heartbeat->lost());
 }
 
 namespace {

@@ -1230,6 +1230,76 @@ TEST_CASE(
   CHECK(contains(text, "its main thread stopped, while worker 0 of host 0 waited for it and gave up"));
 }
 
+namespace {
+
+/// Hosts on loopback, one worker each: host 0 always answers, host h > 0 only while the file
+/// `up-h` exists in `dir` (its launch prefix, through which its probe and its members run, fails
+/// otherwise), as a machine that is gone or back. Host 0 holds the one server.
+std::string gatedCluster(const fs::path& dir, int hosts) {
+  nlohmann::json spec{{"hosts", {{{"address", "127.0.0.1"}, {"cpu_workers", 1}, {"servers", 1}}}}};
+  for (int h = 1; h < hosts; ++h) {
+    const std::string gate = fmt::format("test -e {}/up-{} && exec \"$@\"", dir.string(), h);
+    spec["hosts"].push_back({{"address", "127.0.0.1"},
+                             {"cpu_workers", 1},
+                             {"servers", 0},
+                             {"launch_prefix", {"sh", "-c", gate, fmt::format("host{}", h)}}});
+  }
+  const fs::path path = dir / "gated.json";
+  std::ofstream(path) << spec.dump();
+  return path.string();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--min-workers: the job runs on the hosts that answer, trimmed to a worker count that divides the batch, "
+    "naming the rest") {
+  TempDir dir;
+  const std::string cluster = gatedCluster(dir.path, 4);
+  dir.write("up-1", "");
+  dir.write("up-2", "");  // hosts 0, 1 and 2 answer: 3 workers, which do not divide a batch of 8
+  const CliRun r = weftCli("train mlp --cluster " + cluster + " --min-workers 2 --batch 8 --steps 2 --threads 1 " +
+                           "--timeout 30 --out " + dir.file("run"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output,
+                 "weft launch: elastic job (at least 2 workers) starting with 2 workers on 2 hosts; left out "
+                 "host 3 (127.0.0.1): `sh -c 'test -e "));
+  CHECK(contains(r.output,
+                 "' host3 true` exited with status 1; 1 worker of the hosts that answer left out: the program "
+                 "cannot train with 3"));
+  CHECK(contains(r.output, "\"workers\":2"));
+}
+
+TEST_CASE("--min-workers: hosts that answer for fewer workers stop the launch, each named with why") {
+  TempDir dir;
+  const CliRun r = weftCli("train mlp --cluster " + gatedCluster(dir.path, 3) +
+                           " --min-workers 2 --batch 8 --steps 2 --out " + dir.file("run"));
+  CHECK(r.status != 0);
+  CHECK(contains(r.output,
+                 "weft launch: the hosts that answer have 1 worker, fewer than the 2 the job needs "
+                 "(--min-workers):\n  host 1 (127.0.0.1): `sh -c 'test -e "));
+  CHECK(contains(r.output, "\n  host 2 (127.0.0.1): `sh -c 'test -e "));
+  CHECK_FALSE(fs::exists(dir.path / "run" / "checkpoint.safetensors"));
+}
+
+TEST_CASE("--min-workers: what an elastic job cannot be is refused before any process starts, naming it") {
+  TempDir dir;
+  const std::string cluster = gatedCluster(dir.path, 3), out = " --out " + dir.file("run");
+  const std::pair<std::string, std::string> cases[] = {
+      {"--workers 2 --min-workers 1 --batch 8", "a --workers job's are all this machine's"},
+      {"--cluster " + cluster + " --min-workers 2", "give it with --batch"},
+      {"--cluster " + cluster + " --min-workers 4 --batch 8", "--min-workers 4 is more than the 3 workers of"},
+      {"--cluster " + cluster + " --min-workers 1 --batch 8 --stages 3", "a pipeline's stages are not resized"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CAPTURE(flags);
+    const CliRun r = weftCli("train mlp --steps 2 " + flags + out);
+    CHECK(r.status != 0);
+    CHECK(contains(r.output, message));
+    CHECK_FALSE(contains(r.output, "weft launch"));
+  }
+}
+
 TEST_CASE("a multi-worker specification outside the launcher is refused") {
   TempDir dir;
   const fs::path spec = dir.path / "cluster.json";

@@ -33,6 +33,7 @@ struct LaunchFlags {
   std::string partitions;  // "": the program's own; "auto": searched; else a count
   int64_t partitionSearchSteps = 100;
   int maxRestarts = 0;
+  int minWorkers = 0;
   double rendezvousSeconds = 60;
   bool encrypt = false;
 };
@@ -94,6 +95,11 @@ void addLaunchFlags(CLI::App& app, LaunchFlags& f) {
                  "(dist::TrainingLoop continues from its checkpoint)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--min-workers", f.minWorkers,
+                 "an elastic --cluster job: it runs on the hosts that answer, with at least N workers; a restart "
+                 "leaves out a host that is gone, and one that answers again joins after the job stops at a "
+                 "checkpoint (dist::TrainingLoop stops when asked)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--rendezvous-timeout", f.rendezvousSeconds, "seconds the processes have to join the job")
       ->capture_default_str()->check(CLI::PositiveNumber);
 }
@@ -112,7 +118,8 @@ int runLaunch(int argc, char** argv) {
   }
   CLI::App app(
       "usage: weft launch [--workers N [--servers M] [--stages S] | --cluster SPEC.json] [--arch auto|ar|ps] "
-      "[--sync MODE] [--partitions N|auto] [--max-restarts N] -- PROGRAM [ARGS...]\n\nRuns PROGRAM as every "
+      "[--sync MODE] [--partitions N|auto] [--max-restarts N] [--min-workers N] -- PROGRAM [ARGS...]\n\nRuns PROGRAM "
+      "as every "
       "worker and parameter server of a job; inside it, dist::get_runner(graph, config) joins the job, with "
       "these flags over its config, and dist::TrainingLoop checkpoints, resumes and samples for "
       "--partitions auto.",
@@ -137,8 +144,11 @@ int runLaunch(int argc, char** argv) {
     dist::LaunchOptions options;
     options.rendezvousTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.rendezvousSeconds * 1000));
     options.maxRestarts = f.maxRestarts;
+    options.minWorkers = f.minWorkers;
     options.environment = launchSettings(f);
     if (f.partitions != "auto") return dist::launch(spec, command, options);
+    WEFT_CHECK(f.minWorkers == 0,
+               "--min-workers with --partitions auto: the search times one size of the job; give --partitions a count");
     WEFT_CHECK(spec.serverCount() > 0,
                "--partitions auto splits variables on parameter servers, and this job has none");
     dist::PartitionSearchOptions search;

@@ -76,6 +76,7 @@ struct TrainFlags {
   std::string slowWorker;  // "RANK:FACTOR"
   double timeout = 60;
   int maxRestarts = 0;
+  int minWorkers = 0;  // > 0: an elastic job, on the hosts that answer
   // A job a cluster engine started (srun, mpirun, torchrun, Kubernetes).
   int serversPerHost = -1;  // -1: one where the model updates embeddings sparsely, else none
   std::string secretFile;
@@ -210,10 +211,11 @@ class Trainer {
     WEFT_CHECK(flags_.partitions != "auto",
                "--partitions auto restarts the job with each candidate, which only weft's launcher can, but {}: give "
                "--partitions a count", started);
-    WEFT_CHECK(flags_.maxRestarts == 0,
-               "--max-restarts restarts the job from weft's launcher, but {}: the engine's own restarts apply (sbatch "
-               "--requeue, torchrun --max-restarts, a Job's backoffLimit), resuming with --resume",
-               started);
+    WEFT_CHECK(flags_.maxRestarts == 0 && flags_.minWorkers == 0,
+               "--{} restarts the job from weft's launcher, but {}: the engine's own restarts apply (sbatch "
+               "--requeue, torchrun --max-restarts and --nnodes MIN:MAX, a Job's backoffLimit), resuming with "
+               "--resume at whatever size the engine starts",
+               flags_.maxRestarts != 0 ? "max-restarts" : "min-workers", started);
     dist::EngineOptions options;
     // By default a host's first process serves the embeddings where the host has workers besides.
     const bool roomForServers = *std::min_element(view->tasksPerNode.begin(), view->tasksPerNode.end()) > 1;
@@ -229,14 +231,17 @@ class Trainer {
   }
 
   bool preempted() const { return preemption_ && preemption_->requested(); }
+  /// SIGTERM under an engine, or the launcher's request in an elastic job.
+  bool askedToStop() const { return preempted() || dist::checkpointRequested(); }
 
-  /// Whether the job stops after this step, on SIGTERM to its processes: every worker's verdict
-  /// under the synchronous modes (SIGTERM reaches them at different steps), its own under the
-  /// asynchronous ones, whose workers are at different steps anyway.
+  /// Whether the job stops after this step, on SIGTERM to its processes or the request of an
+  /// elastic job's launcher: every worker's verdict under the synchronous modes (the request
+  /// reaches them at different steps), its own under the asynchronous ones, whose workers are at
+  /// different steps anyway.
   bool stopRequested(const dist::Config& config) {
-    if (!preemption_) return false;
-    if (!config.sync->synchronous()) return preempted();
-    return runner_->meanOverWorkers(preempted() ? 1.0 : 0.0) > 0;
+    if (!preemption_ && !dist::elasticJob()) return false;
+    if (!config.sync->synchronous()) return askedToStop();
+    return runner_->meanOverWorkers(askedToStop() ? 1.0 : 0.0) > 0;
   }
 
   /// A frozen process is named well before the collectives' own timeout would fire.
@@ -251,7 +256,12 @@ class Trainer {
   Setup resolve() const {
     // A pipeline's stages update their own variables unless servers are asked for.
     const int servers = flags_.servers >= 0 ? flags_.servers : flags_.stages > 1 ? 0 : 1;
-    dist::ResourceSpec resources = engine_ ? engine_->layout().resources
+    // A launched process runs in the job the launcher started, which may be part of --cluster's
+    // hosts (an elastic job's).
+    const std::optional<dist::ResourceSpec> launched =
+        dist::launchIdentityFromEnvironment() ? dist::ResourceSpec::fromEnvironment() : std::nullopt;
+    dist::ResourceSpec resources = engine_    ? engine_->layout().resources
+                                   : launched ? *launched
                                    : flags_.cluster.empty()
                                        ? dist::ResourceSpec::localCpu(flags_.localWorkers(), servers)
                                        : dist::ResourceSpec::load(flags_.cluster);
@@ -273,6 +283,7 @@ class Trainer {
     const SlowWorker slow = parseSlowWorker(flags_.slowWorker);
     WEFT_CHECK(slow.rank < workers, "--slow-worker {}: the job has {} worker{} (rank 0{})", flags_.slowWorker, workers,
                workers == 1 ? "" : "s", workers == 1 ? "" : fmt::format(" to {}", workers - 1));
+    if (flags_.minWorkers > 0) checkElastic(workers);
     if (flags_.partitions == "auto") {
       WEFT_CHECK(flags_.bench == 0,
                  "--bench times one configuration, and --partitions auto runs several: give --partitions a count");
@@ -282,6 +293,25 @@ class Trainer {
     }
     allowNondeterministicConvolutions(flags_.deterministic == "off");
     return {std::move(resources), precision, std::move(config), slow};
+  }
+
+  /// --min-workers: an elastic data-parallel job over --cluster's hosts, of a given total batch.
+  void checkElastic(int workers) const {
+    WEFT_CHECK(!flags_.cluster.empty(),
+               "--min-workers {}: an elastic job runs on the --cluster hosts that answer; a --workers job's are all "
+               "this machine's",
+               flags_.minWorkers);
+    WEFT_CHECK(flags_.minWorkers <= workers, "--min-workers {} is more than the {} workers of {}", flags_.minWorkers,
+               workers, flags_.cluster);
+    WEFT_CHECK(flags_.batch > 0,
+               "--min-workers {}: the total batch stays the same when the job resizes, each worker taking an even "
+               "share: give it with --batch",
+               flags_.minWorkers);
+    WEFT_CHECK(flags_.stages == 1, "--min-workers with --stages {}: a pipeline's stages are not resized",
+               flags_.stages);
+    WEFT_CHECK(flags_.partitions != "auto",
+               "--min-workers with --partitions auto: the search times one size of the job; give --partitions a "
+               "count");
   }
 
   /// The job's settings from the flags (dist::Config), without the measured sparsity.
@@ -314,6 +344,9 @@ class Trainer {
     launch.silenceLimit = silenceLimit();
     // After a member fails the whole job starts again, from the last checkpoint once there is one.
     launch.maxRestarts = flags_.maxRestarts;
+    launch.minWorkers = flags_.minWorkers;
+    // The total batch stays the same at every size: each worker takes an even share of it.
+    launch.admitsWorkers = [batch = flags_.batch](int workers) { return batch % workers == 0; };
     launch.restartCommand = [this](int) {
       std::vector<std::string> command = commandLine_;
       if (flags_.resume.empty() && hasCheckpoint(outDir())) command.push_back("--resume");
@@ -393,6 +426,7 @@ class Trainer {
     if (resuming()) step = resume(batches);
     Reporting report;
     if (leader_) report.metrics.emplace(out + "/metrics.jsonl");
+    if (leader_) recordRestart(*report.metrics, step, setup.resources.serverCount());
     if (leader_ && !flags_.tensorboard.empty()) report.board.emplace(flags_.tensorboard);
     report.trafficAtLog = runner_->traffic();
     report.stepAtLog = step;
@@ -435,8 +469,13 @@ class Trainer {
         const WholeValues wholes = runner_->gatherShards();
         if (leader_) {
           checkpoint(step, batches.position(), wholes);
-          fmt::print("stopped on SIGTERM after step {}: checkpoint {} written (--resume auto continues from it)\n",
-                     step, checkpointPath_);
+          if (dist::checkpointRequested()) {
+            fmt::print("stopped for the launcher after step {} ({}): checkpoint {} written\n", step,
+                       dist::checkpointReason(), checkpointPath_);
+          } else {
+            fmt::print("stopped on SIGTERM after step {}: checkpoint {} written (--resume auto continues from it)\n",
+                       step, checkpointPath_);
+          }
         }
         runner_->finish(dist::ServedValues::Leave);  // the checkpoint is written; the process ends
         return dist::kExitPreempted;
@@ -501,6 +540,17 @@ class Trainer {
                  checkpointPath_);
     }
     return out;
+  }
+
+  /// After the launcher started the job again: why, and at what size, from which step.
+  void recordRestart(MetricsLog& metrics, int64_t step, int servers) const {
+    const char* cause = std::getenv(dist::kRestartCauseVariable);
+    if (cause == nullptr) return;
+    metrics.write({{"restart", dist::integerFromEnvironment(dist::kRestartCountVariable, 0)},
+                   {"cause", cause},
+                   {"workers", runner_->workers()},
+                   {"servers", servers},
+                   {"step", step}});
   }
 
   /// The line that starts a run: model, steps, threads, optimizer, the job's shape, output.
@@ -1106,6 +1156,11 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
                  "after a process of a distributed job fails, start the whole job again from its last checkpoint, up "
                  "to this many times")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd.add_option("--min-workers", f.minWorkers,
+                 "an elastic --cluster job: it runs on the hosts that answer, with at least N workers; a restart "
+                 "leaves out a host that is gone, and a host that answers again joins after a checkpoint (the total "
+                 "--batch, which must be given, stays the same)")
+      ->check(CLI::PositiveNumber);
 }
 
 /// The flags of how a data-parallel job moves its variables: architecture, partitions, synchronisation.

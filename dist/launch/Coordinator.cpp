@@ -299,6 +299,8 @@ struct Coordinator::State {
   /// The awake clock now (under mutex_).
   std::chrono::milliseconds awakeNow() const;
   void readHeartbeat(Watched& w);
+  /// ABORT or CHECKPOINT with `reason` to every member still connected.
+  void tellEveryMember(MessageType type, const std::string& reason);
   /// Admits the member whose JOIN `frame` is, taking its connection; throws why not.
   void join(Pending& pending, const Frame& frame);
   void sendRosters();
@@ -759,15 +761,20 @@ std::map<MemberId, MemberLiveness> Coordinator::liveness() const {
   return out;
 }
 
-void Coordinator::stopJob(const std::string& reason) {
+void Coordinator::stopJob(const std::string& reason) { state_->tellEveryMember(MessageType::Abort, reason); }
+
+void Coordinator::requestCheckpoint(const std::string& reason) {
+  state_->tellEveryMember(MessageType::Checkpoint, reason);
+}
+
+void Coordinator::State::tellEveryMember(MessageType type, const std::string& reason) {
   WireWriter w;
   w.putString(reason);
-  std::lock_guard lock(state_->mutex_);
-  for (State::Watched& member : state_->watched_) {
+  std::lock_guard lock(mutex_);
+  for (Watched& member : watched_) {
     if (!member.fd.valid()) continue;
     try {
-      writeSealed(member.fd.get(), member.seal, MessageType::Abort, state_->job_, w.bytes(),
-                  Clock::now() + std::chrono::seconds(1));
+      writeSealed(member.fd.get(), member.seal, type, job_, w.bytes(), Clock::now() + std::chrono::seconds(1));
     } catch (const Error&) {
       // That member is gone, or stopped reading: its connection closing tells it as much.
     }
@@ -782,6 +789,7 @@ struct Heartbeat::State {
   JobId job;
   std::chrono::milliseconds interval;
   LostHandler onLost;
+  LostHandler onCheckpoint;
   Sampler sample;
   FileDescriptor stopRead, stopWrite;  // a pipe: the destructor's request (kStop), or leave()'s (kLeave)
   std::atomic<bool> lost{false};
@@ -805,22 +813,25 @@ struct Heartbeat::State {
     leaveSent.notify_all();
   }
 
-  /// How the readable connection ends: the coordinator stopped the job (ABORT), or closed or broke it.
+  /// What the readable connection brought: a request for a checkpoint (the connection goes on),
+  /// or its end: the coordinator stopped the job (ABORT), or closed or broke the connection.
   struct End {
+    bool ended = true;
     bool aborted = false;
     std::string why;
   };
   End readEnd() {
     char byte;
     const ssize_t n = ::recv(fd.get(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
-    if (n == 0) return {false, "the coordinator closed the connection"};
-    if (n < 0) return {false, fmt::format("the coordinator connection failed: {}", std::strerror(errno))};
+    if (n == 0) return {true, false, "the coordinator closed the connection"};
+    if (n < 0) return {true, false, fmt::format("the coordinator connection failed: {}", std::strerror(errno))};
     try {
       const Frame frame = readSealed(fd.get(), seal, Clock::now() + std::chrono::seconds(5), job);
-      if (frame.type == MessageType::Abort) return {true, "the job stopped: " + readReason(frame)};
-      return {false, fmt::format("the coordinator sent {} after the roster", messageTypeName(frame.type))};
+      if (frame.type == MessageType::Abort) return {true, true, "the job stopped: " + readReason(frame)};
+      if (frame.type == MessageType::Checkpoint) return {false, false, readReason(frame)};
+      return {true, false, fmt::format("the coordinator sent {} after the roster", messageTypeName(frame.type))};
     } catch (const Error& e) {
-      return {false, fmt::format("the coordinator connection failed: {}", e.what())};
+      return {true, false, fmt::format("the coordinator connection failed: {}", e.what())};
     }
   }
 
@@ -831,8 +842,9 @@ struct Heartbeat::State {
 
   // Beats until stopped, or until this member left (then the coordinator has read all it sent,
   // and closes the connection without a reset). Between beats it watches the connection: after
-  // the roster the coordinator sends nothing but ABORT, so the socket becoming readable means the
-  // job stopped or the connection closed (or broke), which is no loss once the member left.
+  // the roster the coordinator sends nothing but ABORT and CHECKPOINT, so the socket becoming
+  // readable means a request for a checkpoint, or that the job stopped or the connection closed
+  // (or broke), which is no loss once the member left.
   void beat() {
     for (;;) {
       pollfd fds[2] = {{stopRead.get(), POLLIN, 0}, {fd.get(), POLLIN, 0}};
@@ -847,6 +859,10 @@ struct Heartbeat::State {
       std::string failure;
       if (fds[1].revents) {
         const End end = readEnd();
+        if (!end.ended) {
+          if (onCheckpoint) onCheckpoint(end.why);
+          continue;
+        }
         if (hasLeft() && !end.aborted) return;
         failure = end.why;
       } else if (hasLeft()) {
@@ -878,8 +894,9 @@ struct Heartbeat::State {
 };
 
 Heartbeat::Heartbeat(int fd, ControlSeal seal, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost,
-                     Sampler sample, std::chrono::milliseconds verdictWait)
+                     Sampler sample, std::chrono::milliseconds verdictWait, LostHandler onCheckpoint)
     : state_(std::make_unique<State>()) {
+  state_->onCheckpoint = std::move(onCheckpoint);
   state_->verdictWait = verdictWait;
   state_->fd.reset(fd);
   state_->seal = seal;
@@ -962,9 +979,9 @@ Roster joinOnce(const std::string& address, uint16_t port, const Secret& secret,
   WEFT_CHECK(reply.type != MessageType::Abort, "aborted by the coordinator: {}", readReason(reply));
   expectType(reply, MessageType::Roster);
   Roster roster = decodeRoster(reply, request.id);
-  roster.heartbeat =
-      std::make_shared<Heartbeat>(fd.release(), seal, job, heartbeat.interval, std::move(heartbeat.onLost),
-                                  std::move(heartbeat.sample), heartbeat.verdictWait);
+  roster.heartbeat = std::make_shared<Heartbeat>(fd.release(), seal, job, heartbeat.interval,
+                                                 std::move(heartbeat.onLost), std::move(heartbeat.sample),
+                                                 heartbeat.verdictWait, std::move(heartbeat.onCheckpoint));
   return roster;
 }
 

@@ -17,6 +17,9 @@
 //   LEAVE  {} (member -> coordinator): the member finished its part of the job; its connection
 //           closing after it is no failure
 //   ABORT  after the roster too (coordinator -> member): the job stops, and why (stopJob)
+//   CHECKPOINT {reason string} (coordinator -> member, after the roster): the launcher asks the
+//           job to stop at its next step with a checkpoint, to start it again at another size
+//           (requestCheckpoint; an elastic job whose lost host came back)
 //
 // Every frame after the handshake, either way, is sealed (ControlSeal, dist/transport/Auth.h): its payload
 // ends with an HMAC over its place on the connection, its type and its payload, under a key of
@@ -170,6 +173,9 @@ class Coordinator {
   std::map<MemberId, MemberLiveness> liveness() const;
   /// Tells every member still connected that the job stops, and why (they print it and end).
   void stopJob(const std::string& reason);
+  /// Asks every member still connected to stop at its next step with a checkpoint, and why
+  /// (their heartbeats hand it to HeartbeatOptions::onCheckpoint).
+  void requestCheckpoint(const std::string& reason);
 
  private:
   struct State;
@@ -182,14 +188,15 @@ class Coordinator {
 /// the reason and stops beating. `sample` reports the main thread's state for each beat (none:
 /// zeros). A member that ends without leaving waits up to `verdictWait` in the destructor for
 /// the coordinator's ABORT: where another member's end caused this one's failure, the verdict
-/// names that member (and onLost ends the process with its status).
+/// names that member (and onLost ends the process with its status). The coordinator's
+/// CHECKPOINT goes to `onCheckpoint` (from the beating thread), and the beats go on.
 class Heartbeat {
  public:
   using LostHandler = std::function<void(const std::string& reason)>;
   using Sampler = std::function<MainThreadSample()>;
   /// Owns `fd`, whose frames `seal` seals (dist/transport/Auth.h).
   Heartbeat(int fd, ControlSeal seal, const JobId& job, std::chrono::milliseconds interval, LostHandler onLost = {},
-            Sampler sample = {}, std::chrono::milliseconds verdictWait = {});
+            Sampler sample = {}, std::chrono::milliseconds verdictWait = {}, LostHandler onCheckpoint = {});
   /// Whether the coordinator connection was lost.
   bool lost() const;
   /// Tells the coordinator that this member finished its part (LEAVE); from then on the
@@ -210,6 +217,7 @@ struct HeartbeatOptions {
   Heartbeat::LostHandler onLost;
   Heartbeat::Sampler sample;
   std::chrono::milliseconds verdictWait{0};
+  Heartbeat::LostHandler onCheckpoint;  ///< the coordinator's CHECKPOINT, with its reason
 };
 
 /// The member side: connects to the coordinator, authenticates, joins, and returns the roster,

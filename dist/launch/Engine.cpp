@@ -193,8 +193,15 @@ std::optional<EngineView> readKubeflow(const Environment& environment, bool unde
   v.engine = "kubeflow";
   WEFT_CHECK(r.has("PET_NNODES"), "PET_NODE_RANK is set without PET_NNODES ({})", r.describeSet());
   const std::string nodes = r.text("PET_NNODES");
-  WEFT_CHECK(nodes.find(':') == std::string::npos,
-             "PET_NNODES='{}' is an elastic range of hosts: weft's jobs have a fixed size (give one number)", nodes);
+  if (nodes.find(':') != std::string::npos) {
+    // An elastic range is torchrun's to resolve: each round of its rendezvous gives the hosts
+    // that came their ranks (not the pods' indices), and weft resumes at that size.
+    WEFT_CHECK(underTorchrun,
+               "PET_NNODES='{}' is an elastic range of hosts, which torchrun resolves: run `torchrun --no-python weft "
+               "...` in the pod (weft resumes its checkpoint at whatever size torchrun starts), or give one number",
+               nodes);
+    return std::nullopt;
+  }
   v.size = r.number("PET_NNODES");
   v.rank = r.required("PET_NODE_RANK", "PET_NNODES");
   checkRank(v.rank, v.size, "PET_NODE_RANK", "PET_NNODES");

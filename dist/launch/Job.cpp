@@ -2,10 +2,11 @@
 #include "dist/launch/Job.h"
 
 #include "core/Error.h"
+#include "dist/collective/Nccl.h"
 #include "dist/launch/EngineJob.h"
 #include "dist/launch/Launcher.h"
 #include "dist/launch/Liveness.h"
-#include "dist/collective/Nccl.h"
+#include "dist/launch/Preemption.h"
 #include "dist/transport/UcxTransport.h"
 
 #include <fmt/format.h>
@@ -312,6 +313,7 @@ std::optional<JobContext> joinJob(const ResourceSpec& resources, const Config& c
     std::cerr << fmt::format("weft: {} lost its launcher ({}); stopping\n", who, reason) << std::flush;
     std::_Exit(1);
   };
+  heartbeat.onCheckpoint = requestCheckpoint;
   job.roster = rendezvous(job.identity.coordinatorHost, job.identity.coordinatorPort, job.identity.secret,
                           job.identity.job, request, joinTimeout, std::move(heartbeat), startedByEngine());
   // From here on only the roster's members are heard: a stranger's messages cost no key.

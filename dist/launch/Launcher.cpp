@@ -2,14 +2,18 @@
 #include "dist/launch/Launcher.h"
 
 #include "core/Error.h"
-#include "dist/transport/Auth.h"
 #include "dist/Config.h"
 #include "dist/launch/Coordinator.h"
+#include "dist/launch/Preemption.h"
+#include "dist/transport/Auth.h"
+#include "dist/transport/Wire.h"
 
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -17,12 +21,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -218,8 +227,184 @@ std::string howItEnded(int status) {
   return "ended";
 }
 
+/// How long a host's probe may take before it counts as no answer: an ssh connection to a host
+/// that is gone can take minutes to fail by itself.
+constexpr std::chrono::seconds kProbeLimit{30};
+
+/// Whether `host` answers the way its members are started (its launch prefix runs `true`, or
+/// `ssh HOST true`): "" when it does, else why not.
+std::string probeHost(const HostSpec& host) {
+  if (isLocal(host.address) && host.launchPrefix.empty()) return "";
+  std::vector<std::string> argv = host.launchPrefix;
+  if (argv.empty()) {
+    argv = sshCommand(host.address, "true");
+  } else {
+    argv.push_back("true");
+  }
+  std::string shown;
+  for (const std::string& a : argv) {
+    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_./:=@%+-", c) != nullptr;
+    });
+    shown += (shown.empty() ? "" : " ") + (plain ? a : shellQuote(a));
+  }
+  int errors[2];
+  WEFT_CHECK(::pipe2(errors, O_CLOEXEC) == 0, "pipe: {}", std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, errors[1], STDERR_FILENO);
+  std::vector<char*> pointers;
+  for (std::string& a : argv) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawnp(&pid, pointers[0], &actions, nullptr, pointers.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(errors[1]);
+  const FileDescriptor errorRead(errors[0]);
+  if (spawned != 0) return fmt::format("`{}` could not run: {}", shown, std::strerror(spawned));
+  std::string said;
+  const auto deadline = std::chrono::steady_clock::now() + kProbeLimit;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd fd{errorRead.get(), POLLIN, 0};
+    const int ready = left.count() > 0 ? ::poll(&fd, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      return fmt::format("`{}` did not finish within {} s", shown, kProbeLimit.count());
+    }
+    char buffer[512];
+    const ssize_t n = ::read(errorRead.get(), buffer, sizeof buffer);
+    if (n <= 0) break;
+    if (said.size() < 1024) said.append(buffer, static_cast<size_t>(n));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  while (!said.empty() && (said.back() == '\n' || said.back() == '\r')) said.pop_back();
+  std::replace(said.begin(), said.end(), '\n', ' ');
+  return fmt::format("`{}` {}{}", shown, howItEnded(status), said.empty() ? "" : ": " + said);
+}
+
+/// The part of the specification an elastic job runs on, and why the rest is left out.
+struct Sizing {
+  std::vector<int> workersPerHost;  ///< per host of the full specification
+  std::vector<std::string> absent;  ///< "host 2 (10.0.0.3): why" for each host that did not answer
+  int workers = 0;
+  int hosts = 0;
+  int idle = 0;  ///< workers of answering hosts left out: the program cannot train with them all
+};
+
+/// Probes every host (together) and sizes the job on those that answer (see the header).
+Sizing sizeElastic(const ResourceSpec& spec, const LaunchOptions& options) {
+  const std::vector<HostSpec>& hosts = spec.hosts();
+  std::vector<std::future<std::string>> probes;
+  for (const HostSpec& host : hosts) probes.push_back(std::async(std::launch::async, probeHost, std::cref(host)));
+  Sizing sizing;
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    const std::string why = probes[h].get();
+    sizing.workersPerHost.push_back(why.empty() ? hosts[h].slots() : 0);
+    if (!why.empty()) sizing.absent.push_back(fmt::format("host {} ({}): {}", h, hosts[h].address, why));
+  }
+  for (const int w : sizing.workersPerHost) sizing.workers += w;
+  const int answering = sizing.workers;
+  for (size_t h = hosts.size(); h-- > 0 && sizing.workers > 0;) {
+    while (sizing.workersPerHost[h] > 0 && options.admitsWorkers && !options.admitsWorkers(sizing.workers)) {
+      --sizing.workersPerHost[h];
+      --sizing.workers;
+    }
+  }
+  std::string absent;
+  for (const std::string& a : sizing.absent) absent += "\n  " + a;
+  WEFT_CHECK(
+      sizing.workers >= options.minWorkers,
+      "weft launch: the hosts that answer have {} worker{}{}, fewer than the {} the job needs (--min-workers){}",
+      answering, answering == 1 ? "" : "s",
+      answering == sizing.workers ? "" : fmt::format(" ({} of which the program can train with)", sizing.workers),
+      options.minWorkers, absent.empty() ? "" : ":" + absent);
+  for (const int w : sizing.workersPerHost) sizing.hosts += w > 0 ? 1 : 0;
+  sizing.idle = answering - sizing.workers;
+  return sizing;
+}
+
+/// "3 workers on 2 hosts"
+std::string sizeName(const Sizing& sizing) {
+  return fmt::format("{} worker{} on {} host{}", sizing.workers, sizing.workers == 1 ? "" : "s", sizing.hosts,
+                     sizing.hosts == 1 ? "" : "s");
+}
+
+/// While an elastic job runs on part of its hosts: probes the others every interval, from a
+/// thread of its own, until one answers and the job would grow.
+class HostWatch {
+ public:
+  HostWatch(const ResourceSpec& spec, const LaunchOptions& options, const Sizing& running)
+      : spec_(spec), options_(options), running_(running), thread_(&HostWatch::watch, this) {}
+  ~HostWatch() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  HostWatch(const HostWatch&) = delete;
+  HostWatch& operator=(const HostWatch&) = delete;
+
+  /// Why the job should grow, once a probe found it can ("" until then).
+  std::string growth() const {
+    std::lock_guard lock(mutex_);
+    return growth_;
+  }
+
+ private:
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, options_.hostProbeInterval, [&] { return stop_; })) {
+      lock.unlock();
+      const std::string why = growthNow();
+      lock.lock();
+      if (!why.empty()) {
+        growth_ = why;
+        return;
+      }
+    }
+  }
+  /// "host 2 (10.0.0.3) answers: the job can grow to 3 workers on 3 hosts", or "". Only the hosts
+  /// the job runs without are probed, until one answers.
+  std::string growthNow() const {
+    std::string answering;
+    const std::vector<HostSpec>& hosts = spec_.hosts();
+    for (size_t h = 0; h < hosts.size(); ++h)
+      if (running_.workersPerHost[h] == 0 && probeHost(hosts[h]).empty())
+        answering += fmt::format("{}host {} ({})", answering.empty() ? "" : ", ", h, hosts[h].address);
+    if (answering.empty()) return "";
+    try {
+      const Sizing grown = sizeElastic(spec_, options_);
+      if (grown.workers <= running_.workers) return "";
+      return fmt::format("{} answer{}: the job can grow to {}", answering,
+                         answering.find(", ") == std::string::npos ? "s" : "", sizeName(grown));
+    } catch (const Error&) {
+      return "";  // fewer hosts answer than the job needs: its members will say so if they fail
+    }
+  }
+
+  const ResourceSpec& spec_;
+  const LaunchOptions& options_;
+  const Sizing running_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::string growth_;
+  std::thread thread_;  // last: it starts once the rest is made
+};
+
 /// How one start of the job ended.
-enum class Outcome { Succeeded, MemberFailed, Stopped };
+enum class Outcome { Succeeded, MemberFailed, Stopped, Resized };
 
 class Job {
  public:
@@ -229,8 +414,11 @@ class Job {
   void add(Child child) { children_.push_back(child); }
 
   /// Waits for the job to end. Stops the job when a process fails, on a stop signal, or when a
-  /// running process has been silent past `silenceLimit` while the others were heard.
-  Outcome supervise(const Coordinator& coordinator, std::chrono::milliseconds silenceLimit) {
+  /// running process has been silent past `silenceLimit` while the others were heard. With a
+  /// `watch` (an elastic job on part of its hosts), asks the job for a checkpoint once the watch
+  /// finds more hosts answering: members that then stop at it end the start as Resized.
+  Outcome supervise(Coordinator& coordinator, std::chrono::milliseconds silenceLimit, const HostWatch* watch) {
+    bool resizing = false, stoppedForResize = false;
     while (anyWorkerRunning()) {
       if (stopSignal != 0) {
         std::cerr << fmt::format("weft launch: got signal {}; stopping the job\n", stopSignal.load());
@@ -238,22 +426,29 @@ class Job {
         return Outcome::Stopped;
       }
       if (suspendRequested.exchange(false)) suspend();
+      if (watch != nullptr && !resizing) {
+        if (const std::string growth = watch->growth(); !growth.empty()) {
+          std::cerr << fmt::format("weft launch: {}: asking the job to stop at a checkpoint\n", growth);
+          coordinator.requestCheckpoint(growth);
+          cause_ = growth;
+          resizing = true;
+        }
+      }
       int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid < 0 && errno != EINTR) break;
-      if (pid > 0) {
-        Child* child = find(pid);
-        if (child == nullptr) continue;
-        child->running = false;
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-          std::cerr << fmt::format("weft launch: {}; stopping the job\n",
-                                   verdict(coordinator, *child, status, silenceLimit));
+      if (Child* child = reapAny(status)) {
+        const bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        const bool stoppedAtCheckpoint = resizing && WIFEXITED(status) && WEXITSTATUS(status) == kExitPreempted;
+        stoppedForResize = stoppedForResize || (stoppedAtCheckpoint && child->id.role == Role::Worker);
+        if (!succeeded && !stoppedAtCheckpoint) {
+          cause_ = verdict(coordinator, *child, status, silenceLimit);
+          std::cerr << fmt::format("weft launch: {}; stopping the job\n", cause_);
           stopAll();
           return Outcome::MemberFailed;
         }
         continue;
       }
       if (const std::string silent = silentMember(coordinator, silenceLimit); !silent.empty()) {
+        cause_ = silent;
         std::cerr << fmt::format("weft launch: {}; stopping the job\n", silent);
         stopAll();
         return Outcome::MemberFailed;
@@ -275,13 +470,22 @@ class Job {
       }
     }
     stopAll();
-    return failures == 0 ? Outcome::Succeeded : Outcome::MemberFailed;
+    if (failures > 0) return Outcome::MemberFailed;
+    return stoppedForResize ? Outcome::Resized : Outcome::Succeeded;
   }
 
+  /// What ended the job: the failure of a member, or why the launcher resized it.
+  const std::string& cause() const { return cause_; }
+
  private:
-  Child* find(pid_t pid) {
+  /// A running member that ended, with its status; null when none did. Each member is waited
+  /// for by its pid, never any child: an elastic job's host probes are children too.
+  Child* reapAny(int& status) {
     for (Child& c : children_)
-      if (c.pid == pid) return &c;
+      if (c.running && ::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.running = false;
+        return &c;
+      }
     return nullptr;
   }
   /// Ctrl-Z: stops every member, then the launcher itself; once continued, continues them.
@@ -336,12 +540,8 @@ class Job {
         std::chrono::steady_clock::now() + (anyRemote ? kRemoteDeathReport : std::chrono::milliseconds(0));
     for (;;) {
       int other = 0;
-      for (pid_t pid; (pid = ::waitpid(-1, &other, WNOHANG)) > 0;) {
-        Child* child = find(pid);
-        if (child == nullptr) continue;
-        child->running = false;
+      while (Child* child = reapAny(other))
         if (killed(*child, other) && !killed(*cause.first, cause.second)) cause = {child, other};
-      }
       if (killed(*cause.first, cause.second) || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -437,16 +637,24 @@ class Job {
 
   std::chrono::milliseconds grace_;
   std::vector<Child> children_;
+  std::string cause_;
 };
 
-/// One start of the job: a new id, secret and coordinator, every member.
-Outcome runOnce(const ResourceSpec& spec, const std::vector<std::string>& command, const LaunchOptions& options) {
+/// How one start of the job went: its outcome, and what ended it (see Job::cause).
+struct Start {
+  Outcome outcome;
+  std::string cause;
+};
+
+/// One start of the job: a new id, secret and coordinator, every member. `coordinatorHost` is
+/// where the members reach the coordinator; `watch`, when given, may ask the job to resize.
+Start runOnce(const ResourceSpec& spec, const std::string& coordinatorHost, const std::vector<std::string>& command,
+              const LaunchOptions& options, const HostWatch* watch) {
   const Secret secret = generateSecret();
   const JobId job = generateJobId();
   const SecretMemory secretMemory(secret);
   const std::vector<MemberId> members = expectedMembers(spec);
   Coordinator coordinator(spec, secret, job, members, options.rendezvousTimeout);
-  const std::string coordinatorHost = spec.bind() == "0.0.0.0" ? spec.hosts().front().address : spec.bind();
   Job running(options.grace);
   for (const MemberId& id : members) {
     std::map<std::string, std::string> environment{
@@ -462,25 +670,72 @@ Outcome runOnce(const ResourceSpec& spec, const std::vector<std::string>& comman
     const bool remote = !isLocal(host.address) && host.launchPrefix.empty();
     running.add({id, start(host, id, command, environment, secretMemory, secret), remote});
   }
-  return running.supervise(coordinator, options.silenceLimit);
+  const Outcome outcome = running.supervise(coordinator, options.silenceLimit, watch);
+  return {outcome, running.cause()};
+}
+
+/// "; host 2 (10.0.0.3) left out: `ip netns exec h2 true` exited with status 1: ..." for each
+/// host an elastic start leaves out, or "".
+std::string leftOut(const Sizing& sizing) {
+  std::string out;
+  for (const std::string& a : sizing.absent) out += "; left out " + a;
+  if (sizing.idle > 0)
+    out += fmt::format("; {} worker{} of the hosts that answer left out: the program cannot train with {}", sizing.idle,
+                       sizing.idle == 1 ? "" : "s", sizing.workers + sizing.idle);
+  return out;
 }
 
 }  // namespace
 
 int launch(const ResourceSpec& spec, const std::vector<std::string>& command, const LaunchOptions& options) {
   WEFT_CHECK(!command.empty(), "weft launch: no command to run");
+  const int fullSize = static_cast<int>(spec.workers().size());
+  WEFT_CHECK(options.minWorkers <= fullSize, "weft launch: --min-workers {} is more than the job's {} workers",
+             options.minWorkers, fullSize);
   const StopSignals signals;
   stopSignal = 0;
   suspendRequested = false;
+  const std::string coordinatorHost = spec.bind() == "0.0.0.0" ? spec.hosts().front().address : spec.bind();
+  const bool elastic = options.minWorkers > 0;
   std::vector<std::string> current = command;
   LaunchOptions attempt = options;
-  for (int restart = 1;; ++restart) {
-    attempt.environment[kRestartCountVariable] = std::to_string(restart - 1);
-    const Outcome outcome = runOnce(spec, current, attempt);
-    if (outcome != Outcome::MemberFailed || restart > options.maxRestarts || stopSignal != 0)
-      return outcome == Outcome::Succeeded ? 0 : 1;
-    if (options.restartCommand) current = options.restartCommand(restart);
-    std::cerr << fmt::format("weft launch: restarting the job ({} of {} restarts)\n", restart, options.maxRestarts);
+  Sizing sizing;
+  if (elastic) {
+    attempt.environment[kElasticVariable] = "1";
+    sizing = sizeElastic(spec, options);
+    std::cerr << fmt::format("weft launch: elastic job (at least {} workers) starting with {}{}\n", options.minWorkers,
+                             sizeName(sizing), leftOut(sizing));
+  }
+  for (int starts = 0, restarts = 0;; ++starts) {
+    attempt.environment[kRestartCountVariable] = std::to_string(starts);
+    std::optional<HostWatch> watch;
+    if (elastic && !sizing.absent.empty()) watch.emplace(spec, options, sizing);
+    const Start start = runOnce(elastic ? spec.resized(sizing.workersPerHost) : spec, coordinatorHost, current, attempt,
+                                watch ? &*watch : nullptr);
+    watch.reset();
+    if (start.outcome == Outcome::Succeeded) return 0;
+    if (start.outcome == Outcome::Stopped || stopSignal != 0) return 1;
+    const bool failed = start.outcome == Outcome::MemberFailed;
+    if (failed && ++restarts > options.maxRestarts) return 1;
+    std::string cause = start.cause;
+    if (elastic) {
+      try {
+        sizing = sizeElastic(spec, options);
+      } catch (const Error& e) {
+        std::cerr << e.what() << "\n";
+        return 1;
+      }
+      cause += fmt::format("; starting again with {}{}", sizeName(sizing), leftOut(sizing));
+    }
+    attempt.environment[kRestartCauseVariable] = cause;
+    if (options.restartCommand) current = options.restartCommand(starts + 1);
+    if (failed) {
+      std::cerr << fmt::format("weft launch: restarting the job ({} of {} restarts){}\n", restarts, options.maxRestarts,
+                               elastic ? fmt::format(" with {}{}", sizeName(sizing), leftOut(sizing)) : "");
+    } else {
+      std::cerr << fmt::format("weft launch: the job stopped at a checkpoint; starting it again with {}{}\n",
+                               sizeName(sizing), leftOut(sizing));
+    }
   }
 }
 

@@ -20,6 +20,15 @@
 // the coordinator's own scheduling gaps, so a busy machine or a job paused as a whole is not a
 // failure. When a member gives up waiting on a peer, the heartbeats' progress counters name the
 // member that stopped making progress (computing, or stopped) instead of the one that gave up.
+//
+// An elastic job (LaunchOptions::minWorkers) runs on the hosts that answer: before each start the
+// launcher probes every host the way it starts members there (its launch prefix running `true`,
+// or `ssh HOST true`), and starts the job on those that answer, from the last host backwards
+// trimmed to the largest worker count the program admits, if that is minWorkers or more. A host
+// lost mid-run (its members die and its probe fails) is left out at the restart; one that answers
+// again (a host back, or one absent at the start) makes the launcher ask the running job for a
+// checkpoint (Coordinator::requestCheckpoint), after which it starts the job again on more hosts.
+// Such a resize is no failure and counts against no restart limit.
 #pragma once
 
 #include "dist/launch/ResourceSpec.h"
@@ -53,6 +62,13 @@ struct LaunchOptions {
   /// Variables every process of the job gets in its environment, beside its identity (on remote
   /// hosts too, where the launcher's own environment does not reach).
   std::map<std::string, std::string> environment;
+  /// Elastic (> 0): the job runs on the hosts that answer, with at least this many workers (see
+  /// above); its program stops at a checkpoint when asked (dist::TrainingLoop does).
+  int minWorkers = 0;
+  /// Whether the program can train with n workers (an even share of its batch); unset: any n.
+  std::function<bool(int workers)> admitsWorkers;
+  /// How often an elastic job probes the hosts it runs without.
+  std::chrono::milliseconds hostProbeInterval{5000};
 };
 
 /// Runs the job and returns the launcher's exit status: 0 when every worker succeeded (in the

@@ -2,6 +2,7 @@
 #include "dist/launch/Preemption.h"
 
 #include "core/Error.h"
+#include "dist/Config.h"
 #include "dist/transport/Wire.h"
 
 #include <fmt/format.h>
@@ -13,8 +14,10 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 namespace weft::dist {
@@ -24,6 +27,10 @@ namespace {
 std::atomic<bool> termRequested{false};
 std::atomic<bool> termHandled{true};
 std::atomic<int> signalPipe{-1};  // the write end: the handler's one async-signal-safe way out
+
+std::atomic<bool> launcherAsked{false};
+std::mutex launcherReasonMutex;
+std::string launcherReason;  // guarded by launcherReasonMutex
 
 void onTerm(int) {
   if (!termHandled) {  // nobody stops at a step: the signal ends the process, as by default
@@ -99,5 +106,25 @@ Preemption::~Preemption() {
 bool Preemption::requested() const { return termRequested; }
 
 void Preemption::handle() { termHandled = true; }
+
+bool elasticJob() {
+  const char* value = std::getenv(kElasticVariable);
+  return value != nullptr && std::string(value) == "1";
+}
+
+void requestCheckpoint(const std::string& reason) {
+  {
+    std::lock_guard lock(launcherReasonMutex);
+    launcherReason = reason;
+  }
+  launcherAsked = true;
+}
+
+bool checkpointRequested() { return launcherAsked; }
+
+std::string checkpointReason() {
+  std::lock_guard lock(launcherReasonMutex);
+  return launcherReason;
+}
 
 }  // namespace weft::dist

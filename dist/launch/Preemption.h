@@ -9,15 +9,31 @@
 //
 //   dist::Preemption preemption(std::chrono::seconds(25));
 //   for (...) { step(); if (runner.meanOverWorkers(preemption.requested()) > 0) { save(); break; } }
+//
+// The same stop, asked by weft's launcher of an elastic job (`--min-workers`) when a host it
+// runs without answers again: the coordinator's CHECKPOINT reaches every member's heartbeat
+// thread, which records it here; the workers stop at a step as on SIGTERM and the launcher starts
+// the job again on more hosts, from that checkpoint.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 namespace weft::dist {
 
 /// The exit status of a member that stopped on SIGTERM, after its job's checkpoint.
 inline constexpr int kExitPreempted = 143;
+
+/// Whether this process belongs to an elastic job (kElasticVariable is "1"): its training loop
+/// looks at checkpointRequested() between steps.
+bool elasticJob();
+/// Records the launcher's request to stop at a checkpoint, and why (from any thread).
+void requestCheckpoint(const std::string& reason);
+/// Whether the launcher asked this process to stop at a checkpoint.
+bool checkpointRequested();
+/// Why it asked ("" when it did not).
+std::string checkpointReason();
 
 class Preemption {
  public:

@@ -211,6 +211,28 @@ ResourceSpec ResourceSpec::localCpu(int workers, int servers) {
   return spec;
 }
 
+ResourceSpec ResourceSpec::resized(const std::vector<int>& workersPerHost) const {
+  WEFT_CHECK(workersPerHost.size() == hosts_.size(), "resized: {} worker counts for {} hosts", workersPerHost.size(),
+             hosts_.size());
+  ResourceSpec out = *this;
+  out.hosts_.clear();
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    const int keep = workersPerHost[h];
+    WEFT_CHECK(keep >= 0 && keep <= hosts_[h].slots(), "resized: host {} ({}) has {} workers, not {}", h,
+               hosts_[h].address, hosts_[h].slots(), keep);
+    if (keep == 0) continue;
+    HostSpec host = hosts_[h];
+    if (host.cpuWorkers > 0) {
+      host.cpuWorkers = keep;
+    } else {
+      host.gpus.resize(static_cast<size_t>(keep));
+    }
+    out.hosts_.push_back(std::move(host));
+  }
+  WEFT_CHECK(!out.hosts_.empty(), "resized: no host keeps a worker");
+  return out;
+}
+
 std::vector<std::string> sshCommand(const std::string& address, const std::string& remoteCommand) {
   return {"ssh", "-o", "BatchMode=yes", "--", address, remoteCommand};
 }

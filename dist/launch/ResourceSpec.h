@@ -69,6 +69,11 @@ class ResourceSpec {
   /// Whether the job's data plane encrypts its payloads ("encrypt": true; dist/transport/Seal.h).
   bool encrypt() const { return encrypt_; }
   void setEncrypt(bool encrypt) { encrypt_ = encrypt; }
+  /// The specification with host h keeping its first workersPerHost[h] workers (CPU workers,
+  /// or GPUs in the listed order); a host given 0 is left out with its servers. How an elastic
+  /// job runs on part of its hosts. Throws unless one count is given per host, each between 0
+  /// and the host's slots, and some host keeps a worker.
+  ResourceSpec resized(const std::vector<int>& workersPerHost) const;
   /// Every worker in rank order: hosts in order, then slots in order.
   std::vector<WorkerSlot> workers() const;
   /// Parameter servers over all hosts.

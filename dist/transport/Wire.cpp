@@ -35,6 +35,8 @@ std::string messageTypeName(uint16_t type) {
     case MessageType::Abort: return "ABORT";
     case MessageType::Heartbeat: return "HEARTBEAT";
     case MessageType::Leave: return "LEAVE";
+    case MessageType::Checkpoint:
+      return "CHECKPOINT";
   }
   return fmt::format("type {}", type);
 }
@@ -203,7 +205,8 @@ void sendAll(int fd, std::span<const uint8_t> bytes, Deadline deadline, const st
 }
 
 bool isMessageType(uint16_t type) {
-  return type >= static_cast<uint16_t>(MessageType::Challenge) && type <= static_cast<uint16_t>(MessageType::Leave);
+  return type >= static_cast<uint16_t>(MessageType::Challenge) &&
+         type <= static_cast<uint16_t>(MessageType::Checkpoint);
 }
 
 }  // namespace

@@ -29,15 +29,16 @@ std::string toHex(std::span<const uint8_t> bytes);
 
 /// The message types of the control plane (the wire value is the enum value).
 enum class MessageType : uint16_t {
-  Challenge = 1,  ///< server -> client: server_nonce[32]
-  Auth = 2,       ///< client -> server: client_nonce[32], client_mac[32]
-  AuthOk = 3,     ///< server -> client: server_mac[32]
-  Refused = 4,    ///< server -> client: reason (string); the connection is closed after it
-  Join = 5,       ///< member -> coordinator: role, host, slot, transport_address, nccl_id
-  Roster = 6,     ///< coordinator -> member: rank, world_size, members[], nccl_id
-  Abort = 7,      ///< coordinator -> member: reason (string)
-  Heartbeat = 8,  ///< member -> coordinator after the roster, every second: progress u64, waiting u8, main_thread u8
-  Leave = 9,      ///< member -> coordinator: it finished its part; its connection closing next is no failure
+  Challenge = 1,    ///< server -> client: server_nonce[32]
+  Auth = 2,         ///< client -> server: client_nonce[32], client_mac[32]
+  AuthOk = 3,       ///< server -> client: server_mac[32]
+  Refused = 4,      ///< server -> client: reason (string); the connection is closed after it
+  Join = 5,         ///< member -> coordinator: role, host, slot, transport_address, nccl_id
+  Roster = 6,       ///< coordinator -> member: rank, world_size, members[], nccl_id
+  Abort = 7,        ///< coordinator -> member: reason (string)
+  Heartbeat = 8,    ///< member -> coordinator after the roster, every second: progress u64, waiting u8, main_thread u8
+  Leave = 9,        ///< member -> coordinator: it finished its part; its connection closing next is no failure
+  Checkpoint = 10,  ///< coordinator -> member after the roster: stop at a checkpoint (the job is resized), reason
 };
 /// "CHALLENGE", "AUTH", ...; "type N" for a value that is not a message type.
 std::string messageTypeName(uint16_t type);
