@@ -119,7 +119,8 @@ inline constexpr char kPartitionsVariable[] = "WEFT_PARTITIONS";      ///< Confi
 /// "on": continue from the checkpoint (a sample of the partition search after the first, the
 /// run after the search).
 inline constexpr char kResumeVariable[] = "WEFT_RESUME";
-/// How many times the launcher restarted the job after a failure (0 at its first start).
+/// How many times the launcher started the job again, after a failure or to resize an elastic
+/// job (0 at its first start): a later start resumes from the checkpoint.
 inline constexpr char kRestartCountVariable[] = "WEFT_RESTART_COUNT";
 /// Why the launcher started the job again and at what size, for worker 0's metrics (unset at
 /// the first start).

@@ -149,7 +149,9 @@ class Runner {
   /// (dist::TrainingLoop does); from then on it is stopRequested(). Returns false where no
   /// engine started the job (nothing is caught). A server serves on until its workers stopped,
   /// then serverStatus() is kExitPreempted. In an elastic job (`weft launch --min-workers`)
-  /// stopRequested() is also the launcher's request for a checkpoint (dist/launch/Preemption.h).
+  /// stopRequested() is also the launcher's request for a checkpoint (dist/launch/Preemption.h):
+  /// a program of its own that honours it checkpoints and exits with kExitPreempted, which the
+  /// launcher takes as the job stopping to be resized (0 would say the job finished).
   bool handleStopRequests();
   bool stopRequested() const;
 

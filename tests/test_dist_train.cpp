@@ -1270,6 +1270,36 @@ TEST_CASE(
   CHECK(contains(r.output, "\"workers\":2"));
 }
 
+TEST_CASE(
+    "--min-workers: a host that answers while the job runs without it joins after a checkpoint, and the job "
+    "ends as one process does") {
+  TempDir dir;
+  const std::string cluster = gatedCluster(dir.path, 3);
+  dir.write("up-1", "");  // host 2 is missing at the start
+  const std::string flags =
+      "mlp --train-size 1024 --test-size 64 --batch 48 --steps 2000 --threads 1 --timeout 30 "
+      "--dtype f64 --eval-every 2000 --log-every 1000 --checkpoint-every 10 ";
+  const CliRun alone = weftCli("train " + flags + "--out " + dir.file("alone"));
+  REQUIRE_MESSAGE(alone.status == 0, alone.output);
+  const fs::path log = dir.path / "log";
+  const pid_t launcher = startJob(flags + "--cluster " + cluster + " --min-workers 2 --out " + dir.file("grown"), log);
+  REQUIRE_MESSAGE(waitUntil([&] { return fs::exists(dir.path / "grown" / "checkpoint.safetensors"); }, 120s),
+                  readText(log));
+  dir.write("up-2", "");
+  const int status = exitStatusOf(launcher, 600s);  // a bound for a job that never ends, not a pace
+  const std::string text = readText(log);
+  CAPTURE(text);
+  REQUIRE(status == 0);
+  CHECK(contains(text, "starting with 2 workers on 2 hosts; left out host 2 (127.0.0.1)"));
+  CHECK(contains(text,
+                 "weft launch: host 2 (127.0.0.1) answers: the job can grow to 3 workers on 3 hosts: asking "
+                 "the job to stop at a checkpoint"));
+  CHECK(contains(text, "stopped for the launcher after step"));
+  CHECK(contains(text, "weft launch: the job stopped at a checkpoint; starting it again with 3 workers on 3 hosts"));
+  CHECK(contains(text, "\"workers\":3"));
+  checkSameCheckpoints(dir.file("alone"), dir.file("grown"), kMlpF64Tolerance);
+}
+
 TEST_CASE("--min-workers: hosts that answer for fewer workers stop the launch, each named with why") {
   TempDir dir;
   const CliRun r = weftCli("train mlp --cluster " + gatedCluster(dir.path, 3) +

@@ -140,6 +140,8 @@ int runLaunch(int argc, char** argv) {
     dist::ResourceSpec spec = f.cluster.empty() ? dist::ResourceSpec::localCpu(f.workers * f.stages, servers)
                                                 : dist::ResourceSpec::load(f.cluster);
     if (f.encrypt) spec.setEncrypt(true);
+    WEFT_CHECK(f.minWorkers == 0 || f.stages == 1,
+               "--min-workers with --stages {}: a pipeline's stages are not resized", f.stages);
     command[0] = resolveProgram(command[0]);
     dist::LaunchOptions options;
     options.rendezvousTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.rendezvousSeconds * 1000));

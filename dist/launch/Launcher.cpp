@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -27,6 +28,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <map>
@@ -56,15 +58,21 @@ class StopSignals {
     sigaction(SIGTERM, &action, &oldTerm_);
     action.sa_handler = onSuspend;
     sigaction(SIGTSTP, &action, &oldTstp_);
+    // An ignored SIGCHLD, inherited from whatever started the launcher, would reap the members
+    // by itself and lose how they ended.
+    action.sa_handler = SIG_DFL;
+    sigaction(SIGCHLD, &action, &oldChld_);
   }
   ~StopSignals() {
     sigaction(SIGINT, &oldInt_, nullptr);
     sigaction(SIGTERM, &oldTerm_, nullptr);
     sigaction(SIGTSTP, &oldTstp_, nullptr);
+    sigaction(SIGCHLD, &oldChld_, nullptr);
   }
 
  private:
-  struct sigaction oldInt_ {}, oldTerm_ {}, oldTstp_ {};
+  struct sigaction oldInt_ {
+  }, oldTerm_{}, oldTstp_{}, oldChld_{};
 };
 
 bool isLocal(const std::string& address) { return address.rfind("127.", 0) == 0 || address == "localhost"; }
@@ -177,7 +185,8 @@ pid_t start(const HostSpec& host, const MemberId& id, const std::vector<std::str
   const bool local = isLocal(host.address) || !host.launchPrefix.empty();
   ChildImage image = childImage(host, id, command, environment, secretMemory, local);
   int secretPipe[2] = {-1, -1};
-  if (!local) WEFT_CHECK(::pipe(secretPipe) == 0, "pipe: {}", std::strerror(errno));
+  // Close-on-exec: a host probe spawned meanwhile by another thread must not inherit it.
+  if (!local) WEFT_CHECK(::pipe2(secretPipe, O_CLOEXEC) == 0, "pipe: {}", std::strerror(errno));
   const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   WEFT_CHECK(pid >= 0, "fork: {}", std::strerror(errno));
@@ -231,16 +240,8 @@ std::string howItEnded(int status) {
 /// that is gone can take minutes to fail by itself.
 constexpr std::chrono::seconds kProbeLimit{30};
 
-/// Whether `host` answers the way its members are started (its launch prefix runs `true`, or
-/// `ssh HOST true`): "" when it does, else why not.
-std::string probeHost(const HostSpec& host) {
-  if (isLocal(host.address) && host.launchPrefix.empty()) return "";
-  std::vector<std::string> argv = host.launchPrefix;
-  if (argv.empty()) {
-    argv = sshCommand(host.address, "true");
-  } else {
-    argv.push_back("true");
-  }
+/// A command line as a shell would take it back: arguments with spaces or quotes quoted.
+std::string shownCommand(const std::vector<std::string>& argv) {
   std::string shown;
   for (const std::string& a : argv) {
     const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
@@ -248,69 +249,115 @@ std::string probeHost(const HostSpec& host) {
     });
     shown += (shown.empty() ? "" : " ") + (plain ? a : shellQuote(a));
   }
-  int errors[2];
-  WEFT_CHECK(::pipe2(errors, O_CLOEXEC) == 0, "pipe: {}", std::strerror(errno));
+  return shown;
+}
+
+/// Runs `argv` in a process group of its own, its standard error into `errors` (a memory file:
+/// a grandchild that keeps it open, such as an ssh connection master, holds up nothing); its
+/// wait status, or nullopt when it ran past kProbeLimit or `cancelled` said so (then the group
+/// is killed).
+std::optional<int> runProbe(std::vector<std::string> argv, int errors, const std::function<bool()>& cancelled) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, errors[1], STDERR_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, errors, STDERR_FILENO);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
   std::vector<char*> pointers;
   for (std::string& a : argv) pointers.push_back(a.data());
   pointers.push_back(nullptr);
   pid_t pid = -1;
-  const int spawned = ::posix_spawnp(&pid, pointers[0], &actions, nullptr, pointers.data(), environ);
+  const int spawned = ::posix_spawnp(&pid, pointers[0], &actions, &attributes, pointers.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  ::close(errors[1]);
-  const FileDescriptor errorRead(errors[0]);
-  if (spawned != 0) return fmt::format("`{}` could not run: {}", shown, std::strerror(spawned));
-  std::string said;
+  posix_spawnattr_destroy(&attributes);
+  WEFT_CHECK(spawned == 0, "could not run: {}", std::strerror(spawned));
   const auto deadline = std::chrono::steady_clock::now() + kProbeLimit;
-  for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd fd{errorRead.get(), POLLIN, 0};
-    const int ready = left.count() > 0 ? ::poll(&fd, 1, static_cast<int>(left.count())) : 0;
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      return fmt::format("`{}` did not finish within {} s", shown, kProbeLimit.count());
-    }
-    char buffer[512];
-    const ssize_t n = ::read(errorRead.get(), buffer, sizeof buffer);
-    if (n <= 0) break;
-    if (said.size() < 1024) said.append(buffer, static_cast<size_t>(n));
-  }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (::waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() >= deadline || cancelled()) {
+      ::kill(-pid, SIGKILL);
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return status;
+}
+
+/// Whether `host` answers the way its members are started (its launch prefix runs `true`, or
+/// `ssh HOST true`): "" when it does, else why not.
+std::string probeHost(const HostSpec& host, const std::function<bool()>& cancelled) {
+  if (isLocal(host.address) && host.launchPrefix.empty()) return "";
+  std::vector<std::string> argv = host.launchPrefix;
+  if (argv.empty()) {
+    argv = sshCommand(host.address, "true");
+  } else {
+    argv.push_back("true");
+  }
+  const std::string shown = shownCommand(argv);
+  const FileDescriptor errors(::memfd_create("weft-probe", MFD_CLOEXEC));
+  WEFT_CHECK(errors.valid(), "memfd_create: {}", std::strerror(errno));
+  std::optional<int> status;
+  try {
+    status = runProbe(argv, errors.get(), cancelled);
+  } catch (const Error& e) {
+    return fmt::format("`{}` {}", shown, e.what());
+  }
+  if (!status) return fmt::format("`{}` did not finish within {} s", shown, kProbeLimit.count());
+  if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) return "";
+  std::string said(1024, '\0');
+  const ssize_t n = ::pread(errors.get(), said.data(), said.size(), 0);
+  said.resize(n > 0 ? static_cast<size_t>(n) : 0);
   while (!said.empty() && (said.back() == '\n' || said.back() == '\r')) said.pop_back();
   std::replace(said.begin(), said.end(), '\n', ' ');
-  return fmt::format("`{}` {}{}", shown, howItEnded(status), said.empty() ? "" : ": " + said);
+  return fmt::format("`{}` {}{}", shown, howItEnded(*status), said.empty() ? "" : ": " + said);
 }
 
 /// The part of the specification an elastic job runs on, and why the rest is left out.
 struct Sizing {
   std::vector<int> workersPerHost;  ///< per host of the full specification
+  std::vector<bool> answered;       ///< per host of the full specification
   std::vector<std::string> absent;  ///< "host 2 (10.0.0.3): why" for each host that did not answer
   int workers = 0;
   int hosts = 0;
   int idle = 0;  ///< workers of answering hosts left out: the program cannot train with them all
 };
 
-/// Probes every host (together) and sizes the job on those that answer (see the header).
-Sizing sizeElastic(const ResourceSpec& spec, const LaunchOptions& options) {
-  const std::vector<HostSpec>& hosts = spec.hosts();
+/// Whether the launcher was told to stop (SIGINT, SIGTERM): probes give up at once.
+bool stopAsked() { return stopSignal != 0; }
+
+/// Probes every host of `hosts` (together): "" for each that answers, else why not.
+std::vector<std::string> probeHosts(const std::vector<const HostSpec*>& hosts, const std::function<bool()>& cancelled) {
   std::vector<std::future<std::string>> probes;
-  for (const HostSpec& host : hosts) probes.push_back(std::async(std::launch::async, probeHost, std::cref(host)));
+  for (const HostSpec* host : hosts)
+    probes.push_back(std::async(std::launch::async, [host, &cancelled] { return probeHost(*host, cancelled); }));
+  std::vector<std::string> out;
+  for (std::future<std::string>& p : probes) out.push_back(p.get());
+  return out;
+}
+
+/// Sizes the job on the hosts that answer (see the header). Host 0 must answer: worker 0 writes
+/// the checkpoints a restart continues from, on its own disk. So must a host with servers where
+/// the job has any, since the specification's servers live on hosts with workers.
+Sizing sizeElastic(const ResourceSpec& spec, const LaunchOptions& options, const std::function<bool()>& cancelled) {
+  const std::vector<HostSpec>& hosts = spec.hosts();
+  std::vector<const HostSpec*> all;
+  for (const HostSpec& h : hosts) all.push_back(&h);
+  const std::vector<std::string> answers = probeHosts(all, cancelled);
   Sizing sizing;
   for (size_t h = 0; h < hosts.size(); ++h) {
-    const std::string why = probes[h].get();
-    sizing.workersPerHost.push_back(why.empty() ? hosts[h].slots() : 0);
-    if (!why.empty()) sizing.absent.push_back(fmt::format("host {} ({}): {}", h, hosts[h].address, why));
+    sizing.answered.push_back(answers[h].empty());
+    sizing.workersPerHost.push_back(answers[h].empty() ? hosts[h].slots() : 0);
+    if (!answers[h].empty()) sizing.absent.push_back(fmt::format("host {} ({}): {}", h, hosts[h].address, answers[h]));
   }
+  WEFT_CHECK(answers[0].empty(),
+             "weft launch: host 0 ({}) does not answer, and an elastic job cannot go on without it: its worker 0 "
+             "writes the checkpoints a restart continues from ({})",
+             hosts[0].address, answers[0]);
   for (const int w : sizing.workersPerHost) sizing.workers += w;
   const int answering = sizing.workers;
   for (size_t h = hosts.size(); h-- > 0 && sizing.workers > 0;) {
@@ -321,13 +368,21 @@ Sizing sizeElastic(const ResourceSpec& spec, const LaunchOptions& options) {
   }
   std::string absent;
   for (const std::string& a : sizing.absent) absent += "\n  " + a;
-  WEFT_CHECK(
-      sizing.workers >= options.minWorkers,
-      "weft launch: the hosts that answer have {} worker{}{}, fewer than the {} the job needs (--min-workers){}",
-      answering, answering == 1 ? "" : "s",
-      answering == sizing.workers ? "" : fmt::format(" ({} of which the program can train with)", sizing.workers),
-      options.minWorkers, absent.empty() ? "" : ":" + absent);
-  for (const int w : sizing.workersPerHost) sizing.hosts += w > 0 ? 1 : 0;
+  WEFT_CHECK(sizing.workers >= options.minWorkers,
+             "weft launch: the hosts that answer have {} worker{}{}, fewer than the {} the job needs "
+             "(--min-workers){}",
+             answering, answering == 1 ? "" : "s",
+             answering == sizing.workers ? "" : fmt::format(", of which the program can train with {}", sizing.workers),
+             options.minWorkers, absent.empty() ? "" : ":" + absent);
+  int servers = 0;
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    sizing.hosts += sizing.workersPerHost[h] > 0 ? 1 : 0;
+    servers += sizing.workersPerHost[h] > 0 ? hosts[h].servers : 0;
+  }
+  WEFT_CHECK(servers > 0 || spec.serverCount() == 0,
+             "weft launch: none of the hosts the job would run on has a parameter server, and the specification's "
+             "{} are on hosts left out:{}",
+             spec.serverCount(), absent);
   sizing.idle = answering - sizing.workers;
   return sizing;
 }
@@ -344,11 +399,13 @@ class HostWatch {
  public:
   HostWatch(const ResourceSpec& spec, const LaunchOptions& options, const Sizing& running)
       : spec_(spec), options_(options), running_(running), thread_(&HostWatch::watch, this) {}
+  /// Returns at once: a probe under way is killed.
   ~HostWatch() {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
     }
+    stopping_ = true;
     wake_.notify_all();
     thread_.join();
   }
@@ -377,19 +434,29 @@ class HostWatch {
   /// "host 2 (10.0.0.3) answers: the job can grow to 3 workers on 3 hosts", or "". Only the hosts
   /// the job runs without are probed, until one answers.
   std::string growthNow() const {
-    std::string answering;
-    const std::vector<HostSpec>& hosts = spec_.hosts();
-    for (size_t h = 0; h < hosts.size(); ++h)
-      if (running_.workersPerHost[h] == 0 && probeHost(hosts[h]).empty())
-        answering += fmt::format("{}host {} ({})", answering.empty() ? "" : ", ", h, hosts[h].address);
-    if (answering.empty()) return "";
+    const std::function<bool()> cancelled = [this] { return stopping_.load() || stopAsked(); };
     try {
-      const Sizing grown = sizeElastic(spec_, options_);
-      if (grown.workers <= running_.workers) return "";
+      const std::vector<HostSpec>& hosts = spec_.hosts();
+      std::vector<const HostSpec*> absent;
+      std::vector<size_t> indices;
+      for (size_t h = 0; h < hosts.size(); ++h)
+        if (!running_.answered[h]) {
+          absent.push_back(&hosts[h]);
+          indices.push_back(h);
+        }
+      const std::vector<std::string> answers = probeHosts(absent, cancelled);
+      std::string answering;
+      for (size_t i = 0; i < answers.size(); ++i)
+        if (answers[i].empty())
+          answering +=
+              fmt::format("{}host {} ({})", answering.empty() ? "" : ", ", indices[i], hosts[indices[i]].address);
+      if (answering.empty() || cancelled()) return "";
+      const Sizing grown = sizeElastic(spec_, options_, cancelled);
+      if (grown.workers <= running_.workers || cancelled()) return "";
       return fmt::format("{} answer{}: the job can grow to {}", answering,
                          answering.find(", ") == std::string::npos ? "s" : "", sizeName(grown));
     } catch (const Error&) {
-      return "";  // fewer hosts answer than the job needs: its members will say so if they fail
+      return "";  // the hosts cannot make a larger job now: the next round probes again
     }
   }
 
@@ -399,6 +466,7 @@ class HostWatch {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
+  std::atomic<bool> stopping_{false};  // stop_, read by probes without the mutex
   std::string growth_;
   std::thread thread_;  // last: it starts once the rest is made
 };
@@ -426,26 +494,23 @@ class Job {
         return Outcome::Stopped;
       }
       if (suspendRequested.exchange(false)) suspend();
-      if (watch != nullptr && !resizing) {
-        if (const std::string growth = watch->growth(); !growth.empty()) {
-          std::cerr << fmt::format("weft launch: {}: asking the job to stop at a checkpoint\n", growth);
-          coordinator.requestCheckpoint(growth);
-          cause_ = growth;
-          resizing = true;
-        }
-      }
+      if (watch != nullptr && !resizing) resizing = askToGrow(coordinator, *watch);
       int status = 0;
       if (Child* child = reapAny(status)) {
         const bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         const bool stoppedAtCheckpoint = resizing && WIFEXITED(status) && WEXITSTATUS(status) == kExitPreempted;
         stoppedForResize = stoppedForResize || (stoppedAtCheckpoint && child->id.role == Role::Worker);
-        if (!succeeded && !stoppedAtCheckpoint) {
-          cause_ = verdict(coordinator, *child, status, silenceLimit);
-          std::cerr << fmt::format("weft launch: {}; stopping the job\n", cause_);
-          stopAll();
-          return Outcome::MemberFailed;
+        if (succeeded || stoppedAtCheckpoint) continue;
+        const std::string failure = verdict(coordinator, *child, status, silenceLimit);
+        stopAll();
+        if (stoppedForResize) {
+          // The job stopped at its checkpoint already: the start ends as the resize it was.
+          std::cerr << fmt::format("weft launch: {} after the job stopped at its checkpoint\n", failure);
+          return Outcome::Resized;
         }
-        continue;
+        cause_ = failure;
+        std::cerr << fmt::format("weft launch: {}; stopping the job\n", cause_);
+        return Outcome::MemberFailed;
       }
       if (const std::string silent = silentMember(coordinator, silenceLimit); !silent.empty()) {
         cause_ = silent;
@@ -478,14 +543,28 @@ class Job {
   const std::string& cause() const { return cause_; }
 
  private:
+  /// Asks the job for a checkpoint once the watch found more hosts, and the rosters went out
+  /// (a member hears the request on the connection the roster came on); whether it asked.
+  bool askToGrow(Coordinator& coordinator, const HostWatch& watch) {
+    const std::string growth = watch.growth();
+    if (growth.empty() || coordinator.liveness().empty()) return false;
+    std::cerr << fmt::format("weft launch: {}: asking the job to stop at a checkpoint\n", growth);
+    coordinator.requestCheckpoint(growth);
+    cause_ = growth;
+    return true;
+  }
   /// A running member that ended, with its status; null when none did. Each member is waited
   /// for by its pid, never any child: an elastic job's host probes are children too.
   Child* reapAny(int& status) {
-    for (Child& c : children_)
-      if (c.running && ::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+    for (Child& c : children_) {
+      if (!c.running) continue;
+      const pid_t reaped = ::waitpid(c.pid, &status, WNOHANG);
+      if (reaped < 0 && errno == ECHILD) status = W_EXITCODE(255, 0);  // gone, its status lost
+      if (reaped == c.pid || (reaped < 0 && errno == ECHILD)) {
         c.running = false;
         return &c;
       }
+    }
     return nullptr;
   }
   /// Ctrl-Z: stops every member, then the launcher itself; once continued, continues them.
@@ -702,7 +781,8 @@ int launch(const ResourceSpec& spec, const std::vector<std::string>& command, co
   Sizing sizing;
   if (elastic) {
     attempt.environment[kElasticVariable] = "1";
-    sizing = sizeElastic(spec, options);
+    sizing = sizeElastic(spec, options, stopAsked);
+    if (stopAsked()) return 1;
     std::cerr << fmt::format("weft launch: elastic job (at least {} workers) starting with {}{}\n", options.minWorkers,
                              sizeName(sizing), leftOut(sizing));
   }
@@ -720,11 +800,12 @@ int launch(const ResourceSpec& spec, const std::vector<std::string>& command, co
     std::string cause = start.cause;
     if (elastic) {
       try {
-        sizing = sizeElastic(spec, options);
+        sizing = sizeElastic(spec, options, stopAsked);
       } catch (const Error& e) {
         std::cerr << e.what() << "\n";
         return 1;
       }
+      if (stopAsked()) return 1;
       cause += fmt::format("; starting again with {}{}", sizeName(sizing), leftOut(sizing));
     }
     attempt.environment[kRestartCauseVariable] = cause;

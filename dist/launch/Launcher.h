@@ -54,8 +54,9 @@ struct LaunchOptions {
   /// their own, so a long step or evaluation never looks silent.
   std::chrono::milliseconds silenceLimit{20000};
   /// After a member fails, the job is started again (new id and secret, every process) up to
-  /// this many times, with `restartCommand(n)` for the n-th restart (e.g. the command with
-  /// --resume), and n in every process's WEFT_RESTART_COUNT (0 at the first start), which
+  /// this many times, with `restartCommand(n)` for the n-th start after the first (e.g. the
+  /// command with --resume), and n in every process's WEFT_RESTART_COUNT (0 at the first start;
+  /// an elastic job's resizes count there too, not against this limit), which
   /// dist::TrainingLoop resumes by. A stop signal to the launcher is never restarted.
   int maxRestarts = 0;
   std::function<std::vector<std::string>(int restart)> restartCommand;
