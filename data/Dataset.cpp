@@ -285,6 +285,15 @@ std::pair<size_t, size_t> streamRange(int64_t stream, int64_t streams, size_t si
   return {bound(stream), bound(stream + 1)};
 }
 
+int64_t streamOf(size_t index, int64_t streams, size_t size) {
+  WEFT_CHECK(index < size, "example {} of {} is in no stream", index, size);
+  // streamRange cuts [0, size) evenly: the stream is found from its estimate.
+  auto stream = static_cast<int64_t>(static_cast<unsigned __int128>(index) * static_cast<uint64_t>(streams) / size);
+  while (streamRange(stream, streams, size).first > index) --stream;
+  while (streamRange(stream, streams, size).second <= index) ++stream;
+  return stream;
+}
+
 Batcher::Batcher(Dataset dataset, BatchOptions options) : dataset_(std::move(dataset)), options_(std::move(options)) {
   WEFT_CHECK(options_.batchSize > 0, "batch size must be positive, got {}", options_.batchSize);
   WEFT_CHECK(options_.threads >= 1 && options_.threads <= 1024, "a batch is made by 1 to 1024 threads, not {}",

@@ -153,6 +153,8 @@ struct BatchOptions {
 /// Examples [first, last) of stream `stream` of `streams` over `size` examples: consecutive,
 /// as even as whole examples allow.
 std::pair<size_t, size_t> streamRange(int64_t stream, int64_t streams, size_t size);
+/// The stream of `streams` over `size` examples that holds example `index`.
+int64_t streamOf(size_t index, int64_t streams, size_t size);
 
 /// The key BatchOptions::augment receives for example `index` of the dataset in epoch `epoch`.
 uint64_t augmentKey(uint64_t seed, int64_t epoch, size_t index);

@@ -22,8 +22,17 @@ namespace {
 /// std::isspace in the "C" locale, inlined: the tokenizer asks it of every byte of a corpus.
 bool isSpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
-/// Reads the next line of `in` into `line` and its whitespace-separated words into `tokens` (views
-/// of `line`); false at the end of the file. Checks UTF-8, naming the file and line.
+/// Calls fn(tokens, in) for every line; checks UTF-8 and names the file and line.
+void forEachLine(const std::string& path,
+                 const std::function<void(const std::vector<std::string_view>&, InputFile&)>& fn) {
+  InputFile in(path, "text corpus", kMaxTextFileBytes);
+  std::string line;
+  std::vector<std::string_view> tokens;
+  while (readTokens(in, line, tokens)) fn(tokens, in);
+}
+
+}  // namespace
+
 bool readTokens(InputFile& in, std::string& line, std::vector<std::string_view>& tokens) {
   if (!in.readLine(line)) return false;
   const int64_t bad = invalidUtf8Offset(line);
@@ -39,22 +48,9 @@ bool readTokens(InputFile& in, std::string& line, std::vector<std::string_view>&
   return true;
 }
 
-/// Calls fn(tokens, in) for every line; checks UTF-8 and names the file and line.
-void forEachLine(const std::string& path,
-                 const std::function<void(const std::vector<std::string_view>&, InputFile&)>& fn) {
-  InputFile in(path, "text corpus", kMaxTextFileBytes);
-  std::string line;
-  std::vector<std::string_view> tokens;
-  while (readTokens(in, line, tokens)) fn(tokens, in);
-}
-
-}  // namespace
-
 std::map<std::string, int64_t> countTokens(const std::string& path) {
   std::map<std::string, int64_t> counts;
-  forEachLine(path, [&](const std::vector<std::string_view>& tokens, InputFile&) {
-    for (const auto& t : tokens) ++counts[std::string(t)];
-  });
+  scanCorpus({path}, std::numeric_limits<uint16_t>::max(), &counts);  // counts by interning, the fast way
   return counts;
 }
 
@@ -238,10 +234,7 @@ class StreamedSentences {
 
   std::span<const int32_t> sentence(size_t i) {
     const auto streams = static_cast<int64_t>(held_.size());
-    // streamRange cuts [0, count) evenly: the stream holding i is found from its estimate.
-    auto stream = static_cast<int64_t>(i * held_.size() / count_);
-    while (streamRange(stream, streams, count_).first > i) --stream;
-    while (streamRange(stream, streams, count_).second <= i) ++stream;
+    const int64_t stream = streamOf(i, streams, count_);
     const auto [first, last] = streamRange(stream, streams, count_);
     const auto s = static_cast<size_t>(stream);
     std::call_once(loaded_[s],
@@ -264,16 +257,10 @@ Dataset lmStreams(std::shared_ptr<const CorpusScan> scan, const Vocab& vocab, si
              scan->lengths.size());
   WEFT_CHECK(streams >= 1 && static_cast<size_t>(streams) <= count, "lmStreams: {} sentences cannot make {} streams",
              count, streams);
-  uint64_t identity = scan->textHash;
-  for (int32_t id = 0; id < vocab.size(); ++id) {
-    const std::string& word = vocab.word(id);
-    const uint64_t bytes = word.size();
-    identity = xxh64(&bytes, sizeof bytes, xxh64(word.data(), word.size(), identity));
-  }
   const uint64_t layout[] = {count, static_cast<uint64_t>(scan->maxLength)};
   Generator g;
   g.size = count;
-  g.identity = xxh64(layout, sizeof layout, identity);
+  g.identity = xxh64(layout, sizeof layout, vocab.hash(scan->textHash));
   auto held = std::make_shared<StreamedSentences>(scan, vocab, count, streams);
   g.make = [held](size_t i) { return lmExample(held->sentence(i)); };
   g.length = [scan](size_t i, const std::string&) { return static_cast<int64_t>(scan->lengths[i]) + 1; };

@@ -11,6 +11,7 @@
 //     Dataset streams = lmStreams(scan, Vocab::build(counts, 3, 100000), scan->lengths.size(), 8);
 #pragma once
 
+#include "core/InputFile.h"
 #include "data/Dataset.h"
 #include "data/Vocab.h"
 
@@ -19,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weft::data {
@@ -30,6 +32,10 @@ struct TextCorpus {
   Vocab vocab;
   std::vector<std::vector<int32_t>> sentences;  // word ids of each non-empty line, no <s> / </s>
 };
+
+/// Reads the next line of `in` into `line` and its whitespace-separated words into `tokens` (views
+/// of `line`); false at the end of the file. Checks UTF-8, naming the file and line.
+bool readTokens(InputFile& in, std::string& line, std::vector<std::string_view>& tokens);
 
 /// Whitespace-separated tokens of every line of a text file. Errors name the file and line
 /// (missing file, invalid UTF-8 with its byte offset in the line, a line over kMaxLineBytes).

@@ -3,12 +3,16 @@
 
 #include "core/Error.h"
 #include "core/Escape.h"
+#include "core/Hash.h"
 #include "core/InputFile.h"
 #include "core/Random.h"
 
 #include <algorithm>
+#include <limits>
+#include <mutex>
 #include <numeric>
-#include <sstream>
+#include <tuple>
+#include <utility>
 
 namespace weft::data {
 namespace {
@@ -35,46 +39,10 @@ std::vector<int32_t> wordMapping(int32_t size, uint64_t seed) {
   return mapping;
 }
 
-/// The lines of a text file, without line terminators ('\n', and a '\r' before it).
-std::vector<std::string> readLines(const std::string& path) {
-  InputFile in(path, "parallel text", kMaxParallelTextBytes);
-  std::vector<std::string> lines;
-  std::string line;
-  while (in.readLine(line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    const int64_t bad = invalidUtf8Offset(line);
-    if (bad >= 0) in.fail("invalid UTF-8 at byte {} of the line", bad);
-    lines.push_back(std::move(line));
-  }
-  return lines;
-}
-
-std::vector<std::string> tokens(const std::string& line) {
-  std::istringstream in(line);
-  std::vector<std::string> out;
-  for (std::string t; in >> t;) out.push_back(std::move(t));
-  return out;
-}
-
-Vocab vocabOf(const std::vector<std::vector<std::string>>& sentences, const ParallelTextOptions& options) {
-  std::map<std::string, int64_t> counts;
-  for (const auto& s : sentences) {
-    for (const auto& t : s) ++counts[t];
-  }
-  return Vocab::build(counts, options.minCount, options.maxVocab);
-}
-
-std::vector<int32_t> idsOf(const Vocab& vocab, const std::vector<std::string>& words) {
-  std::vector<int32_t> ids;
-  ids.reserve(words.size());
-  for (const auto& w : words) ids.push_back(vocab.id(w));
-  return ids;
-}
-
 }  // namespace
 
-Example translationExample(const std::vector<int32_t>& source, const std::vector<int32_t>& target) {
-  std::vector<int32_t> src = source, in{kBos}, out = target;
+Example translationExample(std::span<const int32_t> source, std::span<const int32_t> target) {
+  std::vector<int32_t> src(source.begin(), source.end()), in{kBos}, out(target.begin(), target.end());
   src.push_back(kEos);
   in.insert(in.end(), target.begin(), target.end());
   out.push_back(kEos);
@@ -120,33 +88,211 @@ Dataset TranslationTask::examples(uint64_t begin, uint64_t end) const {
   return Dataset(std::move(out));
 }
 
-ParallelText loadParallelText(const std::string& sourcePath, const std::string& targetPath,
-                              const ParallelTextOptions& options) {
-  const std::vector<std::string> sourceLines = readLines(sourcePath), targetLines = readLines(targetPath);
-  WEFT_CHECK(sourceLines.size() == targetLines.size(),
-             "parallel text: '{}' has {} lines but '{}' has {}; the files must be aligned line by line",
-             escapeBytes(sourcePath, 4096), sourceLines.size(), escapeBytes(targetPath, 4096), targetLines.size());
-  std::vector<std::vector<std::string>> sources, targets;
-  ParallelText text;
-  for (size_t i = 0; i < sourceLines.size(); ++i) {
-    std::vector<std::string> s = tokens(sourceLines[i]), t = tokens(targetLines[i]);
-    const auto longest = static_cast<int64_t>(std::max(s.size(), t.size()));
-    if (s.empty() || t.empty() || (options.maxLength > 0 && longest > options.maxLength)) {
-      ++text.skipped;
+namespace {
+
+/// The two files of parallel text read line by line together, each line's tokens as views.
+class PairReader {
+ public:
+  PairReader(const std::string& sourcePath, const std::string& targetPath)
+      : source_(sourcePath, "parallel text", kMaxParallelTextBytes),
+        target_(targetPath, "parallel text", kMaxParallelTextBytes) {}
+
+  /// The next pair of lines; false at the end of both files. Files of different line counts are
+  /// refused, counting the longer one's lines.
+  bool next() {
+    const bool more = readTokens(source_, sourceLine_, sourceTokens_);
+    if (more == readTokens(target_, targetLine_, targetTokens_)) return more;
+    InputFile& longer = more ? source_ : target_;
+    std::string& line = more ? sourceLine_ : targetLine_;
+    while (longer.readLine(line)) {
+    }
+    const int64_t shorter = more ? target_.line() : source_.line();
+    WEFT_THROW("parallel text: '{}' has {} lines but '{}' has {}; the files must be aligned line by line",
+               source_.name(), more ? longer.line() : shorter, target_.name(), more ? shorter : longer.line());
+  }
+  /// Whether the pair is skipped: an empty side, or one longer than maxLength (> 0).
+  bool skipped(int64_t maxLength) const {
+    const auto longest = static_cast<int64_t>(std::max(sourceTokens_.size(), targetTokens_.size()));
+    return sourceTokens_.empty() || targetTokens_.empty() || (maxLength > 0 && longest > maxLength);
+  }
+  void seek(const ParallelScan::Mark& mark) {
+    source_.seek(mark.sourceOffset, mark.line);
+    target_.seek(mark.targetOffset, mark.line);
+  }
+
+  InputFile& sourceFile() { return source_; }
+  InputFile& targetFile() { return target_; }
+  const std::string& sourceLine() const { return sourceLine_; }
+  const std::string& targetLine() const { return targetLine_; }
+  const std::vector<std::string_view>& sourceTokens() const { return sourceTokens_; }
+  const std::vector<std::string_view>& targetTokens() const { return targetTokens_; }
+
+ private:
+  InputFile source_, target_;
+  std::string sourceLine_, targetLine_;
+  std::vector<std::string_view> sourceTokens_, targetTokens_;
+};
+
+/// Counts of tokens by id while scanning; added to a map of words at the end.
+struct Tally {
+  Vocab interned;
+  std::vector<int64_t> counts;
+  std::vector<int32_t> ids;
+
+  void add(const std::vector<std::string_view>& tokens) {
+    interned.addAll(tokens, ids);
+    counts.resize(static_cast<size_t>(interned.size()), 0);
+    for (const int32_t id : ids) ++counts[static_cast<size_t>(id)];
+  }
+  void into(std::map<std::string, int64_t>& out) const {
+    for (size_t id = 0; id < counts.size(); ++id)
+      if (counts[id] > 0) out[interned.word(static_cast<int32_t>(id))] += counts[id];
+  }
+};
+
+uint64_t hashLine(const std::string& line, uint64_t seed) {
+  const uint64_t bytes = line.size();  // so that lines cut elsewhere hash otherwise
+  return xxh64(&bytes, sizeof bytes, xxh64(line.data(), line.size(), seed));
+}
+
+}  // namespace
+
+ParallelScan scanParallelText(const std::string& sourcePath, const std::string& targetPath,
+                              const ParallelTextOptions& options, std::map<std::string, int64_t>* sourceCounts,
+                              std::map<std::string, int64_t>* targetCounts) {
+  ParallelScan scan;
+  scan.sourcePath = sourcePath;
+  scan.targetPath = targetPath;
+  scan.maxLength = options.maxLength;
+  PairReader pairs(sourcePath, targetPath);
+  Tally sources, targets;
+  for (ParallelScan::Mark at; pairs.next();
+       at = {pairs.sourceFile().offset(), pairs.targetFile().offset(), pairs.sourceFile().line()}) {
+    scan.textHash = hashLine(pairs.targetLine(), hashLine(pairs.sourceLine(), scan.textHash));
+    if (pairs.skipped(options.maxLength)) {
+      ++scan.skipped;
       continue;
     }
-    sources.push_back(std::move(s));
-    targets.push_back(std::move(t));
+    for (const auto& [tokens, file] :
+         {std::pair{&pairs.sourceTokens(), &pairs.sourceFile()}, std::pair{&pairs.targetTokens(), &pairs.targetFile()}})
+      if (tokens->size() > std::numeric_limits<uint16_t>::max())
+        file->fail("the line has {} words, more than the 65535 a sentence of parallel text may have", tokens->size());
+    if (scan.sourceLengths.size() % ParallelScan::kMarkEvery == 0) scan.marks.push_back(at);
+    scan.sourceLengths.push_back(static_cast<uint16_t>(pairs.sourceTokens().size()));
+    scan.targetLengths.push_back(static_cast<uint16_t>(pairs.targetTokens().size()));
+    if (sourceCounts) sources.add(pairs.sourceTokens());
+    if (targetCounts) targets.add(pairs.targetTokens());
   }
-  text.source = vocabOf(sources, options);
-  text.target = vocabOf(targets, options);
+  if (sourceCounts) sources.into(*sourceCounts);
+  if (targetCounts) targets.into(*targetCounts);
+  return scan;
+}
+
+PackedPairs readPairRange(const ParallelScan& scan, const Vocab& source, const Vocab& target, size_t begin,
+                          size_t end) {
+  const size_t kept = scan.sourceLengths.size();
+  WEFT_CHECK(begin <= end && end <= kept, "pairs [{}, {}) of parallel text of {}", begin, end, kept);
+  PackedPairs out;
+  if (begin == end) return out;
+  const auto sum = [&](const std::vector<uint16_t>& lengths) {
+    return std::accumulate(lengths.begin() + static_cast<std::ptrdiff_t>(begin),
+                           lengths.begin() + static_cast<std::ptrdiff_t>(end), size_t{0});
+  };
+  out.source.reserve(end - begin, sum(scan.sourceLengths));
+  out.target.reserve(end - begin, sum(scan.targetLengths));
+  PairReader pairs(scan.sourcePath, scan.targetPath);
+  pairs.seek(scan.marks[begin / ParallelScan::kMarkEvery]);
+  std::vector<int32_t> ids;
+  for (size_t next = begin / ParallelScan::kMarkEvery * ParallelScan::kMarkEvery; next < end;) {
+    WEFT_CHECK(pairs.next(), "parallel text '{}' ends before its pair {} of {}: it changed while the job ran",
+               escapeBytes(scan.sourcePath, 4096), next, kept);
+    if (pairs.skipped(scan.maxLength)) continue;
+    // A file rewritten since the scan would shift every later pair of the stream.
+    for (const auto& [tokens, file, length] :
+         {std::tuple{&pairs.sourceTokens(), &pairs.sourceFile(), scan.sourceLengths[next]},
+          std::tuple{&pairs.targetTokens(), &pairs.targetFile(), scan.targetLengths[next]}})
+      if (tokens->size() != length)
+        file->fail(
+            "the line has {} words where the first reading found {} for pair {}; the file changed while the "
+            "job ran",
+            tokens->size(), length, next);
+    if (next++ < begin) continue;
+    source.ids(pairs.sourceTokens(), ids);
+    out.source.add(ids);
+    target.ids(pairs.targetTokens(), ids);
+    out.target.add(ids);
+  }
+  return out;
+}
+
+ParallelText loadParallelText(const std::string& sourcePath, const std::string& targetPath,
+                              const ParallelTextOptions& options) {
+  std::map<std::string, int64_t> sourceCounts, targetCounts;
+  const ParallelScan scan = scanParallelText(sourcePath, targetPath, options, &sourceCounts, &targetCounts);
+  ParallelText text;
+  text.source = Vocab::build(sourceCounts, options.minCount, options.maxVocab);
+  text.target = Vocab::build(targetCounts, options.minCount, options.maxVocab);
+  text.skipped = scan.skipped;
+  const PackedPairs pairs = readPairRange(scan, text.source, text.target, 0, scan.sourceLengths.size());
   std::vector<Example> examples;
-  examples.reserve(sources.size());
-  for (size_t i = 0; i < sources.size(); ++i) {
-    examples.push_back(translationExample(idsOf(text.source, sources[i]), idsOf(text.target, targets[i])));
-  }
+  examples.reserve(pairs.source.size());
+  for (size_t i = 0; i < pairs.source.size(); ++i)
+    examples.push_back(translationExample(pairs.source[i], pairs.target[i]));
   text.examples = Dataset(std::move(examples));
   return text;
+}
+
+namespace {
+
+/// The streams of a translationStreams dataset, each read when first needed.
+class StreamedPairs {
+ public:
+  StreamedPairs(std::shared_ptr<const ParallelScan> scan, const Vocab& source, const Vocab& target, size_t count,
+                int64_t streams)
+      : scan_(std::move(scan)),
+        source_(source),
+        target_(target),
+        count_(count),
+        loaded_(static_cast<size_t>(streams)),
+        held_(static_cast<size_t>(streams)) {}
+
+  Example example(size_t i) {
+    const auto streams = static_cast<int64_t>(held_.size());
+    const int64_t stream = streamOf(i, streams, count_);
+    const auto [first, last] = streamRange(stream, streams, count_);
+    const auto s = static_cast<size_t>(stream);
+    std::call_once(loaded_[s], [&, first = first, last = last] {
+      held_[s] = readPairRange(*scan_, source_, target_, first, last);
+    });
+    return translationExample(held_[s].source[i - first], held_[s].target[i - first]);
+  }
+
+ private:
+  std::shared_ptr<const ParallelScan> scan_;
+  Vocab source_, target_;
+  size_t count_;
+  std::vector<std::once_flag> loaded_;
+  std::vector<PackedPairs> held_;
+};
+
+}  // namespace
+
+Dataset translationStreams(std::shared_ptr<const ParallelScan> scan, const Vocab& source, const Vocab& target,
+                           size_t count, int64_t streams) {
+  const size_t kept = scan->sourceLengths.size();
+  WEFT_CHECK(count >= 1 && count <= kept, "translationStreams: {} pairs of parallel text of {}", count, kept);
+  WEFT_CHECK(streams >= 1 && static_cast<size_t>(streams) <= count,
+             "translationStreams: {} pairs cannot make {} streams", count, streams);
+  const uint64_t layout[] = {count, static_cast<uint64_t>(scan->maxLength)};
+  Generator g;
+  g.size = count;
+  g.identity = xxh64(layout, sizeof layout, target.hash(source.hash(scan->textHash)));
+  auto held = std::make_shared<StreamedPairs>(scan, source, target, count, streams);
+  g.make = [held](size_t i) { return held->example(i); };
+  g.length = [scan](size_t i, const std::string& field) {
+    return static_cast<int64_t>(field == "source" ? scan->sourceLengths[i] : scan->targetLengths[i]) + 1;
+  };
+  return Dataset::generated(std::move(g));
 }
 
 }  // namespace weft::data

@@ -10,16 +10,20 @@
 
 #include "data/Dataset.h"
 #include "data/SyntheticLanguage.h"
+#include "data/TextCorpus.h"
 #include "data/Vocab.h"
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace weft::data {
 
 /// The example fields above from a source and a target sentence (word ids, no specials).
-Example translationExample(const std::vector<int32_t>& source, const std::vector<int32_t>& target);
+Example translationExample(std::span<const int32_t> source, std::span<const int32_t> target);
 
 struct TranslationSpec {
   /// A small language with short sentences, so a model trains in minutes.
@@ -74,10 +78,50 @@ struct ParallelText {
 /// Reads two aligned files, one sentence per line, tokens separated by whitespace (a trailing
 /// '\r' is dropped). A pair with an empty (or all-whitespace) side is skipped and counted in
 /// `skipped`, since it carries nothing to learn. Throws naming the file (and line, and byte within
-/// it) when a file is missing or unreadable, the two files have different line counts, or a line
-/// is not valid UTF-8 or longer than kMaxLineBytes. Only regular files of at most
-/// kMaxParallelTextBytes are read (core/InputFile.h).
+/// it) when a file is missing or unreadable, the two files have different line counts, a line
+/// is not valid UTF-8 or longer than kMaxLineBytes, or a kept side has more than 65535 words.
+/// Only regular files of at most kMaxParallelTextBytes are read (core/InputFile.h).
 ParallelText loadParallelText(const std::string& sourcePath, const std::string& targetPath,
                               const ParallelTextOptions& options = {});
+
+/// What one reading of two aligned files learns without holding their words: the lengths of
+/// every kept pair's sides and where every kMarkEvery-th kept pair's lines start. A process that
+/// reads and holds only some pairs (readPairRange) still knows every pair's lengths, which a
+/// batch's padding widths and token count need (a pair costs 4 bytes here, 4 a word held).
+struct ParallelScan {
+  static constexpr size_t kMarkEvery = 1024;
+  /// Where kept pair i * kMarkEvery's lines start: their byte offsets, and the lines before them.
+  struct Mark {
+    uint64_t sourceOffset = 0, targetOffset = 0;
+    int64_t line = 0;
+  };
+  std::string sourcePath, targetPath;
+  int64_t maxLength = 0;                               ///< ParallelTextOptions::maxLength
+  std::vector<uint16_t> sourceLengths, targetLengths;  ///< words of each kept pair's sides
+  std::vector<Mark> marks;
+  int64_t skipped = 0;
+  uint64_t textHash = 0;  ///< XXH64 of both files' lines in order
+};
+
+/// Reads both files once, line by line together (errors as loadParallelText's), adding the
+/// tokens of each kept pair's sides to `sourceCounts` and `targetCounts` when they are not null.
+ParallelScan scanParallelText(const std::string& sourcePath, const std::string& targetPath,
+                              const ParallelTextOptions& options, std::map<std::string, int64_t>* sourceCounts,
+                              std::map<std::string, int64_t>* targetCounts);
+
+/// Kept pairs [begin, end) of a scan as ids of the vocabularies (unknown words become kUnk):
+/// only the lines from the mark before `begin` on are read. Throws naming the file when its
+/// lines are no longer those the scan found.
+struct PackedPairs {
+  PackedSentences source, target;
+};
+PackedPairs readPairRange(const ParallelScan& scan, const Vocab& source, const Vocab& target, size_t begin, size_t end);
+
+/// Translation examples of kept pairs [0, count) of a scan, in `streams` streams of consecutive
+/// pairs as BatchOptions::streams cuts them: a stream's pairs are read and held when the first
+/// of its examples is made, so a data-parallel worker reading its part of each batch reads and
+/// holds its streams only. Lengths come from the scan.
+Dataset translationStreams(std::shared_ptr<const ParallelScan> scan, const Vocab& source, const Vocab& target,
+                           size_t count, int64_t streams);
 
 }  // namespace weft::data

@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "core/Escape.h"
+#include "core/Hash.h"
 #include "core/InputFile.h"
 
 #include <algorithm>
@@ -232,6 +233,14 @@ Vocab Vocab::loadWordList(const std::string& path, int64_t maxSize) {
     if (special < 0) v.add(word);
   }
   return v;
+}
+
+uint64_t Vocab::hash(uint64_t seed) const {
+  for (const std::string& word : words_) {
+    const uint64_t bytes = word.size();  // so that words cut elsewhere hash otherwise
+    seed = xxh64(&bytes, sizeof bytes, xxh64(word.data(), word.size(), seed));
+  }
+  return seed;
 }
 
 }  // namespace weft::data

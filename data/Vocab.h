@@ -38,6 +38,8 @@ class Vocab {
   /// The word of `id`; throws naming the id when out of range.
   const std::string& word(int32_t id) const;
   int32_t size() const { return static_cast<int32_t>(words_.size()); }
+  /// XXH64 of the words in id order, from `seed`: what a dataset of ids depends on.
+  uint64_t hash(uint64_t seed) const;
 
   /// From token counts: words with count >= minCount, most frequent first, at most maxSize ids in
   /// total (specials included); ties broken by the word. Counts of the special words are ignored.

@@ -335,7 +335,12 @@ std::vector<ModelOption> NmtModel::options() {
           {"train-size", "synthetic training sentences", &trainSize_},
           {"test-size", "held-out sentences (synthetic, or the last pairs of --data)", &testSize_},
           {"beam", "beam width for the BLEU evaluation (1: greedy)", &beam_},
-          {"eval-batch", "sentences decoded together in evaluation", &evalBatch_}};
+          {"eval-batch", "sentences decoded together in evaluation", &evalBatch_},
+          {"streams",
+           "--data: read as this many streams of consecutive pairs, each batch taking an equal share of each; "
+           "a data-parallel worker reads and holds only its part's streams, so with a multiple of --workers "
+           "each holds 1/N of the pairs. The order depends on this count alone",
+           &streams_}};
 }
 
 OptimizerSpec NmtModel::defaultOptimizer() const {
@@ -362,16 +367,26 @@ void NmtModel::loadData(const CommonOptions& common) {
   WEFT_CHECK(comma != std::string::npos, "nmt: --data '{}' must name two aligned files as SOURCE,TARGET", common.data);
   data::ParallelTextOptions options;
   options.maxVocab = vocab_ + data::kFirstWordId;
-  const data::ParallelText text =
-      data::loadParallelText(common.data.substr(0, comma), common.data.substr(comma + 1), options);
-  WEFT_CHECK(text.examples.size() > static_cast<size_t>(testSize_),
-             "nmt: {} usable sentence pairs in '{}', but test-size is {}", text.examples.size(), common.data,
-             testSize_);
-  const size_t split = text.examples.size() - static_cast<size_t>(testSize_);
-  trainSet_ = text.examples.range(0, split);
-  testSet_ = text.examples.range(split, text.examples.size());
-  config_.sourceVocab = text.source.size();
-  config_.targetVocab = text.target.size();
+  std::map<std::string, int64_t> sourceCounts, targetCounts;
+  auto scan = std::make_shared<const data::ParallelScan>(data::scanParallelText(
+      common.data.substr(0, comma), common.data.substr(comma + 1), options, &sourceCounts, &targetCounts));
+  const data::Vocab source = data::Vocab::build(sourceCounts, options.minCount, options.maxVocab);
+  const data::Vocab target = data::Vocab::build(targetCounts, options.minCount, options.maxVocab);
+  const size_t pairs = scan->sourceLengths.size();
+  WEFT_CHECK(pairs > static_cast<size_t>(testSize_), "nmt: {} usable sentence pairs in '{}', but test-size is {}",
+             pairs, common.data, testSize_);
+  const size_t split = pairs - static_cast<size_t>(testSize_);
+  WEFT_CHECK(static_cast<size_t>(streams_) <= split, "nmt: --streams {} must be 1 to the {} training pairs of '{}'",
+             streams_, split, common.data);
+  // Every worker evaluates on the held-out pairs; each trains on its streams alone.
+  const data::PackedPairs heldout = data::readPairRange(*scan, source, target, split, pairs);
+  std::vector<data::Example> examples;
+  for (size_t i = 0; i < heldout.source.size(); ++i)
+    examples.push_back(data::translationExample(heldout.source[i], heldout.target[i]));
+  testSet_ = data::Dataset(std::move(examples));
+  trainSet_ = data::translationStreams(std::move(scan), source, target, split, streams_);
+  config_.sourceVocab = source.size();
+  config_.targetVocab = target.size();
 }
 
 void NmtModel::build(Graph& g, const CommonOptions& common) {
@@ -382,6 +397,12 @@ void NmtModel::build(Graph& g, const CommonOptions& common) {
   config_.recompute = common.recompute;
   config_.seed = common.seed;
   if (common.batchSize > 0) batchSize_ = common.batchSize;
+  // Flags are checked before the parallel text is read (a large one takes minutes).
+  WEFT_CHECK(streams_ >= 1 && batchSize_ % streams_ == 0,
+             "nmt: --streams {} must divide the batch of {}: each batch takes an equal share of every stream", streams_,
+             batchSize_);
+  WEFT_CHECK(streams_ == 1 || !common.data.empty(),
+             "nmt: --streams {} reads parallel text (--data) in streams; the built-in task has none", streams_);
   loadData(common);
   net_ = buildNmt(g, config_);
   const Output stepTokens = cast(g.placeholder("target_out_count", f64, {}), config_.dtype);
@@ -392,6 +413,7 @@ void NmtModel::build(Graph& g, const CommonOptions& common) {
   options.padded = {"source", "target_in", "target_out"};
   options.counted = {"target_out"};
   options.bucketWindow = 20;  // similar lengths per batch: less padding to compute
+  options.streams = streams_;
   train_ = std::make_unique<data::Batcher>(trainSet_, options);
 }
 

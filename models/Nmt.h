@@ -60,7 +60,8 @@ std::vector<std::vector<int32_t>> beamDecode(Session& session, const NmtNet& net
                                              int64_t maxLength);
 
 /// The "nmt" zoo model. Built-in data: data::TranslationTask. With --data "SRC,TGT" (two aligned
-/// tokenised files) the last test-size pairs are held out. Metrics: bleu (greedy, or beam search
+/// tokenised files) the last test-size pairs are held out, and --streams S reads the rest in S
+/// streams (data::translationStreams). Metrics: bleu (greedy, or beam search
 /// with --beam > 1) and perplexity on the held-out pairs.
 class NmtModel : public ZooModel {
  public:
@@ -96,6 +97,7 @@ class NmtModel : public ZooModel {
   int64_t beam_ = 1;
   int64_t batchSize_ = 64;
   int64_t evalBatch_ = 100;
+  int64_t streams_ = 1;  // --data read as streams of consecutive pairs (BatchOptions::streams)
   NmtNet net_;
   Output trainLoss_;
   data::Dataset trainSet_, testSet_;

@@ -196,6 +196,22 @@ TEST_CASE("streams are consecutive ranges as even as whole examples allow, cover
   CHECK(contains(errorOf([] { data::streamRange(3, 3, 10); }), "stream 3 of 3 is not a stream"));
 }
 
+TEST_CASE("streamOf names the stream whose range holds an example") {
+  for (const size_t size : {size_t{1}, size_t{7}, size_t{100}, size_t{1} << 40}) {
+    for (const int64_t streams : {int64_t{1}, int64_t{3}, int64_t{8}}) {
+      if (static_cast<size_t>(streams) > size) continue;
+      for (int64_t j = 0; j < streams; ++j) {
+        const auto [first, last] = data::streamRange(j, streams, size);
+        for (const size_t i : {first, (first + last) / 2, last - 1}) {
+          CAPTURE(i);
+          CHECK(data::streamOf(i, streams, size) == j);
+        }
+      }
+    }
+  }
+  CHECK(contains(errorOf([] { data::streamOf(10, 3, 10); }), "example 10 of 10 is in no stream"));
+}
+
 TEST_CASE("with streams, each batch takes an equal share of every stream, stream after stream") {
   BatchOptions options{8, true, 4, {"seq"}, 0, 2, {"seq"}};
   options.streams = 4;  // streams of 25: [0, 25), [25, 50), [50, 75), [75, 100)

@@ -226,6 +226,28 @@ TEST_CASE("NMT: 2 workers train like one process; the loss is over the tokens of
 const std::string gnnFlags = "--hidden 16 --propagation-steps 3 --train-size 128 --test-size 16 --batch 16 --steps 4 "
                              "--eval-every 4 --threads 1 --timeout 30";
 
+TEST_CASE(
+    "--streams: NMT on 2 and 4 workers, each reading and holding only its streams of the parallel text, trains "
+    "like one process reading them all") {
+  TempDir dir;
+  std::string source, target;
+  for (int i = 0; i < 300; ++i) {  // every 9th source line empty: a skipped pair
+    if (i % 9 != 4)
+      for (int w = 0; w <= i % 6; ++w) source += fmt::format("{}s{}", w ? " " : "", (i * 7 + w * 3) % 50);
+    for (int w = 0; w <= (i + 2) % 5; ++w) target += fmt::format("{}t{}", w ? " " : "", (i * 5 + w * 11) % 40);
+    source += "\n";
+    target += "\n";
+  }
+  const std::string data = dir.write("train.src", source) + "," + dir.write("train.tgt", target);
+  const std::string flags = "--data " + data +
+                            " --streams 4 --embedding 16 --hidden 24 --vocab 100 --test-size 8 --batch 16 --steps 6 "
+                            "--eval-every 6 --threads 1 --timeout 30 --dtype f64";
+  for (int workers : {2, 4}) {
+    CAPTURE(workers);
+    checkSameVariables("nmt", flags, workers, 1e-10);  // f64: the order of sums alone differs (measured 1e-14)
+  }
+}
+
 TEST_CASE("GGSNN: 2 workers with half the graphs each train like one process") {
   // Graphs differ in size, so the workers' parts hold different numbers of nodes.
   checkSameVariables("gnn", gnnFlags, 2, 1e-5);

@@ -4,6 +4,8 @@
 #include "data/Translation.h"
 #include "tests/TestUtil.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 using namespace weft;
@@ -214,4 +216,33 @@ TEST_CASE("nmt: --data must name two files") {
   CommonOptions common;
   common.data = "only-one-file";
   CHECK(contains(errorOf([&] { model->build(g, common); }), "SOURCE,TARGET"));
+}
+
+TEST_CASE("nmt: --streams that do not divide the batch, exceed the pairs or lack --data are refused, naming it") {
+  TempDir dir;
+  std::string source, target;
+  for (int i = 0; i < 40; ++i) source += fmt::format("s{} s{}\n", i % 7, i % 5), target += fmt::format("t{}\n", i % 6);
+  const std::string data = dir.write("a.src", source) + "," + dir.write("a.tgt", target);
+  auto build = [&](int64_t streams, const std::string& withData, int64_t batch) {
+    auto model = makeNmtModel();
+    for (const ModelOption& o : model->options()) {
+      if (o.name == "streams") *std::get<int64_t*>(o.target) = streams;
+      if (o.name == "test-size") *std::get<int64_t*>(o.target) = 4;  // 36 pairs to train on
+    }
+    Graph g;
+    CommonOptions common;
+    common.batchSize = batch;
+    common.data = withData;
+    model->build(g, common);
+  };
+  auto refusal = [&](int64_t streams, const std::string& withData, int64_t batch) {
+    return errorOf([&] { build(streams, withData, batch); });
+  };
+  CHECK(contains(refusal(3, data, 8), "nmt: --streams 3 must divide the batch of 8"));
+  CHECK(contains(refusal(0, data, 8), "nmt: --streams 0 must divide the batch of 8"));
+  CHECK(contains(refusal(2, "", 8),
+                 "nmt: --streams 2 reads parallel text (--data) in streams; the built-in task has "
+                 "none"));
+  CHECK(contains(refusal(40, data, 40), "nmt: --streams 40 must be 1 to the 36 training pairs of"));
+  CHECK_NOTHROW(build(4, data, 8));
 }

@@ -4,10 +4,13 @@
 #include "tests/InputTest.h"
 #include "tests/TestUtil.h"
 
+#include <fmt/format.h>
+
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
-#include <unistd.h>
 
 using namespace weft;
 using namespace weft::data;
@@ -185,4 +188,108 @@ TEST_CASE("parallel text: a line over the limit, a device or a FIFO is refused, 
   CHECK(contains(errorOf([&] { loadParallelText(tgt, "/dev/null"); }), "/dev/null is a character device"));
   const std::string fifo = makeFifo(dir, "g.fifo");
   CHECK(contains(fifoError(fifo, [&] { loadParallelText(tgt, fifo); }), fifo + " is a FIFO"));
+}
+
+namespace {
+
+/// Aligned files of `pairs` lines whose every 7th source line is empty (a skipped pair); line i
+/// has 1 + i % 5 source words and 1 + i % 3 target words, of 40 and 30 word types.
+std::pair<std::string, std::string> writeParallel(const TempDir& dir, int pairs) {
+  std::string src, tgt;
+  for (int i = 0; i < pairs; ++i) {
+    if (i % 7 != 3)
+      for (int w = 0; w <= i % 5; ++w) src += fmt::format("{}s{}", w ? " " : "", (i * 11 + w * 3) % 40);
+    for (int w = 0; w <= i % 3; ++w) tgt += fmt::format("{}t{}", w ? " " : "", (i * 5 + w * 7) % 30);
+    src += "\n";
+    tgt += "\n";
+  }
+  return {dir.write("p.src", src), dir.write("p.tgt", tgt)};
+}
+
+/// The source and target ids of examples [begin, end) of a dataset.
+std::vector<std::vector<int32_t>> fieldOf(const Dataset& d, const std::string& field, size_t begin, size_t end) {
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = begin; i < end; ++i) out.push_back(ids(d.example(i).at(field)));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("parallel text scan: the lengths of kept pairs, their counts and a mark every 1024 kept pairs") {
+  TempDir dir;
+  const auto [src, tgt] = writeParallel(dir, 3000);
+  std::map<std::string, int64_t> sourceCounts, targetCounts;
+  const ParallelScan scan = scanParallelText(src, tgt, {}, &sourceCounts, &targetCounts);
+  const ParallelText whole = loadParallelText(src, tgt);
+  REQUIRE(scan.sourceLengths.size() == whole.examples.size());
+  CHECK(scan.skipped == whole.skipped);
+  CHECK(scan.skipped == 429);  // lines 3, 10, 17, ... of 3000
+  for (size_t i = 0; i < whole.examples.size(); ++i) {
+    CHECK(scan.sourceLengths[i] + 1 == whole.examples[i].at("source").numel());
+    CHECK(scan.targetLengths[i] + 1 == whole.examples[i].at("target_out").numel());
+  }
+  CHECK(scan.marks.size() == 3);  // kept pairs 0, 1024 and 2048
+  CHECK(Vocab::build(sourceCounts, 1, 50000).size() == whole.source.size());
+  CHECK(sourceCounts.at("s0") > 0);
+  CHECK(static_cast<int32_t>(targetCounts.size()) + kFirstWordId == whole.target.size());
+}
+
+TEST_CASE("parallel text ranges: a range read alone is that range of the whole, from any mark") {
+  TempDir dir;
+  const auto [src, tgt] = writeParallel(dir, 3000);
+  const ParallelText whole = loadParallelText(src, tgt);
+  const ParallelScan scan = scanParallelText(src, tgt, {}, nullptr, nullptr);
+  const size_t kept = scan.sourceLengths.size();
+  for (const auto& [begin, end] : std::vector<std::pair<size_t, size_t>>{
+           {0, 10}, {1000, 1100}, {1023, 1025}, {2047, kept}, {kept, kept}, {5, 2500}}) {
+    CAPTURE(begin);
+    CAPTURE(end);
+    const PackedPairs range = readPairRange(scan, whole.source, whole.target, begin, end);
+    REQUIRE(range.source.size() == end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      const std::vector<int32_t> source = ids(whole.examples[i].at("source")),
+                                 target = ids(whole.examples[i].at("target_out"));
+      CHECK(std::vector<int32_t>(range.source[i - begin].begin(), range.source[i - begin].end()) ==
+            std::vector<int32_t>(source.begin(), source.end() - 1));  // without </s>
+      CHECK(std::vector<int32_t>(range.target[i - begin].begin(), range.target[i - begin].end()) ==
+            std::vector<int32_t>(target.begin(), target.end() - 1));
+    }
+  }
+}
+
+TEST_CASE("parallel text streams: a stream is read when its first example is made, and no other") {
+  TempDir dir;
+  const auto [src, tgt] = writeParallel(dir, 3000);
+  const ParallelText whole = loadParallelText(src, tgt);
+  auto scan = std::make_shared<const ParallelScan>(scanParallelText(src, tgt, {}, nullptr, nullptr));
+  const size_t kept = scan->sourceLengths.size();
+  const Dataset streams = translationStreams(scan, whole.source, whole.target, kept, 2);
+  CHECK(streams.size() == kept);
+  const auto [first, last] = streamRange(0, 2, kept);
+  // The target file's last quarter now holds other lines (of 6 words): only stream 1 reads them.
+  std::ifstream in(tgt);
+  std::string rewritten;
+  int line = 0;
+  for (std::string text; std::getline(in, text); ++line) rewritten += (line < 2250 ? text : "a b c d e f") + "\n";
+  in.close();
+  std::ofstream(tgt, std::ios::trunc) << rewritten;
+  CHECK(fieldOf(streams, "source", first, last) == fieldOf(whole.examples, "source", first, last));
+  CHECK(fieldOf(streams, "target_in", first, last) == fieldOf(whole.examples, "target_in", first, last));
+  CHECK(streams.length(last - 1, "target_out") == whole.examples[last - 1].at("target_out").numel());
+  const std::string error = errorOf([&] { streams.example(last); });
+  CHECK(contains(error, tgt + ":2252: the line has 6 words where the first reading found"));  // 2251: skipped
+  CHECK(contains(error, "the file changed while the job ran"));
+}
+
+TEST_CASE("parallel text: a side of more than 65535 words is refused, naming the file and line") {
+  TempDir dir;
+  std::string words;
+  for (int i = 0; i < 65536; ++i) words += "a ";
+  const std::string src = dir.write("h.src", "ok\n" + words + "\n");
+  const std::string tgt = dir.write("h.tgt", "ok\nfine\n");
+  CHECK(contains(errorOf([&] { loadParallelText(src, tgt); }),
+                 src + ":2: the line has 65536 words, more than the 65535"));
+  ParallelTextOptions options;
+  options.maxLength = 100;  // skipped instead
+  CHECK(loadParallelText(src, tgt, options).skipped == 1);
 }
