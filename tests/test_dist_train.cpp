@@ -1304,7 +1304,8 @@ TEST_CASE(
   const CliRun alone = weftCli("train " + flags + "--out " + dir.file("alone"));
   REQUIRE_MESSAGE(alone.status == 0, alone.output);
   const fs::path log = dir.path / "log";
-  const pid_t launcher = startJob(flags + "--cluster " + cluster + " --min-workers 2 --out " + dir.file("grown"), log);
+  const pid_t launcher =
+      startJob(flags + "--cluster " + cluster + " --min-workers 2 --probe-every 1 --out " + dir.file("grown"), log);
   REQUIRE_MESSAGE(waitUntil([&] { return fs::exists(dir.path / "grown" / "checkpoint.safetensors"); }, 120s),
                   readText(log));
   dir.write("up-2", "");
@@ -1320,6 +1321,17 @@ TEST_CASE(
   CHECK(contains(text, "weft launch: the job stopped at a checkpoint; starting it again with 3 workers on 3 hosts"));
   CHECK(contains(text, "\"workers\":3"));
   checkSameCheckpoints(dir.file("alone"), dir.file("grown"), kMlpF64Tolerance);
+}
+
+TEST_CASE("--min-workers: a start without a host between others says which of its hosts are which") {
+  TempDir dir;
+  dir.write("up-2", "");  // host 1 is missing: the job's hosts 0 and 1 are the specification's 0 and 2
+  const CliRun r = weftCli("train mlp --cluster " + gatedCluster(dir.path, 3) +
+                           " --min-workers 2 --batch 8 --steps 2 --threads 1 --timeout 30 --out " + dir.file("run"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(contains(r.output,
+                 "starting with 2 workers on 2 hosts (its hosts 0, 1 are the specification's 0, 2); left "
+                 "out host 1 (127.0.0.1): "));
 }
 
 TEST_CASE("--min-workers: hosts that answer for fewer workers stop the launch, each named with why") {

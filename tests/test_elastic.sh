@@ -105,7 +105,7 @@ at_host0 "${train[@]}" --out "$work/whole" >"$work/whole.log" 2>&1 || fail "the 
 elastic_run() {
   local run=$1 change=$2
   shift 2
-  at_host0 "${train[@]}" --min-workers 2 "$@" --out "$work/$run" >"$work/$run.log" 2>&1 &
+  at_host0 "${train[@]}" --min-workers 2 --probe-every 1 "$@" --out "$work/$run" >"$work/$run.log" 2>&1 &
   local launcher=$!
   wait_for "$work/$run/checkpoint.safetensors" "the elastic run $run wrote no checkpoint"
   $change

@@ -34,6 +34,7 @@ struct LaunchFlags {
   int64_t partitionSearchSteps = 100;
   int maxRestarts = 0;
   int minWorkers = 0;
+  double probeEvery = 5;
   double rendezvousSeconds = 60;
   bool encrypt = false;
 };
@@ -100,6 +101,10 @@ void addLaunchFlags(CLI::App& app, LaunchFlags& f) {
                  "leaves out a host that is gone, and one that answers again joins after the job stops at a "
                  "checkpoint (dist::TrainingLoop stops when asked)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--probe-every", f.probeEvery,
+                 "seconds between an elastic job's probes of the hosts it runs without (--min-workers)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--rendezvous-timeout", f.rendezvousSeconds, "seconds the processes have to join the job")
       ->capture_default_str()->check(CLI::PositiveNumber);
 }
@@ -147,6 +152,7 @@ int runLaunch(int argc, char** argv) {
     options.rendezvousTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.rendezvousSeconds * 1000));
     options.maxRestarts = f.maxRestarts;
     options.minWorkers = f.minWorkers;
+    options.hostProbeInterval = std::chrono::milliseconds(static_cast<int64_t>(f.probeEvery * 1000));
     options.environment = launchSettings(f);
     if (f.partitions != "auto") return dist::launch(spec, command, options);
     WEFT_CHECK(f.minWorkers == 0,

@@ -77,6 +77,7 @@ struct TrainFlags {
   double timeout = 60;
   int maxRestarts = 0;
   int minWorkers = 0;  // > 0: an elastic job, on the hosts that answer
+  double probeEvery = 5;  // seconds between an elastic job's probes of the hosts it runs without
   // A job a cluster engine started (srun, mpirun, torchrun, Kubernetes).
   int serversPerHost = -1;  // -1: one where the model updates embeddings sparsely, else none
   std::string secretFile;
@@ -345,6 +346,7 @@ class Trainer {
     // After a member fails the whole job starts again, from the last checkpoint once there is one.
     launch.maxRestarts = flags_.maxRestarts;
     launch.minWorkers = flags_.minWorkers;
+    launch.hostProbeInterval = std::chrono::milliseconds(static_cast<int64_t>(flags_.probeEvery * 1000));
     // The total batch stays the same at every size: each worker takes an even share of it.
     launch.admitsWorkers = [batch = flags_.batch](int workers) { return batch % workers == 0; };
     launch.restartCommand = [this](int) {
@@ -1160,6 +1162,10 @@ void addJobFlags(CLI::App& cmd, TrainFlags& f) {
                  "an elastic --cluster job: it runs on the hosts that answer, with at least N workers; a restart "
                  "leaves out a host that is gone, and a host that answers again joins after a checkpoint (the total "
                  "--batch, which must be given, stays the same)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--probe-every", f.probeEvery,
+                 "seconds between an elastic job's probes of the hosts it runs without (--min-workers)")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
 }
 

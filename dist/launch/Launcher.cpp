@@ -753,10 +753,25 @@ Start runOnce(const ResourceSpec& spec, const std::string& coordinatorHost, cons
   return {outcome, running.cause()};
 }
 
+/// " (its hosts 0, 1 are the specification's 0, 2)" when hosts were left out before others, so
+/// that a member named later ("worker 0 of host 1") can be found; "" when the numbers agree.
+std::string renumbered(const Sizing& sizing) {
+  std::string own, theirs;
+  int next = 0;
+  bool shifted = false;
+  for (size_t h = 0; h < sizing.workersPerHost.size(); ++h) {
+    if (sizing.workersPerHost[h] == 0) continue;
+    shifted = shifted || static_cast<size_t>(next) != h;
+    own += fmt::format("{}{}", own.empty() ? "" : ", ", next++);
+    theirs += fmt::format("{}{}", theirs.empty() ? "" : ", ", h);
+  }
+  return shifted ? fmt::format(" (its hosts {} are the specification's {})", own, theirs) : "";
+}
+
 /// "; host 2 (10.0.0.3) left out: `ip netns exec h2 true` exited with status 1: ..." for each
 /// host an elastic start leaves out, or "".
 std::string leftOut(const Sizing& sizing) {
-  std::string out;
+  std::string out = renumbered(sizing);
   for (const std::string& a : sizing.absent) out += "; left out " + a;
   if (sizing.idle > 0)
     out += fmt::format("; {} worker{} of the hosts that answer left out: the program cannot train with {}", sizing.idle,
