@@ -121,25 +121,46 @@ class OptimizerSharding {
       graph_.addControlInput(gathered, a);
   }
 
-  /// Clipping reads the whole gradients' squared norms: each is the sum over the workers of
-  /// their shards' norms, all summed in one AllReduce per dtype.
-  void sumNorms() {
+  /// What reads the whole gradients runs on each worker's shards, and its results are summed
+  /// over the workers, all in one AllReduce per dtype. Clipping's squared norm of a whole
+  /// gradient is the sum of its shards' norms. Loss scaling's check that every gradient is
+  /// finite becomes each worker's check of its shards (and of the gradients not sharded, the same
+  /// on every worker): the logarithm of its answer, 0 or -inf, summed over the workers is finite
+  /// only where every worker's check passed, so the workers skip a step together.
+  void sumChecks() {
+    for (Node* check : checks_) {
+      std::vector<Output> inputs;
+      for (const Output& in : check->inputs) {
+        auto shard = onShard_.find(in);
+        inputs.push_back(shard == onShard_.end() ? in : shard->second);
+      }
+      auto placed = graph_.onDevice(check->device);
+      const Output local = graph_.addNode(check->op, inputs, check->attrs, check->name + "/shard")->output();
+      norms_.push_back({check->output(), check->op == "AllFinite" ? log(local) : local});
+    }
     std::map<DType, std::vector<std::pair<Output, Output>>> byDType;
     for (const auto& [whole, shard] : norms_) byDType[shard.dtype()].push_back({whole, shard});
     for (const auto& [dtype, pairs] : byDType) {
       std::vector<Output> shards;
       for (const auto& p : pairs) shards.push_back(p.second);
       const std::vector<Output> sums = allReduce(shards, options_.hostRing, 1.0);
-      for (size_t i = 0; i < pairs.size(); ++i) graph_.replaceUses(pairs[i].first, sums[i]);
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        Node* whole = pairs[i].first.node();
+        // The check stays the node the updates' run condition names.
+        if (whole->op == "AllFinite")
+          graph_.rebuild(whole, whole->op, {sums[i]}, whole->attrs);
+        else
+          graph_.replaceUses(pairs[i].first, sums[i]);
+      }
     }
   }
 
  private:
   /// The chain from the gradient to the update must work element by element on what it computes
   /// from the gradient, with scalars beside it (clipping's factor, casts), to run on a shard; and
-  /// nothing outside it may read what it computes, which exists only as shards (loss scaling's
-  /// check that every gradient is finite, a norm of the unscaled gradient).
-  static void checkShardable(const ServedVariable& u, const std::map<const Node*, std::vector<const Node*>>& readers) {
+  /// nothing outside it may read what it computes, which exists only as shards, besides the
+  /// checks that sumChecks runs on shards (a squared norm, loss scaling's AllFinite).
+  void checkShardable(const ServedVariable& u, const std::map<const Node*, std::vector<const Node*>>& readers) {
     const std::set<const Node*> chain(u.chain.begin(), u.chain.end());
     std::set<Output> fromGradient{u.gradient.dense};
     const Shape& shape = u.variable->outputs[0].shape;
@@ -160,21 +181,24 @@ class OptimizerSharding {
       }
       const auto read = readers.find(n);
       if (read == readers.end()) continue;
-      for (const Node* reader : read->second)
-        WEFT_CHECK(chain.count(reader),
+      for (const Node* reader : read->second) {
+        if (chain.count(reader)) continue;
+        WEFT_CHECK(reader->op == "SquaredNorm" || reader->op == "AllFinite",
                    "variable '{}' cannot be sharded: {} reads {}, which exists only as shards on the way from its "
                    "gradient to its update",
                    u.variable->name, reader->describe(), n->describe());
+        checks_.insert(const_cast<Node*>(reader));
+      }
     }
   }
 
   /// Copies the chain onto `gradientShard`, shards the slots and points the update at them.
   void shardUpdate(const ServedVariable& u, Output gradientShard) {
     const ShardRange range = shardOf(Graph::wholeShapeOf(*u.variable).numel(), options_.rank, options_.workers);
-    std::map<Output, Output> onShard{{u.gradient.dense, gradientShard}};
+    onShard_.emplace(u.gradient.dense, gradientShard);
     auto mapped = [&](const Output& in) {
-      auto it = onShard.find(in);
-      return it == onShard.end() ? in : it->second;
+      auto it = onShard_.find(in);
+      return it == onShard_.end() ? in : it->second;
     };
     for (Node* n : u.chain) {
       if (n == u.update) continue;
@@ -183,7 +207,7 @@ class OptimizerSharding {
       auto placed = graph_.onDevice(n->device);
       Node* copy = graph_.addNode(n->op, inputs, n->attrs, n->name + "/shard");
       for (size_t k = 0; k < n->outputs.size(); ++k)
-        onShard[n->output(static_cast<int>(k))] = copy->output(static_cast<int>(k));
+        onShard_[n->output(static_cast<int>(k))] = copy->output(static_cast<int>(k));
     }
     if (u.squaredNorm != nullptr) {
       Node* norm = graph_.addNode(u.squaredNorm->op, {gradientShard}, u.squaredNorm->attrs,
@@ -334,7 +358,12 @@ class OptimizerSharding {
   Graph& graph_;
   const TransformOptions& options_;
   std::map<const Node*, ServedVariable> updates_;
-  std::vector<std::pair<Output, Output>> norms_;  // a whole gradient's norm, its shard's
+  std::vector<std::pair<Output, Output>> norms_;  // a whole gradient's check, what a worker sums of it
+  std::map<Output, Output> onShard_;              // a value of an update's chain, its shard's
+  struct ById {
+    bool operator()(const Node* a, const Node* b) const { return a->id < b->id; }
+  };
+  std::set<Node*, ById> checks_;  // what reads chain values besides the chains: run on shards
 };
 
 }  // namespace
@@ -443,7 +472,7 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     if (openBytes[key] >= options.bucketBytes) flush(key);
   }
   for (auto& [key, bucket] : open) flush(key);
-  sharding.sumNorms();
+  sharding.sumChecks();
   return result;
 }
 

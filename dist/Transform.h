@@ -72,12 +72,13 @@ struct DistributedGraph {
 /// outside the backward pass are left alone.
 ///
 /// With `shardOptimizer` (ZeRO stages 1 and 2), every dense variable an update op writes is
-/// sharded instead (throwing, naming it, where its gradient is read by more than its update and
-/// clipping, or on the way by anything but element-wise ops with scalars): its bucket is
-/// reduce-scattered, so the worker receives
+/// sharded instead (throwing, naming it, where its gradient is read by more than its update,
+/// clipping and loss scaling's check, or on the way by anything but element-wise ops with
+/// scalars): its bucket is reduce-scattered, so the worker receives
 /// its shard of the summed gradient alone (the full one never exists after the bucket is sent);
 /// its optimizer slots hold that shard of themselves (Graph::shardVariable); clipping's squared
-/// norm is the sum over workers of the shards' norms (one AllReduce of them all); the update
+/// norm is the sum over workers of the shards' norms, and loss scaling's AllFinite passes only
+/// where every worker's check of its shards did (one AllReduce of them all); the update
 /// writes the worker's shard of the variable ("shard_offset"), and an all-gather per bucket
 /// fills in the other workers' shards before the step ends. Every worker keeps the whole
 /// variable for its forward and backward passes. Rank r's shard of n elements is elements

@@ -562,6 +562,83 @@ TEST_CASE("a step that overflows on one worker is skipped by every worker, as on
   checkSame(workers[1], alone);
 }
 
+namespace {
+
+/// A loss-scaled regression of each of 6 columns on its own weight, in float64, trained by Adam:
+/// an infinity in column 5 overflows the gradient of weight 5 alone, which under --shard lies in
+/// the last worker's shard, so that only that worker's own check of its shard sees it.
+struct ColumnModel {
+  Graph g;
+  Output x, y, loss;
+  Node* step = nullptr;
+
+  ColumnModel() {
+    g.setSeed(5);
+    x = g.placeholder("x", f64, {-1, 6});
+    y = g.placeholder("y", f64, {-1, 6});
+    const Output w = g.variable("w", f64, {6}, Initializer::normal(0, 1));
+    loss = mean(square(x * w - y));
+    optim::MinimizeOptions options;
+    options.lossScaling = optim::LossScaling{};
+    step = optim::Adam(0.1).minimize(loss, options);
+  }
+};
+
+/// The total batch of `step`; the second step's last example holds an infinity in column 5.
+std::pair<Tensor, Tensor> columnBatch(int64_t step) {
+  Tensor x = randomTensor(f64, {kBatch, 6}, 500 + static_cast<uint64_t>(step));
+  if (step == 1) x.data<double>()[x.numel() - 1] = INFINITY;
+  return {x, randomTensor(f64, {kBatch, 6}, 600 + static_cast<uint64_t>(step))};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--shard: a step that overflows in one worker's shard alone is skipped by every worker, as one session "
+    "skips it") {
+  std::map<std::string, std::vector<double>> alone;
+  {
+    ColumnModel m;
+    Session s(m.g, {1, false});
+    for (int64_t step = 0; step < kSteps; ++step) {
+      const auto [x, y] = columnBatch(step);
+      s.run({m.loss}, {{m.x, x}, {m.y, y}}, {m.step});
+    }
+    alone = variablesOf(s);
+  }
+  CHECK(alone.at("global_step")[0] == kSteps - 1);
+  CHECK(alone.at("loss_scale")[0] == optim::LossScaling{}.initial / 2);
+
+  for (const Sharding sharding : {Sharding::Optimizer, Sharding::Parameters}) {
+    CAPTURE(std::string(shardingName(sharding)));
+    auto network = std::make_shared<LoopbackNetwork>();
+    Config config = jobConfig(Architecture::AllReduce);
+    config.sharding = sharding;
+    std::vector<JobContext> members = loopbackJob(network, {2}, false, config);
+    std::vector<std::map<std::string, std::vector<double>>> workers(2);
+    const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
+      ColumnModel m;
+      Runner runner = makeWorker(std::move(members[i]), m.g, config);
+      const int64_t part = kBatch / 2, rank = runner.rank();
+      for (int64_t step = 0; step < kSteps; ++step) {
+        const auto [x, y] = columnBatch(step);  // only worker 1's half holds the infinity
+        runner.run({m.loss},
+                   {{m.x, rowsOf(x, rank * part, (rank + 1) * part)}, {m.y, rowsOf(y, rank * part, (rank + 1) * part)}},
+                   {m.step});
+      }
+      WholeValues wholes = runner.gatherShards();
+      runner.finish();
+      if (rank != 0) return;
+      std::map<std::string, std::vector<double>>& held = workers[0];
+      held = variablesOf(runner.session());
+      for (const auto& [name, whole] : wholes) held[name] = whole.toDoubles();
+    });
+    for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+    // The weight, Adam's slots of it, the loss scale, its count of good steps and the step count.
+    checkSame(workers[0], alone);
+  }
+}
+
 TEST_CASE("a loss-scaled step with a variable on the parameter servers is refused, naming the variable") {
   auto network = std::make_shared<LoopbackNetwork>();
   const Config config = jobConfig(Architecture::Auto);

@@ -11,6 +11,8 @@
 #include "ops/Ops.h"
 #include "optim/Optimizer.h"
 
+#include <set>
+
 using namespace weft;
 using namespace weft::dist;
 
@@ -169,13 +171,13 @@ struct ShardedModel {
   Output emb, w, b, loss;
   optim::Adam adam{0.1};
   Node* step = nullptr;
-  explicit ShardedModel(Sharding sharding = Sharding::Optimizer) {
+  explicit ShardedModel(Sharding sharding = Sharding::Optimizer, bool lossScaled = false) {
     const Output ids = g.placeholder("ids", i32, {4});
     emb = g.variable("emb", f32, {10, 3}, Initializer::normal(0, 1));
     w = g.variable("w", f32, {3, 5}, Initializer::normal(0, 1));
     b = g.variable("b", f32, {5}, Initializer::zeros());
     loss = sum(square(matmul(gather(emb, ids), w) + b));
-    step = adam.minimize(loss, {1.0, {}, std::nullopt});
+    step = adam.minimize(loss, {1.0, {}, lossScaled ? std::optional{optim::LossScaling{}} : std::nullopt});
     TransformOptions o;
     o.workers = 3;
     o.rank = 1;
@@ -387,13 +389,50 @@ TEST_CASE("--shard parameters: a reader that writes a sharded parameter is refus
                  "variable 'w' cannot have its parameters sharded: op 'Assign'"));
 }
 
-TEST_CASE("--shard optimizer refuses a variable whose scaled gradient something besides its update reads") {
-  // Loss scaling checks every unscaled gradient for overflow before any update: those values
-  // would exist only as shards.
+TEST_CASE("--shard: loss scaling's finite check runs on each worker's shards, summed with the norms") {
+  for (const Sharding sharding : {Sharding::Optimizer, Sharding::Parameters}) {
+    CAPTURE(std::string(shardingName(sharding)));
+    ShardedModel m(sharding, true);
+    // The updates still run on the check the loss scale named, which now reads the sum over the
+    // workers of the logarithm of each worker's own check.
+    const Node* update = m.updateOf(m.w);
+    REQUIRE(update != nullptr);
+    const Node* check = update->condition.node();
+    REQUIRE(check->op == "AllFinite");
+    REQUIRE(check->inputs.size() == 1);
+    const Node* summed = check->inputs[0].node();
+    CHECK(summed->op == "AllReduceWait");
+    // One AllReduce: the two squared norms and the logarithm of this worker's check.
+    const std::vector<Node*> sums = m.nodesOf("AllReduceStart");
+    REQUIRE(sums.size() == 1);
+    std::multiset<std::string> summedOps;
+    const Node* local = nullptr;
+    for (const Output& in : sums[0]->inputs) {
+      summedOps.insert(in.node()->op);
+      if (in.node()->op == "Log") local = in.node()->inputs[0].node();
+    }
+    CHECK(summedOps == std::multiset<std::string>{"Log", "SquaredNorm", "SquaredNorm"});
+    REQUIRE(local != nullptr);
+    CHECK(local->op == "AllFinite");
+    // This worker's check reads its shards of w (15 elements, [5, 10)) and b (5, [1, 3)), unscaled,
+    // and the embedding's gradient rows gathered from the 3 workers (4 rows of 3 each), not sharded.
+    std::multiset<int64_t> checked;
+    for (const Output& in : local->inputs) checked.insert(in.shape().numel());
+    CHECK(checked == std::multiset<int64_t>{2, 5, 3 * 4 * 3});
+  }
+}
+
+TEST_CASE("--shard optimizer refuses a variable whose unscaled gradient something besides its update reads") {
+  // Only clipping's norm and loss scaling's check run on shards: any other reader of the values
+  // between the gradient and the update would need them whole.
   Graph g;
   const Output w = g.variable("w", f32, {3, 5}, Initializer::normal(0, 1));
   const Output x = g.placeholder("x", f32, {4, 3});
-  optim::Adam(0.1).minimize(sum(square(matmul(x, w))), {0.0, {}, optim::LossScaling{}});
+  optim::Adam adam(0.1);
+  const std::vector<Grad> grads = gradients(sum(square(matmul(x, w))), {w});
+  const Output halved = grads[0].dense * 0.5;
+  adam.applyGradients({{Grad(halved), w}});
+  [[maybe_unused]] const Output watched = sum(halved);
   TransformOptions o;
   o.workers = 2;
   o.shardOptimizer = true;

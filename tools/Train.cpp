@@ -274,9 +274,6 @@ class Trainer {
     WEFT_CHECK(flags_.dtype == "f32" || precision == f32,
                "--dtype {} computes everything in {}; mixed precision (--precision {}) needs f32", flags_.dtype,
                flags_.dtype, flags_.precision);
-    WEFT_CHECK(flags_.shard == "none" || precision != f16,
-               "--shard {} with --precision f16: loss scaling checks every whole gradient for overflow, and a "
-               "sharded worker holds only its shard of each (not implemented)", flags_.shard);
     dist::Config config = jobConfig();
     const int workers = flags_.distributed() ? static_cast<int>(resources.workers().size()) : 1;
     dist::checkConfig(config, {workers, flags_.distributed() ? resources.serverCount() : 0,
