@@ -35,6 +35,7 @@ constexpr std::chrono::hours kAsLongAsTheyLive{24 * 365};
 
 namespace {
 void broadcastVariables(Session& session, HostCollectives& workers, const ServerPlan& plan);
+void refuseConditionalServedUpdates(const Graph& graph, const ServerPlan& plan);
 }  // namespace
 
 struct Runner::State {
@@ -208,6 +209,7 @@ struct Runner::State {
   void distributeServedVariables() {
     serversInGraph = true;
     if (plan.empty()) return;
+    refuseConditionalServedUpdates(pipeline->session().graph(), plan);
     applyPasses(pipeline->session().graph(),
                 {{"parameter servers", [this](Graph& g, DistributedGraph&) {
                     distributeParameterServers(g, plan, client->id());

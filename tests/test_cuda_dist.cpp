@@ -110,3 +110,12 @@ TEST_CASE("pipelines: stage processes sharing one GPU train like one process on 
   checkSameVariablesAs("lm", lmFlags, "--stages 2 --microbatches 2 --cluster " + sharedGpuCluster(four.path, 4), 1e-4,
                        onGpu);
 }
+
+TEST_CASE("pipelines in f16 with a loss scale: stage processes sharing one GPU train like one process on it") {
+  // One micro-batch: the stages multiply the same rows in f16 as the one process does. Each stage
+  // checks its gradients on the GPU and the last stage decides for all (tests/test_pipeline.cpp
+  // checks a skipped step).
+  TempDir dir;
+  checkSameVariablesAs("mlp", mlpFlags + " --precision f16",
+                       "--stages 2 --microbatches 1 --cluster " + sharedGpuCluster(dir.path, 2), 1e-5, onGpu);
+}

@@ -91,6 +91,17 @@ TEST_CASE("MLP in f16 with loss scaling: 2 workers train like one process, with 
   checkSameVariables("mlp", flags, 2, 0.05, "--arch ar");
 }
 
+TEST_CASE("MLP in f16 with loss scaling, pipelined: 2 stages train like one process, 2 replicas like 2 workers") {
+  // With one micro-batch the stages multiply the same rows in f16 as one process (or one
+  // data-parallel worker) does; micro-batches would round each part's products apart.
+  // test_pipeline checks micro-batches in float64, with a step skipped for one stage's gradient.
+  const std::string flags =
+      "--train-size 1024 --test-size 64 --batch 64 --steps 12 --eval-every 12 --threads 1 "
+      "--timeout 30 --precision f16";
+  checkSameVariablesAs("mlp", flags, "--stages 2 --microbatches 1", 1e-5);
+  checkSameVariablesAs("mlp", flags + " --workers 2", "--stages 2 --microbatches 1", 1e-5, "--arch ar");
+}
+
 TEST_CASE("MLP pipelined over 2 and 3 stage processes trains like one process, under every schedule") {
   for (const char* schedule : {"gpipe", "1f1b", "zb"}) {
     for (int stages : {2, 3}) {
@@ -598,6 +609,14 @@ TEST_CASE("--virtual-stages: counts a schedule cannot take are refused before an
   checkRefused("mlp --stages 2 --schedule interleaved", "interleaved 1F1B needs 2 or more virtual stages");
   checkRefused("mlp --stages 2 --microbatches 3 --schedule interleaved --virtual-stages 2",
                "3 micro-batches do not divide among 2 stages");
+}
+
+TEST_CASE("a loss-scaled pipeline whose stages update variables on the parameter servers is refused, naming one") {
+  // The servers would apply the embedding's update in a step the stages skip.
+  checkRefused(
+      "lm --vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 40 "
+      "--heldout-sentences 20 --batch 16 --timeout 30 --precision f16 --stages 2 --microbatches 2 --servers 1",
+      "which the parameter servers do not see: 'embedding/table' is updated there whatever the condition");
 }
 
 TEST_CASE("--sync: combinations that cannot work and malformed values are refused before any process starts") {

@@ -37,13 +37,15 @@ enum class Tie {
 
 /// Embedding (a sparse gradient) and `layers` dense layers in float64, the layers spread over
 /// `stages` stages in order; the embedding is in stage 0. Tied, the last layer's 5 outputs are
-/// scored against rows of the embedding table, in the last stage.
+/// scored against rows of the embedding table, in the last stage. Loss-scaled, stage 0 adds
+/// sqrt(x^2 w) to the input: finite, but the gradient of w is 0/0 where an input is exactly 0,
+/// so that one stage's gradient alone is not finite.
 struct Model {
   Graph g;
   Output ids, x, y, candidates, loss;
   Node* step = nullptr;
 
-  explicit Model(int stages, double clip = 0, Tie tie = Tie::None, int layers = 4) {
+  explicit Model(int stages, double clip = 0, Tie tie = Tie::None, int layers = 4, bool lossScaled = false) {
     g.setSeed(11);
     ids = g.placeholder("ids", i64, {-1});
     x = g.placeholder("x", f64, {-1, 5});
@@ -53,6 +55,7 @@ struct Model {
       auto first = g.stage(0);
       table = g.variable("embedding", f64, {30, 5}, Initializer::normal(0, 0.5));
       h = gather(table, ids) + x;
+      if (lossScaled) h = h + sqrt(x * x * g.variable("sqrt_weight", f64, {5}, Initializer::constant(1)));
     }
     std::vector<int64_t> widths(static_cast<size_t>(layers) + 1, 8);
     widths.front() = 5;
@@ -73,10 +76,12 @@ struct Model {
     loss = nn::meanSparseCrossEntropy(h, y);
     optim::MinimizeOptions options;
     options.clipGlobalNorm = clip;
+    if (lossScaled) options.lossScaling = optim::LossScaling{};
     step = optim::Adam(0.05).minimize(loss, options);
   }
 
   int64_t loudStep = -1;  ///< a step whose inputs are 1000 times larger: its gradients clip
+  int64_t zeroStep = -1;  ///< a step whose first input is 0: loss-scaled, its stage 0 gradient is not finite
 
   FeedMap feeds(int64_t step, int64_t rows) const {
     Tensor idValues(i64, {rows}), labels(i64, {rows});
@@ -86,6 +91,7 @@ struct Model {
     }
     Tensor inputs = randomTensor(f64, {rows, 5}, 300 + static_cast<uint64_t>(step));
     if (step == loudStep) scaleGradient(inputs, 1000);
+    if (step == zeroStep) inputs.data<double>()[0] = 0;
     FeedMap feeds{{ids, idValues}, {x, inputs}, {y, labels}};
     if (candidates.valid()) {
       // Rows the input looks up too (2, 9) and rows it never does (29).
@@ -97,10 +103,13 @@ struct Model {
 
 constexpr int64_t kRows = 8, kSteps = 3;
 
-/// How many steps to train, and which one has loud inputs (Model::loudStep).
+/// How many steps to train, which one has loud inputs (Model::loudStep), whether the loss is
+/// scaled, and which step's gradient on stage 0 is then not finite (Model::zeroStep).
 struct Steps {
   int64_t count = kSteps;
   int64_t loud = -1;
+  bool lossScaled = false;
+  int64_t zero = -1;
 };
 
 struct Trained {
@@ -114,8 +123,9 @@ struct Trained {
 
 /// kSteps single-device steps on the whole batch.
 Trained singleDevice(double clip, Tie tie = Tie::None, int layers = 4, Steps steps = {}) {
-  Model m(1, clip, tie, layers);
+  Model m(1, clip, tie, layers, steps.lossScaled);
   m.loudStep = steps.loud;
+  m.zeroStep = steps.zero;
   Session session(m.g);
   Trained out;
   for (int64_t s = 0; s < steps.count; ++s)
@@ -160,12 +170,13 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
   result.redone.resize(static_cast<size_t>(stages));
   std::vector<std::unique_ptr<Model>> models;
   for (int s = 0; s < stages; ++s)
-    models.push_back(std::make_unique<Model>(schedule.modelStages(stages), clip, tie, layers));
+    models.push_back(std::make_unique<Model>(schedule.modelStages(stages), clip, tie, layers, steps.lossScaled));
   const std::vector<int> processOf = processOfStage(schedule.orders(stages, microbatches));
   std::mutex copies;
   result.errors = onThreads(static_cast<size_t>(stages), [&](size_t s) {
     Model& m = *models[s];
     m.loudStep = steps.loud;
+    m.zeroStep = steps.zero;
     PipelineOptions options;
     options.stages = stages;
     options.microbatches = microbatches;
@@ -361,6 +372,27 @@ TEST_CASE("post-validation: stages update on the last steps' clip scale, and red
   // Clipping every step: the scale differs each step, so no stage guesses.
   const Trained clipped = checkEquivalent(3, 4, PipelineSchedule::OneFOneB, 0.05, Tie::None, 4, {.count = 5});
   CHECK(clipped.guessed == std::vector<size_t>{0, 0, 0});
+}
+
+TEST_CASE(
+    "loss scaling: a step whose gradient is not finite on one stage is skipped by every stage, as one device "
+    "skips it") {
+  // Step 2's gradient of stage 0's sqrt_weight is 0/0: one device skips the step, halves the loss
+  // scale and counts 4 steps of 5. Every stage skips it together, each halving its own copy of
+  // the scale that the loss's stage multiplies by and every stage's update divides by; a stage
+  // that decided alone would move its variables at step 2. A skipped step is not guessed.
+  const Steps steps{.count = 5, .lossScaled = true, .zero = 2};
+  const Trained expected = singleDevice(2, Tie::None, 4, steps);
+  CHECK(expected.variables.at("global_step").item() == 4);
+  CHECK(expected.variables.at("loss_scale").item() == optim::LossScaling{}.initial / 2);
+  for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
+    const Trained run = checkEquivalent(3, 4, schedule, 2, Tie::None, 4, steps);
+    CHECK(run.guessed == std::vector<size_t>{0, 0, 0});
+  }
+  // Processes holding two stages each, the first and the last under zbv.
+  for (const StepSchedule& schedule :
+       {StepSchedule(PipelineSchedule::ZeroBubbleV), StepSchedule(PipelineSchedule::Interleaved, 2)})
+    checkEquivalent(2, 4, schedule, 2, Tie::None, 4, steps);
 }
 
 TEST_CASE("a pipelined step run by a schedule file's orders equals single-device training on the whole batch") {

@@ -3,6 +3,7 @@
 
 #include "core/Error.h"
 #include "core/OpRegistry.h"
+#include "ops/Ops.h"
 
 #include <fmt/format.h>
 
@@ -97,6 +98,26 @@ void splitRecurrentGradients(Graph& g) {
       g.replaceUses(fused->output(i),
                     i < split->inputOutputs ? input->output(i) : weights->output(i - split->inputOutputs));
     fused->attrs.set(kWeightsApart, int64_t{weights->id});
+  }
+}
+
+/// Loss scaling's check that every gradient is finite (AllFinite) reads the gradients of every
+/// stage. Each gradient is checked by an AllFinite of its own, which the cut puts on the
+/// gradient's stage, and the check reads the logarithms of their answers (0, or -inf for a
+/// gradient that overflowed): scalars cross the stages, not gradients, as clipping's squared
+/// norms do. A check of scalars alone is left as it is.
+void splitFiniteChecks(Graph& g) {
+  for (size_t id = 0, count = g.size(); id < count; ++id) {
+    Node* check = g.node(static_cast<int>(id));
+    if (check->op != "AllFinite" || std::all_of(check->inputs.begin(), check->inputs.end(),
+                                                [](const Output& in) { return in.shape().numel() == 1; }))
+      continue;
+    std::vector<Output> answers;
+    for (const Output& in : check->inputs) {
+      auto placed = g.onDevice(in.node()->device);
+      answers.push_back(log(g.addNode("AllFinite", {in}, check->attrs, check->name + "/" + in.node()->name)->output()));
+    }
+    g.rebuild(check, check->op, answers, check->attrs);
   }
 }
 
@@ -287,11 +308,7 @@ class Cutter {
       stack.pop_back();
       if (needed_[at(n)]) continue;
       needed_[at(n)] = 1;
-      WEFT_CHECK(!n->condition.valid(),
-                 "{} runs only when {} holds; a pipelined step does not run conditional updates (such as a loss "
-                 "scale's skipped steps)",
-                 n->describe(), n->condition.name());
-      for (const Output& in : n->inputs) stack.push_back(in.node());
+      for (const Output& in : readsOf(n)) stack.push_back(in.node());
       for (Node* c : n->controlInputs) stack.push_back(c);
     }
   }
@@ -494,11 +511,18 @@ class Cutter {
     }
   }
 
+  /// What a node reads: its inputs and, where it runs only when a condition holds, the condition.
+  static std::vector<Output> readsOf(const Node* n) {
+    std::vector<Output> reads = n->inputs;
+    if (n->condition.valid()) reads.push_back(n->condition);
+    return reads;
+  }
+
   const std::vector<Node*>& consumers(const Node* n) {
     if (consumers_.empty()) {
       consumers_.resize(g_.size());
       for (Node* c : order_)
-        for (const Output& in : c->inputs) consumers_[at(in.node())].push_back(c);
+        for (const Output& in : readsOf(c)) consumers_[at(in.node())].push_back(c);
     }
     return consumers_[at(n)];
   }
@@ -671,6 +695,9 @@ class Cutter {
       }
       int s = kNone;
       for (int m : n->def->mutatedInputs) s = std::max(s, ownerOf(n->inputs[static_cast<size_t>(m)].node()));
+      // State that only the update reads (a loss scale's count of good steps) goes with what
+      // computes its new value, below; replicateSharedState decides what several stages read.
+      if (s == kNone && updatesUntrainedState(n)) continue;
       WEFT_CHECK(s != kNone, "{} updates {}, which no forward or backward op of the pipeline reads: no stage holds it",
                  n->describe(), n->inputs[static_cast<size_t>(n->def->mutatedInputs[0])].name());
       stage(n) = s;
@@ -691,6 +718,30 @@ class Cutter {
       if (phase(n) != Phase::Update || stage(n) == kNone) continue;
       for (Node* v : variablesRead(n)) readers_[v].insert(stage(n));
       for (int m : n->def->mutatedInputs) readers_[n->inputs[static_cast<size_t>(m)].node()].insert(stage(n));
+    }
+    replicateSharedState();
+  }
+
+  /// Whether `n` writes only variables no optimizer trains and no tied or served one.
+  bool updatesUntrainedState(const Node* n) const {
+    for (int m : n->def->mutatedInputs) {
+      const Node* v = n->inputs[static_cast<size_t>(m)].node();
+      if (v->attrs.get<bool>("trainable") || isTied(v) || servedCopies_.count(v)) return false;
+    }
+    return true;
+  }
+
+  /// State that one stage's update writes and other stages read (a loss scale: the loss's stage
+  /// multiplies by it, every stage's update divides its gradients by it) is every stage's: each
+  /// runs the update on its own copy, from the same values, so that the copies stay equal.
+  void replicateSharedState() {
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || !mutates(n) || stage(n) == kNone || !updatesUntrainedState(n)) continue;
+      bool shared = false;
+      for (int m : n->def->mutatedInputs) shared |= readers_[n->inputs[static_cast<size_t>(m)].node()].size() > 1;
+      if (!shared) continue;
+      stage(n) = kNone;
+      replicated_.push_back(n);
     }
   }
 
@@ -725,22 +776,31 @@ class Cutter {
 
   void findTransfers() {
     std::map<std::pair<Output, int>, int> index;
+    auto add = [&](const Output& in, int to, Phase readIn) {
+      if (!isDynamicValue(in) || stage(in.node()) == kNone || stage(in.node()) == to) return;
+      if (index.count({in, to})) return;
+      Transfer t;
+      t.value = in;
+      t.from = stage(in.node());
+      t.to = to;
+      const Phase produced = phase(in.node());
+      if (readIn == Phase::Update)
+        t.receivedIn = Phase::Update;
+      else if (produced == Phase::Forward && t.from < t.to)
+        t.receivedIn = Phase::Forward;
+      else
+        t.receivedIn = Phase::Backward;
+      index[{in, to}] = static_cast<int>(cut_.transfers.size());
+      cut_.transfers.push_back(t);
+    };
     for (Node* n : order_) {
-      if (stage(n) == kNone || phase(n) == Phase::Static) continue;  // a tied gradient's sum: the runtime's
-      for (const Output& in : n->inputs) {
-        if (!isDynamicValue(in) || stage(in.node()) == kNone || stage(in.node()) == stage(n)) continue;
-        if (index.count({in, stage(n)})) continue;
-        Transfer t;
-        t.value = in;
-        t.from = stage(in.node());
-        t.to = stage(n);
-        const Phase produced = phase(in.node());
-        if (phase(n) == Phase::Update) t.receivedIn = Phase::Update;
-        else if (produced == Phase::Forward && t.from < t.to) t.receivedIn = Phase::Forward;
-        else t.receivedIn = Phase::Backward;
-        index[{in, stage(n)}] = static_cast<int>(cut_.transfers.size());
-        cut_.transfers.push_back(t);
-      }
+      if (phase(n) == Phase::Static) continue;
+      if (stage(n) != kNone) {
+        for (const Output& in : readsOf(n)) add(in, stage(n), phase(n));
+      } else if (phase(n) == Phase::Update) {  // a replicated update reads its values on every stage
+        for (const Output& in : readsOf(n))
+          for (int s : allStages()) add(in, s, Phase::Update);
+      }  // else a tied gradient's sum: the runtime's
     }
   }
 
@@ -769,7 +829,7 @@ class Cutter {
     for (Node* n : order_) {
       if (phase(n) != Phase::Update || stage(n) == kNone) continue;
       int w = 0;
-      for (const Output& in : n->inputs) {
+      for (const Output& in : readsOf(n)) {
         const Node* u = in.node();
         if (stage(u) == kNone) continue;
         w = std::max(w, (phase(u) == Phase::Update ? wave_[at(u)] : 0) + (stage(u) != stage(n) ? 1 : 0));
@@ -791,6 +851,12 @@ class Cutter {
       wave_[at(n)] = 2 * wave_[at(n)] + (awaited[at(n)] ? 0 : 1);
       lastWave_ = std::max(lastWave_, wave_[at(n)]);
     }
+    // The updates every stage runs for itself go with the last wave, or after it where they
+    // read what a stage computes in the update (a loss scale's next value).
+    replicatedWave_ = lastWave_;
+    for (const Node* r : replicated_)
+      for (const Output& in : readsOf(r))
+        if (isDynamicValue(in)) replicatedWave_ = lastWave_ + 1;
     dropControlEdgesBetweenWaves();
   }
 
@@ -814,14 +880,15 @@ class Cutter {
       case Phase::Forward: return 0;
       case Phase::Backward: return 1;
       case Phase::Weights: return 2;
-      case Phase::Update: return 3 + (cut_.stageOf[at(n)] == kNone ? lastWave_ : wave_[at(n)]);
+      case Phase::Update:
+        return 3 + (cut_.stageOf[at(n)] == kNone ? replicatedWave_ : wave_[at(n)]);
       case Phase::Static: break;
     }
     return kNone;
   }
 
   void buildRuns() {
-    const int runsPerStage = 4 + lastWave_;
+    const int runsPerStage = 4 + replicatedWave_;
     std::vector<std::vector<StageRun>> runs(static_cast<size_t>(cut_.stages),
                                             std::vector<StageRun>(static_cast<size_t>(runsPerStage)));
     auto runAt = [&](int s, int r) -> StageRun& { return runs[static_cast<size_t>(s)][static_cast<size_t>(r)]; };
@@ -835,7 +902,7 @@ class Cutter {
       for (int s : stages) {
         StageRun& run = runAt(s, runOf(n));
         if (mutates(n) || updatesServers(n)) run.targets.push_back(n);
-        for (const Output& in : n->inputs) {
+        for (const Output& in : readsOf(n)) {
           const Node* u = in.node();
           if (isPlaceholder(u)) addUnique(run.placeholders, in);
           else if (dynamic_[at(u)] && (stage(u) != s || runOf(u) != runOf(n))) addUnique(run.inputs, in);
@@ -845,12 +912,16 @@ class Cutter {
     // Each value leaving its run: fetched there, sent, kept or summed.
     for (Node* n : order_) {
       if (phase(n) == Phase::Static || isGroup(n) || isSource(n) || !dynamic_[at(n)]) continue;
+      if (stage(n) == kNone) continue;
       for (const Node* c : consumers(n)) {
-        for (size_t i = 0; i < c->inputs.size(); ++i) {
-          const Output& in = c->inputs[i];
-          if (in.node() != n || stage(c) == kNone || phase(c) == Phase::Static) continue;
-          if (stage(c) == stage(n) && runOf(c) == runOf(n)) continue;
+        for (const Output& in : readsOf(c)) {
+          if (in.node() != n || phase(c) == Phase::Static) continue;
           StageRun& from = runAt(stage(n), runOf(n));
+          if (stage(c) == kNone) {  // a replicated update: every stage's copy reads it after its wave
+            if (phase(c) == Phase::Update) addUnique(from.fetches, in);
+            continue;
+          }
+          if (stage(c) == stage(n) && runOf(c) == runOf(n)) continue;
           addUnique(from.fetches, in);
           if (stage(c) == stage(n) && phase(c) != Phase::Update) addUnique(from.kept, in);
           if (stage(c) == stage(n) && phase(c) == Phase::Update && phase(n) == Phase::Update) addUnique(from.kept, in);
@@ -899,6 +970,14 @@ class Cutter {
     cut_.updatesServers.assign(static_cast<size_t>(cut_.stages), 0);
     for (Node* n : order_)
       if (updatesServers(n)) cut_.updatesServers[static_cast<size_t>(stage(n))] = 1;
+    // A skipped step (a loss scale's) is not taken back by restoring what the update wrote: its
+    // updates wait for the condition, and so do the replicated ones that read what it decides.
+    const bool conditional =
+        std::any_of(order_.begin(), order_.end(), [](const Node* n) { return n->condition.valid(); });
+    if (conditional) {
+      cut_.guesses.assign(static_cast<size_t>(cut_.stages), {});
+      return;
+    }
     std::set<int> remoteSent;
     for (int s = 0; s < cut_.stages; ++s) {
       cut_.guesses.push_back(guessOf(s));
@@ -984,7 +1063,7 @@ class Cutter {
   int receivingRun(const Transfer& t) {
     if (t.receivedIn == Phase::Forward) return 0;
     if (t.receivedIn == Phase::Backward) return 1;
-    int first = 3 + lastWave_;
+    int first = 3 + replicatedWave_;
     for (const Node* c : consumers(t.value.node()))
       if (stage(c) == t.to && phase(c) == Phase::Update) first = std::min(first, runOf(c));
     return first;
@@ -1011,7 +1090,7 @@ class Cutter {
   PipelineCut cut_;
   std::vector<char> needed_, dynamic_;
   std::vector<int> wave_;
-  int lastWave_ = 0;
+  int lastWave_ = 0, replicatedWave_ = 0;
   std::vector<Node*> order_;
   std::set<Node*> backward_;
   std::vector<GradientLink> links_;  // the graph's, then the stages' parts of tied variables' gradients
@@ -1348,6 +1427,7 @@ void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainSt
 PipelineCut cutPipeline(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
                         bool splitWeights) {
   if (splitWeights) splitRecurrentGradients(graph);
+  splitFiniteChecks(graph);
   return Cutter(graph, stages, fetches, trainStep, splitWeights).run();
 }
 

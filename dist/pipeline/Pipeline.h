@@ -19,7 +19,11 @@
 //     parts for its update (Megatron's embedding group, with the optimizer state held once).
 //   - Static: what depends on variables and constants alone (a weight's transpose, the learning
 //     rate): computed by whichever run of a stage reads it; the step counter's increment is
-//     replicated in every stage, which each keep their copy of it.
+//     replicated in every stage, which each keep their copy of it, and so is the update of other
+//     untrained state several stages read (a loss scale), from values one stage computes.
+// A node's run condition (a loss scale's skipped step) is read like an input: it is sent to the
+// stage that runs the node. Loss scaling's finiteness check becomes one check per gradient, on
+// its stage, whose answers the deciding stage combines (splitFiniteChecks).
 // A value read by another stage becomes a transfer, sent once per micro-batch and reading stage
 // (once per step in the update); a value a later phase of its own stage reads is kept until then.
 // The gradients autodiff links to variables are summed over the micro-batches and fed, divided by
@@ -38,7 +42,7 @@
 //
 // Refused, with an error naming the nodes: a forward value flowing to an earlier stage or a
 // backward value to a later one, a stage number outside 0..S-1, an optimizer's update reading a
-// per-micro-batch forward value, a conditional node, a served variable that several stages read,
+// per-micro-batch forward value, a served variable that several stages read,
 // and a cut that leaves a stage without forward work.
 #pragma once
 
@@ -126,7 +130,8 @@ struct PipelineCut {
   std::vector<StageGradient> gradients;
   std::vector<TiedVariable> tied;
   /// The updates every stage runs for itself in its last update wave (the step counter's
-  /// increment): a process holding several stages in one session runs them once, last.
+  /// increment, a loss scale's new value): a process holding several stages in one session runs
+  /// them once, last.
   std::vector<Node*> replicated;
   /// Per stage: what its update may guess; none anywhere when one stage's guessed values would
   /// wait on another's (a stage that sends what it computed from received values receives only
