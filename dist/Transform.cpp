@@ -36,6 +36,22 @@ std::unordered_set<const Node*> backwardNodes(const std::vector<GradientLink>& l
   return seen;
 }
 
+/// Under loss scaling, the nodes the pass added that read the scaled backward pass (the sums of
+/// its gradients, their shards, the checks on them) may hold an overflow the step skips, as the
+/// pass's own nodes may: Session::checkNumerics leaves them to the skip as well.
+void leaveAddedToLossScaling(Graph& graph, size_t firstAdded) {
+  const std::vector<Node*>& scaled = graph.collection(kLossScaledCollection);
+  if (scaled.empty()) return;
+  std::set<const Node*> within(scaled.begin(), scaled.end());
+  for (Node* n : graph.topologicalOrder()) {
+    if (static_cast<size_t>(n->id) < firstAdded || within.count(n)) continue;
+    if (std::none_of(n->inputs.begin(), n->inputs.end(), [&](const Output& in) { return within.count(in.node()); }))
+      continue;
+    graph.addToCollection(kLossScaledCollection, n);
+    within.insert(n);
+  }
+}
+
 /// Redirects `from` to `to` in every node that consumes it after the backward pass.
 class Rewirer {
  public:
@@ -406,6 +422,7 @@ int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
 }
 
 DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options) {
+  const size_t firstAdded = graph.size();
   const std::vector<GradientLink> links = graph.gradientLinks();
   Rewirer rewirer(graph, links);
   DistributedGraph result;
@@ -473,6 +490,7 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
   }
   for (auto& [key, bucket] : open) flush(key);
   sharding.sumChecks();
+  leaveAddedToLossScaling(graph, firstAdded);
   return result;
 }
 

@@ -119,6 +119,8 @@ struct Trained {
   std::vector<size_t> peakKept;  // per stage: PipelineStage::peakKeptBytes
   std::map<int, Tensor> embeddingCopies;  // per stage that holds the embedding table: its own copy
   std::vector<size_t> guessed, redone;    // per stage: PipelineStage::updatesGuessed, updatesRedone
+  std::map<int, Tensor> lossScales;       // per process, when the loss is scaled: its own copy of the scale
+  std::vector<std::string> tensorsSentInUpdate;  // values other than scalars that a stage's update receives
 };
 
 /// kSteps single-device steps on the whole batch.
@@ -126,7 +128,8 @@ Trained singleDevice(double clip, Tie tie = Tie::None, int layers = 4, Steps ste
   Model m(1, clip, tie, layers, steps.lossScaled);
   m.loudStep = steps.loud;
   m.zeroStep = steps.zero;
-  Session session(m.g);
+  // A loss-scaled step's overflow is left to the skip; any other would stop the run.
+  Session session(m.g, SessionOptions{.checkNumerics = steps.lossScaled});
   Trained out;
   for (int64_t s = 0; s < steps.count; ++s)
     out.losses.push_back(session.run({m.loss}, m.feeds(s, kRows), {m.step})[0].item());
@@ -182,6 +185,7 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
     options.microbatches = microbatches;
     options.schedule = schedule;
     options.timeout = 60s;
+    options.session.checkNumerics = steps.lossScaled;
     if (average) options.startAveragingOverReplicas = [&average, s](StageGradients g) { return average(s, g); };
     PipelineStage stage(m.g, static_cast<int>(s), options, *transports[s], peers[s]);
     try {
@@ -199,9 +203,15 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
         const std::vector<Node*>& held = stage.cut().variables[c];
         holdsTable |= processOf[c] == static_cast<int>(s) && std::find(held.begin(), held.end(), table) != held.end();
       }
-      if (holdsTable) {
+      {
         const std::lock_guard<std::mutex> lock(copies);
-        result.embeddingCopies[static_cast<int>(s)] = stage.session().variable(table).clone();
+        if (holdsTable) result.embeddingCopies[static_cast<int>(s)] = stage.session().variable(table).clone();
+        if (Node* scale = m.g.find("loss_scale"))
+          result.lossScales[static_cast<int>(s)] = stage.session().variable(scale).clone();
+        if (s == 0)
+          for (const Transfer& t : stage.cut().transfers)
+            if (t.receivedIn == Phase::Update && t.value.shape().numel() != 1)
+              result.tensorsSentInUpdate.push_back(t.value.name());
       }
       stage.gatherVariables(0);
     } catch (const std::exception& e) {
@@ -385,14 +395,25 @@ TEST_CASE(
   const Trained expected = singleDevice(2, Tie::None, 4, steps);
   CHECK(expected.variables.at("global_step").item() == 4);
   CHECK(expected.variables.at("loss_scale").item() == optim::LossScaling{}.initial / 2);
+  // Each process's own copy of the scale, before stage 0 gathers the variables, is the one
+  // device's; the stages send each other scalars in the update, never a gradient.
+  auto checkRun = [&](const Trained& run, size_t processes) {
+    CHECK(run.lossScales.size() == processes);
+    for (const auto& [process, scale] : run.lossScales) {
+      CAPTURE(process);
+      CHECK(relativeDifference(scale, expected.variables.at("loss_scale")) == 0);
+    }
+    CHECK(run.tensorsSentInUpdate.empty());
+  };
   for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
     const Trained run = checkEquivalent(3, 4, schedule, 2, Tie::None, 4, steps);
     CHECK(run.guessed == std::vector<size_t>{0, 0, 0});
+    checkRun(run, 3);
   }
   // Processes holding two stages each, the first and the last under zbv.
   for (const StepSchedule& schedule :
        {StepSchedule(PipelineSchedule::ZeroBubbleV), StepSchedule(PipelineSchedule::Interleaved, 2)})
-    checkEquivalent(2, 4, schedule, 2, Tie::None, 4, steps);
+    checkRun(checkEquivalent(2, 4, schedule, 2, Tie::None, 4, steps), 2);
 }
 
 TEST_CASE("a pipelined step run by a schedule file's orders equals single-device training on the whole batch") {

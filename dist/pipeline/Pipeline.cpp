@@ -105,17 +105,25 @@ void splitRecurrentGradients(Graph& g) {
 /// stage. Each gradient is checked by an AllFinite of its own, which the cut puts on the
 /// gradient's stage, and the check reads the logarithms of their answers (0, or -inf for a
 /// gradient that overflowed): scalars cross the stages, not gradients, as clipping's squared
-/// norms do. A check of scalars alone is left as it is.
+/// norms do. A check of one value, or of scalars alone, is left as it is. The new nodes join the
+/// check in loss scaling's collection: an overflow is theirs to report, not checkNumerics'.
 void splitFiniteChecks(Graph& g) {
+  const std::vector<Node*>& scaled = g.collection(kLossScaledCollection);
   for (size_t id = 0, count = g.size(); id < count; ++id) {
     Node* check = g.node(static_cast<int>(id));
-    if (check->op != "AllFinite" || std::all_of(check->inputs.begin(), check->inputs.end(),
-                                                [](const Output& in) { return in.shape().numel() == 1; }))
+    if (check->op != "AllFinite" || check->inputs.size() < 2 ||
+        std::all_of(check->inputs.begin(), check->inputs.end(),
+                    [](const Output& in) { return in.shape().numel() == 1; }))
       continue;
+    const bool lossScaled = std::find(scaled.begin(), scaled.end(), check) != scaled.end();
     std::vector<Output> answers;
     for (const Output& in : check->inputs) {
       auto placed = g.onDevice(in.node()->device);
-      answers.push_back(log(g.addNode("AllFinite", {in}, check->attrs, check->name + "/" + in.node()->name)->output()));
+      Node* own = g.addNode("AllFinite", {in}, check->attrs, check->name + "/" + in.node()->name);
+      answers.push_back(log(own->output()));
+      if (!lossScaled) continue;
+      g.addToCollection(kLossScaledCollection, own);
+      g.addToCollection(kLossScaledCollection, answers.back().node());
     }
     g.rebuild(check, check->op, answers, check->attrs);
   }
@@ -679,7 +687,7 @@ class Cutter {
     stageServerUpdates();
     for (Node* n : order_) {
       if (phase(n) != Phase::Update) continue;
-      for (const Output& in : n->inputs) {
+      for (const Output& in : readsOf(n)) {
         const Phase p = phase(in.node());
         WEFT_CHECK(!(p == Phase::Forward || p == Phase::Backward) || gradientOutput_.count(in),
                    "{} (an update) reads {}, a value of each micro-batch's {} pass: pipelined training sums only the "
@@ -740,6 +748,19 @@ class Cutter {
       bool shared = false;
       for (int m : n->def->mutatedInputs) shared |= readers_[n->inputs[static_cast<size_t>(m)].node()].size() > 1;
       if (!shared) continue;
+      // Every copy must compute the same: from values one stage computes and sends, constants
+      // and the state it writes, not from variables only some stages hold or keep current.
+      const std::vector<int>& written = n->def->mutatedInputs;
+      for (size_t i = 0; i < n->inputs.size(); ++i) {
+        const Output& in = n->inputs[i];
+        const bool own = std::find(written.begin(), written.end(), static_cast<int>(i)) != written.end();
+        WEFT_CHECK(own || isDynamicValue(in) || (in.node()->op != "Variable" && variablesRead(in.node()).empty()),
+                   "{} updates '{}', which pipeline stages {} read, from {}, which reads variables: every stage "
+                   "would update its own copy from its own (the cut replicates updates of such state only from "
+                   "values one stage computes)",
+                   n->describe(), n->inputs[static_cast<size_t>(written.front())].name(),
+                   fmt::join(readers_[n->inputs[static_cast<size_t>(written.front())].node()], ", "), in.name());
+      }
       stage(n) = kNone;
       replicated_.push_back(n);
     }
