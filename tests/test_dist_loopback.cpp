@@ -525,39 +525,57 @@ Tensor rowsOf(const Tensor& t, int64_t begin, int64_t end) {
 
 }  // namespace
 
-TEST_CASE("a step that overflows on one worker is skipped by every worker, as one session skips it") {
-  std::map<std::string, std::vector<double>> alone;
-  {
-    ScaledModel m;
-    Session s(m.g, {1, false});
-    for (int64_t step = 0; step < kSteps; ++step) {
-      const auto [x, y] = scaledBatch(step);
-      s.run({m.loss}, {{m.x, x}, {m.y, y}}, {m.step});
-    }
-    alone = variablesOf(s);
-  }
-  // One step skipped, the scale halved once, every other step applied.
-  CHECK(alone.at("global_step")[0] == kSteps - 1);
-  CHECK(alone.at("loss_scale")[0] == optim::LossScaling{}.initial / 2);
+namespace {
 
+/// kSteps steps of a loss-scaled model M in one session on the total batches `batchOf(step)`.
+/// With `checkNumerics`, an overflow anywhere but in the scaled backward pass stops the run.
+template <class M, class Batches>
+std::map<std::string, std::vector<double>> scaledAlone(Batches batchOf, bool checkNumerics) {
+  M m;
+  Session s(m.g, {1, checkNumerics});
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const auto [x, y] = batchOf(step);
+    s.run({m.loss}, {{m.x, x}, {m.y, y}}, {m.step});
+  }
+  return variablesOf(s);
+}
+
+/// The same steps on the two workers of a job under `config`, each fed its half of every batch:
+/// each worker's variables, worker 0's whole where the workers keep shards (Config::sharding).
+template <class M, class Batches>
+std::vector<std::map<std::string, std::vector<double>>> scaledOnTwoWorkers(const Config& config, Batches batchOf) {
   auto network = std::make_shared<LoopbackNetwork>();
-  const Config config = jobConfig(Architecture::AllReduce);
   std::vector<JobContext> members = loopbackJob(network, {2}, false, config);
   std::vector<std::map<std::string, std::vector<double>>> workers(2);
   const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
-    ScaledModel m;
+    M m;
     Runner runner = makeWorker(std::move(members[i]), m.g, config);
     const int64_t part = kBatch / 2, rank = runner.rank();
     for (int64_t step = 0; step < kSteps; ++step) {
-      const auto [x, y] = scaledBatch(step);  // only worker 1's half holds the infinity
+      const auto [x, y] = batchOf(step);
       runner.run({m.loss},
                  {{m.x, rowsOf(x, rank * part, (rank + 1) * part)}, {m.y, rowsOf(y, rank * part, (rank + 1) * part)}},
                  {m.step});
     }
+    const WholeValues wholes = runner.gatherShards();
     runner.finish();
-    workers[static_cast<size_t>(rank)] = variablesOf(runner.session());
+    std::map<std::string, std::vector<double>>& held = workers[static_cast<size_t>(rank)];
+    held = variablesOf(runner.session());
+    for (const auto& [name, whole] : wholes) held[name] = whole.toDoubles();
   });
   for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  return workers;
+}
+
+}  // namespace
+
+TEST_CASE("a step that overflows on one worker is skipped by every worker, as one session skips it") {
+  const auto alone = scaledAlone<ScaledModel>(scaledBatch, false);
+  // One step skipped, the scale halved once, every other step applied.
+  CHECK(alone.at("global_step")[0] == kSteps - 1);
+  CHECK(alone.at("loss_scale")[0] == optim::LossScaling{}.initial / 2);
+  // Only worker 1's half of the first batch holds the infinity.
+  const auto workers = scaledOnTwoWorkers<ScaledModel>(jobConfig(Architecture::AllReduce), scaledBatch);
   checkSame(workers[0], alone);
   checkSame(workers[1], alone);
 }
@@ -597,48 +615,18 @@ std::pair<Tensor, Tensor> columnBatch(int64_t step) {
 TEST_CASE(
     "--shard: a step that overflows in one worker's shard alone is skipped by every worker, as one session "
     "skips it") {
-  std::map<std::string, std::vector<double>> alone;
-  {
-    // The skipped step's 0/0 is left to the loss scale; checkNumerics stops at any other.
-    ColumnModel m;
-    Session s(m.g, {1, true});
-    for (int64_t step = 0; step < kSteps; ++step) {
-      const auto [x, y] = columnBatch(step);
-      s.run({m.loss}, {{m.x, x}, {m.y, y}}, {m.step});
-    }
-    alone = variablesOf(s);
-  }
+  // The skipped step's 0/0 is left to the loss scale; checkNumerics stops at any other.
+  const auto alone = scaledAlone<ColumnModel>(columnBatch, true);
   CHECK(alone.at("global_step")[0] == kSteps - 1);
   CHECK(alone.at("loss_scale")[0] == optim::LossScaling{}.initial / 2);
-
   for (const Sharding sharding : {Sharding::Optimizer, Sharding::Parameters}) {
     CAPTURE(std::string(shardingName(sharding)));
-    auto network = std::make_shared<LoopbackNetwork>();
     Config config = jobConfig(Architecture::AllReduce);
     config.sharding = sharding;
     config.session.checkNumerics = true;
-    std::vector<JobContext> members = loopbackJob(network, {2}, false, config);
-    std::vector<std::map<std::string, std::vector<double>>> workers(2);
-    const std::vector<std::string> errors = onThreads(members.size(), [&](size_t i) {
-      ColumnModel m;
-      Runner runner = makeWorker(std::move(members[i]), m.g, config);
-      const int64_t part = kBatch / 2, rank = runner.rank();
-      for (int64_t step = 0; step < kSteps; ++step) {
-        const auto [x, y] = columnBatch(step);  // only worker 1's half holds the 0
-        runner.run({m.loss},
-                   {{m.x, rowsOf(x, rank * part, (rank + 1) * part)}, {m.y, rowsOf(y, rank * part, (rank + 1) * part)}},
-                   {m.step});
-      }
-      WholeValues wholes = runner.gatherShards();
-      runner.finish();
-      if (rank != 0) return;
-      std::map<std::string, std::vector<double>>& held = workers[0];
-      held = variablesOf(runner.session());
-      for (const auto& [name, whole] : wholes) held[name] = whole.toDoubles();
-    });
-    for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
-    // The weight, Adam's slots of it, the loss scale, its count of good steps and the step count.
-    checkSame(workers[0], alone);
+    // Only worker 1's half of the second batch holds the 0. The weight, Adam's slots of it, the
+    // loss scale, its count of good steps and the step count, whole on worker 0:
+    checkSame(scaledOnTwoWorkers<ColumnModel>(config, columnBatch)[0], alone);
   }
 }
 
