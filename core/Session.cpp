@@ -438,7 +438,6 @@ void buildSteps(detail::Plan& plan, const std::vector<Item>& items, const Graph&
     detail::Plan::Step step{item.copy ? copyKernel : item.node->def->kernelFor(item.device.type), {}};
     step.ctx.node = item.node;
     step.ctx.pool = pool;
-    step.ctx.replica = options.replica;
     step.ctx.device = item.device;
     step.ctx.planStep = static_cast<int>(plan.steps.size());
     if (item.device.type == DeviceType::CUDA) {
@@ -638,6 +637,7 @@ void Session::runSteps(Plan& plan) {
   for (Plan::Step& s : plan.steps) {
     if (s.condition && !holds(s.condition)) continue;
     s.ctx.step = step_;
+    s.ctx.replica = options_.replica;
     // Copies and allocations may change the thread's current GPU, so each GPU step sets it.
     if (s.ctx.device.type == DeviceType::CUDA) detail::makeGpuCurrent(s.ctx.device.index);
     const bool timed = opSeconds_ != nullptr || tracing();

@@ -111,6 +111,9 @@ class Session {
   uint64_t step() const { return step_; }
   /// Sets that counter (when restoring a checkpoint, so random ops continue their streams).
   void setStep(uint64_t step) { step_ = step; }
+  /// Which equal part of the total batch the next runs' inputs are (SessionOptions::replica), for
+  /// a caller that feeds the parts in turn: a pipeline stage's micro-batches.
+  void setReplica(int replica) { options_.replica = replica; }
   const ThreadPool& threadPool() const { return *pool_; }
   Graph& graph() { return graph_; }
 

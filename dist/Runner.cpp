@@ -179,6 +179,7 @@ struct Runner::State {
     options.postValidation = stages.postValidation;
     options.timeout = config.timeout;
     options.session = config.session;
+    options.session.replica = replica;  // random ops draw for the replica's part of the total batch
     if (replicas() > 1) {
       connectReplicas(graph, stage, config);
       wireDType = config.wireDType;

@@ -171,6 +171,14 @@ TEST_CASE("MLP with dropout: each worker drops what one process drops for its pa
   checkSameVariables("mlp", mlpF64Base + " --dropout 0.3 --eval-every 4", 2, kMlpF64Tolerance);
 }
 
+TEST_CASE("MLP with dropout, pipelined: each micro-batch drops what one process drops for its rows") {
+  // 2 stages of 4 micro-batches, and 2 replicas of them (each replica's micro-batches in turn).
+  for (const char* job : {"--stages 2 --microbatches 4", "--workers 2 --stages 2 --microbatches 2"}) {
+    CAPTURE(job);
+    checkSameVariablesAs("mlp", mlpF64Base + " --dropout 0.3 --eval-every 4", job, kMlpF64Tolerance);
+  }
+}
+
 const std::string lmFlags = "--vocab 500 --classes 10 --embed 16 --hidden 32 --sampled 64 --train-sentences 400 "
                            "--heldout-sentences 20 --batch 16 --steps 10 --clip 1 --eval-every 10 --threads 1 "
                            "--timeout 30";

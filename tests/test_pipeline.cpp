@@ -39,13 +39,15 @@ enum class Tie {
 /// `stages` stages in order; the embedding is in stage 0. Tied, the last layer's 5 outputs are
 /// scored against rows of the embedding table, in the last stage. Loss-scaled, stage 0 adds
 /// sqrt(x^2 w) to the input: finite, but the gradient of w is 0/0 where an input is exactly 0,
-/// so that one stage's gradient alone is not finite.
+/// so that one stage's gradient alone is not finite. With dropout, the first layer's output is
+/// dropped at `dropout`.
 struct Model {
   Graph g;
   Output ids, x, y, candidates, loss;
   Node* step = nullptr;
 
-  explicit Model(int stages, double clip = 0, Tie tie = Tie::None, int layers = 4, bool lossScaled = false) {
+  explicit Model(int stages, double clip = 0, Tie tie = Tie::None, int layers = 4, bool lossScaled = false,
+                 double dropoutRate = 0) {
     g.setSeed(11);
     ids = g.placeholder("ids", i64, {-1});
     x = g.placeholder("x", f64, {-1, 5});
@@ -64,6 +66,7 @@ struct Model {
       auto staged = g.stage(static_cast<int>(l) * stages / layers);
       nn::Linear layer(g, fmt::format("fc{}", l), widths[l], widths[l + 1], true, f64);
       h = l + 2 < widths.size() ? tanh(layer(h)) : layer(h);
+      if (l == 0 && dropoutRate > 0) h = dropout(h, dropoutRate, 7);
     }
     if (tie != Tie::None) {
       auto last = g.stage(stages - 1);
@@ -110,6 +113,7 @@ struct Steps {
   int64_t loud = -1;
   bool lossScaled = false;
   int64_t zero = -1;
+  double dropout = 0;
 };
 
 struct Trained {
@@ -125,7 +129,7 @@ struct Trained {
 
 /// kSteps single-device steps on the whole batch.
 Trained singleDevice(double clip, Tie tie = Tie::None, int layers = 4, Steps steps = {}) {
-  Model m(1, clip, tie, layers, steps.lossScaled);
+  Model m(1, clip, tie, layers, steps.lossScaled, steps.dropout);
   m.loudStep = steps.loud;
   m.zeroStep = steps.zero;
   // A loss-scaled step's overflow is left to the skip; any other would stop the run.
@@ -173,7 +177,8 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
   result.redone.resize(static_cast<size_t>(stages));
   std::vector<std::unique_ptr<Model>> models;
   for (int s = 0; s < stages; ++s)
-    models.push_back(std::make_unique<Model>(schedule.modelStages(stages), clip, tie, layers, steps.lossScaled));
+    models.push_back(
+        std::make_unique<Model>(schedule.modelStages(stages), clip, tie, layers, steps.lossScaled, steps.dropout));
   const std::vector<int> processOf = processOfStage(schedule.orders(stages, microbatches));
   std::mutex copies;
   result.errors = onThreads(static_cast<size_t>(stages), [&](size_t s) {
@@ -414,6 +419,16 @@ TEST_CASE(
   for (const StepSchedule& schedule :
        {StepSchedule(PipelineSchedule::ZeroBubbleV), StepSchedule(PipelineSchedule::Interleaved, 2)})
     checkRun(checkEquivalent(2, 4, schedule, 2, Tie::None, 4, steps), 2);
+}
+
+TEST_CASE("dropout: each micro-batch drops what one device drops for its rows of the batch") {
+  // The masks are drawn by each element's place in the total batch and the step's count of random
+  // draws, so a micro-batch's forward (and a recomputed one) draws what one device does for its
+  // rows; every step draws afresh. Different masks would move the weights by far more than 1e-11.
+  const Steps steps{.count = 3, .dropout = 0.3};
+  for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
+    checkEquivalent(3, 4, schedule, 0, Tie::None, 4, steps);
+  checkEquivalent(2, 4, PipelineSchedule::ZeroBubbleV, 0, Tie::None, 4, steps);
 }
 
 TEST_CASE("a pipelined step run by a schedule file's orders equals single-device training on the whole batch") {

@@ -183,6 +183,11 @@ struct PipelineStage::State {
   std::optional<PipelineCut> cut;
   std::vector<PipelineAction> actions;
   uint64_t step = 0;
+  // The session's count of random draws when the step began, and whether a run of the step drew:
+  // each micro-batch's runs draw under that count, for the rows of the total batch it holds
+  // (Session::setReplica), what one session running the whole batch at once draws for them.
+  uint64_t drawsBefore = 0;
+  bool drew = false;
   double waitSeconds = 0, stepSeconds = 0;  // over every step so far
   size_t peakKept = 0;                        // the most bytes kept for later runs at once
   // Per step: what each (model stage, micro-batch)'s runs keep, what one held stage sent another
@@ -445,6 +450,13 @@ struct PipelineStage::State {
                                                       : cut->weights[at];
   }
 
+  /// The next runs draw random numbers as one session's run of the whole step would for part
+  /// `part` of the total batch (this replica's micro-batch, in order).
+  void drawAs(int part) {
+    session->setStep(drawsBefore);
+    session->setReplica(part);
+  }
+
   /// Forward, backward or weights of one micro-batch on one of this process's stages.
   void act(const PipelineAction& a, const std::vector<FeedMap>& microbatches) {
     const int stage = stageOf(a);
@@ -454,7 +466,9 @@ struct PipelineStage::State {
     std::map<Output, Tensor> values;
     {
       const TraceScope working(describe(a), "compute", "pipeline");
+      drawAs(options.session.replica * options.microbatches + a.microbatch);
       values = compute(stage, run, microbatches[static_cast<size_t>(a.microbatch)], mine, true, true);
+      drew = drew || session->step() != drawsBefore;
     }
     {
       const TraceScope sending("send " + describe(a), "send", "pipeline");
@@ -997,8 +1011,13 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
   for (GradientSum& sum : s.sums) sum.clear();  // a failed step's, were it retried
   s.runsDone.assign(s.runsOfGradient.size(), 0);
   s.averaging.clear();
+  s.drawsBefore = s.session->step();
+  s.drew = false;
   for (const PipelineAction& a : s.actions) s.act(a, microbatches);
+  s.drawAs(s.options.session.replica);
   s.update(microbatches.front());
+  s.drew = s.drew || s.session->step() != s.drawsBefore;
+  s.session->setStep(s.drawsBefore + (s.drew ? 1 : 0));
   std::vector<double> means = s.shareFetches();
   s.finishSends();
   s.stepSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
