@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <set>
 
 
@@ -40,14 +41,15 @@ enum class Tie {
 /// scored against rows of the embedding table, in the last stage. Loss-scaled, stage 0 adds
 /// sqrt(x^2 w) to the input: finite, but the gradient of w is 0/0 where an input is exactly 0,
 /// so that one stage's gradient alone is not finite. With dropout, the first layer's output is
-/// dropped at `dropout`.
+/// dropped at `dropout`, that layer in a recompute segment where `recomputed` (its backward
+/// draws the mask again).
 struct Model {
   Graph g;
   Output ids, x, y, candidates, loss;
   Node* step = nullptr;
 
   explicit Model(int stages, double clip = 0, Tie tie = Tie::None, int layers = 4, bool lossScaled = false,
-                 double dropoutRate = 0) {
+                 double dropoutRate = 0, bool recomputed = false) {
     g.setSeed(11);
     ids = g.placeholder("ids", i64, {-1});
     x = g.placeholder("x", f64, {-1, 5});
@@ -65,6 +67,8 @@ struct Model {
     for (size_t l = 0; l + 1 < widths.size(); ++l) {
       auto staged = g.stage(static_cast<int>(l) * stages / layers);
       nn::Linear layer(g, fmt::format("fc{}", l), widths[l], widths[l + 1], true, f64);
+      std::optional<Graph::RecomputeScope> segment;
+      if (l == 0 && recomputed) segment.emplace(g, Recompute::Full);
       h = l + 2 < widths.size() ? tanh(layer(h)) : layer(h);
       if (l == 0 && dropoutRate > 0) h = dropout(h, dropoutRate, 7);
     }
@@ -114,6 +118,7 @@ struct Steps {
   bool lossScaled = false;
   int64_t zero = -1;
   double dropout = 0;
+  bool recomputed = false;
 };
 
 struct Trained {
@@ -124,12 +129,13 @@ struct Trained {
   std::map<int, Tensor> embeddingCopies;  // per stage that holds the embedding table: its own copy
   std::vector<size_t> guessed, redone;    // per stage: PipelineStage::updatesGuessed, updatesRedone
   std::map<int, Tensor> lossScales;       // per process, when the loss is scaled: its own copy of the scale
+  std::map<int, uint64_t> randomSteps;    // per process (one device: 0): its session's count of random draws
   std::vector<std::string> tensorsSentInUpdate;  // values other than scalars that a stage's update receives
 };
 
 /// kSteps single-device steps on the whole batch.
 Trained singleDevice(double clip, Tie tie = Tie::None, int layers = 4, Steps steps = {}) {
-  Model m(1, clip, tie, layers, steps.lossScaled, steps.dropout);
+  Model m(1, clip, tie, layers, steps.lossScaled, steps.dropout, steps.recomputed);
   m.loudStep = steps.loud;
   m.zeroStep = steps.zero;
   // A loss-scaled step's overflow is left to the skip; any other would stop the run.
@@ -138,6 +144,7 @@ Trained singleDevice(double clip, Tie tie = Tie::None, int layers = 4, Steps ste
   for (int64_t s = 0; s < steps.count; ++s)
     out.losses.push_back(session.run({m.loss}, m.feeds(s, kRows), {m.step})[0].item());
   for (Node* v : m.g.variables()) out.variables[v->name] = session.variable(v).clone();
+  out.randomSteps[0] = session.step();
   return out;
 }
 
@@ -177,8 +184,8 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
   result.redone.resize(static_cast<size_t>(stages));
   std::vector<std::unique_ptr<Model>> models;
   for (int s = 0; s < stages; ++s)
-    models.push_back(
-        std::make_unique<Model>(schedule.modelStages(stages), clip, tie, layers, steps.lossScaled, steps.dropout));
+    models.push_back(std::make_unique<Model>(schedule.modelStages(stages), clip, tie, layers, steps.lossScaled,
+                                             steps.dropout, steps.recomputed));
   const std::vector<int> processOf = processOfStage(schedule.orders(stages, microbatches));
   std::mutex copies;
   result.errors = onThreads(static_cast<size_t>(stages), [&](size_t s) {
@@ -213,6 +220,7 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
         if (holdsTable) result.embeddingCopies[static_cast<int>(s)] = stage.session().variable(table).clone();
         if (Node* scale = m.g.find("loss_scale"))
           result.lossScales[static_cast<int>(s)] = stage.session().variable(scale).clone();
+        result.randomSteps[static_cast<int>(s)] = stage.session().step();
         if (s == 0)
           for (const Transfer& t : stage.cut().transfers)
             if (t.receivedIn == Phase::Update && t.value.shape().numel() != 1)
@@ -423,12 +431,26 @@ TEST_CASE(
 
 TEST_CASE("dropout: each micro-batch drops what one device drops for its rows of the batch") {
   // The masks are drawn by each element's place in the total batch and the step's count of random
-  // draws, so a micro-batch's forward (and a recomputed one) draws what one device does for its
-  // rows; every step draws afresh. Different masks would move the weights by far more than 1e-11.
-  const Steps steps{.count = 3, .dropout = 0.3};
-  for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
-    checkEquivalent(3, 4, schedule, 0, Tie::None, 4, steps);
-  checkEquivalent(2, 4, PipelineSchedule::ZeroBubbleV, 0, Tie::None, 4, steps);
+  // draws, so a micro-batch's forward (and its recomputed copy in the backward) draws what one
+  // device does for its rows; every step draws afresh. Different masks would move the weights by
+  // far more than 1e-11. Every process counts the draws as one device does, the stages without
+  // dropout too: worker 0's count is the one a checkpoint keeps.
+  for (const bool recomputed : {false, true}) {
+    CAPTURE(recomputed);
+    const Steps steps{.count = 3, .dropout = 0.3, .recomputed = recomputed};
+    const uint64_t draws = singleDevice(0, Tie::None, 4, steps).randomSteps.at(0);
+    CHECK(draws == 3);
+    auto checkDraws = [&](const Trained& run) {
+      for (const auto& [process, count] : run.randomSteps) {
+        CAPTURE(process);
+        CHECK(count == draws);
+      }
+    };
+    for (PipelineSchedule schedule :
+         {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
+      checkDraws(checkEquivalent(3, 4, schedule, 0, Tie::None, 4, steps));
+    checkDraws(checkEquivalent(2, 4, PipelineSchedule::ZeroBubbleV, 0, Tie::None, 4, steps));
+  }
 }
 
 TEST_CASE("a pipelined step run by a schedule file's orders equals single-device training on the whole batch") {

@@ -183,11 +183,13 @@ struct PipelineStage::State {
   std::optional<PipelineCut> cut;
   std::vector<PipelineAction> actions;
   uint64_t step = 0;
-  // The session's count of random draws when the step began, and whether a run of the step drew:
-  // each micro-batch's runs draw under that count, for the rows of the total batch it holds
-  // (Session::setReplica), what one session running the whole batch at once draws for them.
+  // The session's count of random draws when the step began: each micro-batch's runs draw under
+  // it, for the rows of the total batch it holds (Session::setReplica), what one session running
+  // the whole batch at once draws for them. Whether the step draws at all (on any stage): every
+  // process's count moves on as one session's would, so that the checkpoint worker 0 writes
+  // holds the job's count whichever stages draw.
   uint64_t drawsBefore = 0;
-  bool drew = false;
+  bool stepDraws = false;
   double waitSeconds = 0, stepSeconds = 0;  // over every step so far
   size_t peakKept = 0;                        // the most bytes kept for later runs at once
   // Per step: what each (model stage, micro-batch)'s runs keep, what one held stage sent another
@@ -246,11 +248,30 @@ struct PipelineStage::State {
                cut->transfers.size(), graph.variables().size(), cut->gradients.size());
     fetches = f;
     trainStep = t;
+    stepDraws = drawsRandom(f, t);
     sums.assign(cut->gradients.size(), {});
     planAveraging();
     processGuess = mergedGuess();
     lastPoints.clear();
     pointsBefore.clear();
+  }
+
+  /// Whether one session's run of the step (fetches `f`, target `t`) would draw random numbers.
+  bool drawsRandom(const std::vector<Output>& f, Node* t) const {
+    std::vector<const Node*> stack;
+    for (const Output& o : f) stack.push_back(o.node());
+    if (t != nullptr) stack.push_back(t);
+    std::set<const Node*> seen;
+    while (!stack.empty()) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      if (!seen.insert(n).second) continue;
+      if (n->def->drawsRandom) return true;
+      for (const Output& in : n->inputs) stack.push_back(in.node());
+      for (const Node* c : n->controlInputs) stack.push_back(c);
+      if (n->condition.valid()) stack.push_back(n->condition.node());
+    }
+    return false;
   }
 
   /// Which gradients' means over the replicas start as soon as they are summed, and how many of
@@ -468,7 +489,6 @@ struct PipelineStage::State {
       const TraceScope working(describe(a), "compute", "pipeline");
       drawAs(options.session.replica * options.microbatches + a.microbatch);
       values = compute(stage, run, microbatches[static_cast<size_t>(a.microbatch)], mine, true, true);
-      drew = drew || session->step() != drawsBefore;
     }
     {
       const TraceScope sending("send " + describe(a), "send", "pipeline");
@@ -1012,12 +1032,15 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
   s.runsDone.assign(s.runsOfGradient.size(), 0);
   s.averaging.clear();
   s.drawsBefore = s.session->step();
-  s.drew = false;
-  for (const PipelineAction& a : s.actions) s.act(a, microbatches);
-  s.drawAs(s.options.session.replica);
-  s.update(microbatches.front());
-  s.drew = s.drew || s.session->step() != s.drawsBefore;
-  s.session->setStep(s.drawsBefore + (s.drew ? 1 : 0));
+  try {
+    for (const PipelineAction& a : s.actions) s.act(a, microbatches);
+    s.drawAs(s.options.session.replica);
+    s.update(microbatches.front());
+  } catch (...) {
+    s.drawAs(s.options.session.replica);  // as before the step, were it retried
+    throw;
+  }
+  s.session->setStep(s.drawsBefore + (s.stepDraws ? 1 : 0));
   std::vector<double> means = s.shareFetches();
   s.finishSends();
   s.stepSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
