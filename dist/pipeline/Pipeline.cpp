@@ -316,6 +316,7 @@ class Cutter {
       stack.pop_back();
       if (needed_[at(n)]) continue;
       needed_[at(n)] = 1;
+      cut_.drawsRandom = cut_.drawsRandom || n->def->drawsRandom;
       for (const Output& in : readsOf(n)) stack.push_back(in.node());
       for (Node* c : n->controlInputs) stack.push_back(c);
     }

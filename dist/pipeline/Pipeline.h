@@ -133,6 +133,9 @@ struct PipelineCut {
   /// increment, a loss scale's new value): a process holding several stages in one session runs
   /// them once, last.
   std::vector<Node*> replicated;
+  /// Whether the step runs a random op (dropout) on any stage: every stage's count of random draws
+  /// then moves on after the step, as one session's does.
+  bool drawsRandom = false;
   /// Per stage: what its update may guess; none anywhere when one stage's guessed values would
   /// wait on another's (a stage that sends what it computed from received values receives only
   /// values the others computed from their own).

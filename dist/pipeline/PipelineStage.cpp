@@ -185,11 +185,10 @@ struct PipelineStage::State {
   uint64_t step = 0;
   // The session's count of random draws when the step began: each micro-batch's runs draw under
   // it, for the rows of the total batch it holds (Session::setReplica), what one session running
-  // the whole batch at once draws for them. Whether the step draws at all (on any stage): every
-  // process's count moves on as one session's would, so that the checkpoint worker 0 writes
-  // holds the job's count whichever stages draw.
+  // the whole batch at once draws for them. After the step every process's count moves on as one
+  // session's would (PipelineCut::drawsRandom), so that the checkpoint worker 0 writes holds the
+  // job's count whichever stages draw.
   uint64_t drawsBefore = 0;
-  bool stepDraws = false;
   double waitSeconds = 0, stepSeconds = 0;  // over every step so far
   size_t peakKept = 0;                        // the most bytes kept for later runs at once
   // Per step: what each (model stage, micro-batch)'s runs keep, what one held stage sent another
@@ -248,30 +247,11 @@ struct PipelineStage::State {
                cut->transfers.size(), graph.variables().size(), cut->gradients.size());
     fetches = f;
     trainStep = t;
-    stepDraws = drawsRandom(f, t);
     sums.assign(cut->gradients.size(), {});
     planAveraging();
     processGuess = mergedGuess();
     lastPoints.clear();
     pointsBefore.clear();
-  }
-
-  /// Whether one session's run of the step (fetches `f`, target `t`) would draw random numbers.
-  bool drawsRandom(const std::vector<Output>& f, Node* t) const {
-    std::vector<const Node*> stack;
-    for (const Output& o : f) stack.push_back(o.node());
-    if (t != nullptr) stack.push_back(t);
-    std::set<const Node*> seen;
-    while (!stack.empty()) {
-      const Node* n = stack.back();
-      stack.pop_back();
-      if (!seen.insert(n).second) continue;
-      if (n->def->drawsRandom) return true;
-      for (const Output& in : n->inputs) stack.push_back(in.node());
-      for (const Node* c : n->controlInputs) stack.push_back(c);
-      if (n->condition.valid()) stack.push_back(n->condition.node());
-    }
-    return false;
   }
 
   /// Which gradients' means over the replicas start as soon as they are summed, and how many of
@@ -1040,7 +1020,7 @@ std::vector<double> PipelineStage::step(const std::vector<Output>& fetches, Node
     s.drawAs(s.options.session.replica);  // as before the step, were it retried
     throw;
   }
-  s.session->setStep(s.drawsBefore + (s.stepDraws ? 1 : 0));
+  s.session->setStep(s.drawsBefore + (s.cut->drawsRandom ? 1 : 0));
   std::vector<double> means = s.shareFetches();
   s.finishSends();
   s.stepSeconds += std::chrono::duration<double>(TraceClock::now() - started).count();
