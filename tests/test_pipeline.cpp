@@ -401,12 +401,12 @@ TEST_CASE(
     "loss scaling: a step whose gradient is not finite on one stage is skipped by every stage, as one device "
     "skips it") {
   // Step 2's gradient of stage 0's sqrt_weight is 0/0: one device skips the step, halves the loss
-  // scale and counts 4 steps of 5. Every stage skips it together, each halving its own copy of
+  // scale and counts 6 steps of 7. Every stage skips it together, each halving its own copy of
   // the scale that the loss's stage multiplies by and every stage's update divides by; a stage
-  // that decided alone would move its variables at step 2. A skipped step is not guessed.
-  const Steps steps{.count = 5, .lossScaled = true, .zero = 2};
+  // that decided alone would move its variables at step 2.
+  const Steps steps{.count = 7, .lossScaled = true, .zero = 2};
   const Trained expected = singleDevice(2, Tie::None, 4, steps);
-  CHECK(expected.variables.at("global_step").item() == 4);
+  CHECK(expected.variables.at("global_step").item() == 6);
   CHECK(expected.variables.at("loss_scale").item() == optim::LossScaling{}.initial / 2);
   // Each process's own copy of the scale, before stage 0 gathers the variables, is the one
   // device's; the stages send each other scalars in the update, never a gradient.
@@ -418,15 +418,24 @@ TEST_CASE(
     }
     CHECK(run.tensorsSentInUpdate.empty());
   };
+  // Post-validation guesses that the step's gradients are finite (and not clipped) where the
+  // last two steps' were: steps 2, 5 and 6. Step 2 is redone, skipped, restoring every variable
+  // the guessed update wrote, the copies of the scale, its count of good steps and the step
+  // counter included.
   for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
     const Trained run = checkEquivalent(3, 4, schedule, 2, Tie::None, 4, steps);
-    CHECK(run.guessed == std::vector<size_t>{0, 0, 0});
+    CHECK(run.guessed == std::vector<size_t>{3, 3, 3});
+    CHECK(run.redone == std::vector<size_t>{1, 1, 1});
     checkRun(run, 3);
   }
   // Processes holding two stages each, the first and the last under zbv.
   for (const StepSchedule& schedule :
-       {StepSchedule(PipelineSchedule::ZeroBubbleV), StepSchedule(PipelineSchedule::Interleaved, 2)})
-    checkRun(checkEquivalent(2, 4, schedule, 2, Tie::None, 4, steps), 2);
+       {StepSchedule(PipelineSchedule::ZeroBubbleV), StepSchedule(PipelineSchedule::Interleaved, 2)}) {
+    const Trained run = checkEquivalent(2, 4, schedule, 2, Tie::None, 4, steps);
+    CHECK(run.guessed == std::vector<size_t>{3, 3});
+    CHECK(run.redone == std::vector<size_t>{1, 1});
+    checkRun(run, 2);
+  }
 }
 
 TEST_CASE("dropout: each micro-batch drops what one device drops for its rows of the batch") {

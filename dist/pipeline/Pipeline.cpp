@@ -765,6 +765,72 @@ class Cutter {
       stage(n) = kNone;
       replicated_.push_back(n);
     }
+    replicateSharedValues();
+  }
+
+  /// What only the replicated updates read, computed from values one stage computes and from
+  /// replicated state (a loss scale's next value, from the step's finiteness, the scale and its
+  /// count of good steps), every stage computes for itself as well, with the updates of the scalar
+  /// state that only such computations read (the count). Each stage then receives the one value
+  /// that decides (the finiteness), which its own updates read too and post-validation can guess.
+  void replicateSharedValues() {
+    std::set<Node*> candidates;
+    for (Node* n : order_) {
+      if (phase(n) != Phase::Update || !dynamic_[at(n)] || stage(n) == kNone || updatesServers(n)) continue;
+      const bool fetched =
+          std::any_of(fetches_.begin(), fetches_.end(), [&](const Output& f) { return f.node() == n; });
+      if (!fetched && (mutates(n) ? updatesUntrainedState(n) && writesScalars(n) : !n->condition.valid()))
+        candidates.insert(n);
+    }
+    auto writtenBy = [](const Node* n) {
+      std::set<const Node*> written;
+      for (int m : n->def->mutatedInputs) written.insert(n->inputs[static_cast<size_t>(m)].node());
+      return written;
+    };
+    for (bool changed = true; changed;) {
+      std::set<const Node*> state;
+      for (const Node* r : replicated_) state.merge(writtenBy(r));
+      for (const Node* c : candidates)
+        if (mutates(c)) state.merge(writtenBy(c));
+      auto fromShared = [&](const Output& in) {
+        Node* u = in.node();
+        if (isDynamicValue(in)) return true;
+        if (dynamic_[at(u)]) return false;  // a placeholder: the update's feeds are one stage's
+        if (u->op == "Variable") return state.count(u) > 0;
+        const std::set<Node*>& read = variablesRead(u);
+        return std::all_of(read.begin(), read.end(), [&](Node* v) { return state.count(v) > 0; });
+      };
+      auto replicable = [&](Node* n) {
+        const std::vector<Output> reads = readsOf(n);
+        if (!std::all_of(reads.begin(), reads.end(), fromShared)) return false;
+        if (mutates(n)) {  // its state is read by what is replicated
+          const std::set<const Node*> written = writtenBy(n);
+          auto readsState = [&](Node* r) {
+            const std::set<Node*>& read = variablesRead(r);
+            return r != n && std::any_of(read.begin(), read.end(), [&](Node* v) { return written.count(v) > 0; });
+          };
+          return std::any_of(replicated_.begin(), replicated_.end(), readsState) ||
+                 std::any_of(candidates.begin(), candidates.end(),
+                             [&](Node* c) { return !mutates(c) && readsState(c); });
+        }
+        const std::vector<Node*>& readers = consumers(n);
+        return !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](Node* c) {
+          return (stage(c) == kNone && phase(c) == Phase::Update) || candidates.count(c) > 0;
+        });
+      };
+      changed = std::erase_if(candidates, [&](Node* n) { return !replicable(n); }) > 0;
+    }
+    for (Node* n : order_) {
+      if (!candidates.count(n)) continue;
+      stage(n) = kNone;
+      if (mutates(n)) replicated_.push_back(n);
+    }
+  }
+
+  /// Whether every variable `n` writes is a scalar.
+  static bool writesScalars(const Node* n) {
+    return std::all_of(n->def->mutatedInputs.begin(), n->def->mutatedInputs.end(),
+                       [&](int m) { return n->inputs[static_cast<size_t>(m)].shape().numel() == 1; });
   }
 
   /// A served variable's push and APPLY go to the one stage that reads the variable.
@@ -874,7 +940,7 @@ class Cutter {
       lastWave_ = std::max(lastWave_, wave_[at(n)]);
     }
     // The updates every stage runs for itself go with the last wave, or after it where they
-    // read what a stage computes in the update (a loss scale's next value).
+    // read what a stage computes in the update (whether a loss-scaled step's gradients are finite).
     replicatedWave_ = lastWave_;
     for (const Node* r : replicated_)
       for (const Output& in : readsOf(r))
@@ -926,8 +992,10 @@ class Cutter {
         if (mutates(n) || updatesServers(n)) run.targets.push_back(n);
         for (const Output& in : readsOf(n)) {
           const Node* u = in.node();
+          const bool replicatedHere = stage(u) == kNone && phase(u) == Phase::Update;  // in the same run
           if (isPlaceholder(u)) addUnique(run.placeholders, in);
-          else if (dynamic_[at(u)] && (stage(u) != s || runOf(u) != runOf(n))) addUnique(run.inputs, in);
+          else if (dynamic_[at(u)] && !replicatedHere && (stage(u) != s || runOf(u) != runOf(n)))
+            addUnique(run.inputs, in);
         }
       }
     }
@@ -992,14 +1060,6 @@ class Cutter {
     cut_.updatesServers.assign(static_cast<size_t>(cut_.stages), 0);
     for (Node* n : order_)
       if (updatesServers(n)) cut_.updatesServers[static_cast<size_t>(stage(n))] = 1;
-    // A skipped step (a loss scale's) is not taken back by restoring what the update wrote: its
-    // updates wait for the condition, and so do the replicated ones that read what it decides.
-    const bool conditional =
-        std::any_of(order_.begin(), order_.end(), [](const Node* n) { return n->condition.valid(); });
-    if (conditional) {
-      cut_.guesses.assign(static_cast<size_t>(cut_.stages), {});
-      return;
-    }
     std::set<int> remoteSent;
     for (int s = 0; s < cut_.stages; ++s) {
       cut_.guesses.push_back(guessOf(s));
@@ -1017,9 +1077,10 @@ class Cutter {
 
   /// What stage `s`'s update may guess (PipelineCut::guesses), or none: remote values are those
   /// received in the update and the scalars computed from them; a remote value that a tensor op
-  /// or an update reads is a point. Nothing to guess where a remote value is a tensor, where a
-  /// scalar computed from remote values reads a variable the stage updates (it is computed after
-  /// the update), or where the stage sends a tensor computed from a guess.
+  /// or an update reads, as an input or as its run condition, is a point. So is one that a scalar
+  /// reading a variable the stage updates reads (a loss scale's next value reads the scale): the
+  /// real scalars are computed after the update, when that variable has moved. Nothing to guess
+  /// where a remote value is a tensor, or where the stage sends a tensor computed from a guess.
   UpdateGuess guessOf(int s) {
     UpdateGuess guess;
     std::set<Output> remote;
@@ -1041,10 +1102,10 @@ class Cutter {
       if (std::find(list.begin(), list.end(), o) == list.end()) list.push_back(o);
     };
     for (Node* n : order_) {
-      if (stage(n) != s || phase(n) != Phase::Update) continue;
+      if ((stage(n) != s && stage(n) != kNone) || phase(n) != Phase::Update) continue;  // kNone: every stage's
       std::vector<Output> remoteInputs;
       bool taintedInput = false;
-      for (const Output& in : n->inputs) {
+      for (const Output& in : readsOf(n)) {
         if (remote.count(in)) remoteInputs.push_back(in);
         taintedInput |= tainted.count(in.node()) > 0;
       }
@@ -1053,18 +1114,18 @@ class Cutter {
         continue;
       }
       tainted.insert(n);
+      const std::set<Node*>& read = variablesRead(n);
+      const bool readsUpdated = std::any_of(read.begin(), read.end(), [&](Node* v) { return updated.count(v) > 0; });
       const bool scalarStep = !mutates(n) && std::all_of(n->outputs.begin(), n->outputs.end(), scalarType);
-      if (!scalarStep) {
+      if (!scalarStep || readsUpdated) {
         for (const Output& in : remoteInputs) {
           if (!scalar(in)) return {};
           addUnique(guess.points, in);
         }
         continue;
       }
-      for (Node* v : variablesRead(n))
-        if (updated.count(v)) return {};
       for (size_t o = 0; o < n->outputs.size(); ++o) remote.insert(Output(n, static_cast<int>(o)));
-      for (const Output& in : n->inputs) {
+      for (const Output& in : readsOf(n)) {
         const Node* u = in.node();
         if (!remote.count(in) && dynamic_[at(u)] && stage(u) == s && phase(u) == Phase::Update)
           addUnique(guess.localInputs, in);

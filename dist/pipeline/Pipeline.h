@@ -20,7 +20,8 @@
 //   - Static: what depends on variables and constants alone (a weight's transpose, the learning
 //     rate): computed by whichever run of a stage reads it; the step counter's increment is
 //     replicated in every stage, which each keep their copy of it, and so is the update of other
-//     untrained state several stages read (a loss scale), from values one stage computes.
+//     untrained state several stages read (a loss scale), from values one stage computes, with
+//     what only those updates read (the scale's next value and its count of good steps).
 // A node's run condition (a loss scale's skipped step) is read like an input: it is sent to the
 // stage that runs the node. Loss scaling's finiteness check becomes one check per gradient, on
 // its stage, whose answers the deciding stage combines (splitFiniteChecks).
@@ -109,9 +110,9 @@ struct TiedVariable {
 
 /// What a stage's update may guess (post-validation, after the zero-bubble paper): the scalars
 /// its updates read that depend on what other stages send it in the update (global-norm
-/// clipping's scale). The stage sends what it computes from its own values, updates at once with
-/// the guessed scalars, then receives, computes the real ones and sends what depends on them; where
-/// a guess was wrong it restores its variables and updates again.
+/// clipping's scale, whether a loss-scaled step's gradients are finite). The stage sends what it computes from its own
+/// values, updates at once with the guessed scalars, then receives, computes the real ones and sends what depends on
+/// them; where a guess was wrong it restores its variables and updates again.
 struct UpdateGuess {
   std::vector<Output> points;      ///< the guessed scalars (fed with the guess when updating)
   std::vector<Output> localInputs; ///< its own update values that the real scalars are computed from
