@@ -541,6 +541,9 @@ struct Runner::State {
 
   void publishVariables(const WholeValues& wholes) {
     if (pipeline) {
+      // Worker 0, replica 0's first stage, alone restored a checkpoint: the other replicas' first
+      // stages take its values before each replica's first stage hands them to its other stages.
+      if (replicas() > 1 && pipeline->stage() == 0) broadcastVariables(pipeline->session(), *replicaSums, plan);
       pipeline->scatterVariables(0);
       loadServedVariables();
       return;

@@ -434,6 +434,22 @@ TEST_CASE("a pipelined LM with servers evaluates, saves and resumes with the ser
   checkSameCheckpoints(whole, parts, 1e-5);
 }
 
+TEST_CASE("a pipeline's replicas resume from worker 0's checkpoint: every replica continues from its values") {
+  // Worker 0 alone reads the checkpoint. A replica that kept its fresh values would add its own
+  // gradients to the replicas' mean and move apart from worker 0's copy.
+  TempDir dir;
+  const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
+  const std::string common =
+      "train mlp --train-size 1024 --test-size 64 --batch 64 --threads 1 --timeout 30 "
+      "--dtype f64 --eval-every 100 --stages 2 --microbatches 2 --workers 2 ";
+  REQUIRE(weftCli(common + "--steps 8 --out " + whole).status == 0);
+  REQUIRE(weftCli(common + "--steps 4 --out " + parts).status == 0);
+  const CliRun resumed = weftCli(common + "--steps 8 --resume --out " + parts);
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
+  CHECK(contains(resumed.output, "resumed from"));
+  checkSameCheckpoints(whole, parts, 0);
+}
+
 TEST_CASE("a pipeline refuses to serve a variable that two of its stages read (tied weights), naming it") {
   TempDir dir;
   const std::string tied = "--vocab 500 --classes 10 --embed 32 --hidden 32 --tie-embeddings --sampled 64 "
