@@ -83,12 +83,12 @@ struct Model {
     loss = nn::meanSparseCrossEntropy(h, y);
     optim::MinimizeOptions options;
     options.clipGlobalNorm = clip;
-    if (lossScaled) options.lossScaling = optim::LossScaling{};
+    if (lossScaled) options.lossScaling = optim::LossScaling{.growthInterval = 3};
     step = optim::Adam(0.05).minimize(loss, options);
   }
 
   int64_t loudStep = -1;  ///< a step whose inputs are 1000 times larger: its gradients clip
-  int64_t zeroStep = -1;  ///< a step whose first input is 0: loss-scaled, its stage 0 gradient is not finite
+  std::set<int64_t> zeroSteps;  ///< steps whose first input is 0: loss-scaled, their stage 0 gradient is not finite
 
   FeedMap feeds(int64_t step, int64_t rows) const {
     Tensor idValues(i64, {rows}), labels(i64, {rows});
@@ -98,7 +98,7 @@ struct Model {
     }
     Tensor inputs = randomTensor(f64, {rows, 5}, 300 + static_cast<uint64_t>(step));
     if (step == loudStep) scaleGradient(inputs, 1000);
-    if (step == zeroStep) inputs.data<double>()[0] = 0;
+    if (zeroSteps.count(step)) inputs.data<double>()[0] = 0;
     FeedMap feeds{{ids, idValues}, {x, inputs}, {y, labels}};
     if (candidates.valid()) {
       // Rows the input looks up too (2, 9) and rows it never does (29).
@@ -111,12 +111,12 @@ struct Model {
 constexpr int64_t kRows = 8, kSteps = 3;
 
 /// How many steps to train, which one has loud inputs (Model::loudStep), whether the loss is
-/// scaled, and which step's gradient on stage 0 is then not finite (Model::zeroStep).
+/// scaled, and which steps' gradients on stage 0 are then not finite (Model::zeroSteps).
 struct Steps {
   int64_t count = kSteps;
   int64_t loud = -1;
   bool lossScaled = false;
-  int64_t zero = -1;
+  std::set<int64_t> zero = {};
   double dropout = 0;
   bool recomputed = false;
 };
@@ -137,7 +137,7 @@ struct Trained {
 Trained singleDevice(double clip, Tie tie = Tie::None, int layers = 4, Steps steps = {}) {
   Model m(1, clip, tie, layers, steps.lossScaled, steps.dropout, steps.recomputed);
   m.loudStep = steps.loud;
-  m.zeroStep = steps.zero;
+  m.zeroSteps = steps.zero;
   // A loss-scaled step's overflow is left to the skip; any other would stop the run.
   Session session(m.g, SessionOptions{.checkNumerics = steps.lossScaled});
   Trained out;
@@ -191,7 +191,7 @@ Trained pipelined(int stages, int microbatches, const StepSchedule& schedule, do
   result.errors = onThreads(static_cast<size_t>(stages), [&](size_t s) {
     Model& m = *models[s];
     m.loudStep = steps.loud;
-    m.zeroStep = steps.zero;
+    m.zeroSteps = steps.zero;
     PipelineOptions options;
     options.stages = stages;
     options.microbatches = microbatches;
@@ -400,13 +400,14 @@ TEST_CASE("post-validation: stages update on the last steps' clip scale, and red
 TEST_CASE(
     "loss scaling: a step whose gradient is not finite on one stage is skipped by every stage, as one device "
     "skips it") {
-  // Step 2's gradient of stage 0's sqrt_weight is 0/0: one device skips the step, halves the loss
-  // scale and counts 6 steps of 7. Every stage skips it together, each halving its own copy of
-  // the scale that the loss's stage multiplies by and every stage's update divides by; a stage
-  // that decided alone would move its variables at step 2.
-  const Steps steps{.count = 7, .lossScaled = true, .zero = 2};
+  // Steps 2 and 3's gradients of stage 0's sqrt_weight are 0/0: one device skips them, halving
+  // the loss scale twice, counts 7 steps of 9, and doubles the scale after 3 good steps (at step
+  // 6). Every stage skips them together, each halving its own copy of the scale that the loss's
+  // stage multiplies by and every stage's update divides by; a stage that decided alone would
+  // move its variables at step 2.
+  const Steps steps{.count = 9, .lossScaled = true, .zero = {2, 3}};
   const Trained expected = singleDevice(2, Tie::None, 4, steps);
-  CHECK(expected.variables.at("global_step").item() == 6);
+  CHECK(expected.variables.at("global_step").item() == 7);
   CHECK(expected.variables.at("loss_scale").item() == optim::LossScaling{}.initial / 2);
   // Each process's own copy of the scale, before stage 0 gathers the variables, is the one
   // device's; the stages send each other scalars in the update, never a gradient.
@@ -418,22 +419,23 @@ TEST_CASE(
     }
     CHECK(run.tensorsSentInUpdate.empty());
   };
-  // Post-validation guesses that the step's gradients are finite (and not clipped) where the
-  // last two steps' were: steps 2, 5 and 6. Step 2 is redone, skipped, restoring every variable
-  // the guessed update wrote, the copies of the scale, its count of good steps and the step
-  // counter included.
+  // Post-validation guesses the last two steps' decision where they agree (and their clip scale,
+  // 1): finite at step 2, which is redone as a skip; a skip at step 4, redone as an update (the
+  // count of good steps then grows the scale at step 6); finite at steps 6 to 8. A redo restores
+  // every variable the guessed update wrote, the copies of the scale (which step 2's guess had
+  // doubled) and the step counter included.
   for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
     const Trained run = checkEquivalent(3, 4, schedule, 2, Tie::None, 4, steps);
-    CHECK(run.guessed == std::vector<size_t>{3, 3, 3});
-    CHECK(run.redone == std::vector<size_t>{1, 1, 1});
+    CHECK(run.guessed == std::vector<size_t>{5, 5, 5});
+    CHECK(run.redone == std::vector<size_t>{2, 2, 2});
     checkRun(run, 3);
   }
   // Processes holding two stages each, the first and the last under zbv.
   for (const StepSchedule& schedule :
        {StepSchedule(PipelineSchedule::ZeroBubbleV), StepSchedule(PipelineSchedule::Interleaved, 2)}) {
     const Trained run = checkEquivalent(2, 4, schedule, 2, Tie::None, 4, steps);
-    CHECK(run.guessed == std::vector<size_t>{3, 3});
-    CHECK(run.redone == std::vector<size_t>{1, 1});
+    CHECK(run.guessed == std::vector<size_t>{5, 5});
+    CHECK(run.redone == std::vector<size_t>{2, 2});
     checkRun(run, 2);
   }
 }

@@ -705,7 +705,8 @@ class Cutter {
       int s = kNone;
       for (int m : n->def->mutatedInputs) s = std::max(s, ownerOf(n->inputs[static_cast<size_t>(m)].node()));
       // State that only the update reads (a loss scale's count of good steps) goes with what
-      // computes its new value, below; replicateSharedState decides what several stages read.
+      // computes its new value, below (replicated with it where replicateSharedValues replicates
+      // that); replicateSharedState decides what several stages read.
       if (s == kNone && updatesUntrainedState(n)) continue;
       WEFT_CHECK(s != kNone, "{} updates {}, which no forward or backward op of the pipeline reads: no stage holds it",
                  n->describe(), n->inputs[static_cast<size_t>(n->def->mutatedInputs[0])].name());
@@ -768,20 +769,28 @@ class Cutter {
     replicateSharedValues();
   }
 
-  /// What only the replicated updates read, computed from values one stage computes and from
+  /// What only the replicated updates read, computed from scalars one stage computes and from
   /// replicated state (a loss scale's next value, from the step's finiteness, the scale and its
-  /// count of good steps), every stage computes for itself as well, with the updates of the scalar
-  /// state that only such computations read (the count). Each stage then receives the one value
-  /// that decides (the finiteness), which its own updates read too and post-validation can guess.
+  /// count of good steps), every stage computes for itself as well, with the updates of scalar
+  /// state that such computations read (the count). Each stage then receives the one value that
+  /// decides (the finiteness), which its own updates read too and post-validation can guess.
+  /// Replicated state counts as every stage's alike only where its update reads nothing else
+  /// (the step counter's increment, not a moving average of one stage's trained variable); nodes
+  /// ordered by control edges stay where they are.
   void replicateSharedValues() {
+    std::set<const Node*> ordered;  // ordered by a control edge that the cut keeps
+    for (Node* n : order_) {
+      if (isGroup(n)) continue;
+      if (!n->controlInputs.empty()) ordered.insert(n);
+      ordered.insert(n->controlInputs.begin(), n->controlInputs.end());
+    }
     std::set<Node*> candidates;
     for (Node* n : order_) {
-      if (phase(n) != Phase::Update || !dynamic_[at(n)] || stage(n) == kNone || updatesServers(n)) continue;
-      const bool fetched =
-          std::any_of(fetches_.begin(), fetches_.end(), [&](const Output& f) { return f.node() == n; });
-      if (!fetched && (mutates(n) ? updatesUntrainedState(n) && writesScalars(n) : !n->condition.valid()))
-        candidates.insert(n);
+      if (phase(n) != Phase::Update || !dynamic_[at(n)] || stage(n) == kNone || updatesServers(n) || ordered.count(n))
+        continue;
+      if (mutates(n) ? updatesUntrainedState(n) && writesScalars(n) : !n->condition.valid()) candidates.insert(n);
     }
+    std::set<Node*> trusted(replicated_.begin(), replicated_.end());  // whose state is every stage's alike
     auto writtenBy = [](const Node* n) {
       std::set<const Node*> written;
       for (int m : n->def->mutatedInputs) written.insert(n->inputs[static_cast<size_t>(m)].node());
@@ -789,20 +798,25 @@ class Cutter {
     };
     for (bool changed = true; changed;) {
       std::set<const Node*> state;
-      for (const Node* r : replicated_) state.merge(writtenBy(r));
+      for (const Node* r : trusted) state.merge(writtenBy(r));
       for (const Node* c : candidates)
         if (mutates(c)) state.merge(writtenBy(c));
-      auto fromShared = [&](const Output& in) {
+      // What every stage has alike: a value one stage computes and sends (a scalar, where
+      // `scalarsOnly`), constants, and what reads only shared state.
+      auto shared = [&](const Output& in, bool scalarsOnly) {
         Node* u = in.node();
-        if (isDynamicValue(in)) return true;
+        if (isDynamicValue(in)) return !scalarsOnly || (in.shape().isFullyDefined() && in.shape().numel() == 1);
         if (dynamic_[at(u)]) return false;  // a placeholder: the update's feeds are one stage's
         if (u->op == "Variable") return state.count(u) > 0;
         const std::set<Node*>& read = variablesRead(u);
         return std::all_of(read.begin(), read.end(), [&](Node* v) { return state.count(v) > 0; });
       };
-      auto replicable = [&](Node* n) {
+      auto readsShared = [&](Node* n, bool scalarsOnly) {
         const std::vector<Output> reads = readsOf(n);
-        if (!std::all_of(reads.begin(), reads.end(), fromShared)) return false;
+        return std::all_of(reads.begin(), reads.end(), [&](const Output& in) { return shared(in, scalarsOnly); });
+      };
+      auto replicable = [&](Node* n) {
+        if (!readsShared(n, true)) return false;
         if (mutates(n)) {  // its state is read by what is replicated
           const std::set<const Node*> written = writtenBy(n);
           auto readsState = [&](Node* r) {
@@ -818,7 +832,8 @@ class Cutter {
           return (stage(c) == kNone && phase(c) == Phase::Update) || candidates.count(c) > 0;
         });
       };
-      changed = std::erase_if(candidates, [&](Node* n) { return !replicable(n); }) > 0;
+      changed = std::erase_if(trusted, [&](Node* r) { return !readsShared(r, false); }) > 0;
+      changed = std::erase_if(candidates, [&](Node* n) { return !replicable(n); }) > 0 || changed;
     }
     for (Node* n : order_) {
       if (!candidates.count(n)) continue;
@@ -1079,8 +1094,9 @@ class Cutter {
   /// received in the update and the scalars computed from them; a remote value that a tensor op
   /// or an update reads, as an input or as its run condition, is a point. So is one that a scalar
   /// reading a variable the stage updates reads (a loss scale's next value reads the scale): the
-  /// real scalars are computed after the update, when that variable has moved. Nothing to guess
-  /// where a remote value is a tensor, or where the stage sends a tensor computed from a guess.
+  /// real scalars are computed after the update, when that variable has moved; and so is one that
+  /// a scalar reading a value computed from a guess reads. Nothing to guess where a remote value
+  /// is a tensor, or where the stage sends a value computed from a guess.
   UpdateGuess guessOf(int s) {
     UpdateGuess guess;
     std::set<Output> remote;
@@ -1104,20 +1120,23 @@ class Cutter {
     for (Node* n : order_) {
       if ((stage(n) != s && stage(n) != kNone) || phase(n) != Phase::Update) continue;  // kNone: every stage's
       std::vector<Output> remoteInputs;
-      bool taintedInput = false;
+      bool guessedInput = false;  // computed in the update from a guessed point, not remote itself
       for (const Output& in : readsOf(n)) {
         if (remote.count(in)) remoteInputs.push_back(in);
-        taintedInput |= tainted.count(in.node()) > 0;
+        else
+          guessedInput |= tainted.count(in.node()) > 0;
       }
       if (remoteInputs.empty()) {
-        if (taintedInput) tainted.insert(n);
+        if (guessedInput) tainted.insert(n);
         continue;
       }
       tainted.insert(n);
       const std::set<Node*>& read = variablesRead(n);
       const bool readsUpdated = std::any_of(read.begin(), read.end(), [&](Node* v) { return updated.count(v) > 0; });
       const bool scalarStep = !mutates(n) && std::all_of(n->outputs.begin(), n->outputs.end(), scalarType);
-      if (!scalarStep || readsUpdated) {
+      // Computed after the update, a scalar reading what the update wrote, or what was computed
+      // from a guess, would be wrong: its remote inputs are guessed instead.
+      if (!scalarStep || readsUpdated || guessedInput) {
         for (const Output& in : remoteInputs) {
           if (!scalar(in)) return {};
           addUnique(guess.points, in);
@@ -1127,7 +1146,8 @@ class Cutter {
       for (size_t o = 0; o < n->outputs.size(); ++o) remote.insert(Output(n, static_cast<int>(o)));
       for (const Output& in : readsOf(n)) {
         const Node* u = in.node();
-        if (!remote.count(in) && dynamic_[at(u)] && stage(u) == s && phase(u) == Phase::Update)
+        if (!remote.count(in) && !tainted.count(in.node()) && dynamic_[at(u)] && stage(u) == s &&
+            phase(u) == Phase::Update)
           addUnique(guess.localInputs, in);
       }
     }
