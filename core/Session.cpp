@@ -266,6 +266,17 @@ void Session::setVariable(const std::string& name, const Tensor& value) {
   t.copyFrom(value);
 }
 
+void Session::replaceVariable(Node* v, Tensor value) {
+  WEFT_CHECK(v && v->op == "Variable" && v->graph == &graph_, "{} is not a variable of this graph",
+             v ? v->describe() : std::string("null node"));
+  const TensorType& type = v->outputs[0];
+  WEFT_CHECK(value.dtype() == type.dtype && value.shape() == type.shape,
+             "variable '{}' is {}{} in the graph, the new value {}{}", v->name, dtypeName(type.dtype), type.shape.str(),
+             dtypeName(value.dtype()), value.shape().str());
+  variables_.insert_or_assign(v, value.to(placement(v)));
+  plans_.clear();
+}
+
 void Session::resetVariables() {
   // Values are overwritten in place so that compiled plans keep pointing at them.
   for (auto& [node, tensor] : variables_) tensor.copyFrom(initialValue(graph_, *node));

@@ -103,6 +103,10 @@ class Session {
   void setVariable(const std::string& name, const Tensor& value);
   /// Re-runs every variable's initializer.
   void resetVariables();
+  /// Gives a variable whose shape the graph has changed since the session made its value (a
+  /// shard of it: Graph::shardVariable) its new value, which must have the new shape. The plans
+  /// compiled so far, which point at the old value, are dropped.
+  void replaceVariable(Node* variable, Tensor value);
 
   /// Number of completed runs that drew random numbers (ran an op marked OpDef::random, such as
   /// dropout). Random ops draw from (seed, step), so runs are reproducible, and runs that draw

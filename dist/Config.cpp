@@ -125,9 +125,11 @@ void checkConfig(const Config& config, const JobShape& job) {
              "workers or pipeline replicas and --arch auto or ar, or servers and --arch auto or ps)",
              dtypeName(config.wireDType));
   if (config.sharding != Sharding::None) {
-    WEFT_CHECK(pipeline.stages == 1, "--shard {} shards the dense state of data-parallel workers; sharding the "
-               "replicas of a pipeline of {} stages is not implemented", shardingName(config.sharding),
-               pipeline.stages);
+    WEFT_CHECK(pipeline.stages == 1 || config.sharding == Sharding::Optimizer,
+               "--shard {} with a pipeline of {} stages: each stage holds its own layers' parameters already, and "
+               "--shard optimizer shards their optimizer state among the stage's replicas (sharding the parameters "
+               "too, ZeRO stage 3, across a pipeline's replicas is not implemented)",
+               shardingName(config.sharding), pipeline.stages);
     WEFT_CHECK(config.architecture != Architecture::ParameterServer, "--shard {} shards the dense variables the "
                "workers sum by AllReduce, and --arch ps (which the asynchronous --sync modes imply) puts every "
                "variable on the parameter servers",

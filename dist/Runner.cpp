@@ -3,15 +3,16 @@
 
 #include "core/Checkpoint.h"
 #include "core/Error.h"
-#include "dist/collective/Communicator.h"
-#include "dist/launch/Liveness.h"
-#include "dist/transport/LoopbackTransport.h"
-#include "dist/collective/Nccl.h"
-#include "dist/pipeline/PipelineStage.h"
+#include "core/OpRegistry.h"
 #include "dist/Placement.h"
+#include "dist/collective/Communicator.h"
+#include "dist/collective/Nccl.h"
+#include "dist/launch/Liveness.h"
 #include "dist/launch/Preemption.h"
+#include "dist/pipeline/PipelineStage.h"
 #include "dist/server/ServerClient.h"
 #include "dist/server/ServerProcess.h"
+#include "dist/transport/LoopbackTransport.h"
 
 #include <fmt/format.h>
 
@@ -69,6 +70,9 @@ struct Runner::State {
   PipelineConfig pipelineConfig;
   bool staged = false;
   bool serversInGraph = false;  // a pipeline's graph reads the servers' variables from them
+  bool shardedOverReplicas = false;  // a pipeline's graph shards its optimizer state over the replicas (once)
+  size_t bucketBytes = size_t{4} << 20;
+  std::map<const Node*, int> stageOfShard;  // a pipeline's sharded variables: the stage that updates each
   std::string pipelinePlan;
 
   ~State() {
@@ -168,6 +172,12 @@ struct Runner::State {
     ring = std::make_unique<Ring>(*job->transport, job->rank(), job->routes.workerPeers, config.timeout);
     communicator = std::make_unique<Communicator>(*ring, traffic);
     pipelineConfig = stages;
+    sharding = config.sharding;
+    bucketBytes = config.bucketBytes;
+    WEFT_CHECK(sharding == Sharding::None || !job->gpuWorkers,
+               "--shard {}: a pipeline's GPU stages keep their optimizer state whole; sharding runs among CPU "
+               "workers",
+               shardingName(sharding));
     const int stage = job->rank() % stages.stages, replica = job->rank() / stages.stages;
     std::vector<int> stagePeers;
     for (int s = 0; s < stages.stages; ++s)
@@ -227,6 +237,83 @@ struct Runner::State {
     options.timeout = config.timeout;
     options.session = config.session;
     pipeline = std::make_unique<PipelineStage>(graph, 0, options, *localTransport, std::vector<int>{0});
+  }
+
+  /// --shard optimizer in a pipeline with replicas (ZeRO stages 1 and 2 among each stage's
+  /// replicas, as Megatron's distributed optimizer does beside its pipeline): once the stages are
+  /// chosen, a cut says which stage updates each dense variable, and the graph reduce-scatters
+  /// each stage's gradients over its replicas' ring, updates this replica's shard of each and
+  /// gathers the others' (dist/Transform.h, shardOverReplicas). Values made before (worker 0's
+  /// profile of the step, a restored checkpoint's) give their shard.
+  void shardOverReplicas(const std::vector<Output>& fetches, Node* trainStep) {
+    shardedOverReplicas = true;
+    if (sharding == Sharding::None || replicas() < 2) return;
+    Graph& graph = pipeline->session().graph();
+    const int modelStages = pipelineConfig.schedule.modelStages(pipelineConfig.stages);
+    const PipelineCut cut =
+        cutPipeline(graph, modelStages, fetches, trainStep, pipelineConfig.schedule.splitsWeights());
+    TransformOptions options;
+    options.hostRing = replicaSums->id();
+    options.workers = replicas();
+    options.rank = rank() / pipelineConfig.stages;
+    options.bucketBytes = bucketBytes;
+    std::set<const Node*> tied;
+    for (const TiedVariable& t : cut.tied) tied.insert(t.variable);
+    // A tied variable's update reads the sum of several stages' parts, which its owner's runtime
+    // adds: it stays whole, averaged by the runtime like a sparse one.
+    for (const StageGradient& g : cut.gradients)
+      if (!g.link.sparse && !g.served && !tied.count(g.link.variable)) options.shardGroups[g.link.variable] = g.stage;
+    const std::vector<GradientLink> links = stepGradientLinks(graph);
+    applyPasses(graph, {{"sharding over the pipeline's replicas",
+                         [&](Graph& g, DistributedGraph& d) { d = dist::shardOverReplicas(g, links, options); }}});
+    Session& session = pipeline->session();
+    for (Node* v : graph.variables()) {
+      if (!Graph::isShard(*v)) continue;
+      stageOfShard[v] = stageOfUpdateOf(v, options.shardGroups);
+      if (!session.holdsVariable(v) || session.variable(v).shape() == v->outputs[0].shape) continue;
+      Tensor shard(v->outputs[0].dtype, v->outputs[0].shape);
+      copyShardOf(*v, session.variable(v), shard);
+      session.replaceVariable(v, shard);
+    }
+  }
+
+  /// The stage that updates sharded variable `v` (an optimizer slot): its update's variable's.
+  int stageOfUpdateOf(const Node* v, const std::map<const Node*, int>& stageOf) const {
+    for (const auto& n : pipeline->session().graph().nodes()) {
+      const std::vector<int>& written = n->def->mutatedInputs;
+      const bool writesIt = std::any_of(written.begin(), written.end(),
+                                        [&](int m) { return n->inputs[static_cast<size_t>(m)].node() == v; });
+      if (!writesIt) continue;
+      for (int m : written)
+        if (auto it = stageOf.find(n->inputs[static_cast<size_t>(m)].node()); it != stageOf.end()) return it->second;
+    }
+    WEFT_THROW("sharded variable '{}' is written by no update of a sharded variable", v->name);
+  }
+
+  /// The variables this worker holds: made on first use, the shards by the first step; a
+  /// pipeline stage's, those of the stages it runs (its session may hold copies of others').
+  std::vector<Node*> heldVariables() {
+    Session& held = activeSession();
+    std::set<Node*> ofStages;
+    if (pipeline) {
+      const PipelineCut& cut = pipeline->cut();
+      for (int s = 0; s < static_cast<int>(cut.variables.size()); ++s)
+        if (runsStage(s))
+          ofStages.insert(cut.variables[static_cast<size_t>(s)].begin(), cut.variables[static_cast<size_t>(s)].end());
+    }
+    std::vector<Node*> out;
+    for (Node* v : held.graph().variables()) {
+      const bool mine = pipeline ? ofStages.count(v) > 0 : Graph::isShard(*v) || held.holdsVariable(v);
+      if (mine) out.push_back(v);
+    }
+    return out;
+  }
+
+  /// Whether this process runs model stage `s` of the pipeline.
+  bool runsStage(int s) const {
+    const std::vector<int> processOf =
+        processOfStage(pipelineConfig.schedule.orders(pipelineConfig.stages, pipelineConfig.microbatches));
+    return processOf.at(static_cast<size_t>(s)) == pipeline->stage();
   }
 
   /// Data-parallel replicas: of the model, or of a pipeline (each of its stages' workers).
@@ -473,6 +560,7 @@ struct Runner::State {
       client->setLocalCopyCurrent(false);
       client->forgetPulledRows();
     }
+    if (!shardedOverReplicas) shardOverReplicas(fetches, targets[0]);
     std::vector<double> means;
     try {
       means = pipeline->step(fetches, targets[0], microbatches);
@@ -493,7 +581,7 @@ struct Runner::State {
   /// The variables this worker holds a shard of (ZeRO's optimizer slots), in graph order.
   std::vector<Node*> shards() const {
     std::vector<Node*> out;
-    for (Node* v : session->graph().variables())
+    for (Node* v : (pipeline ? pipeline->session() : *session).graph().variables())
       if (Graph::isShard(*v)) out.push_back(v);
     return out;
   }
@@ -503,7 +591,9 @@ struct Runner::State {
   WholeValues gatherShards() {
     WholeValues wholes;
     for (Node* v : shards()) {
-      const Tensor shard = session->variable(v).to(cpu());
+      // A pipeline's shards of a variable are its stage's replicas', which come in rank order.
+      const bool holder = !pipeline || runsStage(stageOfShard.at(v));
+      const Tensor shard = holder ? activeSession().variable(v).to(cpu()) : Tensor(v->outputs[0].dtype, {0});
       const std::vector<uint8_t> mine(static_cast<const uint8_t*>(shard.raw()),
                                       static_cast<const uint8_t*>(shard.raw()) + shard.bytes());
       const std::vector<uint8_t> all = communicator->gather(mine);
@@ -663,7 +753,7 @@ void Runner::gatherModel() {
 }
 
 WholeValues Runner::gatherShards() {
-  if (!state_->communicator || state_->pipeline) return {};
+  if (!state_->communicator) return {};
   return state_->gatherShards();
 }
 
@@ -694,13 +784,13 @@ Session& Runner::session() {
 const DistributedGraph& Runner::distribution() const { return state_->distribution; }
 
 std::string Runner::shardingReport() {
-  if (state_->session == nullptr) return "";
+  // A pipeline's shards are made by its first step.
+  if (state_->pipeline ? state_->stageOfShard.empty() : state_->session == nullptr) return "";
+  Session& session = state_->activeSession();
   size_t held = 0, whole = 0, all = 0, allWhole = 0;
   int sharded = 0;
-  for (Node* v : state_->session->graph().variables()) {
-    // Variables are made on first use; the shards are by the first step.
-    if (!Graph::isShard(*v) && !state_->session->holdsVariable(v)) continue;
-    const size_t bytes = state_->session->variable(v).bytes();
+  for (Node* v : state_->heldVariables()) {
+    const size_t bytes = session.variable(v).bytes();
     const size_t wholeBytes =
         static_cast<size_t>(Graph::wholeShapeOf(*v).numel()) * dtypeSize(v->outputs[0].dtype);
     all += bytes;
@@ -711,10 +801,11 @@ std::string Runner::shardingReport() {
     whole += wholeBytes;
   }
   if (sharded == 0) return "";
-  return fmt::format("sharded {} (1/{} each): this worker holds {} of {} bytes of its {} sharded variables; "
-                     "its variables take {} bytes, {} unsharded",
-                     state_->sharding == Sharding::Parameters ? "parameters and optimizer state" : "optimizer state",
-                     workers(), held, whole, sharded, all, allWhole);
+  return fmt::format(
+      "sharded {} (1/{} each): this worker holds {} of {} bytes of its {} sharded variables; "
+      "its variables take {} bytes, {} unsharded",
+      state_->sharding == Sharding::Parameters ? "parameters and optimizer state" : "optimizer state", replicas(), held,
+      whole, sharded, all, allWhole);
 }
 
 bool Runner::shardsParameters() const { return state_->sharding == Sharding::Parameters; }

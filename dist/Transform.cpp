@@ -115,6 +115,12 @@ class OptimizerSharding {
 
   bool covers(const Node* variable) const { return updates_.count(variable) != 0; }
 
+  /// The group whose buckets and sums `variable`'s gradient travels in (TransformOptions::shardGroups).
+  int groupOf(const Node* variable) const {
+    const auto it = options_.shardGroups.find(variable);
+    return it == options_.shardGroups.end() ? 0 : it->second;
+  }
+
   /// Reduce-scatters one bucket of gradients and turns its variables' updates onto their shards.
   void shardBucket(const std::vector<const GradientLink*>& bucket, double scale) {
     std::vector<Output> grads;
@@ -144,7 +150,7 @@ class OptimizerSharding {
   /// on every worker): the logarithm of its answer, 0 or -inf, summed over the workers is finite
   /// only where every worker's check passed, so the workers skip a step together.
   void sumChecks() {
-    for (Node* check : checks_) {
+    for (const auto& [check, group] : checks_) {
       std::vector<Output> inputs;
       for (const Output& in : check->inputs) {
         auto shard = onShard_.find(in);
@@ -152,11 +158,11 @@ class OptimizerSharding {
       }
       auto placed = graph_.onDevice(check->device);
       const Output local = graph_.addNode(check->op, inputs, check->attrs, check->name + "/shard")->output();
-      norms_.push_back({check->output(), check->op == "AllFinite" ? log(local) : local});
+      norms_.push_back({check->output(), check->op == "AllFinite" ? log(local) : local, group});
     }
-    std::map<DType, std::vector<std::pair<Output, Output>>> byDType;
-    for (const auto& [whole, shard] : norms_) byDType[shard.dtype()].push_back({whole, shard});
-    for (const auto& [dtype, pairs] : byDType) {
+    std::map<std::pair<int, DType>, std::vector<std::pair<Output, Output>>> byGroup;
+    for (const auto& [whole, shard, group] : norms_) byGroup[{group, shard.dtype()}].push_back({whole, shard});
+    for (const auto& [key, pairs] : byGroup) {
       std::vector<Output> shards;
       for (const auto& p : pairs) shards.push_back(p.second);
       const std::vector<Output> sums = allReduce(shards, options_.hostRing, 1.0);
@@ -203,7 +209,12 @@ class OptimizerSharding {
                    "variable '{}' cannot be sharded: {} reads {}, which exists only as shards on the way from its "
                    "gradient to its update",
                    u.variable->name, reader->describe(), n->describe());
-        checks_.insert(const_cast<Node*>(reader));
+        const int group = groupOf(u.variable);
+        const auto [check, added] = checks_.emplace(const_cast<Node*>(reader), group);
+        WEFT_CHECK(added || check->second == group,
+                   "{} checks gradients of pipeline stages {} and {} at once: sharded over each stage's replicas, "
+                   "they cannot be summed together",
+                   reader->describe(), check->second, group);
       }
     }
   }
@@ -228,7 +239,7 @@ class OptimizerSharding {
     if (u.squaredNorm != nullptr) {
       Node* norm = graph_.addNode(u.squaredNorm->op, {gradientShard}, u.squaredNorm->attrs,
                                   u.squaredNorm->name + "/shard");
-      norms_.push_back({u.squaredNorm->output(), norm->output()});
+      norms_.push_back({u.squaredNorm->output(), norm->output(), groupOf(u.variable)});
     }
     for (Node* slot : u.slots) graph_.shardVariable(slot, range.offset, range.count);
     std::vector<Output> inputs;
@@ -374,12 +385,13 @@ class OptimizerSharding {
   Graph& graph_;
   const TransformOptions& options_;
   std::map<const Node*, ServedVariable> updates_;
-  std::vector<std::pair<Output, Output>> norms_;  // a whole gradient's check, what a worker sums of it
+  /// A whole gradient's check, what a worker sums of it, and the group it is summed with.
+  std::vector<std::tuple<Output, Output, int>> norms_;
   std::map<Output, Output> onShard_;              // a value of an update's chain, its shard's
   struct ById {
     bool operator()(const Node* a, const Node* b) const { return a->id < b->id; }
   };
-  std::set<Node*, ById> checks_;  // what reads chain values besides the chains: run on shards
+  std::map<Node*, int, ById> checks_;  // what reads chain values besides the chains (run on shards): its group
 };
 
 }  // namespace
@@ -421,6 +433,34 @@ int synchronizeBatchNorm(Graph& graph, int64_t hostRing) {
   return static_cast<int>(forward.size());
 }
 
+/// Sorts gradient links in the order the backward pass produces them (the graph's topological order).
+void sortInBackwardOrder(const Graph& graph, std::vector<const GradientLink*>& links) {
+  std::map<const Node*, size_t> position;
+  for (const Node* n : graph.topologicalOrder()) position.emplace(n, position.size());
+  std::stable_sort(links.begin(), links.end(), [&](const GradientLink* a, const GradientLink* b) {
+    return position.at(a->dense.node()) < position.at(b->dense.node());
+  });
+}
+
+/// Cuts `dense` (in backward order) into buckets of about `bytes`, with an open bucket per key
+/// (`keyOf`), and hands each to `flush` with its key.
+template <class Key, class KeyOf, class Flush>
+void forEachBucket(const std::vector<const GradientLink*>& dense, size_t bytes, KeyOf keyOf, Flush flush) {
+  std::map<Key, std::vector<const GradientLink*>> open;
+  std::map<Key, size_t> openBytes;
+  for (const GradientLink* l : dense) {
+    const Key key = keyOf(*l);
+    open[key].push_back(l);
+    openBytes[key] += byteSize(l->dense);
+    if (openBytes[key] < bytes) continue;
+    flush(key, open[key]);
+    open[key].clear();
+    openBytes[key] = 0;
+  }
+  for (const auto& [key, bucket] : open)
+    if (!bucket.empty()) flush(key, bucket);
+}
+
 DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options) {
   const size_t firstAdded = graph.size();
   const std::vector<GradientLink> links = graph.gradientLinks();
@@ -449,21 +489,16 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
       dense.push_back(&l);
     }
   }
-  // Buckets in the order the backward pass produces the gradients (the graph's topological
-  // order), one per dtype and kind of device: a gradient on a GPU sums through the dense backend
-  // there when it is the GPU workers' NCCL group, any other through the host's ring.
-  std::map<const Node*, size_t> position;
-  for (const Node* n : graph.topologicalOrder()) position.emplace(n, position.size());
-  std::stable_sort(dense.begin(), dense.end(), [&](const GradientLink* a, const GradientLink* b) {
-    return position.at(a->dense.node()) < position.at(b->dense.node());
-  });
+  sortInBackwardOrder(graph, dense);
   OptimizerSharding sharding(graph, options, dense);
+  // One bucket per dtype and kind of device: a gradient on a GPU sums through the dense backend
+  // there when it is the GPU workers' NCCL group, any other through the host's ring.
   using BucketKey = std::tuple<DType, bool, bool>;  // dtype, summed on the GPU, sharded
-  std::map<BucketKey, std::vector<const GradientLink*>> open;
-  std::map<BucketKey, size_t> openBytes;
-  auto flush = [&](const BucketKey& key) {
-    std::vector<const GradientLink*>& bucket = open[key];
-    if (bucket.empty()) return;
+  auto keyOf = [&](const GradientLink& l) {
+    const bool onGpu = options.denseOnGpu && l.dense.node()->device.rfind("cuda", 0) == 0;
+    return BucketKey{l.dense.dtype(), onGpu, sharding.covers(l.variable)};
+  };
+  forEachBucket<BucketKey>(dense, options.bucketBytes, keyOf, [&](const BucketKey& key, const auto& bucket) {
     const auto& [dtype, onGpu, sharded] = key;
     if (sharded) {
       sharding.shardBucket(bucket, denseScale);
@@ -478,17 +513,33 @@ DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& optio
     for (const GradientLink* l : bucket)
       result.variables.push_back({l->variable, false, byteSize(l->dense), result.buckets, false, sharded});
     ++result.buckets;
-    bucket.clear();
-    openBytes[key] = 0;
-  };
-  for (const GradientLink* l : dense) {
-    const bool onGpu = options.denseOnGpu && l->dense.node()->device.rfind("cuda", 0) == 0;
-    const BucketKey key{l->dense.dtype(), onGpu, sharding.covers(l->variable)};
-    open[key].push_back(l);
-    openBytes[key] += byteSize(l->dense);
-    if (openBytes[key] >= options.bucketBytes) flush(key);
-  }
-  for (auto& [key, bucket] : open) flush(key);
+  });
+  sharding.sumChecks();
+  leaveAddedToLossScaling(graph, firstAdded);
+  return result;
+}
+
+DistributedGraph shardOverReplicas(Graph& graph, const std::vector<GradientLink>& links,
+                                   const TransformOptions& options) {
+  const size_t firstAdded = graph.size();
+  const Rewirer rewirer(graph, links);
+  std::vector<const GradientLink*> dense;
+  for (const GradientLink& l : links)
+    if (!l.sparse && options.shardGroups.count(l.variable) && rewirer.consumed(l.dense)) dense.push_back(&l);
+  sortInBackwardOrder(graph, dense);
+  TransformOptions sharded = options;
+  sharded.shardOptimizer = true;
+  sharded.shardParameters = false;
+  OptimizerSharding sharding(graph, sharded, dense);
+  DistributedGraph result;
+  using BucketKey = std::pair<int, DType>;  // the group (a pipeline stage), dtype
+  auto keyOf = [&](const GradientLink& l) { return BucketKey{sharding.groupOf(l.variable), l.dense.dtype()}; };
+  forEachBucket<BucketKey>(dense, options.bucketBytes, keyOf, [&](const BucketKey&, const auto& bucket) {
+    sharding.shardBucket(bucket, 1.0 / options.workers);
+    for (const GradientLink* l : bucket)
+      result.variables.push_back({l->variable, false, byteSize(l->dense), result.buckets, false, true});
+    ++result.buckets;
+  });
   sharding.sumChecks();
   leaveAddedToLossScaling(graph, firstAdded);
   return result;

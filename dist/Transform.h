@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ struct TransformOptions {
   /// too, and their readers read a whole gathered just before them (see distributeAllReduce).
   bool shardParameters = false;
   int rank = 0;  ///< this worker's rank on the host ring, whose shard it keeps
+  /// Groups whose gradients never share a bucket or a sum of checks, by variable (the pipeline
+  /// stage that updates it, in shardOverReplicas); every variable is in group 0 when absent.
+  std::map<const Node*, int> shardGroups;
 };
 
 /// One synchronised variable.
@@ -93,6 +97,15 @@ struct DistributedGraph {
 /// the three, a variable's gather starts when the first reader of the variable gathered before
 /// it runs, overlapping that layer's compute. A reader that writes the variable is refused.
 DistributedGraph distributeAllReduce(Graph& graph, const TransformOptions& options);
+
+/// ZeRO stage 1 and 2 among the data-parallel replicas of a pipeline stage, whose other
+/// gradients their runtime averages: shards, as distributeAllReduce does with `shardOptimizer`,
+/// every dense variable of `options.shardGroups` (each its stage's), over the ring `hostRing` of
+/// `workers` replicas, this one rank `rank`, averaging. Buckets and the checks' sums never mix
+/// groups, so each stays within its stage. Other gradients are left alone. `links` are the
+/// graph's gradient links as the step computes them (a pipeline may have moved some).
+DistributedGraph shardOverReplicas(Graph& graph, const std::vector<GradientLink>& links,
+                                   const TransformOptions& options);
 
 struct ServerPlan;
 /// Rewrites the worker's replica for the variables of `plan`, which the servers hold and update:

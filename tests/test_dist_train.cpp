@@ -17,14 +17,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <functional>
+#include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -434,19 +435,28 @@ TEST_CASE("a pipelined LM with servers evaluates, saves and resumes with the ser
   checkSameCheckpoints(whole, parts, 1e-5);
 }
 
-TEST_CASE("a pipeline's replicas resume from worker 0's checkpoint: every replica continues from its values") {
+TEST_CASE(
+    "a pipeline's replicas resume from worker 0's checkpoint, sharded or not: every replica continues from "
+    "its values") {
   // Worker 0 alone reads the checkpoint. A replica that kept its fresh values would add its own
-  // gradients to the replicas' mean and move apart from worker 0's copy.
+  // gradients to the replicas' mean and move apart from worker 0's copy. A sharded run's
+  // checkpoint holds the whole optimizer state, and resumes sharded or not.
   TempDir dir;
   const std::string whole = (dir.path / "whole").string(), parts = (dir.path / "parts").string();
   const std::string common =
       "train mlp --train-size 1024 --test-size 64 --batch 64 --threads 1 --timeout 30 "
       "--dtype f64 --eval-every 100 --stages 2 --microbatches 2 --workers 2 ";
-  REQUIRE(weftCli(common + "--steps 8 --out " + whole).status == 0);
-  REQUIRE(weftCli(common + "--steps 4 --out " + parts).status == 0);
-  const CliRun resumed = weftCli(common + "--steps 8 --resume --out " + parts);
-  REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
-  CHECK(contains(resumed.output, "resumed from"));
+  REQUIRE(weftCli(common + "--steps 9 --out " + whole).status == 0);
+  const CliRun first = weftCli(common + "--steps 3 --shard optimizer --out " + parts);
+  REQUIRE_MESSAGE(first.status == 0, first.output);
+  const weft::TensorFile saved = weft::readSafetensors(parts + "/checkpoint.safetensors");
+  CHECK(saved.tensors.at("Adam/fc2/weight/m").shape() == saved.tensors.at("fc2/weight").shape());
+  for (const char* resume : {"--steps 6 --shard optimizer", "--steps 9"}) {
+    CAPTURE(resume);
+    const CliRun resumed = weftCli(common + resume + " --resume --out " + parts);
+    REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
+    CHECK(contains(resumed.output, "resumed from"));
+  }
   checkSameCheckpoints(whole, parts, 0);
 }
 
@@ -657,6 +667,19 @@ TEST_CASE("--sync: combinations that cannot work and malformed values are refuse
 // --shard optimizer (ZeRO 1 and 2) and --shard parameters (ZeRO 3) compute what one process does.
 const std::vector<std::string> kShardings{"optimizer", "parameters"};
 
+/// The figures of worker 0's line "PREFIXthis worker holds A of B bytes of its K sharded
+/// variables; its variables take C bytes, D unsharded" (Runner::shardingReport): A, B, K, C, D.
+std::array<size_t, 5> shardingReport(const std::string& output, const std::string& prefix) {
+  const std::string marker = prefix + "this worker holds ";
+  const size_t at = output.find(marker);
+  REQUIRE_MESSAGE(at != std::string::npos, output);
+  std::array<size_t, 5> figures{};
+  REQUIRE(std::sscanf(output.c_str() + at + marker.size(),
+                      "%zu of %zu bytes of its %zu sharded variables; its variables take %zu bytes, %zu unsharded",
+                      &figures[0], &figures[1], &figures[2], &figures[3], &figures[4]) == 5);
+  return figures;
+}
+
 TEST_CASE("--shard: the MLP (f64, Adam) on 2 and 4 workers trains like one process, slots included") {
   for (const std::string& sharding : kShardings) {
     for (int workers : {2, 4}) {
@@ -679,13 +702,7 @@ TEST_CASE("--shard: each worker holds 1/N of the sharded variables, measured on 
           weftCli(fmt::format("train mlp --steps 2 --threads 1 --arch ar --shard {} --workers {} --out {}", sharding,
                               workers, dir.path.string()));
       REQUIRE_MESSAGE(run.status == 0, run.output);
-      const std::string marker = "this worker holds ";
-      const size_t at = run.output.find(marker);
-      REQUIRE_MESSAGE(at != std::string::npos, run.output);
-      size_t held = 0, whole = 0, sharded = 0, all = 0, allWhole = 0;
-      REQUIRE(std::sscanf(run.output.c_str() + at + marker.size(),
-                          "%zu of %zu bytes of its %zu sharded variables; its variables take %zu bytes, %zu unsharded",
-                          &held, &whole, &sharded, &all, &allWhole) == 5);
+      const auto [held, whole, sharded, all, allWhole] = shardingReport(run.output, "");
       CAPTURE(run.output);
       CHECK(sharded == static_cast<size_t>(variables));
       // Worker 0 keeps floor(n / N) elements of each variable of n: at most N - 1 fewer than n / N.
@@ -762,9 +779,44 @@ TEST_CASE("--shard: what it cannot shard is refused before any process starts, n
     const std::string shard = " --shard " + sharding;
     checkRefused("mlp --workers 2 --arch ps" + shard, "puts every variable on the parameter servers");
     checkRefused("mlp --workers 2 --sync asp" + shard, "which the asynchronous --sync modes imply");
-    checkRefused("mlp --stages 2" + shard, "sharding the replicas of a pipeline of 2 stages is not implemented");
     checkRefused("mlp --workers 2 --wire-dtype bf16" + shard, "--wire-dtype bf16 narrows only the AllReduce");
   }
+}
+
+TEST_CASE("--shard parameters with a pipeline is refused: its stages hold their own parameters already") {
+  checkRefused("mlp --stages 2 --workers 4 --shard parameters",
+               "sharding the parameters too, ZeRO stage 3, across a pipeline's replicas is not implemented");
+}
+
+TEST_CASE(
+    "--shard optimizer with --stages: each stage's replicas shard its optimizer state and train like one "
+    "process") {
+  // Each stage reduce-scatters its gradients over its 2 replicas, updates its shard and gathers
+  // the other's; the MLP in f64 ends where one process with the total batch does.
+  checkSameVariablesAs("mlp", mlpF64Flags, "--stages 2 --microbatches 2 --workers 2 --shard optimizer",
+                       kMlpF64Tolerance);
+  // The LM in f16 under zero bubble: clipping's norm and the loss scale's finiteness are summed
+  // over each stage's shards, then its replicas, then the stages; the LSTM's weight gradients
+  // run apart. Only the norm's order of summation differs from unsharded replicas.
+  checkSameVariablesAs("lm", lmFlags + " --precision f16 --stages 2 --microbatches 2 --workers 2 --schedule zb",
+                       "--shard optimizer", 1e-5);
+}
+
+TEST_CASE("--shard optimizer with --stages: a stage's worker holds half of its variables' optimizer state") {
+  // Worker 0 runs stage 0, the MLP's first layers (as many as the automatic cut gives it):
+  // Adam's m and v of each of their variables.
+  TempDir dir;
+  const CliRun run =
+      weftCli("train mlp --steps 2 --threads 1 --stages 2 --workers 2 --shard optimizer --out " + dir.path.string());
+  REQUIRE_MESSAGE(run.status == 0, run.output);
+  const auto [held, whole, sharded, all, allWhole] = shardingReport(run.output, "sharded optimizer state (1/2 each): ");
+  CAPTURE(run.output);
+  CHECK(sharded >= 2);
+  CHECK(sharded % 2 == 0);
+  CHECK(held * 2 <= whole);
+  CHECK(whole - held * 2 < sharded * 4 * 2);
+  CHECK(all - held == allWhole - whole);  // the parameters and the step counter stay whole
+  CHECK(all < allWhole);
 }
 
 TEST_CASE("--partitions is refused where no parameter server runs, and takes auto or a positive count") {

@@ -432,7 +432,8 @@ class Trainer {
     const int64_t evalEvery = flags_.evalEvery > 0 ? flags_.evalEvery : std::max<int64_t>(1, steps_ / 10);
     const int64_t checkpointEvery = flags_.checkpointEvery > 0 ? flags_.checkpointEvery : evalEvery;
     if (leader_) announce(spec, setup.config, out);
-    if (const std::string sharded = runner_->shardingReport(); leader_ && !sharded.empty()) fmt::print("{}\n", sharded);
+    std::string sharded = runner_->shardingReport();  // a pipeline's shards come with its first step
+    if (leader_ && !sharded.empty()) fmt::print("{}\n", sharded);
     if (leader_ && !runner_->sparsityChoices().empty()) reportSparsity(*report.metrics);
     Progress progress(steps_, step);
     // A sample of the partition search trains a stretch and times its second half.
@@ -487,6 +488,8 @@ class Trainer {
       const WholeValues wholes = checkpointNow ? runner_->gatherShards() : WholeValues{};
       if (leader_) {
         if (step == 1 && !runner_->pipelinePlan().empty()) fmt::print("pipeline cut:\n{}", runner_->pipelinePlan());
+        if (sharded.empty() && runner_->stages() > 1 && !(sharded = runner_->shardingReport()).empty())
+          fmt::print("{}\n", sharded);
         progress.update(step, report.lossSum / static_cast<double>(report.lossCount), report.items, report.unit);
         if (logNow) logStep(report, progress, spec, step);
       } else if (logNow) {

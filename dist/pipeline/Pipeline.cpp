@@ -40,6 +40,14 @@ bool isTied(const Node* variable) { return variable->attrs.get<bool>("tied", fal
 bool updatesServers(const Node* n) { return n->op == "PushGradient" || n->op == "ApplyRemote"; }
 /// A read of a served variable from the servers: input 0 is the worker's own copy of it.
 bool pullsFromServers(const Node* n) { return n->op == "PullRows" || n->op == "PullVariable"; }
+/// A collective among the replicas (dist/collective/CollectiveOps.h).
+bool isCollective(const Node* n) {
+  static const std::set<std::string> ops{
+      "AllReduceStart",    "AllReduceWait",    "AllGatherStart",  "AllGatherWait",    "ReduceScatterStart",
+      "ReduceScatterWait", "ShardGatherStart", "ShardGatherWait", "GatherWholeStart", "GatherWholeWait"};
+  return ops.count(n->op) > 0;
+}
+
 /// The served variable a server op names (its index in the client's plan).
 int64_t servedIndex(const Node* n) { return n->attrs.getInt("variable"); }
 
@@ -180,11 +188,7 @@ class Cutter {
     for (Node* b : graph.collection(kBackwardCollection)) backward_.insert(b);
     for (const auto& node : graph.nodes())
       if (pullsFromServers(node.get())) servedCopies_.insert(node->inputs[0].node());
-    const std::map<Output, Output> moved = movedWeightGradients(graph);
-    for (GradientLink link : graph.gradientLinks()) {
-      if (auto it = moved.find(link.dense); link.dense.valid() && it != moved.end()) link.dense = it->second;
-      addGradient(link);
-    }
+    for (const GradientLink& link : stepGradientLinks(graph)) addGradient(link);
   }
 
   PipelineCut run() {
@@ -335,6 +339,9 @@ class Cutter {
     for (Node* n : order_) {
       char d = isPlaceholder(n) || (backward_.count(n) && !isSource(n));
       for (const Output& in : n->inputs) d = d || dynamic_[at(in.node())];
+      // What must follow an update of the step runs in the step too (a sharded variable's gather
+      // of the other replicas' shards, which reads the variables alone).
+      for (const Node* c : n->controlInputs) d = d || (dynamic_[at(c)] && mutates(c));
       dynamic_[at(n)] = d;
     }
   }
@@ -1108,6 +1115,10 @@ class Cutter {
     }
     if (remote.empty()) return {};
     if (cut_.updatesServers[static_cast<size_t>(s)]) return {};  // what it sends the servers stays sent
+    // A collective among the stage's replicas (a sharded update's) runs once in each wave: a
+    // guess would run it again in the run that validates it.
+    for (Node* n : order_)
+      if (stage(n) == s && phase(n) == Phase::Update && isCollective(n)) return {};
     std::set<Node*> updated, tainted;
     for (const StageRun& wave : cut_.update[static_cast<size_t>(s)])
       for (Node* target : wave.targets)
@@ -1176,9 +1187,17 @@ class Cutter {
     auto [it, added] = gradientOfLink_.try_emplace(link, static_cast<int>(cut_.gradients.size()));
     if (added) {
       const GradientLink& l = links_[static_cast<size_t>(link)];
-      cut_.gradients.push_back({l, s, servedCopies_.count(l.variable) > 0});
+      cut_.gradients.push_back({l, s, servedCopies_.count(l.variable) > 0, reduceScattered(l)});
     }
     return it->second;
+  }
+
+  /// Whether the graph reduce-scatters a dense gradient over the stage's replicas itself
+  /// (dist/Transform.h, shardOverReplicas).
+  bool reduceScattered(const GradientLink& l) {
+    if (l.sparse) return false;
+    const std::vector<Node*>& readers = consumers(l.dense.node());
+    return std::any_of(readers.begin(), readers.end(), [](const Node* c) { return c->op == "ReduceScatterStart"; });
   }
 
   std::vector<int> allStages() const {
@@ -1525,6 +1544,14 @@ void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainSt
                "pipeline stage {} would start at forward op {} of {}: not a cut", s, firstOp[s], chain.size());
     for (size_t i = firstOp[s]; i < end; ++i) chain[i]->stage = static_cast<int>(s);
   }
+}
+
+std::vector<GradientLink> stepGradientLinks(const Graph& graph) {
+  const std::map<Output, Output> moved = movedWeightGradients(graph);
+  std::vector<GradientLink> links = graph.gradientLinks();
+  for (GradientLink& link : links)
+    if (auto it = moved.find(link.dense); link.dense.valid() && it != moved.end()) link.dense = it->second;
+  return links;
 }
 
 PipelineCut cutPipeline(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,

@@ -91,6 +91,9 @@ struct StageGradient {
   /// The variable is on the parameter servers, which average its gradient over the pipeline's
   /// replicas: the stage pushes its own mean over the micro-batches.
   bool served = false;
+  /// The graph reduce-scatters it over the pipeline's replicas (its variable's optimizer state
+  /// sharded among them: dist/Transform.h, shardOverReplicas): the runtime does not average it.
+  bool sharded = false;
 };
 
 /// A trainable variable several stages read: each holds a copy, `owner` updates it and sends
@@ -227,5 +230,9 @@ void applyStages(Graph& graph, const std::vector<Output>& fetches, Node* trainSt
 /// a recurrent layer's weight gradients can wait too.
 PipelineCut cutPipeline(Graph& graph, int stages, const std::vector<Output>& fetches, Node* trainStep,
                         bool splitWeights);
+
+/// The graph's gradient links as its step computes them: a fused recurrent gradient's weight
+/// gradients where the cut for zero bubble moved them.
+std::vector<GradientLink> stepGradientLinks(const Graph& graph);
 
 }  // namespace weft::dist

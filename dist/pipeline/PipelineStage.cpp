@@ -264,13 +264,17 @@ struct PipelineStage::State {
     averagedEarly.assign(count, 0);
     if (!options.startAveragingOverReplicas) return;
     for (size_t g = 0; g < count; ++g)
-      averagedEarly[g] = holds(cut->gradients[g].stage) && !cut->gradients[g].served && runsOfGradient[g] > 0;
+      averagedEarly[g] = holds(cut->gradients[g].stage) && averagedByRuntime(g) && runsOfGradient[g] > 0;
     // A tied variable's parts go to its owner first, who averages their sum.
     for (const TiedVariable& tied : cut->tied) {
       for (int g : tied.parts) averagedEarly[static_cast<size_t>(g)] = 0;
       if (tied.gradient >= 0) averagedEarly[static_cast<size_t>(tied.gradient)] = 0;
     }
   }
+
+  /// Whether the replicas' mean of gradient `g` is the runtime's to take: the servers average a
+  /// served variable's, and a sharded variable's graph reduce-scatters its own.
+  bool averagedByRuntime(size_t g) const { return !cut->gradients[g].served && !cut->gradients[g].sharded; }
 
   Deadline deadline() const { return Clock::now() + options.timeout; }
   /// The transport peer of the process running model stage `s`.
@@ -628,7 +632,7 @@ struct PipelineStage::State {
     for (size_t g = 0; g < sums.size(); ++g) {
       if (!ownWhole(g) || averagedEarly[g]) continue;
       meanOverMicrobatches(g);
-      if (options.startAveragingOverReplicas && !cut->gradients[g].served) late.push_back(g);
+      if (options.startAveragingOverReplicas && averagedByRuntime(g)) late.push_back(g);
     }
     if (!late.empty()) startAveragingOverReplicas(late);
     if (!averaging.empty()) {
