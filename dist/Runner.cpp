@@ -73,6 +73,7 @@ struct Runner::State {
   bool shardedOverReplicas = false;  // a pipeline's graph shards its optimizer state over the replicas (once)
   size_t bucketBytes = size_t{4} << 20;
   std::map<const Node*, int> stageOfShard;  // a pipeline's sharded variables: the stage that updates each
+  std::vector<int> processOfModelStage;     // a pipeline's: which of its processes runs each model stage
   std::string pipelinePlan;
 
   ~State() {
@@ -310,10 +311,11 @@ struct Runner::State {
   }
 
   /// Whether this process runs model stage `s` of the pipeline.
-  bool runsStage(int s) const {
-    const std::vector<int> processOf =
-        processOfStage(pipelineConfig.schedule.orders(pipelineConfig.stages, pipelineConfig.microbatches));
-    return processOf.at(static_cast<size_t>(s)) == pipeline->stage();
+  bool runsStage(int s) {
+    if (processOfModelStage.empty())
+      processOfModelStage =
+          processOfStage(pipelineConfig.schedule.orders(pipelineConfig.stages, pipelineConfig.microbatches));
+    return processOfModelStage.at(static_cast<size_t>(s)) == pipeline->stage();
   }
 
   /// Data-parallel replicas: of the model, or of a pipeline (each of its stages' workers).

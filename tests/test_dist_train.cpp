@@ -795,6 +795,11 @@ TEST_CASE(
   // the other's; the MLP in f64 ends where one process with the total batch does.
   checkSameVariablesAs("mlp", mlpF64Flags, "--stages 2 --microbatches 2 --workers 2 --shard optimizer",
                        kMlpF64Tolerance);
+  // Virtual stages: each process runs two model stages, each sharded over its replicas.
+  checkSameVariablesAs("mlp", mlpF64Flags,
+                       "--stages 2 --microbatches 4 --workers 2 --schedule interleaved --virtual-stages 2 "
+                       "--shard optimizer",
+                       kMlpF64Tolerance);
   // The LM in f16 under zero bubble: clipping's norm and the loss scale's finiteness are summed
   // over each stage's shards, then its replicas, then the stages; the LSTM's weight gradients
   // run apart. Only the norm's order of summation differs from unsharded replicas.

@@ -1197,7 +1197,9 @@ class Cutter {
   bool reduceScattered(const GradientLink& l) {
     if (l.sparse) return false;
     const std::vector<Node*>& readers = consumers(l.dense.node());
-    return std::any_of(readers.begin(), readers.end(), [](const Node* c) { return c->op == "ReduceScatterStart"; });
+    return std::any_of(readers.begin(), readers.end(), [&](const Node* c) {
+      return c->op == "ReduceScatterStart" && std::find(c->inputs.begin(), c->inputs.end(), l.dense) != c->inputs.end();
+    });
   }
 
   std::vector<int> allStages() const {
