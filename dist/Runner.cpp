@@ -505,7 +505,8 @@ struct Runner::State {
             .schedule = pipelineConfig.schedule,
             .linkBytesPerSecond = pipelineConfig.linkBytesPerSecond,
             .memoryPerStage = pipelineConfig.memoryPerStage,
-            .served = servedVariables()};
+            .served = servedVariables(),
+            .optimizerShards = sharding == Sharding::Optimizer ? replicas() : 1};
   }
 
   /// The variables the servers hold (none without servers).

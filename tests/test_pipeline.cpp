@@ -1170,6 +1170,11 @@ TEST_CASE("planStages reckons what each stage holds: parameters, gradients, opti
   }
   CHECK(contains(plan.describe(), "holds 2.6 kB (parameters 256 B, gradients 256 B, optimizer state 512 B, "
                                   "activations 3 x 512 B)"));
+  // --shard optimizer over 2 replicas: each stage's worker holds half of its Adam slots.
+  const StagePlan sharded =
+      planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),
+                 {.stages = 3, .rows = 8, .microbatches = 4, .linkBytesPerSecond = 1e9, .optimizerShards = 2});
+  for (const StageMemory& held : sharded.memory) CHECK(held.optimizerState == 2 * 128);
   // GPipe holds every micro-batch on every stage.
   const StagePlan gpipe =
       planStages(m.g, {m.loss}, m.step, m.seconds({1, 1, 1, 1, 1, 1}),

@@ -223,8 +223,9 @@ class Cutter {
   }
 
   /// What the ops of `chain` (forwardChain's) hold, each value sized by `bytesOf`.
-  ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, int microbatches,
-                          const std::vector<const Node*>& served) {
+  ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, const StagePlanOptions& options) {
+    const int microbatches = options.microbatches;
+    const std::vector<const Node*>& served = options.served;
     ChainMemory memory;
     memory.state.resize(chain.size());
     std::map<const Node*, size_t> position, firstReader, lastReader;
@@ -249,14 +250,18 @@ class Cutter {
       memory.state[last].parameters += bytesOf(link.variable->output());
       memory.state[last].gradients += gradientBytes;
     }
+    std::set<const Node*> sharded;  // what --shard optimizer shards among the replicas: dense, untied
+    for (const GradientLink& link : g_.gradientLinks())
+      if (!link.sparse && !isTied(link.variable)) sharded.insert(link.variable);
     for (Node* n : order_) {
       if (!mutates(n) || phase(n) != Phase::Update) continue;
       const std::vector<int>& written = n->def->mutatedInputs;
       const Node* variable = n->inputs[static_cast<size_t>(written.front())].node();
       auto reader = firstReader.find(variable);
       if (reader == firstReader.end() || std::find(served.begin(), served.end(), variable) != served.end()) continue;
+      const double share = sharded.count(variable) ? 1.0 / options.optimizerShards : 1.0;
       for (size_t m = 1; m < written.size(); ++m)
-        memory.state[reader->second].optimizerState += bytesOf(n->inputs[static_cast<size_t>(written[m])]);
+        memory.state[reader->second].optimizerState += share * bytesOf(n->inputs[static_cast<size_t>(written[m])]);
     }
     // A gradient op goes with its forward op, else with the weights it reads, else with its
     // latest input, as stageBackward places it.
@@ -1336,8 +1341,7 @@ std::vector<StageMemory> stageMemory(Graph& graph, const std::vector<Output>& fe
   Cutter cutter(graph, options.schedule.modelStages(options.stages), fetches, trainStep, false);
   const std::vector<Node*> chain = cutter.forwardChain();
   const std::vector<int> stageOf = cutter.chainStages(chain);
-  const ChainMemory memory =
-      cutter.chainMemory(chain, ValueSize{options.valueBytes, options.rows}, options.microbatches, options.served);
+  const ChainMemory memory = cutter.chainMemory(chain, ValueSize{options.valueBytes, options.rows}, options);
   return sumByStage(memory, stageOf,
                     options.schedule.simulate(options.stages, options.microbatches, {}).stagePeakInFlight);
 }
@@ -1440,7 +1444,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
     return prefix[last + 1] - prefix[first] + (first > 0 ? transfer(first - 1) : 0) +
            (last + 1 < n ? transfer(last) : 0);
   };
-  const ChainMemory memory = cutter.chainMemory(chain, bytesOf, options.microbatches, options.served);
+  const ChainMemory memory = cutter.chainMemory(chain, bytesOf, options);
   const KeptByReader byReader = keptByReader(memory);
   std::vector<double> statePrefix(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {

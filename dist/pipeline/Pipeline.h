@@ -186,6 +186,9 @@ struct StagePlanOptions {
   /// (the stage keeps its copy of the variable and sums its gradient), and the servers run their
   /// updates, whose profiled time no stage is charged.
   std::vector<const Node*> served{};
+  /// The replicas among which each stage's optimizer state is sharded (--shard optimizer): a
+  /// stage holds 1/N of its dense untied variables' optimizer state.
+  int optimizerShards = 1;
 };
 
 /// The bytes of each value of `types` (Session::valueTypes of one micro-batch's step), for
