@@ -70,28 +70,41 @@ constexpr double G[kAlpha][3] = {{1, 0, 0},
                                  {1.0 / 15, -2.0 / 15, 4.0 / 15},
                                  {0, 0, 1}};
 
+/// x0 y0 + x1 y1 + x2 y2, each product added to the sum so far, starting from zero: where the CPU
+/// fuses multiply-adds, each addition is one, in this order, rather than a pairing of the
+/// compiler's choice.
+[[gnu::always_inline]] inline double sumOfProducts(double x0, double y0, double x1, double y1, double x2, double y2) {
+  double sum = 0;
+  sum += x0 * y0;
+  sum += x1 * y1;
+  return sum + x2 * y2;
+}
+
 /// U[point][in][out] = (G g G^T)[point] of the 3x3 filter g = tap(out, in, .), in double, split
 /// across the session's threads by input channel: a filter of 128 x 128 channels is 590k values of
-/// U, which would otherwise cost as much as a small batch's products.
+/// U, which would otherwise cost as much as a small batch's products. Each input channel's taps
+/// are first laid out by output channel, so that the sums run on vectors of output channels.
 template <class Tap>
 std::vector<float> transformFilter(const KernelContext& ctx, int64_t inC, int64_t outC, Tap tap) {
   std::vector<float> u(static_cast<size_t>(kPoints * inC * outC));
   ctx.parallelFor(inC, outC * kPoints * 12, [&](int64_t lo, int64_t hi) {
+    std::vector<double> taps(static_cast<size_t>(9 * outC)), gg(static_cast<size_t>(kAlpha * 3 * outC));
     for (int64_t c = lo; c < hi; ++c) {
-      for (int64_t o = 0; o < outC; ++o) {  // innermost, so the writes run along U's rows
-        double gg[kAlpha][3];               // G g
-        for (int a = 0; a < kAlpha; ++a) {
-          for (int j = 0; j < 3; ++j) {
-            gg[a][j] = 0;
-            for (int i = 0; i < 3; ++i) gg[a][j] += G[a][i] * tap(o, c, i * 3 + j);
-          }
+      for (int64_t o = 0; o < outC; ++o)
+        for (int t = 0; t < 9; ++t) taps[static_cast<size_t>(t * outC + o)] = tap(o, c, t);
+      for (int a = 0; a < kAlpha; ++a) {  // G g
+        for (int j = 0; j < 3; ++j) {
+          const double *g0 = &taps[static_cast<size_t>(j * outC)], *g1 = g0 + 3 * outC, *g2 = g1 + 3 * outC;
+          double* out = &gg[static_cast<size_t>((a * 3 + j) * outC)];
+          for (int64_t o = 0; o < outC; ++o) out[o] = sumOfProducts(G[a][0], g0[o], G[a][1], g1[o], G[a][2], g2[o]);
         }
-        for (int a = 0; a < kAlpha; ++a) {
-          for (int b = 0; b < kAlpha; ++b) {
-            double v = 0;
-            for (int j = 0; j < 3; ++j) v += gg[a][j] * G[b][j];
-            u[static_cast<size_t>(((a * kAlpha + b) * inC + c) * outC + o)] = static_cast<float>(v);
-          }
+      }
+      for (int a = 0; a < kAlpha; ++a) {  // (G g) G^T
+        const double *r0 = &gg[static_cast<size_t>(a * 3 * outC)], *r1 = r0 + outC, *r2 = r1 + outC;
+        for (int b = 0; b < kAlpha; ++b) {
+          float* out = &u[static_cast<size_t>(((a * kAlpha + b) * inC + c) * outC)];
+          for (int64_t o = 0; o < outC; ++o)
+            out[o] = static_cast<float>(sumOfProducts(r0[o], G[b][0], r1[o], G[b][1], r2[o], G[b][2]));
         }
       }
     }
@@ -100,26 +113,34 @@ std::vector<float> transformFilter(const KernelContext& ctx, int64_t inC, int64_
 }
 
 /// The filter gradient from the gradient of U: dg = G^T dU G, in double (the columns of dU, then
-/// its rows), split across the session's threads by input channel.
+/// its rows), split across the session's threads by input channel, on vectors of output channels.
 void untransformFilterGradient(const KernelContext& ctx, const float* du, int64_t inC, int64_t outC, float* dfilter) {
   ctx.parallelFor(inC, outC * kPoints * 5, [&](int64_t lo, int64_t hi) {
+    std::vector<double> gd(static_cast<size_t>(3 * kAlpha * outC)), taps(static_cast<size_t>(9 * outC));
     for (int64_t c = lo; c < hi; ++c) {
-      for (int64_t o = 0; o < outC; ++o) {  // innermost, so the reads run along dU's rows
-        double gd[3][kAlpha] = {};          // G^T dU
-        for (int a = 0; a < kAlpha; ++a) {
-          for (int b = 0; b < kAlpha; ++b) {
-            const double value = du[((a * kAlpha + b) * inC + c) * outC + o];
-            for (int i = 0; i < 3; ++i) gd[i][b] += G[a][i] * value;
-          }
-        }
-        for (int i = 0; i < 3; ++i) {
-          for (int j = 0; j < 3; ++j) {
-            double v = 0;
-            for (int b = 0; b < kAlpha; ++b) v += gd[i][b] * G[b][j];
-            dfilter[(o * inC + c) * 9 + i * 3 + j] = static_cast<float>(v);
+      for (int i = 0; i < 3; ++i) {  // G^T dU
+        for (int b = 0; b < kAlpha; ++b) {
+          double* out = &gd[static_cast<size_t>((i * kAlpha + b) * outC)];
+          std::fill(out, out + outC, 0.0);
+          for (int a = 0; a < kAlpha; ++a) {
+            const float* row = du + ((a * kAlpha + b) * inC + c) * outC;
+            for (int64_t o = 0; o < outC; ++o) out[o] += G[a][i] * static_cast<double>(row[o]);
           }
         }
       }
+      for (int i = 0; i < 3; ++i) {  // (G^T dU) G
+        for (int j = 0; j < 3; ++j) {
+          double* out = &taps[static_cast<size_t>((i * 3 + j) * outC)];
+          std::fill(out, out + outC, 0.0);
+          for (int b = 0; b < kAlpha; ++b) {
+            const double* row = &gd[static_cast<size_t>((i * kAlpha + b) * outC)];
+            for (int64_t o = 0; o < outC; ++o) out[o] += row[o] * G[b][j];
+          }
+        }
+      }
+      for (int64_t o = 0; o < outC; ++o)
+        for (int t = 0; t < 9; ++t)
+          dfilter[(o * inC + c) * 9 + t] = static_cast<float>(taps[static_cast<size_t>(t * outC + o)]);
     }
   });
 }
@@ -347,7 +368,14 @@ void withOutputTile(int64_t outC, F f) {
   }
 }
 
+/// The forward and input-gradient products: their rows are tiles, of which any number can share
+/// a register tile, so with 16 registers a tile takes 12 accumulators, 6 rows by 2 vectors (with
+/// the 2 vectors of the filter and the splat value, 15 registers), where withOutputTile's 8
+/// left the multiply-adds waiting on loads. Each output is summed in the same order either way.
 void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t outC, float* m) {
+  if constexpr (simd::kVectorRegisters < 32) {
+    if (outC % (2 * kLanes) == 0) return product<6, 2>(v, rows, inC, u, outC, m);
+  }
   withOutputTile(outC, [&]<int R, int NV>() { product<R, NV>(v, rows, inC, u, outC, m); });
 }
 
