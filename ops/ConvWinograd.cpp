@@ -54,6 +54,12 @@ struct Sweep {
 
   /// Values of one image's channels-last outputs (or output gradients).
   int64_t wholeImage() const { return wholeH * wholeW * outC; }
+
+  /// Floats from one point's transformed inputs to the next, for a band of `rows` tiles: a cache
+  /// line more than they take, since 32 rows of 64 channels (or of 32) would put the 36 points
+  /// 8 KiB (4 KiB) apart, and the input transform's 36 stores of a tile would then all fall in
+  /// one set of the first-level cache.
+  int64_t pointStride(int64_t rows) const { return rows * inC + 64 / int64_t(sizeof(float)); }
 };
 
 // ---- transforms: F(4x4, 3x3) -------------------------------------------------------------------
@@ -294,7 +300,7 @@ void transposeChannels(Planes* planes, int64_t channels, int64_t positions, Last
 // its rows as one contiguous run; its products keep a tile's 36 points side by side, so that the
 // output transform reads them as contiguous runs of vectors:
 //   transformed: point p, chunk q of kLanes input channels, row k (a tile), at
-//                ((p chunks + q) rows + k) kLanes, where chunks = inC / kLanes
+//                p Sweep::pointStride(rows) + (q rows + k) kLanes
 //   products:    row k, point p, output channel o, at (k 36 + p) outC + o
 constexpr int64_t kRowStride = kLanes;  // between rows of one point's chunk in `transformed`
 
@@ -421,7 +427,7 @@ struct Workspace {
 
   explicit Workspace(const Sweep& s) {
     const int64_t paddedSize = s.groupSize * s.paddedH * s.paddedW * s.inC;
-    const int64_t sizes[4] = {paddedSize, kPoints * s.bandRows * s.inC, kPoints * s.bandRows * s.outC,
+    const int64_t sizes[4] = {paddedSize, kPoints * s.pointStride(s.bandRows), kPoints * s.bandRows * s.outC,
                               s.groupSize * s.wholeImage()};
     constexpr int64_t kLine = 64 / sizeof(float);  // floats per 64 bytes, whatever the vector width
     const auto lines = [](int64_t size) { return (size + kLine - 1) / kLine * kLine; };
@@ -480,7 +486,7 @@ int64_t outputCorner(const Sweep& s, const TilePosition& t) {
 /// transformed (36 points, a band's rows, inC; in chunks of kLanes channels) from the padded
 /// images.
 void transformInputs(const Sweep& s, const float* padded, const Band& band, float* transformed) {
-  const int64_t pointStride = band.rows * s.inC, rowStep = s.paddedW * s.inC;
+  const int64_t pointStride = s.pointStride(band.rows), rowStep = s.paddedW * s.inC;
   for (int64_t k = 0; k < band.rows; ++k) {
     const TilePosition t = tileAt(s, band.first + k);
     const float* corner = padded + ((t.img * s.paddedH + kTile * t.ty) * s.paddedW + kTile * t.tx) * s.inC;
@@ -563,7 +569,7 @@ void sweepGroup(const Sweep& s, const std::vector<float>& u, const float* in, in
   forEachBand(s, count, [&](const Band& band) {
     transformInputs(s, ws.padded, band, ws.transformed);
     for (int p = 0; p < kPoints; ++p) {
-      product(ws.transformed + p * band.rows * s.inC, band.rows, s.inC, u.data() + p * s.inC * s.outC, s.outC,
+      product(ws.transformed + p * s.pointStride(band.rows), band.rows, s.inC, u.data() + p * s.inC * s.outC, s.outC,
               ws.products + p * s.outC);
     }
     transformOutputs(s, ws.products, band, ws.outputs);
@@ -599,7 +605,7 @@ void accumulateImages(const Sweep& s, const float* x, const float* dy, int64_t f
       transformInputs(s, ws.padded, band, ws.transformed);
       transformGradients(s, ws.outputs, band, ws.products);
       for (int p = 0; p < kPoints; ++p) {
-        accumulate(ws.transformed + p * band.rows * s.inC, band.rows, s.inC, ws.products + p * s.outC, s.outC,
+        accumulate(ws.transformed + p * s.pointStride(band.rows), band.rows, s.inC, ws.products + p * s.outC, s.outC,
                    acc + p * s.inC * s.outC);
       }
     });
