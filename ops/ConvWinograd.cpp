@@ -118,35 +118,36 @@ std::vector<float> transformFilter(const KernelContext& ctx, int64_t inC, int64_
   return u;
 }
 
-/// The filter gradient from the gradient of U: dg = G^T dU G, in double (the columns of dU, then
-/// its rows), split across the session's threads by input channel, on vectors of output channels.
+/// The filter gradient from the gradient of U (36, out, in): dg = G^T dU G, in double (the columns
+/// of dU, then its rows), split across the session's threads by output channel, on vectors of
+/// input channels.
 void untransformFilterGradient(const KernelContext& ctx, const float* du, int64_t inC, int64_t outC, float* dfilter) {
-  ctx.parallelFor(inC, outC * kPoints * 5, [&](int64_t lo, int64_t hi) {
-    std::vector<double> gd(static_cast<size_t>(3 * kAlpha * outC)), taps(static_cast<size_t>(9 * outC));
-    for (int64_t c = lo; c < hi; ++c) {
+  ctx.parallelFor(outC, inC * kPoints * 5, [&](int64_t lo, int64_t hi) {
+    std::vector<double> gd(static_cast<size_t>(3 * kAlpha * inC)), taps(static_cast<size_t>(9 * inC));
+    for (int64_t o = lo; o < hi; ++o) {
       for (int i = 0; i < 3; ++i) {  // G^T dU
         for (int b = 0; b < kAlpha; ++b) {
-          double* out = &gd[static_cast<size_t>((i * kAlpha + b) * outC)];
-          std::fill(out, out + outC, 0.0);
+          double* out = &gd[static_cast<size_t>((i * kAlpha + b) * inC)];
+          std::fill(out, out + inC, 0.0);
           for (int a = 0; a < kAlpha; ++a) {
-            const float* row = du + ((a * kAlpha + b) * inC + c) * outC;
-            for (int64_t o = 0; o < outC; ++o) out[o] += G[a][i] * static_cast<double>(row[o]);
+            const float* row = du + ((a * kAlpha + b) * outC + o) * inC;
+            for (int64_t c = 0; c < inC; ++c) out[c] += G[a][i] * static_cast<double>(row[c]);
           }
         }
       }
       for (int i = 0; i < 3; ++i) {  // (G^T dU) G
         for (int j = 0; j < 3; ++j) {
-          double* out = &taps[static_cast<size_t>((i * 3 + j) * outC)];
-          std::fill(out, out + outC, 0.0);
+          double* out = &taps[static_cast<size_t>((i * 3 + j) * inC)];
+          std::fill(out, out + inC, 0.0);
           for (int b = 0; b < kAlpha; ++b) {
-            const double* row = &gd[static_cast<size_t>((i * kAlpha + b) * outC)];
-            for (int64_t o = 0; o < outC; ++o) out[o] += row[o] * G[b][j];
+            const double* row = &gd[static_cast<size_t>((i * kAlpha + b) * inC)];
+            for (int64_t c = 0; c < inC; ++c) out[c] += row[c] * G[b][j];
           }
         }
       }
-      for (int64_t o = 0; o < outC; ++o)
+      for (int64_t c = 0; c < inC; ++c)
         for (int t = 0; t < 9; ++t)
-          dfilter[(o * inC + c) * 9 + t] = static_cast<float>(taps[static_cast<size_t>(t * outC + o)]);
+          dfilter[(o * inC + c) * 9 + t] = static_cast<float>(taps[static_cast<size_t>(t * inC + c)]);
     }
   });
 }
@@ -361,11 +362,10 @@ void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t 
 constexpr int kAccumulators = simd::kVectorRegisters >= 32 ? 16 : 8;
 
 /// Calls f.template operator()<R, NV>() with the widest tile of outputs that divides outC, NV
-/// vectors (4, 2 or 1), and R = kAccumulators / NV rows. R divides a chunk's channels, so a tile
-/// of channels of the filter gradient's product stays within a chunk.
+/// vectors (4, 2 or 1), and R = kAccumulators / NV rows.
 template <int NV = 4, class F>
 void withOutputTile(int64_t outC, F f) {
-  constexpr int R = static_cast<int>(std::min<int64_t>(kAccumulators / NV, kLanes));
+  constexpr int R = kAccumulators / NV;
   if constexpr (NV == 1) {
     f.template operator()<R, 1>();
   } else {
@@ -385,36 +385,58 @@ void product(const float* v, int64_t rows, int64_t inC, const float* u, int64_t 
   withOutputTile(outC, [&]<int R, int NV>() { product<R, NV>(v, rows, inC, u, outC, m); });
 }
 
-/// acc[c0 + r][o0 + kLanes j ..] += sum over rows k of v[k][c0 + r] z[k][o0 + kLanes j ..] for R
-/// channels (within one chunk of kLanes) by NV vectors of outputs: the filter gradient's product, summed over
-/// tiles.
+/// acc[o0 + r][c0 + kLanes j ..] += sum over rows k of z[k][o0 + r] v[k][c0 + kLanes j ..] for R
+/// output channels by NV vectors of input channels: the filter gradient's product, summed over
+/// tiles. The gradients' values are splat, the transformed inputs' chunks (`chunkStride` apart)
+/// loaded.
 template <int R, int NV>
-void accumulateTile(const float* v, int64_t rows, const float* z, int64_t zRowStride, float* acc, int64_t outC) {
+void accumulateTile(const float* z, int64_t zRowStride, const float* v, int64_t chunkStride, int64_t rows, float* acc,
+                    int64_t inC) {
   V sum[R][NV];
   for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < NV; ++j) sum[r][j] = load(acc + r * outC + j * kLanes);
+    for (int j = 0; j < NV; ++j) sum[r][j] = load(acc + r * inC + j * kLanes);
   }
-  multiplyAdd<R, NV, 1, kRowStride>(v, rows, z, zRowStride, sum);
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < NV; ++j) store(acc + r * outC + j * kLanes, sum[r][j]);
-  }
-}
-
-/// One point's gradient product: acc (inC, outC) += v (rows, inC)^T x z (rows, outC), from the
-/// point's first values in `transformed` and the transformed gradients (laid out as products).
-template <int R, int NV>
-void accumulate(const float* v, int64_t rows, int64_t inC, const float* z, int64_t outC, float* acc) {
-  const int64_t chunkStride = rows * kRowStride, zRowStride = kPoints * outC;
-  for (int64_t c0 = 0; c0 < inC; c0 += R) {
-    for (int64_t o0 = 0; o0 < outC; o0 += NV * kLanes) {
-      accumulateTile<R, NV>(v + c0 / kLanes * chunkStride + c0 % kLanes, rows, z + o0, zRowStride, acc + c0 * outC + o0,
-                            outC);
+  for (int64_t k = 0; k < rows; ++k, z += zRowStride, v += kRowStride) {
+    V chunk[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) chunk[j] = load(v + j * chunkStride);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float x = z[r];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) sum[r][j] += chunk[j] * x;
     }
   }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NV; ++j) store(acc + r * inC + j * kLanes, sum[r][j]);
+  }
 }
 
+/// Output channels [o0, outC) of one point's gradient product, in tiles of R output channels,
+/// then the rest in tiles of R / 2, R / 4, ...
+template <int R, int NV>
+void accumulateChannels(const float* v, int64_t rows, int64_t inC, const float* z, int64_t o0, int64_t outC,
+                        float* acc) {
+  const int64_t chunkStride = rows * kRowStride, zRowStride = kPoints * outC;
+  for (; o0 + R <= outC; o0 += R) {
+    for (int64_t c0 = 0; c0 < inC; c0 += NV * kLanes) {
+      accumulateTile<R, NV>(z + o0, zRowStride, v + c0 / kLanes * chunkStride, chunkStride, rows, acc + o0 * inC + c0,
+                            inC);
+    }
+  }
+  if constexpr (R > 1) accumulateChannels<R / 2, NV>(v, rows, inC, z, o0, outC, acc);
+}
+
+/// One point's gradient product: acc (outC, inC) += z (rows, outC)^T x v (rows, inC), from the
+/// point's first values in `transformed` and the transformed gradients (laid out as products).
+/// Its tiles run along the input channels, whose chunks of the transformed inputs are vectors:
+/// 12 accumulators with 16 registers (6 output channels x 2 vectors), 16 with 32. A tile along
+/// the output channels, with the inputs splat, would have to stay within a chunk of kLanes
+/// input channels, and fit 8 accumulators in 16 registers.
 void accumulate(const float* v, int64_t rows, int64_t inC, const float* z, int64_t outC, float* acc) {
-  withOutputTile(outC, [&]<int R, int NV>() { accumulate<R, NV>(v, rows, inC, z, outC, acc); });
+  constexpr int R = simd::kVectorRegisters >= 32 ? 8 : 6;
+  if (inC % (2 * kLanes) == 0) return accumulateChannels<R, 2>(v, rows, inC, z, 0, outC, acc);
+  accumulateChannels<2 * R, 1>(v, rows, inC, z, 0, outC, acc);
 }
 
 // ---- one group of images -----------------------------------------------------------------------
@@ -593,7 +615,7 @@ void sweep(const KernelContext& ctx, int64_t n, const Sweep& s, const std::vecto
   });
 }
 
-/// Adds the gradient of U from images [first, end) to acc (36, c, o), group by group, band by band.
+/// Adds the gradient of U from images [first, end) to acc (36, o, c), group by group, band by band.
 void accumulateImages(const Sweep& s, const float* x, const float* dy, int64_t first, int64_t end, Workspace& ws,
                       float* acc) {
   const int64_t inSize = s.inC * s.h * s.w, dySize = s.outC * s.outH * s.outW;
@@ -654,7 +676,7 @@ void winogradConvBackpropInput(const KernelContext& ctx, const DirectConv& s, co
   sweep(ctx, s.n, plan, u, dy, dx);
 }
 
-// dfilter = G^T dU G, where dU[point] (c, o) = sum over tiles of (B^T d B)[point] (A dy A^T)[point]:
+// dfilter = G^T dU G, where dU[point] (o, c) = sum over tiles of (B^T d B)[point] (A dy A^T)[point]:
 // the forward product's gradient with respect to the transformed filter.
 void winogradConvBackpropFilter(const KernelContext& ctx, const DirectConv& s, const float* x, const float* dy,
                                 float* dfilter) {
