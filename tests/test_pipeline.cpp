@@ -873,6 +873,17 @@ TEST_CASE("the cut: a served variable's pulls, push and APPLY are its reading st
   CHECK(cut.guesses[1].possible());  // stage 1 holds no served variable: it still guesses the clip scale
 }
 
+TEST_CASE("the cut refuses a served variable that the author's stages part, naming it and its stages") {
+  Model m(2, 0, Tie::Sparse);  // the embedding's rows gathered in stage 0 and scored in stage 1
+  const ServerPlan plan = planServers(m.g, Architecture::Auto, 1, {size_t{1} << 20});
+  REQUIRE(plan.variables.size() == 1);
+  REQUIRE(plan.variables[0].variable == m.g.find("embedding"));
+  distributeParameterServers(m.g, plan, 777);
+  CHECK_THROWS_WITH(cutPipeline(m.g, 2, {m.loss}, m.step, false),
+                    doctest::Contains("variable 'embedding' is held by the parameter servers and read by pipeline "
+                                      "stages 0 and 1"));
+}
+
 TEST_CASE("what a stage holds leaves out the optimizer state of the variables the servers hold") {
   Model m(2);  // the 30 x 5 f64 embedding in stage 0, trained by Adam (two slots)
   const StagePlanOptions own{.stages = 2, .rows = 8};
@@ -1120,29 +1131,56 @@ TEST_CASE("planStages never parts the readers of one variable (a recurrent layer
                     doctest::Contains("can be cut in 5 places without parting a variable's readers"));
 }
 
-TEST_CASE("planStages parts the readers of a tied variable, holding a copy in each of their stages") {
+namespace {
+
+/// Four tanh layers of x, each product costing 1; the last reads the first's weights again,
+/// transposed, as a tied softmax does.
+struct TableReadTwice {
   Graph g;
-  Output h = g.placeholder("x", f64, {-1, 4});
-  const Output table = g.variable("table", f64, {4, 4}, Initializer::glorotUniform());
-  h = tanh(matmul(h, table));
-  for (const char* name : {"a", "b"}) h = tanh(matmul(h, g.variable(name, f64, {4, 4}, Initializer::glorotUniform())));
-  h = tanh(matmul(h, table, false, true));  // the first layer's weights again, transposed, as a tied softmax
-  const Output loss = mean(square(h));
-  Node* train = optim::SGD(0.1).minimize(loss);
+  Output table, loss;
+  Node* train = nullptr;
   std::unordered_map<const Node*, double> seconds;
-  for (const auto& n : g.nodes())
-    if (n->op == "MatMul" && n->gradientOf == nullptr) seconds[n.get()] = 1;
+
+  TableReadTwice() {
+    Output h = g.placeholder("x", f64, {-1, 4});
+    table = g.variable("table", f64, {4, 4}, Initializer::glorotUniform());
+    h = tanh(matmul(h, table));
+    for (const char* name : {"a", "b"})
+      h = tanh(matmul(h, g.variable(name, f64, {4, 4}, Initializer::glorotUniform())));
+    h = tanh(matmul(h, table, false, true));
+    loss = mean(square(h));
+    train = optim::SGD(0.1).minimize(loss);
+    for (const auto& n : g.nodes())
+      if (n->op == "MatMul" && n->gradientOf == nullptr) seconds[n.get()] = 1;
+  }
+  StagePlan plan(const StagePlanOptions& options) { return planStages(g, {loss}, train, seconds, options); }
+};
+
+}  // namespace
+
+TEST_CASE("planStages parts the readers of a tied variable, holding a copy in each of their stages") {
+  TableReadTwice m;
   const StagePlanOptions options{.stages = 2, .rows = 8, .linkBytesPerSecond = 1e9};
   // Untied, the cut can only fall after the last product: all four in stage 0.
-  CHECK(planStages(g, {loss}, train, seconds, options).seconds == std::vector<double>{4, 0});
-  g.tieAcrossStages(table);
-  const StagePlan plan = planStages(g, {loss}, train, seconds, options);
+  CHECK(m.plan(options).seconds == std::vector<double>{4, 0});
+  m.g.tieAcrossStages(m.table);
+  const StagePlan plan = m.plan(options);
   CHECK(plan.seconds == std::vector<double>{2, 2});
   // Each stage holds the table's 128 bytes and its gradient's; the second no optimizer state (SGD has none anyway).
   REQUIRE(plan.memory.size() == 2);
   CHECK(plan.memory[0].parameters == 2 * 128);
   CHECK(plan.memory[1].parameters == 2 * 128);
   CHECK(plan.memory[1].gradients == 2 * 128);
+}
+
+TEST_CASE("planStages keeps the readers of a tied variable the servers hold in one stage: they keep one copy") {
+  TableReadTwice m;
+  m.g.tieAcrossStages(m.table);
+  const StagePlan plan = m.plan({.stages = 2, .rows = 8, .linkBytesPerSecond = 1e9, .served = {m.table.node()}});
+  CHECK(plan.seconds == std::vector<double>{4, 0});
+  REQUIRE(plan.memory.size() == 2);
+  CHECK(plan.memory[0].parameters == 3 * 128);  // the table once, a and b
+  CHECK(plan.memory[1].parameters == 0);
 }
 
 // Unstaged's values: every matmul's gradient reads its input (x or the tanh before it), every

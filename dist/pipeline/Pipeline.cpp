@@ -244,9 +244,11 @@ class Cutter {
                                                : bytesOf(link.variable->output());
       memory.state[reader->second].gradients += gradientBytes;
       // A tied variable's last reader may be in another stage, with a copy and its part of the
-      // gradient (reckoned at most as large as the whole).
+      // gradient (reckoned at most as large as the whole); a served one's readers are one stage's.
       const size_t last = lastReader.at(link.variable);
-      if (!isTied(link.variable) || last == reader->second) continue;
+      if (!isTied(link.variable) || last == reader->second ||
+          std::find(served.begin(), served.end(), link.variable) != served.end())
+        continue;
       memory.state[last].parameters += bytesOf(link.variable->output());
       memory.state[last].gradients += gradientBytes;
     }
@@ -1404,10 +1406,13 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   const std::vector<Node*> chain = cutter.forwardChain();
   const std::map<Node*, std::pair<size_t, size_t>> spans = cutter.readerSpans(chain);
   // A cut never parts a variable's readers (a recurrent layer's steps share its weights) unless
-  // the model ties them.
+  // the model ties them and the stages hold them: the servers keep one copy, for one stage.
+  const auto served = [&](const Node* v) {
+    return std::find(options.served.begin(), options.served.end(), v) != options.served.end();
+  };
   std::vector<char> cuttable(chain.size(), 1);
   for (const auto& [v, readers] : spans)
-    if (!isTied(v))
+    if (!isTied(v) || served(v))
       for (size_t k = readers.first; k < readers.second; ++k) cuttable[k] = 0;
   const size_t n = chain.size(), count = static_cast<size_t>(stages);
   WEFT_CHECK(n >= count, "the step has {} forward ops, too few for {} pipeline stages", n, stages);
@@ -1427,7 +1432,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   for (const auto& [node, t] : seconds) {
     if (!node->def->mutatedInputs.empty()) {
       Node* variable = node->inputs[static_cast<size_t>(node->def->mutatedInputs.front())].node();
-      if (std::find(options.served.begin(), options.served.end(), variable) != options.served.end()) continue;
+      if (served(variable)) continue;
       auto span = spans.find(variable);
       if (span != spans.end()) cost[chain[span->second.first]] += t / options.microbatches;
       continue;

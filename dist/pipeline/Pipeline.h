@@ -212,7 +212,8 @@ struct StagePlan {
 /// time per micro-batch (its ops' and their gradients' measured `seconds` of one micro-batch's step, from
 /// Session::profile, and its variables' updates over the micro-batches) plus its boundary transfers both ways at the
 /// link's speed: a dynamic program over the chain, as PipeDream's planner. No cut parts one variable's readers unless
-/// it is tied (Graph::tieAcrossStages; then its copies count in every stage that reads it), and with a memory limit no
+/// it is tied (Graph::tieAcrossStages; then its copies count in every stage that reads it) and not served (the servers
+/// keep one copy of it, for one stage), and with a memory limit no
 /// stage holds more than it (StageMemory::total, with the activations of as many micro-batches as the schedule holds on
 /// that stage at once). Throws when there are fewer places to cut than stages need, and when no cut fits the limit,
 /// saying by how much the cut closest to fitting misses it.
