@@ -89,17 +89,21 @@ void sparseSquaredNormKernel(KernelContext& ctx) {
     const RowGroups groups = groupRowsById(rowIds(indices));
     const int64_t costPerGroup = groups.count() == 0 ? 0 : width * n / groups.count();
     std::vector<double> groupNorm(static_cast<size_t>(groups.count()));
+    const auto squares = [](auto x, auto) { return std::array{x * x}; };
     ctx.parallelFor(groups.count(), costPerGroup, [&](int64_t lo, int64_t hi) {
       std::vector<double> row(static_cast<size_t>(width));
       for (int64_t g = lo; g < hi; ++g) {
+        if (groups.end(g) - groups.begin(g) == 1) {  // most rows: their sum is themselves, read as doubles
+          const T* src = pv + groups.order[static_cast<size_t>(groups.begin(g))] * width;
+          groupNorm[static_cast<size_t>(g)] = detail::simd::interleavedSums<1>(width, src, src, squares)[0];
+          continue;
+        }
         std::fill(row.begin(), row.end(), 0.0);
         for (int64_t k = groups.begin(g); k < groups.end(g); ++k) {
           const T* src = pv + groups.order[static_cast<size_t>(k)] * width;
           for (int64_t j = 0; j < width; ++j) row[static_cast<size_t>(j)] += static_cast<double>(src[j]);
         }
-        double s = 0;
-        for (double v : row) s += v * v;
-        groupNorm[static_cast<size_t>(g)] = s;
+        groupNorm[static_cast<size_t>(g)] = detail::simd::interleavedSums<1>(width, row.data(), row.data(), squares)[0];
       }
     });
     total = std::accumulate(groupNorm.begin(), groupNorm.end(), 0.0);

@@ -3,9 +3,12 @@
 
 #include "autodiff/Gradients.h"
 #include "ops/Ops.h"
+#include "ops/RowIds.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
 #include <string>
 
 using namespace weft;
@@ -107,6 +110,47 @@ TEST_CASE("sparseSquaredNorm sums duplicate rows before squaring") {
         evaluate(g, sparseSquaredNorm(indices, values), {{indices, Tensor(i32, {0})}, {values, Tensor(f32, {0, 3})}}),
         (std::vector<double>{0}), 0);
   }
+}
+
+TEST_CASE("groupRowsById groups positions by ascending id, each group in the order its rows came") {
+  // The sums of duplicate rows (clipping, sparse updates, the servers) add in this order.
+  const auto reference = [](const std::vector<int64_t>& ids) {
+    std::map<int64_t, std::vector<int64_t>> positions;
+    for (size_t k = 0; k < ids.size(); ++k) positions[ids[k]].push_back(static_cast<int64_t>(k));
+    return positions;
+  };
+  const auto check = [&](const std::vector<int64_t>& ids) {
+    const RowGroups groups = groupRowsById(ids);
+    const auto expected = reference(ids);
+    REQUIRE(groups.count() == static_cast<int64_t>(expected.size()));
+    int64_t g = 0;
+    for (const auto& [id, positions] : expected) {
+      CAPTURE(id);
+      const std::vector<int64_t> got(groups.order.begin() + groups.begin(g), groups.order.begin() + groups.end(g));
+      CHECK(got == positions);
+      ++g;
+    }
+  };
+  std::mt19937_64 random(7);
+  const auto draw = [&](size_t n, int64_t low, int64_t high) {
+    std::vector<int64_t> ids(n);
+    for (int64_t& id : ids) id = std::uniform_int_distribution<int64_t>(low, high)(random);
+    return ids;
+  };
+  SUBCASE("few") { check({3, 0, 3, 7, 0, 3}); }
+  SUBCASE("none and one") {
+    check({});
+    check({5});
+  }
+  SUBCASE("many duplicates within one digit") { check(draw(5000, 0, 300)); }
+  SUBCASE("ids spanning several digits") { check(draw(5000, 0, int64_t{1} << 40)); }
+  SUBCASE("negative ids and the whole int64 range") {
+    std::vector<int64_t> ids = draw(3000, -1000, 1000);
+    for (int64_t extreme : {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), int64_t{-1}})
+      ids.insert(ids.begin() + 17, {extreme, extreme});
+    check(ids);
+  }
+  SUBCASE("one id throughout") { check(std::vector<int64_t>(1000, 42)); }
 }
 
 TEST_CASE("sparseSquaredNorm has no gradient") {
