@@ -39,7 +39,9 @@ WEFT_HOST_DEVICE void adam(const Hyper& h, T& w, T& m, T& v, T g) {
   const double gi = g + (h.decoupled ? 0.0 : h.wd * w);
   m = static_cast<T>(h.beta1 * m + (1 - h.beta1) * gi);
   v = static_cast<T>(h.beta2 * v + (1 - h.beta2) * gi * gi);
-  const double mhat = m / h.biasCorrection1, vhat = v / h.biasCorrection2;
+  // By the bias corrections' reciprocals, which a loop computes once: three divisions an element
+  // kept the CPU's update waiting on its divider.
+  const double mhat = m * (1 / h.biasCorrection1), vhat = v * (1 / h.biasCorrection2);
   w -= static_cast<T>(h.lr * (mhat / (::sqrt(vhat) + h.epsilon) + (h.decoupled ? h.wd * w : 0.0)));
 }
 
