@@ -69,32 +69,49 @@ ArenaPlan planArenas(const std::vector<PlannedItem>& items, const std::vector<Pl
   ArenaPlan plan;
   plan.offsets.assign(values.size(), 0);
   std::vector<MemoryPlanner> planners(static_cast<size_t>(arenas));
+  // Each planned value's block is its owner's: the value that allocated it. A view or an op in
+  // place puts its output on its input's block; the block is free once all its values are dead.
   std::vector<MemoryPlanner::Block> blockOf(values.size());
-  std::vector<bool> takenOver(values.size(), false);
+  std::vector<size_t> owner(values.size());
+  std::vector<int> liveOnBlock(values.size(), 0);  // by owner
+  const auto alike = [&](size_t a, size_t b) {
+    return values[a].planned && values[a].arena == values[b].arena && values[a].bytes == values[b].bytes &&
+           values[a].dtype == values[b].dtype;
+  };
+  const auto share = [&](size_t v, size_t in) {
+    owner[v] = owner[in];
+    ++liveOnBlock[owner[v]];
+  };
   for (size_t k = 0; k < items.size(); ++k) {
     const PlannedItem& item = items[k];
     for (size_t i = 0; i < item.writes.size(); ++i) {
       const auto v = static_cast<size_t>(item.writes[i]);
       if (!values[v].planned) continue;
       plan.unplannedBytes += values[v].bytes;
+      if (i == 0 && item.viewInput >= 0 && alike(static_cast<size_t>(item.viewInput), v)) {
+        share(v, static_cast<size_t>(item.viewInput));
+        ++plan.viewOps;
+        continue;
+      }
       if (i == 0 && item.inplaceInput >= 0) {
         const auto in = static_cast<size_t>(item.inplaceInput);
-        if (values[in].planned && !takenOver[in] && lastUse[in] == static_cast<int>(k) &&
-            values[in].bytes == values[v].bytes && values[in].dtype == values[v].dtype) {
-          blockOf[v] = blockOf[in];
-          takenOver[in] = true;
+        if (alike(in, v) && lastUse[in] == static_cast<int>(k) && liveOnBlock[owner[in]] == 1) {
+          share(v, in);
           ++plan.inplaceOps;
           continue;
         }
       }
       blockOf[v] = planners[static_cast<size_t>(values[v].arena)].allocate(values[v].bytes);
+      owner[v] = v;
+      liveOnBlock[v] = 1;
     }
     for (int v : dying[k]) {
-      const auto u = static_cast<size_t>(v);
-      if (!takenOver[u]) planners[static_cast<size_t>(values[u].arena)].release(blockOf[u]);
+      const size_t block = owner[static_cast<size_t>(v)];
+      if (--liveOnBlock[block] == 0) planners[static_cast<size_t>(values[block].arena)].release(blockOf[block]);
     }
   }
-  for (size_t v = 0; v < values.size(); ++v) plan.offsets[v] = blockOf[v].offset;
+  for (size_t v = 0; v < values.size(); ++v)
+    if (values[v].planned) plan.offsets[v] = blockOf[owner[v]].offset;
   for (const MemoryPlanner& p : planners) plan.arenaBytes.push_back(p.arenaBytes());
   return plan;
 }

@@ -38,11 +38,13 @@ struct PlannedValue {
 };
 
 /// One work item of a step, in plan order: the values it reads (inputs, and a run condition)
-/// and writes, and the input its first output may overwrite (-1: none).
+/// and writes, the input its first output may overwrite (-1: none), and the input whose bytes
+/// its first output is unchanged (-1: none).
 struct PlannedItem {
   std::vector<int> reads;
   std::vector<int> writes;
   int inplaceInput = -1;
+  int viewInput = -1;
 };
 
 /// Where each planned value goes, and what that costs.
@@ -51,13 +53,16 @@ struct ArenaPlan {
   std::vector<size_t> arenaBytes;  ///< per arena
   size_t unplannedBytes = 0;       ///< what the planned values would take without reuse
   size_t inplaceOps = 0;           ///< items whose output took over a dying input's block
+  size_t viewOps = 0;              ///< items whose output shares its input's block
 };
 
 /// The arena plan of a step whose `arenas` arenas hold `values`, written and read by `items` in
 /// order. A value lives from the item that writes it to the last that reads it. An item's
 /// outputs are placed before its dying inputs are released, so an output never overlaps an input,
 /// except that its first output takes over the block of `inplaceInput` when that input is planned,
-/// dies at this item, has the same size and dtype, and was not itself taken over.
+/// dies at this item, has the same size and dtype, and shares its block with no other live
+/// value; and that it shares the block of `viewInput` when that input is planned in the same
+/// arena with the same size and dtype. A block shared so is free once every value on it is dead.
 ArenaPlan planArenas(const std::vector<PlannedItem>& items, const std::vector<PlannedValue>& values, int arenas);
 
 }  // namespace weft

@@ -135,6 +135,12 @@ struct OpDef {
   OpDef& noGradient() { noGrad = true; return *this; }
   /// Output 0 may reuse input `i`'s buffer when that input dies at this op.
   OpDef& inplace(int i) { inplaceInput = i; return *this; }
+  /// Output 0 is input `i`'s bytes unchanged (a reshape): it shares that input's buffer however
+  /// long either lives, where the plan holds both (else the kernel copies).
+  OpDef& view(int i) {
+    viewInput = i;
+    return *this;
+  }
   /// The kernel writes variable input `i` (update ops); the executor orders it after readers.
   OpDef& mutates(std::vector<int> inputsWritten) { mutatedInputs = std::move(inputsWritten); return *this; }
   OpDef& source(SourceKind k) { sourceKind = k; return *this; }
@@ -165,6 +171,7 @@ struct OpDef {
   GradFn gradFn;
   bool noGrad = false;
   int inplaceInput = -1;
+  int viewInput = -1;
   std::vector<int> mutatedInputs;
   SourceKind sourceKind = SourceKind::None;
   bool launchesAsync = false;

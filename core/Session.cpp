@@ -406,10 +406,13 @@ MemoryLayout planMemory(const Slots& s, const std::set<int>& fetched, std::vecto
   };
   std::vector<PlannedItem> items;
   for (const Item& item : s.items) {
-    PlannedItem p{item.in, item.out, -1};
+    PlannedItem p{item.in, item.out};
     if (item.condition >= 0) p.reads.push_back(item.condition);
-    const int src = item.copy ? -1 : item.node->def->inplaceInput;
-    if (src >= 0 && src < static_cast<int>(item.in.size())) p.inplaceInput = item.in[static_cast<size_t>(src)];
+    const auto input = [&](int i) { return i >= 0 && i < static_cast<int>(item.in.size()) ? item.in[size_t(i)] : -1; };
+    if (!item.copy) {
+      p.inplaceInput = input(item.node->def->inplaceInput);
+      p.viewInput = input(item.node->def->viewInput);
+    }
     for (int v : item.out) {
       values[static_cast<size_t>(v)] = {s.bytes(v), s.types[static_cast<size_t>(v)].dtype,
                                         arenaOf(s.devices[static_cast<size_t>(v)]), !fetched.count(v)};
@@ -509,6 +512,7 @@ std::unique_ptr<detail::Plan> Session::compile(const std::vector<Output>& fetche
   for (size_t bytes : memory.arenas.arenaBytes) plan->stats.arenaBytes += bytes;
   plan->stats.unplannedBytes = memory.arenas.unplannedBytes;
   plan->stats.inplaceOps = memory.arenas.inplaceOps;
+  plan->stats.viewOps = memory.arenas.viewOps;
   bindStorage(*plan, order, slots.slotOf, fed, memory, [this](Node* v) -> Tensor& { return variable(v); });
   for (const auto& [out, value] : feedValue) plan->feeds.push_back({out, slots.slotOf.at(out)});
   buildSteps(*plan, slots.items, graph_, pool_.get(), options_);

@@ -47,6 +47,7 @@ struct PlanStats {
   size_t fetchBytes = 0;     // outputs handed back to the caller
   size_t peakBytes = 0;      // arenaBytes + fetchBytes
   size_t inplaceOps = 0;     // ops that write over a dying input
+  size_t viewOps = 0;        // ops whose output shares their input's buffer (reshapes)
 };
 
 /// Runs a Graph and owns its variables' values. Each node runs on the device its DeviceScope

@@ -549,14 +549,14 @@ void detail::registerElementwiseOps(OpRegistry& r) {
             .infer(detail::sameAsInput)
             .cpu(detail::copyKernel)
             .cuda(WEFT_CUDA_KERNEL(copy))
-            .inplace(0)
+            .view(0)
             .grad([](GradContext& c) -> std::vector<Grad> { return {c.dy()}; }));
   r.add(OpDef("StopGradient")
             .inputs(1)
             .infer(detail::sameAsInput)
             .cpu(detail::copyKernel)
             .cuda(WEFT_CUDA_KERNEL(copy))
-            .inplace(0)
+            .view(0)
             .noGradient());
   r.add(OpDef("ZerosLike")
             .inputs(1)

@@ -429,28 +429,28 @@ void detail::registerShapeOps(OpRegistry& r) {
             .infer(reshapeInfer)
             .cpu(detail::copyKernel)
             .cuda(WEFT_CUDA_KERNEL(copy))
-            .inplace(0)
+            .view(0)
             .grad(reshapeGrad));
   r.add(OpDef("ExpandDims")
             .inputs(1)
             .infer(expandDimsInfer)
             .cpu(detail::copyKernel)
             .cuda(WEFT_CUDA_KERNEL(copy))
-            .inplace(0)
+            .view(0)
             .grad(reshapeGrad));
   r.add(OpDef("Squeeze")
             .inputs(1)
             .infer(squeezeInfer)
             .cpu(detail::copyKernel)
             .cuda(WEFT_CUDA_KERNEL(copy))
-            .inplace(0)
+            .view(0)
             .grad(reshapeGrad));
   r.add(OpDef("ReshapeLike")
             .inputs(2)
             .infer(reshapeLikeInfer)
             .cpu(detail::copyKernel)
             .cuda(WEFT_CUDA_KERNEL(copy))
-            .inplace(0)
+            .view(0)
             .grad([](GradContext& c) -> std::vector<Grad> {
               return {addOp1(c.graph(), "ReshapeLike", {c.dy(), c.x(0)}), Grad()};
             }));

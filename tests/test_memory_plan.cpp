@@ -1,7 +1,8 @@
 // The arena plan's rules, on steps written out by hand (core/MemoryPlanner.h): a value's block is
 // free again after its last reader, an output never overlaps a live input, an op marked in place
-// takes over its dying input's block only when sizes and dtypes agree, values that are not
-// planned take no space, and each device's values stay in their own arena.
+// takes over its dying input's block only when sizes and dtypes agree, a view shares its input's
+// block for as long as either lives, values that are not planned take no space, and each
+// device's values stay in their own arena.
 #include "tests/TestUtil.h"
 
 #include "core/Device.h"
@@ -79,4 +80,42 @@ TEST_CASE("a run condition keeps its value alive until the item it gates") {
   const std::vector<PlannedItem> items{{{}, {0}, -1}, {{}, {1}, -1}, {{1, 0}, {2}, -1}};
   const ArenaPlan p = planArenas(items, values, 1);
   CHECK_FALSE(overlap(p, 1, 0, 64));
+}
+
+TEST_CASE("a view shares its input's block while the input is still read, and the block outlives both") {
+  const std::vector<PlannedValue> values(4, planned(256));
+  // v1 = view(v0); v2 = f(v0, v1); v3 = g(v1): v2 may not land on v0's block, v3 neither.
+  std::vector<PlannedItem> items{{{}, {0}}, {{0}, {1}}, {{0, 1}, {2}}, {{1, 2}, {3}}};
+  items[1].viewInput = 0;
+  const ArenaPlan p = planArenas(items, values, 1);
+  CHECK(p.viewOps == 1);
+  CHECK(p.offsets[1] == p.offsets[0]);
+  CHECK_FALSE(overlap(p, 2, 0, 256));
+  CHECK_FALSE(overlap(p, 3, 0, 256));
+  CHECK_FALSE(overlap(p, 3, 2, 256));
+}
+
+TEST_CASE("an op in place does not take over a block that a live view shares") {
+  const std::vector<PlannedValue> values(4, planned(512));
+  // v1 = view(v0); v2 = f(v1) in place, v1 dying, but v0 is read after it.
+  std::vector<PlannedItem> items{{{}, {0}}, {{0}, {1}}, {{1}, {2}, 1}, {{0, 2}, {3}}};
+  items[1].viewInput = 0;
+  ArenaPlan p = planArenas(items, values, 1);
+  CHECK(p.inplaceOps == 0);
+  CHECK_FALSE(overlap(p, 2, 0, 512));
+  // Once v0 is read no more, v2 takes the block over.
+  items[3].reads = {2};
+  p = planArenas(items, values, 1);
+  CHECK(p.inplaceOps == 1);
+  CHECK(p.offsets[2] == p.offsets[0]);
+}
+
+TEST_CASE("a view of a value the plan does not hold, or of another size, gets its own block") {
+  std::vector<PlannedValue> values{{256, f32, 0, false}, planned(256), planned(128), planned(128)};
+  std::vector<PlannedItem> items{{{}, {0}}, {{0}, {1}}, {{1}, {2}}, {{1, 2}, {3}}};
+  items[1].viewInput = 0;
+  items[2].viewInput = 1;
+  const ArenaPlan p = planArenas(items, values, 1);
+  CHECK(p.viewOps == 0);
+  CHECK_FALSE(overlap(p, 2, 1, 128));
 }

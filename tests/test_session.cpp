@@ -61,6 +61,23 @@ TEST_CASE("an op that depends on an update runs after it") {
   CHECK(s.run({after})[0].item() == 2);
 }
 
+TEST_CASE("a reshape shares its input's buffer, and an op in place waits until neither is read") {
+  Graph g;
+  Output x = g.placeholder("x", f32, {6, 4});
+  const Output doubled = x * 2.0;
+  const Output flat = reshape(doubled, {24});
+  const Output rectified = relu(flat);  // in place on flat's buffer only if doubled were dead
+  const Output y = doubled + reshape(rectified, {6, 4});
+  Session s(g);
+  const Tensor input = testing::randomTensor(f32, {6, 4}, 3);
+  const PlanStats stats = s.planStats({y}, {{x, input}});
+  CHECK(stats.viewOps == 2);
+  const std::vector<double> in = input.toDoubles();
+  std::vector<double> expected(in.size());
+  for (size_t i = 0; i < in.size(); ++i) expected[i] = 2 * in[i] + std::max(0.0, 2 * in[i]);
+  CHECK_CLOSE(s.run({y}, {{x, input}})[0], expected, 0);
+}
+
 TEST_CASE("the memory plan reuses dead buffers and works in place") {
   Graph g;
   Output x = g.placeholder("x", f32, {1024});
