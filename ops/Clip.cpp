@@ -93,11 +93,6 @@ void sparseSquaredNormKernel(KernelContext& ctx) {
     ctx.parallelFor(groups.count(), costPerGroup, [&](int64_t lo, int64_t hi) {
       std::vector<double> row(static_cast<size_t>(width));
       for (int64_t g = lo; g < hi; ++g) {
-        if (groups.end(g) - groups.begin(g) == 1) {  // most rows: their sum is themselves, read as doubles
-          const T* src = pv + groups.order[static_cast<size_t>(groups.begin(g))] * width;
-          groupNorm[static_cast<size_t>(g)] = detail::simd::interleavedSums<1>(width, src, src, squares)[0];
-          continue;
-        }
         std::fill(row.begin(), row.end(), 0.0);
         for (int64_t k = groups.begin(g); k < groups.end(g); ++k) {
           const T* src = pv + groups.order[static_cast<size_t>(k)] * width;

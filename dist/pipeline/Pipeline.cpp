@@ -35,6 +35,10 @@ bool isPlaceholder(const Node* n) { return n->op == "Placeholder"; }
 bool isGroup(const Node* n) { return n->op == "NoOp"; }
 bool mutates(const Node* n) { return !n->def->mutatedInputs.empty(); }
 bool isTied(const Node* variable) { return variable->attrs.get<bool>("tied", false); }
+/// Whether the parameter servers hold `variable` under a cut planned with `options`.
+bool isServed(const StagePlanOptions& options, const Node* variable) {
+  return std::find(options.served.begin(), options.served.end(), variable) != options.served.end();
+}
 /// The parameter servers' side of a served variable's update (dist/server/ServerOps.h): its push
 /// and its APPLY run once a step, in the update of the stage that reads the variable.
 bool updatesServers(const Node* n) { return n->op == "PushGradient" || n->op == "ApplyRemote"; }
@@ -225,7 +229,6 @@ class Cutter {
   /// What the ops of `chain` (forwardChain's) hold, each value sized by `bytesOf`.
   ChainMemory chainMemory(const std::vector<Node*>& chain, const ValueSize& bytesOf, const StagePlanOptions& options) {
     const int microbatches = options.microbatches;
-    const std::vector<const Node*>& served = options.served;
     ChainMemory memory;
     memory.state.resize(chain.size());
     std::map<const Node*, size_t> position, firstReader, lastReader;
@@ -246,9 +249,7 @@ class Cutter {
       // A tied variable's last reader may be in another stage, with a copy and its part of the
       // gradient (reckoned at most as large as the whole); a served one's readers are one stage's.
       const size_t last = lastReader.at(link.variable);
-      if (!isTied(link.variable) || last == reader->second ||
-          std::find(served.begin(), served.end(), link.variable) != served.end())
-        continue;
+      if (!isTied(link.variable) || last == reader->second || isServed(options, link.variable)) continue;
       memory.state[last].parameters += bytesOf(link.variable->output());
       memory.state[last].gradients += gradientBytes;
     }
@@ -260,7 +261,7 @@ class Cutter {
       const std::vector<int>& written = n->def->mutatedInputs;
       const Node* variable = n->inputs[static_cast<size_t>(written.front())].node();
       auto reader = firstReader.find(variable);
-      if (reader == firstReader.end() || std::find(served.begin(), served.end(), variable) != served.end()) continue;
+      if (reader == firstReader.end() || isServed(options, variable)) continue;
       const double share = sharded.count(variable) ? 1.0 / options.optimizerShards : 1.0;
       for (size_t m = 1; m < written.size(); ++m)
         memory.state[reader->second].optimizerState += share * bytesOf(n->inputs[static_cast<size_t>(written[m])]);
@@ -1407,12 +1408,9 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   const std::map<Node*, std::pair<size_t, size_t>> spans = cutter.readerSpans(chain);
   // A cut never parts a variable's readers (a recurrent layer's steps share its weights) unless
   // the model ties them and the stages hold them: the servers keep one copy, for one stage.
-  const auto served = [&](const Node* v) {
-    return std::find(options.served.begin(), options.served.end(), v) != options.served.end();
-  };
   std::vector<char> cuttable(chain.size(), 1);
   for (const auto& [v, readers] : spans)
-    if (!isTied(v) || served(v))
+    if (!isTied(v) || isServed(options, v))
       for (size_t k = readers.first; k < readers.second; ++k) cuttable[k] = 0;
   const size_t n = chain.size(), count = static_cast<size_t>(stages);
   WEFT_CHECK(n >= count, "the step has {} forward ops, too few for {} pipeline stages", n, stages);
@@ -1432,7 +1430,7 @@ StagePlan planStages(Graph& graph, const std::vector<Output>& fetches, Node* tra
   for (const auto& [node, t] : seconds) {
     if (!node->def->mutatedInputs.empty()) {
       Node* variable = node->inputs[static_cast<size_t>(node->def->mutatedInputs.front())].node();
-      if (served(variable)) continue;
+      if (isServed(options, variable)) continue;
       auto span = spans.find(variable);
       if (span != spans.end()) cost[chain[span->second.first]] += t / options.microbatches;
       continue;
