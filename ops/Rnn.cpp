@@ -40,16 +40,14 @@ void sumColumns(const KernelContext& ctx, int64_t rows, int64_t cols, const T* s
   });
 }
 
-/// Calls f(row, col, len) over contiguous spans covering a (rows, cols) grid, in parallel:
-/// the pointwise gate math works on spans of one batch row's hidden units.
+/// Calls f(row) for each row of a step's (rows, hidden) gate math, in parallel. A row is never
+/// cut: Eigen runs the tail of a span, and its head up to an aligned address, in scalar code that
+/// may round differently from its vector code (in double), so cuts that moved with the thread
+/// count would move the results.
 template <class F>
-void forEachSpan(const KernelContext& ctx, int64_t rows, int64_t cols, int64_t cost, F f) {
-  ctx.parallelFor(rows * cols, cost, [&](int64_t lo, int64_t hi) {
-    for (int64_t idx = lo; idx < hi;) {
-      const int64_t r = idx / cols, j = idx % cols, len = std::min(cols - j, hi - idx);
-      f(r, j, len);
-      idx += len;
-    }
+void forEachRow(const KernelContext& ctx, int64_t rows, int64_t hidden, int64_t costPerUnit, F f) {
+  ctx.parallelFor(rows, hidden * costPerUnit, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) f(r);
   });
 }
 
@@ -217,14 +215,15 @@ std::vector<TensorType> gruCellWeightGradInfer(const InferContext& c) {
 template <class T>
 void lstmGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bias, const T* cPrev,
               T* gates, T* c, T* h) {
-  forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
-    T* g = gates + r * 4 * hidden + j;
+  const int64_t len = hidden;
+  forEachRow(ctx, batch, hidden, 40, [&](int64_t r) {
+    T* g = gates + r * 4 * hidden;
     Vec<T> gi(g, len), gf(g + hidden, len), gg(g + 2 * hidden, len), go(g + 3 * hidden, len);
-    gi = (gi + ConstVec<T>(bias + j, len)).logistic();
-    gf = (gf + ConstVec<T>(bias + hidden + j, len)).logistic();
-    gg = (gg + ConstVec<T>(bias + 2 * hidden + j, len)).tanh();
-    go = (go + ConstVec<T>(bias + 3 * hidden + j, len)).logistic();
-    const int64_t at = r * hidden + j;
+    gi = (gi + ConstVec<T>(bias, len)).logistic();
+    gf = (gf + ConstVec<T>(bias + hidden, len)).logistic();
+    gg = (gg + ConstVec<T>(bias + 2 * hidden, len)).tanh();
+    go = (go + ConstVec<T>(bias + 3 * hidden, len)).logistic();
+    const int64_t at = r * hidden;
     Vec<T> cv(c + at, len);
     cv = gf * ConstVec<T>(cPrev + at, len) + gi * gg;
     Vec<T>(h + at, len) = go * cv.tanh();
@@ -240,8 +239,9 @@ void lstmGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const
 template <class T>
 void lstmGateStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* gates, const T* c,
                   const T* cPrev, const T* dy, T* dh, T* dc, T* dGates) {
-  forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
-    const int64_t at = r * hidden + j, gAt = r * 4 * hidden + j;
+  const int64_t len = hidden;
+  forEachRow(ctx, batch, hidden, 40, [&](int64_t r) {
+    const int64_t at = r * hidden, gAt = r * 4 * hidden;
     const T* g = gates + gAt;
     ConstVec<T> gi(g, len), gf(g + hidden, len), gg(g + 2 * hidden, len), go(g + 3 * hidden, len);
     T* d = dGates + gAt;
@@ -266,15 +266,16 @@ template <class T>
 void gruGateStep(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* bx, const T* bh, const T* h,
                  T* gates, T* hn, T* hNew) {
   const int64_t g3 = 3 * hidden;
-  forEachSpan(ctx, batch, hidden, 40, [&](int64_t r, int64_t j, int64_t len) {
-    T* g = gates + r * g3 + j;
+  const int64_t len = hidden;
+  forEachRow(ctx, batch, hidden, 40, [&](int64_t r) {
+    T* g = gates + r * g3;
     Vec<T> gr(g, len), gz(g + hidden, len), gn(g + 2 * hidden, len);
-    const int64_t at = r * hidden + j;
+    const int64_t at = r * hidden;
     Vec<T> hnv(hn + at, len);
-    gr = (gr + ConstVec<T>(bx + j, len) + ConstVec<T>(bh + j, len)).logistic();
-    gz = (gz + ConstVec<T>(bx + hidden + j, len) + ConstVec<T>(bh + hidden + j, len)).logistic();
-    hnv += ConstVec<T>(bh + 2 * hidden + j, len);
-    gn = (gn + ConstVec<T>(bx + 2 * hidden + j, len) + gr * hnv).tanh();
+    gr = (gr + ConstVec<T>(bx, len) + ConstVec<T>(bh, len)).logistic();
+    gz = (gz + ConstVec<T>(bx + hidden, len) + ConstVec<T>(bh + hidden, len)).logistic();
+    hnv += ConstVec<T>(bh + 2 * hidden, len);
+    gn = (gn + ConstVec<T>(bx + 2 * hidden, len) + gr * hnv).tanh();
     Vec<T>(hNew + at, len) = (1 - gz) * gn + gz * ConstVec<T>(h + at, len);
   });
 }
@@ -288,13 +289,14 @@ template <class T>
 void gruGateStepGrad(const KernelContext& ctx, int64_t batch, int64_t hidden, const T* gates, const T* hn, const T* h,
                      const T* dhNew, T* dGx, T* dGh, T* dh) {
   const int64_t g3 = 3 * hidden;
-  forEachSpan(ctx, batch, hidden, 20, [&](int64_t r, int64_t j, int64_t len) {
-    const T* g = gates + r * g3 + j;
+  const int64_t len = hidden;
+  forEachRow(ctx, batch, hidden, 20, [&](int64_t r) {
+    const T* g = gates + r * g3;
     ConstVec<T> gr(g, len), gz(g + hidden, len), gn(g + 2 * hidden, len);
-    const int64_t at = r * hidden + j;
+    const int64_t at = r * hidden;
     ConstVec<T> dho(dhNew + at, len), hv(h + at, len);
-    Vec<T> dxr(dGx + r * g3 + j, len), dxz(dxr.data() + hidden, len), dxn(dxr.data() + 2 * hidden, len);
-    Vec<T> dhr(dGh + r * g3 + j, len), dhz(dhr.data() + hidden, len), dhn(dhr.data() + 2 * hidden, len);
+    Vec<T> dxr(dGx + r * g3, len), dxz(dxr.data() + hidden, len), dxn(dxr.data() + 2 * hidden, len);
+    Vec<T> dhr(dGh + r * g3, len), dhz(dhr.data() + hidden, len), dhn(dhr.data() + 2 * hidden, len);
     dxn = dho * (1 - gz) * (1 - gn.square());
     dxz = dho * (hv - gn) * gz * (1 - gz);
     dxr = dxn * ConstVec<T>(hn + at, len) * gr * (1 - gr);
